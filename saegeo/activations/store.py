@@ -1,0 +1,514 @@
+"""ActivationStore: a directory of safetensors shards plus a checksummed manifest.
+
+Layout::
+
+    STORE/manifest.json            format version, model, hook, d, dtype, corpus identity,
+                                   per-shard {file, rows, bytes, sha256}, n_tokens, complete
+    STORE/shard_00000.safetensors  key "activations" (rows, d) in the storage dtype,
+                                   optional "token_ids" (rows,) int32, "positions" (rows,) int32
+
+Crash safety: a shard is written to a temporary file, fsynced and renamed into place, then the
+manifest is rewritten the same way. A shard exists in the manifest only once its bytes are on disk,
+so a process killed at any moment leaves a valid (incomplete) store. All shards but the last hold
+exactly `shard_rows` rows; the last one is written only when the writer closes without error, so a
+resumed run produces byte-identical shards to an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+from jaxtyping import Float, Int
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load_bytes
+from safetensors.torch import save as st_save_bytes
+from torch import Tensor
+
+from saegeo.errors import BadInputError, StoreError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Fields that define what a store contains: resuming with any of them different is refused.
+IDENTITY_FIELDS = ("d", "hook", "model", "dtype", "shard_rows", "corpus")
+
+
+def shard_name(index: int) -> str:
+    return f"shard_{index:05d}.safetensors"
+
+
+def _crash_point(where: str) -> None:
+    """Fault injection for the resume tests: SAEGEO_CRASH_AT="<where>:<k>" kills the process
+    (os._exit, like SIGKILL: no cleanup runs) the k-th time (1-based) `where` is reached."""
+    spec = os.environ.get("SAEGEO_CRASH_AT")
+    if not spec:
+        return
+    point, _, count = spec.partition(":")
+    if point != where:
+        return
+    _CRASH_COUNTS[where] = _CRASH_COUNTS.get(where, 0) + 1
+    if _CRASH_COUNTS[where] == int(count or 1):
+        os._exit(137)
+
+
+_CRASH_COUNTS: dict[str, int] = {}
+
+
+def _atomic_write(path: Path, data: bytes, crash_tag: str | None = None) -> None:
+    """Write bytes to `path` via a temp file + fsync + rename (never a half-written `path`)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        if crash_tag:  # a kill in the middle of the write leaves a truncated temp file only
+            half = len(data) // 2
+            f.write(data[:half])
+            f.flush()
+            _crash_point(crash_tag)
+            f.write(data[half:])
+        else:
+            f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    try:  # make the rename itself durable
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        pass
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    mpath = path / MANIFEST
+    if not path.exists():
+        raise StoreError(f"{path}: no such activation store (directory missing); create it with `saegeo cache`")
+    if not mpath.exists():
+        raise StoreError(
+            f"{path}: not an activation store ({MANIFEST} missing); "
+            "point at the directory that holds manifest.json, or re-run `saegeo cache`"
+        )
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise StoreError(f"{mpath}: corrupt manifest ({err}); re-run the cache command into a fresh directory")
+    missing = [k for k in ("format_version", "d", "dtype", "shards") if k not in manifest]
+    if missing:
+        raise StoreError(f"{mpath}: manifest lacks {missing}; this is not a saegeo activation store")
+    if manifest["format_version"] > FORMAT_VERSION:
+        raise StoreError(
+            f"{mpath}: store format version {manifest['format_version']} is newer than this saegeo "
+            f"understands ({FORMAT_VERSION}); upgrade saegeo"
+        )
+    if manifest["dtype"] not in STORAGE_DTYPES:
+        raise StoreError(f"{mpath}: unknown storage dtype {manifest['dtype']!r}; expected one of {list(STORAGE_DTYPES)}")
+    return manifest
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# --------------------------------------------------------------------------- writer
+class StoreWriter:
+    """Append rows to a sharded store; full shards are written atomically as they fill.
+
+    mode: "create" (the directory must not hold a store), "overwrite" (delete an existing store's
+    files first), "resume" (continue an existing store; its identity — d, hook, model, dtype,
+    shard_rows, corpus — must match, else StoreError; a missing store is created).
+    On a clean exit of the `with` block the buffered tail becomes the last shard and the manifest
+    gets complete = True. On an exception only full shards stay; resume later with mode="resume".
+    `n_tokens` (rows accepted so far, including the unwritten buffer) tells a resuming producer how
+    many rows to skip.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        d: int,
+        hook: str = "",
+        model: str = "",
+        dtype: str = "float32",
+        corpus: dict[str, Any] | None = None,
+        shard_rows: int = 65536,
+        extra_meta: dict[str, Any] | None = None,
+        mode: str = "create",
+    ):
+        if dtype not in STORAGE_DTYPES:
+            raise BadInputError(f"storage dtype {dtype!r} not supported; use one of {list(STORAGE_DTYPES)}")
+        if int(d) < 1 or int(shard_rows) < 1:
+            raise BadInputError(f"d and shard_rows must be positive (got d={d}, shard_rows={shard_rows})")
+        if mode not in ("create", "overwrite", "resume"):
+            raise BadInputError(f"mode must be 'create', 'overwrite' or 'resume', got {mode!r}")
+        self.path = Path(path)
+        self.torch_dtype = STORAGE_DTYPES[dtype]
+        identity = dict(
+            d=int(d), hook=str(hook), model=str(model), dtype=dtype, shard_rows=int(shard_rows),
+            corpus=json.loads(json.dumps(corpus or {})),  # normalise (tuples -> lists) for comparison
+        )
+        self._buffers: dict[str, list[Tensor]] = {"activations": [], "token_ids": [], "positions": []}
+        self._buffered = 0
+        self._closed = False
+
+        exists = (self.path / MANIFEST).exists()
+        if exists and mode == "create":
+            raise StoreError(
+                f"{self.path}: a store already exists here; pass resume (continue it) or overwrite "
+                "(replace it), or choose another directory"
+            )
+        if exists and mode == "overwrite":
+            for f in self.path.glob("shard_*.safetensors*"):
+                f.unlink()
+            (self.path / MANIFEST).unlink()
+            exists = False
+        if exists:  # resume
+            self.manifest = _read_manifest(self.path)
+            for key in IDENTITY_FIELDS:
+                if self.manifest.get(key) != identity[key]:
+                    raise StoreError(
+                        f"{self.path}: refusing to append: the store has {key}={self.manifest.get(key)!r} "
+                        f"but this run has {key}={identity[key]!r}; use a new directory or overwrite"
+                    )
+            self._check_shards_for_resume()
+            self.manifest["extra"] = {**self.manifest.get("extra", {}), **(extra_meta or {})}
+            self.manifest["complete"] = False
+        else:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self.manifest = {
+                "format_version": FORMAT_VERSION, **identity, "n_tokens": 0, "complete": False,
+                "extra": json.loads(json.dumps(extra_meta or {})), "shards": [],
+            }
+        for tmp in self.path.glob("*.tmp"):  # debris of a write that was killed
+            tmp.unlink()
+        self._write_manifest()
+
+    def _check_shards_for_resume(self) -> None:
+        """Shards must be intact before we build on them; a short last shard (from an earlier
+        completed run) is pulled back into the buffer so later shards stay full-sized."""
+        store = ActivationStore(self.path, allow_incomplete=True)
+        bad = store.verify()
+        if bad:
+            raise StoreError(f"{self.path}: cannot resume a damaged store: " + "; ".join(bad))
+        shards = self.manifest["shards"]
+        if shards and shards[-1]["rows"] < self.manifest["shard_rows"]:
+            last = store._load_shard_tensors(len(shards) - 1)
+            for key in self._buffers:
+                if key in last:
+                    self._buffers[key].append(last[key])
+            self._buffered = shards[-1]["rows"]
+            self.manifest["n_tokens"] -= shards[-1]["rows"]
+            shards.pop()  # its file is replaced by the next shard with the same index
+
+    # rows accepted so far, including the buffer
+    @property
+    def n_tokens(self) -> int:
+        return self.manifest["n_tokens"] + self._buffered
+
+    @property
+    def d(self) -> int:
+        return self.manifest["d"]
+
+    def append(
+        self,
+        batch: Float[Tensor, "n d"] | np.ndarray,
+        token_ids: Int[Tensor, " n"] | None = None,
+        positions: Int[Tensor, " n"] | None = None,
+    ) -> None:
+        """Add rows (cast to the storage dtype); writes every shard that fills."""
+        if self._closed:
+            raise StoreError(f"{self.path}: writer is closed")
+        batch = torch.as_tensor(batch)
+        if batch.ndim != 2 or batch.shape[1] != self.d:
+            raise BadInputError(
+                f"{self.path}: append got shape {tuple(batch.shape)}, expected (n, {self.d})"
+            )
+        if not batch.is_floating_point():
+            raise BadInputError(f"{self.path}: append got dtype {batch.dtype}; activations must be floating point")
+        n = batch.shape[0]
+        if n == 0:
+            return
+        for name, col in (("token_ids", token_ids), ("positions", positions)):
+            has_col = bool(self._buffers[name]) or (self.n_tokens > 0 and self._has_column(name))
+            if col is None:
+                if has_col:
+                    raise BadInputError(f"{self.path}: earlier rows had {name}; pass {name} for every batch")
+                continue
+            if self.n_tokens > 0 and not has_col:
+                raise BadInputError(f"{self.path}: earlier rows had no {name}; pass it from the first batch or never")
+            col = torch.as_tensor(col).reshape(-1)
+            if col.shape[0] != n:
+                raise BadInputError(f"{self.path}: {name} has {col.shape[0]} entries for {n} rows")
+            self._buffers[name].append(col.to(torch.int32).cpu())
+        self._buffers["activations"].append(batch.detach().to("cpu", self.torch_dtype))
+        self._buffered += n
+        while self._buffered >= self.manifest["shard_rows"]:
+            self._flush(self.manifest["shard_rows"])
+
+    def _has_column(self, name: str) -> bool:
+        return bool(self.manifest.get("columns", {}).get(name))
+
+    def _flush(self, rows: int) -> None:
+        """Write the first `rows` buffered rows as the next shard, then record it in the manifest."""
+        tensors, rest = {}, {}
+        for key, parts in self._buffers.items():
+            if not parts:
+                continue
+            full = torch.cat(parts) if len(parts) > 1 else parts[0]
+            tensors[key] = full[:rows].contiguous()
+            rest[key] = [full[rows:]] if full.shape[0] > rows else []
+        for key in self._buffers:
+            self._buffers[key] = rest.get(key, [])
+        self._buffered -= rows
+        index = len(self.manifest["shards"])
+        data = st_save_bytes(tensors)
+        _crash_point("before_shard")
+        _atomic_write(self.path / shard_name(index), data, crash_tag="mid_shard")
+        _crash_point("after_shard")  # shard on disk, manifest not yet updated: resume rewrites it
+        self.manifest["shards"].append(
+            {"file": shard_name(index), "rows": rows, "bytes": len(data), "sha256": _sha256(data)}
+        )
+        self.manifest["n_tokens"] += rows
+        self.manifest["columns"] = {k: True for k in tensors if k != "activations"}
+        self._write_manifest()
+        _crash_point("after_manifest")
+
+    def _write_manifest(self) -> None:
+        data = (json.dumps(self.manifest, indent=1, sort_keys=True) + "\n").encode()
+        _atomic_write(self.path / MANIFEST, data)
+
+    def close(self, complete: bool = True) -> None:
+        """Write the buffered tail as the last shard and mark the store complete."""
+        if self._closed:
+            return
+        if complete:
+            if self._buffered:
+                self._flush(self._buffered)
+            self.manifest["complete"] = True
+            self._write_manifest()
+        self._closed = True
+
+    def __enter__(self) -> "StoreWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        # On error keep only whole shards (the buffer is dropped; a resume regenerates it).
+        self.close(complete=exc_type is None)
+
+
+# --------------------------------------------------------------------------- reader
+@dataclass(frozen=True)
+class ShardInfo:
+    file: str
+    rows: int
+    bytes: int
+    sha256: str
+
+
+class ActivationStore:
+    """Read-only view of a store written by StoreWriter.
+
+    Raises StoreError if the directory or manifest is missing/corrupt, or if the store is
+    incomplete (an interrupted cache) unless allow_incomplete=True.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, allow_incomplete: bool = False):
+        self.path = Path(path)
+        self.manifest = _read_manifest(self.path)
+        if not self.manifest.get("complete", False) and not allow_incomplete:
+            raise StoreError(
+                f"{self.path}: store is incomplete ({self.manifest.get('n_tokens', 0)} tokens in "
+                f"{len(self.manifest['shards'])} shards; the cache run was interrupted). Re-run the same "
+                "`saegeo cache` command to resume it, or open with allow_incomplete=True"
+            )
+        self.shards = [ShardInfo(**s) for s in self.manifest["shards"]]
+        self.storage_dtype = STORAGE_DTYPES[self.manifest["dtype"]]
+        # row offset of each shard, for random access by global row index
+        self.offsets = np.concatenate([[0], np.cumsum([s.rows for s in self.shards])]).astype(np.int64)
+
+    d = property(lambda self: int(self.manifest["d"]))
+    n_tokens = property(lambda self: int(self.manifest["n_tokens"]))
+    hook = property(lambda self: self.manifest.get("hook", ""))
+    model = property(lambda self: self.manifest.get("model", ""))
+    dtype = property(lambda self: self.manifest["dtype"])
+    corpus = property(lambda self: self.manifest.get("corpus", {}))
+    complete = property(lambda self: bool(self.manifest.get("complete", False)))
+
+    def __len__(self) -> int:
+        return self.n_tokens
+
+    def __repr__(self) -> str:
+        return (
+            f"ActivationStore({str(self.path)!r}, model={self.model!r}, hook={self.hook!r}, d={self.d}, "
+            f"n_tokens={self.n_tokens}, shards={len(self.shards)}, dtype={self.dtype})"
+        )
+
+    def _load_shard_tensors(self, i: int) -> dict[str, Tensor]:
+        if not -len(self.shards) <= i < len(self.shards):
+            raise StoreError(f"{self.path}: shard index {i} out of range (store has {len(self.shards)} shards)")
+        info = self.shards[i]
+        fpath = self.path / info.file
+        where = f"{self.path}: shard {i} ({info.file})"
+        try:
+            data = fpath.read_bytes()
+        except FileNotFoundError:
+            raise StoreError(f"{where} is missing; run `saegeo store verify {self.path}` and re-cache") from None
+        if len(data) != info.bytes:
+            raise StoreError(
+                f"{where} is truncated or damaged: {len(data)} bytes, manifest says {info.bytes}; "
+                "re-cache this store"
+            )
+        try:
+            tensors = st_load_bytes(data)
+        except (SafetensorError, Exception) as err:
+            raise StoreError(f"{where} cannot be parsed ({err}); re-cache this store") from None
+        acts = tensors.get("activations")
+        if acts is None or acts.ndim != 2 or acts.shape != (info.rows, self.d):
+            shape = None if acts is None else tuple(acts.shape)
+            raise StoreError(f"{where}: activations have shape {shape}, manifest says ({info.rows}, {self.d})")
+        return tensors
+
+    def read_shard(self, i: int, dtype: torch.dtype = torch.float32) -> Float[Tensor, "rows d"]:
+        """Shard i's activations, upcast to `dtype` (float32 by default)."""
+        return self._load_shard_tensors(i)["activations"].to(dtype)
+
+    def read_token_ids(self, i: int) -> Int[Tensor, " rows"] | None:
+        """Shard i's token ids (int64), or None if the store has none."""
+        ids = self._load_shard_tensors(i).get("token_ids")
+        return None if ids is None else ids.long()
+
+    def read_positions(self, i: int) -> Int[Tensor, " rows"] | None:
+        """Shard i's positions in their context window (int64), or None if the store has none."""
+        pos = self._load_shard_tensors(i).get("positions")
+        return None if pos is None else pos.long()
+
+    def read_rows(self, start: int, stop: int, dtype: torch.dtype = torch.float32) -> Float[Tensor, "rows d"]:
+        """Rows [start, stop) in store order, reading only the shards they touch."""
+        start, stop = max(0, start), min(stop, self.n_tokens)
+        if stop <= start:
+            return torch.empty(0, self.d, dtype=dtype)
+        first = int(np.searchsorted(self.offsets, start, side="right") - 1)
+        last = int(np.searchsorted(self.offsets, stop, side="left") - 1)
+        parts = []
+        for i in range(first, last + 1):
+            lo, hi = max(start - self.offsets[i], 0), min(stop - self.offsets[i], self.shards[i].rows)
+            parts.append(self.read_shard(i, dtype)[lo:hi])
+        return torch.cat(parts)
+
+    def verify(self) -> list[str]:
+        """Re-hash every shard; return one message per problem (missing, truncated, checksum), [] if OK."""
+        problems = []
+        for i, info in enumerate(self.shards):
+            where = f"shard {i} ({info.file})"
+            fpath = self.path / info.file
+            if not fpath.exists():
+                problems.append(f"{where}: missing")
+                continue
+            data = fpath.read_bytes()
+            if len(data) < info.bytes:
+                problems.append(f"{where}: truncated ({len(data)} of {info.bytes} bytes)")
+            elif len(data) > info.bytes:
+                problems.append(f"{where}: {len(data) - info.bytes} extra bytes ({len(data)}, expected {info.bytes})")
+            elif _sha256(data) != info.sha256:
+                problems.append(f"{where}: checksum mismatch (content changed or corrupt)")
+        total = sum(info.rows for info in self.shards)
+        if total != self.n_tokens:
+            problems.append(f"manifest: shards hold {total} rows but n_tokens says {self.n_tokens}")
+        return problems
+
+    def iter_batches(
+        self,
+        batch_size: int,
+        *,
+        shuffle_buffer: int = 0,
+        seed: int = 0,
+        shard_indices: Sequence[int] | None = None,
+        dtype: torch.dtype = torch.float32,
+        progress: bool = False,
+        drop_last: bool = False,
+    ) -> Iterator[Float[Tensor, "b d"]]:
+        """Batches of `batch_size` rows (the last may be short unless drop_last), each row exactly once.
+
+        shuffle_buffer = 0: store order. shuffle_buffer > 0: shards in a seeded random order, rows
+        mixed through a buffer of about `shuffle_buffer` rows (deterministic for a given seed).
+        shard_indices restricts to those shards (e.g. a rank's slice).
+        """
+        if batch_size < 1:
+            raise BadInputError(f"batch_size must be >= 1, got {batch_size}")
+        order = list(range(len(self.shards))) if shard_indices is None else [int(i) for i in shard_indices]
+        gen = torch.Generator().manual_seed(seed)
+        if shuffle_buffer > 0:
+            order = [order[j] for j in torch.randperm(len(order), generator=gen).tolist()]
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=sum(self.shards[i].rows for i in order), unit="tok", unit_scale=True, desc=self.hook)
+        pending = torch.empty(0, self.d, dtype=dtype)
+        for i in order:
+            pending = torch.cat([pending, self.read_shard(i, dtype)])
+            if shuffle_buffer > 0:
+                if pending.shape[0] < shuffle_buffer + batch_size:
+                    continue
+                pending = pending[torch.randperm(pending.shape[0], generator=gen)]
+                # emit all but half a buffer, so rows from later shards mix with these
+                n_emit = (pending.shape[0] - shuffle_buffer // 2) // batch_size * batch_size
+            else:
+                n_emit = pending.shape[0] // batch_size * batch_size
+            for lo in range(0, n_emit, batch_size):
+                yield pending[lo : lo + batch_size]
+                if bar is not None:
+                    bar.update(batch_size)
+            pending = pending[n_emit:]
+        if shuffle_buffer > 0 and pending.shape[0] > 1:
+            pending = pending[torch.randperm(pending.shape[0], generator=gen)]
+        stop = pending.shape[0] // batch_size * batch_size if drop_last else pending.shape[0]
+        for lo in range(0, stop, batch_size):
+            batch = pending[lo : lo + batch_size]
+            yield batch
+            if bar is not None:
+                bar.update(batch.shape[0])
+        if bar is not None:
+            bar.close()
+
+
+# --------------------------------------------------------------------------- convenience
+def write_store(
+    path: str | os.PathLike,
+    data: Tensor | np.ndarray | Iterable[Tensor | np.ndarray],
+    *,
+    hook: str = "synthetic",
+    model: str = "none",
+    dtype: str = "float32",
+    corpus: dict[str, Any] | None = None,
+    shard_rows: int = 65536,
+    extra_meta: dict[str, Any] | None = None,
+    mode: str = "create",
+) -> ActivationStore:
+    """Write a 2-D tensor (or an iterable of (n, d) batches) as a complete store and open it."""
+    if isinstance(data, (Tensor, np.ndarray)):
+        batches: Iterable = [data]
+    else:
+        batches = data
+    it = iter(batches)
+    first = next(it, None)
+    if first is None:
+        raise BadInputError(f"{path}: write_store got no batches")
+    first = torch.as_tensor(first)
+    if first.ndim != 2:
+        raise BadInputError(f"{path}: write_store needs (n, d) batches, got shape {tuple(first.shape)}")
+    with StoreWriter(
+        path, d=first.shape[1], hook=hook, model=model, dtype=dtype, corpus=corpus,
+        shard_rows=shard_rows, extra_meta=extra_meta, mode=mode,
+    ) as writer:
+        writer.append(first)
+        for batch in it:
+            writer.append(batch)
+    return ActivationStore(path)

@@ -1,0 +1,328 @@
+"""Streaming, mergeable float64 statistics of rows x ∈ R^d — everything the geometry needs in one pass.
+
+Public API
+----------
+``GeometryAccumulator(d, *, skip_nonfinite=False, chunk_rows=8192, gram_dtype=None)``
+    ``add(batch, *, source=None)``  (n, d) torch or numpy, any float dtype; rows are never kept.
+    ``merge(other) -> self``, ``acc + other -> new``, ``copy()``.
+    ``state_dict() -> dict[str, Tensor | int]``, ``GeometryAccumulator.from_state_dict(sd)``.
+    Counts: ``n`` (finite rows, zero rows included), ``n_zero``, ``n_unit`` (= n − n_zero),
+    ``n_nonfinite_skipped``, ``n_batches``.
+    Moments: ``mean`` μ, ``covariance()`` Σ (population, /n), ``second_moment()`` S = Σ + μμᵀ,
+    ``unit_mean`` m̂ = mean of x/‖x‖ over nonzero rows, ``mean_norm`` E‖x‖, ``mean_sq_norm`` E‖x‖² = tr S.
+    Sign statistics (pooled over all n·d entries): ``pooled_mean`` m̄, ``pooled_mean_square`` s̄,
+    ``fraction_nonzero`` q, ``negative_energy_fraction`` Σx₋²/Σx², ``magnitude_ratio`` r = E|a|²/E[a²]
+    over the nonzero entries.
+``as_rows(batch, d=None) -> Tensor``  the one place a batch (torch / numpy / list) becomes an (n, d) tensor.
+
+How the covariance stays exact for a large mean: every chunk is shifted by its own float32-rounded
+mean c, the gram of the shifted rows is formed (float32 matmul for ≤ 32-bit input, float64 for float64
+input) and converted to the centred scatter M₂ = Σ(x−c)(x−c)ᵀ − n(x̄−c)(x̄−c)ᵀ in float64; chunks and
+accumulators are combined with Chan's parallel update
+    M₂ = M₂ᵃ + M₂ᵇ + δδᵀ·nₐn_b/n,   μ = μₐ + δ·n_b/n,   δ = μ_b − μₐ,
+so the mean never cancels against the spread.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from saegeo.errors import BadInputError
+
+STATE_VERSION = 1
+_INT_KEYS = ("version", "d", "n", "n_zero", "n_nonfinite_skipped", "n_batches", "n_rows_seen", "n_nonzero_entries")
+_TENSOR_KEYS = ("mean", "scatter", "unit_sum", "norm_sum", "sq_sum", "abs_sum", "neg_sq_sum", "gram_eps")
+
+
+def as_rows(batch: Any, d: int | None = None) -> Float[Tensor, "n d"]:
+    """Return ``batch`` as a floating (n, d) CPU-or-device tensor without copying when possible.
+
+    Accepts torch tensors, numpy arrays (including read-only memory maps) and nested lists; a 1-D
+    input of length d is read as one row. Integer input is converted to float64.
+    """
+    if isinstance(batch, np.ndarray):
+        if not batch.flags.writeable:
+            with warnings.catch_warnings():  # we never write into it; torch only warns about the possibility
+                warnings.simplefilter("ignore", UserWarning)
+                t = torch.from_numpy(batch)
+        else:
+            t = torch.from_numpy(batch)
+    elif isinstance(batch, Tensor):
+        t = batch.detach()
+    else:
+        t = torch.as_tensor(np.asarray(batch))
+    if not (t.is_floating_point()):
+        if t.dtype.is_complex:
+            raise BadInputError(f"complex input ({t.dtype}) is not supported; pass real activations")
+        t = t.to(torch.float64)
+    if t.ndim == 1 and d is not None and t.shape[0] == d:
+        t = t.unsqueeze(0)
+    if t.ndim != 2:
+        raise BadInputError(f"expected a 2-D (rows, d) batch, got shape {tuple(t.shape)}; reshape to (-1, d) first")
+    if d is not None and t.shape[1] != d:
+        raise BadInputError(f"batch has {t.shape[1]} columns but the accumulator has d = {d}")
+    return t
+
+
+class GeometryAccumulator:
+    """Mergeable float64 sums of rows: n, μ, centred scatter, Σx̂, Σ‖x‖ and pooled sign statistics.
+
+    Zero-norm rows count in n, μ and Σ but not in the unit-vector statistics (``n_zero``).
+    Rows with a NaN/inf raise :class:`BadInputError` naming the batch and row, or are skipped and
+    counted in ``n_nonfinite_skipped`` with ``skip_nonfinite=True``.
+    """
+
+    def __init__(
+        self,
+        d: int,
+        *,
+        skip_nonfinite: bool = False,
+        chunk_rows: int = 8192,
+        gram_dtype: torch.dtype | None = None,
+    ):
+        if int(d) < 1:
+            raise BadInputError(f"d must be ≥ 1, got {d}")
+        self.d = int(d)
+        self.skip_nonfinite = skip_nonfinite
+        self.chunk_rows = int(chunk_rows)
+        # None: float32 gram for ≤32-bit input, float64 for float64 input. torch.float64 forces exactness.
+        self.gram_dtype = gram_dtype
+        self.n = 0
+        self.n_zero = 0
+        self.n_nonfinite_skipped = 0
+        self.n_batches = 0
+        self.n_rows_seen = 0  # rows offered to add(), including skipped ones: for global row numbers
+        self.n_nonzero_entries = 0
+        f64 = dict(dtype=torch.float64)
+        self._mean = torch.zeros(self.d, **f64)
+        self._scatter = torch.zeros(self.d, self.d, **f64)  # Σ (x − μ)(x − μ)ᵀ
+        self._unit_sum = torch.zeros(self.d, **f64)  # Σ x/‖x‖ over nonzero rows
+        self._norm_sum = torch.zeros((), **f64)  # Σ ‖x‖
+        self._sq_sum = torch.zeros((), **f64)  # Σ ‖x‖² = Σ over all entries of x²
+        self._abs_sum = torch.zeros((), **f64)  # Σ |x_ij|
+        self._neg_sq_sum = torch.zeros((), **f64)  # Σ min(x_ij, 0)²
+        self._gram_eps = torch.zeros((), **f64)  # largest unit roundoff used in a gram (sets the numerical-rank tolerance)
+
+    # ------------------------------------------------------------------ adding rows
+    def add(self, batch: Any, *, source: str | None = None) -> "GeometryAccumulator":
+        """Add the rows of ``batch`` (n, d). ``source`` (e.g. a file name) is quoted in error messages."""
+        x = as_rows(batch, self.d)
+        batch_index = self.n_batches
+        row_offset = self.n_rows_seen
+        for start in range(0, x.shape[0], self.chunk_rows):
+            self._add_chunk(x[start : start + self.chunk_rows], batch_index, row_offset, start, source)
+        self.n_batches += 1
+        self.n_rows_seen += x.shape[0]
+        return self
+
+    def _add_chunk(self, x: Tensor, batch_index: int, row_offset: int, start: int, source: str | None) -> None:
+        if x.dtype not in (torch.float32, torch.float64):
+            x = x.to(torch.float32)  # half / bfloat16: compute in float32
+        if self.gram_dtype is not None and x.dtype != self.gram_dtype:
+            x = x.to(self.gram_dtype)
+        sq_norms = torch.linalg.vector_norm(x, dim=1).to(torch.float64).square()
+        bad = ~torch.isfinite(sq_norms)
+        if bad.any():
+            nonfinite = ~torch.isfinite(x[bad]).all(dim=1)
+            if nonfinite.any():
+                bad_rows = bad.nonzero().squeeze(1)[nonfinite]
+                if not self.skip_nonfinite:
+                    r = int(bad_rows[0])
+                    where = f" of {source}" if source else ""
+                    raise BadInputError(
+                        f"non-finite value (NaN or inf) in batch {batch_index}{where}, row {start + r} "
+                        f"(global row {row_offset + start + r}); {len(bad_rows)} such row(s) in this chunk. "
+                        "Fix the producer, or pass skip_nonfinite=True (CLI: --skip-nonfinite) to skip and count them."
+                    )
+                keep = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+                keep[bad_rows] = False
+                self.n_nonfinite_skipped += len(bad_rows)
+                x = x[keep]
+            if not torch.isfinite(torch.linalg.vector_norm(x, dim=1)).all():
+                x = x.to(torch.float64)  # finite rows whose float32 norm overflowed
+            sq_norms = torch.linalg.vector_norm(x, dim=1).to(torch.float64).square()
+        m = x.shape[0]
+        if m == 0:
+            return
+        # Chunk shifted by its own (rounded) mean: the gram sees only the spread.
+        shift = x.mean(dim=0, dtype=torch.float64).to(x.dtype)
+        xc = x - shift
+        centred_sum = xc.sum(dim=0, dtype=torch.float64)
+        gram = (xc.T @ xc).to(torch.float64)
+        chunk_mean = shift.to(torch.float64) + centred_sum / m
+        chunk_scatter = gram - torch.outer(centred_sum, centred_sum) / m
+        self._gram_eps = torch.maximum(self._gram_eps, torch.tensor(torch.finfo(x.dtype).eps, dtype=torch.float64))
+        self._combine(m, chunk_mean, chunk_scatter)
+
+        norms = sq_norms.sqrt()
+        nonzero = norms > 0
+        self.n_zero += int(m - nonzero.sum())
+        inv_norm = torch.where(nonzero, 1.0 / torch.where(nonzero, norms, 1.0), 0.0)
+        self._unit_sum += (inv_norm.to(x.dtype) @ x).to(torch.float64)
+        self._norm_sum += norms.sum()
+        self._sq_sum += sq_norms.sum()
+        self._abs_sum += x.abs().sum(dtype=torch.float64)
+        self._neg_sq_sum += x.clamp(max=0).square().sum(dtype=torch.float64)
+        self.n_nonzero_entries += int(torch.count_nonzero(x))
+
+    def _combine(self, m: int, mean_b: Tensor, scatter_b: Tensor) -> None:
+        """Chan et al.'s parallel update of (n, μ, M₂) with a block of m rows."""
+        n_a = self.n
+        n = n_a + m
+        delta = mean_b - self._mean
+        self._mean += delta * (m / n)
+        self._scatter += scatter_b + torch.outer(delta, delta) * (n_a * m / n)
+        self.n = n
+
+    # ------------------------------------------------------------------ combining accumulators
+    def merge(self, other: "GeometryAccumulator") -> "GeometryAccumulator":
+        """Fold ``other`` into ``self`` (exact to float64 rounding) and return ``self``."""
+        if other.d != self.d:
+            raise BadInputError(f"cannot merge accumulators with d = {self.d} and d = {other.d}")
+        if other.n > 0:
+            self._combine(other.n, other._mean.to(self._mean.device), other._scatter.to(self._mean.device))
+        self.n_zero += other.n_zero
+        self.n_nonfinite_skipped += other.n_nonfinite_skipped
+        self.n_batches += other.n_batches
+        self.n_rows_seen += other.n_rows_seen
+        self.n_nonzero_entries += other.n_nonzero_entries
+        for name in ("_unit_sum", "_norm_sum", "_sq_sum", "_abs_sum", "_neg_sq_sum"):
+            getattr(self, name).add_(getattr(other, name).to(self._mean.device))
+        self._gram_eps = torch.maximum(self._gram_eps, other._gram_eps.to(self._mean.device))
+        return self
+
+    def __add__(self, other: "GeometryAccumulator") -> "GeometryAccumulator":
+        return self.copy().merge(other)
+
+    def copy(self) -> "GeometryAccumulator":
+        return GeometryAccumulator.from_state_dict(self.state_dict())
+
+    def state_dict(self) -> dict[str, Tensor | int]:
+        """Everything needed to resume or merge: int counts and float64 tensors (cloned)."""
+        sd: dict[str, Tensor | int] = {k: int(getattr(self, k)) for k in _INT_KEYS if k != "version"}
+        sd["version"] = STATE_VERSION
+        for k in _TENSOR_KEYS:
+            sd[k] = getattr(self, "_" + k).detach().clone()
+        return sd
+
+    @classmethod
+    def from_state_dict(cls, sd: dict[str, Any], **kwargs: Any) -> "GeometryAccumulator":
+        """Rebuild from :meth:`state_dict` output (ints may also be 0-d tensors, as after safetensors)."""
+        version = int(sd.get("version", STATE_VERSION))
+        if version != STATE_VERSION:
+            raise BadInputError(f"accumulator state version {version} is not supported (expected {STATE_VERSION})")
+        missing = [k for k in _INT_KEYS + _TENSOR_KEYS if k not in sd and k != "version"]
+        if missing:
+            raise BadInputError(f"accumulator state dict lacks {missing}")
+        acc = cls(int(sd["d"]), **kwargs)
+        for k in _INT_KEYS:
+            if k != "version":
+                setattr(acc, k, int(sd[k]))
+        for k in _TENSOR_KEYS:
+            t = torch.as_tensor(sd[k]).to(torch.float64).clone()
+            expected = getattr(acc, "_" + k).shape
+            if t.shape != expected:
+                raise BadInputError(f"accumulator state '{k}' has shape {tuple(t.shape)}, expected {tuple(expected)}")
+            setattr(acc, "_" + k, t)
+        return acc
+
+    def to(self, device: torch.device | str) -> "GeometryAccumulator":
+        """Move the float64 state to ``device`` (e.g. to accumulate on a GPU); returns self."""
+        for k in _TENSOR_KEYS:
+            setattr(self, "_" + k, getattr(self, "_" + k).to(device))
+        return self
+
+    # ------------------------------------------------------------------ read-outs
+    def _require_rows(self, what: str, need: int = 1) -> None:
+        if self.n < need:
+            raise BadInputError(f"{what} needs at least {need} row(s); the accumulator has {self.n}")
+
+    @property
+    def n_unit(self) -> int:
+        """Rows with nonzero norm (those that enter the unit-vector statistics)."""
+        return self.n - self.n_zero
+
+    @property
+    def mean(self) -> Float[Tensor, " d"]:
+        """μ = (1/n) Σ x."""
+        self._require_rows("the mean")
+        return self._mean.clone()
+
+    def covariance(self) -> Float[Tensor, "d d"]:
+        """Σ = (1/n) Σ (x − μ)(x − μ)ᵀ (population covariance, symmetrised)."""
+        self._require_rows("the covariance")
+        cov = self._scatter / self.n
+        return (cov + cov.T) / 2
+
+    def second_moment(self) -> Float[Tensor, "d d"]:
+        """S = (1/n) Σ x xᵀ = Σ + μμᵀ."""
+        return self.covariance() + torch.outer(self._mean, self._mean)
+
+    @property
+    def unit_mean(self) -> Float[Tensor, " d"]:
+        """m̂ = mean of x/‖x‖ over the nonzero rows."""
+        if self.n_unit < 1:
+            raise BadInputError(f"the unit-vector mean needs a nonzero row; all {self.n} row(s) have zero norm")
+        return self._unit_sum / self.n_unit
+
+    @property
+    def mean_norm(self) -> float:
+        """E‖x‖ over all n rows (zero rows included)."""
+        self._require_rows("the mean norm")
+        return float(self._norm_sum / self.n)
+
+    @property
+    def mean_sq_norm(self) -> float:
+        """E‖x‖² = tr S."""
+        self._require_rows("the mean squared norm")
+        return float(self._sq_sum / self.n)
+
+    @property
+    def gram_eps(self) -> float:
+        """Unit roundoff of the least precise gram accumulated (float32: 1.2e-7, float64: 2.2e-16)."""
+        return float(self._gram_eps)
+
+    # sign statistics, pooled over all n·d entries
+    @property
+    def pooled_mean(self) -> float:
+        """m̄ = mean of all entries x_ij = mean over coordinates of μ."""
+        return float(self.mean.mean())
+
+    @property
+    def pooled_mean_square(self) -> float:
+        """s̄ = mean of all x_ij² = tr S / d."""
+        self._require_rows("the pooled mean square")
+        return float(self._sq_sum / (self.n * self.d))
+
+    @property
+    def fraction_nonzero(self) -> float:
+        """q = fraction of entries x_ij ≠ 0."""
+        self._require_rows("the nonzero fraction")
+        return self.n_nonzero_entries / (self.n * self.d)
+
+    @property
+    def negative_energy_fraction(self) -> float:
+        """Σ min(x,0)² / Σ x² (0 for non-negative data, 1/2 for sign-symmetric data); 0 if all entries are 0."""
+        self._require_rows("the negative-energy fraction")
+        total = float(self._sq_sum)
+        return float(self._neg_sq_sum) / total if total > 0 else 0.0
+
+    @property
+    def magnitude_ratio(self) -> float:
+        """r = (E|a|)² / E[a²] over the nonzero entries (1/2 for Exp, 2/π for half-normal, 1 for constant)."""
+        if self.n_nonzero_entries == 0:
+            return 0.0
+        mean_abs = float(self._abs_sum) / self.n_nonzero_entries
+        return mean_abs**2 / (float(self._sq_sum) / self.n_nonzero_entries)
+
+    def __repr__(self) -> str:
+        return (
+            f"GeometryAccumulator(d={self.d}, n={self.n}, n_zero={self.n_zero}, "
+            f"n_nonfinite_skipped={self.n_nonfinite_skipped}, n_batches={self.n_batches})"
+        )

@@ -1,0 +1,298 @@
+"""The K·A_dict amplification law: how a dictionary's tilt becomes the activations' cone.
+
+Activations are modelled as sparse non-negative sums x = Σ_i a_i u_i over N unit directions u_i
+(decoder rows normalised, their norms folded into the codes a_i). With K = qN expected active
+features, A_dict the mean pairwise cosine of the u_i and ‖ū‖² = (1 + (N−1)·A_dict)/N, three
+predictions of the activations' anisotropy A are given, from crudest to best:
+
+- textbook:      k = K·A_dict/2,          A = k/(1 + k)        (Exp(1) magnitudes, no self term)
+- exact-moment:  k = K·r·‖ū‖²,            A = k/(1 + k − q·r)  (= E[x·y]/E‖x‖² exactly, iid codes)
+- mean-cosine:   A ≈ ‖ū‖²·(E[S/√(S²‖ū‖² + (1−‖ū‖²)Q)])²,  S = Σ a_i, Q = Σ a_i² per code
+
+with r = E[a|a>0]²/E[a²|a>0] (1/2 Exp, 2/π half-normal, e^{−σ²} log-normal, 1 constant).
+The per-feature cone shares c_i = E[a_i](u_i·M)/‖M‖², M = Σ_i E[a_i]u_i, name the features that
+make the cone (Σ c_i = 1). Pure math on tensors: no I/O, no models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from saegeo.errors import BadInputError
+
+__all__ = [
+    "dictionary_anisotropy",
+    "textbook_prediction",
+    "exact_moment_prediction",
+    "mean_cosine_prediction",
+    "cone_shares",
+    "CodeMomentAccumulator",
+    "coo_codes",
+]
+
+_BLOCK_ROWS = 8192  # rows normalised at a time: bounded memory for any N
+
+
+def _as_tensor(x) -> Tensor:
+    return x if isinstance(x, Tensor) else torch.as_tensor(np.asarray(x))
+
+
+def dictionary_anisotropy(
+    rows: Float[Tensor, "N d"], *, normalize: bool = True, block_rows: int = _BLOCK_ROWS
+) -> tuple[float, float]:
+    """Anisotropy of a dictionary and the squared norm of its mean unit direction.
+
+    ū = (1/N) Σ_i u_i with u_i = rows_i/‖rows_i‖ (``normalize=False`` takes the rows as unit
+    already), ‖ū‖² its squared norm, and A_dict = (N‖ū‖² − 1)/(N − 1), the exact mean of the
+    N(N−1) pairwise cosines u_i·u_j, i ≠ j. One pass over row blocks in float64; no N×N matrix.
+
+    Returns ``(A_dict, mean_sq_norm)``. Zero rows cannot be normalised and raise BadInputError.
+    """
+    rows = _as_tensor(rows)
+    if rows.ndim != 2 or rows.shape[0] < 2:
+        raise BadInputError(f"dictionary_anisotropy needs a 2-D (N, d) dictionary with N >= 2, got shape {tuple(rows.shape)}")
+    n_rows = rows.shape[0]
+    unit_sum = torch.zeros(rows.shape[1], dtype=torch.float64)
+    for start in range(0, n_rows, block_rows):
+        block = rows[start : start + block_rows].to(torch.float64)
+        if not torch.isfinite(block).all():
+            bad = start + int((~torch.isfinite(block)).any(1).nonzero()[0])
+            raise BadInputError(f"dictionary row {bad} is not finite; fix or drop it")
+        if normalize:
+            norms = block.norm(dim=1, keepdim=True)
+            if (norms == 0).any():
+                bad = start + int((norms[:, 0] == 0).nonzero()[0])
+                raise BadInputError(f"dictionary row {bad} has zero norm and no direction; drop dead rows first")
+            block = block / norms
+        unit_sum += block.sum(0)
+    mean_sq_norm = float(unit_sum.square().sum()) / n_rows**2
+    a_dict = (n_rows * mean_sq_norm - 1.0) / (n_rows - 1)
+    return a_dict, mean_sq_norm
+
+
+def textbook_prediction(K: float, a_dict: float) -> float:
+    """Textbook amplification law: k = K·A_dict/2, A = k/(1 + k).
+
+    Assumes Exp(1) magnitudes (r = 1/2) and drops the self term, so it reads ≈ 0 for an isotropic
+    dictionary (the truth is ≈ q·r) and is off by 2× for constant magnitudes.
+    """
+    k = K * a_dict / 2.0
+    return k / (1.0 + k)
+
+
+def exact_moment_prediction(K: float, q: float, r: float, mean_sq_norm: float) -> float:
+    """Exact-moment law: k = K·r·‖ū‖², A = k/(1 + k − q·r).
+
+    For iid codes (each feature fires with rate q, magnitude moments with r = E[a]²/E[a²] over the
+    nonzero values) this equals E[x·y]/E‖x‖² for independent x, y exactly. An isotropic
+    dictionary (‖ū‖² = 1/N) gives q·r/(1 + q·r − q·r) = q·r, the sign-aware null.
+    """
+    k = K * r * mean_sq_norm
+    return k / (1.0 + k - q * r)
+
+
+def mean_cosine_prediction(expected_ratio: float, mean_sq_norm: float) -> float:
+    """Mean-cosine law: A ≈ ‖ū‖²·(E[S/√(S²‖ū‖² + (1−‖ū‖²)Q)])².
+
+    Writing u_i = ū + v_i with the v_i nearly orthogonal (‖v_i‖² = 1 − ‖ū‖²), a code has
+    x = S·ū + Σ a_i v_i, ‖x‖² ≈ S²‖ū‖² + (1−‖ū‖²)Q and E[x̂] ≈ E[S/‖x‖]·ū; A = ‖E[x̂]‖².
+    ``expected_ratio`` is E[S/√(S²‖ū‖² + (1−‖ū‖²)Q)] over codes, e.g.
+    ``CodeMomentAccumulator(N, mean_sq_norm).expected_ratio``. Unlike the moment forms it follows
+    the fluctuating norms that the mean cosine actually averages over.
+    """
+    return mean_sq_norm * expected_ratio**2
+
+
+def cone_shares(
+    mean_code: Float[Tensor, " N"], unit_rows: Float[Tensor, "N d"], *, normalize: bool = True
+) -> Float[Tensor, " N"]:
+    """Per-feature share of the cone: c_i = E[a_i]·(u_i·M)/‖M‖², M = Σ_i E[a_i]·u_i.
+
+    Σ_i c_i = 1 (M·M/‖M‖²). A feature with a large c_i is one the mean direction is made of; a
+    negative c_i points against the cone. Rows are normalised unless ``normalize=False``.
+    Returns float64 shares; an all-zero mean code (no cone at all) raises BadInputError.
+    """
+    mean_code = _as_tensor(mean_code).to(torch.float64)
+    unit_rows = _as_tensor(unit_rows)
+    if unit_rows.ndim != 2 or mean_code.shape != (unit_rows.shape[0],):
+        raise BadInputError(
+            f"cone_shares needs mean_code (N,) and rows (N, d); got {tuple(mean_code.shape)} and {tuple(unit_rows.shape)}"
+        )
+    # Two passes over row blocks: M first, then each row's projection on it.
+    mean_vector = torch.zeros(unit_rows.shape[1], dtype=torch.float64)
+    blocks = range(0, unit_rows.shape[0], _BLOCK_ROWS)
+
+    def unit_block(start: int) -> Tensor:
+        block = unit_rows[start : start + _BLOCK_ROWS].to(torch.float64)
+        return block / block.norm(dim=1, keepdim=True).clamp_min(1e-300) if normalize else block
+
+    for start in blocks:
+        mean_vector += mean_code[start : start + _BLOCK_ROWS] @ unit_block(start)
+    norm_sq = float(mean_vector.square().sum())
+    if norm_sq == 0.0:
+        raise BadInputError("cone_shares: Σ E[a_i]·u_i is zero (no cone); shares are undefined")
+    shares = torch.empty_like(mean_code)
+    for start in blocks:
+        shares[start : start + _BLOCK_ROWS] = mean_code[start : start + _BLOCK_ROWS] * (unit_block(start) @ mean_vector)
+    return shares / norm_sq
+
+
+def coo_codes(codes) -> tuple[int, Int[Tensor, " nnz"], Int[Tensor, " nnz"], Float[Tensor, " nnz"]]:
+    """(batch rows, row index, feature index, value) of the nonzero codes.
+
+    Accepts a dense (B, N) tensor/array, a torch sparse tensor, or any object with ``n_rows``,
+    ``rows``, ``cols``, ``values`` (e.g. ``saegeo.synthetic.SparseCodes``).
+    """
+    if hasattr(codes, "values") and hasattr(codes, "cols") and hasattr(codes, "rows"):
+        return int(codes.n_rows), codes.rows.long(), codes.cols.long(), codes.values
+    codes = _as_tensor(codes)
+    if codes.is_sparse or codes.layout in (torch.sparse_csr, torch.sparse_csc):
+        coo = codes.to_sparse_coo().coalesce()
+        idx = coo.indices()
+        return int(codes.shape[0]), idx[0], idx[1], coo.values()
+    if codes.ndim != 2:
+        raise BadInputError(f"codes must be 2-D (batch, N); got shape {tuple(codes.shape)}")
+    rows, cols = codes.nonzero(as_tuple=True)
+    return int(codes.shape[0]), rows, cols, codes[rows, cols]
+
+
+@dataclass
+class CodeMomentAccumulator:
+    """Streaming statistics of non-negative codes for the amplification law; mergeable, serialisable.
+
+    Per code (row) a: L0 = #{a_i > 0}, S = Σ a_i, Q = Σ a_i². Accumulated in float64:
+    n codes, Σ L0, Σ a and Σ a² over nonzero entries, per-latent fire counts and Σ a_i, and, when
+    ``mean_sq_norm`` (‖ū‖² of the unit dictionary) is given, Σ S/√(S²‖ū‖² + (1−‖ū‖²)Q) for the
+    mean-cosine form (codes with S = 0 contribute 0: their direction is undefined, they add nothing).
+    Codes must already carry the decoder norms (a_i·‖W_dec,i‖) when the rows are not unit.
+    """
+
+    n_latents: int
+    mean_sq_norm: float | None = None
+    n: int = 0
+    l0_sum: float = 0.0
+    value_sum: float = 0.0
+    value_sq_sum: float = 0.0
+    ratio_sum: float = 0.0
+    fire_count: Tensor = field(default=None)  # type: ignore[assignment]
+    latent_sum: Tensor = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.fire_count is None:
+            self.fire_count = torch.zeros(self.n_latents, dtype=torch.float64)
+        if self.latent_sum is None:
+            self.latent_sum = torch.zeros(self.n_latents, dtype=torch.float64)
+
+    def add(self, codes) -> "CodeMomentAccumulator":
+        """Add a batch of codes: dense (B, N), torch sparse, or SparseCodes (see ``coo_codes``)."""
+        n_rows, rows, cols, values = coo_codes(codes)
+        values = values.to(torch.float64)
+        if values.numel() and (not torch.isfinite(values).all() or (values < 0).any()):
+            bad = int(rows[~(torch.isfinite(values) & (values >= 0))][0])
+            raise BadInputError(f"codes row {bad} of this batch is negative or non-finite; the law needs non-negative codes")
+        keep = values > 0
+        rows, cols, values = rows[keep], cols[keep], values[keep]
+        if cols.numel() and int(cols.max()) >= self.n_latents:
+            raise BadInputError(f"codes have latent index {int(cols.max())} but the accumulator has N = {self.n_latents}")
+        self.n += n_rows
+        self.l0_sum += float(values.numel())
+        self.value_sum += float(values.sum())
+        self.value_sq_sum += float(values.square().sum())
+        self.fire_count += torch.bincount(cols, minlength=self.n_latents).to(torch.float64)
+        self.latent_sum += torch.bincount(cols, weights=values, minlength=self.n_latents)
+        if self.mean_sq_norm is not None:
+            s = torch.zeros(n_rows, dtype=torch.float64).index_add_(0, rows, values)
+            q = torch.zeros(n_rows, dtype=torch.float64).index_add_(0, rows, values.square())
+            denom = (s.square() * self.mean_sq_norm + (1.0 - self.mean_sq_norm) * q).sqrt()
+            self.ratio_sum += float(torch.where(s > 0, s / denom.clamp_min(1e-300), 0.0).sum())
+        return self
+
+    # ---- measures
+    @property
+    def K(self) -> float:
+        """Expected number of active latents per code, mean L0."""
+        return self.l0_sum / max(self.n, 1)
+
+    @property
+    def q(self) -> float:
+        """Activation rate q = K/N."""
+        return self.K / self.n_latents
+
+    @property
+    def r(self) -> float:
+        """r = E[a|a>0]²/E[a²|a>0] over all nonzero entries (1/2 Exp, 2/π half-normal, 1 constant)."""
+        if self.l0_sum == 0:
+            return float("nan")
+        return (self.value_sum / self.l0_sum) ** 2 / (self.value_sq_sum / self.l0_sum)
+
+    @property
+    def firing_frequency(self) -> Float[Tensor, " N"]:
+        """Per-latent fraction of codes in which the latent is active."""
+        return self.fire_count / max(self.n, 1)
+
+    @property
+    def mean_code(self) -> Float[Tensor, " N"]:
+        """Per-latent E[a_i] over all codes (zeros included): the weights of M = Σ E[a_i] u_i."""
+        return self.latent_sum / max(self.n, 1)
+
+    @property
+    def expected_ratio(self) -> float:
+        """E[S/√(S²‖ū‖² + (1−‖ū‖²)Q)], the input of ``mean_cosine_prediction``."""
+        if self.mean_sq_norm is None:
+            raise BadInputError("expected_ratio needs the dictionary's ‖ū‖²: CodeMomentAccumulator(N, mean_sq_norm=...)")
+        return self.ratio_sum / max(self.n, 1)
+
+    def predictions(self, a_dict: float) -> dict[str, float]:
+        """The three forms side by side (needs ``mean_sq_norm``); a_dict from ``dictionary_anisotropy``."""
+        return {
+            "textbook": textbook_prediction(self.K, a_dict),
+            "exact_moment": exact_moment_prediction(self.K, self.q, self.r, self.mean_sq_norm),
+            "mean_cosine": mean_cosine_prediction(self.expected_ratio, self.mean_sq_norm),
+        }
+
+    # ---- combine and persist
+    def merge(self, other: "CodeMomentAccumulator") -> "CodeMomentAccumulator":
+        """Combine in place with another accumulator over other codes (same N and ‖ū‖²)."""
+        if other.n_latents != self.n_latents or other.mean_sq_norm != self.mean_sq_norm:
+            raise BadInputError(
+                f"cannot merge code statistics of N={other.n_latents}, ‖ū‖²={other.mean_sq_norm} "
+                f"into N={self.n_latents}, ‖ū‖²={self.mean_sq_norm}"
+            )
+        self.n += other.n
+        self.l0_sum += other.l0_sum
+        self.value_sum += other.value_sum
+        self.value_sq_sum += other.value_sq_sum
+        self.ratio_sum += other.ratio_sum
+        self.fire_count += other.fire_count
+        self.latent_sum += other.latent_sum
+        return self
+
+    def __add__(self, other: "CodeMomentAccumulator") -> "CodeMomentAccumulator":
+        return CodeMomentAccumulator.from_state_dict(self.state_dict()).merge(other)
+
+    def state_dict(self) -> dict:
+        """Plain tensors and numbers; ``from_state_dict`` restores an identical accumulator."""
+        return {
+            "n_latents": self.n_latents,
+            "mean_sq_norm": self.mean_sq_norm,
+            "n": self.n,
+            "l0_sum": self.l0_sum,
+            "value_sum": self.value_sum,
+            "value_sq_sum": self.value_sq_sum,
+            "ratio_sum": self.ratio_sum,
+            "fire_count": self.fire_count.clone(),
+            "latent_sum": self.latent_sum.clone(),
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> "CodeMomentAccumulator":
+        state = dict(state)
+        for key in ("fire_count", "latent_sum"):
+            state[key] = _as_tensor(state[key]).to(torch.float64).clone()
+        return cls(**state)
+

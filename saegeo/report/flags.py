@@ -1,0 +1,455 @@
+"""Flags: each names one geometric pathology, with the numbers that show it and one sentence of advice.
+
+A flag is computed from the JSON-safe numbers of a report (``ActivationGeometry.to_dict()`` and the
+SAE sections of :class:`~saegeo.report.report.GeometryReport`), so a saved report can be re-flagged
+with other thresholds without touching the activations again.
+
+Public API
+----------
+``Flag``                      name, severity (info | warning | error), evidence {str: number}, advice, latents, subject.
+``FlagThresholds``            every threshold below, documented; all configurable.
+``activation_flags(geo, ...)``      bad input rows, rank deficiency, inputs that look whitened, a cone read against the wrong null.
+``sae_flags(sae, geo, ...)``        mean-direction features, offset not absorbed, amplification inconsistency, dead / dense latents.
+``config_flags(config, ...)``       a configuration that whitens before the SAE (with its measured cost).
+``dictionary_flags(W_dec, b_dec)``  the dictionary-only variant (no activations): latents aligned with b_dec or ū.
+``config_whitens(config) -> str | None``  which key of a (SAELens / saegeo) config asks for whitening.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+SEVERITIES = ("info", "warning", "error")
+_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+# Flag names (stable identifiers: tests, JSON and the renderers use them).
+MEAN_DIRECTION = "mean_direction_features"
+OFFSET_NOT_ABSORBED = "offset_not_absorbed"
+WHITENING = "whitening_misuse"
+WRONG_NULL = "wrong_null"
+AMPLIFICATION = "amplification_inconsistency"
+DEAD = "dead_latents"
+DENSE = "dense_latents"
+RANK = "rank_deficiency"
+BAD_ROWS = "bad_input_rows"
+# Flags about the geometry itself (as opposed to the SAE's health); used to check for false positives.
+GEOMETRY_FLAGS = (MEAN_DIRECTION, OFFSET_NOT_ABSORBED, WHITENING, WRONG_NULL, AMPLIFICATION, RANK)
+
+
+@dataclass
+class Flag:
+    """One finding: what (name, summary), how bad (severity), the numbers (evidence), what to do (advice)."""
+
+    name: str
+    severity: str  # one of SEVERITIES
+    evidence: dict[str, float | int | None]
+    advice: str  # one sentence
+    summary: str = ""  # one line with the key numbers, for the terminal
+    latents: list[int] | None = None  # the guilty latents, most guilty first
+    subject: str = "activations"  # "activations", an SAE's name, or "config"
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity {self.severity!r} not in {SEVERITIES}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Flag":
+        return cls(**dict(d))
+
+
+def sort_flags(flags: list[Flag]) -> list[Flag]:
+    """Most severe first; stable otherwise."""
+    return sorted(flags, key=lambda f: -_RANK[f.severity])
+
+
+@dataclass
+class FlagThresholds:
+    """Thresholds of every flag. Defaults are conservative: a clean space or a healthy SAE raises nothing."""
+
+    # mean-direction features: a latent that fires on ≥ this fraction of tokens ...
+    mean_direction_min_frequency: float = 0.5
+    # ... with |cos(decoder row, activation mean μ)| ≥ this;
+    mean_direction_min_cos: float = 0.5
+    # or a latent whose cone share c_i is ≥ this, provided the cone of the reconstructions minus b_dec
+    # is material (their measured A ≥ cone_min_anisotropy; without a cone c_i = x/‖M‖² is noise).
+    mean_direction_min_cone_share: float = 0.1
+    cone_min_anisotropy: float = 0.1
+    # offset not absorbed: ‖b_dec − μ‖/‖μ‖ ≥ this (warning; error at offset_error_distance) ...
+    offset_min_distance: float = 0.5
+    offset_error_distance: float = 0.9
+    # ... when the mean matters at all: outlier severity γ = ‖μ‖/√tr Σ ≥ this.
+    offset_min_outlier_severity: float = 0.5
+    # inputs that look whitened: mean share ‖μ‖²/tr S ≤ this, λ_max ≤ ratio × MP upper edge (no spike),
+    # and either per-direction variance tr Σ/d within whitened_unit_variance_tol of 1 or a spectrum
+    # narrower than sampling noise allows (λ_max/λ_min ≤ narrow_fraction × the MP edge ratio).
+    whitened_max_mean_share: float = 1e-3
+    whitened_max_edge_ratio: float = 1.1
+    whitened_unit_variance_tol: float = 0.1
+    whitened_narrow_fraction: float = 0.5
+    # whitening in a config: the noise amplification √(λ_max/λ_min) beyond which the flag becomes an error
+    whitening_max_amplification: float = 100.0
+    # wrong null: the sign-aware null exceeds the assumed baseline by ≥ this, and A is ≥ wrong_null_min_z
+    # null-sds above the baseline (so reading against the baseline would call it a cone)
+    wrong_null_min_gap: float = 0.05
+    wrong_null_min_z: float = 3.0
+    # amplification inconsistency: |A measured − mean-cosine prediction| > max(abs, rel · prediction)
+    amplification_abs_tolerance: float = 0.05
+    amplification_rel_tolerance: float = 0.25
+    # dead latents (no fire over the pass): warning above this fraction, error above dead_error_fraction
+    dead_max_fraction: float = 0.01
+    dead_error_fraction: float = 0.2
+    # dense latents: fire on > dense_frequency of tokens; warning above dense_max_fraction of latents
+    dense_frequency: float = 0.5
+    dense_max_fraction: float = 0.0
+    # bad rows: zero-norm or skipped non-finite rows above this fraction of rows
+    bad_rows_max_fraction: float = 0.0
+    # dictionary-only: |cos(u_i, b_dec or ū)| ≥ this
+    dictionary_min_cos: float = 0.9
+    # how many guilty latents a flag lists
+    max_latents: int = 20
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> "FlagThresholds":
+        from dataclasses import fields
+
+        d = dict(d or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            from saegeo.errors import BadInputError
+
+            raise BadInputError(f"unknown flag threshold(s) {unknown}; known: {sorted(known)}")
+        return cls(**d)
+
+
+def _r(x: float | None, digits: int = 4) -> float | None:
+    """Round for evidence (None and non-finite stay None)."""
+    if x is None or not math.isfinite(float(x)):
+        return None
+    return round(float(x), digits) if abs(float(x)) >= 1e-3 else float(f"{float(x):.4g}")
+
+
+# =========================================================================== activations
+def activation_flags(
+    geo: Mapping[str, Any],
+    *,
+    thresholds: FlagThresholds | None = None,
+    assumed_null: float = 0.0,
+    feeds_dictionary: bool = False,
+) -> list[Flag]:
+    """Flags on the activations alone (``geo`` = ``ActivationGeometry.to_dict()``).
+
+    ``assumed_null`` is the baseline a reader compares A with when nobody tells them better (0: "cosines
+    centre on 0 in an isotropic space"). ``feeds_dictionary``: an SAE is trained on / applied to these
+    activations (raises inputs that look whitened from info to warning).
+    """
+    t = thresholds or FlagThresholds()
+    flags: list[Flag] = []
+    n, d = int(geo["n"]), int(geo["d"])
+    rows_seen = n + int(geo.get("n_nonfinite_skipped", 0))
+
+    # ---- bad input rows
+    n_zero, n_bad = int(geo.get("n_zero", 0)), int(geo.get("n_nonfinite_skipped", 0))
+    if rows_seen and (n_zero + n_bad) / rows_seen > t.bad_rows_max_fraction:
+        flags.append(Flag(
+            BAD_ROWS, "error" if n_bad else "warning",
+            {"n_zero_rows": n_zero, "n_nonfinite_rows_skipped": n_bad, "n_rows": rows_seen,
+             "fraction": _r((n_zero + n_bad) / rows_seen)},
+            "Find where the producer emits zero or non-finite rows (padding, masked positions, overflow) and drop "
+            "them before caching; they were excluded from the directional statistics here.",
+            summary=f"{n_zero} zero-norm and {n_bad} non-finite row(s) of {rows_seen}",
+        ))
+
+    eig = [float(v) for v in geo.get("eigenvalues") or []]
+    lam_max = eig[0] if eig else 0.0
+    lam_min = eig[-1] if eig else 0.0
+    upper, lower = float(geo["mp_upper_edge"]), float(geo["mp_lower_edge"])
+
+    # ---- rank deficiency
+    rank = int(geo["numerical_rank"])
+    if n <= d or rank < d:
+        why = f"n = {n} ≤ d = {d}" if n <= d else f"numerical rank {rank} < d = {d}"
+        # n ≤ d: every spectrum-based number describes the sample, not the population (warning);
+        # rank < d with n > d: the activations really live in a subspace (info, but never whiten them).
+        flags.append(Flag(
+            RANK, "warning" if n <= d else "info",
+            {"numerical_rank": rank, "d": d, "n": n, "rank_rel_tol": _r(geo.get("numerical_rank_rel_tol"))},
+            "Collect more tokens than dimensions (n ≫ d) before reading spectra, and do not whiten or invert Σ: "
+            "the null directions have no variance to normalise.",
+            summary=f"{why}: the covariance is singular ({d - rank} null direction(s))",
+        ))
+
+    # ---- inputs that look whitened (flat spectrum at the MP null, zero mean, unit or too-even variance)
+    mean_share = geo.get("mean_share_of_second_moment")
+    sigma2 = float(geo.get("mp_sigma2") or 0.0)
+    if eig and mean_share is not None and sigma2 > 0 and n > d and lam_min > 0:
+        edge_ratio = lam_max / upper if upper > 0 else math.inf
+        spread = lam_max / lam_min
+        mp_spread = upper / lower if lower > 0 else math.inf
+        unit_variance = abs(sigma2 - 1.0) <= t.whitened_unit_variance_tol
+        too_even = spread <= 1 + t.whitened_narrow_fraction * (mp_spread - 1)
+        if mean_share <= t.whitened_max_mean_share and edge_ratio <= t.whitened_max_edge_ratio and (unit_variance or too_even):
+            flags.append(Flag(
+                WHITENING, "warning" if feeds_dictionary else "info",
+                {"mean_share_of_second_moment": _r(mean_share), "lambda_max_over_mp_edge": _r(edge_ratio),
+                 "n_spikes": int(geo.get("n_spikes", 0)), "variance_per_direction": _r(sigma2),
+                 "eigenvalue_spread": _r(spread), "mp_spread": _r(mp_spread)},
+                "If these inputs were whitened, an SAE learns an arbitrary rotation of a flat space (no variance "
+                "ordering, noise amplified along weak directions): train on the raw or mean-centred activations "
+                "unless the whitening is the point of the experiment.",
+                summary=(f"looks whitened: zero mean (share {mean_share:.1e}), no eigenvalue above the MP edge "
+                         f"(λmax/edge {edge_ratio:.2f}), variance per direction {sigma2:.3g}"
+                         + (", spread narrower than sampling noise" if too_even else "")),
+            ))
+
+    # ---- a cone read against the wrong null
+    sign = geo.get("sign") or {}
+    a, null, null_sd = geo.get("anisotropy"), sign.get("null"), geo.get("anisotropy_null_sd")
+    if a is not None and null is not None and null_sd:
+        gap = float(null) - assumed_null
+        z_assumed = (float(a) - assumed_null) / float(null_sd)
+        if gap >= t.wrong_null_min_gap and z_assumed >= t.wrong_null_min_z:
+            excess = float(a) - float(null)
+            explained = min(1.0, gap / (float(a) - assumed_null)) if float(a) > assumed_null else 1.0
+            flags.append(Flag(
+                WRONG_NULL, "warning",
+                {"anisotropy": _r(a), "sign_null": _r(null), "assumed_null": assumed_null,
+                 "excess_over_sign_null": _r(excess), "share_explained_by_sign": _r(explained),
+                 "z_vs_assumed": _r(z_assumed, 1), "z_vs_sign_null": _r(geo.get("anisotropy_z"), 1),
+                 "negative_energy_fraction": _r(sign.get("negative_energy_fraction")),
+                 "fraction_nonzero": _r(sign.get("fraction_nonzero"))},
+                f"Read A against the sign-aware null {null:.3g} ({sign.get('regime')} data), not {assumed_null:g}: "
+                "quote A − null, since sign structure alone produces that much cone.",
+                summary=(f"A = {a:.3f} but the {sign.get('regime')} sign structure alone gives {null:.3f} "
+                         f"({100 * explained:.0f}% of the cone); excess {excess:+.3f}"),
+            ))
+    return flags
+
+
+# =========================================================================== SAE
+def sae_flags(
+    sae: Mapping[str, Any],
+    geo: Mapping[str, Any],
+    *,
+    thresholds: FlagThresholds | None = None,
+) -> list[Flag]:
+    """Flags on one SAE section of a report (``SAEGeometry.to_dict()``) against the activations' ``geo``."""
+    t = thresholds or FlagThresholds()
+    name = str(sae.get("name") or "sae")
+    flags: list[Flag] = []
+    freq = torch.tensor(sae["firing_frequency"], dtype=torch.float64)
+    cos = torch.tensor(sae["cos_decoder_mean"], dtype=torch.float64)
+    shares = sae.get("cone_shares")
+    shares_t = torch.tensor(shares, dtype=torch.float64) if shares is not None else None
+    amp = sae.get("amplification") or {}
+    a_recon = amp.get("measured_recon_minus_b_dec")
+    d_sae = int(sae["d_sae"])
+
+    # ---- mean-direction features
+    by_alignment = (freq >= t.mean_direction_min_frequency) & (cos.abs() >= t.mean_direction_min_cos)
+    cone_material = a_recon is not None and a_recon >= t.cone_min_anisotropy and shares_t is not None
+    by_share = (shares_t >= t.mean_direction_min_cone_share) if cone_material else torch.zeros_like(by_alignment)
+    guilty = (by_alignment | by_share).nonzero().flatten()
+    if guilty.numel():
+        # most guilty first: largest cone share, then largest firing × |cos|
+        score = (shares_t if shares_t is not None else torch.zeros_like(freq)) + freq * cos.abs()
+        order = guilty[score[guilty].argsort(descending=True)].tolist()
+        top = order[0]
+        n_guilty = len(order)
+        share_sum = float(shares_t[guilty].sum()) if shares_t is not None else None
+        flags.append(Flag(
+            MEAN_DIRECTION, "error" if float(freq[top]) >= 0.9 and abs(float(cos[top])) >= 0.9 else "warning",
+            {"n_latents": n_guilty, "n_by_alignment": int(by_alignment.sum()), "n_by_cone_share": int(by_share.sum()),
+             "top_latent": top, "top_firing_frequency": _r(freq[top]), "top_cos_decoder_mean": _r(cos[top]),
+             "top_cone_share": _r(shares_t[top]) if shares_t is not None else None,
+             "cone_share_of_flagged": _r(share_sum), "anisotropy_recon_minus_b_dec": _r(a_recon)},
+            "These latents encode the activation mean rather than features: initialise b_dec to the activation "
+            "mean (saegeo train --b-dec-init mean) or centre the activations, and retrain.",
+            summary=(f"{n_guilty} latent(s) carry the mean direction; latent {top} fires on "
+                     f"{100 * float(freq[top]):.0f}% of tokens with cos(decoder, μ) = {float(cos[top]):+.2f}"
+                     + (f", cone share {float(shares_t[top]):.2f}" if shares_t is not None else "")),
+            latents=order[: t.max_latents], subject=name,
+        ))
+
+    # ---- offset not absorbed by b_dec
+    dist, b_cos = sae.get("b_dec_distance_to_mean"), sae.get("b_dec_cos_mean")
+    gamma = geo.get("outlier_severity")
+    if dist is not None and gamma is not None and dist >= t.offset_min_distance and gamma >= t.offset_min_outlier_severity:
+        flags.append(Flag(
+            OFFSET_NOT_ABSORBED, "error" if dist >= t.offset_error_distance else "warning",
+            {"b_dec_distance_to_mean": _r(dist), "b_dec_cos_mean": _r(b_cos), "b_dec_norm": _r(sae.get("b_dec_norm")),
+             "mean_norm": _r(geo.get("mean_vector_norm")), "outlier_severity": _r(gamma)},
+            "b_dec should absorb the activation mean: initialise it to the mean of the activations "
+            "(the saegeo default) so no latent has to spend itself on the offset.",
+            summary=(f"‖b_dec − μ‖/‖μ‖ = {dist:.2f} (cos {b_cos if b_cos is None else round(b_cos, 2)}, "
+                     f"‖b_dec‖ {sae.get('b_dec_norm', 0):.3g} vs ‖μ‖ {geo.get('mean_vector_norm', 0):.3g}, γ = {gamma:.2f})"),
+            subject=name,
+        ))
+
+    # ---- amplification law inconsistency
+    pred = amp.get("mean_cosine")
+    if a_recon is not None and pred is not None:
+        tol = max(t.amplification_abs_tolerance, t.amplification_rel_tolerance * abs(pred))
+        if abs(a_recon - pred) > tol:
+            top = (shares_t.argsort(descending=True)[: t.max_latents].tolist() if shares_t is not None else None)
+            flags.append(Flag(
+                AMPLIFICATION, "warning",
+                {"measured": _r(a_recon), "mean_cosine": _r(pred), "exact_moment": _r(amp.get("exact_moment")),
+                 "textbook": _r(amp.get("textbook")), "tolerance": _r(tol), "K": _r(amp.get("K")),
+                 "a_dict": _r(amp.get("a_dict")),
+                 "top_cone_share": _r(shares_t[top[0]]) if top else None},
+                "The codes are not iid-like (co-firing or a few dominant latents): read the cone from the "
+                "latents with the largest cone shares listed, not from K·A_dict.",
+                summary=(f"A of reconstructions − b_dec = {a_recon:.3f}, the law predicts {pred:.3f} "
+                         f"(mean-cosine form; tolerance {tol:.3f})"),
+                latents=top, subject=name,
+            ))
+
+    # ---- dead / dense latents
+    n_tokens = int(sae.get("n_tokens", 0))
+    dead = (freq == 0).nonzero().flatten().tolist()
+    dead_frac = len(dead) / d_sae
+    if dead_frac > t.dead_max_fraction:
+        flags.append(Flag(
+            DEAD, "error" if dead_frac >= t.dead_error_fraction else "warning",
+            {"n_dead": len(dead), "dead_fraction": _r(dead_frac), "d_sae": d_sae, "n_tokens": n_tokens},
+            "Dead latents waste capacity: initialise b_dec to the mean, use AuxK (TopK) or resampling, "
+            "and check on more tokens before concluding.",
+            summary=f"{len(dead)} of {d_sae} latents ({100 * dead_frac:.1f}%) never fired on {n_tokens} tokens",
+            latents=dead[: t.max_latents], subject=name,
+        ))
+    dense_mask = freq > t.dense_frequency
+    dense = dense_mask.nonzero().flatten()
+    if dense.numel() / d_sae > t.dense_max_fraction:
+        order = dense[freq[dense].argsort(descending=True)].tolist()
+        flags.append(Flag(
+            DENSE, "warning",
+            {"n_dense": len(order), "dense_fraction": _r(len(order) / d_sae), "dense_frequency": t.dense_frequency,
+             "max_firing_frequency": _r(freq.max()), "max_abs_cos_mean_of_dense": _r(cos[dense].abs().max())},
+            "Latents that fire on most tokens are usually the mean or a positional direction, not features: "
+            "check their cos with the mean and centre the inputs.",
+            summary=f"{len(order)} latent(s) fire on > {100 * t.dense_frequency:.0f}% of tokens",
+            latents=order[: t.max_latents], subject=name,
+        ))
+    return flags
+
+
+# =========================================================================== configuration
+_WHITENING_VALUES = ("covariance_whitening", "whiten", "whitening", "zca", "pca_whitening")
+
+
+def config_whitens(config: Mapping[str, Any] | None) -> str | None:
+    """The key path of a config that asks for whitening before the SAE (SAELens ``normalize_activations =
+    "covariance_whitening"``, saegeo provenance ``preprocessing`` naming a whitening), or None."""
+    if not config:
+        return None
+
+    def walk(node: Any, path: str) -> str | None:
+        if isinstance(node, Mapping):
+            for k, v in node.items():
+                found = walk(v, f"{path}.{k}" if path else str(k))
+                if found:
+                    return found
+        elif isinstance(node, str) and path.split(".")[-1] in ("normalize_activations", "preprocessing"):
+            if any(w in node.lower() for w in _WHITENING_VALUES):
+                return f"{path} = {node!r}"
+        return None
+
+    return walk(config, "")
+
+
+def config_flags(
+    config: Mapping[str, Any] | None,
+    geo: Mapping[str, Any] | None = None,
+    whitening_cost: Mapping[str, Any] | None = None,
+    *,
+    thresholds: FlagThresholds | None = None,
+    subject: str = "config",
+) -> list[Flag]:
+    """A config that whitens before the SAE: always a warning (never a refusal) with the measured cost.
+
+    ``whitening_cost`` is ``Whitening.fit(acc).report.to_dict()`` on these activations (noise amplification
+    √(λ_max/λ_min), clamped eigenvalues); ``geo`` adds n, d and whether the space is already isotropic.
+    The flag becomes an error when n ≤ d or the amplification exceeds ``whitening_max_amplification``.
+    """
+    t = thresholds or FlagThresholds()
+    where = config_whitens(config)
+    if where is None:
+        return []
+    evidence: dict[str, float | int | None] = {}
+    notes, severity = [], "warning"
+    amp = (whitening_cost or {}).get("noise_amplification")
+    if amp is not None:
+        evidence["noise_amplification"] = _r(amp, 2)
+        evidence["n_clamped_eigenvalues"] = int((whitening_cost or {}).get("n_clamped", 0))
+        notes.append(f"it amplifies noise along the weakest direction {amp:.3g}×")
+        if amp > t.whitening_max_amplification:
+            severity = "error"
+    if geo is not None:
+        n, d = int(geo["n"]), int(geo["d"])
+        evidence.update(n=n, d=d, n_spikes=int(geo.get("n_spikes", 0)), top1_share=_r(geo.get("top1_share")),
+                        effective_rank=_r(geo.get("effective_rank"), 1))
+        if n <= d:
+            severity = "error"
+            notes.append(f"it is fitted on n = {n} ≤ d = {d} rows (singular covariance)")
+        if int(geo.get("n_spikes", 0)) == 0:
+            notes.append("the space is already isotropic (no eigenvalue above the MP edge), so it only adds noise")
+        else:
+            notes.append(f"it erases the variance ordering of {int(geo['n_spikes'])} spike direction(s)")
+    return [Flag(
+        WHITENING, severity, evidence,
+        "Whitening is a choice, not a default: it can help probing but costs reconstruction, ordering and a "
+        "meaningful basis — keep it only if you measured that it helps, and never read principal axes after it.",
+        summary=f"the config whitens before the SAE ({where})" + ("; " + "; ".join(notes) if notes else ""),
+        subject=subject,
+    )]
+
+
+# =========================================================================== dictionary only
+def dictionary_flags(
+    W_dec: Float[Tensor, "d_sae d_in"],
+    b_dec: Float[Tensor, " d_in"] | None = None,
+    *,
+    thresholds: FlagThresholds | None = None,
+    subject: str = "dictionary",
+) -> list[Flag]:
+    """Mean-direction features without activations: latents whose unit decoder row u_i has
+    |cos(u_i, b_dec)| ≥ dictionary_min_cos, or, when b_dec is zero/absent, cos(u_i, ū) ≥ it
+    (ū = mean unit decoder row, the dictionary's own mean direction). Blockwise; no d_sae² matrix."""
+    t = thresholds or FlagThresholds()
+    w = W_dec.detach().to(torch.float64)
+    norms = w.norm(dim=1)
+    unit = w / norms.clamp_min(1e-300)[:, None]
+    use_b = b_dec is not None and float(b_dec.detach().to(torch.float64).norm()) > 0
+    direction = b_dec.detach().to(torch.float64) if use_b else unit.sum(0)
+    dnorm = float(direction.norm())
+    if dnorm == 0:
+        return []
+    cos = (unit @ direction) / dnorm
+    cos[norms == 0] = 0.0
+    guilty = (cos.abs() >= t.dictionary_min_cos).nonzero().flatten()
+    if not guilty.numel():
+        return []
+    order = guilty[cos[guilty].abs().argsort(descending=True)].tolist()
+    ref = "b_dec" if use_b else "the dictionary's mean direction ū"
+    return [Flag(
+        MEAN_DIRECTION, "warning",
+        {"n_latents": len(order), "top_latent": order[0], "top_abs_cos": _r(cos[order[0]].abs()),
+         "reference_norm": _r(dnorm), "d_sae": int(w.shape[0])},
+        "Latents parallel to b_dec (or to the mean decoder direction) usually encode the activation offset: "
+        "check them against activations (saegeo check --acts) before interpreting them as features.",
+        summary=f"{len(order)} decoder row(s) with |cos| ≥ {t.dictionary_min_cos:g} to {ref}",
+        latents=order[: t.max_latents], subject=subject,
+    )]

@@ -1,0 +1,407 @@
+"""Renderings of a GeometryReport: terminal summary, Markdown, JSON, self-contained HTML with plots.
+
+Public API
+----------
+``render_terminal(report) -> str``   a few lines a person reads first, flags on top.
+``render_markdown(report, figure_dir=None) -> str``   tables to paste into a paper or a bug report.
+``render_json(report) -> str``       the schema-versioned JSON (``GeometryReport.load`` reads it back).
+``render_html(report) -> str``       one file, plots embedded as base64 PNG (no network, no other files).
+``figures(report) -> dict[str, bytes]``   the PNG plots: spectrum (log-log, MP band), cosines (histogram,
+                                     null, isotropic band), latents (firing vs cos(u_i, μ), sized by c_i),
+                                     amplification (the law's curves and the measured points), rogue (shares).
+``write_report(report, out_dir, formats=("terminal", "md", "json", "html")) -> dict[str, Path]``
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from saegeo.report.flags import SEVERITIES, Flag
+from saegeo.report.report import GeometryReport, SAEGeometry
+
+FORMATS = ("terminal", "md", "json", "html")
+_MARK = {"error": "✖", "warning": "▲", "info": "·"}
+
+
+# =========================================================================== number formatting
+def _f(x: Any, digits: int = 3) -> str:
+    """Compact number: None -> '—', large/small in scientific notation."""
+    if x is None:
+        return "—"
+    if isinstance(x, bool) or isinstance(x, int):
+        return f"{x:,}" if isinstance(x, int) and not isinstance(x, bool) else str(x)
+    x = float(x)
+    if not math.isfinite(x):
+        return "—"
+    if x != 0 and (abs(x) >= 1e5 or abs(x) < 10 ** (-digits)):
+        return f"{x:.{max(digits - 1, 1)}e}"
+    return f"{x:.{digits}f}"
+
+
+def _pct(x: Any) -> str:
+    return "—" if x is None else f"{100 * float(x):.1f}%"
+
+
+def _title(report: GeometryReport) -> str:
+    src = report.source
+    parts = ["saegeo report"]
+    if src.get("model"):
+        parts.append(str(src["model"]))
+    if src.get("hook"):
+        parts.append(str(src["hook"]))
+    parts.append(f"{src.get('n_tokens', report.activations['n']):,} tokens × d = {report.activations['d']}")
+    if report.seconds:
+        parts.append(f"{report.seconds:.1f} s ({_f(report.tokens_per_second, 0)} tok/s)")
+    return " · ".join(parts)
+
+
+# =========================================================================== rows shared by the renderers
+def activation_lines(report: GeometryReport) -> list[tuple[str, str]]:
+    """(label, text) lines summarising the activation geometry."""
+    g = report.activations
+    s = g["sign"]
+    rogue = g["rogue"]
+    top_rogue = ", ".join(f"{i} ({_pct(p)})" for i, p in zip(rogue["top_indices"][:3], rogue["top_shares"][:3]))
+    return [
+        ("cone", f"A = {_f(g['anisotropy'])} against the sign-aware null {_f(s['null'])} ({s['regime']}, "
+                 f"canonical {s['canonical']}); z = {_f(g['anisotropy_z'], 1)}; offset ‖m̂‖ = {_f(g['offset'])}; "
+                 f"isotropic sd of one cosine 1/√d = {_f(g['isotropic_cosine_sd'])}"),
+        ("mean", f"‖μ‖ = {_f(g['mean_vector_norm'])}, ‖μ‖/E‖x‖ = {_f(g['mean_norm_ratio'])}, "
+                 f"share of E‖x‖² = {_pct(g['mean_share_of_second_moment'])}, γ = ‖μ‖/√trΣ = {_f(g['outlier_severity'])}"),
+        ("spectrum", f"erank {_f(g['effective_rank'], 1)} of {g['d']} (isotropic noise of this n, d: "
+                     f"{_f(g['noise_effective_rank'], 1)}), top-1 {_pct(g['top1_share'])}, top-10 {_pct(g['top10_share'])}, "
+                     f"{g['n_spikes']} eigenvalue(s) above the MP edge {_f(g['mp_upper_edge'])}, "
+                     f"numerical rank {g['numerical_rank']}, IsoScore {_f(g['isoscore'])}"),
+        ("rogue dims", f"{rogue['n_for_50']} coordinate(s) carry 50% of the offset, {rogue['n_for_90']} carry 90%"
+                       + (f"; top: {top_rogue}" if top_rogue else "")),
+    ]
+
+
+def _max_abs_cos(s: SAEGeometry) -> float:
+    return max((abs(c) for c in s.cos_decoder_mean), default=0.0)
+
+
+SAE_ROWS: list[tuple[str, Callable[[SAEGeometry], str]]] = [
+    ("architecture", lambda s: f"{s.architecture or '?'}" + (f" k={s.k}" if s.k else "") + f", {s.d_sae:,} latents"),
+    ("b_dec init", lambda s: s.b_dec_init or "?"),
+    ("FVE", lambda s: _f(s.fve)),
+    ("L0 (K)", lambda s: _f(s.mean_l0, 1)),
+    ("dead latents", lambda s: f"{s.n_dead:,} ({_pct(s.n_dead / s.d_sae)})"),
+    ("dense latents (>50%)", lambda s: f"{s.n_dense:,}"),
+    ("‖b_dec − μ‖/‖μ‖", lambda s: _f(s.b_dec_distance_to_mean)),
+    ("cos(b_dec, μ)", lambda s: _f(s.b_dec_cos_mean)),
+    ("max |cos(u_i, μ)|", lambda s: _f(_max_abs_cos(s))),
+    ("top cone share c_i", lambda s: "—" if s.cone_shares is None else
+        f"{_f(max(s.cone_shares))} (latent {s.top_latents()[0]})"),
+    ("A_dict / ‖ū‖²", lambda s: f"{_f(s.a_dict, 4)} / {_f(s.dict_mean_sq_norm, 4)}"),
+    ("dictionary erank", lambda s: _f(s.dictionary_spectrum.get("effective_rank"), 1)),
+    ("A of x̂ − b_dec (measured)", lambda s: _f(s.amplification.get("measured_recon_minus_b_dec"))),
+    ("  law: mean-cosine", lambda s: _f(s.amplification.get("mean_cosine"))),
+    ("  law: exact-moment", lambda s: _f(s.amplification.get("exact_moment"))),
+    ("  law: textbook", lambda s: _f(s.amplification.get("textbook"))),
+    ("A of x − b_dec", lambda s: _f(s.amplification.get("measured_x_minus_b_dec"))),
+    ("flags", lambda s: "—"),  # filled per report below
+]
+
+
+def _sae_table(report: GeometryReport) -> tuple[list[str], list[list[str]]]:
+    header = ["", *[s.name for s in report.saes]]
+    rows = []
+    for label, fn in SAE_ROWS:
+        if label == "flags":
+            cells = [", ".join(sorted({f.name for f in report.flags if f.subject == s.name})) or "none"
+                     for s in report.saes]
+        else:
+            cells = [fn(s) for s in report.saes]
+        rows.append([label, *cells])
+    return header, rows
+
+
+def _flag_counts(flags: list[Flag]) -> str:
+    counts = {sev: sum(f.severity == sev for f in flags) for sev in reversed(SEVERITIES)}
+    return " · ".join(f"{n} {sev}" for sev, n in counts.items() if n) or "none"
+
+
+# =========================================================================== terminal
+def render_terminal(report: GeometryReport, *, max_flags: int = 12) -> str:
+    """The summary a person reads first: title, flags (most severe first) with advice, then the numbers."""
+    out = [_title(report), ""]
+    out.append(f"FLAGS  {_flag_counts(report.flags)}")
+    for f in report.flags[:max_flags]:
+        who = "" if f.subject == "activations" else f"[{f.subject}] "
+        out.append(f"  {_MARK[f.severity]} {f.severity:<7} {who}{f.name}: {f.summary}")
+        if f.latents:
+            more = "…" if len(f.latents) >= 10 else ""
+            out.append(f"      latents {', '.join(map(str, f.latents[:10]))}{more}")
+        out.append(f"      → {f.advice}")
+    if len(report.flags) > max_flags:
+        out.append(f"  … {len(report.flags) - max_flags} more in the full report")
+    out += ["", "ACTIVATIONS"]
+    out += [f"  {label:<11}{text}" for label, text in activation_lines(report)]
+    if report.saes:
+        header, rows = _sae_table(report)
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+        out += ["", "SAE" + (" (side by side)" if len(report.saes) > 1 else "")]
+        fmt = lambda r: "  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+        out.append(fmt(header))
+        out += [fmt(r) for r in rows]
+    for note in report.notes:
+        out.append(f"note: {note}")
+    return "\n".join(out) + "\n"
+
+
+# =========================================================================== markdown
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    esc = lambda c: str(c).replace("|", "\\|")  # noqa: E731
+    lines = ["| " + " | ".join(esc(c) for c in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def render_markdown(report: GeometryReport, figure_dir: str | None = None) -> str:
+    """Markdown: flags with evidence, the activation geometry, the SAE table, links to figures if written."""
+    out = [f"# {_title(report)}", "", f"## Flags ({_flag_counts(report.flags)})", ""]
+    for f in report.flags:
+        who = "" if f.subject == "activations" else f" — {f.subject}"
+        out.append(f"- **{f.severity}** `{f.name}`{who}: {f.summary}. *{f.advice}*")
+        ev = ", ".join(f"{k} = {_f(v) if isinstance(v, float) else v}" for k, v in f.evidence.items())
+        out.append(f"  - evidence: {ev}")
+        if f.latents:
+            out.append(f"  - latents: {', '.join(map(str, f.latents))}")
+    if not report.flags:
+        out.append("No flags.")
+    out += ["", "## Activations", "", _md_table(["", ""], [[a, b] for a, b in activation_lines(report)])]
+    if report.saes:
+        out += ["", "## SAE" + ("s side by side" if len(report.saes) > 1 else ""), ""]
+        out.append(_md_table(*_sae_table(report)))
+    if figure_dir is not None:
+        out += ["", "## Figures", ""]
+        out += [f"![{name}]({figure_dir}/{name}.png)" for name in FIGURE_NAMES]
+    if report.notes:
+        out += ["", "## Notes", ""] + [f"- {n}" for n in report.notes]
+    out += ["", f"*saegeo {report.saegeo_version}, report schema {report.schema_version}.*", ""]
+    return "\n".join(out)
+
+
+def render_json(report: GeometryReport) -> str:
+    return report.to_json()
+
+
+# =========================================================================== figures
+FIGURE_NAMES = ("spectrum", "cosines", "latents", "amplification", "rogue")
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def figures(report: GeometryReport) -> dict[str, bytes]:
+    """The five plots as PNG bytes (matplotlib, Agg backend: no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    g = report.activations
+    out: dict[str, bytes] = {}
+
+    # spectrum, log-log, with the Marchenko–Pastur band of isotropic noise of the same (n, d, tr Σ)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    lam = np.asarray(g["eigenvalues"], dtype=float)
+    pos = lam > 0
+    ax.loglog(np.arange(1, lam.size + 1)[pos], lam[pos], ".-", ms=3, label="activations Σ")
+    ax.axhspan(max(g["mp_lower_edge"], lam[pos].min() if pos.any() else 1e-12), g["mp_upper_edge"],
+               color="tab:gray", alpha=0.25, label="MP band (isotropic noise)")
+    for s in report.saes:  # the dictionaries' own spectra, scaled to the same trace for shape comparison
+        dl = np.asarray(s.dictionary_spectrum.get("eigenvalues") or [], dtype=float)
+        if dl.size and dl.sum() > 0 and lam.sum() > 0:
+            dl = dl * lam.sum() / dl.sum()
+            ax.loglog(np.arange(1, dl.size + 1)[dl > 0], dl[dl > 0], "-", lw=1, alpha=0.7,
+                      label=f"dictionary {s.name} (rescaled)")
+    ax.set_xlabel("rank")
+    ax.set_ylabel("eigenvalue")
+    ax.set_title(f"centred spectrum: {g['n_spikes']} spikes, erank {g['effective_rank']:.1f} of {g['d']}")
+    ax.legend(fontsize=7)
+    out["spectrum"] = _png(fig)
+
+    # sampled pairwise cosines with the sign-aware null and the isotropic ±2/√d band around it
+    h = report.cosine_histogram
+    fig, ax = plt.subplots(figsize=(6, 4))
+    edges = np.asarray(h["edges"], dtype=float)
+    counts = np.asarray(h["counts"], dtype=float)
+    width = np.diff(edges)
+    dens = counts / max(counts.sum(), 1) / width
+    ax.bar(edges[:-1], dens, width=width, align="edge", color="tab:blue", alpha=0.7,
+           label=f"{h['n_pairs']:,} pairs of {h['n_rows']:,} sampled rows")
+    null = g["sign"]["null"]
+    band = 2 * g["isotropic_cosine_sd"]
+    ax.axvspan(null - band, null + band, color="tab:gray", alpha=0.3, label="null ± 2/√d (isotropic)")
+    ax.axvline(null, color="k", ls="--", lw=1, label=f"sign-aware null {null:.3f}")
+    if g["anisotropy"] is not None:
+        ax.axvline(g["anisotropy"], color="tab:red", lw=1.5, label=f"A = {g['anisotropy']:.3f}")
+    ax.set_xlim(-1, 1)
+    ax.set_xlabel("cos(x_i, x_j)")
+    ax.set_ylabel("density")
+    ax.set_title("pairwise cosines")
+    ax.legend(fontsize=7)
+    out["cosines"] = _png(fig)
+
+    # latents: firing frequency against cos(decoder, μ), sized by cone share
+    n_sae = max(1, len(report.saes))
+    fig, axes = plt.subplots(1, n_sae, figsize=(5 * n_sae, 4), squeeze=False, sharey=True)
+    for ax, s in zip(axes[0], report.saes or [None]):
+        if s is None:
+            ax.text(0.5, 0.5, "no SAE given", ha="center", va="center", transform=ax.transAxes)
+            ax.set_axis_off()
+            continue
+        freq = np.asarray(s.firing_frequency, dtype=float)
+        cos = np.asarray(s.cos_decoder_mean, dtype=float)
+        share = np.asarray(s.cone_shares if s.cone_shares is not None else np.zeros_like(freq), dtype=float)
+        floor = 0.5 / max(s.n_tokens, 1)
+        size = 4 + 400 * np.abs(share) / max(np.abs(share).max(), 1e-12)
+        flagged = set()
+        for f in report.flags:
+            if f.subject == s.name and f.name == "mean_direction_features" and f.latents:
+                flagged.update(f.latents)
+        colors = ["tab:red" if i in flagged else "tab:blue" for i in range(freq.size)]
+        ax.scatter(np.maximum(freq, floor), cos, s=size, c=colors, alpha=0.5, linewidths=0)
+        ax.set_xscale("log")
+        ax.axvline(0.5, color="gray", ls=":", lw=1)
+        ax.set_xlabel("firing frequency (dead at left edge)")
+        ax.set_title(f"{s.name}: latents (size ∝ |cone share|)", fontsize=9)
+    axes[0][0].set_ylabel("cos(decoder row, activation mean)")
+    out["latents"] = _png(fig)
+
+    # the amplification law: A against K·‖ū‖², textbook and exact-moment curves, measured points
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = np.logspace(-3, 3, 200)
+    ax.plot(xs, (xs / 2) / (1 + xs / 2), "k:", lw=1, label="textbook k/(1+k), k = K·A_dict/2")
+    for i, s in enumerate(report.saes):
+        a = s.amplification
+        color = f"C{i}"
+        if a.get("r") is None:
+            continue
+        q, r = a["q"], a["r"]
+        k = xs * r
+        ax.plot(xs, k / (1 + k - q * r), "-", color=color, lw=1, alpha=0.7, label=f"exact-moment law ({s.name})")
+        x0 = max(a["K"] * a["mean_sq_norm"], 1e-3)
+        if a.get("measured_recon_minus_b_dec") is not None:
+            ax.plot([x0], [a["measured_recon_minus_b_dec"]], "o", color=color, ms=8, label=f"measured A(x̂ − b_dec) {s.name}")
+        if a.get("mean_cosine") is not None:
+            ax.plot([x0], [a["mean_cosine"]], "s", mfc="none", color=color, ms=8, label=f"mean-cosine form {s.name}")
+    if not report.saes:
+        ax.text(0.5, 0.5, "no SAE given", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xscale("log")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_xlabel("K·‖ū‖²  (≈ K·A_dict for large N)")
+    ax.set_ylabel("mean pairwise cosine A")
+    ax.set_title("amplification law")
+    ax.legend(fontsize=6)
+    out["amplification"] = _png(fig)
+
+    # rogue dimensions: coordinate shares of the offset
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    rogue = g["rogue"]
+    idx, shares = rogue["top_indices"], rogue["top_shares"]
+    if idx:
+        ax.bar(range(len(idx)), shares, color="tab:purple")
+        ax.set_xticks(range(len(idx)), [str(i) for i in idx], fontsize=7)
+    ax.set_xlabel("coordinate")
+    ax.set_ylabel("share m̂_j²/‖m̂‖²")
+    ax.set_title(f"rogue dimensions: {rogue['n_for_50']} carry 50% of the offset")
+    out["rogue"] = _png(fig)
+    return out
+
+
+# =========================================================================== html
+_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
+td:first-child,th:first-child{text-align:left}.error{color:#b00}.warning{color:#b60}.info{color:#555}
+.flag{margin:.6em 0}.ev{font-size:.85em;color:#555}img{max-width:100%;margin:.5em 0}
+pre{background:#f6f6f6;padding:.6em;overflow-x:auto}"""
+
+
+def render_html(report: GeometryReport, pngs: dict[str, bytes] | None = None) -> str:
+    """One self-contained page: flags, tables and the plots as data: URIs."""
+    e = html.escape
+    pngs = pngs if pngs is not None else figures(report)
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(_title(report))}</title>",
+             f"<style>{_CSS}</style></head><body>", f"<h1>{e(_title(report))}</h1>",
+             f"<h2>Flags ({e(_flag_counts(report.flags))})</h2>"]
+    for f in report.flags:
+        who = "" if f.subject == "activations" else f" — {e(f.subject)}"
+        ev = ", ".join(f"{e(k)} = {e(_f(v) if isinstance(v, float) else str(v))}" for k, v in f.evidence.items())
+        lat = f"<br>latents: {e(', '.join(map(str, f.latents)))}" if f.latents else ""
+        parts.append(f"<div class='flag'><b class='{f.severity}'>{f.severity}</b> <code>{e(f.name)}</code>{who}: "
+                     f"{e(f.summary)}<br><i>{e(f.advice)}</i><div class='ev'>{ev}{lat}</div></div>")
+    if not report.flags:
+        parts.append("<p>No flags.</p>")
+    parts.append("<h2>Activations</h2><table>")
+    parts += [f"<tr><td>{e(a)}</td><td style='text-align:left'>{e(b)}</td></tr>" for a, b in activation_lines(report)]
+    parts.append("</table>")
+    if report.saes:
+        header, rows = _sae_table(report)
+        parts.append("<h2>SAE" + ("s side by side" if len(report.saes) > 1 else "") + "</h2><table>")
+        parts.append("<tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows]
+        parts.append("</table>")
+    parts.append("<h2>Figures</h2>")
+    for name in FIGURE_NAMES:
+        if name in pngs:
+            b64 = base64.b64encode(pngs[name]).decode("ascii")
+            parts.append(f"<h3>{e(name)}</h3><img alt='{e(name)}' src=\"data:image/png;base64,{b64}\">")
+    if report.notes:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in report.notes) + "</ul>")
+    parts.append(f"<h2>Terminal summary</h2><pre>{e(render_terminal(report))}</pre>")
+    parts.append(f"<p class='ev'>saegeo {e(report.saegeo_version)}, report schema {report.schema_version}; "
+                 "the numbers behind this page are in report.json.</p></body></html>")
+    return "\n".join(parts)
+
+
+# =========================================================================== files
+def write_report(
+    report: GeometryReport, out_dir: str | os.PathLike, formats: tuple[str, ...] | list[str] = FORMATS
+) -> dict[str, Path]:
+    """Write the requested renderings into ``out_dir`` (summary.txt, report.md + figures/, report.json,
+    report.html); returns {format: path}."""
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        from saegeo.errors import BadInputError
+
+        raise BadInputError(f"unknown report format(s) {unknown}; choose from {list(FORMATS)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    pngs = figures(report) if ("html" in formats or "md" in formats) else {}
+    if "terminal" in formats:
+        paths["terminal"] = _write(out / "summary.txt", render_terminal(report))
+    if "json" in formats:
+        paths["json"] = _write(out / "report.json", render_json(report))
+    if "md" in formats:
+        fig_dir = out / "figures"
+        fig_dir.mkdir(exist_ok=True)
+        for name, data in pngs.items():
+            (fig_dir / f"{name}.png").write_bytes(data)
+        paths["md"] = _write(out / "report.md", render_markdown(report, figure_dir="figures"))
+    if "html" in formats:
+        paths["html"] = _write(out / "report.html", render_html(report, pngs))
+    return paths
+
+
+def _write(path: Path, text: str) -> Path:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,314 @@
+"""One SAE encode/decode contract for trained and published dictionaries.
+
+    x' = normalize(x)                      (identity, or OpenAI-style LayerNorm; inverted after decode)
+    pre = (x' - b_dec·[apply_b_dec_to_input]) @ W_enc + b_enc   (· ‖W_dec[i]‖ if rescale_acts_by_decoder_norm)
+    codes = activation(pre) >= 0           (relu | topk | jumprelu | batchtopk)
+    x_hat = denormalize(codes @ W_dec + b_dec)
+
+Tensors: W_enc (d_in, d_sae), b_enc (d_sae), W_dec (d_sae, d_in), b_dec (d_in) -- the SAELens layout.
+saegeo-trained SAEs keep unit-norm decoder rows (`unit_norm_decoder=True`); published ones need not.
+New activations register in `ACTIVATIONS` (dense) and, if they select a fixed number of latents per
+row, in `_SPARSE_ACTIVATIONS`; the trainer only calls `forward_train`, so it needs no change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Callable, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from saegeo.errors import BadInputError, FormatError
+
+ACTIVATION_NAMES = ("relu", "topk", "jumprelu", "batchtopk")
+TOPK_ORDERS = ("relu_then_topk", "topk_then_relu")
+INPUT_NORMALIZATIONS = ("none", "layer_norm", "constant_norm_rescale")
+
+
+@dataclass
+class SAEConfig:
+    """Everything needed to rebuild the encode/decode of an SAE (shapes come from d_in, d_sae)."""
+
+    d_in: int
+    d_sae: int
+    activation: str = "topk"  # one of ACTIVATION_NAMES
+    k: int | None = None  # topk: active latents per row; batchtopk: the training k (inference uses threshold)
+    # topk order. relu_then_topk (sparsify): top-k of relu(pre). topk_then_relu (SAELens, OpenAI):
+    # relu of the top-k of pre. Dense codes are identical; the chosen *indices* differ when a row
+    # has fewer than k positive pre-activations (zeros vs. the least negative latents).
+    topk_order: str = "relu_then_topk"
+    apply_b_dec_to_input: bool = True  # subtract b_dec before encoding (SAELens, sparsify) or not (Gemma Scope npz)
+    unit_norm_decoder: bool = True  # invariant kept by the saegeo trainer; False for published dictionaries
+    # SAELens TopK option: pre-activations scaled by ‖W_dec[i]‖ before TopK, codes divided by it in decode
+    rescale_acts_by_decoder_norm: bool = False
+    input_normalization: str = "none"  # "layer_norm": OpenAI's per-row LayerNorm, inverted after decode
+    layer_norm_eps: float = 1e-5
+    dtype: str = "float32"
+    extra: dict = field(default_factory=dict)  # format-specific notes kept for provenance (never read by encode)
+
+    def __post_init__(self) -> None:
+        if self.activation not in ACTIVATION_NAMES:
+            raise FormatError(f"SAEConfig.activation={self.activation!r}; expected one of {ACTIVATION_NAMES}")
+        if self.activation == "topk" and not (self.k and 0 < self.k <= self.d_sae):
+            raise FormatError(f"topk SAE needs 0 < k <= d_sae={self.d_sae}, got k={self.k}")
+        if self.topk_order not in TOPK_ORDERS:
+            raise FormatError(f"SAEConfig.topk_order={self.topk_order!r}; expected one of {TOPK_ORDERS}")
+        if self.input_normalization not in INPUT_NORMALIZATIONS:
+            raise FormatError(
+                f"SAEConfig.input_normalization={self.input_normalization!r}; expected one of {INPUT_NORMALIZATIONS}"
+            )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class TrainOutput(NamedTuple):
+    """What one training forward pass returns; losses are scalars, the rest is for metrics."""
+
+    loss: Tensor  # total objective
+    sse: Tensor  # Σ ‖x − x̂‖² over the batch (float32 scalar)
+    centred_ss: Tensor  # Σ ‖x − mean_batch(x)‖²
+    l0_sum: Tensor  # Σ over rows of the number of active latents
+    aux_loss: Tensor  # AuxK (topk) or L1 (relu) term, before its coefficient
+    fired: Tensor  # (d_sae,) bool: latent active on some row of the batch
+    fire_count: Tensor  # (d_sae,) number of rows each latent fired on
+
+
+def _relu(sae: "SAE", pre: Tensor) -> Tensor:
+    return F.relu(pre)
+
+
+def _topk_dense(sae: "SAE", pre: Tensor) -> Tensor:
+    values, indices = sae._topk(pre)
+    return torch.zeros_like(pre).scatter_(-1, indices, values)
+
+
+def _jumprelu(sae: "SAE", pre: Tensor) -> Tensor:
+    # SAELens / Gemma Scope: relu(pre) gated by a per-latent threshold.
+    return F.relu(pre) * (pre > sae.threshold)
+
+
+def _batchtopk_inference(sae: "SAE", pre: Tensor) -> Tensor:
+    # dictionary_learning BatchTopK at inference: one global scalar threshold, not per-row TopK.
+    post = F.relu(pre)
+    return post * (post > sae.threshold.reshape(-1)[0])
+
+
+ACTIVATIONS: dict[str, Callable[["SAE", Tensor], Tensor]] = {
+    "relu": _relu,
+    "topk": _topk_dense,
+    "jumprelu": _jumprelu,
+    "batchtopk": _batchtopk_inference,
+}
+
+
+class SAE(nn.Module):
+    """Sparse autoencoder with the SAELens tensor layout and a configurable encode (see module doc)."""
+
+    def __init__(self, cfg: SAEConfig, *, device: str | torch.device = "cpu") -> None:
+        super().__init__()
+        self.cfg = cfg
+        dtype = getattr(torch, cfg.dtype)
+        kw = dict(device=device, dtype=dtype)
+        self.W_enc = nn.Parameter(torch.zeros(cfg.d_in, cfg.d_sae, **kw))
+        self.b_enc = nn.Parameter(torch.zeros(cfg.d_sae, **kw))
+        self.W_dec = nn.Parameter(torch.zeros(cfg.d_sae, cfg.d_in, **kw))
+        self.b_dec = nn.Parameter(torch.zeros(cfg.d_in, **kw))
+        # jumprelu: per-latent threshold (d_sae); batchtopk: one scalar (stored as shape (1,)).
+        n_thr = cfg.d_sae if cfg.activation == "jumprelu" else 1
+        self.register_buffer("threshold", torch.zeros(n_thr, **kw))
+
+    # ------------------------------------------------------------------ init
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator | None = None, b_dec: Tensor | None = None) -> "SAE":
+        """Random unit-norm decoder rows, tied encoder W_enc = W_decᵀ, b_enc = 0, b_dec as given (else 0)."""
+        w = torch.randn(self.cfg.d_sae, self.cfg.d_in, generator=generator, dtype=torch.float32)
+        w /= w.norm(dim=1, keepdim=True)
+        self.W_dec.copy_(w)
+        self.W_enc.copy_(w.T)
+        self.b_enc.zero_()
+        self.b_dec.copy_(b_dec if b_dec is not None else torch.zeros(self.cfg.d_in))
+        return self
+
+    # ------------------------------------------------------------------ input normalisation hook
+    def normalize_input(self, x: Float[Tensor, "n d_in"]) -> tuple[Float[Tensor, "n d_in"], tuple | None]:
+        """Identity; layer_norm: x' = (x − mean_row x) / (std_row x + eps) (OpenAI `LN`, SAELens "layer_norm",
+        unbiased std); constant_norm_rescale: x' = x·√d_in/‖x‖ (SAELens). Returns what `denormalize` needs."""
+        if self.cfg.input_normalization == "none":
+            return x, None
+        if self.cfg.input_normalization == "constant_norm_rescale":
+            coeff = self.cfg.d_in**0.5 / x.norm(dim=-1, keepdim=True)
+            return x * coeff, (coeff,)
+        mu = x.mean(dim=-1, keepdim=True)
+        xc = x - mu
+        std = xc.std(dim=-1, keepdim=True)
+        return xc / (std + self.cfg.layer_norm_eps), (mu, std)
+
+    def denormalize(self, x_hat: Float[Tensor, "n d_in"], state: tuple | None) -> Float[Tensor, "n d_in"]:
+        """Undo `normalize_input` as the libraries do: x̂ = x̂'·std + mean (OpenAI and SAELens multiply by the
+        std without the eps), or x̂ = x̂'/coeff for constant_norm_rescale."""
+        if state is None:
+            return x_hat
+        if len(state) == 1:
+            return x_hat / state[0]
+        mu, std = state
+        return x_hat * std + mu
+
+    # ------------------------------------------------------------------ encode
+    def _check_input(self, x: Tensor) -> None:
+        if x.ndim != 2 or x.shape[1] != self.cfg.d_in:
+            raise BadInputError(f"SAE expects activations of shape (n, {self.cfg.d_in}), got {tuple(x.shape)}")
+
+    def pre_activations(self, x: Float[Tensor, "n d_in"]) -> Float[Tensor, "n d_sae"]:
+        """pre = (normalize(x) − b_dec·[apply_b_dec_to_input]) @ W_enc + b_enc (no normalisation state kept)."""
+        return self._pre(self.normalize_input(x)[0])
+
+    def _pre(self, xn: Tensor) -> Tensor:
+        if self.cfg.apply_b_dec_to_input:
+            xn = xn - self.b_dec
+        pre = torch.addmm(self.b_enc, xn.to(self.W_enc.dtype), self.W_enc)
+        if self.cfg.rescale_acts_by_decoder_norm:
+            pre = pre * self.W_dec.norm(dim=-1)
+        return pre
+
+    def _codes_for_decode(self, codes: Tensor) -> Tensor:
+        return codes / self.W_dec.norm(dim=-1) if self.cfg.rescale_acts_by_decoder_norm else codes
+
+    def _topk(self, pre: Tensor) -> tuple[Tensor, Tensor]:
+        k = int(self.cfg.k)
+        if self.cfg.topk_order == "relu_then_topk":
+            return F.relu(pre).topk(k, dim=-1, sorted=False)
+        values, indices = pre.topk(k, dim=-1, sorted=False)
+        return F.relu(values), indices
+
+    def encode(self, x: Float[Tensor, "n d_in"]) -> Float[Tensor, "n d_sae"]:
+        """codes = activation(pre) ≥ 0, dense (n, d_sae)."""
+        self._check_input(x)
+        return ACTIVATIONS[self.cfg.activation](self, self.pre_activations(x))
+
+    def encode_topk(self, x: Float[Tensor, "n d_in"]) -> tuple[Float[Tensor, "n k"], Int[Tensor, "n k"]]:
+        """TopK codes as (values ≥ 0, latent indices), each (n, k); the dense codes scatter these."""
+        self._check_input(x)
+        if self.cfg.activation != "topk":
+            raise BadInputError(f"encode_topk needs a topk SAE, this one is {self.cfg.activation!r}")
+        return self._topk(self.pre_activations(x))
+
+    # ------------------------------------------------------------------ decode
+    def decode(self, codes: Float[Tensor, "n d_sae"], norm_state: tuple | None = None) -> Float[Tensor, "n d_in"]:
+        """x̂ = denormalize(codes @ W_dec + b_dec)."""
+        return self.denormalize(torch.addmm(self.b_dec, self._codes_for_decode(codes), self.W_dec), norm_state)
+
+    def decode_sparse(
+        self, values: Float[Tensor, "n k"], indices: Int[Tensor, "n k"], norm_state: tuple | None = None
+    ) -> Float[Tensor, "n d_in"]:
+        """x̂ = Σ_j values[:, j] · W_dec[indices[:, j]] + b_dec, gathering only the k active rows.
+
+        embedding_bag(mode="sum", per_sample_weights) is a gather-and-sum whose backward scatters into
+        the k rows used: no dense (n, d_sae) matmul in the forward or the backward.
+        """
+        if self.cfg.rescale_acts_by_decoder_norm:
+            values = values / self.W_dec.norm(dim=-1)[indices]
+        out = F.embedding_bag(indices, self.W_dec, per_sample_weights=values.to(self.W_dec.dtype), mode="sum")
+        return self.denormalize(out + self.b_dec, norm_state)
+
+    def forward(self, x: Float[Tensor, "n d_in"]) -> Float[Tensor, "n d_in"]:
+        """Reconstruction x̂ = decode(encode(x)) (sparse path for TopK)."""
+        self._check_input(x)
+        xn, state = self.normalize_input(x)
+        pre = self._pre(xn)
+        if self.cfg.activation == "topk":
+            return self.decode_sparse(*self._topk(pre), norm_state=state)
+        return self.decode(ACTIVATIONS[self.cfg.activation](self, pre), norm_state=state)
+
+    # ------------------------------------------------------------------ training
+    def forward_train(
+        self,
+        x: Float[Tensor, "n d_in"],
+        *,
+        dead_mask: Tensor | None = None,
+        aux_k: int = 0,
+        l1_coefficient: float = 0.0,
+        aux_coefficient: float = 0.0,
+    ) -> TrainOutput:
+        """Training objective for the variant.
+
+        topk: loss = SSE/centred SS (FVU) + aux_coefficient · AuxK, where AuxK reconstructs the residual
+              e = x − x̂ from the top-`aux_k` *dead* latents: ‖e − ê‖² / ‖e − ē‖², scaled by
+              min(n_dead/aux_k, 1) (Gao et al. 2024, as in sparsify).
+        relu: loss = mean_rows ‖x − x̂‖² + l1_coefficient · mean_rows Σ_i codes_i·‖W_dec[i]‖ (the SAELens
+              Standard objective, so coefficients transfer).
+        """
+        if self.cfg.input_normalization != "none" or self.cfg.rescale_acts_by_decoder_norm:
+            raise BadInputError("training supports input_normalization='none' without decoder-norm rescaling")
+        pre = self._pre(x)
+        centred_ss = (x - x.mean(dim=0)).pow(2).sum()
+        n = x.shape[0]
+        if self.cfg.activation == "topk":
+            values, indices = self._topk(pre)
+            x_hat = self.decode_sparse(values, indices)
+            err = x - x_hat
+            sse = err.pow(2).sum()
+            loss = sse / centred_ss
+            aux = x.new_zeros(())
+            if dead_mask is not None and aux_k > 0 and aux_coefficient > 0:
+                n_dead = dead_mask.sum()  # stays on device: no host sync per step
+                k_aux = min(aux_k, self.cfg.d_sae)
+                dead_pre = torch.where(dead_mask, pre, torch.full_like(pre, -torch.inf))
+                aux_vals, aux_idx = dead_pre.topk(k_aux, dim=-1, sorted=False)
+                aux_vals = F.relu(aux_vals)  # -inf (alive) -> 0
+                e = err.detach()
+                e_hat = F.embedding_bag(aux_idx, self.W_dec, per_sample_weights=aux_vals, mode="sum")
+                aux = (e - e_hat).pow(2).sum() / (e - e.mean(dim=0)).pow(2).sum()
+                aux = aux * (n_dead.float() / k_aux).clamp(max=1.0)
+                aux = torch.nan_to_num(aux, nan=0.0)  # no dead latents -> 0/…, no NaN
+                loss = loss + aux_coefficient * aux
+            active = values > 0
+            fire_count = torch.zeros(self.cfg.d_sae, device=x.device, dtype=torch.float32)
+            fire_count.index_add_(0, indices.flatten(), active.flatten().float())
+            l0_sum = active.sum()
+        else:
+            codes = ACTIVATIONS[self.cfg.activation](self, pre)
+            x_hat = self.decode(codes)
+            err = x - x_hat
+            sse = err.pow(2).sum()
+            l1 = (codes * self.W_dec.norm(dim=1)).sum() / n
+            aux = l1
+            loss = sse / n + l1_coefficient * l1
+            active = codes > 0
+            fire_count = active.sum(dim=0).float()
+            l0_sum = active.sum()
+        return TrainOutput(loss, sse.detach(), centred_ss, l0_sum, aux.detach(), fire_count > 0, fire_count)
+
+    # ------------------------------------------------------------------ unit-norm decoder
+    @torch.no_grad()
+    def remove_parallel_decoder_grad(self) -> None:
+        """grad_i ← grad_i − (grad_i·w_i) w_i for each unit decoder row w_i (keeps the step tangent to the sphere)."""
+        if self.W_dec.grad is None:
+            return
+        w = self.W_dec
+        parallel = (self.W_dec.grad * w).sum(dim=1, keepdim=True)
+        self.W_dec.grad.sub_(parallel * w)
+
+    @torch.no_grad()
+    def normalize_decoder(self) -> None:
+        """w_i ← w_i / ‖w_i‖ (rows of W_dec; zero rows left as they are)."""
+        norms = self.W_dec.norm(dim=1, keepdim=True)
+        self.W_dec.div_(torch.where(norms > 0, norms, torch.ones_like(norms)))
+
+    @torch.no_grad()
+    def fold_decoder_norms(self) -> None:
+        """Make decoder rows unit norm without changing encode∘decode, for relu/jumprelu (positively
+        homogeneous per latent): W_enc[:, i] ·= ‖w_i‖, b_enc[i] ·= ‖w_i‖, threshold[i] ·= ‖w_i‖, w_i /= ‖w_i‖.
+        TopK/BatchTopK compare latents with each other, so rescaling would change which fire: refused."""
+        if self.cfg.activation not in ("relu", "jumprelu"):
+            raise FormatError(f"cannot fold decoder norms into a {self.cfg.activation} SAE without changing its codes")
+        norms = self.W_dec.norm(dim=1)
+        norms = torch.where(norms > 0, norms, torch.ones_like(norms))
+        self.W_enc.mul_(norms)
+        self.b_enc.mul_(norms)
+        if self.cfg.activation == "jumprelu":
+            self.threshold.mul_(norms)
+        self.W_dec.div_(norms[:, None])

@@ -1,0 +1,583 @@
+"""SAE trainer: b_dec := mean of the activations, unit-norm decoder, AuxK / L1, checkpoints, resume.
+
+Read top to bottom: config -> data sources -> b_dec init -> metrics -> checkpoints -> train_sae.
+
+Data sources and their held-out split (the split is always decided before anything is trained):
+  * in-memory tensor (n, d): the LAST `heldout_fraction` of rows (in the given order) is held out;
+    training walks the rest in a fresh seeded permutation each epoch.
+  * ActivationStore: the LAST `heldout_fraction` of rows in store order (i.e. the last context
+    windows cached) is held out; training streams the other rows shard by shard in a seeded shard
+    order, mixed through a shuffle buffer of `shuffle_buffer` rows.
+  * iterator / generator of batches (tensors or (activations, codes) tuples, e.g. the synthetic
+    generator) or a zero-argument callable returning one: the FIRST
+    max(heldout_fraction · total_tokens, batch_size) rows are held out, the rest streamed in order.
+    Resume needs a callable (so the stream can be replayed); a bare iterator only trains in one go.
+Every source is deterministic given `seed`, so a resumed run sees exactly the batches it would have.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+from jaxtyping import Float
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from saegeo.errors import BadInputError, SaegeoError
+from saegeo.sae.model import SAE, SAEConfig
+
+B_DEC_INITS = ("mean", "zeros", "geometric_median")
+CHECKPOINT_VERSION = 1
+
+
+class NonFiniteLossError(SaegeoError):
+    """Training produced a NaN/inf loss; the last good checkpoint is left untouched."""
+
+
+# =========================================================================== config
+@dataclass
+class TrainConfig:
+    """One SAE training run. Token counts are rows (tokens) of activations."""
+
+    arch: str = "topk"  # "topk" | "relu"
+    d_sae: int | None = None  # number of latents; default expansion · d_in
+    expansion: int = 8
+    k: int = 32  # topk only
+    l1_coefficient: float = 1.0  # relu only; same objective scale as SAELens Standard
+    lr: float = 3e-4
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = 10  # linear warm-up from lr/warmup_steps to lr
+    decay_fraction: float = 0.2  # linear decay to 0 over the last fraction of steps (0 = constant)
+    batch_size: int = 4096
+    total_tokens: int = 2_000_000
+    b_dec_init: str = "mean"  # one of B_DEC_INITS
+    b_dec_init_tokens: int = 100_000  # rows used to estimate the mean / geometric median
+    dead_window_tokens: int = 200_000  # a latent that has not fired in this many tokens counts as dead
+    aux_k: int | None = None  # AuxK latents (topk); default d_in // 2
+    aux_coefficient: float = 1 / 32
+    heldout_fraction: float = 0.1
+    shuffle_buffer: int = 65_536  # store source: rows mixed across shards
+    seed: int = 0
+    log_every: int = 10  # metrics are read back from the device only every log_every steps
+    checkpoint_every: int = 0  # steps; 0 = no intermediate checkpoints
+    out_dir: str | None = None  # checkpoints and the final SAE (SAELens layout) go here
+    device: str = "cpu"
+    num_threads: int | None = None  # torch.set_num_threads; None leaves torch's default
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.arch not in ("topk", "relu"):
+            raise BadInputError(f"arch={self.arch!r}: the trainer supports 'topk' and 'relu'")
+        if self.b_dec_init not in B_DEC_INITS:
+            raise BadInputError(f"b_dec_init={self.b_dec_init!r}; expected one of {B_DEC_INITS}")
+        if not 0 <= self.heldout_fraction < 1:
+            raise BadInputError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
+        if self.batch_size < 1 or self.total_tokens < self.batch_size:
+            raise BadInputError(
+                f"total_tokens ({self.total_tokens}) must be at least one batch ({self.batch_size})"
+            )
+        self.adam_betas = tuple(self.adam_betas)
+
+    @property
+    def total_steps(self) -> int:
+        return self.total_tokens // self.batch_size
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise BadInputError(f"unknown training option(s) {unknown}; known: {sorted(known)}")
+        return cls(**d)
+
+
+@dataclass
+class TrainResult:
+    sae: SAE
+    history: list[dict]  # one dict of live metrics every log_every steps
+    heldout: dict  # final held-out metrics
+    activation_mean: Tensor  # streamed mean of the training activations (float64)
+    config: TrainConfig
+    out_dir: str | None = None
+    provenance: dict = field(default_factory=dict)
+
+
+# =========================================================================== data sources
+def _rows(batch: Any) -> Tensor:
+    """A batch from any source as a float32 (n, d) tensor; (activations, codes) tuples keep activations."""
+    if isinstance(batch, (tuple, list)):
+        batch = batch[0]
+    return torch.as_tensor(batch).float()
+
+
+class _TensorSource:
+    def __init__(self, x: Tensor, cfg: TrainConfig):
+        if x.ndim != 2:
+            raise BadInputError(f"training tensor must be (n, d), got shape {tuple(x.shape)}")
+        n_held = int(round(x.shape[0] * cfg.heldout_fraction))
+        self.train_x, self.heldout_x = x[: x.shape[0] - n_held], x[x.shape[0] - n_held :]
+        if self.train_x.shape[0] < cfg.batch_size:
+            raise BadInputError(
+                f"{self.train_x.shape[0]} training rows after holding out {n_held}; need at least one batch "
+                f"of {cfg.batch_size}"
+            )
+        self.d, self.cfg = x.shape[1], cfg
+        self.identity = {"source": "tensor", "rows": int(x.shape[0]), "heldout": "last fraction of rows"}
+
+    def train_batches(self, start_step: int) -> Iterator[Tensor]:
+        n, bs = self.train_x.shape[0], self.cfg.batch_size
+        per_epoch = n // bs  # the ragged tail of each permutation is dropped
+        epoch, i = divmod(start_step, per_epoch)
+        while True:
+            g = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
+            perm = torch.randperm(n, generator=g)
+            for j in range(i, per_epoch):
+                yield self.train_x[perm[j * bs : (j + 1) * bs]].float()
+            epoch, i = epoch + 1, 0
+
+    def init_rows(self, n: int) -> Iterator[Tensor]:
+        yield self.train_x[:n].float()
+
+    def heldout_batches(self) -> Iterator[Tensor]:
+        for lo in range(0, self.heldout_x.shape[0], self.cfg.batch_size):
+            yield self.heldout_x[lo : lo + self.cfg.batch_size].float()
+
+
+class _StoreSource:
+    def __init__(self, store, cfg: TrainConfig):
+        self.store, self.cfg, self.d = store, cfg, store.d
+        self.n_train = store.n_tokens - int(round(store.n_tokens * cfg.heldout_fraction))
+        if self.n_train < cfg.batch_size:
+            raise BadInputError(f"{store.path}: {self.n_train} training rows, need at least one batch of {cfg.batch_size}")
+        self.identity = {
+            "source": "store", "path": str(store.path), "model": store.model, "hook": store.hook,
+            "n_tokens": store.n_tokens, "corpus": store.corpus,
+            "shard_sha256": [s.sha256 for s in store.shards],
+            "heldout": f"last {store.n_tokens - self.n_train} rows in store order",
+        }
+
+    def _epoch(self, epoch: int) -> Iterator[Tensor]:
+        store, bs, buf = self.store, self.cfg.batch_size, self.cfg.shuffle_buffer
+        g = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
+        shards = [i for i in range(len(store.shards)) if store.offsets[i] < self.n_train]
+        order = [shards[j] for j in torch.randperm(len(shards), generator=g).tolist()]
+        pending = torch.empty(0, self.d)
+        for i in order:
+            rows = store.read_shard(i)[: self.n_train - int(store.offsets[i])]
+            pending = torch.cat([pending, rows])
+            if pending.shape[0] < buf + bs:
+                continue
+            pending = pending[torch.randperm(pending.shape[0], generator=g)]
+            n_emit = (pending.shape[0] - buf // 2) // bs * bs  # keep half a buffer to mix with the next shard
+            for lo in range(0, n_emit, bs):
+                yield pending[lo : lo + bs]
+            pending = pending[n_emit:]
+        pending = pending[torch.randperm(pending.shape[0], generator=g)]
+        for lo in range(0, pending.shape[0] // bs * bs, bs):
+            yield pending[lo : lo + bs]
+
+    def train_batches(self, start_step: int) -> Iterator[Tensor]:
+        step, epoch = 0, 0
+        while True:
+            for batch in self._epoch(epoch):
+                if step >= start_step:  # resume: replay the deterministic stream up to the saved position
+                    yield batch
+                step += 1
+            epoch += 1
+
+    def init_rows(self, n: int) -> Iterator[Tensor]:
+        yield self.store.read_rows(0, min(n, self.n_train))
+
+    def heldout_batches(self) -> Iterator[Tensor]:
+        for lo in range(self.n_train, self.store.n_tokens, self.cfg.batch_size):
+            yield self.store.read_rows(lo, min(lo + self.cfg.batch_size, self.store.n_tokens))
+
+
+class _IteratorSource:
+    def __init__(self, data: Iterable | Callable[[], Iterable], cfg: TrainConfig):
+        self.factory = data if callable(data) and not hasattr(data, "__next__") else None
+        self._once = None if self.factory else iter(data)
+        self.cfg = cfg
+        n_held = max(int(cfg.heldout_fraction * cfg.total_tokens), cfg.batch_size) if cfg.heldout_fraction else 0
+        stream = self._stream()
+        self.heldout_x = self._take(stream, n_held) if n_held else torch.empty(0)
+        self._stream_after_heldout = stream
+        probe = self.heldout_x if n_held else None
+        if probe is None:
+            first = next(stream)
+            self._stream_after_heldout = _chain([first], stream)
+            probe = first
+        self.d = probe.shape[1]
+        self.n_held = n_held
+        self.identity = {"source": "iterator", "heldout": f"first {n_held} rows of the stream"}
+
+    def _stream(self) -> Iterator[Tensor]:
+        src = iter(self.factory()) if self.factory else self._once
+        for b in src:
+            yield _rows(b)
+
+    @staticmethod
+    def _take(stream: Iterator[Tensor], n: int) -> Tensor:
+        parts, have = [], 0
+        for b in stream:
+            parts.append(b)
+            have += b.shape[0]
+            if have >= n:
+                break
+        if have < n:
+            raise BadInputError(f"data iterator ended after {have} rows; {n} needed")
+        x = torch.cat(parts)
+        return x  # rows beyond n are kept in the held-out set (it only ever grows by < one source batch)
+
+    def train_batches(self, start_step: int) -> Iterator[Tensor]:
+        if start_step and self.factory is None:
+            raise BadInputError("resuming from an iterator needs a callable that restarts the stream")
+        stream = self._stream_after_heldout
+        if start_step:  # replay: a fresh stream, skip held-out and consumed rows
+            stream = self._stream()
+            self._take(stream, self.n_held)
+        bs, pending, step = self.cfg.batch_size, torch.empty(0, self.d), 0
+        for b in stream:
+            pending = torch.cat([pending, b])
+            while pending.shape[0] >= bs:
+                if step >= start_step:
+                    yield pending[:bs]
+                pending, step = pending[bs:], step + 1
+        raise BadInputError(f"data iterator ran out after {step} batches of {bs}; give more data or fewer tokens")
+
+    def init_rows(self, n: int) -> Iterator[Tensor]:
+        # b_dec init may only look at rows the run trains on: re-read from a fresh stream when possible
+        if self.factory is None:
+            raise BadInputError("pass a callable returning the iterator, so b_dec can be estimated before training")
+        stream = self._stream()
+        self._take(stream, self.n_held) if self.n_held else None
+        yield self._take(stream, n)[:n]
+
+    def heldout_batches(self) -> Iterator[Tensor]:
+        for lo in range(0, self.heldout_x.shape[0], self.cfg.batch_size):
+            yield self.heldout_x[lo : lo + self.cfg.batch_size]
+
+
+def _chain(first: list, rest: Iterator) -> Iterator:
+    yield from first
+    yield from rest
+
+
+def make_source(data: Any, cfg: TrainConfig):
+    """Wrap a tensor, an ActivationStore (or a path to one), or an iterator/callable as a data source."""
+    from saegeo.activations.store import ActivationStore
+
+    if isinstance(data, (str, os.PathLike)):
+        data = ActivationStore(data)
+    if isinstance(data, ActivationStore):
+        return _StoreSource(data, cfg)
+    if isinstance(data, Tensor):
+        return _TensorSource(data, cfg)
+    if hasattr(data, "__array__") and not hasattr(data, "__next__"):
+        return _TensorSource(torch.as_tensor(data), cfg)
+    return _IteratorSource(data, cfg)
+
+
+# =========================================================================== b_dec init
+def streamed_mean(batches: Iterable[Tensor]) -> Float[Tensor, " d"]:
+    """μ = Σx / n accumulated in float64 over the batches (never holds the rows)."""
+    total, n = None, 0
+    for b in batches:
+        s = b.double().sum(dim=0)
+        total = s if total is None else total + s
+        n += b.shape[0]
+    if not n:
+        raise BadInputError("no rows to estimate the activation mean from")
+    return total / n
+
+
+def geometric_median(x: Float[Tensor, "n d"], iters: int = 200, tol: float = 1e-7) -> Float[Tensor, " d"]:
+    """argmin_m Σ_i ‖x_i − m‖ by Weiszfeld's iteration m ← Σ w_i x_i / Σ w_i, w_i = 1/‖x_i − m‖ (float64)."""
+    x = x.double()
+    m = x.mean(dim=0)
+    for _ in range(iters):
+        w = 1.0 / (x - m).norm(dim=1).clamp_min(1e-12)
+        m_new = (w[:, None] * x).sum(dim=0) / w.sum()
+        if (m_new - m).norm() <= tol * (m.norm() + 1e-12):
+            return m_new
+        m = m_new
+    return m
+
+
+# =========================================================================== metrics
+@torch.no_grad()
+def evaluate(sae: SAE, batches: Iterable[Tensor], activation_mean: Tensor | None = None) -> dict:
+    """Held-out metrics in one pass.
+
+    mse = SSE/(n·d); FVE = 1 − SSE / Σ‖x − x̄‖² (x̄ = held-out mean; centred SS from float64 sums);
+    L0 = mean active latents per row; dead = fraction of latents that never fire on these rows;
+    dense = fraction firing on > 50% of rows; max|cos(W_dec, μ)| over decoder rows (μ = activation_mean,
+    else the held-out mean); b_dec_dist = ‖b_dec − μ‖/‖μ‖.
+    """
+    d_sae = sae.cfg.d_sae
+    n, sse, l0 = 0, 0.0, 0.0
+    sum_x, sum_sq = None, 0.0
+    fire = torch.zeros(d_sae, dtype=torch.float64)
+    for x in batches:
+        x = x.to(sae.W_dec.device, torch.float32)
+        codes = sae.encode(x)
+        x_hat = sae.decode(codes)
+        sse += float((x - x_hat).double().pow(2).sum())
+        active = codes > 0
+        l0 += float(active.sum())
+        fire += active.sum(dim=0).double().cpu()
+        sx = x.double().sum(dim=0).cpu()
+        sum_x = sx if sum_x is None else sum_x + sx
+        sum_sq += float(x.double().pow(2).sum())
+        n += x.shape[0]
+    if n == 0:
+        return {}
+    centred_ss = sum_sq - float(sum_x.pow(2).sum()) / n
+    mu = (activation_mean if activation_mean is not None else sum_x / n).double().cpu()
+    return {
+        "tokens": n,
+        "mse": sse / (n * sae.cfg.d_in),
+        "fve": 1.0 - sse / centred_ss,
+        "l0": l0 / n,
+        "dead_fraction": float((fire == 0).double().mean()),
+        "dense_fraction": float((fire > 0.5 * n).double().mean()),
+        **decoder_mean_alignment(sae, mu),
+    }
+
+
+@torch.no_grad()
+def decoder_mean_alignment(sae: SAE, mean: Tensor) -> dict:
+    """max_i |cos(W_dec[i], μ)|, the count with |cos| > 0.5, and ‖b_dec − μ‖/‖μ‖."""
+    mu = mean.double().cpu()
+    w = sae.W_dec.detach().double().cpu()
+    cos = (w @ mu) / (w.norm(dim=1).clamp_min(1e-12) * mu.norm().clamp_min(1e-12))
+    b = sae.b_dec.detach().double().cpu()
+    return {
+        "max_abs_cos_mean": float(cos.abs().max()),
+        "n_latents_cos_mean_gt_0.5": int((cos.abs() > 0.5).sum()),
+        "b_dec_norm": float(b.norm()),
+        "mean_norm": float(mu.norm()),
+        "b_dec_dist_to_mean": float((b - mu).norm() / mu.norm().clamp_min(1e-12)),
+    }
+
+
+# =========================================================================== checkpoints
+def _ckpt_dir(cfg: TrainConfig) -> Path | None:
+    return Path(cfg.out_dir) / "checkpoint" if cfg.out_dir else None
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def save_checkpoint(cfg: TrainConfig, sae: SAE, opt: torch.optim.Adam, step: int, extra: dict, tensors: dict) -> None:
+    """Write tensors_<step>.safetensors, then state.json pointing at it (atomic rename), then drop old files.
+
+    A crash at any point leaves state.json naming a complete tensors file.
+    """
+    d = _ckpt_dir(cfg)
+    d.mkdir(parents=True, exist_ok=True)
+    out = {f"sae.{k}": v.detach().contiguous() for k, v in sae.state_dict().items()}
+    names = {id(p): n for n, p in sae.named_parameters()}
+    for p, st in opt.state.items():
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            out[f"adam.{names[id(p)]}.{key}"] = torch.as_tensor(st[key]).detach().clone().reshape(-1)
+    out.update({k: v.contiguous() for k, v in tensors.items()})
+    fname = f"tensors_{step:08d}.safetensors"
+    tmp = d / (fname + ".tmp")
+    save_file({k: v.cpu() for k, v in out.items()}, str(tmp))
+    os.replace(tmp, d / fname)
+    state = {"version": CHECKPOINT_VERSION, "step": step, "tensors": fname, "config": asdict(cfg), **extra}
+    _atomic_write_text(d / "state.json", json.dumps(state, indent=1))
+    for old in d.glob("tensors_*.safetensors"):
+        if old.name != fname:
+            old.unlink()
+
+
+def load_checkpoint(cfg: TrainConfig) -> tuple[dict, dict] | None:
+    d = _ckpt_dir(cfg)
+    if d is None or not (d / "state.json").exists():
+        return None
+    state = json.loads((d / "state.json").read_text())
+    tensors = load_file(str(d / state["tensors"]))
+    return state, tensors
+
+
+def _restore(sae: SAE, opt: torch.optim.Adam, tensors: dict) -> None:
+    sae.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("sae.")})
+    for name, p in sae.named_parameters():
+        if f"adam.{name}.exp_avg" in tensors:
+            opt.state[p] = {
+                "step": tensors[f"adam.{name}.step"].reshape(()).clone(),
+                "exp_avg": tensors[f"adam.{name}.exp_avg"].reshape(p.shape).to(p.device).clone(),
+                "exp_avg_sq": tensors[f"adam.{name}.exp_avg_sq"].reshape(p.shape).to(p.device).clone(),
+            }
+
+
+# =========================================================================== training
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up over warmup_steps, constant, then linear decay to 0 over the last decay_fraction."""
+    total = cfg.total_steps
+    warm = min(1.0, (step + 1) / max(cfg.warmup_steps, 1))
+    decay_steps = int(cfg.decay_fraction * total)
+    decay = 1.0 if decay_steps == 0 else min(1.0, (total - step) / decay_steps)
+    return cfg.lr * warm * decay
+
+
+def _sae_config(cfg: TrainConfig, d_in: int) -> SAEConfig:
+    d_sae = cfg.d_sae or cfg.expansion * d_in
+    return SAEConfig(d_in=d_in, d_sae=d_sae, activation=cfg.arch, k=cfg.k if cfg.arch == "topk" else None)
+
+
+def train_sae(
+    cfg: TrainConfig,
+    data: Any,
+    *,
+    resume: bool = True,
+    on_step: Callable[[int, dict], None] | None = None,
+) -> TrainResult:
+    """Train an SAE on `data` (tensor, ActivationStore/path, iterator or callable) as configured.
+
+    Resumes from cfg.out_dir/checkpoint when one exists (and resume=True). Writes the final SAE to
+    cfg.out_dir in the SAELens layout (see saegeo.sae.formats). `on_step(step, live)` is called after
+    every optimiser step (the tests use it to kill a run).
+    """
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    device = torch.device(cfg.device)
+    source = make_source(data, cfg)
+    sae = SAE(_sae_config(cfg, source.d), device=device)
+    opt = torch.optim.Adam(sae.parameters(), lr=cfg.lr, betas=cfg.adam_betas)
+    aux_k = cfg.aux_k if cfg.aux_k is not None else source.d // 2
+
+    ckpt = load_checkpoint(cfg) if resume else None
+    if ckpt is not None:
+        state, tensors = ckpt
+        if state["config"]["seed"] != cfg.seed or state["config"]["batch_size"] != cfg.batch_size:
+            raise BadInputError(
+                f"{_ckpt_dir(cfg)} holds a run with seed/batch_size {state['config']['seed']}/"
+                f"{state['config']['batch_size']}; it cannot be resumed with {cfg.seed}/{cfg.batch_size}. "
+                "Use another out_dir or delete the checkpoint."
+            )
+        _restore(sae, opt, tensors)
+        start_step, history = state["step"], state["history"]
+        activation_mean = tensors["activation_mean"]
+        since_fired = tensors["tokens_since_fired"].to(device)
+        torch.set_rng_state(tensors["torch_rng"])
+    else:
+        start_step, history = 0, []
+        torch.manual_seed(cfg.seed)
+        # b_dec init: the streamed mean is computed for every choice, as the metrics need it
+        activation_mean = streamed_mean(source.init_rows(cfg.b_dec_init_tokens))
+        if cfg.b_dec_init == "mean":
+            b_dec = activation_mean
+        elif cfg.b_dec_init == "geometric_median":
+            b_dec = geometric_median(torch.cat(list(source.init_rows(min(cfg.b_dec_init_tokens, 32_768)))))
+        else:
+            b_dec = torch.zeros(source.d)
+        sae.init_weights(torch.Generator().manual_seed(cfg.seed), b_dec=b_dec.float())
+        since_fired = torch.zeros(sae.cfg.d_sae, dtype=torch.long, device=device)
+
+    provenance = {
+        "b_dec_init": cfg.b_dec_init, "b_dec_init_tokens": cfg.b_dec_init_tokens, "preprocessing": "none",
+        "data": source.identity, "train_config": asdict(cfg),
+    }
+    ckpt_extra = lambda step: {"history": history, "provenance": provenance}  # noqa: E731
+
+    def checkpoint_tensors() -> dict:
+        return {"activation_mean": activation_mean, "tokens_since_fired": since_fired.cpu(),
+                "torch_rng": torch.get_rng_state()}
+
+    # live metrics accumulate on the device; read back only every log_every steps (no per-step sync)
+    acc = {k: torch.zeros((), device=device, dtype=torch.float64) for k in ("sse", "css", "l0", "aux", "n")}
+    nonfinite = torch.zeros((), dtype=torch.bool, device=device)
+    last_good = start_step
+    bar = None
+    if cfg.progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.total_steps * cfg.batch_size, initial=start_step * cfg.batch_size, unit="tok",
+                   unit_scale=True, desc=f"train {cfg.arch}", dynamic_ncols=True)
+    batches = source.train_batches(start_step)
+    t0, tokens_timed = time.perf_counter(), 0
+    sae.train()
+    for step in range(start_step, cfg.total_steps):
+        x = next(batches).to(device, non_blocking=True)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg)
+        out = sae.forward_train(
+            x, dead_mask=since_fired > cfg.dead_window_tokens, aux_k=aux_k,
+            l1_coefficient=cfg.l1_coefficient, aux_coefficient=cfg.aux_coefficient,
+        )
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        sae.remove_parallel_decoder_grad()
+        opt.step()
+        sae.normalize_decoder()
+
+        since_fired += x.shape[0]
+        since_fired.masked_fill_(out.fired, 0)
+        nonfinite |= ~torch.isfinite(out.loss.detach())
+        acc["sse"] += out.sse
+        acc["css"] += out.centred_ss.detach()
+        acc["l0"] += out.l0_sum
+        acc["aux"] += out.aux_loss
+        acc["n"] += x.shape[0]
+        tokens_timed += x.shape[0]
+
+        done = step + 1
+        is_log = done % cfg.log_every == 0 or done == cfg.total_steps
+        is_ckpt = cfg.out_dir and cfg.checkpoint_every and done % cfg.checkpoint_every == 0
+        if is_log or is_ckpt:
+            if bool(nonfinite):
+                ckpt_note = (f"the last good checkpoint (step {last_good}) is kept in {_ckpt_dir(cfg)}"
+                             if cfg.out_dir and cfg.checkpoint_every and last_good else "no checkpoint was written")
+                raise NonFiniteLossError(
+                    f"non-finite loss between steps {done - cfg.log_every + 1} and {done} "
+                    f"(lr {lr_at(step, cfg):.3g}); {ckpt_note}. Check the activations for inf/NaN rows "
+                    "or lower the learning rate, then resume."
+                )
+        if is_log:
+            vals = {k: float(v) for k, v in acc.items()}
+            live = {
+                "step": done, "tokens": done * cfg.batch_size,
+                "mse": vals["sse"] / (vals["n"] * source.d), "fve": 1 - vals["sse"] / vals["css"],
+                "l0": vals["l0"] / vals["n"], "aux": vals["aux"] / cfg.log_every,
+                "dead": float((since_fired > cfg.dead_window_tokens).float().mean()),
+                "tok_s": tokens_timed / (time.perf_counter() - t0),
+            }
+            history.append(live)
+            for v in acc.values():
+                v.zero_()
+            if bar is not None:
+                bar.update(done * cfg.batch_size - bar.n)
+                bar.set_postfix(fve=f"{live['fve']:.3f}", l0=f"{live['l0']:.1f}", dead=f"{live['dead']:.2f}")
+        if is_ckpt:
+            save_checkpoint(cfg, sae, opt, done, ckpt_extra(done), checkpoint_tensors())
+            last_good = done
+        if on_step is not None:
+            on_step(done, {})
+    if bar is not None:
+        bar.close()
+    sae.eval()
+
+    heldout = evaluate(sae, source.heldout_batches(), activation_mean)
+    provenance["metrics"] = {"heldout": heldout, "final_live": history[-1] if history else {}}
+    if cfg.out_dir:
+        from saegeo.sae.formats import save_sae
+
+        save_sae(sae, cfg.out_dir, provenance)
+        if cfg.checkpoint_every:
+            save_checkpoint(cfg, sae, opt, cfg.total_steps, ckpt_extra(cfg.total_steps), checkpoint_tensors())
+    return TrainResult(sae=sae, history=history, heldout=heldout, activation_mean=activation_mean,
+                       config=cfg, out_dir=cfg.out_dir, provenance=provenance)

@@ -1,0 +1,73 @@
+"""Corpus sources -> token windows, checked against the tokenizer applied directly."""
+
+import json
+
+import pytest
+
+from saegeo.activations.corpus import CorpusSpec, corpus_identity, count_tokens, iter_windows, special_template
+from saegeo.activations.models import _load_tokenizer, _quiet_transformers, minilm_path
+from saegeo.errors import BadInputError
+
+CLS, SEP = 101, 102
+
+
+@pytest.fixture(scope="module")
+def tok():
+    _quiet_transformers()
+    return _load_tokenizer(minilm_path())
+
+
+def test_windows_reassemble_each_document(tmp_path, tok):
+    docs = ["alpha beta gamma " * 40, "one two three", "delta epsilon " * 25]
+    (tmp_path / "a.txt").write_text(docs[0])
+    (tmp_path / "b.jsonl").write_text("\n".join(json.dumps({"body": d}) for d in docs[1:]) + "\n")
+    spec = CorpusSpec(source=f"{tmp_path / 'a.txt'},{tmp_path / 'b.jsonl'}", context=16, text_field="body")
+    windows = list(iter_windows(spec, tok))
+    assert special_template(tok, "encoder") == ([CLS], [SEP])
+    for doc_index, text in enumerate(docs):
+        mine = [w for w in windows if w.doc == doc_index]
+        # each window is [CLS] body [SEP], at most `context` long, never crossing documents
+        assert all(w.input_ids[0] == CLS and w.input_ids[-1] == SEP and len(w.input_ids) <= 16 for w in mine)
+        assert all(len(w.input_ids) == 16 for w in mine[:-1])
+        body = [t for w in mine for t in w.input_ids[1:-1]]
+        assert body == tok(text, add_special_tokens=False)["input_ids"]
+    assert count_tokens(spec, tok) == sum(len(w.input_ids) for w in windows)
+    excl = CorpusSpec(**{**spec.__dict__, "exclude_special": True})
+    assert count_tokens(excl, tok) == count_tokens(spec, tok) - 2 * len(windows)
+    assert all(not s for w in iter_windows(excl, tok) for s, t in zip(w.store, w.input_ids) if t in (CLS, SEP))
+
+
+def test_dirs_and_globs_sorted(tmp_path, tok):
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    (tmp_path / "d" / "z.txt").write_text("zeta")
+    (tmp_path / "d" / "sub" / "a.md").write_text("alpha")
+    (tmp_path / "d" / "skip.bin").write_bytes(b"\x00\x01")
+    by_dir = [w.input_ids for w in iter_windows(CorpusSpec(source=str(tmp_path / "d"), context=8), tok)]
+    assert by_dir == [[CLS] + tok(t, add_special_tokens=False)["input_ids"] + [SEP] for t in ("alpha", "zeta")]
+    by_glob = [w.input_ids for w in iter_windows(CorpusSpec(source=f"{tmp_path}/d/**/*.md,{tmp_path}/d/*.txt", context=8), tok)]
+    assert by_glob == by_dir
+
+
+def test_default_corpus_and_identity(tok):
+    spec = CorpusSpec()
+    first = next(iter(iter_windows(spec, tok)))
+    from pydoc_data.topics import topics
+
+    text = topics[sorted(topics)[0]]
+    assert first.input_ids[1:-1] == tok(text, add_special_tokens=False)["input_ids"][:126]
+    ident = corpus_identity(spec, tok)
+    assert ident["source"].startswith("default (pydoc_data.topics") and len(ident["sha256"]) == 64
+    assert corpus_identity(CorpusSpec(context=64), tok) != ident
+
+
+def test_bad_sources_named(tmp_path, tok):
+    with pytest.raises(BadInputError, match="not 'default', a file, a directory or a glob"):
+        list(iter_windows(CorpusSpec(source=str(tmp_path / "missing.txt")), tok))
+    (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"txt": "no"}\n')
+    with pytest.raises(BadInputError, match=r"bad.jsonl:2: no string field 'text'.*--text-field"):
+        list(iter_windows(CorpusSpec(source=str(tmp_path / "bad.jsonl")), tok))
+    (tmp_path / "broken.jsonl").write_text('{"text": "ok"}\n{oops\n')
+    with pytest.raises(BadInputError, match="broken.jsonl:2: not valid JSON"):
+        list(iter_windows(CorpusSpec(source=str(tmp_path / "broken.jsonl")), tok))
+    with pytest.raises(BadInputError, match="no room"):
+        list(iter_windows(CorpusSpec(context=2), tok))

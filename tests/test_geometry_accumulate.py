@@ -1,0 +1,243 @@
+"""GeometryAccumulator: exact merges, large-mean stability, dtypes, bad rows, degenerate shapes."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from saegeo.errors import BadInputError
+from saegeo.geometry.accumulate import GeometryAccumulator
+from saegeo.geometry.measures import activation_geometry
+
+
+def _two_pass_cov(x: np.ndarray) -> np.ndarray:
+    xc = x - x.mean(axis=0)
+    return xc.T @ xc / len(x)
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def test_moments_match_numpy_across_batches():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1000, 7)) * rng.uniform(0.1, 3, size=7) + rng.normal(size=7)
+    acc = GeometryAccumulator(7, chunk_rows=64)
+    for part in np.array_split(x, [1, 10, 400, 401]):  # uneven, incl. 1-row batches
+        acc.add(part)
+    assert acc.n == 1000 and acc.n_batches == 5
+    np.testing.assert_allclose(acc.mean.numpy(), x.mean(0), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(acc.covariance().numpy(), _two_pass_cov(x), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(acc.second_moment().numpy(), x.T @ x / len(x), rtol=1e-10, atol=1e-12)
+    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+    np.testing.assert_allclose(acc.unit_mean.numpy(), unit.mean(0), rtol=1e-12, atol=1e-13)
+    assert acc.mean_norm == pytest.approx(np.linalg.norm(x, axis=1).mean(), rel=1e-12)
+    # sign statistics, pooled over all entries
+    assert acc.pooled_mean == pytest.approx(x.mean(), rel=1e-10)
+    assert acc.pooled_mean_square == pytest.approx((x**2).mean(), rel=1e-12)
+    assert acc.negative_energy_fraction == pytest.approx((np.minimum(x, 0) ** 2).sum() / (x**2).sum(), rel=1e-12)
+    assert acc.fraction_nonzero == 1.0
+    nz = np.abs(x[x != 0])
+    assert acc.magnitude_ratio == pytest.approx(nz.mean() ** 2 / (nz**2).mean(), rel=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(min_value=1, max_value=60),
+    d=st.integers(min_value=1, max_value=6),
+    cuts=st.lists(st.integers(min_value=0, max_value=60), max_size=5),
+    offset=st.floats(min_value=-1e3, max_value=1e3),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_merge_equals_single_pass(n, d, cuts, offset, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d)) + offset
+    x[rng.random(n) < 0.1] = 0.0  # some zero rows
+    single = GeometryAccumulator(d)
+    single.add(x)
+    parts = np.split(x, sorted(c % (n + 1) for c in cuts))
+    accs = []
+    for part in parts:
+        a = GeometryAccumulator(d)
+        if len(part):
+            a.add(part)
+        accs.append(a)
+    merged = accs[0]
+    for a in accs[1:]:
+        merged = merged + a  # `+` returns a new accumulator
+    # also via merge() in reverse order, and through a state-dict round trip
+    rev = GeometryAccumulator.from_state_dict(accs[-1].state_dict())
+    for a in reversed(accs[:-1]):
+        rev.merge(a)
+    for m in (merged, rev):
+        assert (m.n, m.n_zero, m.n_nonzero_entries) == (single.n, single.n_zero, single.n_nonzero_entries)
+        scale = 1.0 + abs(offset)
+        np.testing.assert_allclose(m.mean.numpy(), single.mean.numpy(), rtol=1e-12, atol=1e-12 * scale)
+        np.testing.assert_allclose(
+            m.covariance().numpy(), single.covariance().numpy(), rtol=1e-9, atol=1e-9 * (1 + single.covariance().abs().max().item())
+        )
+        if single.n_unit:
+            np.testing.assert_allclose(m.unit_mean.numpy(), single.unit_mean.numpy(), atol=1e-12)
+        assert m.mean_norm == pytest.approx(single.mean_norm, rel=1e-12)
+        assert m.pooled_mean_square == pytest.approx(single.pooled_mean_square, rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_large_mean_is_stable(dtype):
+    """‖μ‖ = 1e4 × the spread √tr Σ: the covariance stays within 1e-6 relative."""
+    rng = np.random.default_rng(1)
+    d, n = 32, 5000
+    spread = rng.normal(size=(n, d)) * np.linspace(0.5, 1.5, d)
+    mu = rng.normal(size=d)
+    mu *= 1e4 * np.sqrt((spread**2).sum(1).mean()) / np.linalg.norm(mu)
+    x = (spread + mu).astype(dtype)
+    x64 = x.astype(np.float64)  # exactly the values the accumulator sees
+    truth = _two_pass_cov(x64)
+    acc = GeometryAccumulator(d)
+    for part in np.array_split(x, 7):
+        acc.add(part)
+    assert _rel(acc.covariance().numpy(), truth) < 1e-6
+    # an uncentred float32 gram accumulated in float64 (the naive fast path) fails badly: the test can fail
+    x32 = x.astype(np.float32)
+    naive = sum((b.T @ b).astype(np.float64) for b in np.array_split(x32, 7)) / n - np.outer(x64.mean(0), x64.mean(0))
+    assert _rel(naive, truth) > 1e-2
+
+
+def test_dtypes_and_containers_agree(tmp_path):
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(300, 16)).astype(np.float32)
+    ref = GeometryAccumulator(16)
+    ref.add(x.astype(np.float64))
+    path = tmp_path / "x.npy"
+    np.save(path, x)
+    inputs = {
+        "numpy32": x,
+        "torch32": torch.from_numpy(x),
+        "mmap": np.load(path, mmap_mode="r"),
+        "torch64": torch.from_numpy(x.astype(np.float64)),
+        "list": x.tolist(),
+    }
+    for name, batch in inputs.items():
+        acc = GeometryAccumulator(16)
+        acc.add(batch)
+        assert _rel(acc.covariance().numpy(), ref.covariance().numpy()) < 1e-6, name
+        assert _rel(acc.unit_mean.numpy(), ref.unit_mean.numpy()) < 1e-6, name
+    for dt, tol in ((torch.float16, 2e-3), (torch.bfloat16, 2e-2)):
+        low = torch.from_numpy(x).to(dt)
+        acc = GeometryAccumulator(16)
+        acc.add(low)
+        exact = GeometryAccumulator(16)
+        exact.add(low.to(torch.float64))
+        assert _rel(acc.covariance().numpy(), exact.covariance().numpy()) < 1e-6  # no precision lost beyond the input
+        assert _rel(acc.covariance().numpy(), ref.covariance().numpy()) < tol
+
+
+def test_nonfinite_rows_raise_with_location_or_are_skipped():
+    rng = np.random.default_rng(3)
+    batches = [rng.normal(size=(10, 4)) for _ in range(3)]
+    batches[2][5, 1] = np.nan
+    acc = GeometryAccumulator(4)
+    acc.add(batches[0])
+    acc.add(batches[1])
+    with pytest.raises(BadInputError) as err:
+        acc.add(batches[2], source="shard_00002.safetensors")
+    msg = str(err.value)
+    assert "batch 2" in msg and "row 5" in msg and "global row 25" in msg and "shard_00002" in msg
+    assert "skip_nonfinite" in msg
+    # skipping counts the row and matches the data without it
+    batches[1][3, 0] = np.inf
+    skip = GeometryAccumulator(4, skip_nonfinite=True)
+    for b in batches:
+        skip.add(b)
+    clean = np.concatenate(batches)
+    clean = clean[np.isfinite(clean).all(axis=1)]
+    assert skip.n_nonfinite_skipped == 2 and skip.n == 28
+    np.testing.assert_allclose(skip.covariance().numpy(), _two_pass_cov(clean), rtol=1e-10)
+
+
+def test_huge_finite_rows_are_not_called_nonfinite():
+    x = np.array([[3e20, 4e20], [1.0, 2.0]], dtype=np.float32)  # float32 norm overflows, values are finite
+    acc = GeometryAccumulator(2)
+    acc.add(x)
+    assert acc.n == 2 and acc.n_nonfinite_skipped == 0
+    assert acc.unit_mean.numpy() == pytest.approx((np.array([0.6, 0.8]) + np.array([1, 2]) / np.sqrt(5)) / 2, rel=1e-6)
+
+
+def test_zero_rows_counted_and_excluded_from_unit_stats():
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(50, 5)) + 1
+    x[[3, 17, 40]] = 0
+    acc = GeometryAccumulator(5)
+    acc.add(x)
+    geo = activation_geometry(acc)
+    nz = x[np.abs(x).sum(1) > 0]
+    unit = nz / np.linalg.norm(nz, axis=1, keepdims=True)
+    cos = unit @ unit.T
+    brute = (cos.sum() - np.trace(cos)) / (len(nz) * (len(nz) - 1))
+    assert acc.n == 50 and acc.n_zero == 3 and acc.n_unit == 47
+    assert geo.anisotropy == pytest.approx(brute, abs=1e-12)
+    np.testing.assert_allclose(acc.mean.numpy(), x.mean(0), rtol=1e-12)  # zero rows still count in μ and Σ
+    assert any("zero-norm" in note for note in geo.notes)
+
+
+def test_degenerate_shapes_do_not_crash_or_nan():
+    # n = 1
+    acc = GeometryAccumulator(4)
+    acc.add(np.array([[1.0, 2.0, 0.0, -1.0]]))
+    geo = activation_geometry(acc)
+    assert geo.anisotropy is None and geo.offset == pytest.approx(1.0)
+    assert any("n = 1" in note for note in geo.notes)
+    json.dumps(geo.to_dict(), allow_nan=False)
+    # d = 1: cosines are ±1; A from brute force
+    x = np.array([[1.0], [2.0], [-3.0], [0.5]])
+    acc = GeometryAccumulator(1)
+    acc.add(x)
+    geo = activation_geometry(acc)
+    s = np.sign(x[:, 0])
+    brute = (np.outer(s, s).sum() - 4) / 12
+    assert geo.anisotropy == pytest.approx(brute)
+    json.dumps(geo.to_dict(), allow_nan=False)
+    # n < d: singular covariance, said so; numerical rank n − 1
+    rng = np.random.default_rng(5)
+    acc = GeometryAccumulator(20)
+    acc.add(rng.normal(size=(6, 20)))
+    geo = activation_geometry(acc)
+    assert geo.numerical_rank == 5
+    assert any("singular" in note for note in geo.notes)
+    json.dumps(geo.to_dict(), allow_nan=False)
+    # identical rows: zero covariance
+    acc = GeometryAccumulator(3)
+    acc.add(np.ones((5, 3)))
+    geo = activation_geometry(acc)
+    assert geo.anisotropy == pytest.approx(1.0) and geo.isoscore is None and geo.effective_rank == 0.0
+    json.dumps(geo.to_dict(), allow_nan=False)
+    # empty
+    with pytest.raises(BadInputError, match="no rows"):
+        activation_geometry(GeometryAccumulator(3))
+
+
+def test_shape_errors_are_clear():
+    acc = GeometryAccumulator(4)
+    with pytest.raises(BadInputError, match="columns"):
+        acc.add(np.zeros((3, 5)))
+    with pytest.raises(BadInputError, match="2-D"):
+        acc.add(np.zeros((2, 3, 4)))
+    with pytest.raises(BadInputError, match="merge"):
+        acc.merge(GeometryAccumulator(5))
+
+
+def test_state_dict_round_trips_through_torch_save(tmp_path):
+    rng = np.random.default_rng(6)
+    acc = GeometryAccumulator(8)
+    acc.add(rng.normal(size=(100, 8)))
+    torch.save(acc.state_dict(), tmp_path / "acc.pt")
+    back = GeometryAccumulator.from_state_dict(torch.load(tmp_path / "acc.pt", weights_only=True))
+    more = rng.normal(size=(30, 8))
+    acc.add(more)
+    back.add(more)  # resume: continues exactly
+    assert torch.equal(acc.covariance(), back.covariance()) and torch.equal(acc.unit_mean, back.unit_mean)
+    assert acc.n_batches == back.n_batches == 2
