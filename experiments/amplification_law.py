@@ -4,7 +4,7 @@ N = 4096 directions in d = 512, q = 0.02 (K ≈ 82), tilts 0 … 0.4 (A_dict ≈
 Measured A comes from the streaming GeometryAccumulator; the forms from the truth's dictionary and a
 CodeMomentAccumulator over the same codes. Writes amplification_law.csv / .png.
 
-    python experiments/amplification_law.py [--n 20000]
+    python experiments/amplification_law.py [--n 12288]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ FORMS = ("textbook", "exact_moment", "mean_cosine")
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, default=20000, help="rows per configuration")
+    p.add_argument("--n", type=int, default=12288, help="rows per configuration")
     p.add_argument("--N", type=int, default=4096)
     p.add_argument("--d", type=int, default=512)
     p.add_argument("--q", type=float, default=0.02)

@@ -75,12 +75,12 @@ def _geometry_sources(path: str, key: str | None, batch_size: int):
         tensors = {"array": arr.shape}
         rows = arr
     elif ext == ".safetensors":
-        from safetensors import SafetensorsError, safe_open
+        from safetensors import SafetensorError, safe_open
 
         try:
             handle = safe_open(path, framework="pt")
             names = {k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()}
-        except (SafetensorsError, OSError) as err:
+        except (SafetensorError, OSError) as err:
             raise FormatError(f"{path}: not a readable .safetensors file ({err})") from err
         k = _geometry_pick_key(names, key, path)
         tensors, rows = names, _SafetensorsRows(handle.get_slice(k), names[k])
@@ -285,10 +285,146 @@ def cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- check
+def _add_check(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "check", help="checks on a published or trained dictionary (any supported format), optionally with activations",
+        description="Load a dictionary (SAELens dir, sparsify dir, dictionary_learning ae.pt, Gemma Scope params.npz, "
+                    "OpenAI .pt; auto-detected) and check it: A_dict and spectrum, decoder norms, zero and near-duplicate "
+                    "rows, encoder-decoder alignment, b_dec vs the mean direction, config. With --acts, the full "
+                    "geometry report on those activations plus these checks.",
+    )
+    p.add_argument("path", help="dictionary file or directory")
+    p.add_argument("--acts", help="activation store (directory) or .safetensors/.npy file: adds the full geometry report")
+    p.add_argument("--out", help="directory for summary.txt, .md, .json, .html")
+    p.add_argument("--duplicate-cos", type=float, default=0.99, help="cosine above which two decoder rows are near-duplicates (0.99)")
+    p.add_argument("--block-rows", type=int, default=4096, help="rows per block of the duplicate search (memory ~ block² floats)")
+    p.add_argument("--max-tokens", type=int, default=None, help="with --acts: stop after this many tokens")
+    p.add_argument("--format", nargs="+", default=["terminal", "md", "json", "html"], choices=["terminal", "md", "json", "html"],
+                   help="renderings written to --out")
+    p.add_argument("--fail-on", choices=["never", "warning", "error"], default="never",
+                   help="exit with status 1 when a flag of this severity or worse is raised (for CI)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_check)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from saegeo.sae.check import CheckOptions, check_dictionary, check_with_activations, render_check_terminal, write_check
+    from saegeo.sae.formats import load_dictionary
+
+    sae = load_dictionary(args.path)
+    opts = CheckOptions(duplicate_cos=args.duplicate_cos, block_rows=args.block_rows, progress=not args.no_progress)
+    name = Path(args.path).resolve().name
+    if args.acts:
+        from saegeo.report.render import render_terminal, write_report
+        from saegeo.report.report import ReportOptions
+
+        acts: object = args.acts  # a store directory goes to geometry_report as is
+        if Path(args.acts).is_file():
+            acts = _geometry_sources(args.acts, None, 8192)[2]  # batches of a .safetensors/.npy/.pt file
+        report, _ = check_with_activations(
+            sae, acts, options=opts, name=name,
+            report_options=ReportOptions(max_tokens=args.max_tokens, progress=not args.no_progress),
+        )
+        print(render_terminal(report), end="")
+        flags = report.flags
+        if args.out:
+            paths = write_report(report, args.out, formats=tuple(args.format))
+            print(f"wrote {', '.join(str(p) for p in paths.values())}")
+    else:
+        check = check_dictionary(sae, options=opts, name=name)
+        print(render_check_terminal(check), end="")
+        flags = check.flags
+        if args.out:
+            paths = write_check(check, args.out, formats=tuple(args.format))
+            print(f"wrote {', '.join(str(p) for p in paths.values())}")
+    worst = {"never": 99, "warning": 1, "error": 2}[args.fail_on]
+    rank = {"info": 0, "warning": 1, "error": 2}
+    return 1 if any(rank[f.severity] >= worst for f in flags) else 0
+
+
+# --------------------------------------------------------------------------- report
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="geometry report of an activation store, with SAEs side by side and flags")
+    p.add_argument("--acts", required=True, help="activation store directory (from `saegeo cache`)")
+    p.add_argument("--sae", action="append", default=[], metavar="[NAME=]DIR",
+                   help="SAE directory (SAELens layout); repeat for several, shown side by side")
+    p.add_argument("--out", required=True, help="output directory: summary.txt, report.md, report.json, report.html")
+    p.add_argument("--format", default="terminal,md,json,html", help="comma-separated subset of terminal,md,json,html")
+    p.add_argument("--batch-size", type=int, default=8192)
+    p.add_argument("--max-tokens", type=int, default=None, help="read at most this many rows")
+    p.add_argument("--skip-nonfinite", action="store_true", help="skip and count NaN/inf rows instead of stopping")
+    p.add_argument("--assumed-null", type=float, default=0.0,
+                   help="baseline a reader compares A with (wrong-null flag); default 0")
+    p.add_argument("--config", default=None, help="JSON/TOML preprocessing config to check (e.g. a SAELens cfg.json)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from saegeo.report import ReportOptions, geometry_report, render_terminal, write_report
+
+    saes = {}
+    for spec in args.sae:
+        name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+        name = name or Path(path).name
+        if name in saes:
+            raise CLIError(f"two SAEs named {name!r}; give them names with --sae NAME=DIR")
+        saes[name] = path
+    config = None
+    if args.config:
+        text = Path(args.config).read_text()
+        if args.config.endswith(".toml"):
+            import tomllib
+
+            config = tomllib.loads(text)
+        else:
+            config = json.loads(text)
+    opts = ReportOptions(batch_size=args.batch_size, max_tokens=args.max_tokens, skip_nonfinite=args.skip_nonfinite,
+                         assumed_null=args.assumed_null, device=args.device, progress=not args.no_progress)
+    report = geometry_report(args.acts, saes or None, options=opts, config=config)
+    formats = [f.strip() for f in args.format.split(",") if f.strip()]
+    paths = write_report(report, args.out, formats)
+    print(render_terminal(report))
+    for fmt, path in paths.items():
+        print(f"{fmt:>8}: {path}")
+    return 0
+
+
+# --------------------------------------------------------------------------- run
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="the main job from a TOML config: cache -> train SAEs -> report (idempotent)")
+    p.add_argument("config", help="TOML run config, e.g. configs/demo.toml")
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import time
+
+    from saegeo.report.report import load_run_config, run_job
+
+    t0 = time.perf_counter()
+    result = run_job(load_run_config(args.config))
+    stages = ", ".join(f"{k} {v:.0f} s" for k, v in result.seconds.items())
+    print(f"done in {time.perf_counter() - t0:.0f} s ({stages})")
+    if "html" in result.files:
+        print(f"HTML report: {result.files['html']}")
+    for fmt, path in result.files.items():
+        if fmt != "html":
+            print(f"{fmt:>8}: {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="saegeo", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_geometry, _add_cache, _add_store, _add_synth):
+    for add in (_add_geometry, _add_cache, _add_store, _add_synth, _add_check, _add_report, _add_run):
         add(sub)
     return parser
 

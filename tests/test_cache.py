@@ -23,7 +23,11 @@ HOOKS = ("blocks.0.hook_resid_post", "blocks.1.mlp.hook_post")
 
 @pytest.fixture(scope="module")
 def tiny():
-    return from_config(TINY)
+    # tiny matmuls: one thread avoids OpenMP spin-waiting on a shared, busy machine
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield from_config(TINY)
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +48,7 @@ def reference_rows(tiny, texts, context, hooks, exclude_special=False):
         for lo in range(0, len(ids), context - 2):
             window = torch.tensor([[CLS] + ids[lo : lo + context - 2] + [SEP]])
             keep = slice(1, -1) if exclude_special else slice(None)
-            _, cache = tiny.model.run_with_cache(window)
+            _, cache = tiny.model.run_with_cache(window, names_filter=list(hooks), return_type=None)
             for h in hooks:
                 out[h].append(cache[h][0].reshape(window.shape[1], -1)[keep])
             ids_out.append(window[0, keep])

@@ -118,7 +118,33 @@ def _causal_transformer(path: Path, dtype: torch.dtype) -> Any:
     from transformer_lens import loading_from_pretrained as loading
     from transformers import AutoModelForCausalLM
 
-    cfg = loading.get_pretrained_model_config(str(path), fold_ln=False, device="cpu", dtype=dtype, local_files_only=True)
+    from transformer_lens import HookedTransformerConfig
+    from transformers import AutoConfig
+
+    hf_cfg = AutoConfig.from_pretrained(path, local_files_only=True)
+    if hf_cfg.model_type == "gpt2":
+        # transformer-lens 3.9's GPT-2 branch reads GPT2Config.n_ctx, which transformers 5 removed;
+        # the same mapping, with n_positions
+        cfg = HookedTransformerConfig(
+            d_model=hf_cfg.n_embd, d_head=hf_cfg.n_embd // hf_cfg.n_head, n_heads=hf_cfg.n_head,
+            d_mlp=hf_cfg.n_inner or 4 * hf_cfg.n_embd, n_layers=hf_cfg.n_layer, n_ctx=hf_cfg.n_positions,
+            eps=hf_cfg.layer_norm_epsilon, d_vocab=hf_cfg.vocab_size, act_fn=hf_cfg.activation_function,
+            use_attn_scale=getattr(hf_cfg, "scale_attn_weights", True),
+            scale_attn_by_inverse_layer_idx=hf_cfg.scale_attn_by_inverse_layer_idx,
+            normalization_type="LN", original_architecture="GPT2LMHeadModel", device="cpu", dtype=dtype,
+        )
+    else:
+        # transformer-lens guesses the architecture from the *name* when it contains "llama"/"gemma"
+        # and then skips reading config.json; a neutral symlink makes it read the real config
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            neutral = Path(tmp) / "model"
+            neutral.symlink_to(path.resolve(), target_is_directory=True)
+            cfg = loading.get_pretrained_model_config(
+                str(neutral), fold_ln=False, device="cpu", dtype=dtype, local_files_only=True
+            )
+    cfg.tokenizer_name = None  # the caller sets the tokenizer; do not let transformer-lens look for one
     hf_model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
     state_dict = loading.get_pretrained_state_dict(str(path), cfg, hf_model, dtype=dtype)
     model = HookedTransformer(cfg, tokenizer=None, move_to_device=False)

@@ -113,6 +113,11 @@ class GeometryAccumulator:
     def add(self, batch: Any, *, source: str | None = None) -> "GeometryAccumulator":
         """Add the rows of ``batch`` (n, d). ``source`` (e.g. a file name) is quoted in error messages."""
         x = as_rows(batch, self.d)
+        if x.device != self._mean.device:
+            if self.n == 0:
+                self.to(x.device)  # accumulate where the batches live (e.g. on the GPU that produced them)
+            else:
+                x = x.to(self._mean.device)
         batch_index = self.n_batches
         row_offset = self.n_rows_seen
         for start in range(0, x.shape[0], self.chunk_rows):
@@ -150,15 +155,25 @@ class GeometryAccumulator:
         m = x.shape[0]
         if m == 0:
             return
-        # Chunk shifted by its own (rounded) mean: the gram sees only the spread.
-        shift = x.mean(dim=0, dtype=torch.float64).to(x.dtype)
+        # Shift by the running mean (the chunk's own mean for the first chunk), rounded to the compute dtype:
+        # the gram then sees only the spread, whatever the size of the mean. Reductions stay in the compute
+        # dtype (torch sums float32 by cascade summation); only d-sized and d²-sized results go to float64.
+        shift = (self._mean if self.n > 0 else x.mean(dim=0)).to(x.dtype, copy=True)
         xc = x - shift
-        centred_sum = xc.sum(dim=0, dtype=torch.float64)
-        gram = (xc.T @ xc).to(torch.float64)
-        chunk_mean = shift.to(torch.float64) + centred_sum / m
-        chunk_scatter = gram - torch.outer(centred_sum, centred_sum) / m
+        centred_sum = xc.sum(dim=0).to(torch.float64)
+        gram = xc.T @ xc
+        del xc
         self._gram_eps = torch.maximum(self._gram_eps, torch.tensor(torch.finfo(x.dtype).eps, dtype=torch.float64))
-        self._combine(m, chunk_mean, chunk_scatter)
+        # Chan's update with a block of m rows: mean_b = c + s/m, M₂ᵇ = G − s sᵀ/m, δ = mean_b − mean_a.
+        n_a, n = self.n, self.n + m
+        delta = (shift.to(torch.float64) - self._mean) + centred_sum / m
+        self._scatter.add_(gram)
+        # both rank-one terms in one pass: [s δ] diag(−1/m, nₐm/n) [s δ]ᵀ
+        left = torch.stack([centred_sum, delta], dim=1)
+        right = left * torch.tensor([-1.0 / m, n_a * m / n], dtype=torch.float64, device=left.device)
+        self._scatter.addmm_(left, right.T)
+        self._mean.add_(delta, alpha=m / n)
+        self.n = n
 
         norms = sq_norms.sqrt()
         nonzero = norms > 0
@@ -167,8 +182,12 @@ class GeometryAccumulator:
         self._unit_sum += (inv_norm.to(x.dtype) @ x).to(torch.float64)
         self._norm_sum += norms.sum()
         self._sq_sum += sq_norms.sum()
-        self._abs_sum += x.abs().sum(dtype=torch.float64)
-        self._neg_sq_sum += x.clamp(max=0).square().sum(dtype=torch.float64)
+        # sign statistics: Σ|x| = Σx − 2Σx₋ and Σx₋², from one clamped copy
+        negative = x.clamp(max=0)
+        neg_sum = float(negative.sum())
+        self._abs_sum += float(centred_sum.sum()) + float(shift.to(torch.float64).sum()) * m - 2 * neg_sum
+        self._neg_sq_sum += float(torch.linalg.vector_norm(negative)) ** 2
+        del negative
         self.n_nonzero_entries += int(torch.count_nonzero(x))
 
     def _combine(self, m: int, mean_b: Tensor, scatter_b: Tensor) -> None:

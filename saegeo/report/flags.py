@@ -95,7 +95,7 @@ class FlagThresholds:
     whitened_max_edge_ratio: float = 1.1
     whitened_unit_variance_tol: float = 0.1
     whitened_narrow_fraction: float = 0.5
-    # whitening in a config: the noise amplification √(λ_max/λ_min) beyond which the flag becomes an error
+    # whitening in a config: the noise amplification √(λ_max/λ_min) the summary calls huge
     whitening_max_amplification: float = 100.0
     # wrong null: the sign-aware null exceeds the assumed baseline by ≥ this, and A is ≥ wrong_null_min_z
     # null-sds above the baseline (so reading against the baseline would call it a cone)
@@ -382,34 +382,33 @@ def config_flags(
 
     ``whitening_cost`` is ``Whitening.fit(acc).report.to_dict()`` on these activations (noise amplification
     √(λ_max/λ_min), clamped eigenvalues); ``geo`` adds n, d and whether the space is already isotropic.
-    The flag becomes an error when n ≤ d or the amplification exceeds ``whitening_max_amplification``.
+    Whitening is sometimes what the experiment wants, so the severity stays "warning" in every case; n ≤ d
+    and an amplification above ``whitening_max_amplification`` are named in the summary as the worst costs.
     """
     t = thresholds or FlagThresholds()
     where = config_whitens(config)
     if where is None:
         return []
     evidence: dict[str, float | int | None] = {}
-    notes, severity = [], "warning"
+    notes = []
     amp = (whitening_cost or {}).get("noise_amplification")
     if amp is not None:
         evidence["noise_amplification"] = _r(amp, 2)
         evidence["n_clamped_eigenvalues"] = int((whitening_cost or {}).get("n_clamped", 0))
-        notes.append(f"it amplifies noise along the weakest direction {amp:.3g}×")
-        if amp > t.whitening_max_amplification:
-            severity = "error"
+        huge = " (huge)" if amp > t.whitening_max_amplification else ""
+        notes.append(f"it amplifies noise along the weakest direction {amp:.3g}×{huge}")
     if geo is not None:
         n, d = int(geo["n"]), int(geo["d"])
         evidence.update(n=n, d=d, n_spikes=int(geo.get("n_spikes", 0)), top1_share=_r(geo.get("top1_share")),
                         effective_rank=_r(geo.get("effective_rank"), 1))
         if n <= d:
-            severity = "error"
             notes.append(f"it is fitted on n = {n} ≤ d = {d} rows (singular covariance)")
         if int(geo.get("n_spikes", 0)) == 0:
             notes.append("the space is already isotropic (no eigenvalue above the MP edge), so it only adds noise")
         else:
             notes.append(f"it erases the variance ordering of {int(geo['n_spikes'])} spike direction(s)")
     return [Flag(
-        WHITENING, severity, evidence,
+        WHITENING, "warning", evidence,
         "Whitening is a choice, not a default: it can help probing but costs reconstruction, ordering and a "
         "meaningful basis — keep it only if you measured that it helps, and never read principal axes after it.",
         summary=f"the config whitens before the SAE ({where})" + ("; " + "; ".join(notes) if notes else ""),

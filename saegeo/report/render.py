@@ -115,8 +115,7 @@ def _sae_table(report: GeometryReport) -> tuple[list[str], list[list[str]]]:
     rows = []
     for label, fn in SAE_ROWS:
         if label == "flags":
-            cells = [", ".join(sorted({f.name for f in report.flags if f.subject == s.name})) or "none"
-                     for s in report.saes]
+            cells = [_flag_counts([f for f in report.flags if f.subject == s.name]) for s in report.saes]
         else:
             cells = [fn(s) for s in report.saes]
         rows.append([label, *cells])

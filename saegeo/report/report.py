@@ -603,3 +603,166 @@ def compute_flags(report: GeometryReport, thresholds: FlagThresholds | None = No
     if report.config:
         flags += config_flags(report.config, geo, report.whitening_cost, thresholds=t, subject="config")
     return sort_flags(flags)
+
+
+# =========================================================================== the main job: cache -> train -> report
+@dataclass
+class RunResult:
+    """What ``run_job`` produced: the store, the SAE directories, the report and its files."""
+
+    store: str
+    saes: dict[str, str]
+    report: GeometryReport
+    files: dict[str, str]
+    seconds: dict[str, float]
+    reused: dict[str, bool]
+
+
+_RUN_KEYS = ("out", "acts", "hook", "cache", "train", "report", "name", "description")
+
+
+def load_run_config(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a TOML run config (see configs/demo.toml for every key); relative paths stay relative to the CWD."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    p = Path(path)
+    try:
+        config = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise BadInputError(f"{p}: no such run config") from None
+    except tomllib.TOMLDecodeError as err:
+        raise BadInputError(f"{p}: invalid TOML ({err})") from None
+    unknown = sorted(set(config) - set(_RUN_KEYS))
+    if unknown:
+        raise BadInputError(f"{p}: unknown top-level key(s) {unknown}; known: {list(_RUN_KEYS)}")
+    return config
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    return json.loads(json.dumps(a, default=str)) == json.loads(json.dumps(b, default=str))
+
+
+def run_job(config: Mapping[str, Any], *, log: Any = print) -> RunResult:
+    """cache -> train (one SAE per entry of [train.saes]) -> one report over all of them, side by side.
+
+    Idempotent: a complete store with the requested tokens is reused (the cache itself resumes an
+    interrupted run), an SAE whose saved training config and data checksums match is not retrained,
+    and the report is recomputed (one pass). Every stage's time is returned and logged.
+    """
+    from saegeo.activations.store import ActivationStore
+    from saegeo.report.render import render_terminal, write_report
+
+    cfg = dict(config)
+    out = Path(cfg.get("out", "artifacts/runs/run"))
+    out.mkdir(parents=True, exist_ok=True)
+    seconds: dict[str, float] = {}
+    reused: dict[str, bool] = {}
+
+    # ---- 1. activations: an existing store, or cache them
+    t0 = time.perf_counter()
+    if cfg.get("acts"):
+        store_path = Path(cfg["acts"])
+        reused["cache"] = True
+    else:
+        from saegeo.activations.cache import CacheConfig, cache_activations, store_dir
+
+        cache_cfg = CacheConfig(**{**dict(cfg.get("cache", {})), "progress": True})
+        cache_cfg.hooks = tuple(cache_cfg.hooks) if not isinstance(cache_cfg.hooks, str) else (cache_cfg.hooks,)
+        hook = cfg.get("hook") or cache_cfg.hooks[0]
+        if hook not in cache_cfg.hooks:
+            raise BadInputError(f"hook {hook!r} is not among the cached hooks {list(cache_cfg.hooks)}")
+        store_path = store_dir(cache_cfg.out, hook)
+        stamp = out / "cache_config.json"
+        wanted = asdict(cache_cfg) | {"progress": None}
+        done = all(_store_complete(store_dir(cache_cfg.out, h), cache_cfg.max_tokens) for h in cache_cfg.hooks)
+        if done and stamp.is_file() and _same_json(json.loads(stamp.read_text()), wanted):
+            log(f"cache: reusing {store_path} (complete; delete it to re-cache)")
+            reused["cache"] = True
+        else:
+            log(f"cache: {cache_cfg.model} {','.join(cache_cfg.hooks)} on corpus {cache_cfg.corpus!r} -> {cache_cfg.out}")
+            result = cache_activations(cache_cfg)
+            log(f"cache: {result.n_tokens[hook]:,} tokens in the store ({result.new_tokens:,} new, "
+                f"{result.tokens_per_second:,.0f} tok/s)")
+            stamp.write_text(json.dumps(wanted, default=str))
+            reused["cache"] = False
+    store = ActivationStore(store_path)
+    seconds["cache"] = time.perf_counter() - t0
+
+    # ---- 2. SAEs: one per [train.saes] entry (shared [train] options, per-SAE overrides)
+    from saegeo.sae.formats import load_sae
+    from saegeo.sae.train import TrainConfig, train_sae
+
+    train = dict(cfg.get("train", {}))
+    variants = train.pop("saes", None) or {"sae": {}}
+    sae_dirs: dict[str, str] = {}
+    t0 = time.perf_counter()
+    for name, overrides in variants.items():
+        sae_dir = out / "saes" / _slug(name)
+        tcfg = TrainConfig.from_dict({**train, **dict(overrides), "out_dir": str(sae_dir)})
+        if _trained(sae_dir, tcfg, store):
+            log(f"train {name}: reusing {sae_dir} (same config and data; delete it to retrain)")
+            reused[f"train:{name}"] = True
+        else:
+            log(f"train {name}: {tcfg.arch} k={tcfg.k} d_sae={tcfg.d_sae or tcfg.expansion * store.d} "
+                f"b_dec := {tcfg.b_dec_init}, {tcfg.total_tokens:,} tokens")
+            res = train_sae(tcfg, store)
+            h = res.heldout
+            log(f"train {name}: held-out FVE {h.get('fve', float('nan')):.3f}, L0 {h.get('l0', float('nan')):.1f}, "
+                f"dead {100 * h.get('dead_fraction', float('nan')):.1f}%")
+            reused[f"train:{name}"] = False
+        sae_dirs[name] = str(sae_dir)
+    seconds["train"] = time.perf_counter() - t0
+
+    # ---- 3. the report: one pass over the store with every SAE side by side
+    t0 = time.perf_counter()
+    rep_cfg = dict(cfg.get("report", {}))
+    formats = tuple(rep_cfg.pop("formats", ("terminal", "md", "json", "html")))
+    opts = ReportOptions.from_dict(rep_cfg)
+    saes = {name: load_sae(path) for name, path in sae_dirs.items()}
+    configs = {name: json.loads((Path(p) / "cfg.json").read_text()) for name, p in sae_dirs.items()}
+    report = geometry_report(store, saes, options=opts)
+    for s in report.saes:  # provenance (b_dec init, data) from the saved config
+        s.config = _json_safe(configs[s.name])
+        s.b_dec_init = configs[s.name].get("saegeo", {}).get("b_dec_init")
+    report.config = _json_safe({k: v for k, v in cfg.items() if k in ("cache", "train", "report", "acts", "hook")})
+    report.flags = compute_flags(report, opts.thresholds)
+    files = {k: str(v) for k, v in write_report(report, out / "report", formats).items()}
+    seconds["report"] = time.perf_counter() - t0
+    log("")
+    log(render_terminal(report))
+    return RunResult(store=str(store_path), saes=sae_dirs, report=report, files=files, seconds=seconds, reused=reused)
+
+
+def _slug(name: str) -> str:
+    import re
+
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "sae"
+
+
+def _store_complete(path: Path, max_tokens: int | None) -> bool:
+    from saegeo.activations.store import ActivationStore
+    from saegeo.errors import StoreError
+
+    try:
+        store = ActivationStore(path)
+    except (StoreError, OSError, KeyError, ValueError):
+        return False
+    return max_tokens is None or store.n_tokens >= max_tokens
+
+
+def _trained(sae_dir: Path, tcfg: Any, store: Any) -> bool:
+    """An SAE directory written by the trainer from this exact config and these exact shards."""
+    cfg_file = sae_dir / "cfg.json"
+    if not cfg_file.is_file() or not (sae_dir / "sae_weights.safetensors").is_file():
+        return False
+    try:
+        saved = json.loads(cfg_file.read_text()).get("saegeo", {})
+    except json.JSONDecodeError:
+        return False
+    data = saved.get("data", {})
+    return _same_json(saved.get("train_config"), asdict(tcfg)) and data.get("shard_sha256") == [
+        s.sha256 for s in store.shards
+    ]

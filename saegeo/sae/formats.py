@@ -136,6 +136,8 @@ def load_sae(path: str | os.PathLike, device: str = "cpu") -> SAE:
 
     if isinstance(raw.get("saegeo", {}).get("sae_config"), dict):
         cfg = SAEConfig(**raw["saegeo"]["sae_config"])
+        cfg.extra = {**cfg.extra, "format": "saelens", "source": str(d), "written_by": "saegeo",
+                     "model_name": (raw.get("metadata") or {}).get("model_name"), "hook_name": (raw.get("metadata") or {}).get("hook_name")}
     else:  # any SAELens version: older key names, normalisation, scaling factors (see _saelens_config)
         cfg = _saelens_config(raw, cfg_path, weights)
     return _assemble(cfg, _saelens_tensors(cfg, weights, w_path), w_path, device)
@@ -228,8 +230,8 @@ def _assemble(cfg: SAEConfig, tensors: dict[str, torch.Tensor], where: object, d
     sae = SAE(cfg, device=device)
     with torch.no_grad():
         for name, value in tensors.items():
-            value = value.detach().to(torch.float64)
-            if not torch.isfinite(value).all():
+            value = value.detach()
+            if value.is_floating_point() and not torch.isfinite(value).all():
                 bad = (~torch.isfinite(value)).reshape(value.shape[0], -1).any(1).nonzero()[:, 0] if value.ndim else [0]
                 raise FormatError(f"{where}: {name} has non-finite values (first at index {int(bad[0])}, {len(bad)} in all)")
             target = getattr(sae, name)

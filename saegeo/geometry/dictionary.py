@@ -1,0 +1,130 @@
+"""Geometry of a dictionary's rows without activations: norms, near-duplicate rows, encoder–decoder
+alignment -- blockwise, so a 65,536 × 2,304 dictionary never needs its d_sae × d_sae cosine matrix.
+
+Pure math on tensors: no I/O, no models. The dictionary's anisotropy A_dict and ‖ū‖² are
+``saegeo.geometry.amplification.dictionary_anisotropy``; its spectrum is a ``GeometryAccumulator``
+fed with ``unit_row_blocks``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from saegeo.errors import BadInputError
+
+__all__ = ["row_norms", "unit_row_blocks", "near_duplicate_pairs", "encoder_decoder_cosines"]
+
+DEFAULT_BLOCK_ROWS = 4096  # a 4096 × 4096 float32 tile of cosines is 64 MiB
+
+
+def _check_rows(rows: Tensor, what: str) -> None:
+    if rows.ndim != 2 or rows.shape[0] < 1:
+        raise BadInputError(f"{what} needs a 2-D (N, d) matrix of rows, got shape {tuple(rows.shape)}")
+
+
+def row_norms(rows: Float[Tensor, "N d"], *, block_rows: int = DEFAULT_BLOCK_ROWS) -> Float[Tensor, " N"]:
+    """‖w_i‖ for every row, in float64 (blocks of rows, never a float64 copy of the matrix)."""
+    _check_rows(rows, "row_norms")
+    return torch.cat([
+        torch.linalg.vector_norm(rows[s : s + block_rows].to(torch.float64), dim=1) for s in range(0, rows.shape[0], block_rows)
+    ])
+
+
+def unit_row_blocks(
+    rows: Float[Tensor, "N d"], norms: Float[Tensor, " N"] | None = None, *, block_rows: int = DEFAULT_BLOCK_ROWS,
+    dtype: torch.dtype = torch.float32,
+) -> Iterator[Float[Tensor, "b d"]]:
+    """u_i = w_i/‖w_i‖ block by block, zero rows left out (they have no direction)."""
+    norms = row_norms(rows, block_rows=block_rows) if norms is None else norms
+    for s in range(0, rows.shape[0], block_rows):
+        n = norms[s : s + block_rows]
+        alive = n > 0
+        block = rows[s : s + block_rows][alive].to(dtype)
+        if block.shape[0]:
+            yield block / n[alive].to(dtype)[:, None]
+
+
+def near_duplicate_pairs(
+    rows: Float[Tensor, "N d"],
+    threshold: float = 0.99,
+    *,
+    norms: Float[Tensor, " N"] | None = None,
+    block_rows: int = DEFAULT_BLOCK_ROWS,
+    max_pairs: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[Int[Tensor, "p 2"], Float[Tensor, " p"], int]:
+    """All pairs i < j with cos(w_i, w_j) = w_i·w_j/(‖w_i‖‖w_j‖) > threshold, exactly, without an N × N matrix.
+
+    The rows are normalised once (one float32 copy of the matrix, N·d), then the upper triangle of the
+    cosine matrix U Uᵀ is formed tile by tile (B × B float32 matmuls into one reused buffer); tile entries
+    within 1e-4 of the threshold are re-checked in float64 from the original rows, so float32 rounding
+    cannot add or drop a pair. Zero rows are never paired. Work is N²d/2 multiply-adds (half of the dense
+    gram) and the extra memory is N·d + B² floats instead of N².
+
+    Returns ``(pairs, cosines, n_pairs)``: pairs (p, 2) with i < j sorted by decreasing cosine, their
+    float64 cosines, and the total count (pairs beyond ``max_pairs`` are counted but not returned).
+    ``progress(rows_done)`` is called after each block of rows.
+    """
+    _check_rows(rows, "near_duplicate_pairs")
+    if not -1.0 <= threshold <= 1.0:
+        raise BadInputError(f"threshold must be a cosine in [-1, 1], got {threshold}")
+    n_rows = rows.shape[0]
+    norms = row_norms(rows, block_rows=block_rows) if norms is None else norms.to(torch.float64)
+    inv = torch.where(norms > 0, 1.0 / norms.clamp_min(1e-300), 0.0)  # zero rows: cosine 0, never a pair
+    unit = torch.empty(rows.shape, dtype=torch.float32)
+    for s in range(0, n_rows, block_rows):
+        unit[s : s + block_rows] = rows[s : s + block_rows].to(torch.float32) * inv[s : s + block_rows, None].to(torch.float32)
+    cut = threshold - 1e-4  # float32 screen; candidates are confirmed in float64
+    buffer = torch.empty(min(block_rows, n_rows), min(block_rows, n_rows), dtype=torch.float32)
+    found_i, found_j, found_c = [], [], []
+    total = 0
+    for i0 in range(0, n_rows, block_rows):
+        ui = unit[i0 : i0 + block_rows]
+        for j0 in range(i0, n_rows, block_rows):
+            uj = unit[j0 : j0 + block_rows]
+            tile = buffer[: ui.shape[0], : uj.shape[0]]
+            if tile.is_contiguous():
+                torch.mm(ui, uj.T, out=tile)
+            else:
+                tile = ui @ uj.T
+            cand = (tile > cut).nonzero()
+            if j0 == i0:
+                cand = cand[cand[:, 0] < cand[:, 1]]  # upper triangle only (drops the diagonal, cos = 1)
+            if cand.numel() == 0:
+                continue
+            ii, jj = cand[:, 0] + i0, cand[:, 1] + j0
+            exact = (rows[ii].to(torch.float64) * rows[jj].to(torch.float64)).sum(1) * inv[ii] * inv[jj]
+            keep = exact > threshold
+            total += int(keep.sum())
+            found_i.append(ii[keep]), found_j.append(jj[keep]), found_c.append(exact[keep])
+        if progress is not None:
+            progress(min(i0 + block_rows, n_rows))
+    if not found_i:
+        return torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, dtype=torch.float64), 0
+    cos = torch.cat(found_c)
+    pairs = torch.stack([torch.cat(found_i), torch.cat(found_j)], dim=1)
+    order = cos.argsort(descending=True)
+    if max_pairs is not None:
+        order = order[:max_pairs]
+    return pairs[order], cos[order], total
+
+
+def encoder_decoder_cosines(
+    W_enc: Float[Tensor, "d N"], W_dec: Float[Tensor, "N d"], *, block_rows: int = DEFAULT_BLOCK_ROWS
+) -> Float[Tensor, " N"]:
+    """cos(e_i, w_i) between latent i's encoder column e_i = W_enc[:, i] and its decoder row w_i (float64;
+    0 where either is zero). Near 1 for tied or well-trained SAEs; ≤ 0 means the latent reads a
+    direction it does not write."""
+    if W_enc.ndim != 2 or W_dec.ndim != 2 or W_enc.shape != (W_dec.shape[1], W_dec.shape[0]):
+        raise BadInputError(f"encoder_decoder_cosines needs W_enc (d, N) and W_dec (N, d), got {tuple(W_enc.shape)} and {tuple(W_dec.shape)}")
+    out = []
+    for s in range(0, W_dec.shape[0], block_rows):
+        e = W_enc[:, s : s + block_rows].T.to(torch.float64)
+        w = W_dec[s : s + block_rows].to(torch.float64)
+        denom = torch.linalg.vector_norm(e, dim=1) * torch.linalg.vector_norm(w, dim=1)
+        out.append(torch.where(denom > 0, (e * w).sum(1) / denom.clamp_min(1e-300), 0.0))
+    return torch.cat(out)

@@ -1,0 +1,266 @@
+"""Flags fire on constructed cases and stay silent on clean ones.
+
+Every expectation is checked against numbers computed here independently (numpy brute force on the
+same rows), never against the report's own numbers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from saegeo.errors import BadInputError
+from saegeo.report import FlagThresholds, ReportOptions, compute_flags, dictionary_flags, geometry_report
+from saegeo.report import flags as F
+from saegeo.sae.model import SAE, SAEConfig
+from saegeo.sae.train import TrainConfig, train_sae
+from saegeo.synthetic import SuperpositionGenerator, preset
+
+QUIET = ReportOptions(progress=False)
+# the flags that speak about geometry (as opposed to the SAE's health or the input's hygiene)
+GEOMETRY = (F.MEAN_DIRECTION, F.OFFSET_NOT_ABSORBED, F.WHITENING, F.WRONG_NULL, F.AMPLIFICATION)
+
+
+def _flags(report, name: str, subject: str | None = None):
+    return [f for f in report.flags if f.name == name and (subject is None or f.subject == subject)]
+
+
+@pytest.fixture(scope="module")
+def offset_case():
+    """Large offset (‖b‖ = 3 × signal RMS), the same TopK SAE trained with b_dec := 0 and b_dec := mean."""
+    torch.set_num_threads(1)
+    gen = SuperpositionGenerator(preset("large_offset", d=32, n_features=128, rate=0.03, seed=1))
+    x = torch.cat(list(gen.activations(16384, 8192)))
+    saes = {}
+    for init, name in (("zeros", "b_dec=0"), ("mean", "b_dec=mean")):
+        cfg = TrainConfig(arch="topk", k=4, d_sae=128, total_tokens=40_960, batch_size=512, lr=3e-3, b_dec_init=init,
+                          progress=False, dead_window_tokens=8192, heldout_fraction=0.0, seed=0)
+        saes[name] = train_sae(cfg, x).sae
+    report = geometry_report(x, saes, options=QUIET)
+    return x, saes, report
+
+
+def _brute_force_latent_stats(x: torch.Tensor, sae: SAE):
+    """Firing frequency, cos(u_i, μ) and cone shares c_i = E[a_i](u_i·M)/‖M‖², by numpy on dense codes."""
+    with torch.no_grad():
+        codes = sae.encode(x).double().numpy()
+    w = sae.W_dec.detach().double().numpy()
+    norms = np.linalg.norm(w, axis=1)
+    unit = w / norms[:, None]
+    a = codes * norms  # decoder norms folded into the codes
+    mu = x.double().numpy().mean(0)
+    freq = (codes > 0).mean(0)
+    cos = unit @ mu / np.linalg.norm(mu)
+    mean_code = a.mean(0)
+    m = mean_code @ unit
+    shares = mean_code * (unit @ m) / (m @ m)
+    return freq, cos, shares
+
+
+def test_offset_with_zero_b_dec_is_flagged_and_guilty_latents_are_named(offset_case):
+    x, saes, report = offset_case
+    [offset] = _flags(report, F.OFFSET_NOT_ABSORBED, "b_dec=0")
+    b = saes["b_dec=0"].b_dec.detach().double().numpy()
+    mu = x.double().numpy().mean(0)
+    dist = np.linalg.norm(b - mu) / np.linalg.norm(mu)
+    assert dist > 0.9  # b_dec := 0 and trained briefly: it stays far from the mean
+    assert offset.evidence["b_dec_distance_to_mean"] == pytest.approx(dist, abs=1e-3)
+    assert offset.severity == "error"
+
+    [mean_dir] = _flags(report, F.MEAN_DIRECTION, "b_dec=0")
+    freq, cos, shares = _brute_force_latent_stats(x, saes["b_dec=0"])
+    t = FlagThresholds()
+    assert mean_dir.latents, "the guilty latents must be named"
+    for i in mean_dir.latents:  # every named latent meets a criterion, checked by brute force
+        assert (freq[i] >= t.mean_direction_min_frequency and abs(cos[i]) >= t.mean_direction_min_cos) or (
+            shares[i] >= t.mean_direction_min_cone_share
+        ), (i, freq[i], cos[i], shares[i])
+    # ... and together they make most of the cone the offset forced into the codes
+    assert shares[mean_dir.latents].sum() > 0.5
+    # the latent with the largest brute-force cone share is among them
+    assert int(np.argmax(shares)) in mean_dir.latents
+
+
+def test_same_data_with_mean_b_dec_raises_neither_flag(offset_case):
+    x, saes, report = offset_case
+    assert not _flags(report, F.OFFSET_NOT_ABSORBED, "b_dec=mean")
+    assert not _flags(report, F.MEAN_DIRECTION, "b_dec=mean")
+    freq, cos, _ = _brute_force_latent_stats(x, saes["b_dec=mean"])
+    assert not ((freq >= 0.5) & (np.abs(cos) >= 0.5)).any()  # independent confirmation of the silence
+    b = saes["b_dec=mean"].b_dec.detach().double().numpy()
+    mu = x.double().numpy().mean(0)
+    assert np.linalg.norm(b - mu) / np.linalg.norm(mu) < 0.1
+
+
+def test_amplification_inconsistency_lists_top_cone_share_latents(offset_case):
+    x, saes, report = offset_case
+    [amp] = _flags(report, F.AMPLIFICATION, "b_dec=0")
+    _, _, shares = _brute_force_latent_stats(x, saes["b_dec=0"])
+    assert amp.latents[:3] == np.argsort(-shares)[:3].tolist()
+    # the measured A of x̂ − b_dec, by brute force over a subsample of pairs, is far above the law
+    with torch.no_grad():
+        y = (saes["b_dec=0"](x[:400]) - saes["b_dec=0"].b_dec).double().numpy()
+    u = y / np.linalg.norm(y, axis=1, keepdims=True)
+    g = u @ u.T
+    a_brute = (g.sum() - np.trace(g)) / (400 * 399)
+    assert a_brute - amp.evidence["mean_cosine"] > 0.5
+    assert not _flags(report, F.AMPLIFICATION, "b_dec=mean")
+
+
+def test_thresholds_are_configurable(offset_case):
+    _, _, report = offset_case
+    strict = FlagThresholds(mean_direction_min_cos=1.01, mean_direction_min_cone_share=2.0, offset_min_distance=10.0)
+    names = {(f.name, f.subject) for f in compute_flags(report, strict)}
+    assert (F.MEAN_DIRECTION, "b_dec=0") not in names
+    assert (F.OFFSET_NOT_ABSORBED, "b_dec=0") not in names
+    assert (F.DEAD, "b_dec=0") in names  # other flags untouched
+
+
+def test_whitened_inputs_are_flagged():
+    gen = SuperpositionGenerator(preset("whitened", d=32, n_features=256, seed=2))
+    x = torch.cat(list(gen.activations(20000, 8192)))
+    # independent: the population-whitened rows have unit variance per direction and ~zero mean
+    cov = np.cov(x.double().numpy().T, bias=True)
+    assert np.trace(cov) / 32 == pytest.approx(1.0, abs=0.05)
+    report = geometry_report(x, options=QUIET)
+    [w] = _flags(report, F.WHITENING)
+    assert w.severity == "info"  # no dictionary is learned from it here
+    assert w.evidence["variance_per_direction"] == pytest.approx(np.trace(cov) / 32, rel=1e-3)
+    # fed to an SAE it is a warning
+    sae = SAE(SAEConfig(d_in=32, d_sae=64, activation="topk", k=4)).init_weights(torch.Generator().manual_seed(0))
+    report = geometry_report(x, {"sae": sae}, options=QUIET)
+    [w] = _flags(report, F.WHITENING, "activations")
+    assert w.severity == "warning"
+
+
+def test_whitening_in_config_reports_its_measured_cost():
+    rng = np.random.default_rng(3)
+    scales = np.geomspace(10.0, 0.1, 16)  # anisotropic: λ from 100 to 0.01, amplification ≈ 100
+    x = torch.from_numpy(rng.standard_normal((5000, 16)) * scales)
+    cfg = {"normalize_activations": "covariance_whitening"}  # SAELens' option
+    report = geometry_report(x, options=QUIET, config=cfg)
+    [w] = _flags(report, F.WHITENING, "config")
+    lam = np.linalg.eigvalsh(np.cov(x.numpy().T, bias=True))
+    assert w.evidence["noise_amplification"] == pytest.approx(math.sqrt(lam.max() / lam.min()), rel=1e-3)
+    assert w.severity == "warning"  # a warning, never a refusal: the report is complete
+    assert report.activations["n"] == 5000
+    # n ≤ d: still a warning, with the singular fit named
+    report = geometry_report(x[:12], options=QUIET, config=cfg)
+    [w] = _flags(report, F.WHITENING, "config")
+    assert w.severity == "warning" and "n = 12 ≤ d = 16" in w.summary
+    # a config that does not whiten raises nothing
+    report = geometry_report(x, options=QUIET, config={"normalize_activations": "none"})
+    assert not _flags(report, F.WHITENING)
+
+
+def test_gelu_codes_read_against_zero_get_the_wrong_null_flag():
+    rng = np.random.default_rng(4)
+    z = rng.standard_normal((4000, 64))
+    gelu = z * 0.5 * (1 + np.vectorize(math.erf)(z / math.sqrt(2)))
+    report = geometry_report(torch.from_numpy(gelu), options=QUIET)
+    [f] = _flags(report, F.WRONG_NULL)
+    null = gelu.mean() ** 2 / (gelu**2).mean()  # m̄²/s̄ on these rows
+    assert null == pytest.approx(0.187, abs=0.01)
+    assert f.evidence["sign_null"] == pytest.approx(null, rel=1e-3)
+    u = gelu / np.linalg.norm(gelu, axis=1, keepdims=True)
+    a = (np.linalg.norm(u.sum(0)) ** 2 - len(u)) / (len(u) * (len(u) - 1))
+    assert f.evidence["anisotropy"] == pytest.approx(a, abs=1e-4)
+    assert f.evidence["share_explained_by_sign"] > 0.8  # the "cone" is sign structure
+    # the same rows, sign-symmetrised (random signs), have null 0: no flag
+    signs = rng.choice([-1.0, 1.0], size=gelu.shape)
+    report = geometry_report(torch.from_numpy(gelu * signs), options=QUIET)
+    assert not _flags(report, F.WRONG_NULL)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_isotropic_synthetic_raises_no_geometry_flags(seed):
+    gen = SuperpositionGenerator(preset("isotropic", d=48, n_features=256, rate=0.02, seed=seed, noise=0.05))
+    x, codes = gen.sample(12000)
+    report = geometry_report(x, options=QUIET)
+    assert report.flags == [], [f.summary for f in report.flags]
+    # the codes themselves (sparse, non-negative, iid): their null is q·r = 0.01, a cone nobody would call one
+    dense = codes.to_dense()
+    report = geometry_report(dense, options=QUIET)
+    assert not [f for f in report.flags if f.name in GEOMETRY], [f.summary for f in report.flags]
+
+
+def test_dead_and_dense_latents_are_named_exactly():
+    torch.manual_seed(5)
+    d, n_lat = 16, 24
+    sae = SAE(SAEConfig(d_in=d, d_sae=n_lat, activation="relu")).init_weights(torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        sae.b_enc[[3, 7]] = -1e3  # can never fire
+        sae.b_enc[[5]] = 1e3  # always fires
+        sae.b_enc[[11]] = -1e3
+    x = torch.randn(3000, d)
+    report = geometry_report(x, {"s": sae}, options=QUIET)
+    with torch.no_grad():
+        fires = (sae.encode(x) > 0).double().mean(0).numpy()
+    [dead] = _flags(report, F.DEAD, "s")
+    assert sorted(dead.latents) == np.flatnonzero(fires == 0).tolist() == [3, 7, 11]
+    [dense] = _flags(report, F.DENSE, "s")
+    assert set(dense.latents) == set(np.flatnonzero(fires > 0.5).tolist())
+    assert 5 in dense.latents
+
+
+def test_bad_rows_counted_or_refused_with_location():
+    x = torch.randn(1000, 8)
+    x[[10, 20]] = 0.0
+    report = geometry_report(x, options=QUIET)
+    [f] = _flags(report, F.BAD_ROWS)
+    assert f.evidence["n_zero_rows"] == 2
+    x[500, 3] = float("nan")
+    with pytest.raises(BadInputError, match=r"batch 1.*row 0 \(global row 500\)"):
+        geometry_report(x, batch_size=500, options=QUIET)
+    opts = ReportOptions(progress=False, skip_nonfinite=True)
+    report = geometry_report(x, options=opts)
+    [f] = _flags(report, F.BAD_ROWS)
+    assert f.evidence["n_nonfinite_rows_skipped"] == 1 and f.severity == "error"
+    assert report.activations["n"] == 999
+
+
+def test_rank_deficiency():
+    rng = np.random.default_rng(6)
+    x = torch.from_numpy(rng.standard_normal((2000, 5)) @ rng.standard_normal((5, 12)))  # rank 5 in R^12
+    report = geometry_report(x, options=QUIET)
+    [f] = _flags(report, F.RANK)
+    assert f.evidence["numerical_rank"] == np.linalg.matrix_rank(x.numpy()) == 5
+    report = geometry_report(torch.randn(10, 12), options=QUIET)
+    [f] = _flags(report, F.RANK)
+    assert f.severity == "warning"  # n ≤ d
+
+
+def test_dictionary_only_flags_find_planted_rows():
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(200, 32, generator=g)
+    b_dec = torch.randn(32, generator=g) * 5
+    w[17] = 2.0 * b_dec  # planted mean-direction row
+    w[42] = -0.5 * b_dec + 1e-3 * torch.randn(32, generator=g)
+    [f] = dictionary_flags(w, b_dec)
+    assert f.latents == [17, 42] or f.latents == [42, 17]
+    assert f.name == F.MEAN_DIRECTION
+    # no b_dec: the dictionary's own mean direction; a tilted block of rows is found
+    w2 = torch.randn(200, 32, generator=g)
+    w2 /= w2.norm(dim=1, keepdim=True)
+    common = torch.zeros(32)
+    common[0] = 1.0
+    w2[:150] = 0.99 * common + 0.01 * w2[:150]
+    [f] = dictionary_flags(w2, None)
+    unit = (w2 / w2.norm(dim=1, keepdim=True)).double().numpy()
+    mean_dir = unit.sum(0) / np.linalg.norm(unit.sum(0))
+    aligned = np.flatnonzero(np.abs(unit @ mean_dir) >= 0.9)
+    assert aligned.tolist() == list(range(150))  # the construction, checked independently
+    assert f.evidence["n_latents"] == 150
+    assert set(f.latents) <= set(aligned.tolist()) and len(f.latents) == FlagThresholds().max_latents
+
+
+def test_flag_round_trip_and_severity_validation():
+    f = F.Flag("x", "warning", {"a": 1.0}, "do y.", latents=[1, 2])
+    assert F.Flag.from_dict(f.to_dict()) == f
+    with pytest.raises(ValueError):
+        F.Flag("x", "fatal", {}, "")
+    with pytest.raises(BadInputError, match="unknown flag threshold"):
+        FlagThresholds.from_dict({"no_such": 1})

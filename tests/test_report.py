@@ -1,0 +1,193 @@
+"""geometry_report: its numbers equal the geometry core's, the trainer's, and brute-force numpy on the same rows;
+every source (tensor, iterator, store, SAE directory) gives the same report; JSON round-trips."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from saegeo.activations.store import write_store
+from saegeo.errors import BadInputError, FormatError
+from saegeo.geometry import GeometryAccumulator, activation_geometry
+from saegeo.report import GeometryReport, ReportOptions, geometry_report
+from saegeo.sae.formats import save_sae
+from saegeo.sae.model import SAE, SAEConfig
+from saegeo.sae.train import TrainConfig, evaluate, train_sae
+from saegeo.synthetic import SuperpositionGenerator, preset
+
+QUIET = ReportOptions(progress=False, batch_size=1000)
+
+
+@pytest.fixture(scope="module")
+def data_and_sae():
+    """Tilted synthetic superposition with an offset, and a TopK SAE trained on it (b_dec := mean)."""
+    torch.set_num_threads(1)
+    gen = SuperpositionGenerator(preset("tilted", d=24, n_features=96, rate=0.04, offset=0.5, noise=0.05, seed=3))
+    x = torch.cat(list(gen.activations(6000, 4096)))
+    cfg = TrainConfig(arch="topk", k=4, d_sae=96, total_tokens=20_480, batch_size=512, lr=3e-3, progress=False,
+                      heldout_fraction=0.0, dead_window_tokens=4096, seed=1)
+    sae = train_sae(cfg, x).sae
+    return x, sae
+
+
+def _pairwise_mean_cos(y: np.ndarray) -> float:
+    u = y / np.linalg.norm(y, axis=1, keepdims=True)
+    g = u @ u.T
+    n = len(u)
+    return float((g.sum() - np.trace(g)) / (n * (n - 1)))
+
+
+def test_activation_section_equals_the_geometry_core(data_and_sae):
+    x, _ = data_and_sae
+    report = geometry_report(x, options=QUIET)
+    acc = GeometryAccumulator(x.shape[1])
+    for lo in range(0, len(x), 1000):
+        acc.add(x[lo : lo + 1000])
+    assert report.activations == activation_geometry(acc).to_dict()
+
+
+def test_sae_numbers_equal_the_trainers_and_brute_force(data_and_sae):
+    x, sae = data_and_sae
+    rows = x[:500]  # small enough for all-pairs brute force
+    report = geometry_report(rows, {"s": sae}, options=QUIET)
+    s = report.sae
+    mu = rows.double().mean(0)
+    # the trainer's own evaluation on the same rows
+    ev = evaluate(sae, [rows], activation_mean=mu)
+    assert s.fve == pytest.approx(ev["fve"], abs=1e-6)
+    assert s.mse == pytest.approx(ev["mse"], rel=1e-6)
+    assert s.mean_l0 == pytest.approx(ev["l0"], rel=1e-9)
+    assert s.n_dead / s.d_sae == pytest.approx(ev["dead_fraction"])
+    assert s.n_dense / s.d_sae == pytest.approx(ev["dense_fraction"])
+    assert max(abs(c) for c in s.cos_decoder_mean) == pytest.approx(ev["max_abs_cos_mean"], abs=1e-6)
+    assert s.b_dec_distance_to_mean == pytest.approx(ev["b_dec_dist_to_mean"], rel=1e-6)
+
+    # brute force, numpy
+    with torch.no_grad():
+        codes = sae.encode(rows).double().numpy()
+        recon = sae(rows).double().numpy()
+    w = sae.W_dec.detach().double().numpy()
+    b = sae.b_dec.detach().double().numpy()
+    norms = np.linalg.norm(w, axis=1)
+    unit = w / norms[:, None]
+    a = codes * norms
+    active = a > 0
+    K = active.sum(1).mean()
+    assert s.mean_l0 == pytest.approx(K)
+    assert s.q == pytest.approx(K / w.shape[0])
+    r = (a[active].mean() ** 2) / (a[active] ** 2).mean()
+    assert s.r == pytest.approx(r, rel=1e-6)
+    assert s.firing_frequency == pytest.approx(active.mean(0).tolist(), abs=1e-12)
+    assert s.mean_activation == pytest.approx(a.mean(0).tolist(), rel=1e-5, abs=1e-9)
+    mean_code = a.mean(0)
+    m = mean_code @ unit
+    assert s.cone_shares == pytest.approx((mean_code * (unit @ m) / (m @ m)).tolist(), rel=1e-4, abs=1e-8)
+    assert sum(s.cone_shares) == pytest.approx(1.0, abs=1e-9)
+    # dictionary geometry: A_dict as the mean of all pairwise cosines of the decoder rows
+    assert s.a_dict == pytest.approx(_pairwise_mean_cos(w), abs=1e-10)
+    assert s.dict_mean_sq_norm == pytest.approx(np.linalg.norm(unit.mean(0)) ** 2, rel=1e-9)
+    assert s.decoder_norms["mean"] == pytest.approx(norms.mean(), rel=1e-6)
+    dict_eig = np.sort(np.linalg.eigvalsh(np.cov(unit.T, bias=True)))[::-1]
+    assert s.dictionary_spectrum["eigenvalues"] == pytest.approx(dict_eig.tolist(), abs=1e-9)
+    # the three measured A's, all pairs
+    amp = s.amplification
+    assert amp["measured_recon_minus_b_dec"] == pytest.approx(_pairwise_mean_cos(recon - b), abs=1e-6)
+    assert amp["measured_x_minus_b_dec"] == pytest.approx(_pairwise_mean_cos(rows.double().numpy() - b), abs=1e-6)
+    assert amp["measured_x"] == pytest.approx(_pairwise_mean_cos(rows.double().numpy()), abs=1e-6)  # float32 rows
+    # the law's forms from the closed-form expressions on the brute-force moments
+    A_dict, u2, q = s.a_dict, s.dict_mean_sq_norm, K / w.shape[0]
+    k_tb = K * A_dict / 2
+    assert amp["textbook"] == pytest.approx(k_tb / (1 + k_tb), rel=1e-6)
+    k_em = K * r * u2
+    assert amp["exact_moment"] == pytest.approx(k_em / (1 + k_em - q * r), rel=1e-6)
+    S, Q = a.sum(1), (a**2).sum(1)
+    ratio = np.where(S > 0, S / np.sqrt(np.maximum(S**2 * u2 + (1 - u2) * Q, 1e-300)), 0.0).mean()
+    assert amp["mean_cosine"] == pytest.approx(u2 * ratio**2, rel=1e-5)
+    # b_dec against the mean
+    assert s.b_dec_cos_mean == pytest.approx(float(b @ mu.numpy() / np.linalg.norm(b) / np.linalg.norm(mu)), abs=1e-6)
+
+
+def test_every_source_gives_the_same_report(data_and_sae, tmp_path):
+    x, sae = data_and_sae
+    by_tensor = geometry_report(x, {"s": sae}, options=QUIET)
+    by_iter = geometry_report((x[lo : lo + 1000] for lo in range(0, len(x), 1000)), {"s": sae}, options=QUIET)
+    store = write_store(tmp_path / "store", x, shard_rows=2500)
+    save_sae(sae, tmp_path / "sae", {"b_dec_init": "mean"})
+    by_store = geometry_report(str(store.path), {"s": str(tmp_path / "sae")}, options=QUIET)
+    for other in (by_iter, by_store):
+        assert other.activations == by_tensor.activations
+        a, b = other.sae.to_dict(), by_tensor.sae.to_dict()
+        for key in ("fve", "mean_l0", "r", "firing_frequency", "cone_shares", "a_dict", "b_dec_norm"):
+            assert a[key] == pytest.approx(b[key], rel=1e-9, abs=1e-12), key
+        assert a["amplification"] == pytest.approx(b["amplification"], rel=1e-9)
+    assert by_store.sae.b_dec_init == "mean"  # provenance read from the SAE directory
+    assert by_store.source["kind"] == "store" and by_store.source["n_tokens"] == len(x)
+    # batch size changes nothing beyond float32 rounding of the SAE matmuls
+    other = geometry_report(x, {"s": sae}, options=ReportOptions(progress=False, batch_size=777))
+    assert other.sae.fve == pytest.approx(by_tensor.sae.fve, rel=1e-6)
+    assert other.activations["anisotropy"] == pytest.approx(by_tensor.activations["anisotropy"], rel=1e-6)
+
+
+def test_json_round_trip_and_schema_version(data_and_sae, tmp_path):
+    x, sae = data_and_sae
+    report = geometry_report(x, {"a": sae, "b": sae}, options=QUIET)
+    path = tmp_path / "r.json"
+    report.to_json(path)
+    back = GeometryReport.load(path)
+    assert back.to_dict() == report.to_dict()
+    assert back.sae_named("b").fve == report.saes[1].fve
+    assert [f.name for f in back.flags] == [f.name for f in report.flags]
+    raw = json.loads(path.read_text())
+    raw["schema_version"] = 999
+    path.write_text(json.dumps(raw))
+    with pytest.raises(FormatError, match="schema_version 999"):
+        GeometryReport.load(path)
+
+
+def test_cosine_histogram_is_the_all_pairs_histogram_when_the_sample_holds_every_row():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((300, 10)) + 0.5
+    report = geometry_report(torch.from_numpy(x), options=ReportOptions(progress=False, batch_size=64,
+                                                                        cosine_sample_rows=1000, histogram_bins=40))
+    h = report.cosine_histogram
+    u = x / np.linalg.norm(x, axis=1, keepdims=True)
+    cos = (u @ u.T)[np.triu_indices(300, 1)]
+    counts, _ = np.histogram(cos, bins=40, range=(-1, 1))
+    assert h["counts"] == counts.tolist()
+    assert h["sample_mean"] == pytest.approx(report.activations["anisotropy"], abs=1e-9)
+
+
+def test_reservoir_sample_is_uniform():
+    # rows carry their index; over many seeds every region of the stream is sampled equally often
+    n, k = 2000, 50
+    x = torch.zeros(n, 2, dtype=torch.float64)
+    x[:, 0] = torch.arange(n, dtype=torch.float64) + 1
+    x[:, 1] = 1.0
+    from saegeo.report.report import _Reservoir
+
+    hits = np.zeros(4)
+    for seed in range(60):
+        res = _Reservoir(k, 2, seed)
+        for lo in range(0, n, 300):
+            res.add(x[lo : lo + 300])
+        idx = res.sample()[:, 0].numpy().astype(int) - 1
+        assert len(set(idx.tolist())) == k  # no row twice
+        hits += np.bincount(idx // 500, minlength=4)
+    expected = 60 * k / 4
+    assert np.all(np.abs(hits - expected) < 5 * math.sqrt(expected))  # chi-like bound, each quarter
+
+
+def test_max_tokens_and_bad_inputs(data_and_sae):
+    x, sae = data_and_sae
+    report = geometry_report(x, options=ReportOptions(progress=False, batch_size=700, max_tokens=1500))
+    assert report.activations["n"] == 1500
+    with pytest.raises(BadInputError, match="d_in = 24 but the activations have d = 5"):
+        geometry_report(torch.randn(100, 5), {"s": sae}, options=QUIET)
+    with pytest.raises(BadInputError, match="no rows"):
+        geometry_report(iter([]), options=QUIET)
+    with pytest.raises(BadInputError, match="not an activation store"):
+        geometry_report("/nonexistent/store", options=QUIET)
