@@ -185,7 +185,11 @@ def cmd_cache(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, shard_rows=args.shard_rows, exclude_special=args.exclude_special,
         text_field=args.text_field, overwrite=args.overwrite, progress=not args.no_progress,
     )
-    result = cache_activations(cfg)
+    try:
+        result = cache_activations(cfg)
+    except KeyboardInterrupt:
+        print("saegeo cache: interrupted; whole shards are kept. Rerun the same command to resume.", file=sys.stderr)
+        raise
     stop = "whole model" if result.stop_layer is None else f"stopped after block {result.stop_layer}"
     print(f"cached {result.new_tokens:,} new tokens in {result.seconds:.1f} s "
           f"({result.tokens_per_second:,.0f} tokens/s, {stop})")
@@ -268,6 +272,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
     cfg = preset(args.preset, seed=args.seed, **{k: getattr(args, k) for k in names})
     if args.n < 1:
         raise CLIError(f"--n must be at least 1, got {args.n}")
+    if (Path(args.out) / "manifest.json").exists() and not args.overwrite:
+        raise CLIError(f"{args.out} already holds a store; pass --overwrite to replace it or choose another --out")
     gen = SuperpositionGenerator(cfg)
     gen.write_store(
         Path(args.out), args.n, shard_rows=args.shard_rows, dtype=args.dtype,
@@ -389,6 +395,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     opts = ReportOptions(batch_size=args.batch_size, max_tokens=args.max_tokens, skip_nonfinite=args.skip_nonfinite,
                          assumed_null=args.assumed_null, device=args.device, progress=not args.no_progress)
     report = geometry_report(args.acts, saes or None, options=opts, config=config)
+    from saegeo.distributed import current
+
+    if (ctx := current()) is not None and not ctx.is_main:
+        return 0  # under torchrun every rank holds the merged report; rank 0 renders it
     formats = [f.strip() for f in args.format.split(",") if f.strip()]
     paths = write_report(report, args.out, formats)
     print(render_terminal(report))

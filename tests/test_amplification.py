@@ -13,6 +13,7 @@ from saegeo.geometry.amplification import (
     cone_shares,
     dictionary_anisotropy,
     exact_moment_prediction,
+    heterogeneous_moment_prediction,
     mean_cosine_prediction,
     textbook_prediction,
 )
@@ -187,3 +188,32 @@ def test_textbook_form_is_2x_off_for_constant_magnitudes(measured_grid):
     measured_a, _, acc, truth = measured_grid["constant", 0.05]
     textbook = textbook_prediction(truth.K, truth.a_dict)
     assert measured_a > 1.6 * textbook
+
+
+def test_heterogeneous_form_reduces_to_exact_moment_form():
+    rng = np.random.default_rng(5)
+    rows = torch.from_numpy(rng.normal(size=(50, 7)) + 0.5)
+    a_dict, mean_sq_norm = dictionary_anisotropy(rows)
+    q, m1, m2 = 0.07, 1.3, 2.9
+    homogeneous = exact_moment_prediction(q * 50, q, m1 * m1 / m2, mean_sq_norm)
+    per_latent = heterogeneous_moment_prediction(torch.full((50,), q * m1, dtype=torch.float64), torch.full((50,), q * m2, dtype=torch.float64), rows)
+    assert per_latent == pytest.approx(homogeneous, rel=1e-12)
+
+
+def test_heterogeneous_form_matches_zipf_data():
+    # Zipf rates: one global q and r no longer describe the codes; the per-latent form stays exact.
+    gen = SuperpositionGenerator(
+        SyntheticConfig(d=64, n_features=400, rate=0.02, rate_law="zipf", zipf_exponent=0.8, tilt=0.15,
+                        magnitude="half_normal", seed=2)
+    )
+    x, codes = gen.sample(30000)
+    x = x.double()
+    n = len(x)
+    total = x.sum(0)
+    sq = float(x.square().sum())
+    moment_ratio = (float(total @ total) - sq) / (n * (n - 1)) / (sq / n)
+    acc = CodeMomentAccumulator(400, gen.truth.mean_sq_norm).add(codes)
+    forms = acc.predictions(gen.truth.a_dict, gen.truth.dictionary)
+    assert abs(forms["heterogeneous_moment"] - moment_ratio) < 0.003, (forms, moment_ratio)
+    # the global form weights every direction alike and misses the frequent features' share
+    assert moment_ratio - forms["exact_moment"] > 0.03

@@ -12,7 +12,7 @@ import torch
 from safetensors.numpy import save_file as save_numpy_safetensors
 
 from saegeo.cli import main
-from saegeo.geometry.dictionary import encoder_decoder_cosines, near_duplicate_pairs
+from saegeo.geometry.dictionary import encoder_decoder_cosines, near_duplicate_pairs, screen_projection
 from saegeo.report.flags import MEAN_DIRECTION
 from saegeo.sae.check import (
     DUPLICATES,
@@ -122,33 +122,37 @@ def test_dictionary_numbers_equal_brute_force(tmp_path):
     assert check.b_dec["cos_mean_direction"] == pytest.approx(float(ub @ _unit(u.mean(0))), abs=1e-6)
 
 
-@pytest.mark.parametrize("block_rows", [37, 64, 1000])
-def test_blockwise_duplicate_search_equals_all_pairs(block_rows):
-    """Many planted pairs straddling the threshold (cos 0.98–0.9999), zero rows, odd block sizes: the
-    blockwise search returns exactly the pairs a dense float64 all-pairs computation finds."""
+@pytest.mark.parametrize(
+    "d, screen_dim, block_rows, cone",
+    [(16, 128, 37, 0.0), (16, 128, 1000, 0.0), (300, 16, 64, 0.0), (600, 128, 37, 0.0), (300, 8, 50, 0.8)],
+)
+def test_blockwise_duplicate_search_equals_all_pairs(d, screen_dim, block_rows, cone):
+    """Many planted pairs straddling the threshold (cos 0.98–0.9999, two within 1e-4 of it), zero rows, odd
+    block sizes, with and without the projected screen (d > 2·screen_dim), isotropic rows or rows in a cone
+    (a shared direction of weight `cone`): exactly the pairs a dense float64 all-pairs computation finds."""
     rng = np.random.default_rng(7)
-    w = _unit(rng.standard_normal((300, 16)))
+    shared = _unit(rng.standard_normal(d))
+    w = _unit(rng.standard_normal((300, d)) * (1 - cone) + 3 * cone * shared)
     targets = np.r_[np.linspace(0.98, 0.9999, 38), 0.98995, 0.99005]  # two within 1e-4 of the threshold
+    basis = screen_projection(d, screen_dim).double().numpy() if d > 2 * screen_dim else np.eye(d)
     for k, target in enumerate(targets):
         i, j = 2 * k, 2 * k + 150
-        perp = _unit(rng.standard_normal(16) - (rng.standard_normal(16) @ w[i]) * w[i])
+        # odd pairs: the difference lies in the screen's own subspace, where its bound is tight (worst case)
+        perp = basis @ rng.standard_normal(basis.shape[1]) if k % 2 else rng.standard_normal(d)
         perp = _unit(perp - (perp @ w[i]) * w[i])
         w[j] = rng.uniform(0.5, 2) * (target * w[i] + math.sqrt(1 - target**2) * perp)
     w[[3, 151]] = 0.0
-    cos = _brute_force_cosines(np.where(np.linalg.norm(w, axis=1, keepdims=True) > 0, w, 1.0))
+    w32 = torch.tensor(w, dtype=torch.float32)
+    # exact cosines of the rows as stored (float32), in float64
+    w64 = w32.double().numpy()
+    cos = _brute_force_cosines(np.where(np.linalg.norm(w64, axis=1, keepdims=True) > 0, w64, 1.0))
     cos[[3, 151], :] = cos[:, [3, 151]] = 0.0
     iu = np.triu_indices(300, k=1)
     expected = {(int(a), int(b)) for a, b in zip(*iu) if cos[a, b] > 0.99}
-    assert 10 < len(expected) < 40
-    pairs, pair_cos, total = near_duplicate_pairs(torch.tensor(w, dtype=torch.float32), 0.99, block_rows=block_rows)
-    # float32 storage of the rows moves cosines by ~1e-7; compare against the float32 rows' exact cosines
-    w32 = torch.tensor(w, dtype=torch.float32).double().numpy()
-    cos32 = _brute_force_cosines(np.where(np.linalg.norm(w32, axis=1, keepdims=True) > 0, w32, 1.0))
-    cos32[[3, 151], :] = cos32[:, [3, 151]] = 0.0
-    expected32 = {(int(a), int(b)) for a, b in zip(*iu) if cos32[a, b] > 0.99}
-    assert {tuple(p) for p in pairs.tolist()} == expected32 and total == len(expected32)
-    assert len(expected32 ^ expected) <= 1  # the planted set itself, up to float32 rounding at the threshold
-    np.testing.assert_allclose(pair_cos.numpy(), [cos32[i, j] for i, j in pairs.tolist()], atol=1e-12)
+    assert 10 < len(expected) < 60
+    pairs, pair_cos, total = near_duplicate_pairs(w32, 0.99, block_rows=block_rows, screen_dim=screen_dim)
+    assert {tuple(p) for p in pairs.tolist()} == expected and total == len(expected)
+    np.testing.assert_allclose(pair_cos.numpy(), [cos[i, j] for i, j in pairs.tolist()], atol=1e-12)
     assert (np.diff(pair_cos.numpy()) <= 0).all()  # most similar first
 
 

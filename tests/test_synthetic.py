@@ -153,6 +153,9 @@ def test_presets_show_their_regimes():
     assert _mean_pairwise_cosine(x) == pytest.approx(0.01, rel=0.15)
     with pytest.raises(BadInputError, match="unknown synthetic preset"):
         preset("nope")
+    # unset (None) overrides keep the preset's values; the identity dictionary follows d
+    cfg = preset("dense_relu", d=48, n_features=None, tilt=None)
+    assert cfg.n_features == 48 and cfg.rate == 0.5 and cfg.magnitude == "half_normal"
 
 
 def test_bad_configs_are_refused():

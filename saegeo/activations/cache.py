@@ -66,7 +66,7 @@ class CacheResult:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def hook_layer(hook: str, n_layers: int) -> int | None:
+def hook_layer(hook: str) -> int | None:
     """Block index a hook lives in: -1 for embeddings, None if it needs the whole model."""
     if EMBED_HOOK.match(hook):
         return -1
@@ -91,7 +91,7 @@ def _validate_hooks(loaded: LoadedModel, hooks: tuple[str, ...]) -> int | None:
             raise BadInputError(f"hook {hook!r} holds attention patterns (batch, head, q, k), not one row per token")
     if len(set(hooks)) != len(hooks):
         raise BadInputError(f"hooks listed twice: {hooks}")
-    layers = [hook_layer(h, loaded.n_layers) for h in hooks]
+    layers = [hook_layer(h) for h in hooks]
     return None if any(layer is None for layer in layers) else max(layers)
 
 

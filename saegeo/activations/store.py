@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from jaxtyping import Float, Int
 from safetensors import SafetensorError
-from safetensors.torch import load as st_load_bytes
+from safetensors.torch import load_file as st_load_file
 from safetensors.torch import save as st_save_bytes
 from torch import Tensor
 
@@ -116,6 +116,14 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _sha256_file(path: Path, chunk: int = 1 << 24) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 # --------------------------------------------------------------------------- writer
 class StoreWriter:
     """Append rows to a sharded store; full shards are written atomically as they fill.
@@ -194,7 +202,10 @@ class StoreWriter:
         """Shards must be intact before we build on them; a short last shard (from an earlier
         completed run) is pulled back into the buffer so later shards stay full-sized."""
         store = ActivationStore(self.path, allow_incomplete=True)
-        bad = store.verify()
+        # sizes of all shards (cheap); content of the last one, the only one a crash could have touched
+        bad = store.verify(full=False)
+        if store.shards and not bad:
+            bad = store.verify(full=True, shard_indices=[len(store.shards) - 1])
         if bad:
             raise StoreError(f"{self.path}: cannot resume a damaged store: " + "; ".join(bad))
         shards = self.manifest["shards"]
@@ -235,25 +246,24 @@ class StoreWriter:
         n = batch.shape[0]
         if n == 0:
             return
-        for name, col in (("token_ids", token_ids), ("positions", positions)):
-            has_col = bool(self._buffers[name]) or (self.n_tokens > 0 and self._has_column(name))
-            if col is None:
-                if has_col:
-                    raise BadInputError(f"{self.path}: earlier rows had {name}; pass {name} for every batch")
-                continue
-            if self.n_tokens > 0 and not has_col:
-                raise BadInputError(f"{self.path}: earlier rows had no {name}; pass it from the first batch or never")
-            col = torch.as_tensor(col).reshape(-1)
-            if col.shape[0] != n:
-                raise BadInputError(f"{self.path}: {name} has {col.shape[0]} entries for {n} rows")
-            self._buffers[name].append(col.to(torch.int32).cpu())
+        given = {"token_ids": token_ids, "positions": positions}
+        if "columns" not in self.manifest:  # the first batch decides which optional columns the store has
+            self.manifest["columns"] = sorted(k for k, v in given.items() if v is not None)
+        for name, col in given.items():
+            if (col is not None) != (name in self.manifest["columns"]):
+                raise BadInputError(
+                    f"{self.path}: this store's rows {'have' if name in self.manifest['columns'] else 'lack'} "
+                    f"{name}; pass it with every batch or with none"
+                )
+            if col is not None:
+                col = torch.as_tensor(col).reshape(-1)
+                if col.shape[0] != n:
+                    raise BadInputError(f"{self.path}: {name} has {col.shape[0]} entries for {n} rows")
+                self._buffers[name].append(col.to(torch.int32).cpu())
         self._buffers["activations"].append(batch.detach().to("cpu", self.torch_dtype))
         self._buffered += n
         while self._buffered >= self.manifest["shard_rows"]:
             self._flush(self.manifest["shard_rows"])
-
-    def _has_column(self, name: str) -> bool:
-        return bool(self.manifest.get("columns", {}).get(name))
 
     def _flush(self, rows: int) -> None:
         """Write the first `rows` buffered rows as the next shard, then record it in the manifest."""
@@ -276,7 +286,6 @@ class StoreWriter:
             {"file": shard_name(index), "rows": rows, "bytes": len(data), "sha256": _sha256(data)}
         )
         self.manifest["n_tokens"] += rows
-        self.manifest["columns"] = {k: True for k in tensors if k != "activations"}
         self._write_manifest()
         _crash_point("after_manifest")
 
@@ -332,6 +341,7 @@ class ActivationStore:
         self.storage_dtype = STORAGE_DTYPES[self.manifest["dtype"]]
         # row offset of each shard, for random access by global row index
         self.offsets = np.concatenate([[0], np.cumsum([s.rows for s in self.shards])]).astype(np.int64)
+        self._last_read: tuple[int, torch.dtype, Tensor] | None = None
 
     d = property(lambda self: int(self.manifest["d"]))
     n_tokens = property(lambda self: int(self.manifest["n_tokens"]))
@@ -357,17 +367,16 @@ class ActivationStore:
         fpath = self.path / info.file
         where = f"{self.path}: shard {i} ({info.file})"
         try:
-            data = fpath.read_bytes()
+            size = os.path.getsize(fpath)
         except FileNotFoundError:
             raise StoreError(f"{where} is missing; run `saegeo store verify {self.path}` and re-cache") from None
-        if len(data) != info.bytes:
+        if size != info.bytes:  # cheap check on every read; verify() re-hashes the content
             raise StoreError(
-                f"{where} is truncated or damaged: {len(data)} bytes, manifest says {info.bytes}; "
-                "re-cache this store"
+                f"{where} is truncated or damaged: {size} bytes, manifest says {info.bytes}; re-cache this store"
             )
         try:
-            tensors = st_load_bytes(data)
-        except (SafetensorError, Exception) as err:
+            tensors = st_load_file(str(fpath))
+        except (SafetensorError, OSError, RuntimeError) as err:
             raise StoreError(f"{where} cannot be parsed ({err}); re-cache this store") from None
         acts = tensors.get("activations")
         if acts is None or acts.ndim != 2 or acts.shape != (info.rows, self.d):
@@ -399,27 +408,33 @@ class ActivationStore:
         parts = []
         for i in range(first, last + 1):
             lo, hi = max(start - self.offsets[i], 0), min(stop - self.offsets[i], self.shards[i].rows)
-            parts.append(self.read_shard(i, dtype)[lo:hi])
+            # consecutive small reads (e.g. held-out batches) hit the same shard: keep the last one
+            if self._last_read is None or self._last_read[:2] != (i, dtype):
+                self._last_read = (i, dtype, self.read_shard(i, dtype))
+            parts.append(self._last_read[2][lo:hi])
         return torch.cat(parts)
 
-    def verify(self) -> list[str]:
-        """Re-hash every shard; return one message per problem (missing, truncated, checksum), [] if OK."""
+    def verify(self, full: bool = True, shard_indices: Sequence[int] | None = None) -> list[str]:
+        """Check shards against the manifest; one message per problem (missing, truncated, checksum),
+        [] if OK. full=False checks sizes only (no re-hashing)."""
         problems = []
-        for i, info in enumerate(self.shards):
+        indices = range(len(self.shards)) if shard_indices is None else shard_indices
+        for i in indices:
+            info = self.shards[i]
             where = f"shard {i} ({info.file})"
             fpath = self.path / info.file
             if not fpath.exists():
                 problems.append(f"{where}: missing")
                 continue
-            data = fpath.read_bytes()
-            if len(data) < info.bytes:
-                problems.append(f"{where}: truncated ({len(data)} of {info.bytes} bytes)")
-            elif len(data) > info.bytes:
-                problems.append(f"{where}: {len(data) - info.bytes} extra bytes ({len(data)}, expected {info.bytes})")
-            elif _sha256(data) != info.sha256:
+            size = os.path.getsize(fpath)
+            if size < info.bytes:
+                problems.append(f"{where}: truncated ({size} of {info.bytes} bytes)")
+            elif size > info.bytes:
+                problems.append(f"{where}: {size - info.bytes} extra bytes ({size}, expected {info.bytes})")
+            elif full and _sha256_file(fpath) != info.sha256:
                 problems.append(f"{where}: checksum mismatch (content changed or corrupt)")
         total = sum(info.rows for info in self.shards)
-        if total != self.n_tokens:
+        if shard_indices is None and total != self.n_tokens:
             problems.append(f"manifest: shards hold {total} rows but n_tokens says {self.n_tokens}")
         return problems
 

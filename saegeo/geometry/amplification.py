@@ -10,7 +10,8 @@ predictions of the activations' anisotropy A are given, from crudest to best:
 - mean-cosine:   A ≈ ‖ū‖²·(E[S/√(S²‖ū‖² + (1−‖ū‖²)Q)])²,  S = Σ a_i, Q = Σ a_i² per code
 
 with r = E[a|a>0]²/E[a²|a>0] (1/2 Exp, 2/π half-normal, e^{−σ²} log-normal, 1 constant).
-The per-feature cone shares c_i = E[a_i](u_i·M)/‖M‖², M = Σ_i E[a_i]u_i, name the features that
+For independent latents with their own rates and laws the exact-moment form generalises to
+A = ‖M‖²/(‖M‖² + Σ_i Var(a_i)) (``heterogeneous_moment_prediction``). The per-feature cone shares c_i = E[a_i](u_i·M)/‖M‖², M = Σ_i E[a_i]u_i, name the features that
 make the cone (Σ c_i = 1). Pure math on tensors: no I/O, no models.
 """
 
@@ -30,6 +31,7 @@ __all__ = [
     "textbook_prediction",
     "exact_moment_prediction",
     "mean_cosine_prediction",
+    "heterogeneous_moment_prediction",
     "cone_shares",
     "CodeMomentAccumulator",
     "coo_codes",
@@ -94,6 +96,29 @@ def exact_moment_prediction(K: float, q: float, r: float, mean_sq_norm: float) -
     """
     k = K * r * mean_sq_norm
     return k / (1.0 + k - q * r)
+
+
+def heterogeneous_moment_prediction(
+    mean_code: Float[Tensor, " N"], mean_sq_code: Float[Tensor, " N"], unit_rows: Float[Tensor, "N d"]
+) -> float:
+    """Exact-moment law for independent latents with any per-latent rates and laws:
+    A = ‖M‖²/(‖M‖² + Σ_i Var(a_i)),  M = Σ_i E[a_i]·u_i,  Var(a_i) = E[a_i²] − E[a_i]².
+
+    Equals E[x·y]/E‖x‖² exactly when the a_i are independent across latents (E‖x‖² = ‖M‖² + Σ Var(a_i)
+    for unit u_i); with one rate q and one law it reduces to ``exact_moment_prediction``. Rows are
+    normalised here. Co-firing latents break the independence and show up as a disagreement.
+    """
+    mean_code = _as_tensor(mean_code).to(torch.float64)
+    variance = float((_as_tensor(mean_sq_code).to(torch.float64) - mean_code.square()).sum())
+    unit_rows = _as_tensor(unit_rows)
+    mean_vector = torch.zeros(unit_rows.shape[1], dtype=torch.float64)
+    for start in range(0, unit_rows.shape[0], _BLOCK_ROWS):
+        block = unit_rows[start : start + _BLOCK_ROWS].to(torch.float64)
+        mean_vector += mean_code[start : start + _BLOCK_ROWS] @ (block / block.norm(dim=1, keepdim=True).clamp_min(1e-300))
+    signal = float(mean_vector.square().sum())
+    if signal + variance <= 0.0:
+        raise BadInputError("heterogeneous_moment_prediction: all codes are zero (E‖x‖² = 0)")
+    return signal / (signal + variance)
 
 
 def mean_cosine_prediction(expected_ratio: float, mean_sq_norm: float) -> float:
@@ -161,12 +186,15 @@ def coo_codes(codes) -> tuple[int, Int[Tensor, " nnz"], Int[Tensor, " nnz"], Flo
     return int(codes.shape[0]), rows, cols, codes[rows, cols]
 
 
+_PER_LATENT = ("fire_count", "latent_sum", "latent_sq_sum")
+
+
 @dataclass
 class CodeMomentAccumulator:
     """Streaming statistics of non-negative codes for the amplification law; mergeable, serialisable.
 
     Per code (row) a: L0 = #{a_i > 0}, S = Σ a_i, Q = Σ a_i². Accumulated in float64:
-    n codes, Σ L0, Σ a and Σ a² over nonzero entries, per-latent fire counts and Σ a_i, and, when
+    n codes, Σ L0, Σ a and Σ a² over nonzero entries, per-latent fire counts, Σ a_i and Σ a_i², and, when
     ``mean_sq_norm`` (‖ū‖² of the unit dictionary) is given, Σ S/√(S²‖ū‖² + (1−‖ū‖²)Q) for the
     mean-cosine form (codes with S = 0 contribute 0: their direction is undefined, they add nothing).
     Codes must already carry the decoder norms (a_i·‖W_dec,i‖) when the rows are not unit.
@@ -181,17 +209,17 @@ class CodeMomentAccumulator:
     ratio_sum: float = 0.0
     fire_count: Tensor = field(default=None)  # type: ignore[assignment]
     latent_sum: Tensor = field(default=None)  # type: ignore[assignment]
+    latent_sq_sum: Tensor = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        if self.fire_count is None:
-            self.fire_count = torch.zeros(self.n_latents, dtype=torch.float64)
-        if self.latent_sum is None:
-            self.latent_sum = torch.zeros(self.n_latents, dtype=torch.float64)
+        for name in _PER_LATENT:
+            if getattr(self, name) is None:
+                setattr(self, name, torch.zeros(self.n_latents, dtype=torch.float64))
 
     def add(self, codes) -> "CodeMomentAccumulator":
         """Add a batch of codes: dense (B, N), torch sparse, or SparseCodes (see ``coo_codes``)."""
         n_rows, rows, cols, values = coo_codes(codes)
-        values = values.to(torch.float64)
+        rows, cols, values = rows.cpu(), cols.cpu(), values.detach().cpu().to(torch.float64)
         if values.numel() and (not torch.isfinite(values).all() or (values < 0).any()):
             bad = int(rows[~(torch.isfinite(values) & (values >= 0))][0])
             raise BadInputError(f"codes row {bad} of this batch is negative or non-finite; the law needs non-negative codes")
@@ -205,6 +233,7 @@ class CodeMomentAccumulator:
         self.value_sq_sum += float(values.square().sum())
         self.fire_count += torch.bincount(cols, minlength=self.n_latents).to(torch.float64)
         self.latent_sum += torch.bincount(cols, weights=values, minlength=self.n_latents)
+        self.latent_sq_sum += torch.bincount(cols, weights=values.square(), minlength=self.n_latents)
         if self.mean_sq_norm is not None:
             s = torch.zeros(n_rows, dtype=torch.float64).index_add_(0, rows, values)
             q = torch.zeros(n_rows, dtype=torch.float64).index_add_(0, rows, values.square())
@@ -241,19 +270,30 @@ class CodeMomentAccumulator:
         return self.latent_sum / max(self.n, 1)
 
     @property
+    def mean_sq_code(self) -> Float[Tensor, " N"]:
+        """Per-latent E[a_i²] over all codes: with ``mean_code``, the input of ``heterogeneous_moment_prediction``."""
+        return self.latent_sq_sum / max(self.n, 1)
+
+    @property
     def expected_ratio(self) -> float:
         """E[S/√(S²‖ū‖² + (1−‖ū‖²)Q)], the input of ``mean_cosine_prediction``."""
         if self.mean_sq_norm is None:
             raise BadInputError("expected_ratio needs the dictionary's ‖ū‖²: CodeMomentAccumulator(N, mean_sq_norm=...)")
         return self.ratio_sum / max(self.n, 1)
 
-    def predictions(self, a_dict: float) -> dict[str, float]:
-        """The three forms side by side (needs ``mean_sq_norm``); a_dict from ``dictionary_anisotropy``."""
-        return {
+    def predictions(self, a_dict: float, unit_rows: Float[Tensor, "N d"] | None = None) -> dict[str, float]:
+        """The forms side by side (needs ``mean_sq_norm``); a_dict from ``dictionary_anisotropy``.
+
+        With the dictionary's rows the per-latent ``heterogeneous_moment`` form is added.
+        """
+        out = {
             "textbook": textbook_prediction(self.K, a_dict),
             "exact_moment": exact_moment_prediction(self.K, self.q, self.r, self.mean_sq_norm),
             "mean_cosine": mean_cosine_prediction(self.expected_ratio, self.mean_sq_norm),
         }
+        if unit_rows is not None:
+            out["heterogeneous_moment"] = heterogeneous_moment_prediction(self.mean_code, self.mean_sq_code, unit_rows)
+        return out
 
     # ---- combine and persist
     def merge(self, other: "CodeMomentAccumulator") -> "CodeMomentAccumulator":
@@ -268,8 +308,8 @@ class CodeMomentAccumulator:
         self.value_sum += other.value_sum
         self.value_sq_sum += other.value_sq_sum
         self.ratio_sum += other.ratio_sum
-        self.fire_count += other.fire_count
-        self.latent_sum += other.latent_sum
+        for name in _PER_LATENT:
+            getattr(self, name).add_(getattr(other, name))
         return self
 
     def __add__(self, other: "CodeMomentAccumulator") -> "CodeMomentAccumulator":
@@ -285,14 +325,13 @@ class CodeMomentAccumulator:
             "value_sum": self.value_sum,
             "value_sq_sum": self.value_sq_sum,
             "ratio_sum": self.ratio_sum,
-            "fire_count": self.fire_count.clone(),
-            "latent_sum": self.latent_sum.clone(),
+            **{name: getattr(self, name).clone() for name in _PER_LATENT},
         }
 
     @classmethod
     def from_state_dict(cls, state: dict) -> "CodeMomentAccumulator":
         state = dict(state)
-        for key in ("fire_count", "latent_sum"):
+        for key in _PER_LATENT:
             state[key] = _as_tensor(state[key]).to(torch.float64).clone()
         return cls(**state)
 

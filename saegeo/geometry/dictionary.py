@@ -16,7 +16,7 @@ from torch import Tensor
 
 from saegeo.errors import BadInputError
 
-__all__ = ["row_norms", "unit_row_blocks", "near_duplicate_pairs", "encoder_decoder_cosines"]
+__all__ = ["row_norms", "unit_row_blocks", "near_duplicate_pairs", "screen_projection", "encoder_decoder_cosines"]
 
 DEFAULT_BLOCK_ROWS = 4096  # a 4096 × 4096 float32 tile of cosines is 64 MiB
 
@@ -48,6 +48,28 @@ def unit_row_blocks(
             yield block / n[alive].to(dtype)[:, None]
 
 
+def screen_projection(d: int, screen_dim: int, seed: int = 0) -> Float[Tensor, "d k"]:
+    """The seeded random orthonormal P (d × screen_dim, float32) of the projected duplicate screen."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.linalg.qr(torch.randn(d, screen_dim, generator=gen, dtype=torch.float64))[0].to(torch.float32)
+
+
+def _screen_vectors(unit_block: Tensor, projection: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Left/right screening vectors whose dot product lower-bounds-by-construction the pair test.
+
+    Without a projection: (u_i, u_j), dot = cos. With an orthonormal projection P (d × k), p = Pᵀu and
+    ‖p_i − p_j‖² ≤ ‖u_i − u_j‖² = 2 − 2cos, so cos > t implies ‖p_i − p_j‖² < 2(1 − t), i.e.
+    p_i·p_j − ‖p_i‖²/2 − ‖p_j‖²/2 > −(1 − t). Appending (−‖p_i‖²/2, 1) on the left and (1, −‖p_j‖²/2) on the
+    right makes that a single dot product, so one matmul screens a tile.
+    """
+    if projection is None:
+        return unit_block, unit_block
+    p = unit_block @ projection
+    half = 0.5 * p.square().sum(1, keepdim=True)
+    ones = torch.ones_like(half)
+    return torch.cat([p, -half, ones], 1), torch.cat([p, ones, -half], 1)
+
+
 def near_duplicate_pairs(
     rows: Float[Tensor, "N d"],
     threshold: float = 0.99,
@@ -55,15 +77,19 @@ def near_duplicate_pairs(
     norms: Float[Tensor, " N"] | None = None,
     block_rows: int = DEFAULT_BLOCK_ROWS,
     max_pairs: int | None = None,
+    screen_dim: int | None = 128,
+    seed: int = 0,
     progress: Callable[[int], None] | None = None,
 ) -> tuple[Int[Tensor, "p 2"], Float[Tensor, " p"], int]:
     """All pairs i < j with cos(w_i, w_j) = w_i·w_j/(‖w_i‖‖w_j‖) > threshold, exactly, without an N × N matrix.
 
-    The rows are normalised once (one float32 copy of the matrix, N·d), then the upper triangle of the
-    cosine matrix U Uᵀ is formed tile by tile (B × B float32 matmuls into one reused buffer); tile entries
-    within 1e-4 of the threshold are re-checked in float64 from the original rows, so float32 rounding
-    cannot add or drop a pair. Zero rows are never paired. Work is N²d/2 multiply-adds (half of the dense
-    gram) and the extra memory is N·d + B² floats instead of N².
+    Tiles of B × B pairs are screened with float32 matmuls and only the survivors are confirmed in float64
+    from the original rows, so rounding can neither add nor drop a pair. The screen is exact (it never
+    drops a true pair): for d > 2·screen_dim it is the projected-distance bound of ``_screen_vectors``
+    with a seeded random orthonormal P (d × screen_dim), which keeps ≈ screen_dim/d of every squared
+    distance, so unrelated rows (distance² ≈ 2) fail it by many standard deviations while the work drops
+    from N²d/2 to N²·screen_dim/2 multiply-adds; otherwise it is the cosine itself (N²d/2, half the
+    dense gram). Extra memory: N·(screen_dim + 2) + B² floats, never N². Zero rows are never paired.
 
     Returns ``(pairs, cosines, n_pairs)``: pairs (p, 2) with i < j sorted by decreasing cosine, their
     float64 cosines, and the total count (pairs beyond ``max_pairs`` are counted but not returned).
@@ -72,31 +98,44 @@ def near_duplicate_pairs(
     _check_rows(rows, "near_duplicate_pairs")
     if not -1.0 <= threshold <= 1.0:
         raise BadInputError(f"threshold must be a cosine in [-1, 1], got {threshold}")
-    n_rows = rows.shape[0]
+    n_rows, d = rows.shape
     norms = row_norms(rows, block_rows=block_rows) if norms is None else norms.to(torch.float64)
     inv = torch.where(norms > 0, 1.0 / norms.clamp_min(1e-300), 0.0)  # zero rows: cosine 0, never a pair
-    unit = torch.empty(rows.shape, dtype=torch.float32)
+    projection = None
+    if screen_dim is not None and d > 2 * screen_dim and threshold > 0:
+        projection = screen_projection(d, screen_dim, seed)
+        cut = -(1.0 - threshold) - 1e-4  # slack for float32 rounding of the screen
+    else:
+        cut = threshold - 1e-4
+    width = d if projection is None else screen_dim + 2
+    left = torch.empty(n_rows, width, dtype=torch.float32)
+    right = left if projection is None else torch.empty(n_rows, width, dtype=torch.float32)
     for s in range(0, n_rows, block_rows):
-        unit[s : s + block_rows] = rows[s : s + block_rows].to(torch.float32) * inv[s : s + block_rows, None].to(torch.float32)
-    cut = threshold - 1e-4  # float32 screen; candidates are confirmed in float64
+        unit = rows[s : s + block_rows].to(torch.float32) * inv[s : s + block_rows, None].to(torch.float32)
+        left[s : s + block_rows], right[s : s + block_rows] = _screen_vectors(unit, projection)
+    alive = norms > 0
     buffer = torch.empty(min(block_rows, n_rows), min(block_rows, n_rows), dtype=torch.float32)
     found_i, found_j, found_c = [], [], []
     total = 0
     for i0 in range(0, n_rows, block_rows):
-        ui = unit[i0 : i0 + block_rows]
+        li = left[i0 : i0 + block_rows]
         for j0 in range(i0, n_rows, block_rows):
-            uj = unit[j0 : j0 + block_rows]
-            tile = buffer[: ui.shape[0], : uj.shape[0]]
+            rj = right[j0 : j0 + block_rows]
+            tile = buffer[: li.shape[0], : rj.shape[0]]
             if tile.is_contiguous():
-                torch.mm(ui, uj.T, out=tile)
+                torch.mm(li, rj.T, out=tile)
             else:
-                tile = ui @ uj.T
+                tile = li @ rj.T
+            if j0 != i0 and float(tile.max()) <= cut:  # one read of the tile; most tiles hold no candidate
+                continue
             cand = (tile > cut).nonzero()
             if j0 == i0:
-                cand = cand[cand[:, 0] < cand[:, 1]]  # upper triangle only (drops the diagonal, cos = 1)
+                cand = cand[cand[:, 0] < cand[:, 1]]  # upper triangle only (drops i = j)
             if cand.numel() == 0:
                 continue
             ii, jj = cand[:, 0] + i0, cand[:, 1] + j0
+            keep_alive = alive[ii] & alive[jj]
+            ii, jj = ii[keep_alive], jj[keep_alive]
             exact = (rows[ii].to(torch.float64) * rows[jj].to(torch.float64)).sum(1) * inv[ii] * inv[jj]
             keep = exact > threshold
             total += int(keep.sum())

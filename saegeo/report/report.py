@@ -243,41 +243,85 @@ class _UnitMean:
         self.n = 0
 
     def add(self, x: Tensor) -> None:
-        norms = x.norm(dim=1)
-        keep = norms > 0
-        self.unit_sum += (x[keep] / norms[keep, None]).sum(0, dtype=torch.float64).cpu()
-        self.n += int(keep.sum())
+        norms = torch.linalg.vector_norm(x, dim=1)
+        nonzero = norms > 0
+        inv_norm = torch.where(nonzero, 1.0 / torch.where(nonzero, norms, 1.0), 0.0)
+        self.unit_sum += (inv_norm @ x).to("cpu", torch.float64)  # one matvec per batch, as in the accumulator
+        self.n += int(nonzero.sum())
 
     def anisotropy(self) -> float | None:
         return anisotropy_from_unit_mean(self.unit_sum / self.n, self.n) if self.n >= 2 else None
 
 
-class _Reservoir:
-    """Uniform sample of k rows from a stream (Algorithm R), seeded; memory k·d."""
+def _row_priority(seed: int, index: np.ndarray) -> np.ndarray:
+    """A fixed pseudo-random uint64 per (seed, global row index): splitmix64 of index·φ + splitmix64(seed)."""
+    def splitmix(z: np.ndarray) -> np.ndarray:
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
 
-    def __init__(self, k: int, d: int, seed: int):
-        self.k, self.seen = int(k), 0
-        self.rows = torch.zeros(self.k, d, dtype=torch.float32)
-        self.rng = np.random.default_rng(seed)
+    with np.errstate(over="ignore"):  # uint64 arithmetic wraps by design
+        salt = splitmix(np.array([seed % 2**64], dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15))
+        return splitmix(index.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + salt)
+
+
+@dataclass
+class _COO:
+    """Nonzero codes of a batch (the shape CodeMomentAccumulator.add reads)."""
+
+    n_rows: int
+    rows: Tensor
+    cols: Tensor
+    values: Tensor
+
+
+class _Reservoir:
+    """Uniform sample of k rows from a stream, seeded; memory k·d.
+
+    Bottom-k sampling: keep the k rows with the smallest priority h(seed, global row index). A row's
+    priority depends only on its position in the stream, never on how the stream was cut, so partial
+    samples merge exactly: ranks that each stream part of a store (torch.distributed, ``start`` = the
+    global index of their first row) end with the single-process sample.
+    """
+
+    def __init__(self, k: int, d: int, seed: int, start: int = 0):
+        self.k, self.d, self.seed, self.seen = int(k), int(d), int(seed), int(start)
+        self.rows = torch.zeros(0, d, dtype=torch.float32)
+        self.priority = np.zeros(0, dtype=np.uint64)
 
     def add(self, x: Tensor) -> None:
         m = x.shape[0]
+        priority = _row_priority(self.seed, np.arange(self.seen, self.seen + m, dtype=np.uint64))
+        self.seen += m
         if self.k == 0 or m == 0:
             return
-        x = x.detach().to("cpu", torch.float32)
-        fill = max(0, min(self.k - self.seen, m))
-        if fill:
-            self.rows[self.seen : self.seen + fill] = x[:fill]
-        if fill < m:
-            t = np.arange(self.seen + fill, self.seen + m)  # global index of each remaining row
-            slots = (self.rng.random(m - fill) * (t + 1)).astype(np.int64)
-            take = slots < self.k
-            # in stream order, a later row replaces an earlier one in the same slot (numpy: last write wins)
-            self.rows[torch.from_numpy(slots[take])] = x[fill:][torch.from_numpy(take)]
-        self.seen += m
+        if len(self.priority) == self.k:  # full: only rows that beat the current k-th can enter
+            take = priority < self.priority[-1]
+            priority, x = priority[take], x[torch.from_numpy(take).to(x.device)]
+        self._keep(np.concatenate([self.priority, priority]), torch.cat([self.rows, x.detach().to("cpu", torch.float32)]))
+
+    def _keep(self, priority: np.ndarray, rows: Tensor) -> None:
+        order = np.argsort(priority, kind="stable")[: self.k]  # sorted: the k smallest, in priority order
+        self.priority, self.rows = priority[order], rows[torch.from_numpy(order)]
+
+    def merge(self, other: "_Reservoir") -> "_Reservoir":
+        """The sample of both streams together (their rows must have distinct global indices)."""
+        self._keep(np.concatenate([self.priority, other.priority]), torch.cat([self.rows, other.rows]))
+        self.seen = max(self.seen, other.seen)
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"k": self.k, "d": self.d, "seed": self.seed, "seen": self.seen, "rows": self.rows,
+                "priority": self.priority}
+
+    @classmethod
+    def from_state_dict(cls, sd: Mapping[str, Any]) -> "_Reservoir":
+        res = cls(sd["k"], sd["d"], sd["seed"], sd["seen"])
+        res.rows, res.priority = sd["rows"].clone(), np.asarray(sd["priority"], dtype=np.uint64).copy()
+        return res
 
     def sample(self) -> Tensor:
-        return self.rows[: min(self.k, self.seen)]
+        return self.rows
 
 
 def cosine_histogram(
@@ -298,8 +342,14 @@ def cosine_histogram(
             "n_pairs": int(cos.numel()), "sample_mean": float(cos.mean())}
 
 
-def _iter_batches(acts: Any, batch_size: int, progress: bool) -> tuple[Iterator[Any], dict[str, Any]]:
-    """Any activation source -> (iterator of (m, d) batches, description of the source)."""
+def _iter_batches(
+    acts: Any, batch_size: int, progress: bool, ctx: Any = None
+) -> tuple[Iterator[Any], dict[str, Any]]:
+    """Any activation source -> (iterator of (m, d) batches, description of the source).
+
+    Under torch.distributed (``ctx``) a store or tensor yields only this rank's contiguous share
+    (``source["first_row"]`` = its global index); an iterator is taken to be this rank's own data.
+    """
     from saegeo.activations.store import ActivationStore
 
     if isinstance(acts, (str, os.PathLike)):
@@ -313,10 +363,22 @@ def _iter_batches(acts: Any, batch_size: int, progress: bool) -> tuple[Iterator[
     if isinstance(acts, ActivationStore):
         source = {"kind": "store", "path": str(acts.path), "model": acts.model, "hook": acts.hook, "d": acts.d,
                   "n_tokens_in_store": acts.n_tokens, "dtype": acts.dtype, "corpus": acts.corpus}
+        if ctx is not None:
+            from saegeo import distributed
+
+            distributed.check_same_store(acts)
+            block = distributed.split_shards([s.rows for s in acts.shards], ctx.rank, ctx.world_size)
+            source["first_row"] = int(acts.offsets[block.start])
+            return acts.iter_batches(batch_size, shard_indices=block, progress=progress), source
         return acts.iter_batches(batch_size, progress=progress), source
     if isinstance(acts, (Tensor, np.ndarray)):
         x = as_rows(acts)
         source = {"kind": "tensor", "d": int(x.shape[1]), "n_tokens_in_source": int(x.shape[0])}
+        if ctx is not None:
+            from saegeo.distributed import rank_rows
+
+            share = rank_rows(x.shape[0], ctx.rank, ctx.world_size)
+            x, source["first_row"] = x[share], share.start
         return (x[lo : lo + batch_size] for lo in range(0, x.shape[0], batch_size)), source
     if isinstance(acts, Iterable) or hasattr(acts, "__next__"):
         def unwrap() -> Iterator[Any]:
@@ -394,6 +456,9 @@ class _SAEPass:
         self.b_dec = module.b_dec.detach().to(self.device, torch.float32)
         cfg = getattr(module, "cfg", None)
         self.rescaled = bool(getattr(cfg, "rescale_acts_by_decoder_norm", False))
+        # saegeo TopK: encode_topk/decode_sparse give the same codes and x̂ without the dense code matrix
+        self.sparse_topk = getattr(cfg, "activation", None) == "topk" and hasattr(module, "encode_topk") \
+            and hasattr(module, "decode_sparse")
         self.fold = self.norms.to(self.device, torch.float32)
         self.codes = CodeMomentAccumulator(self.d_sae, mean_sq_norm=self.mean_sq_norm)
         self.recon_unit, self.centred_unit = _UnitMean(self.d_in), _UnitMean(self.d_in)
@@ -402,14 +467,21 @@ class _SAEPass:
     @torch.inference_mode()
     def add(self, x: Tensor) -> None:
         x = x.to(self.device, torch.float32)
-        codes = self.module.encode(x)
-        recon = self.module.decode(codes)
-        # the law's codes: the weights of the unit rows u_i in x̂ − b_dec
-        folded = codes if self.rescaled else codes * self.fold
-        self.codes.add(folded.float().cpu())
-        self.recon_unit.add((recon - self.b_dec).double())
-        self.centred_unit.add((x - self.b_dec).double())
-        self.sse += float((x - recon).double().square().sum())
+        if self.sparse_topk:  # gather only the k active decoder rows: no (batch, d_sae) matrix at all
+            values, indices = self.module.encode_topk(x)
+            recon = self.module.decode_sparse(values, indices)
+            folded = values if self.rescaled else values * self.fold[indices]
+            rows = torch.arange(x.shape[0], device=x.device).repeat_interleave(indices.shape[1])
+            self.codes.add(_COO(x.shape[0], rows.cpu(), indices.flatten().cpu(), folded.flatten().float().cpu()))
+        else:
+            codes = self.module.encode(x)
+            recon = self.module.decode(codes)
+            # the law's codes: the weights of the unit rows u_i in x̂ − b_dec
+            folded = codes if self.rescaled else codes * self.fold
+            self.codes.add(folded.float().cpu())
+        self.recon_unit.add(recon - self.b_dec)
+        self.centred_unit.add(x - self.b_dec)
+        self.sse += float((x - recon).square().sum(dtype=torch.float64))
         self.n += x.shape[0]
 
     def finish(self, acc: GeometryAccumulator, geo: dict[str, Any], thresholds: FlagThresholds) -> SAEGeometry:
@@ -485,6 +557,22 @@ def _nonfinite_rows(x: Tensor) -> Tensor:
     return (~torch.isfinite(x)).any(dim=1)
 
 
+def _merge_ranks(
+    acc: GeometryAccumulator | None, reservoir: _Reservoir | None, passes: list[_SAEPass], n_skipped: int
+) -> tuple[GeometryAccumulator | None, _Reservoir | None, int]:
+    """torch.distributed: combine every rank's partial pass in rank order (Chan's merge for the
+    accumulators, float64 sums for the rest); every rank ends with the single-process totals."""
+    from saegeo import distributed
+
+    acc, reservoir = distributed.merge_across_ranks(acc), distributed.merge_across_ranks(reservoir)
+    for p in passes:
+        p.codes = distributed.merge_across_ranks(p.codes)
+        for unit in (p.recon_unit, p.centred_unit):
+            unit.unit_sum, unit.n = distributed.sum_across_ranks(unit.unit_sum), distributed.sum_across_ranks(unit.n)
+        p.sse, p.n = distributed.sum_across_ranks(p.sse), distributed.sum_across_ranks(p.n)
+    return acc, reservoir, distributed.sum_across_ranks(n_skipped)
+
+
 def geometry_report(
     acts: Any,
     sae: Any = None,
@@ -510,7 +598,12 @@ def geometry_report(
         opts = ReportOptions.from_dict({**asdict(opts), "thresholds": opts.thresholds, "batch_size": batch_size})
     if opts.batch_size < 1:
         raise BadInputError(f"batch_size must be ≥ 1, got {opts.batch_size}")
-    batches, source = _iter_batches(acts, opts.batch_size, progress=False)
+    from saegeo import distributed
+
+    ctx = distributed.init_from_env()  # None unless launched by torchrun with several ranks
+    with distributed.all_ranks_or_none("opening the activations"):
+        batches, source = _iter_batches(acts, opts.batch_size, progress=False, ctx=ctx)
+    first_row = source.pop("first_row", 0)
     total = opts.max_tokens
     if total is None:
         total = source.get("n_tokens_in_store") or source.get("n_tokens_in_source")
@@ -523,48 +616,53 @@ def geometry_report(
     reservoir: _Reservoir | None = None
     n_skipped = 0
     bar = None
-    if opts.progress:
+    if opts.progress and (ctx is None or ctx.is_main):
         from tqdm.auto import tqdm
 
         bar = tqdm(total=total, unit="tok", unit_scale=True, desc="report", dynamic_ncols=True)
     t0 = time.perf_counter()
-    seen = 0
-    for index, batch in enumerate(batches):
-        x = as_rows(batch)
-        if opts.max_tokens is not None:
-            x = x[: max(0, opts.max_tokens - seen)]
-        if x.shape[0] == 0:
-            break
-        if acc is None:
-            d = int(x.shape[1])
-            acc = GeometryAccumulator(d)
-            reservoir = _Reservoir(opts.cosine_sample_rows, d, opts.seed)
+    seen = first_row  # global row index (a rank's share starts at its first row)
+    # an iterator under torch.distributed has no global row numbers: keep the ranks' sample indices apart
+    sample_start = first_row if ctx is None or source["kind"] != "iterator" else ctx.rank << 40
+    with distributed.all_ranks_or_none("streaming the activations"):  # a failing rank ends every rank
+        for index, batch in enumerate(batches):
+            x = as_rows(batch)
+            if opts.max_tokens is not None:
+                x = x[: max(0, opts.max_tokens - seen)]
+            if x.shape[0] == 0:
+                break
+            if acc is None:
+                d = int(x.shape[1])
+                acc = GeometryAccumulator(d)
+                reservoir = _Reservoir(opts.cosine_sample_rows, d, opts.seed, start=sample_start)
+                for p in passes:
+                    if p.d_in != d:
+                        raise BadInputError(f"SAE {p.name!r} has d_in = {p.d_in} but the activations have d = {d}")
+            bad = _nonfinite_rows(x)
+            if bad.any():
+                row = int(bad.nonzero()[0])
+                if not opts.skip_nonfinite:
+                    where = f" of {source['path']}" if source.get("path") else ""
+                    raise BadInputError(
+                        f"non-finite value (NaN or inf) in batch {index}{where}, row {row} (global row {seen + row}); "
+                        f"{int(bad.sum())} such row(s) in this batch. Fix the producer, or pass skip_nonfinite=True "
+                        "(CLI: --skip-nonfinite) to skip and count them."
+                    )
+                n_skipped += int(bad.sum())
+                x = x[~bad]
+            seen += int(bad.numel())
+            acc.add(x)
+            reservoir.add(x)
             for p in passes:
-                if p.d_in != d:
-                    raise BadInputError(f"SAE {p.name!r} has d_in = {p.d_in} but the activations have d = {d}")
-        bad = _nonfinite_rows(x)
-        if bad.any():
-            row = int(bad.nonzero()[0])
-            if not opts.skip_nonfinite:
-                where = f" of {source['path']}" if source.get("path") else ""
-                raise BadInputError(
-                    f"non-finite value (NaN or inf) in batch {index}{where}, row {row} (global row {seen + row}); "
-                    f"{int(bad.sum())} such row(s) in this batch. Fix the producer, or pass skip_nonfinite=True "
-                    "(CLI: --skip-nonfinite) to skip and count them."
-                )
-            n_skipped += int(bad.sum())
-            x = x[~bad]
-        seen += int(bad.numel())
-        acc.add(x)
-        reservoir.add(x)
-        for p in passes:
-            p.add(x)
-        if bar is not None:
-            bar.update(int(bad.numel()))
-        if opts.max_tokens is not None and seen >= opts.max_tokens:
-            break
+                p.add(x)
+            if bar is not None:
+                bar.update(int(bad.numel()))
+            if opts.max_tokens is not None and seen >= opts.max_tokens:
+                break
     if bar is not None:
         bar.close()
+    if ctx is not None:
+        acc, reservoir, n_skipped = _merge_ranks(acc, reservoir, passes, n_skipped)
     if acc is None or acc.n == 0:
         raise BadInputError("geometry_report: no rows were read (empty store, tensor or iterator?)")
     acc.n_nonfinite_skipped += n_skipped  # the rows were dropped before the accumulator saw them

@@ -105,6 +105,39 @@ ACTIVATIONS: dict[str, Callable[["SAE", Tensor], Tensor]] = {
 }
 
 
+class _GatheredLinear(torch.autograd.Function):
+    """v[r, j] = x[r] · W_enc[:, idx[r, j]] + b_enc[idx[r, j]] with a sparse backward.
+
+    The forward takes the already-computed entries (`gathered`, from the no-grad dense pre-activations);
+    the backward scatters the n·k upstream gradients: ∂W_enc[:, i] = Σ_{(r,j): idx=i} g[r,j]·x[r] (a sparse
+    (d_sae × n) @ (n × d_in) product), ∂b_enc = scatter-add of g, ∂x[r] = Σ_j g[r,j]·W_enc[:, idx[r,j]]
+    (an embedding_bag over W_encᵀ). Cost O(n·k·d_in) instead of O(n·d_sae·d_in). Same idea as sparsify's
+    fused encoder.
+    """
+
+    @staticmethod
+    def forward(ctx, x, W_enc, b_enc, indices, gathered):
+        ctx.save_for_backward(x, W_enc, indices)
+        return gathered.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, W_enc, indices = ctx.saved_tensors
+        n, k = indices.shape
+        d_sae = W_enc.shape[1]
+        grad_x = grad_w = grad_b = None
+        flat_idx, flat_g = indices.reshape(-1), grad.reshape(-1).to(W_enc.dtype)
+        if ctx.needs_input_grad[0]:
+            grad_x = F.embedding_bag(indices, W_enc.t().contiguous(), per_sample_weights=grad.to(W_enc.dtype), mode="sum")
+        if ctx.needs_input_grad[1]:
+            rows = torch.arange(n, device=x.device).repeat_interleave(k)
+            g_sparse = torch.sparse_coo_tensor(torch.stack([flat_idx, rows]), flat_g, (d_sae, n))
+            grad_w = torch.sparse.mm(g_sparse, x.to(W_enc.dtype)).t().contiguous()
+        if ctx.needs_input_grad[2]:
+            grad_b = torch.zeros(d_sae, device=x.device, dtype=W_enc.dtype).index_add_(0, flat_idx, flat_g)
+        return grad_x, grad_w, grad_b, None, None
+
+
 class SAE(nn.Module):
     """Sparse autoencoder with the SAELens tensor layout and a configurable encode (see module doc)."""
 
@@ -232,6 +265,7 @@ class SAE(nn.Module):
         aux_k: int = 0,
         l1_coefficient: float = 0.0,
         aux_coefficient: float = 0.0,
+        centred_ss_fn: Callable[[Tensor], Tensor] | None = None,
     ) -> TrainOutput:
         """Training objective for the variant.
 
@@ -240,37 +274,51 @@ class SAE(nn.Module):
               min(n_dead/aux_k, 1) (Gao et al. 2024, as in sparsify).
         relu: loss = mean_rows ‖x − x̂‖² + l1_coefficient · mean_rows Σ_i codes_i·‖W_dec[i]‖ (the SAELens
               Standard objective, so coefficients transfer).
+        centred_ss_fn(t) gives the centred sums of squares Σ‖t − t̄‖² used above (default: over this batch);
+        under DDP the trainer passes the global batch's divided by the world size (saegeo.distributed), so the
+        mean of the ranks' losses, which DDP's gradient averaging differentiates, is the global batch's loss.
         """
         if self.cfg.input_normalization != "none" or self.cfg.rescale_acts_by_decoder_norm:
             raise BadInputError("training supports input_normalization='none' without decoder-norm rescaling")
-        pre = self._pre(x)
-        centred_ss = (x - x.mean(dim=0)).pow(2).sum()
+        centred_ss_fn = centred_ss_fn or (lambda t: (t - t.mean(dim=0)).pow(2).sum())
+        centred_ss = centred_ss_fn(x)
         n = x.shape[0]
         if self.cfg.activation == "topk":
-            values, indices = self._topk(pre)
+            # Dense pre-activations without autograd; gradients flow only through the k selected
+            # (and AuxK) entries via _GatheredLinear, so the backward never forms a (n, d_sae) matrix.
+            xc = x - self.b_dec if self.cfg.apply_b_dec_to_input else x
+            with torch.no_grad():
+                pre = torch.addmm(self.b_enc, xc, self.W_enc)
+                _, indices = self._topk(pre)
+            values = F.relu(_GatheredLinear.apply(xc, self.W_enc, self.b_enc, indices, pre.gather(1, indices)))
             x_hat = self.decode_sparse(values, indices)
             err = x - x_hat
             sse = err.pow(2).sum()
             loss = sse / centred_ss
             aux = x.new_zeros(())
-            if dead_mask is not None and aux_k > 0 and aux_coefficient > 0:
+            use_aux = dead_mask is not None and aux_k > 0 and aux_coefficient > 0
+            if use_aux and dead_mask.device.type == "cpu":
+                use_aux = bool(dead_mask.any())  # free on CPU; on GPU we avoid the sync and compute a zero
+            if use_aux:
                 n_dead = dead_mask.sum()  # stays on device: no host sync per step
                 k_aux = min(aux_k, self.cfg.d_sae)
-                dead_pre = torch.where(dead_mask, pre, torch.full_like(pre, -torch.inf))
-                aux_vals, aux_idx = dead_pre.topk(k_aux, dim=-1, sorted=False)
-                aux_vals = F.relu(aux_vals)  # -inf (alive) -> 0
+                with torch.no_grad():
+                    dead_pre = torch.where(dead_mask, pre, torch.full_like(pre, -torch.inf))
+                    aux_idx = dead_pre.topk(k_aux, dim=-1, sorted=False).indices
+                aux_pre = _GatheredLinear.apply(xc, self.W_enc, self.b_enc, aux_idx, pre.gather(1, aux_idx))
+                aux_vals = F.relu(aux_pre) * dead_mask[aux_idx]  # rows with < k_aux dead latents: mask the rest
                 e = err.detach()
                 e_hat = F.embedding_bag(aux_idx, self.W_dec, per_sample_weights=aux_vals, mode="sum")
-                aux = (e - e_hat).pow(2).sum() / (e - e.mean(dim=0)).pow(2).sum()
+                aux = (e - e_hat).pow(2).sum() / centred_ss_fn(e)
                 aux = aux * (n_dead.float() / k_aux).clamp(max=1.0)
-                aux = torch.nan_to_num(aux, nan=0.0)  # no dead latents -> 0/…, no NaN
+                aux = torch.nan_to_num(aux, nan=0.0)
                 loss = loss + aux_coefficient * aux
             active = values > 0
             fire_count = torch.zeros(self.cfg.d_sae, device=x.device, dtype=torch.float32)
             fire_count.index_add_(0, indices.flatten(), active.flatten().float())
             l0_sum = active.sum()
         else:
-            codes = ACTIVATIONS[self.cfg.activation](self, pre)
+            codes = ACTIVATIONS[self.cfg.activation](self, self._pre(x))
             x_hat = self.decode(codes)
             err = x - x_hat
             sse = err.pow(2).sum()

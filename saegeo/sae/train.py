@@ -18,9 +18,7 @@ Every source is deterministic given `seed`, so a resumed run sees exactly the ba
 from __future__ import annotations
 
 import json
-import math
 import os
-import shutil
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -164,11 +162,13 @@ class _StoreSource:
             "heldout": f"last {store.n_tokens - self.n_train} rows in store order",
         }
 
+    rank, world = 0, 1  # torch.distributed (set by train_sae): this rank streams shards rank::world
+
     def _epoch(self, epoch: int) -> Iterator[Tensor]:
-        store, bs, buf = self.store, self.cfg.batch_size, self.cfg.shuffle_buffer
+        store, bs, buf = self.store, self.cfg.batch_size // self.world, self.cfg.shuffle_buffer // self.world
         g = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
         shards = [i for i in range(len(store.shards)) if store.offsets[i] < self.n_train]
-        order = [shards[j] for j in torch.randperm(len(shards), generator=g).tolist()]
+        order = [shards[j] for j in torch.randperm(len(shards), generator=g).tolist()][self.rank :: self.world]
         pending = torch.empty(0, self.d)
         for i in order:
             rows = store.read_shard(i)[: self.n_train - int(store.offsets[i])]
@@ -439,6 +439,30 @@ def _sae_config(cfg: TrainConfig, d_in: int) -> SAEConfig:
     return SAEConfig(d_in=d_in, d_sae=d_sae, activation=cfg.arch, k=cfg.k if cfg.arch == "topk" else None)
 
 
+def _rank_batches(source: Any, start_step: int, ctx: Any) -> Iterator[Tensor]:
+    """torch.distributed: this rank's part (batch_size/world rows) of every global batch.
+
+    Store: the rank streams its own shards (rank::world of each epoch's seeded shard order), so ranks
+    read disjoint data and the order depends on the world size. Tensor / iterator: the rank's
+    contiguous rows of the single-process batch, so every world size trains on the same batches.
+    """
+    from saegeo.distributed import rank_rows
+
+    if isinstance(source, _StoreSource):
+        train_rows = sorted(s.rows for s, off in zip(source.store.shards, source.store.offsets) if off < source.n_train)
+        if sum(train_rows[: len(train_rows) // ctx.world_size]) < source.cfg.batch_size // ctx.world_size:
+            raise BadInputError(
+                f"{source.store.path}: {len(train_rows)} training shard(s) cannot give each of {ctx.world_size} "
+                f"ranks a batch of {source.cfg.batch_size // ctx.world_size} rows every epoch; use fewer ranks or "
+                "re-cache with more, smaller shards"
+            )
+        source.rank, source.world = ctx.rank, ctx.world_size
+        yield from source.train_batches(start_step)
+    else:
+        for b in source.train_batches(start_step):
+            yield b[rank_rows(b.shape[0], ctx.rank, ctx.world_size)]
+
+
 def train_sae(
     cfg: TrainConfig,
     data: Any,
@@ -451,16 +475,28 @@ def train_sae(
     Resumes from cfg.out_dir/checkpoint when one exists (and resume=True). Writes the final SAE to
     cfg.out_dir in the SAELens layout (see saegeo.sae.formats). `on_step(step, live)` is called after
     every optimiser step (the tests use it to kill a run).
+
+    Under torchrun (WORLD_SIZE > 1) the same call trains with DistributedDataParallel: cfg.batch_size
+    stays the global batch (each rank computes batch_size/world rows), b_dec's mean and the dead-latent
+    counts are reduced over ranks, rank 0 writes checkpoints and the SAE, and a checkpoint resumes on
+    any world size (see saegeo.distributed).
     """
+    from saegeo import distributed
+
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     device = torch.device(cfg.device)
+    ctx = distributed.init_from_env()
+    if ctx is not None:
+        device = ctx.device if device.type == "cuda" else device
+        if cfg.batch_size % ctx.world_size:
+            raise BadInputError(f"batch_size {cfg.batch_size} is not divisible by the {ctx.world_size} ranks")
     source = make_source(data, cfg)
     sae = SAE(_sae_config(cfg, source.d), device=device)
     opt = torch.optim.Adam(sae.parameters(), lr=cfg.lr, betas=cfg.adam_betas)
     aux_k = cfg.aux_k if cfg.aux_k is not None else source.d // 2
 
-    ckpt = load_checkpoint(cfg) if resume else None
+    ckpt = distributed.from_main(lambda: load_checkpoint(cfg) if resume else None, "reading the checkpoint")
     if ckpt is not None:
         state, tensors = ckpt
         if state["config"]["seed"] != cfg.seed or state["config"]["batch_size"] != cfg.batch_size:
@@ -478,7 +514,8 @@ def train_sae(
         start_step, history = 0, []
         torch.manual_seed(cfg.seed)
         # b_dec init: the streamed mean is computed for every choice, as the metrics need it
-        activation_mean = streamed_mean(source.init_rows(cfg.b_dec_init_tokens))
+        activation_mean = (streamed_mean if ctx is None else distributed.mean_across_ranks)(
+            source.init_rows(cfg.b_dec_init_tokens))
         if cfg.b_dec_init == "mean":
             b_dec = activation_mean
         elif cfg.b_dec_init == "geometric_median":
@@ -494,30 +531,40 @@ def train_sae(
     }
     ckpt_extra = lambda step: {"history": history, "provenance": provenance}  # noqa: E731
 
-    def checkpoint_tensors() -> dict:
-        return {"activation_mean": activation_mean, "tokens_since_fired": since_fired.cpu(),
-                "torch_rng": torch.get_rng_state()}
-
     # live metrics accumulate on the device; read back only every log_every steps (no per-step sync)
     acc = {k: torch.zeros((), device=device, dtype=torch.float64) for k in ("sse", "css", "l0", "aux", "n")}
+    if ckpt is not None:
+        for k in acc:
+            acc[k] += tensors[f"acc.{k}"].to(device).reshape(())
+
+    def checkpoint_tensors() -> dict:
+        return {"activation_mean": activation_mean, "tokens_since_fired": since_fired.cpu(),
+                "torch_rng": torch.get_rng_state(), **{f"acc.{k}": v.reshape(1).cpu() for k, v in acc.items()}}
+
     nonfinite = torch.zeros((), dtype=torch.bool, device=device)
     last_good = start_step
     bar = None
-    if cfg.progress:
+    if cfg.progress and (ctx is None or ctx.is_main):
         from tqdm.auto import tqdm
 
         bar = tqdm(total=cfg.total_steps * cfg.batch_size, initial=start_step * cfg.batch_size, unit="tok",
                    unit_scale=True, desc=f"train {cfg.arch}", dynamic_ncols=True)
-    batches = source.train_batches(start_step)
+    batches = source.train_batches(start_step) if ctx is None else _rank_batches(source, start_step, ctx)
+    forward_train = distributed.wrap_ddp(sae, "forward_train")  # DDP: gradients averaged over ranks
+    world = ctx.world_size if ctx is not None else 1
+    # the global batch's centred sums of squares (÷ world: DDP averages the ranks' losses)
+    centred_ss_fn = None if ctx is None else (lambda t: distributed.centred_sum_of_squares(t) / world)
+    if ctx is not None:
+        provenance["world_size"] = world
     t0, tokens_timed = time.perf_counter(), 0
     sae.train()
     for step in range(start_step, cfg.total_steps):
         x = next(batches).to(device, non_blocking=True)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
-        out = sae.forward_train(
+        out = forward_train(
             x, dead_mask=since_fired > cfg.dead_window_tokens, aux_k=aux_k,
-            l1_coefficient=cfg.l1_coefficient, aux_coefficient=cfg.aux_coefficient,
+            l1_coefficient=cfg.l1_coefficient, aux_coefficient=cfg.aux_coefficient, centred_ss_fn=centred_ss_fn,
         )
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
@@ -525,21 +572,21 @@ def train_sae(
         opt.step()
         sae.normalize_decoder()
 
-        since_fired += x.shape[0]
-        since_fired.masked_fill_(out.fired, 0)
+        since_fired += x.shape[0] * world
+        since_fired.masked_fill_(out.fired if ctx is None else distributed.sum_across_ranks(out.fire_count) > 0, 0)
         nonfinite |= ~torch.isfinite(out.loss.detach())
         acc["sse"] += out.sse
         acc["css"] += out.centred_ss.detach()
         acc["l0"] += out.l0_sum
         acc["aux"] += out.aux_loss
         acc["n"] += x.shape[0]
-        tokens_timed += x.shape[0]
+        tokens_timed += x.shape[0] * world
 
         done = step + 1
         is_log = done % cfg.log_every == 0 or done == cfg.total_steps
         is_ckpt = cfg.out_dir and cfg.checkpoint_every and done % cfg.checkpoint_every == 0
         if is_log or is_ckpt:
-            if bool(nonfinite):
+            if bool(nonfinite) if ctx is None else distributed.sum_across_ranks(int(nonfinite)) > 0:
                 ckpt_note = (f"the last good checkpoint (step {last_good}) is kept in {_ckpt_dir(cfg)}"
                              if cfg.out_dir and cfg.checkpoint_every and last_good else "no checkpoint was written")
                 raise NonFiniteLossError(
@@ -548,7 +595,8 @@ def train_sae(
                     "or lower the learning rate, then resume."
                 )
         if is_log:
-            vals = {k: float(v) for k, v in acc.items()}
+            vals = dict(zip(acc, distributed.sum_across_ranks(torch.stack(list(acc.values()))).tolist()))
+            vals["aux"] /= world  # each rank's aux is already a mean over the global batch
             live = {
                 "step": done, "tokens": done * cfg.batch_size,
                 "mse": vals["sse"] / (vals["n"] * source.d), "fve": 1 - vals["sse"] / vals["css"],
@@ -563,7 +611,8 @@ def train_sae(
                 bar.update(done * cfg.batch_size - bar.n)
                 bar.set_postfix(fve=f"{live['fve']:.3f}", l0=f"{live['l0']:.1f}", dead=f"{live['dead']:.2f}")
         if is_ckpt:
-            save_checkpoint(cfg, sae, opt, done, ckpt_extra(done), checkpoint_tensors())
+            if ctx is None or ctx.is_main:
+                save_checkpoint(cfg, sae, opt, done, ckpt_extra(done), checkpoint_tensors())
             last_good = done
         if on_step is not None:
             on_step(done, {})
@@ -571,13 +620,15 @@ def train_sae(
         bar.close()
     sae.eval()
 
-    heldout = evaluate(sae, source.heldout_batches(), activation_mean)
+    heldout = distributed.from_main(lambda: evaluate(sae, source.heldout_batches(), activation_mean),
+                                    "evaluating the held-out rows")
     provenance["metrics"] = {"heldout": heldout, "final_live": history[-1] if history else {}}
-    if cfg.out_dir:
+    if cfg.out_dir and (ctx is None or ctx.is_main):
         from saegeo.sae.formats import save_sae
 
         save_sae(sae, cfg.out_dir, provenance)
         if cfg.checkpoint_every:
             save_checkpoint(cfg, sae, opt, cfg.total_steps, ckpt_extra(cfg.total_steps), checkpoint_tensors())
+    distributed.barrier()  # under torchrun: the SAE is on disk when any rank returns
     return TrainResult(sae=sae, history=history, heldout=heldout, activation_mean=activation_mean,
                        config=cfg, out_dir=cfg.out_dir, provenance=provenance)

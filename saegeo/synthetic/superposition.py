@@ -79,12 +79,14 @@ PRESETS: dict[str, dict] = {
 def preset(name: str, **overrides) -> SyntheticConfig:
     """A SyntheticConfig for a named regime (``PRESETS``), with any field overridden.
 
-    For the identity dictionary N is set to d unless given.
+    For the identity dictionary N is set to d unless given. Overrides that are None are ignored
+    (so CLI options left unset keep the preset's values).
     """
     if name not in PRESETS:
         raise BadInputError(f"unknown synthetic preset {name!r}; choose one of {sorted(PRESETS)}")
-    fields = {**PRESETS[name], **{k: v for k, v in overrides.items() if v is not None}}
-    if fields.get("dictionary") == "identity" and "n_features" not in overrides:
+    given = {k: v for k, v in overrides.items() if v is not None}
+    fields = {**PRESETS[name], **given}
+    if fields.get("dictionary") == "identity" and "n_features" not in given:
         fields["n_features"] = fields.get("d", SyntheticConfig.d)
     return SyntheticConfig(**fields)
 
