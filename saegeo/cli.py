@@ -242,7 +242,7 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
 
     p.add_argument("--preset", choices=sorted(PRESETS), default="isotropic", help="regime (default isotropic)")
     p.add_argument("--n", type=int, required=True, help="number of rows (tokens)")
-    p.add_argument("--out", required=True, help="store directory to create")
+    p.add_argument("--out", required=True, help="store directory to create, or FILE.safetensors for one file (rows held in memory)")
     p.add_argument("--d", type=int, help="activation dimension (default 512)")
     p.add_argument("--n-features", type=int, help="dictionary size N (default 4096)")
     p.add_argument("--tilt", type=float, help="cosine of every direction with the common one (A_dict ≈ tilt²)")
@@ -272,13 +272,19 @@ def cmd_synth(args: argparse.Namespace) -> int:
     cfg = preset(args.preset, seed=args.seed, **{k: getattr(args, k) for k in names})
     if args.n < 1:
         raise CLIError(f"--n must be at least 1, got {args.n}")
-    if (Path(args.out) / "manifest.json").exists() and not args.overwrite:
-        raise CLIError(f"{args.out} already holds a store; pass --overwrite to replace it or choose another --out")
+    out = Path(args.out)
+    single_file = out.suffix == ".safetensors"
+    if (out.exists() if single_file else (out / "manifest.json").exists()) and not args.overwrite:
+        raise CLIError(f"{args.out} already exists; pass --overwrite to replace it or choose another --out")
     gen = SuperpositionGenerator(cfg)
-    gen.write_store(
-        Path(args.out), args.n, shard_rows=args.shard_rows, dtype=args.dtype,
-        mode="overwrite" if args.overwrite else "create", progress=sys.stderr.isatty(),
-    )
+    if single_file:
+        truth_path = gen.write_safetensors(out, args.n, dtype=args.dtype)
+    else:
+        gen.write_store(
+            out, args.n, shard_rows=args.shard_rows, dtype=args.dtype,
+            mode="overwrite" if args.overwrite else "create", progress=sys.stderr.isatty(),
+        )
+        truth_path = out / "truth.safetensors"
     t = gen.truth
     predicted = exact_moment_prediction(t.K, t.q, t.r, t.mean_sq_norm)
     print(f"saegeo synth: preset {args.preset}, {args.n:,} rows × d={cfg.d}, N={cfg.n_features} features, seed {cfg.seed}")
@@ -287,7 +293,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
     print(f"  offset ‖b‖ {float(t.offset.norm()):.4f}, noise sd {t.noise_std:.4g}, RMS signal norm {t.signal_rms:.4f}"
           + (", whitened" if t.whitening is not None else ""))
     print(f"  law: A of Σ a_i u_i ≈ {predicted:.4f} (exact-moment form)")
-    print(f"  wrote {args.out} and {Path(args.out) / 'truth.safetensors'}")
+    print(f"  wrote {args.out} and {truth_path}")
     return 0
 
 
@@ -431,10 +437,106 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- train
+def _parse_tokens(text: str) -> int:
+    """'2M' / '500k' / '1.5e6' / '737280' -> number of tokens."""
+    t = str(text).strip().lower().replace("_", "")
+    mult = {"k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}.get(t[-1:], 1)
+    try:
+        value = float(t[:-1] if mult > 1 else t) * mult
+    except ValueError:
+        raise CLIError(f"cannot read a token count from {text!r}; write e.g. 2M, 500k or 737280") from None
+    if value < 1:
+        raise CLIError(f"token count must be positive, got {text!r}")
+    return int(value)
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train an SAE (b_dec := mean, unit-norm decoder) on an activation store")
+    p.add_argument("--acts", help="activation store directory (or `acts = ...` in the config)")
+    p.add_argument("--config", help="TOML file with TrainConfig keys (top level or a [train] table); flags override it")
+    p.add_argument("--out", help="output directory: SAE in the SAELens layout + checkpoint/")
+    p.add_argument("--arch", choices=["topk", "relu"])
+    p.add_argument("--k", type=int, help="active latents per token (topk)")
+    p.add_argument("--expansion", type=int, help="d_sae = expansion x d_in (default 8)")
+    p.add_argument("--d-sae", type=int, help="number of latents (overrides --expansion)")
+    p.add_argument("--tokens", type=_parse_tokens, help="training tokens, e.g. 2M or 500k (default 2M)")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--l1", type=float, dest="l1_coefficient", help="L1 coefficient (relu)")
+    p.add_argument("--b-dec-init", choices=["mean", "zeros", "geometric_median"])
+    p.add_argument("--heldout-fraction", type=float)
+    p.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (0: none)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--device")
+    p.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint in --out")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_train)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import tomllib
+
+    from saegeo.sae.train import TrainConfig, train_sae
+
+    options: dict = {}
+    acts = None
+    if args.config:
+        try:
+            with open(args.config, "rb") as f:
+                doc = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as err:
+            raise CLIError(f"{args.config}: cannot read the TOML config ({err})") from None
+        table = dict(doc.get("train", doc))
+        acts = table.pop("acts", None) or doc.get("acts")
+        if "tokens" in table:
+            table["total_tokens"] = _parse_tokens(table.pop("tokens"))
+        if isinstance(table.get("total_tokens"), str):
+            table["total_tokens"] = _parse_tokens(table["total_tokens"])
+        if "out" in table:
+            table["out_dir"] = table.pop("out")
+        options.update({k: v for k, v in table.items() if not isinstance(v, dict)})
+    flags = {
+        "arch": args.arch, "k": args.k, "expansion": args.expansion, "d_sae": args.d_sae,
+        "total_tokens": args.tokens, "batch_size": args.batch_size, "lr": args.lr,
+        "l1_coefficient": args.l1_coefficient, "b_dec_init": args.b_dec_init,
+        "heldout_fraction": args.heldout_fraction, "checkpoint_every": args.checkpoint_every,
+        "seed": args.seed, "device": args.device, "out_dir": args.out,
+    }
+    options.update({k: v for k, v in flags.items() if v is not None})
+    if args.no_progress:
+        options["progress"] = False
+    acts = args.acts or acts
+    if not acts:
+        raise CLIError("saegeo train needs --acts STORE (or `acts = \"...\"` in the --config file)")
+    cfg = TrainConfig.from_dict(options)
+    result = train_sae(cfg, acts, resume=not args.no_resume)
+    h, live = result.heldout, (result.history[-1] if result.history else {})
+    rows = [
+        ("architecture", f"{cfg.arch}" + (f" k={cfg.k}" if cfg.arch == "topk" else f" l1={cfg.l1_coefficient:g}")),
+        ("d_in -> d_sae", f"{result.sae.cfg.d_in} -> {result.sae.cfg.d_sae}"),
+        ("b_dec init", cfg.b_dec_init),
+        ("tokens trained", f"{cfg.total_steps * cfg.batch_size:,} ({cfg.total_steps} steps of {cfg.batch_size})"),
+        ("throughput", f"{live.get('tok_s', float('nan')):,.0f} tokens/s"),
+        ("held-out tokens", f"{h.get('tokens', 0):,}"),
+        ("held-out FVE", f"{h.get('fve', float('nan')):.4f}"),
+        ("held-out MSE", f"{h.get('mse', float('nan')):.5g}"),
+        ("held-out L0", f"{h.get('l0', float('nan')):.1f}"),
+        ("dead latents", f"{h.get('dead_fraction', float('nan')):.2%} (never fire on held-out)"),
+        ("dense latents", f"{h.get('dense_fraction', float('nan')):.2%} (fire on > 50% of held-out)"),
+        ("max |cos(W_dec, mean)|", f"{h.get('max_abs_cos_mean', float('nan')):.3f}"),
+        ("|b_dec - mean| / |mean|", f"{h.get('b_dec_dist_to_mean', float('nan')):.3f} (|mean| = {h.get('mean_norm', 0):.3g})"),
+        ("saved to", str(cfg.out_dir) if cfg.out_dir else "(not saved: give --out)"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="saegeo", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_geometry, _add_cache, _add_store, _add_synth, _add_check, _add_report, _add_run):
+    for add in (_add_geometry, _add_cache, _add_store, _add_synth, _add_check, _add_report, _add_run, _add_train):
         add(sub)
     return parser
 

@@ -9,6 +9,7 @@ import torch
 
 from saegeo.geometry.accumulate import GeometryAccumulator
 from saegeo.geometry.measures import (
+    ActivationGeometry,
     activation_geometry,
     anisotropy_from_unit_mean,
     effective_rank,
@@ -231,3 +232,5 @@ def test_summary_is_json_safe_and_consistent():
     assert d["anisotropy_z"] == pytest.approx((d["anisotropy"] - d["sign"]["null"]) / d["anisotropy_null_sd"])
     assert d["sign"]["regime"] == "non-negative"
     assert len(d["eigenvalues"]) == 40 and len(d["top_eigenvectors"]) == 10
+    back = ActivationGeometry.from_dict(d)
+    assert back.to_dict() == d and back.sign.null == geo.sign.null

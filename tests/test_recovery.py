@@ -20,7 +20,10 @@ def _random_unit(n, d, seed):
 def test_truth_scores_one_against_itself_and_a_permutation():
     truth = _random_unit(300, 32, 0)
     perm = torch.randperm(300, generator=torch.Generator().manual_seed(1))
-    for learned in (truth, truth[perm] * 3.0):  # scale does not matter
+    class FakeSAE:
+        W_dec = truth[perm] * 3.0  # scale does not matter; an object with W_dec stands for its rows
+
+    for learned in (truth, truth[perm] * 3.0, FakeSAE()):
         rep = recovery(truth, learned)
         assert rep.mean_max_cos_true == pytest.approx(1.0, abs=1e-6)
         assert rep.mean_max_cos_learned == pytest.approx(1.0, abs=1e-6)

@@ -198,3 +198,11 @@ def test_cli_synth_writes_store_and_truth(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "A_dict" in printed and str(out) in printed
     assert main(["synth", "--preset", "tilted", "--n", "10", "--out", str(out)]) == 2  # refuses to overwrite
+    # one safetensors file plus its truth, readable by `saegeo geometry`
+    single = tmp_path / "acts.safetensors"
+    assert main(["synth", "--preset", "dense_relu", "--d", "16", "--n", "700", "--out", str(single)]) == 0
+    from safetensors.torch import load_file
+
+    rows = load_file(str(single))["activations"]
+    truth = SyntheticTruth.load(tmp_path / "acts.truth.safetensors")
+    assert rows.shape == (700, 16) and torch.equal(rows, SuperpositionGenerator(truth.config).sample(700)[0])

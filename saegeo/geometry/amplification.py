@@ -13,6 +13,11 @@ with r = E[a|a>0]²/E[a²|a>0] (1/2 Exp, 2/π half-normal, e^{−σ²} log-norma
 For independent latents with their own rates and laws the exact-moment form generalises to
 A = ‖M‖²/(‖M‖² + Σ_i Var(a_i)) (``heterogeneous_moment_prediction``). The per-feature cone shares c_i = E[a_i](u_i·M)/‖M‖², M = Σ_i E[a_i]u_i, name the features that
 make the cone (Σ c_i = 1). Pure math on tensors: no I/O, no models.
+
+Caveat (measured, experiments/amplification_law.py): the textbook, exact-moment and mean-cosine forms
+assume every latent fires at the same rate. With Zipf-like rates a few frequent latents make a cone
+of their own (A ≈ 0.1 from an isotropic dictionary where q·r = 0.005) and those forms read far low;
+the per-latent ``heterogeneous_moment_prediction`` stays exact for E[x·y]/E‖x‖².
 """
 
 from __future__ import annotations

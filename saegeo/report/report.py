@@ -861,6 +861,8 @@ def _trained(sae_dir: Path, tcfg: Any, store: Any) -> bool:
     except json.JSONDecodeError:
         return False
     data = saved.get("data", {})
-    return _same_json(saved.get("train_config"), asdict(tcfg)) and data.get("shard_sha256") == [
+    cosmetic = ("progress", "log_every", "num_threads", "device", "checkpoint_every")  # do not change the weights
+    strip = lambda c: {k: v for k, v in (c or {}).items() if k not in cosmetic}  # noqa: E731
+    return _same_json(strip(saved.get("train_config")), strip(asdict(tcfg))) and data.get("shard_sha256") == [
         s.sha256 for s in store.shards
     ]

@@ -131,7 +131,7 @@ class _GatheredLinear(torch.autograd.Function):
             grad_x = F.embedding_bag(indices, W_enc.t().contiguous(), per_sample_weights=grad.to(W_enc.dtype), mode="sum")
         if ctx.needs_input_grad[1]:
             rows = torch.arange(n, device=x.device).repeat_interleave(k)
-            g_sparse = torch.sparse_coo_tensor(torch.stack([flat_idx, rows]), flat_g, (d_sae, n))
+            g_sparse = torch.sparse_coo_tensor(torch.stack([flat_idx, rows]), flat_g, (d_sae, n), check_invariants=False)
             grad_w = torch.sparse.mm(g_sparse, x.to(W_enc.dtype)).t().contiguous()
         if ctx.needs_input_grad[2]:
             grad_b = torch.zeros(d_sae, device=x.device, dtype=W_enc.dtype).index_add_(0, flat_idx, flat_g)

@@ -25,6 +25,8 @@ MAX_MATCH_ENTRIES = 200_000_000  # the matching's N×M float32 matrix: 800 MB at
 
 
 def _unit_rows(rows, name: str) -> Float[Tensor, "n d"]:
+    # a SyntheticTruth, or an SAE object with a (d_sae, d) W_dec, stands for its dictionary
+    rows = getattr(rows, "dictionary", getattr(rows, "W_dec", rows))
     rows = torch.as_tensor(np.asarray(rows) if not isinstance(rows, Tensor) else rows).detach().float()
     if rows.ndim != 2 or rows.shape[0] == 0:
         raise BadInputError(f"{name} must be a non-empty 2-D (rows, d) dictionary, got shape {tuple(rows.shape)}")
@@ -106,6 +108,9 @@ def recovery(
     absolute: bool = False,
 ) -> RecoveryReport:
     """Score ``learned_dictionary`` (e.g. an SAE's W_dec, (d_sae, d)) against the true one (N, d).
+
+    Either argument may also be an object holding its rows: a ``SyntheticTruth`` (``.dictionary``) or an
+    SAE (``.W_dec``).
 
     Max cosines both ways, the fraction of true features with a latent at cos ≥ ``threshold``, and
     (``match=True``) the one-to-one matching maximising the summed cosine.

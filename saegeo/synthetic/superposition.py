@@ -498,6 +498,18 @@ class SuperpositionGenerator:
             raise BadInputError(f"sample needs n >= 1, got {n}")
         return next(self.batches(n, n, start=start))
 
+    def write_safetensors(self, path: str | os.PathLike, n: int, *, dtype: str = "float32") -> Path:
+        """Write n rows as one safetensors file (key ``activations``) and the truth beside it as
+        ``<stem>.truth.safetensors``. The rows are held in memory: for large n use ``write_store``."""
+        dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+        if dtype not in dtypes:
+            raise BadInputError(f"dtype must be one of {sorted(dtypes)}, got {dtype!r}")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        x = torch.cat(list(self.activations(n, 8192))).to(dtypes[dtype])
+        save_file({"activations": x}, str(path), metadata={"synthetic": json.dumps(asdict(self.config))})
+        return self.truth.save(path.with_name(path.stem + ".truth.safetensors"))
+
     def write_store(
         self,
         path: str | os.PathLike,

@@ -1,0 +1,313 @@
+"""torch.distributed: 2 CPU ranks (gloo, loopback) launched by torchrun, against single-process runs.
+
+Each multi-process test starts one `torchrun --standalone --nproc_per_node 2` job (a few seconds) and
+compares what the ranks wrote with a single-process computation done here. Collective timeouts are
+short (SAEGEO_DIST_TIMEOUT) and every launch has a wall-clock guard, so a hang fails instead of blocking.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from saegeo import distributed
+from saegeo.activations.store import write_store
+from saegeo.geometry import GeometryAccumulator
+from saegeo.report import ReportOptions, geometry_report
+from saegeo.sae.formats import load_sae, save_sae
+from saegeo.sae.model import SAE, SAEConfig
+from saegeo.sae.train import TrainConfig, train_sae
+
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCH_GUARD_S = 120  # a launch that takes longer than this has hung
+
+
+def _torchrun(args: list[str], tmp_path: Path, *, expect_ok: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", SAEGEO_DIST_TIMEOUT="30", OMP_NUM_THREADS="1",
+               PYTHONPATH=str(ROOT), TQDM_DISABLE="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=LAUNCH_GUARD_S)
+    out = proc.stdout + proc.stderr
+    if expect_ok:
+        assert proc.returncode == 0, out[-4000:]
+    return proc
+
+
+def _script(tmp_path: Path, name: str, body: str) -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+# =========================================================================== pure helpers (no processes)
+@pytest.mark.parametrize("world", [1, 2, 3, 5, 8])
+def test_split_shards_gives_every_shard_to_exactly_one_rank_balanced_by_rows(world):
+    rng = np.random.default_rng(world)
+    for _ in range(30):
+        rows = rng.integers(1, 100, size=int(rng.integers(1, 20))).tolist()
+        blocks = [distributed.split_shards(rows, r, world) for r in range(world)]
+        flat = [i for b in blocks for i in b]
+        assert flat == list(range(len(rows)))  # contiguous, in store order, each shard once
+        if len(rows) >= world:
+            # each boundary is the shard boundary nearest the row quantile: off by at most half the
+            # largest shard on each side (brute force over the cumulative row counts)
+            cum = np.concatenate([[0], np.cumsum(rows)])
+            for r in range(1, world):
+                target = cum[-1] * r / world
+                best = np.min(np.abs(cum - target))
+                got = abs(cum[blocks[r].start] - target) if blocks[r] else None
+                if got is not None and blocks[r - 1]:
+                    assert got <= best + 1e-9 or blocks[r].start == blocks[r - 1].stop
+
+
+def test_rank_rows_partition_a_batch():
+    for n in (1, 7, 128, 129):
+        for world in (1, 2, 3):
+            parts = [np.arange(n)[distributed.rank_rows(n, r, world)] for r in range(world)]
+            assert np.concatenate(parts).tolist() == list(range(n))
+            assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def test_without_a_launcher_everything_is_single_process():
+    assert distributed.current() is None and distributed.init_from_env() is None
+    x = torch.randn(50, 4, dtype=torch.float64) + 100.0
+    acc = GeometryAccumulator(4).add(x)
+    assert distributed.merge_across_ranks(acc) is acc
+    assert distributed.sum_across_ranks(3) == 3
+    expected = float(((x - x.mean(0)) ** 2).sum())
+    assert float(distributed.centred_sum_of_squares(x)) == pytest.approx(expected, rel=1e-12)
+    assert torch.allclose(distributed.mean_across_ranks(iter([x[:20], x[20:]])), x.mean(0), rtol=1e-14)
+
+
+# =========================================================================== reductions and training, 2 ranks
+WORKER = r'''
+import json, sys, torch
+from pathlib import Path
+from safetensors.torch import save_file
+from saegeo import distributed
+from saegeo.geometry import GeometryAccumulator
+from saegeo.geometry.amplification import CodeMomentAccumulator
+from saegeo.sae.train import TrainConfig, train_sae
+
+out = Path(sys.argv[1])
+ctx = distributed.init_from_env()
+assert ctx is not None and ctx.world_size == 2 and ctx.backend == "gloo"
+r = ctx.rank
+
+# ---- reductions: each rank's rows differ in size and mean (a large mean tests Chan's merge)
+g = torch.Generator().manual_seed(100 + r)
+x = torch.randn(300 + 77 * r, 6, generator=g, dtype=torch.float64) * (1 + r) + 1e4
+acc = GeometryAccumulator(6)
+for lo in range(0, x.shape[0], 64):
+    acc.add(x[lo:lo + 64])
+merged = distributed.merge_across_ranks(acc)
+codes = torch.relu(torch.randn(40 + 10 * r, 9, generator=g, dtype=torch.float64) - 0.5)
+cm = distributed.merge_across_ranks(CodeMomentAccumulator(9, mean_sq_norm=0.3).add(codes))
+css = distributed.centred_sum_of_squares(x)
+mean = distributed.mean_across_ranks(iter([x[:100], x[100:]]))
+save_file({"cov": merged.covariance(), "mean": merged.mean, "unit_mean": merged.unit_mean,
+           "n": torch.tensor([merged.n]), "css": css.reshape(1), "init_mean": mean,
+           "cm_fire": cm.fire_count, "cm_stats": torch.tensor([cm.n, cm.l0_sum, cm.value_sum, cm.ratio_sum])},
+          str(out / f"reduce_{r}.safetensors"))
+
+# ---- training on a tensor: every rank holds the data, computes half of each global batch
+data = torch.load(out / "train_x.pt", weights_only=True)
+cfg = TrainConfig(**json.loads((out / "train_cfg.json").read_text()))
+full = train_sae(TrainConfig(**{**cfg.__dict__, "out_dir": str(out / "full")}), data)
+save_file({k: v.detach().contiguous() for k, v in full.sae.state_dict().items()}, str(out / f"weights_{r}.safetensors"))
+(out / f"history_{r}.json").write_text(json.dumps({"history": full.history, "heldout": full.heldout}))
+
+class Stop(Exception):
+    pass
+
+def stop_at_4(step, live):
+    if step == 4:
+        raise Stop()
+
+try:  # interrupted after the step-4 checkpoint: the test resumes it on one process
+    train_sae(TrainConfig(**{**cfg.__dict__, "out_dir": str(out / "cut"), "checkpoint_every": 4}), data,
+              on_step=stop_at_4)
+except Stop:
+    pass
+
+# ---- training from a store: each rank streams its own shards; weights stay identical across ranks
+store_run = train_sae(TrainConfig(**{**cfg.__dict__, "total_tokens": 3 * cfg.batch_size}), str(out / "store"))
+w = distributed.gather_objects(store_run.sae.W_dec.detach())
+assert torch.equal(w[0], w[1]), "ranks diverged"
+(out / f"store_ok_{r}").write_text("ok")
+'''
+
+
+def _train_cfg(**kw) -> dict:
+    base = dict(arch="topk", d_sae=48, k=4, lr=2e-3, batch_size=64, total_tokens=64 * 10, warmup_steps=2,
+                dead_window_tokens=256, b_dec_init_tokens=600, heldout_fraction=0.1, seed=3, progress=False,
+                log_every=1, shuffle_buffer=128)
+    base.update(kw)
+    return base
+
+
+def test_reductions_and_training_on_two_ranks_equal_one_process(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    mean = torch.randn(12, generator=g) * 3
+    data = torch.relu(torch.randn(1200, 12, generator=g)) + mean  # offset + non-negative spread
+    torch.save(data, tmp_path / "train_x.pt")
+    (tmp_path / "train_cfg.json").write_text(json.dumps(_train_cfg()))
+    write_store(tmp_path / "store", data, shard_rows=150)  # 8 shards: 4 per rank
+    _torchrun([_script(tmp_path, "worker.py", WORKER), str(tmp_path)], tmp_path)
+
+    # ---- reductions against numpy on all rows (independent), identical on both ranks
+    xs = [(torch.randn(300 + 77 * r, 6, generator=torch.Generator().manual_seed(100 + r), dtype=torch.float64)
+           * (1 + r) + 1e4).numpy() for r in range(2)]
+    allx = np.concatenate(xs)
+    ranks = [load_file(str(tmp_path / f"reduce_{r}.safetensors")) for r in range(2)]
+    for key in ranks[0]:
+        assert torch.equal(ranks[0][key], ranks[1][key]), key
+    red = ranks[0]
+    assert int(red["n"]) == allx.shape[0]
+    np.testing.assert_allclose(red["mean"].numpy(), allx.mean(0), rtol=1e-14)
+    np.testing.assert_allclose(red["cov"].numpy(), np.cov(allx.T, bias=True), rtol=1e-9, atol=1e-12)
+    unit = allx / np.linalg.norm(allx, axis=1, keepdims=True)
+    np.testing.assert_allclose(red["unit_mean"].numpy(), unit.mean(0), rtol=1e-13)
+    np.testing.assert_allclose(float(red["css"]), ((allx - allx.mean(0)) ** 2).sum(), rtol=1e-10)
+    np.testing.assert_allclose(red["init_mean"].numpy(), allx.mean(0), rtol=1e-14)
+    # codes: brute force over the rows of both ranks
+    codes = []
+    for r in range(2):
+        gr = torch.Generator().manual_seed(100 + r)
+        torch.randn(300 + 77 * r, 6, generator=gr, dtype=torch.float64)  # same stream position as the worker
+        codes.append(torch.relu(torch.randn(40 + 10 * r, 9, generator=gr, dtype=torch.float64) - 0.5).numpy())
+    c = np.concatenate(codes)
+    np.testing.assert_array_equal(red["cm_fire"].numpy(), (c > 0).sum(0))
+    s, q = c.sum(1), (c**2).sum(1)
+    ratio = np.where(s > 0, s / np.sqrt(s**2 * 0.3 + 0.7 * q + (s == 0)), 0.0).sum()
+    np.testing.assert_allclose(red["cm_stats"].numpy(), [c.shape[0], (c > 0).sum(), c.sum(), ratio], rtol=1e-12)
+
+    # ---- training: the 2-rank run equals one process on the same (concatenated) global batches
+    single = train_sae(TrainConfig(**_train_cfg(out_dir=str(tmp_path / "single"))), data)
+    two = json.loads((tmp_path / "history_0.json").read_text())
+    curve_1 = [h["mse"] for h in single.history]
+    curve_2 = [h["mse"] for h in two["history"]]
+    assert len(curve_1) == len(curve_2) == 10
+    np.testing.assert_allclose(curve_2, curve_1, rtol=2e-4)
+    np.testing.assert_allclose([h["fve"] for h in two["history"]], [h["fve"] for h in single.history], atol=2e-4)
+    np.testing.assert_allclose([h["dead"] for h in two["history"]], [h["dead"] for h in single.history])
+    w0, w1 = (load_file(str(tmp_path / f"weights_{r}.safetensors")) for r in range(2))
+    for name, p in single.sae.state_dict().items():
+        assert torch.equal(w0[name], w1[name]), f"{name} differs between ranks"
+        torch.testing.assert_close(w0[name], p, rtol=1e-4, atol=2e-5, msg=f"{name}: 2 ranks vs 1 process")
+    assert two["heldout"]["fve"] == pytest.approx(single.heldout["fve"], abs=1e-4)
+    # the SAE was written once (rank 0), with the world size in its provenance
+    cfg_json = json.loads((tmp_path / "full" / "cfg.json").read_text())
+    assert cfg_json["saegeo"]["world_size"] == 2
+    torch.testing.assert_close(load_sae(tmp_path / "full").W_dec, single.sae.W_dec, rtol=1e-4, atol=2e-5)
+
+    # ---- a checkpoint written by 2 ranks (step 4) resumes on 1 process to the uninterrupted result
+    state = json.loads((tmp_path / "cut" / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 4
+    resumed = train_sae(TrainConfig(**_train_cfg(out_dir=str(tmp_path / "cut"), checkpoint_every=4)), data)
+    assert [h["step"] for h in resumed.history] == list(range(1, 11))
+    np.testing.assert_allclose([h["mse"] for h in resumed.history], curve_1, rtol=2e-4)
+    for name, p in single.sae.state_dict().items():
+        torch.testing.assert_close(resumed.sae.state_dict()[name], p, rtol=1e-4, atol=2e-5, msg=name)
+
+    # ---- store-backed training ran on both ranks with identical weights (asserted in the worker)
+    assert all((tmp_path / f"store_ok_{r}").exists() for r in range(2))
+
+
+# =========================================================================== the report, 2 ranks
+def _report_store(tmp_path: Path, *, poison_row: int | None = None) -> tuple[Path, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(1500, 10, generator=g) * torch.linspace(0.5, 2.0, 10) + 5.0
+    if poison_row is not None:
+        x[poison_row, 3] = float("nan")
+    sizes = [100, 250, 400, 150, 300, 300]  # uneven shards: the split balances rows, not shard counts
+    path = tmp_path / ("store_bad" if poison_row is not None else "store")
+    write_store(path, [x[sum(sizes[:i]) : sum(sizes[: i + 1])] for i in range(len(sizes))], shard_rows=1)
+    return path, x
+
+
+def _close(a, b, path=""):
+    if isinstance(a, dict):
+        assert set(a) == set(b), path
+        for k in a:
+            if k not in ("seconds", "tokens_per_second"):
+                _close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (u, v) in enumerate(zip(a, b)):
+            _close(u, v, f"{path}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert a == pytest.approx(b, rel=1e-9, abs=1e-12), path
+    else:
+        assert a == b, path
+
+
+def test_report_on_two_ranks_equals_the_single_process_report(tmp_path):
+    store, x = _report_store(tmp_path)
+    sae = SAE(SAEConfig(d_in=10, d_sae=40, activation="topk", k=5)).init_weights(torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        sae.b_dec.copy_(x.mean(0) * 0.5)
+    save_sae(sae, tmp_path / "sae")
+    # nothing but the launcher: the same CLI command under torchrun
+    _torchrun(["-m", "saegeo.cli", "report", "--acts", str(store), "--sae", f"s={tmp_path / 'sae'}", "--out",
+               str(tmp_path / "out"), "--format", "json", "--batch-size", "128", "--no-progress"], tmp_path)
+    dist_report = json.loads((tmp_path / "out" / "report.json").read_text())
+    single = geometry_report(store, {"s": tmp_path / "sae"},
+                             options=ReportOptions(batch_size=128, progress=False)).to_dict()
+    assert dist_report["activations"]["n"] == 1500
+    assert dist_report["cosine_histogram"]["counts"] == single["cosine_histogram"]["counts"]
+    _close(dist_report, single)
+
+
+def test_mismatched_stores_end_every_rank_with_a_clear_message(tmp_path):
+    _report_store(tmp_path)
+    write_store(tmp_path / "other", torch.randn(300, 10), shard_rows=100)
+    script = _script(tmp_path, "mismatch.py", """
+        import os, sys
+        from saegeo.cli import main
+        store = "store" if os.environ["RANK"] == "0" else "other"
+        sys.exit(main(["report", "--acts", store, "--out", "out", "--format", "json", "--no-progress"]))
+    """)
+    proc = _torchrun([script], tmp_path, expect_ok=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert out.count("the ranks disagree on activation store") == 2, out[-3000:]  # both ranks say it
+    assert "rank 0: " in out and "rank 1: " in out and "1500 tokens" in out and "300 tokens" in out
+    assert not (tmp_path / "out" / "report.json").exists()
+
+
+def test_a_failing_rank_ends_every_rank_with_its_message(tmp_path):
+    # the NaN sits in the last shard, streamed by rank 1; rank 0 must not wait for it forever
+    store, _ = _report_store(tmp_path, poison_row=1400)
+    proc = _torchrun(["-m", "saegeo.cli", "report", "--acts", str(store), "--out", "out", "--format", "json",
+                      "--no-progress"], tmp_path, expect_ok=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "global row 1400" in out, out[-3000:]  # rank 1's own error names the row
+    assert "rank 1 of 2 failed while streaming the activations: BadInputError: non-finite value" in out
+
+
+def test_a_rank_that_dies_mid_training_does_not_hang_the_other(tmp_path):
+    data = torch.randn(1200, 12)
+    torch.save(data, tmp_path / "x.pt")
+    script = _script(tmp_path, "die.py", f"""
+        import os, torch
+        from saegeo.sae.train import TrainConfig, train_sae
+        def on_step(step, live):
+            if step == 3 and os.environ["RANK"] == "1":
+                os._exit(17)  # no exception, no goodbye: the peer is left inside a collective
+        train_sae(TrainConfig(**{_train_cfg()!r}), torch.load("x.pt", weights_only=True), on_step=on_step)
+    """)
+    proc = _torchrun([script], tmp_path, expect_ok=False)  # the launch guard fails the test on a hang
+    assert proc.returncode != 0
+    assert "exitcode  : 17" in proc.stdout + proc.stderr or "exit code 17" in proc.stdout + proc.stderr

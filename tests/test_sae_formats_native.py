@@ -1,0 +1,106 @@
+"""Native SAE format (SAELens layout): save -> load gives identical outputs, cfg.json carries the
+SAELens keys and the saegeo provenance, a plain SAELens cfg (no saegeo block) loads with SAELens
+semantics, bad directories get clear errors; `saegeo train` writes such a directory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from saegeo.activations.store import write_store
+from saegeo.cli import main
+from saegeo.errors import FormatError
+from saegeo.sae.formats import load_sae, save_sae
+from saegeo.sae.model import SAE, SAEConfig
+
+
+def _random_sae(activation: str, seed: int = 0) -> SAE:
+    sae = SAE(SAEConfig(24, 96, activation=activation, k=8 if activation == "topk" else None))
+    g = torch.Generator().manual_seed(seed)
+    sae.init_weights(g, b_dec=torch.randn(24, generator=g))
+    with torch.no_grad():
+        sae.b_enc.copy_(0.1 * torch.randn(96, generator=g))
+        sae.W_enc.add_(0.2 * torch.randn(24, 96, generator=g))
+    return sae
+
+
+@pytest.mark.parametrize("activation", ["topk", "relu"])
+def test_save_load_round_trip_identical_outputs(tmp_path, activation):
+    sae = _random_sae(activation)
+    prov = {"b_dec_init": "mean", "data": {"model": "minilm", "hook": "blocks.3.hook_resid_post"},
+            "metrics": {"heldout": {"fve": 0.9}}}
+    save_sae(sae, tmp_path / "sae", prov)
+    cfg = json.loads((tmp_path / "sae" / "cfg.json").read_text())
+    assert cfg["architecture"] == {"topk": "topk", "relu": "standard"}[activation]
+    assert (cfg["d_in"], cfg["d_sae"], cfg["apply_b_dec_to_input"], cfg["normalize_activations"]) == (24, 96, True, "none")
+    assert cfg["metadata"]["hook_name"] == "blocks.3.hook_resid_post" and cfg["metadata"]["model_name"] == "minilm"
+    assert cfg["saegeo"]["b_dec_init"] == "mean" and cfg["saegeo"]["metrics"]["heldout"]["fve"] == 0.9
+    if activation == "topk":
+        assert cfg["k"] == 8
+    w = load_file(str(tmp_path / "sae" / "sae_weights.safetensors"))
+    assert w["W_enc"].shape == (24, 96) and w["W_dec"].shape == (96, 24)
+    loaded = load_sae(tmp_path / "sae")
+    x = torch.randn(50, 24) + sae.b_dec.detach()
+    assert torch.equal(loaded.encode(x), sae.encode(x))
+    assert torch.equal(loaded(x), sae(x))
+    for name, p in sae.state_dict().items():
+        assert torch.equal(p, loaded.state_dict()[name]), name
+
+
+def test_plain_saelens_directory_loads_with_saelens_semantics(tmp_path):
+    """A cfg.json as SAELens 6 writes it (no saegeo block): TopK = ReLU of the top-k of pre."""
+    g = torch.Generator().manual_seed(3)
+    W_enc, W_dec = torch.randn(10, 30, generator=g), torch.randn(30, 10, generator=g)
+    b_enc, b_dec = torch.randn(30, generator=g), torch.randn(10, generator=g)
+    d = tmp_path / "saelens"
+    d.mkdir()
+    save_file({"W_enc": W_enc, "W_dec": W_dec, "b_enc": b_enc, "b_dec": b_dec}, str(d / "sae_weights.safetensors"))
+    (d / "cfg.json").write_text(json.dumps({"architecture": "topk", "d_in": 10, "d_sae": 30, "k": 4, "dtype": "float32",
+                                            "device": "cpu", "apply_b_dec_to_input": False,
+                                            "normalize_activations": "none", "metadata": {}}))
+    sae = load_sae(d)
+    x = torch.randn(20, 10, generator=g)
+    pre = x @ W_enc + b_enc  # apply_b_dec_to_input False: no subtraction
+    idx = pre.topk(4, dim=1).indices
+    codes = torch.zeros_like(pre).scatter(1, idx, pre.gather(1, idx).clamp_min(0))
+    torch.testing.assert_close(sae.encode(x), codes)
+    torch.testing.assert_close(sae(x), codes @ W_dec + b_dec)
+
+
+def test_bad_directories_are_named(tmp_path):
+    with pytest.raises(FormatError, match="cfg.json"):
+        load_sae(tmp_path)
+    sae = _random_sae("relu")
+    save_sae(sae, tmp_path / "s")
+    w = load_file(str(tmp_path / "s" / "sae_weights.safetensors"))
+    w["W_dec"] = w["W_dec"][:, :20].contiguous()
+    save_file(w, str(tmp_path / "s" / "sae_weights.safetensors"))
+    with pytest.raises(FormatError, match=r"W_dec has shape \(96, 20\)"):
+        load_sae(tmp_path / "s")
+    (tmp_path / "s" / "sae_weights.safetensors").write_bytes(b"\x00" * 10)
+    with pytest.raises(FormatError, match="safetensors"):
+        load_sae(tmp_path / "s")
+
+
+def test_cli_train_writes_a_loadable_sae_and_a_summary(tmp_path, capsys):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3000, 16, generator=g) + 5.0  # a large mean: b_dec := mean must find it
+    write_store(tmp_path / "acts", x, shard_rows=1000)
+    (tmp_path / "t.toml").write_text('[train]\narch = "topk"\nbatch_size = 256\nlr = 3e-3\n')
+    rc = main(["train", "--acts", str(tmp_path / "acts"), "--config", str(tmp_path / "t.toml"), "--k", "4",
+               "--expansion", "4", "--tokens", "5k", "--out", str(tmp_path / "sae"), "--no-progress"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "held-out FVE" in out and "dead latents" in out
+    sae = load_sae(tmp_path / "sae")
+    assert sae.cfg.d_sae == 64 and sae.cfg.k == 4
+    cfg = json.loads((tmp_path / "sae" / "cfg.json").read_text())
+    assert cfg["saegeo"]["train_config"]["total_tokens"] == 5000
+    assert cfg["saegeo"]["train_config"]["batch_size"] == 256  # from the TOML file
+    torch.testing.assert_close(sae.b_dec.detach(), x[:2700].mean(0), atol=0.05, rtol=0)
+    with pytest.raises(SystemExit) as exit_info:  # argparse reports the bad --tokens value and exits 2
+        main(["train", "--acts", str(tmp_path / "acts"), "--tokens", "lots"])
+    assert exit_info.value.code == 2
