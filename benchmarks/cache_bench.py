@@ -29,7 +29,7 @@ from saegeo.activations.models import load_model
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", type=int, default=8192, help="tokens per method per round")
+    ap.add_argument("--tokens", type=int, default=8192, help="tokens per method per round (rounded up to whole batches)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=32, help="windows of 128 tokens per forward")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -47,7 +47,7 @@ def main() -> None:
         n += int(store.sum())
         if n >= args.tokens:
             break
-    n_tokens = min(n, args.tokens)
+    n_tokens = n  # whole batches: every method processes exactly these windows
     print(f"MiniLM, default corpus, context 128, {len(batches)} batches x {args.batch_size} windows, "
           f"{n_tokens} tokens per method, {args.rounds} rounds, torch threads {torch.get_num_threads()}")
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -121,7 +120,7 @@ def main() -> None:
     print(f"{'naive dense U·Uᵀ, first n_sub rows':38}{naive_sub['seconds']:12.1f}{naive_sub['peak_rss_gb']:16.2f}{naive_sub['n_pairs']:8d}")
     print(f"{'naive dense, N rows (extrapolated)':38}{naive_full_s:12.1f}{'≥ ' + format(naive_gram_gb, '.1f'):>16}{'':>8}")
     print()
-    print(f"ratios (naive / saegeo; > 1 means saegeo is better):")
+    print("ratios (naive / saegeo; > 1 means saegeo is better):")
     print(f"  measured, n_sub = {a.n_sub:,}: duplicate search time {naive_sub['seconds'] / block_sub['seconds']:.2f}×, "
           f"peak RSS {naive_sub['peak_rss_gb'] / block_sub['peak_rss_gb']:.2f}×")
     print(f"  extrapolated, N = {a.n:,}: naive all-pairs {naive_full_s:.0f} s (×{scale:.0f} of the n_sub run) vs "

@@ -4,10 +4,10 @@ Same float32 rows (n × 768, in 8,192-row batches), one run, side by side:
   (a) textbook: numpy SVD of the full centred matrix + the unit-vector mean (holds all rows);
   (b) floor:    bare torch.matmul of each batch's gram (float32) accumulated in float64 — nothing else;
   saegeo:       GeometryAccumulator.add over the batches + activation_geometry (the full report).
-Then peak memory (ru_maxrss of a fresh child process) of saegeo streaming n rows from a generator at two n.
+Then peak memory (VmHWM of a fresh child process) of saegeo streaming n rows from a generator at two n.
 
-    python benchmarks/geometry_bench.py            # n = 50,000 and memory at 200k / 1M  (≈ 1–2 min)
-    python benchmarks/geometry_bench.py --full     # n = 200,000 as in the issue
+    python benchmarks/geometry_bench.py            # n = 50,000 and memory at 200k / 1M  (≈ 2–3 min on 2 cores)
+    python benchmarks/geometry_bench.py --full     # n = 200,000 as in the issue (the textbook SVD dominates)
 Targets (issue 2): ≥ 5× faster than (a); ≥ 60% of (b)'s throughput; memory growth from 200k to 1M ≈ 0.
 """
 

@@ -165,6 +165,8 @@ def test_encoder_decoder_cosines_equal_direct():
         expected = (enc.T * dec).sum(1) / (np.linalg.norm(enc.T, axis=1) * np.linalg.norm(dec, axis=1))
     expected[4] = 0.0
     np.testing.assert_allclose(got, expected, atol=1e-12)
+    got32 = encoder_decoder_cosines(torch.tensor(enc, dtype=torch.float32), torch.tensor(dec, dtype=torch.float32), block_rows=7)
+    np.testing.assert_allclose(got32.numpy(), expected, atol=1e-6)
 
 
 def test_config_flags_from_each_format(tmp_path):

@@ -114,10 +114,11 @@ merged = distributed.merge_across_ranks(acc)
 codes = torch.relu(torch.randn(40 + 10 * r, 9, generator=g, dtype=torch.float64) - 0.5)
 cm = distributed.merge_across_ranks(CodeMomentAccumulator(9, mean_sq_norm=0.3).add(codes))
 css = distributed.centred_sum_of_squares(x)
-mean = distributed.mean_across_ranks(iter([x[:100], x[100:]]))
+common = torch.randn(250, 6, generator=torch.Generator().manual_seed(5), dtype=torch.float64) + 3.0
+mean = distributed.mean_across_ranks(iter([common[:101], common[101:]]))  # same batches on every rank
 save_file({"cov": merged.covariance(), "mean": merged.mean, "unit_mean": merged.unit_mean,
            "n": torch.tensor([merged.n]), "css": css.reshape(1), "init_mean": mean,
-           "cm_fire": cm.fire_count, "cm_stats": torch.tensor([cm.n, cm.l0_sum, cm.value_sum, cm.ratio_sum])},
+           "cm_fire": cm.fire_count, "cm_stats": torch.tensor([cm.n, cm.l0_sum, cm.value_sum, cm.ratio_sum], dtype=torch.float64)},
           str(out / f"reduce_{r}.safetensors"))
 
 # ---- training on a tensor: every rank holds the data, computes half of each global batch
@@ -179,7 +180,8 @@ def test_reductions_and_training_on_two_ranks_equal_one_process(tmp_path):
     unit = allx / np.linalg.norm(allx, axis=1, keepdims=True)
     np.testing.assert_allclose(red["unit_mean"].numpy(), unit.mean(0), rtol=1e-13)
     np.testing.assert_allclose(float(red["css"]), ((allx - allx.mean(0)) ** 2).sum(), rtol=1e-10)
-    np.testing.assert_allclose(red["init_mean"].numpy(), allx.mean(0), rtol=1e-14)
+    common = torch.randn(250, 6, generator=torch.Generator().manual_seed(5), dtype=torch.float64).numpy() + 3.0
+    np.testing.assert_allclose(red["init_mean"].numpy(), common.mean(0), rtol=1e-13)
     # codes: brute force over the rows of both ranks
     codes = []
     for r in range(2):
@@ -236,18 +238,23 @@ def _report_store(tmp_path: Path, *, poison_row: int | None = None) -> tuple[Pat
     return path, x
 
 
-def _close(a, b, path=""):
+def _close(a, b, ref, path="", scale=1.0):
+    """a (distributed) equals b (single process) up to how much b moves when only its batching changes (ref)."""
     if isinstance(a, dict):
         assert set(a) == set(b), path
         for k in a:
-            if k not in ("seconds", "tokens_per_second"):
-                _close(a[k], b[k], f"{path}.{k}")
+            if k not in ("seconds", "tokens_per_second", "options"):
+                _close(a[k], b[k], ref[k], f"{path}.{k}", scale)
     elif isinstance(a, list):
         assert len(a) == len(b), path
-        for i, (u, v) in enumerate(zip(a, b)):
-            _close(u, v, f"{path}[{i}]")
+        for i, (u, v, w) in enumerate(zip(a, b, ref)):
+            _close(u, v, w, f"{path}[{i}]", scale)
     elif isinstance(a, float) and isinstance(b, float):
-        assert a == pytest.approx(b, rel=1e-9, abs=1e-12), path
+        # float32 activations: the accumulator forms float32 grams and unit sums per chunk, so moving the chunk
+        # boundaries (here: to the ranks' shard blocks) moves results by float32 rounding, exactly as a
+        # different batch size does; that rebatching difference is the yardstick
+        tol = max(4 * abs(ref - b), 2e-6 * abs(b), 1e-7 * scale)
+        assert abs(a - b) <= tol, f"{path}: {a} vs {b} (rebatched single process: {ref})"
     else:
         assert a == b, path
 
@@ -262,11 +269,14 @@ def test_report_on_two_ranks_equals_the_single_process_report(tmp_path):
     _torchrun(["-m", "saegeo.cli", "report", "--acts", str(store), "--sae", f"s={tmp_path / 'sae'}", "--out",
                str(tmp_path / "out"), "--format", "json", "--batch-size", "128", "--no-progress"], tmp_path)
     dist_report = json.loads((tmp_path / "out" / "report.json").read_text())
-    single = geometry_report(store, {"s": tmp_path / "sae"},
-                             options=ReportOptions(batch_size=128, progress=False)).to_dict()
+    single, rebatched = (geometry_report(store, {"s": tmp_path / "sae"},
+                                         options=ReportOptions(batch_size=bs, progress=False)).to_dict()
+                         for bs in (128, 100))
     assert dist_report["activations"]["n"] == 1500
+    # the sample behind the cosine histogram is the same rows (bottom-k priorities by global row index)
     assert dist_report["cosine_histogram"]["counts"] == single["cosine_histogram"]["counts"]
-    _close(dist_report, single)
+    rebatched["options"] = single["options"]
+    _close(dist_report, single, rebatched, scale=max(single["activations"]["eigenvalues"]))
 
 
 def test_mismatched_stores_end_every_rank_with_a_clear_message(tmp_path):

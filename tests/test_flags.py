@@ -74,10 +74,13 @@ def test_offset_with_zero_b_dec_is_flagged_and_guilty_latents_are_named(offset_c
     freq, cos, shares = _brute_force_latent_stats(x, saes["b_dec=0"])
     t = FlagThresholds()
     assert mean_dir.latents, "the guilty latents must be named"
+    ranked = np.argsort(-shares)
+    cover = ranked[: int(np.searchsorted(np.cumsum(shares[ranked]), t.cone_cover)) + 1]  # fewest with 50% of the cone
     for i in mean_dir.latents:  # every named latent meets a criterion, checked by brute force
         assert (freq[i] >= t.mean_direction_min_frequency and abs(cos[i]) >= t.mean_direction_min_cos) or (
-            shares[i] >= t.mean_direction_min_cone_share
+            shares[i] >= t.mean_direction_min_cone_share or i in cover
         ), (i, freq[i], cos[i], shares[i])
+    assert set(cover.tolist()) <= set(mean_dir.latents)
     # ... and together they make most of the cone the offset forced into the codes
     assert shares[mean_dir.latents].sum() > 0.5
     # the latent with the largest brute-force cone share is among them
@@ -112,7 +115,7 @@ def test_amplification_inconsistency_lists_top_cone_share_latents(offset_case):
 
 def test_thresholds_are_configurable(offset_case):
     _, _, report = offset_case
-    strict = FlagThresholds(mean_direction_min_cos=1.01, mean_direction_min_cone_share=2.0, offset_min_distance=10.0)
+    strict = FlagThresholds(mean_direction_min_cos=1.01, cone_min_anisotropy=1.01, offset_min_distance=10.0)
     names = {(f.name, f.subject) for f in compute_flags(report, strict)}
     assert (F.MEAN_DIRECTION, "b_dec=0") not in names
     assert (F.OFFSET_NOT_ABSORBED, "b_dec=0") not in names

@@ -6,7 +6,6 @@ a saegeo SAE round trip through the SAELens layout, unsafe pickles, truncated fi
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 
 import numpy as np

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from saegeo.activations.store import write_store
+from saegeo.errors import BadInputError
 from saegeo.sae.formats import load_sae
 from saegeo.sae.train import NonFiniteLossError, TrainConfig, geometric_median, train_sae
 from saegeo.synthetic import SuperpositionGenerator, SyntheticConfig, recovery
@@ -21,7 +22,17 @@ def _synthetic(n: int, *, offset: float = 0.0, seed: int = 1):
     return x, gen.truth
 
 
-def test_topk_recovers_ground_truth_features():
+@pytest.fixture
+def one_thread():
+    """The heavier tests run single-threaded: on 2 shared cores, two OpenMP threads competing with
+    other processes are several times slower than one."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_topk_recovers_ground_truth_features(one_thread):
     x, truth = _synthetic(60_000)
     cfg = TrainConfig(arch="topk", d_sae=2048, k=10, lr=1e-2, batch_size=1024, total_tokens=250 * 1024,
                       dead_window_tokens=20_480, heldout_fraction=0.05, seed=7, progress=False)
@@ -33,7 +44,7 @@ def test_topk_recovers_ground_truth_features():
     assert result.heldout["fve"] > 0.7
 
 
-def test_b_dec_mean_absorbs_a_large_offset_and_zero_init_does_worse():
+def test_b_dec_mean_absorbs_a_large_offset_and_zero_init_does_worse(one_thread):
     x, truth = _synthetic(40_000, offset=4.0)
     offset = truth.offset
     assert offset.norm() > 3 * (x - x.mean(0)).norm(dim=1).mean()  # the offset dominates the rows
@@ -122,16 +133,13 @@ def test_resume_after_kill_equals_uninterrupted(tmp_path):
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     x, _ = _synthetic(4096)
-    cfg = _small_cfg(tmp_path, checkpoint_every=5, total_tokens=128 * 30)
-    # poison one batch late in training: the 12th step's batch
-    poisoned = {"n": 0}
+    cfg = _small_cfg(tmp_path, checkpoint_every=5, total_tokens=128 * 30, b_dec_init_tokens=256)
 
-    def batches():
+    def batches():  # a replayable stream whose 15th batch holds an inf
         g = torch.Generator().manual_seed(0)
-        while True:
+        for i in range(1000):
             b = x[torch.randint(0, x.shape[0], (128,), generator=g)].clone()
-            poisoned["n"] += 1
-            if poisoned["n"] == 3 + 12:  # 3 batches are taken for the held-out set first
+            if i == 3 + 11:  # 3 batches are held out first, so this is the 12th training step
                 b[5, 0] = float("inf")
             yield b
 
@@ -139,6 +147,11 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
         train_sae(cfg, batches)
     state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
     assert state["step"] == 10
+    # non-finite rows among those that initialise b_dec are named before training starts
+    with pytest.raises(BadInputError, match="row 5 of the activations used to initialise b_dec"):
+        bad = x.clone()
+        bad[5, 3] = float("nan")
+        train_sae(_small_cfg(), bad)
 
 
 def test_store_and_iterator_sources(tmp_path):

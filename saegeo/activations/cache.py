@@ -120,7 +120,9 @@ def _pad(batch: list[Window], pad_id: int) -> tuple[Int[Tensor, "b p"], Bool[Ten
     return tokens, attend, store
 
 
-def forward_to_layer(loaded: LoadedModel, tokens: Tensor, attend: Tensor, stop_layer: int | None) -> None:
+def forward_to_layer(
+    loaded: LoadedModel, tokens: Int[Tensor, "b p"], attend: Bool[Tensor, "b p"], stop_layer: int | None
+) -> None:
     """Run the model only as far as block `stop_layer` (hooks see their usual values)."""
     model = loaded.model
     if loaded.kind == "decoder":

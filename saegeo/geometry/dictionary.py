@@ -161,9 +161,11 @@ def encoder_decoder_cosines(
     if W_enc.ndim != 2 or W_dec.ndim != 2 or W_enc.shape != (W_dec.shape[1], W_dec.shape[0]):
         raise BadInputError(f"encoder_decoder_cosines needs W_enc (d, N) and W_dec (N, d), got {tuple(W_enc.shape)} and {tuple(W_dec.shape)}")
     out = []
+    dtype = torch.float64 if torch.float64 in (W_enc.dtype, W_dec.dtype) else torch.float32  # no float64 copies of float32 weights
     for s in range(0, W_dec.shape[0], block_rows):
-        e = W_enc[:, s : s + block_rows].T.to(torch.float64)
-        w = W_dec[s : s + block_rows].to(torch.float64)
-        denom = torch.linalg.vector_norm(e, dim=1) * torch.linalg.vector_norm(w, dim=1)
-        out.append(torch.where(denom > 0, (e * w).sum(1) / denom.clamp_min(1e-300), 0.0))
+        e = W_enc[:, s : s + block_rows].to(dtype)
+        w = W_dec[s : s + block_rows].to(dtype)
+        dot = torch.einsum("di,id->i", e, w).to(torch.float64)
+        denom = torch.linalg.vector_norm(e, dim=0).to(torch.float64) * torch.linalg.vector_norm(w, dim=1).to(torch.float64)
+        out.append(torch.where(denom > 0, dot / denom.clamp_min(1e-300), 0.0))
     return torch.cat(out)

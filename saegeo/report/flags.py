@@ -79,10 +79,13 @@ class FlagThresholds:
     mean_direction_min_frequency: float = 0.5
     # ... with |cos(decoder row, activation mean μ)| ≥ this;
     mean_direction_min_cos: float = 0.5
-    # or a latent whose cone share c_i is ≥ this, provided the cone of the reconstructions minus b_dec
-    # is material (their measured A ≥ cone_min_anisotropy; without a cone c_i = x/‖M‖² is noise).
+    # or, when the cone of the reconstructions minus b_dec is material (their measured A ≥
+    # cone_min_anisotropy: the codes carry an offset; without a cone c_i = x/‖M‖² is noise), the latents
+    # with cone share c_i ≥ mean_direction_min_cone_share and the fewest top-c_i latents that together
+    # carry cone_cover of the cone (an offset smeared over many latents).
     mean_direction_min_cone_share: float = 0.1
     cone_min_anisotropy: float = 0.1
+    cone_cover: float = 0.5
     # offset not absorbed: ‖b_dec − μ‖/‖μ‖ ≥ this (warning; error at offset_error_distance) ...
     offset_min_distance: float = 0.5
     offset_error_distance: float = 0.9
@@ -132,6 +135,10 @@ class FlagThresholds:
 
             raise BadInputError(f"unknown flag threshold(s) {unknown}; known: {sorted(known)}")
         return cls(**d)
+
+
+def _f3(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3f}"
 
 
 def _r(x: float | None, digits: int = 4) -> float | None:
@@ -260,26 +267,34 @@ def sae_flags(
     # ---- mean-direction features
     by_alignment = (freq >= t.mean_direction_min_frequency) & (cos.abs() >= t.mean_direction_min_cos)
     cone_material = a_recon is not None and a_recon >= t.cone_min_anisotropy and shares_t is not None
-    by_share = (shares_t >= t.mean_direction_min_cone_share) if cone_material else torch.zeros_like(by_alignment)
+    by_share = torch.zeros_like(by_alignment)
+    n_cover = None
+    if cone_material:
+        by_share = shares_t >= t.mean_direction_min_cone_share
+        ranked = shares_t.argsort(descending=True)
+        n_cover = min(int((shares_t[ranked].cumsum(0) < t.cone_cover).sum()) + 1, d_sae)
+        by_share[ranked[:n_cover]] = True
     guilty = (by_alignment | by_share).nonzero().flatten()
     if guilty.numel():
-        # most guilty first: largest cone share, then largest firing × |cos|
-        score = (shares_t if shares_t is not None else torch.zeros_like(freq)) + freq * cos.abs()
+        # most guilty first: largest cone share (when the cone is material), then largest firing × |cos|
+        score = freq * cos.abs() + (shares_t if cone_material else 0.0)
         order = guilty[score[guilty].argsort(descending=True)].tolist()
         top = order[0]
         n_guilty = len(order)
         share_sum = float(shares_t[guilty].sum()) if shares_t is not None else None
+        smeared = f"; the top {n_cover} by cone share make {100 * t.cone_cover:.0f}% of it" if n_cover else ""
         flags.append(Flag(
             MEAN_DIRECTION, "error" if float(freq[top]) >= 0.9 and abs(float(cos[top])) >= 0.9 else "warning",
             {"n_latents": n_guilty, "n_by_alignment": int(by_alignment.sum()), "n_by_cone_share": int(by_share.sum()),
+             "n_latents_for_cone_cover": n_cover,
              "top_latent": top, "top_firing_frequency": _r(freq[top]), "top_cos_decoder_mean": _r(cos[top]),
              "top_cone_share": _r(shares_t[top]) if shares_t is not None else None,
              "cone_share_of_flagged": _r(share_sum), "anisotropy_recon_minus_b_dec": _r(a_recon)},
             "These latents encode the activation mean rather than features: initialise b_dec to the activation "
             "mean (saegeo train --b-dec-init mean) or centre the activations, and retrain.",
-            summary=(f"{n_guilty} latent(s) carry the mean direction; latent {top} fires on "
-                     f"{100 * float(freq[top]):.0f}% of tokens with cos(decoder, μ) = {float(cos[top]):+.2f}"
-                     + (f", cone share {float(shares_t[top]):.2f}" if shares_t is not None else "")),
+            summary=(f"{n_guilty} latent(s) carry the mean direction (cone of x̂ − b_dec: A = {_f3(a_recon)}{smeared}); "
+                     f"latent {top} fires on {100 * float(freq[top]):.0f}% of tokens with cos(decoder, μ) = "
+                     f"{float(cos[top]):+.2f}" + (f", cone share {float(shares_t[top]):.2f}" if shares_t is not None else "")),
             latents=order[: t.max_latents], subject=name,
         ))
 

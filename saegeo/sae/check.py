@@ -27,7 +27,6 @@ import torch
 
 from saegeo.errors import BadInputError, FormatError
 from saegeo.geometry import GeometryAccumulator, activation_geometry
-from saegeo.geometry.amplification import dictionary_anisotropy
 from saegeo.geometry.nulls import anisotropy_null_sd
 from saegeo.geometry.dictionary import (
     DEFAULT_BLOCK_ROWS,
@@ -169,16 +168,19 @@ def check_dictionary(sae: SAE, *, options: CheckOptions | None = None, name: str
     zero_rows = zero.nonzero().flatten().tolist()
     alive_norms = torch.where(zero, torch.zeros_like(norms), norms)  # "zero" rows drop out of every direction statistic
 
-    # A_dict and ‖ū‖² (dictionary_anisotropy normalises block by block itself)
-    rows_for_a = W_dec if not zero_rows else W_dec[~zero]
-    a_dict, mean_sq_norm = dictionary_anisotropy(rows_for_a)
-    # the dictionary's own spectrum, with the same accumulator and measures as the activations'
+    # One pass of the unit rows u_i through the activations' accumulator and measures: for unit rows its
+    # A = (n‖m̂‖² − 1)/(n − 1) is A_dict and its offset² is ‖ū‖²; the spectrum is the dictionary's own.
     acc = GeometryAccumulator(d)
-    unit_sum = torch.zeros(d, dtype=torch.float64)
     for block in unit_row_blocks(W_dec, alive_norms, block_rows=opts.block_rows):
         acc.add(block)
-        unit_sum += block.to(torch.float64).sum(0)
-    dgeo = activation_geometry(acc, top_k_eigvecs=0).to_dict()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # LAPACK's tridiagonalisation spin-waits with 2+ threads on a busy CPU (20-50×)
+    try:
+        dgeo = activation_geometry(acc, top_k_eigvecs=0).to_dict()
+    finally:
+        torch.set_num_threads(threads)
+    a_dict, mean_sq_norm = float(dgeo["anisotropy"]), float(dgeo["offset"]) ** 2
+    mean_dir = acc.unit_mean
     spectrum = {k: dgeo.get(k) for k in (
         "eigenvalues", "top1_share", "top10_share", "effective_rank", "participation_ratio", "numerical_rank",
         "isoscore", "mp_upper_edge", "mp_lower_edge", "n_spikes", "noise_effective_rank")}
@@ -193,7 +195,6 @@ def check_dictionary(sae: SAE, *, options: CheckOptions | None = None, name: str
     enc_dec = encoder_decoder_cosines(W_enc, W_dec, block_rows=opts.block_rows)
     enc_dec_alive = enc_dec[~zero]
 
-    mean_dir = unit_sum / max(n_lat - len(zero_rows), 1)
     b_norm = float(b_dec.norm())
     b_info = {
         "norm": b_norm,

@@ -225,14 +225,14 @@ class _IteratorSource:
             yield _rows(b)
 
     @staticmethod
-    def _take(stream: Iterator[Tensor], n: int) -> Tensor:
+    def _take(stream: Iterator[Tensor], n: int, allow_short: bool = False) -> Tensor:
         parts, have = [], 0
         for b in stream:
             parts.append(b)
             have += b.shape[0]
             if have >= n:
                 break
-        if have < n:
+        if have < n and not (allow_short and have):
             raise BadInputError(f"data iterator ended after {have} rows; {n} needed")
         x = torch.cat(parts)
         return x  # rows beyond n are kept in the held-out set (it only ever grows by < one source batch)
@@ -259,7 +259,7 @@ class _IteratorSource:
             raise BadInputError("pass a callable returning the iterator, so b_dec can be estimated before training")
         stream = self._stream()
         self._take(stream, self.n_held) if self.n_held else None
-        yield self._take(stream, n)[:n]
+        yield self._take(stream, n, allow_short=True)[:n]  # a short stream: its whole training part
 
     def heldout_batches(self) -> Iterator[Tensor]:
         for lo in range(0, self.heldout_x.shape[0], self.cfg.batch_size):
@@ -291,6 +291,13 @@ def streamed_mean(batches: Iterable[Tensor]) -> Float[Tensor, " d"]:
     """μ = Σx / n accumulated in float64 over the batches (never holds the rows)."""
     total, n = None, 0
     for b in batches:
+        finite = torch.isfinite(b).all(dim=1)
+        if not bool(finite.all()):
+            row = n + int((~finite).nonzero()[0])
+            raise BadInputError(
+                f"row {row} of the activations used to initialise b_dec is not finite (inf/NaN); "
+                "clean or re-cache the data (`saegeo store verify`), or skip those rows"
+            )
         s = b.double().sum(dim=0)
         total = s if total is None else total + s
         n += b.shape[0]

@@ -1,0 +1,214 @@
+"""SAE training, saegeo vs SAELens, side by side in one run on the same activations.
+
+Data: MiniLM layer-3 `blocks.3.hook_resid_post` from the store at artifacts/acts/minilm/... (built by
+`saegeo cache` if missing), or a saved tensor given with --acts. Same d_sae (3072), batch (4096),
+lr (3e-4), token budget (737,280 = 180 steps) and held-out split (the last 10% of rows in store order)
+for both. SAELens runs in its own venv (.venv-saelens: `python3 -m venv .venv-saelens &&
+.venv-saelens/bin/pip install torch==2.13.0 sae-lens==6.54.12`) through a subprocess.
+
+Reported per run: tokens/s (wall time of the whole training call), held-out FVE, L0, dead and dense
+fractions, max |cos(W_dec, mean)|, ‖b_dec‖ vs ‖mean‖; then ratios. All metrics for both libraries are
+computed by the same function (saegeo.sae.train.evaluate) on the same held-out rows; the SAELens SAE is
+also scored by SAELens' own encode/decode, and the two must agree. Finally a saegeo-saved SAE is loaded
+by SAELens (`SAE.load_from_disk`) and its encode/decode compared with saegeo's.
+
+Usage: .venv/bin/python benchmarks/train_bench.py [--arch topk relu] [--tokens 737280] [--acts PATH]
+Dead-latent windows: saegeo marks a latent dead for AuxK after 200k tokens without firing; SAELens after
+dead_feature_window = 1000 steps (4.1M tokens), so its AuxK never switches on in this budget. Both report
+"dead" the same way here: never fires on the held-out rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from saegeo.sae.formats import load_sae  # noqa: E402
+from saegeo.sae.model import SAE, SAEConfig  # noqa: E402
+from saegeo.sae.train import TrainConfig, evaluate, train_sae  # noqa: E402
+
+STORE = ROOT / "artifacts/acts/minilm/blocks.3.hook_resid_post"
+SAELENS_PY = ROOT / ".venv-saelens/bin/python"
+D_SAE, BATCH, LR, HELDOUT = 3072, 4096, 3e-4, 0.1
+
+SAELENS_SCRIPT = r'''
+import json, os, sys, time
+os.environ["TQDM_DISABLE"] = "1"
+import torch
+from safetensors.torch import load_file, save_file
+import sae_lens
+from sae_lens import SAE, SAETrainer
+from sae_lens.config import SAETrainerConfig
+from sae_lens import TopKTrainingSAE, TopKTrainingSAEConfig, StandardTrainingSAE, StandardTrainingSAEConfig
+
+job = json.loads(sys.argv[1])
+data = load_file(job["data"])
+train, held = data["train"], data["heldout"]
+out = {"sae_lens_version": sae_lens.__version__, "threads": torch.get_num_threads()}
+
+if job.get("check_dir"):  # load a saegeo-saved SAE and run SAELens' own encode/decode
+    sae = SAE.load_from_disk(job["check_dir"], device="cpu")
+    with torch.no_grad():
+        feats = sae.encode(held)
+        recon = sae.decode(feats)
+    save_file({"codes": feats.contiguous(), "recon": recon.contiguous()}, job["check_out"])
+    out["loaded_class"] = type(sae).__name__
+
+if job.get("arch"):
+    d_in, bs = train.shape[1], job["batch"]
+    if job["arch"] == "topk":
+        sae = TopKTrainingSAE(TopKTrainingSAEConfig(d_in=d_in, d_sae=job["d_sae"], k=job["k"]))
+    else:
+        sae = StandardTrainingSAE(StandardTrainingSAEConfig(d_in=d_in, d_sae=job["d_sae"], l1_coefficient=job["l1"]))
+    g = torch.Generator().manual_seed(job["seed"])
+    def batches():
+        while True:
+            perm = torch.randperm(train.shape[0], generator=g)
+            for j in range(train.shape[0] // bs):
+                yield train[perm[j * bs:(j + 1) * bs]]
+    cfg = SAETrainerConfig(total_training_samples=job["tokens"], train_batch_size_samples=bs, lr=job["lr"],
+                           lr_end=job["lr"], device="cpu")
+    t0 = time.perf_counter()
+    trained = SAETrainer(cfg=cfg, sae=sae, data_provider=batches()).fit()
+    out["seconds"] = time.perf_counter() - t0
+    trained.eval()
+    with torch.no_grad():
+        sse, n = 0.0, 0
+        for lo in range(0, held.shape[0], 4096):
+            x = held[lo:lo + 4096]
+            x_hat = trained.decode(trained.encode(x))
+            sse += float((x - x_hat).double().pow(2).sum())
+        css = float((held.double() - held.double().mean(0)).pow(2).sum())
+    out["own_fve"] = 1 - sse / css
+    out["apply_b_dec_to_input"] = bool(trained.cfg.apply_b_dec_to_input)
+    sd = {k: v.detach().contiguous() for k, v in trained.state_dict().items() if k in ("W_enc", "W_dec", "b_enc", "b_dec")}
+    save_file(sd, job["weights_out"])
+print("JSON" + json.dumps(out))
+'''
+
+
+def run_saelens(job: dict) -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(SAELENS_SCRIPT)
+    env = {**os.environ, "TQDM_DISABLE": "1", "WANDB_MODE": "disabled"}
+    proc = subprocess.run([str(SAELENS_PY), f.name, json.dumps(job)], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"SAELens subprocess failed:\n{proc.stderr[-3000:]}")
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("JSON")][-1]
+    return json.loads(line[4:])
+
+
+def load_activations(path: str | None) -> tuple[torch.Tensor, str]:
+    if path and path.endswith(".safetensors"):
+        return load_file(path)["activations"].float(), path
+    from saegeo.activations.store import ActivationStore
+
+    store_dir = Path(path) if path else STORE
+    if not (store_dir / "manifest.json").exists():
+        print(f"no store at {store_dir}; caching MiniLM layer 3 with `saegeo cache` ...", flush=True)
+        subprocess.run([sys.executable, "-m", "saegeo.cli", "cache", "--hook", "blocks.3.hook_resid_post",
+                        "--out", str(store_dir.parent)], check=True)
+    store = ActivationStore(store_dir)
+    return store.read_rows(0, store.n_tokens), f"{store_dir} ({store.model}, {store.hook})"
+
+
+def saelens_as_saegeo(weights: dict, arch: str, k: int, apply_b_dec: bool) -> SAE:
+    """SAELens' trained weights under saegeo's contract with SAELens' semantics (TopK then ReLU, free norms)."""
+    d_in, d_sae = weights["W_enc"].shape
+    sae = SAE(SAEConfig(d_in, d_sae, activation="topk" if arch == "topk" else "relu", k=k if arch == "topk" else None,
+                        topk_order="topk_then_relu", unit_norm_decoder=False, apply_b_dec_to_input=apply_b_dec))
+    sae.load_state_dict(weights, strict=False)
+    return sae
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", nargs="+", default=["topk", "relu"])
+    ap.add_argument("--tokens", type=int, default=737_280)
+    ap.add_argument("--k", type=int, default=32)
+    ap.add_argument("--l1", type=float, default=1.0)
+    ap.add_argument("--acts", help="store directory or .safetensors with an `activations` tensor")
+    ap.add_argument("--out", default=str(ROOT / "artifacts/runs/train_bench"))
+    args = ap.parse_args()
+    if not SAELENS_PY.exists():
+        sys.exit(f"{SAELENS_PY} missing: python3 -m venv .venv-saelens && .venv-saelens/bin/pip install torch==2.13.0 sae-lens==6.54.12")
+
+    x, source = load_activations(args.acts)
+    n_held = int(round(x.shape[0] * HELDOUT))
+    train_x, held_x = x[: x.shape[0] - n_held], x[x.shape[0] - n_held :]
+    mean = train_x.double().mean(0)
+    print(f"data: {source}: {x.shape[0]:,} tokens x {x.shape[1]}, train {train_x.shape[0]:,}, held-out "
+          f"{held_x.shape[0]:,} (last 10%); |mean| {mean.norm():.2f}, mean token norm {x.norm(dim=1).mean():.2f}")
+    print(f"budget: {args.tokens:,} tokens = {args.tokens // BATCH} steps of {BATCH}; d_sae {D_SAE}; lr {LR}; "
+          f"torch threads {torch.get_num_threads()}", flush=True)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp())
+    data_file = tmp / "data.safetensors"
+    save_file({"train": train_x.contiguous(), "heldout": held_x.contiguous()}, str(data_file))
+
+    rows = []
+    for arch in args.arch:
+        cfg = TrainConfig(arch=arch, d_sae=D_SAE, k=args.k, l1_coefficient=args.l1, lr=LR, batch_size=BATCH,
+                          total_tokens=args.tokens, heldout_fraction=HELDOUT, b_dec_init="mean", progress=False,
+                          out_dir=str(out_dir / f"saegeo_{arch}"), log_every=20)
+        t0 = time.perf_counter()
+        res = train_sae(cfg, x, resume=False)
+        sec = time.perf_counter() - t0
+        ours = evaluate(res.sae, [held_x], mean)
+        print(f"saegeo  {arch}: {sec:.1f} s", flush=True)
+
+        job = dict(data=str(data_file), arch=arch, d_sae=D_SAE, k=args.k, l1=args.l1, batch=BATCH, lr=LR,
+                   tokens=args.tokens, seed=0, weights_out=str(tmp / f"saelens_{arch}.safetensors"))
+        sl = run_saelens(job)
+        sl_sae = saelens_as_saegeo(load_file(job["weights_out"]), arch, args.k, sl["apply_b_dec_to_input"])
+        theirs = evaluate(sl_sae, [held_x], mean)
+        assert abs(theirs["fve"] - sl["own_fve"]) < 1e-3, (theirs["fve"], sl["own_fve"])  # same semantics
+        print(f"SAELens {arch}: {sl['seconds']:.1f} s (SAELens {sl['sae_lens_version']})", flush=True)
+        rows.append((arch, args.tokens / sec, ours, args.tokens / sl["seconds"], theirs))
+
+    # SAELens loads a saegeo-saved SAE and encodes/decodes as saegeo does
+    check_dir = out_dir / f"saegeo_{args.arch[0]}"
+    chk = run_saelens(dict(data=str(data_file), check_dir=str(check_dir), check_out=str(tmp / "check.safetensors")))
+    ref = load_sae(check_dir)
+    with torch.no_grad():
+        codes, recon = ref.encode(held_x), ref.decode(ref.encode(held_x))
+    got = load_file(str(tmp / "check.safetensors"))
+    code_err = float((got["codes"] - codes).abs().max())
+    recon_err = float((got["recon"] - recon).abs().max() / recon.abs().max())
+    assert code_err < 1e-3 and recon_err < 1e-5, (code_err, recon_err)
+
+    def fmt(m):
+        return (f"FVE {m['fve']:.3f}  L0 {m['l0']:6.1f}  dead {m['dead_fraction']:6.1%}  dense {m['dense_fraction']:5.1%}  "
+                f"max|cos(W_dec,mean)| {m['max_abs_cos_mean']:.3f} (#>0.5: {m['n_latents_cos_mean_gt_0.5']})  "
+                f"|b_dec| {m['b_dec_norm']:.2f}")
+
+    print("\n=== results (held-out, same rows, same metric code) ===")
+    summary = {}
+    for arch, tps_ours, ours, tps_sl, theirs in rows:
+        print(f"[{arch}] saegeo : {tps_ours:8,.0f} tok/s  {fmt(ours)}")
+        print(f"[{arch}] SAELens: {tps_sl:8,.0f} tok/s  {fmt(theirs)}")
+        print(f"[{arch}] ratio saegeo/SAELens tokens/s: {tps_ours / tps_sl:.2f}x   "
+              f"(target {'2' if arch == 'topk' else '1.3'}x)")
+        summary[arch] = dict(saegeo=dict(tok_s=tps_ours, **ours), saelens=dict(tok_s=tps_sl, **theirs),
+                             speed_ratio=tps_ours / tps_sl)
+    print(f"|mean| of training rows: {float(mean.norm()):.2f}")
+    print(f"SAELens {chk['sae_lens_version']} loads the saegeo SAE as {chk['loaded_class']}: max |codes diff| "
+          f"{code_err:.2e}, max relative recon diff {recon_err:.2e}")
+    (out_dir / "train_bench.json").write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
