@@ -393,7 +393,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.config:
         text = Path(args.config).read_text()
         if args.config.endswith(".toml"):
-            import tomllib
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                import tomli as tomllib
 
             config = tomllib.loads(text)
         else:
@@ -511,6 +514,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise CLIError("saegeo train needs --acts STORE (or `acts = \"...\"` in the --config file)")
     cfg = TrainConfig.from_dict(options)
     result = train_sae(cfg, acts, resume=not args.no_resume)
+    from saegeo.distributed import current
+
+    if (ctx := current()) is not None and not ctx.is_main:
+        return 0  # under torchrun rank 0 prints the summary (every rank holds the same SAE)
     h, live = result.heldout, (result.history[-1] if result.history else {})
     rows = [
         ("architecture", f"{cfg.arch}" + (f" k={cfg.k}" if cfg.arch == "topk" else f" l1={cfg.l1_coefficient:g}")),

@@ -128,12 +128,19 @@ def test_killed_cache_resumes_identically(tiny, text_file, tmp_path, crash_at):
     assert ActivationStore(tmp_path / "ref" / HOOKS[0]).n_tokens > 5 * 128  # several shards were involved
 
 
-def test_rerun_is_a_no_op_and_mismatch_refused(tiny, text_file, tmp_path):
+def test_rerun_is_a_no_op_and_mismatch_refused(tiny, text_file, tmp_path, monkeypatch):
+    from saegeo.activations import cache as cache_mod
+
     cfg = CacheConfig(hooks=HOOKS[:1], corpus=str(text_file), context=20, out=str(tmp_path / "o"), shard_rows=100,
                       max_tokens=450, progress=False)
     cache_activations(cfg, tiny)
     before = hashes(tmp_path / "o")
+    calls = []
+    forward = cache_mod.forward_to_layer
+    monkeypatch.setattr(cache_mod, "forward_to_layer", lambda *a: calls.append(a[1].shape) or forward(*a))
     assert cache_activations(cfg, tiny).new_tokens == 0
+    assert calls == [(1, 2)]  # only the hook-width probe: no batch is recomputed
+    monkeypatch.undo()
     assert hashes(tmp_path / "o") == before
     # a larger --max-tokens continues the store, equal to caching 700 in one go
     more = cache_activations(CacheConfig(**{**cfg.__dict__, "max_tokens": 700}), tiny)

@@ -89,14 +89,20 @@ def test_without_a_launcher_everything_is_single_process():
     assert torch.allclose(distributed.mean_across_ranks(iter([x[:20], x[20:]])), x.mean(0), rtol=1e-14)
 
 
-# =========================================================================== reductions and training, 2 ranks
-WORKER = r'''
+# =========================================================================== one 2-rank job, several checks
+# Starting torch in 3 processes costs seconds, so one torchrun job does everything that ends cleanly:
+# reductions, training (tensor and store), the report through the CLI, and two bad launches whose
+# errors every rank catches. The tests below each check one part of what it wrote.
+WORKER = r"""
 import json, sys, torch
 from pathlib import Path
 from safetensors.torch import save_file
 from saegeo import distributed
+from saegeo.cli import main
+from saegeo.errors import SaegeoError
 from saegeo.geometry import GeometryAccumulator
 from saegeo.geometry.amplification import CodeMomentAccumulator
+from saegeo.report import ReportOptions, geometry_report
 from saegeo.sae.train import TrainConfig, train_sae
 
 out = Path(sys.argv[1])
@@ -117,8 +123,8 @@ css = distributed.centred_sum_of_squares(x)
 common = torch.randn(250, 6, generator=torch.Generator().manual_seed(5), dtype=torch.float64) + 3.0
 mean = distributed.mean_across_ranks(iter([common[:101], common[101:]]))  # same batches on every rank
 save_file({"cov": merged.covariance(), "mean": merged.mean, "unit_mean": merged.unit_mean,
-           "n": torch.tensor([merged.n]), "css": css.reshape(1), "init_mean": mean,
-           "cm_fire": cm.fire_count, "cm_stats": torch.tensor([cm.n, cm.l0_sum, cm.value_sum, cm.ratio_sum], dtype=torch.float64)},
+           "n": torch.tensor([merged.n]), "css": css.reshape(1), "init_mean": mean, "cm_fire": cm.fire_count,
+           "cm_stats": torch.tensor([cm.n, cm.l0_sum, cm.value_sum, cm.ratio_sum], dtype=torch.float64)},
           str(out / f"reduce_{r}.safetensors"))
 
 # ---- training on a tensor: every rank holds the data, computes half of each global batch
@@ -144,9 +150,24 @@ except Stop:
 # ---- training from a store: each rank streams its own shards; weights stay identical across ranks
 store_run = train_sae(TrainConfig(**{**cfg.__dict__, "total_tokens": 3 * cfg.batch_size}), str(out / "store"))
 w = distributed.gather_objects(store_run.sae.W_dec.detach())
-assert torch.equal(w[0], w[1]), "ranks diverged"
-(out / f"store_ok_{r}").write_text("ok")
-'''
+(out / f"store_{r}.json").write_text(json.dumps({"identical": bool(torch.equal(w[0], w[1])),
+                                                 "finite": bool(torch.isfinite(w[r]).all())}))
+
+# ---- the report through the CLI, exactly as `torchrun -m saegeo.cli report ...` runs it
+code = main(["report", "--acts", str(out / "rstore"), "--sae", f"s={out / 'sae'}", "--out", str(out / "report"),
+             "--format", "json", "--batch-size", "128", "--no-progress"])
+assert code == 0
+
+# ---- bad launches: every rank must end with a message (caught here so the job goes on)
+errors = {}
+for case, store in (("mismatch", "rstore" if r == 0 else "other"), ("nan", "rstore_bad")):
+    try:
+        geometry_report(str(out / store), options=ReportOptions(progress=False, batch_size=128))
+        errors[case] = None
+    except SaegeoError as err:
+        errors[case] = f"{type(err).__name__}: {err}"
+(out / f"errors_{r}.json").write_text(json.dumps(errors))
+"""
 
 
 def _train_cfg(**kw) -> dict:
@@ -157,22 +178,46 @@ def _train_cfg(**kw) -> dict:
     return base
 
 
-def test_reductions_and_training_on_two_ranks_equal_one_process(tmp_path):
+def _train_data() -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
     mean = torch.randn(12, generator=g) * 3
-    data = torch.relu(torch.randn(1200, 12, generator=g)) + mean  # offset + non-negative spread
-    torch.save(data, tmp_path / "train_x.pt")
-    (tmp_path / "train_cfg.json").write_text(json.dumps(_train_cfg()))
-    write_store(tmp_path / "store", data, shard_rows=150)  # 8 shards: 4 per rank
-    _torchrun([_script(tmp_path, "worker.py", WORKER), str(tmp_path)], tmp_path)
+    return torch.relu(torch.randn(1200, 12, generator=g)) + mean  # offset + non-negative spread
 
-    # ---- reductions against numpy on all rows (independent), identical on both ranks
+
+def _report_data(poison_row: int | None = None) -> torch.Tensor:
+    """1500 rows; stored in shards of 200 rows the split gives rank 0 shards 0-3 (800 rows), rank 1 shards 4-7."""
+    x = torch.randn(1500, 10, generator=torch.Generator().manual_seed(7)) * torch.linspace(0.5, 2.0, 10) + 5.0
+    if poison_row is not None:
+        x[poison_row, 3] = float("nan")
+    return x
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory) -> Path:
+    """Run WORKER on 2 ranks once; return the directory it wrote to."""
+    tmp = tmp_path_factory.mktemp("dist")
+    data = _train_data()
+    torch.save(data, tmp / "train_x.pt")
+    (tmp / "train_cfg.json").write_text(json.dumps(_train_cfg()))
+    write_store(tmp / "store", data, shard_rows=150)  # 8 shards: 4 per rank and epoch
+    for name, poison in (("rstore", None), ("rstore_bad", 1400)):
+        write_store(tmp / name, _report_data(poison), shard_rows=200)
+    write_store(tmp / "other", torch.randn(300, 10), shard_rows=100)
+    sae = SAE(SAEConfig(d_in=10, d_sae=40, activation="topk", k=5)).init_weights(torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        sae.b_dec.copy_(_report_data().mean(0) * 0.5)  # b_dec halfway to the mean
+    save_sae(sae, tmp / "sae")
+    _torchrun([_script(tmp, "worker.py", WORKER), str(tmp)], tmp)
+    return tmp
+
+
+def test_reductions_on_two_ranks_equal_brute_force_over_all_rows(job):
     xs = [(torch.randn(300 + 77 * r, 6, generator=torch.Generator().manual_seed(100 + r), dtype=torch.float64)
            * (1 + r) + 1e4).numpy() for r in range(2)]
     allx = np.concatenate(xs)
-    ranks = [load_file(str(tmp_path / f"reduce_{r}.safetensors")) for r in range(2)]
+    ranks = [load_file(str(job / f"reduce_{r}.safetensors")) for r in range(2)]
     for key in ranks[0]:
-        assert torch.equal(ranks[0][key], ranks[1][key]), key
+        assert torch.equal(ranks[0][key], ranks[1][key]), f"{key} differs between ranks"
     red = ranks[0]
     assert int(red["n"]) == allx.shape[0]
     np.testing.assert_allclose(red["mean"].numpy(), allx.mean(0), rtol=1e-14)
@@ -182,7 +227,6 @@ def test_reductions_and_training_on_two_ranks_equal_one_process(tmp_path):
     np.testing.assert_allclose(float(red["css"]), ((allx - allx.mean(0)) ** 2).sum(), rtol=1e-10)
     common = torch.randn(250, 6, generator=torch.Generator().manual_seed(5), dtype=torch.float64).numpy() + 3.0
     np.testing.assert_allclose(red["init_mean"].numpy(), common.mean(0), rtol=1e-13)
-    # codes: brute force over the rows of both ranks
     codes = []
     for r in range(2):
         gr = torch.Generator().manual_seed(100 + r)
@@ -194,48 +238,39 @@ def test_reductions_and_training_on_two_ranks_equal_one_process(tmp_path):
     ratio = np.where(s > 0, s / np.sqrt(s**2 * 0.3 + 0.7 * q + (s == 0)), 0.0).sum()
     np.testing.assert_allclose(red["cm_stats"].numpy(), [c.shape[0], (c > 0).sum(), c.sum(), ratio], rtol=1e-12)
 
-    # ---- training: the 2-rank run equals one process on the same (concatenated) global batches
+
+def test_two_rank_training_equals_one_process_on_the_concatenated_batches_and_resumes_on_one(job, tmp_path):
+    data = _train_data()
     single = train_sae(TrainConfig(**_train_cfg(out_dir=str(tmp_path / "single"))), data)
-    two = json.loads((tmp_path / "history_0.json").read_text())
+    two = json.loads((job / "history_0.json").read_text())
     curve_1 = [h["mse"] for h in single.history]
     curve_2 = [h["mse"] for h in two["history"]]
     assert len(curve_1) == len(curve_2) == 10
-    np.testing.assert_allclose(curve_2, curve_1, rtol=2e-4)
-    np.testing.assert_allclose([h["fve"] for h in two["history"]], [h["fve"] for h in single.history], atol=2e-4)
+    np.testing.assert_allclose(curve_2, curve_1, rtol=1e-5)
+    np.testing.assert_allclose([h["fve"] for h in two["history"]], [h["fve"] for h in single.history], atol=1e-5)
     np.testing.assert_allclose([h["dead"] for h in two["history"]], [h["dead"] for h in single.history])
-    w0, w1 = (load_file(str(tmp_path / f"weights_{r}.safetensors")) for r in range(2))
+    w0, w1 = (load_file(str(job / f"weights_{r}.safetensors")) for r in range(2))
     for name, p in single.sae.state_dict().items():
         assert torch.equal(w0[name], w1[name]), f"{name} differs between ranks"
-        torch.testing.assert_close(w0[name], p, rtol=1e-4, atol=2e-5, msg=f"{name}: 2 ranks vs 1 process")
-    assert two["heldout"]["fve"] == pytest.approx(single.heldout["fve"], abs=1e-4)
+        torch.testing.assert_close(w0[name], p, rtol=1e-5, atol=2e-6, msg=f"{name}: 2 ranks vs 1 process")
+    assert two["heldout"]["fve"] == pytest.approx(single.heldout["fve"], abs=1e-5)
     # the SAE was written once (rank 0), with the world size in its provenance
-    cfg_json = json.loads((tmp_path / "full" / "cfg.json").read_text())
-    assert cfg_json["saegeo"]["world_size"] == 2
-    torch.testing.assert_close(load_sae(tmp_path / "full").W_dec, single.sae.W_dec, rtol=1e-4, atol=2e-5)
+    assert json.loads((job / "full" / "cfg.json").read_text())["saegeo"]["world_size"] == 2
+    torch.testing.assert_close(load_sae(job / "full").W_dec, single.sae.W_dec, rtol=1e-5, atol=2e-6)
 
-    # ---- a checkpoint written by 2 ranks (step 4) resumes on 1 process to the uninterrupted result
-    state = json.loads((tmp_path / "cut" / "checkpoint" / "state.json").read_text())
+    # a checkpoint written by 2 ranks (step 4) resumes on 1 process to the uninterrupted result
+    state = json.loads((job / "cut" / "checkpoint" / "state.json").read_text())
     assert state["step"] == 4
-    resumed = train_sae(TrainConfig(**_train_cfg(out_dir=str(tmp_path / "cut"), checkpoint_every=4)), data)
+    resumed = train_sae(TrainConfig(**_train_cfg(out_dir=str(job / "cut"), checkpoint_every=4)), data)
     assert [h["step"] for h in resumed.history] == list(range(1, 11))
-    np.testing.assert_allclose([h["mse"] for h in resumed.history], curve_1, rtol=2e-4)
+    np.testing.assert_allclose([h["mse"] for h in resumed.history], curve_1, rtol=1e-5)
     for name, p in single.sae.state_dict().items():
-        torch.testing.assert_close(resumed.sae.state_dict()[name], p, rtol=1e-4, atol=2e-5, msg=name)
-
-    # ---- store-backed training ran on both ranks with identical weights (asserted in the worker)
-    assert all((tmp_path / f"store_ok_{r}").exists() for r in range(2))
+        torch.testing.assert_close(resumed.sae.state_dict()[name], p, rtol=1e-5, atol=2e-6, msg=name)
 
 
-# =========================================================================== the report, 2 ranks
-def _report_store(tmp_path: Path, *, poison_row: int | None = None) -> tuple[Path, torch.Tensor]:
-    g = torch.Generator().manual_seed(7)
-    x = torch.randn(1500, 10, generator=g) * torch.linspace(0.5, 2.0, 10) + 5.0
-    if poison_row is not None:
-        x[poison_row, 3] = float("nan")
-    sizes = [100, 250, 400, 150, 300, 300]  # uneven shards: the split balances rows, not shard counts
-    path = tmp_path / ("store_bad" if poison_row is not None else "store")
-    write_store(path, [x[sum(sizes[:i]) : sum(sizes[: i + 1])] for i in range(len(sizes))], shard_rows=1)
-    return path, x
+def test_store_training_keeps_ranks_identical(job):
+    for r in range(2):
+        assert json.loads((job / f"store_{r}.json").read_text()) == {"identical": True, "finite": True}
 
 
 def _close(a, b, ref, path="", scale=1.0):
@@ -259,57 +294,36 @@ def _close(a, b, ref, path="", scale=1.0):
         assert a == b, path
 
 
-def test_report_on_two_ranks_equals_the_single_process_report(tmp_path):
-    store, x = _report_store(tmp_path)
-    sae = SAE(SAEConfig(d_in=10, d_sae=40, activation="topk", k=5)).init_weights(torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        sae.b_dec.copy_(x.mean(0) * 0.5)
-    save_sae(sae, tmp_path / "sae")
-    # nothing but the launcher: the same CLI command under torchrun
-    _torchrun(["-m", "saegeo.cli", "report", "--acts", str(store), "--sae", f"s={tmp_path / 'sae'}", "--out",
-               str(tmp_path / "out"), "--format", "json", "--batch-size", "128", "--no-progress"], tmp_path)
-    dist_report = json.loads((tmp_path / "out" / "report.json").read_text())
-    single, rebatched = (geometry_report(store, {"s": tmp_path / "sae"},
+def test_report_on_two_ranks_equals_the_single_process_report(job):
+    dist_report = json.loads((job / "report" / "report.json").read_text())  # written by rank 0 only
+    single, rebatched = (geometry_report(job / "rstore", {"s": job / "sae"},
                                          options=ReportOptions(batch_size=bs, progress=False)).to_dict()
                          for bs in (128, 100))
     assert dist_report["activations"]["n"] == 1500
     # the sample behind the cosine histogram is the same rows (bottom-k priorities by global row index)
     assert dist_report["cosine_histogram"]["counts"] == single["cosine_histogram"]["counts"]
-    rebatched["options"] = single["options"]
     _close(dist_report, single, rebatched, scale=max(single["activations"]["eigenvalues"]))
 
 
-def test_mismatched_stores_end_every_rank_with_a_clear_message(tmp_path):
-    _report_store(tmp_path)
-    write_store(tmp_path / "other", torch.randn(300, 10), shard_rows=100)
-    script = _script(tmp_path, "mismatch.py", """
-        import os, sys
-        from saegeo.cli import main
-        store = "store" if os.environ["RANK"] == "0" else "other"
-        sys.exit(main(["report", "--acts", store, "--out", "out", "--format", "json", "--no-progress"]))
-    """)
-    proc = _torchrun([script], tmp_path, expect_ok=False)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0
-    assert out.count("the ranks disagree on activation store") == 2, out[-3000:]  # both ranks say it
-    assert "rank 0: " in out and "rank 1: " in out and "1500 tokens" in out and "300 tokens" in out
-    assert not (tmp_path / "out" / "report.json").exists()
+def test_mismatched_stores_end_every_rank_with_a_clear_message(job):
+    for r in range(2):
+        msg = json.loads((job / f"errors_{r}.json").read_text())["mismatch"]
+        assert msg.startswith("StoreError: the ranks disagree on activation store"), msg
+        assert "rank 0: " in msg and "1500 tokens, 8 shards" in msg and "rank 1: " in msg and "300 tokens" in msg
 
 
-def test_a_failing_rank_ends_every_rank_with_its_message(tmp_path):
-    # the NaN sits in the last shard, streamed by rank 1; rank 0 must not wait for it forever
-    store, _ = _report_store(tmp_path, poison_row=1400)
-    proc = _torchrun(["-m", "saegeo.cli", "report", "--acts", str(store), "--out", "out", "--format", "json",
-                      "--no-progress"], tmp_path, expect_ok=False)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0
-    assert "global row 1400" in out, out[-3000:]  # rank 1's own error names the row
-    assert "rank 1 of 2 failed while streaming the activations: BadInputError: non-finite value" in out
+def test_a_failing_rank_ends_every_rank_with_its_message(job):
+    # the NaN sits in shard 7, streamed by rank 1; rank 0 must hear of it instead of waiting
+    own = json.loads((job / "errors_1.json").read_text())["nan"]
+    assert own.startswith("BadInputError: non-finite value") and "global row 1400" in own, own
+    other = json.loads((job / "errors_0.json").read_text())["nan"]
+    assert other.startswith("DistributedError: rank 1 of 2 failed while streaming the activations: "
+                            "BadInputError: non-finite value"), other
+    assert "global row 1400" in other
 
 
 def test_a_rank_that_dies_mid_training_does_not_hang_the_other(tmp_path):
-    data = torch.randn(1200, 12)
-    torch.save(data, tmp_path / "x.pt")
+    torch.save(_train_data(), tmp_path / "x.pt")
     script = _script(tmp_path, "die.py", f"""
         import os, torch
         from saegeo.sae.train import TrainConfig, train_sae
@@ -319,5 +333,6 @@ def test_a_rank_that_dies_mid_training_does_not_hang_the_other(tmp_path):
         train_sae(TrainConfig(**{_train_cfg()!r}), torch.load("x.pt", weights_only=True), on_step=on_step)
     """)
     proc = _torchrun([script], tmp_path, expect_ok=False)  # the launch guard fails the test on a hang
+    out = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert "exitcode  : 17" in proc.stdout + proc.stderr or "exit code 17" in proc.stdout + proc.stderr
+    assert "exitcode  : 17" in out, out[-2000:]  # torchrun names the rank that died and its exit code

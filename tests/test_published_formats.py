@@ -426,16 +426,18 @@ def test_openai_matches_reference(tmp_path, activation, spread):
 
 # ============================================================================ round trip, safety, bad files
 def test_saegeo_sae_saved_in_saelens_layout_loads_through_detection(tmp_path):
-    from saegeo.sae.formats import save_sae
-    from saegeo.sae.model import SAE, SAEConfig
+    """A few steps of the saegeo trainer write the SAELens layout; auto-detection loads it back identical."""
+    from saegeo.sae.formats import load_sae
+    from saegeo.sae.train import TrainConfig, train_sae
 
-    sae = SAE(SAEConfig(d_in=D_IN, d_sae=D_SAE, activation="topk", k=5)).init_weights(
-        torch.Generator().manual_seed(0), b_dec=torch.randn(D_IN))
-    with torch.no_grad():
-        sae.b_enc.add_(0.1 * torch.randn(D_SAE))
-    save_sae(sae, tmp_path / "mine")
+    data = torch.randn(3000, D_IN, generator=torch.Generator().manual_seed(0)) + 3.0
+    cfg = TrainConfig(arch="topk", k=5, d_sae=D_SAE, batch_size=256, total_tokens=2048, out_dir=str(tmp_path / "mine"),
+                      progress=False, b_dec_init_tokens=1000)
+    train_sae(cfg, data)
     assert detect_format(tmp_path / "mine") == "saelens"
+    sae = load_sae(tmp_path / "mine")  # the trainer's own reader
     loaded = load_dictionary(tmp_path / "mine")
+    assert loaded.cfg.extra["format"] == "saelens" and float(sae.b_dec.norm()) > 1  # b_dec := mean ≈ 3·1
     x = torch.randn(N_ROWS, D_IN) + sae.b_dec.detach()
     with torch.no_grad():
         assert torch.equal(loaded.encode(x), sae.encode(x))

@@ -191,3 +191,25 @@ def test_max_tokens_and_bad_inputs(data_and_sae):
         geometry_report(iter([]), options=QUIET)
     with pytest.raises(BadInputError, match="not an activation store"):
         geometry_report("/nonexistent/store", options=QUIET)
+
+
+def test_cli_report_writes_every_format(data_and_sae, tmp_path, capsys):
+    from saegeo.cli import main
+
+    x, sae = data_and_sae
+    write_store(tmp_path / "store", x[:3000], shard_rows=1000)
+    save_sae(sae, tmp_path / "sae", {"b_dec_init": "mean"})
+    rc = main(["report", "--acts", str(tmp_path / "store"), "--sae", f"mine={tmp_path / 'sae'}",
+               "--out", str(tmp_path / "out"), "--no-progress", "--batch-size", "1000"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("saegeo report") and "mine" in printed
+    rep = GeometryReport.load(tmp_path / "out" / "report.json")
+    assert rep.sae.name == "mine" and rep.activations["n"] == 3000
+    direct = geometry_report(x[:3000], {"mine": sae}, options=QUIET)
+    assert rep.sae.fve == pytest.approx(direct.sae.fve, rel=1e-9)
+    for f in ("summary.txt", "report.md", "report.html"):
+        assert (tmp_path / "out" / f).is_file()
+    # a bad store path is a clean error (exit 2), not a traceback
+    assert main(["report", "--acts", str(tmp_path / "nope"), "--out", str(tmp_path / "o2"), "--no-progress"]) == 2
+    assert "not an activation store" in capsys.readouterr().err

@@ -203,6 +203,15 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
                     continue
                 if seen >= total:
                     break
+                # ... and windows past the token budget
+                keep, upto = 0, seen
+                while keep < len(batch) and upto < total:
+                    upto += counts[keep]
+                    keep += 1
+                batch, counts = batch[:keep], counts[:keep]
+                if all(w.n_tokens >= upto for w in writers.values()):  # e.g. a straddling window
+                    seen = upto
+                    continue
                 tokens, attend, store = _pad(batch, pad_id)
                 store_mask[:] = [store]
                 forward_to_layer(loaded, tokens, attend, stop_layer)

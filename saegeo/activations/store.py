@@ -180,10 +180,15 @@ class StoreWriter:
         if exists:  # resume
             self.manifest = _read_manifest(self.path)
             for key in IDENTITY_FIELDS:
-                if self.manifest.get(key) != identity[key]:
+                have, want = self.manifest.get(key), identity[key]
+                if have != want:
+                    if isinstance(have, dict) and isinstance(want, dict):  # name only the differing entries
+                        diff = sorted(k for k in have.keys() | want.keys() if have.get(k) != want.get(k))
+                        have = {k: have.get(k) for k in diff}
+                        want = {k: want.get(k) for k in diff}
                     raise StoreError(
-                        f"{self.path}: refusing to append: the store has {key}={self.manifest.get(key)!r} "
-                        f"but this run has {key}={identity[key]!r}; use a new directory or overwrite"
+                        f"{self.path}: refusing to append: the store has {key}={have!r} but this run has "
+                        f"{key}={want!r}; use a new directory, or overwrite the store (--overwrite)"
                     )
             self._check_shards_for_resume()
             self.manifest["extra"] = {**self.manifest.get("extra", {}), **(extra_meta or {})}
