@@ -113,7 +113,7 @@ def main() -> None:
     print(f"\n2 ranks x 1 thread vs 1 rank x 1 thread: {two / per_rank:.2f}x "
           f"(ideal 2.00x; {cores} cores shared with whatever else runs here)")
 
-    print("\nreduction alone (merge_across_ranks, 2 ranks, median of 3): all_gather of each rank's state, "
+    print("\nreduction alone (merge_across_ranks, 2 ranks, median of 3): each rank's state broadcast in turn, "
           "Chan merge in rank order")
     print(f"{'d':>6} {'state MB':>10} {'seconds':>9}")
     merges = runs["2 ranks x 1 thread"]["merges"]
@@ -123,7 +123,7 @@ def main() -> None:
     # ---- estimate: 8 GPUs x 4 nodes = 32 ranks
     W, d = 32, 768
     state_mb = merges["768"]["state_bytes"] / 1e6
-    ib_gbps = 12.5  # GB/s per node: 100 Gb/s InfiniBand, the slow link of a ring all-gather across nodes
+    ib_gbps = 12.5  # GB/s per node: 100 Gb/s InfiniBand, the slow link when states cross nodes
     gather_s = (W - 1) * state_mb / 1e3 / ib_gbps
     merge_s = (W - 1) * 2 * d * d * 8 / 5e9  # (W−1) Chan updates of d² float64, ~5 GB/s memory-bound on one core
     tokens = 1e9

@@ -80,9 +80,9 @@ if job.get("arch"):
                 yield train[perm[j * bs:(j + 1) * bs]]
     cfg = SAETrainerConfig(total_training_samples=job["tokens"], train_batch_size_samples=bs, lr=job["lr"],
                            lr_end=job["lr"], device="cpu")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     trained = SAETrainer(cfg=cfg, sae=sae, data_provider=batches()).fit()
-    out["seconds"] = time.perf_counter() - t0
+    out["seconds"], out["cpu_seconds"] = time.perf_counter() - t0, time.process_time() - c0
     trained.eval()
     with torch.no_grad():
         sse, n = 0.0, 0
@@ -164,11 +164,11 @@ def main() -> None:
         cfg = TrainConfig(arch=arch, d_sae=D_SAE, k=args.k, l1_coefficient=args.l1, lr=LR, batch_size=BATCH,
                           total_tokens=args.tokens, heldout_fraction=HELDOUT, b_dec_init="mean", progress=False,
                           out_dir=str(out_dir / f"saegeo_{arch}"), log_every=20)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         res = train_sae(cfg, x, resume=False)
-        sec = time.perf_counter() - t0
+        sec, cpu = time.perf_counter() - t0, time.process_time() - c0
         ours = evaluate(res.sae, [held_x], mean)
-        print(f"saegeo  {arch}: {sec:.1f} s", flush=True)
+        print(f"saegeo  {arch}: {sec:.1f} s wall, {cpu:.1f} s CPU", flush=True)
 
         job = dict(data=str(data_file), arch=arch, d_sae=D_SAE, k=args.k, l1=args.l1, batch=BATCH, lr=LR,
                    tokens=args.tokens, seed=0, weights_out=str(tmp / f"saelens_{arch}.safetensors"))
@@ -176,8 +176,9 @@ def main() -> None:
         sl_sae = saelens_as_saegeo(load_file(job["weights_out"]), arch, args.k, sl["apply_b_dec_to_input"])
         theirs = evaluate(sl_sae, [held_x], mean)
         assert abs(theirs["fve"] - sl["own_fve"]) < 1e-3, (theirs["fve"], sl["own_fve"])  # same semantics
-        print(f"SAELens {arch}: {sl['seconds']:.1f} s (SAELens {sl['sae_lens_version']})", flush=True)
-        rows.append((arch, args.tokens / sec, ours, args.tokens / sl["seconds"], theirs))
+        print(f"SAELens {arch}: {sl['seconds']:.1f} s wall, {sl['cpu_seconds']:.1f} s CPU "
+              f"(SAELens {sl['sae_lens_version']})", flush=True)
+        rows.append((arch, args.tokens / sec, ours, args.tokens / sl["seconds"], theirs, sl["cpu_seconds"] / cpu))
 
     # SAELens loads a saegeo-saved SAE and encodes/decodes as saegeo does
     check_dir = out_dir / f"saegeo_{args.arch[0]}"
@@ -197,13 +198,13 @@ def main() -> None:
 
     print("\n=== results (held-out, same rows, same metric code) ===")
     summary = {}
-    for arch, tps_ours, ours, tps_sl, theirs in rows:
+    for arch, tps_ours, ours, tps_sl, theirs, cpu_ratio in rows:
         print(f"[{arch}] saegeo : {tps_ours:8,.0f} tok/s  {fmt(ours)}")
         print(f"[{arch}] SAELens: {tps_sl:8,.0f} tok/s  {fmt(theirs)}")
         print(f"[{arch}] ratio saegeo/SAELens tokens/s: {tps_ours / tps_sl:.2f}x   "
-              f"(target {'2' if arch == 'topk' else '1.3'}x)")
+              f"(target {'2' if arch == 'topk' else '1.3'}x); CPU-seconds ratio SAELens/saegeo: {cpu_ratio:.2f}x")
         summary[arch] = dict(saegeo=dict(tok_s=tps_ours, **ours), saelens=dict(tok_s=tps_sl, **theirs),
-                             speed_ratio=tps_ours / tps_sl)
+                             speed_ratio=tps_ours / tps_sl, cpu_ratio=cpu_ratio)
     print(f"|mean| of training rows: {float(mean.norm()):.2f}")
     print(f"SAELens {chk['sae_lens_version']} loads the saegeo SAE as {chk['loaded_class']}: max |codes diff| "
           f"{code_err:.2e}, max relative recon diff {recon_err:.2e}")

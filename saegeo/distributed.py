@@ -21,9 +21,9 @@ Public API
 ``centred_sum_of_squares(x) -> Tensor``   Σ‖x − x̄‖² of the rows of all ranks' batches together (Chan).
 ``DistributedError``             a SaegeoError: another rank failed, or the ranks disagree.
 
-Reductions are exact to float64 rounding: state dicts are all-gathered and merged in rank order with
-the accumulators' own (Chan) merge, so every rank holds the same numbers a single process would, up
-to the order of float64 additions. Collectives time out after ``SAEGEO_DIST_TIMEOUT`` seconds
+Reductions are exact to float64 rounding: each rank's state dict is broadcast in turn and merged in
+rank order with the accumulators' own (Chan) merge, so every rank holds the same numbers a single
+process would, up to the order of float64 additions, in the memory of two states. Collectives time out after ``SAEGEO_DIST_TIMEOUT`` seconds
 (default 600), so a rank that dies without a word ends the others with an error, not a hang.
 """
 
@@ -207,15 +207,21 @@ def merge_across_ranks(acc: T | None) -> T | None:
     ``acc`` has ``state_dict()``, ``type(acc).from_state_dict(sd)`` and ``merge(other)`` (e.g.
     GeometryAccumulator, CodeMomentAccumulator). A rank that saw no data passes None. The result
     equals one accumulator fed rank 0's rows, then rank 1's, ... to float64 rounding (Chan's merge).
+    Each rank's state is broadcast in turn and folded in at once, so memory stays at two states
+    (2·d² float64 for a GeometryAccumulator) whatever the number of ranks; every rank receives
+    (W − 1) states, the same bytes an all_gather would move.
     """
-    if current() is None:
+    ctx = current()
+    if ctx is None:
         return acc
-    parts = gather_objects(None if acc is None else (type(acc), acc.state_dict()))
+    mine = None if acc is None else (type(acc), _cpu(acc.state_dict()))
     merged = None
-    for part in parts:
-        if part is None:
+    for src in range(ctx.world_size):
+        box = [mine if src == ctx.rank else None]
+        dist.broadcast_object_list(box, src=src)
+        if box[0] is None:
             continue
-        cls, state = part
+        cls, state = box[0]
         piece = cls.from_state_dict(state)
         merged = piece if merged is None else merged.merge(piece)
     return merged
@@ -392,4 +398,4 @@ def wrap_ddp(module: torch.nn.Module, method: str = "forward") -> Callable[..., 
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    return DistributedDataParallel(_MethodAsForward(module, method), device_ids=device_ids, broadcast_buffers=False)
+    return DistributedDataParallel(_MethodAsForward(module, method), device_ids=device_ids)

@@ -209,7 +209,7 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
                     upto += counts[keep]
                     keep += 1
                 batch, counts = batch[:keep], counts[:keep]
-                if all(w.n_tokens >= upto for w in writers.values()):  # e.g. a straddling window
+                if all(w.n_tokens >= min(upto, total) for w in writers.values()):  # e.g. a straddling window
                     seen = upto
                     continue
                 tokens, attend, store = _pad(batch, pad_id)

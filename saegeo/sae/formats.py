@@ -190,7 +190,8 @@ def _read_pickle(file: Path) -> dict:
     try:
         obj = torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()] or [type(err).__name__]
+        first = next((ln for ln in lines if "Unsupported" in ln or "GLOBAL" in ln), lines[-1])  # names the offending object
         raise FormatError(
             f"{file}: refused: the pickle holds objects other than tensors and plain containers, which could run code "
             f"on load (torch.load weights_only=True rejected it: {first[:200]}). If you trust its author, re-save it "
@@ -207,7 +208,7 @@ def _read_pickle(file: Path) -> dict:
 def _read_npz(file: Path) -> dict[str, torch.Tensor]:
     try:
         with np.load(file, allow_pickle=False) as data:
-            return {key: torch.from_numpy(np.array(data[key])) for key in data.files}
+            return {key: torch.from_numpy(np.ascontiguousarray(data[key])) for key in data.files}  # each read is a fresh array
     except Exception as err:  # BadZipFile, ValueError (pickled arrays), EOFError, OSError
         raise FormatError(f"{file}: cannot read npz ({type(err).__name__}: {err}); the file is truncated or not an npz archive, download it again") from None
 
@@ -278,8 +279,10 @@ def _saelens_config(raw: dict, where: Path, weights: dict) -> SAEConfig:
             f"{where}: normalize_activations={norm!r} cannot be reproduced from the files; expected one of {list(_SAELENS_NORMALIZATIONS)}"
         )
     w_enc = weights.get("W_enc")
-    d_in = int(raw["d_in"]) if "d_in" in raw else (int(w_enc.shape[0]) if w_enc is not None else 0)
-    d_sae = int(raw["d_sae"]) if "d_sae" in raw else (int(w_enc.shape[1]) if w_enc is not None else 0)
+    if w_enc is None or w_enc.ndim != 2:
+        raise FormatError(f"{where.parent / WEIGHTS_FILENAME}: no 2-D W_enc (d_in, d_sae); found {sorted(weights)}")
+    d_in = int(raw["d_in"]) if raw.get("d_in") is not None else int(w_enc.shape[0])
+    d_sae = int(raw["d_sae"]) if raw.get("d_sae") is not None else int(w_enc.shape[1])
     k = raw.get("k", fn_kwargs.get("k")) if arch == "topk" else None
     if arch == "topk" and not isinstance(k, int):
         raise FormatError(f"{where}: a topk SAE needs an integer k (cfg key 'k', or activation_fn_kwargs.k before SAELens 6); found {k!r}")
