@@ -129,13 +129,13 @@ class Spectrum:
 
 
 def _eigh(matrix: Float[Tensor, "d d"]) -> tuple[Tensor, Tensor]:
-    """torch.linalg.eigh, single-threaded on CPU up to d = 2048.
+    """torch.linalg.eigh, single-threaded on CPU.
 
     The tridiagonalisation is a chain of small BLAS-2 steps; multithreaded LAPACK spin-waits between them,
-    and on a busy machine that costs 10–20× (measured at d = 768 on 2 loaded cores: 14 s with 2 threads,
-    1.1 s with 1).
+    and on a busy machine that costs 10–50× (measured on 2 loaded cores: d = 768, 14 s with 2 threads and
+    1.1 s with 1; d = 2304, 20–60 s against 1.2 s).
     """
-    if matrix.device.type != "cpu" or matrix.shape[0] > 2048:
+    if matrix.device.type != "cpu":
         return torch.linalg.eigh(matrix)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -173,12 +173,7 @@ def check_dictionary(sae: SAE, *, options: CheckOptions | None = None, name: str
     acc = GeometryAccumulator(d)
     for block in unit_row_blocks(W_dec, alive_norms, block_rows=opts.block_rows):
         acc.add(block)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # LAPACK's tridiagonalisation spin-waits with 2+ threads on a busy CPU (20-50×)
-    try:
-        dgeo = activation_geometry(acc, top_k_eigvecs=0).to_dict()
-    finally:
-        torch.set_num_threads(threads)
+    dgeo = activation_geometry(acc, top_k_eigvecs=0).to_dict()
     a_dict, mean_sq_norm = float(dgeo["anisotropy"]), float(dgeo["offset"]) ** 2
     mean_dir = acc.unit_mean
     spectrum = {k: dgeo.get(k) for k in (
