@@ -10,6 +10,7 @@ Public API
 ``env_rank_world() -> (rank, world_size, local_rank)``   what the launcher set (0, 1, 0 without one).
 ``init_from_env(backend=None, timeout_s=None) -> DistContext | None``   None for a single process.
 ``current() -> DistContext | None``   the running context (also for a group the caller initialised).
+``local_only()``                 context manager: act as a single process inside a job (e.g. rank 0 alone).
 ``cleanup()``                    destroy the process group if saegeo created it.
 ``split_shards(shard_rows, rank, world_size) -> range``   contiguous, row-balanced, every row once.
 ``gather_objects(obj) -> list``  one picklable object per rank, in rank order (identical on every rank).
@@ -73,6 +74,19 @@ class DistContext:
 
 
 _created_group = False  # did init_from_env create the default group (then cleanup destroys it)
+_local_only = False  # inside local_only(): saegeo acts as a single process
+
+
+@contextmanager
+def local_only() -> Iterator[None]:
+    """Run saegeo as a single process inside a multi-rank job, e.g. a report on rank 0 only of a DDP
+    training job: ``with local_only(): geometry_report(x)`` (other ranks do not take part)."""
+    global _local_only
+    previous, _local_only = _local_only, True
+    try:
+        yield
+    finally:
+        _local_only = previous
 
 
 def env_rank_world() -> tuple[int, int, int]:
@@ -99,8 +113,9 @@ def _timeout() -> timedelta:
 
 
 def current() -> DistContext | None:
-    """The context of an initialised default group with more than one rank, else None."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+    """The context of an initialised default group with more than one rank, else None (also inside
+    :func:`local_only`)."""
+    if _local_only or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return None
     backend = str(dist.get_backend())
     _, _, local = env_rank_world()
@@ -117,7 +132,7 @@ def init_from_env(backend: str | None = None, timeout_s: float | None = None) ->
     """
     global _created_group
     ctx = current()
-    if ctx is not None or (dist.is_available() and dist.is_initialized()):
+    if ctx is not None or _local_only or (dist.is_available() and dist.is_initialized()):
         return ctx
     rank, world, local = env_rank_world()
     if world == 1:

@@ -167,6 +167,13 @@ for case, store in (("mismatch", "rstore" if r == 0 else "other"), ("nan", "rsto
     except SaegeoError as err:
         errors[case] = f"{type(err).__name__}: {err}"
 (out / f"errors_{r}.json").write_text(json.dumps(errors))
+
+# ---- rank 0 alone inside the job (e.g. a report from a DDP training loop): no collective, no hang
+if r == 0:
+    with distributed.local_only():
+        solo = geometry_report(torch.arange(1.0, 41.0).reshape(20, 2), options=ReportOptions(progress=False))
+    (out / "solo.json").write_text(json.dumps({"n": solo.activations["n"]}))
+distributed.barrier()
 """
 
 
@@ -336,3 +343,8 @@ def test_a_rank_that_dies_mid_training_does_not_hang_the_other(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "exitcode  : 17" in out, out[-2000:]  # torchrun names the rank that died and its exit code
+
+
+def test_local_only_lets_one_rank_work_alone_inside_a_job(job):
+    # all 20 rows: inside local_only the report neither splits the tensor nor waits for rank 1
+    assert json.loads((job / "solo.json").read_text()) == {"n": 20}
