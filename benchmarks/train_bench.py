@@ -93,6 +93,7 @@ if job.get("arch"):
         css = float((held.double() - held.double().mean(0)).pow(2).sum())
     out["own_fve"] = 1 - sse / css
     out["apply_b_dec_to_input"] = bool(trained.cfg.apply_b_dec_to_input)
+    out["rescale_acts_by_decoder_norm"] = bool(getattr(trained.cfg, "rescale_acts_by_decoder_norm", False))
     sd = {k: v.detach().contiguous() for k, v in trained.state_dict().items() if k in ("W_enc", "W_dec", "b_enc", "b_dec")}
     save_file(sd, job["weights_out"])
 print("JSON" + json.dumps(out))
@@ -124,11 +125,12 @@ def load_activations(path: str | None) -> tuple[torch.Tensor, str]:
     return store.read_rows(0, store.n_tokens), f"{store_dir} ({store.model}, {store.hook})"
 
 
-def saelens_as_saegeo(weights: dict, arch: str, k: int, apply_b_dec: bool) -> SAE:
+def saelens_as_saegeo(weights: dict, arch: str, k: int, apply_b_dec: bool, rescale: bool) -> SAE:
     """SAELens' trained weights under saegeo's contract with SAELens' semantics (TopK then ReLU, free norms)."""
     d_in, d_sae = weights["W_enc"].shape
     sae = SAE(SAEConfig(d_in, d_sae, activation="topk" if arch == "topk" else "relu", k=k if arch == "topk" else None,
-                        topk_order="topk_then_relu", unit_norm_decoder=False, apply_b_dec_to_input=apply_b_dec))
+                        topk_order="topk_then_relu", unit_norm_decoder=False, apply_b_dec_to_input=apply_b_dec,
+                        rescale_acts_by_decoder_norm=rescale and arch == "topk"))
     sae.load_state_dict(weights, strict=False)
     return sae
 
@@ -173,7 +175,8 @@ def main() -> None:
         job = dict(data=str(data_file), arch=arch, d_sae=D_SAE, k=args.k, l1=args.l1, batch=BATCH, lr=LR,
                    tokens=args.tokens, seed=0, weights_out=str(tmp / f"saelens_{arch}.safetensors"))
         sl = run_saelens(job)
-        sl_sae = saelens_as_saegeo(load_file(job["weights_out"]), arch, args.k, sl["apply_b_dec_to_input"])
+        sl_sae = saelens_as_saegeo(load_file(job["weights_out"]), arch, args.k, sl["apply_b_dec_to_input"],
+                                   sl["rescale_acts_by_decoder_norm"])
         theirs = evaluate(sl_sae, [held_x], mean)
         assert abs(theirs["fve"] - sl["own_fve"]) < 1e-3, (theirs["fve"], sl["own_fve"])  # same semantics
         print(f"SAELens {arch}: {sl['seconds']:.1f} s wall, {sl['cpu_seconds']:.1f} s CPU "

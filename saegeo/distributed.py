@@ -19,6 +19,10 @@ Public API
 ``check_same_across_ranks(value, what, describe)``   every rank must hold the same value (e.g. a store fingerprint).
 ``store_fingerprint(store) -> str``   sha256 of a store's manifest identity (d, dtype, shards and their sha256).
 ``all_ranks_or_none(what)``      context manager: a failure on one rank is raised on every rank, named.
+``rank_rows(n, rank, world_size) -> slice``   a rank's contiguous share of an n-row batch.
+``mean_across_ranks(batches) -> Tensor``   streamed float64 mean, the arithmetic split over ranks.
+``from_main(fn, what)``          run fn on rank 0, hand its result to every rank (checkpoint, evaluation).
+``barrier()``, ``wrap_ddp(module, method) -> callable``   DistributedDataParallel around module.<method>.
 ``centred_sum_of_squares(x) -> Tensor``   Σ‖x − x̄‖² of the rows of all ranks' batches together (Chan).
 ``DistributedError``             a SaegeoError: another rank failed, or the ranks disagree.
 
@@ -34,7 +38,6 @@ import atexit
 import hashlib
 import json
 import os
-import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -317,13 +320,6 @@ def _exchange(failure: str | None, what: str, ctx: DistContext) -> None:
     r, msg = failed[0]
     others = f" (and {len(failed) - 1} more rank(s))" if len(failed) > 1 else ""
     raise DistributedError(f"rank {r} of {ctx.world_size} failed while {what}{others}: {msg}")
-
-
-def log_main(message: str) -> None:
-    """Print on rank 0 only (stderr), so a job of W ranks does not say everything W times."""
-    ctx = current()
-    if ctx is None or ctx.is_main:
-        print(message, file=sys.stderr)
 
 
 # =========================================================================== training helpers

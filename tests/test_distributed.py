@@ -8,7 +8,6 @@ short (SAEGEO_DIST_TIMEOUT) and every launch has a wall-clock guard, so a hang f
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from saegeo import distributed
-from saegeo.activations.store import write_store
+from saegeo.activations.store import ActivationStore, write_store
 from saegeo.geometry import GeometryAccumulator
 from saegeo.report import ReportOptions, geometry_report
 from saegeo.sae.formats import load_sae, save_sae
@@ -168,6 +167,10 @@ for case, store in (("mismatch", "rstore" if r == 0 else "other"), ("nan", "rsto
         errors[case] = f"{type(err).__name__}: {err}"
 (out / f"errors_{r}.json").write_text(json.dumps(errors))
 
+# ---- a store of one shard: rank 1 streams nothing and still takes part in the merge
+one = geometry_report(str(out / "one"), options=ReportOptions(progress=False))
+(out / f"one_{r}.json").write_text(json.dumps({"n": one.activations["n"], "A": one.activations["anisotropy"]}))
+
 # ---- rank 0 alone inside the job (e.g. a report from a DDP training loop): no collective, no hang
 if r == 0:
     with distributed.local_only():
@@ -210,6 +213,7 @@ def job(tmp_path_factory) -> Path:
     for name, poison in (("rstore", None), ("rstore_bad", 1400)):
         write_store(tmp / name, _report_data(poison), shard_rows=200)
     write_store(tmp / "other", torch.randn(300, 10), shard_rows=100)
+    write_store(tmp / "one", torch.rand(50, 4), shard_rows=100)
     sae = SAE(SAEConfig(d_in=10, d_sae=40, activation="topk", k=5)).init_weights(torch.Generator().manual_seed(1))
     with torch.no_grad():
         sae.b_dec.copy_(_report_data().mean(0) * 0.5)  # b_dec halfway to the mean
@@ -348,3 +352,12 @@ def test_a_rank_that_dies_mid_training_does_not_hang_the_other(tmp_path):
 def test_local_only_lets_one_rank_work_alone_inside_a_job(job):
     # all 20 rows: inside local_only the report neither splits the tensor nor waits for rank 1
     assert json.loads((job / "solo.json").read_text()) == {"n": 20}
+
+
+def test_a_rank_without_shards_still_gives_the_whole_report(job):
+    x = ActivationStore(job / "one").read_shard(0).double()
+    unit = x / x.norm(dim=1, keepdim=True)
+    a_brute = float((unit @ unit.T).sum() - 50) / (50 * 49)  # mean pairwise cosine, i ≠ j
+    for r in range(2):
+        got = json.loads((job / f"one_{r}.json").read_text())
+        assert got["n"] == 50 and got["A"] == pytest.approx(a_brute, abs=1e-6)

@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from saegeo.report.flags import SEVERITIES, Flag
+from saegeo.report.flags import SEVERITIES, Flag, FlagThresholds
 from saegeo.report.report import GeometryReport, SAEGeometry
 
 FORMATS = ("terminal", "md", "json", "html")
@@ -87,6 +87,14 @@ def _max_abs_cos(s: SAEGeometry) -> float:
     return max((abs(c) for c in s.cos_decoder_mean), default=0.0)
 
 
+def _top_share(s: SAEGeometry) -> str:
+    """The largest c_i, or why there is none: without a cone in x̂ − b_dec, c_i = x/‖M‖² is noise."""
+    a = s.amplification.get("measured_recon_minus_b_dec")
+    if s.cone_shares is None or a is None or a < FlagThresholds().cone_min_anisotropy:
+        return "— (no cone)"
+    return f"{_f(max(s.cone_shares))} (latent {s.top_latents()[0]})"
+
+
 SAE_ROWS: list[tuple[str, Callable[[SAEGeometry], str]]] = [
     ("architecture", lambda s: f"{s.architecture or '?'}" + (f" k={s.k}" if s.k else "") + f", {s.d_sae:,} latents"),
     ("b_dec init", lambda s: s.b_dec_init or "?"),
@@ -97,8 +105,7 @@ SAE_ROWS: list[tuple[str, Callable[[SAEGeometry], str]]] = [
     ("‖b_dec − μ‖/‖μ‖", lambda s: _f(s.b_dec_distance_to_mean)),
     ("cos(b_dec, μ)", lambda s: _f(s.b_dec_cos_mean)),
     ("max |cos(u_i, μ)|", lambda s: _f(_max_abs_cos(s))),
-    ("top cone share c_i", lambda s: "—" if s.cone_shares is None else
-        f"{_f(max(s.cone_shares))} (latent {s.top_latents()[0]})"),
+    ("top cone share c_i", lambda s: _top_share(s)),
     ("A_dict / ‖ū‖²", lambda s: f"{_f(s.a_dict, 4)} / {_f(s.dict_mean_sq_norm, 4)}"),
     ("dictionary erank", lambda s: _f(s.dictionary_spectrum.get("effective_rank"), 1)),
     ("A of x̂ − b_dec (measured)", lambda s: _f(s.amplification.get("measured_recon_minus_b_dec"))),
@@ -269,7 +276,8 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
         cos = np.asarray(s.cos_decoder_mean, dtype=float)
         share = np.asarray(s.cone_shares if s.cone_shares is not None else np.zeros_like(freq), dtype=float)
         floor = 0.5 / max(s.n_tokens, 1)
-        size = 4 + 400 * np.abs(share) / max(np.abs(share).max(), 1e-12)
+        has_cone = _top_share(s) != "— (no cone)"
+        size = 4 + 400 * np.abs(share) / max(np.abs(share).max(), 1e-12) if has_cone else np.full(freq.size, 6.0)
         flagged = set()
         for f in report.flags:
             if f.subject == s.name and f.name == "mean_direction_features" and f.latents:
@@ -279,7 +287,8 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
         ax.set_xscale("log")
         ax.axvline(0.5, color="gray", ls=":", lw=1)
         ax.set_xlabel("firing frequency (dead at left edge)")
-        ax.set_title(f"{s.name}: latents (size ∝ |cone share|)", fontsize=9)
+        ax.set_title(f"{s.name}: latents " + ("(size ∝ |cone share|)" if has_cone else "(no cone in x̂ − b_dec)"),
+                     fontsize=9)
     axes[0][0].set_ylabel("cos(decoder row, activation mean)")
     out["latents"] = _png(fig)
 
