@@ -213,3 +213,29 @@ def test_cli_report_writes_every_format(data_and_sae, tmp_path, capsys):
     # a bad store path is a clean error (exit 2), not a traceback
     assert main(["report", "--acts", str(tmp_path / "nope"), "--out", str(tmp_path / "o2"), "--no-progress"]) == 2
     assert "not an activation store" in capsys.readouterr().err
+
+
+def test_cosine_sample_does_not_depend_on_batching():
+    x = torch.from_numpy(np.random.default_rng(2).standard_normal((3000, 6)) + 0.3)
+    hists = [geometry_report(x, options=ReportOptions(progress=False, batch_size=bs, cosine_sample_rows=200))
+             .cosine_histogram for bs in (64, 1000, 3000)]
+    assert hists[0] == hists[1] == hists[2]
+    assert hists[0]["n_rows"] == 200
+
+
+def test_demo_config_is_valid():
+    from pathlib import Path
+
+    from saegeo.activations.cache import CacheConfig
+    from saegeo.report.report import load_run_config
+
+    cfg = load_run_config(Path(__file__).parent.parent / "configs" / "demo.toml")
+    CacheConfig(**cfg["cache"])
+    train = dict(cfg["train"])
+    variants = train.pop("saes")
+    assert {v["b_dec_init"] for v in variants.values()} == {"mean", "zeros"}  # the comparison the demo exists for
+    for overrides in variants.values():
+        TrainConfig.from_dict({**train, **overrides})
+    report = dict(cfg["report"])
+    report.pop("formats")
+    ReportOptions.from_dict(report)

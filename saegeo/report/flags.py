@@ -291,7 +291,7 @@ def sae_flags(
              "top_cone_share": _r(shares_t[top]) if shares_t is not None else None,
              "cone_share_of_flagged": _r(share_sum), "anisotropy_recon_minus_b_dec": _r(a_recon)},
             "These latents encode the activation mean rather than features: initialise b_dec to the activation "
-            "mean (saegeo train --b-dec-init mean) or centre the activations, and retrain.",
+            "mean (b_dec_init = \"mean\", the saegeo trainer's default) or centre the activations, and retrain.",
             summary=(f"{n_guilty} latent(s) carry the mean direction (cone of x̂ − b_dec: A = {_f3(a_recon)}{smeared}); "
                      f"latent {top} fires on {100 * float(freq[top]):.0f}% of tokens with cos(decoder, μ) = "
                      f"{float(cos[top]):+.2f}" + (f", cone share {float(shares_t[top]):.2f}" if shares_t is not None else "")),
