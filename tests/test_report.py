@@ -239,3 +239,40 @@ def test_demo_config_is_valid():
     report = dict(cfg["report"])
     report.pop("formats")
     ReportOptions.from_dict(report)
+
+
+@pytest.mark.parametrize("normalization,activation", [("layer_norm", "topk"), ("constant_norm_rescale", "relu")])
+def test_fve_of_input_normalised_saes_uses_the_denormalised_reconstruction(normalization, activation):
+    """OpenAI-style SAEs encode LayerNorm(x) and undo it after decoding: FVE = 1 − Σ‖x − x̂‖²/Σ‖x − μ‖² with x̂ in
+    the input space, computed here directly from numpy (LN by hand), not from the report's code path."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3000, 16, generator=g) * 2 + 3
+    cfg = SAEConfig(d_in=16, d_sae=48, activation=activation, k=6 if activation == "topk" else None,
+                    input_normalization=normalization, unit_norm_decoder=False)
+    sae = SAE(cfg)
+    with torch.no_grad():
+        sae.W_enc.copy_(torch.randn(16, 48, generator=g) * 0.3)
+        sae.W_dec.copy_(torch.randn(48, 16, generator=g) * 0.3)
+        sae.b_dec.copy_(torch.randn(16, generator=g) * 0.1)
+    xn = x.double().numpy()
+    if normalization == "layer_norm":
+        mu = xn.mean(1, keepdims=True)
+        sd = (xn - mu).std(1, ddof=1, keepdims=True)
+        z = (xn - mu) / (sd + cfg.layer_norm_eps)
+    else:
+        coeff = np.sqrt(16) / np.linalg.norm(xn, axis=1, keepdims=True)
+        z = xn * coeff
+    W_enc, W_dec = sae.W_enc.detach().double().numpy(), sae.W_dec.detach().double().numpy()
+    b_enc, b_dec = sae.b_enc.detach().double().numpy(), sae.b_dec.detach().double().numpy()
+    pre = (z - b_dec) @ W_enc + b_enc
+    if activation == "topk":
+        codes = np.zeros_like(pre)
+        top = np.argsort(-pre, axis=1)[:, :6]
+        np.put_along_axis(codes, top, np.maximum(np.take_along_axis(pre, top, 1), 0), 1)
+    else:
+        codes = np.maximum(pre, 0)
+    recon_z = codes @ W_dec + b_dec
+    recon = recon_z * sd + mu if normalization == "layer_norm" else recon_z / coeff
+    fve = 1 - ((xn - recon) ** 2).sum() / ((xn - xn.mean(0)) ** 2).sum()
+    report = geometry_report(x, sae, options=QUIET)
+    assert report.sae.fve == pytest.approx(fve, abs=1e-4)

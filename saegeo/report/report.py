@@ -467,6 +467,10 @@ class _SAEPass:
     @torch.inference_mode()
     def add(self, x: Tensor) -> None:
         x = x.to(self.device, torch.float32)
+        # SAEs with input normalisation (OpenAI LayerNorm, SAELens layer_norm / constant_norm_rescale) decode in
+        # the normalised space: the cone is measured there, the FVE on the denormalised reconstruction.
+        x_normalized, norm_state = self.module.normalize_input(x) if hasattr(self.module, "normalize_input") \
+            else (x, None)
         if self.sparse_topk:  # gather only the k active decoder rows: no (batch, d_sae) matrix at all
             values, indices = self.module.encode_topk(x)
             recon = self.module.decode_sparse(values, indices)
@@ -480,7 +484,9 @@ class _SAEPass:
             folded = codes if self.rescaled else codes * self.fold
             self.codes.add(folded.float().cpu())
         self.recon_unit.add(recon - self.b_dec)
-        self.centred_unit.add(x - self.b_dec)
+        self.centred_unit.add(x_normalized - self.b_dec)
+        if norm_state is not None:
+            recon = self.module.denormalize(recon, norm_state)
         self.sse += float((x - recon).square().sum(dtype=torch.float64))
         self.n += x.shape[0]
 
