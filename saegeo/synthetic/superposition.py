@@ -2,7 +2,7 @@
 
 - Dictionary: N unit directions u_i = t·c + √(1−t²)·z_i in R^d, with c a random unit "common
   direction" and z_i random unit vectors orthogonal to c, so every u_i has cosine exactly t (the
-  tilt) with c and A_dict ≈ t². A target A_dict is hit exactly by solving for t: since z̄ ⟂ c,
+  tilt) with c and A_dict ≈ t²; tilt 0 takes plain random unit vectors (full rank). A target A_dict is hit exactly by solving for t: since z̄ ⟂ c,
   ‖ū‖² = t² + (1−t²)‖z̄‖². ``dictionary="identity"`` takes u_i = e_i (N = d).
 - Codes: feature i fires with probability q_i (one rate q, or Zipf-like q_i ∝ (i+1)^−s with mean
   q); magnitudes iid from Exp(1), |N(0,1)|, LogNormal(0, σ) or the constant 1. Optional
@@ -321,8 +321,8 @@ def _tilted_dictionary(cfg: SyntheticConfig, gen: torch.Generator) -> tuple[Tens
     if d < 2:
         raise BadInputError("a tilted dictionary needs d >= 2")
     common = _random_unit(1, d, gen)[0]
-    z = torch.randn(n, d, generator=gen, dtype=torch.float64)
-    z -= torch.outer(z @ common, common)
+    gaussian = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    z = gaussian - torch.outer(gaussian @ common, common)
     z /= z.norm(dim=1, keepdim=True)
     if cfg.target_a_dict is not None:
         target = float(cfg.target_a_dict)
@@ -344,6 +344,8 @@ def _tilted_dictionary(cfg: SyntheticConfig, gen: torch.Generator) -> tuple[Tens
         tilt = float(cfg.tilt)
         if not 0.0 <= tilt <= 1.0:
             raise BadInputError(f"tilt must be in [0, 1], got {tilt}")
+    if tilt == 0.0:  # plain random directions: rows kept ⟂ c would span only d − 1 dimensions
+        return gaussian / gaussian.norm(dim=1, keepdim=True), common, 0.0
     rows = tilt * common + math.sqrt(1.0 - tilt * tilt) * z
     return rows, common, tilt
 
