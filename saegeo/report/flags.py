@@ -141,7 +141,7 @@ def _f3(x: float | None) -> str:
     return "—" if x is None else f"{x:.3f}"
 
 
-def _r(x: float | None, digits: int = 4) -> float | None:
+def rounded(x: float | None, digits: int = 4) -> float | None:
     """Round for evidence (None and non-finite stay None)."""
     if x is None or not math.isfinite(float(x)):
         return None
@@ -173,7 +173,7 @@ def activation_flags(
         flags.append(Flag(
             BAD_ROWS, "error" if n_bad else "warning",
             {"n_zero_rows": n_zero, "n_nonfinite_rows_skipped": n_bad, "n_rows": rows_seen,
-             "fraction": _r((n_zero + n_bad) / rows_seen)},
+             "fraction": rounded((n_zero + n_bad) / rows_seen)},
             "Find where the producer emits zero or non-finite rows (padding, masked positions, overflow) and drop "
             "them before caching; they were excluded from the directional statistics here.",
             summary=f"{n_zero} zero-norm and {n_bad} non-finite row(s) of {rows_seen}",
@@ -192,7 +192,7 @@ def activation_flags(
         # rank < d with n > d: the activations really live in a subspace (info, but never whiten them).
         flags.append(Flag(
             RANK, "warning" if n <= d else "info",
-            {"numerical_rank": rank, "d": d, "n": n, "rank_rel_tol": _r(geo.get("numerical_rank_rel_tol"))},
+            {"numerical_rank": rank, "d": d, "n": n, "rank_rel_tol": rounded(geo.get("numerical_rank_rel_tol"))},
             "Collect more tokens than dimensions (n ≫ d) before reading spectra, and do not whiten or invert Σ: "
             "the null directions have no variance to normalise.",
             summary=f"{why}: the covariance is singular ({d - rank} null direction(s))",
@@ -210,9 +210,9 @@ def activation_flags(
         if mean_share <= t.whitened_max_mean_share and edge_ratio <= t.whitened_max_edge_ratio and (unit_variance or too_even):
             flags.append(Flag(
                 WHITENING, "warning" if feeds_dictionary else "info",
-                {"mean_share_of_second_moment": _r(mean_share), "lambda_max_over_mp_edge": _r(edge_ratio),
-                 "n_spikes": int(geo.get("n_spikes", 0)), "variance_per_direction": _r(sigma2),
-                 "eigenvalue_spread": _r(spread), "mp_spread": _r(mp_spread)},
+                {"mean_share_of_second_moment": rounded(mean_share), "lambda_max_over_mp_edge": rounded(edge_ratio),
+                 "n_spikes": int(geo.get("n_spikes", 0)), "variance_per_direction": rounded(sigma2),
+                 "eigenvalue_spread": rounded(spread), "mp_spread": rounded(mp_spread)},
                 "If these inputs were whitened, an SAE learns an arbitrary rotation of a flat space (no variance "
                 "ordering, noise amplified along weak directions): train on the raw or mean-centred activations "
                 "unless the whitening is the point of the experiment.",
@@ -232,11 +232,11 @@ def activation_flags(
             explained = min(1.0, gap / (float(a) - assumed_null)) if float(a) > assumed_null else 1.0
             flags.append(Flag(
                 WRONG_NULL, "warning",
-                {"anisotropy": _r(a), "sign_null": _r(null), "assumed_null": assumed_null,
-                 "excess_over_sign_null": _r(excess), "share_explained_by_sign": _r(explained),
-                 "z_vs_assumed": _r(z_assumed, 1), "z_vs_sign_null": _r(geo.get("anisotropy_z"), 1),
-                 "negative_energy_fraction": _r(sign.get("negative_energy_fraction")),
-                 "fraction_nonzero": _r(sign.get("fraction_nonzero"))},
+                {"anisotropy": rounded(a), "sign_null": rounded(null), "assumed_null": assumed_null,
+                 "excess_over_sign_null": rounded(excess), "share_explained_by_sign": rounded(explained),
+                 "z_vs_assumed": rounded(z_assumed, 1), "z_vs_sign_null": rounded(geo.get("anisotropy_z"), 1),
+                 "negative_energy_fraction": rounded(sign.get("negative_energy_fraction")),
+                 "fraction_nonzero": rounded(sign.get("fraction_nonzero"))},
                 f"Read A against the sign-aware null {null:.3g} ({sign.get('regime')} data), not {assumed_null:g}: "
                 "quote A − null, since sign structure alone produces that much cone.",
                 summary=(f"A = {a:.3f} but the {sign.get('regime')} sign structure alone gives {null:.3f} "
@@ -287,9 +287,9 @@ def sae_flags(
             MEAN_DIRECTION, "error" if float(freq[top]) >= 0.9 and abs(float(cos[top])) >= 0.9 else "warning",
             {"n_latents": n_guilty, "n_by_alignment": int(by_alignment.sum()), "n_by_cone_share": int(by_share.sum()),
              "n_latents_for_cone_cover": n_cover,
-             "top_latent": top, "top_firing_frequency": _r(freq[top]), "top_cos_decoder_mean": _r(cos[top]),
-             "top_cone_share": _r(shares_t[top]) if shares_t is not None else None,
-             "cone_share_of_flagged": _r(share_sum), "anisotropy_recon_minus_b_dec": _r(a_recon)},
+             "top_latent": top, "top_firing_frequency": rounded(freq[top]), "top_cos_decoder_mean": rounded(cos[top]),
+             "top_cone_share": rounded(shares_t[top]) if shares_t is not None else None,
+             "cone_share_of_flagged": rounded(share_sum), "anisotropy_recon_minus_b_dec": rounded(a_recon)},
             "These latents encode the activation mean rather than features: initialise b_dec to the activation "
             "mean (b_dec_init = \"mean\", the saegeo trainer's default) or centre the activations, and retrain.",
             summary=(f"{n_guilty} latent(s) carry the mean direction (cone of x̂ − b_dec: A = {_f3(a_recon)}{smeared}); "
@@ -304,8 +304,8 @@ def sae_flags(
     if dist is not None and gamma is not None and dist >= t.offset_min_distance and gamma >= t.offset_min_outlier_severity:
         flags.append(Flag(
             OFFSET_NOT_ABSORBED, "error" if dist >= t.offset_error_distance else "warning",
-            {"b_dec_distance_to_mean": _r(dist), "b_dec_cos_mean": _r(b_cos), "b_dec_norm": _r(sae.get("b_dec_norm")),
-             "mean_norm": _r(geo.get("mean_vector_norm")), "outlier_severity": _r(gamma)},
+            {"b_dec_distance_to_mean": rounded(dist), "b_dec_cos_mean": rounded(b_cos), "b_dec_norm": rounded(sae.get("b_dec_norm")),
+             "mean_norm": rounded(geo.get("mean_vector_norm")), "outlier_severity": rounded(gamma)},
             "b_dec should absorb the activation mean: initialise it to the mean of the activations "
             "(the saegeo default) so no latent has to spend itself on the offset.",
             summary=(f"‖b_dec − μ‖/‖μ‖ = {dist:.2f} (cos {b_cos if b_cos is None else round(b_cos, 2)}, "
@@ -321,10 +321,10 @@ def sae_flags(
             top = (shares_t.argsort(descending=True)[: t.max_latents].tolist() if shares_t is not None else None)
             flags.append(Flag(
                 AMPLIFICATION, "warning",
-                {"measured": _r(a_recon), "mean_cosine": _r(pred), "exact_moment": _r(amp.get("exact_moment")),
-                 "textbook": _r(amp.get("textbook")), "tolerance": _r(tol), "K": _r(amp.get("K")),
-                 "a_dict": _r(amp.get("a_dict")),
-                 "top_cone_share": _r(shares_t[top[0]]) if top else None},
+                {"measured": rounded(a_recon), "mean_cosine": rounded(pred), "exact_moment": rounded(amp.get("exact_moment")),
+                 "textbook": rounded(amp.get("textbook")), "tolerance": rounded(tol), "K": rounded(amp.get("K")),
+                 "a_dict": rounded(amp.get("a_dict")),
+                 "top_cone_share": rounded(shares_t[top[0]]) if top else None},
                 "The codes are not iid-like (co-firing or a few dominant latents): read the cone from the "
                 "latents with the largest cone shares listed, not from K·A_dict.",
                 summary=(f"A of reconstructions − b_dec = {a_recon:.3f}, the law predicts {pred:.3f} "
@@ -339,7 +339,7 @@ def sae_flags(
     if dead_frac > t.dead_max_fraction:
         flags.append(Flag(
             DEAD, "error" if dead_frac >= t.dead_error_fraction else "warning",
-            {"n_dead": len(dead), "dead_fraction": _r(dead_frac), "d_sae": d_sae, "n_tokens": n_tokens},
+            {"n_dead": len(dead), "dead_fraction": rounded(dead_frac), "d_sae": d_sae, "n_tokens": n_tokens},
             "Dead latents waste capacity: initialise b_dec to the mean, use AuxK (TopK) or resampling, "
             "and check on more tokens before concluding.",
             summary=f"{len(dead)} of {d_sae} latents ({100 * dead_frac:.1f}%) never fired on {n_tokens} tokens",
@@ -351,8 +351,8 @@ def sae_flags(
         order = dense[freq[dense].argsort(descending=True)].tolist()
         flags.append(Flag(
             DENSE, "warning",
-            {"n_dense": len(order), "dense_fraction": _r(len(order) / d_sae), "dense_frequency": t.dense_frequency,
-             "max_firing_frequency": _r(freq.max()), "max_abs_cos_mean_of_dense": _r(cos[dense].abs().max())},
+            {"n_dense": len(order), "dense_fraction": rounded(len(order) / d_sae), "dense_frequency": t.dense_frequency,
+             "max_firing_frequency": rounded(freq.max()), "max_abs_cos_mean_of_dense": rounded(cos[dense].abs().max())},
             "Latents that fire on most tokens are usually the mean or a positional direction, not features: "
             "check their cos with the mean and centre the inputs.",
             summary=f"{len(order)} latent(s) fire on > {100 * t.dense_frequency:.0f}% of tokens",
@@ -408,14 +408,14 @@ def config_flags(
     notes = []
     amp = (whitening_cost or {}).get("noise_amplification")
     if amp is not None:
-        evidence["noise_amplification"] = _r(amp, 2)
+        evidence["noise_amplification"] = rounded(amp, 2)
         evidence["n_clamped_eigenvalues"] = int((whitening_cost or {}).get("n_clamped", 0))
         huge = " (huge)" if amp > t.whitening_max_amplification else ""
         notes.append(f"it amplifies noise along the weakest direction {amp:.3g}×{huge}")
     if geo is not None:
         n, d = int(geo["n"]), int(geo["d"])
-        evidence.update(n=n, d=d, n_spikes=int(geo.get("n_spikes", 0)), top1_share=_r(geo.get("top1_share")),
-                        effective_rank=_r(geo.get("effective_rank"), 1))
+        evidence.update(n=n, d=d, n_spikes=int(geo.get("n_spikes", 0)), top1_share=rounded(geo.get("top1_share")),
+                        effective_rank=rounded(geo.get("effective_rank"), 1))
         if n <= d:
             notes.append(f"it is fitted on n = {n} ≤ d = {d} rows (singular covariance)")
         if int(geo.get("n_spikes", 0)) == 0:
@@ -460,8 +460,8 @@ def dictionary_flags(
     ref = "b_dec" if use_b else "the dictionary's mean direction ū"
     return [Flag(
         MEAN_DIRECTION, "warning",
-        {"n_latents": len(order), "top_latent": order[0], "top_abs_cos": _r(cos[order[0]].abs()),
-         "reference_norm": _r(dnorm), "d_sae": int(w.shape[0])},
+        {"n_latents": len(order), "top_latent": order[0], "top_abs_cos": rounded(cos[order[0]].abs()),
+         "reference_norm": rounded(dnorm), "d_sae": int(w.shape[0])},
         "Latents parallel to b_dec (or to the mean decoder direction) usually encode the activation offset: "
         "check them against activations (saegeo check --acts) before interpreting them as features.",
         summary=f"{len(order)} decoder row(s) with |cos| ≥ {t.dictionary_min_cos:g} to {ref}",

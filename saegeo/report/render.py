@@ -26,11 +26,11 @@ from saegeo.report.flags import SEVERITIES, Flag, FlagThresholds
 from saegeo.report.report import GeometryReport, SAEGeometry
 
 FORMATS = ("terminal", "md", "json", "html")
-_MARK = {"error": "✖", "warning": "▲", "info": "·"}
+SEVERITY_MARK = {"error": "✖", "warning": "▲", "info": "·"}
 
 
 # =========================================================================== number formatting
-def _f(x: Any, digits: int = 3) -> str:
+def fmt_num(x: Any, digits: int = 3) -> str:
     """Compact number: None -> '—', large/small in scientific notation."""
     if x is None:
         return "—"
@@ -44,7 +44,7 @@ def _f(x: Any, digits: int = 3) -> str:
     return f"{x:.{digits}f}"
 
 
-def _pct(x: Any) -> str:
+def fmt_pct(x: Any) -> str:
     return "—" if x is None else f"{100 * float(x):.1f}%"
 
 
@@ -57,7 +57,7 @@ def _title(report: GeometryReport) -> str:
         parts.append(str(src["hook"]))
     parts.append(f"{src.get('n_tokens', report.activations['n']):,} tokens × d = {report.activations['d']}")
     if report.seconds:
-        parts.append(f"{report.seconds:.1f} s ({_f(report.tokens_per_second, 0)} tok/s)")
+        parts.append(f"{report.seconds:.1f} s ({fmt_num(report.tokens_per_second, 0)} tok/s)")
     return " · ".join(parts)
 
 
@@ -67,17 +67,17 @@ def activation_lines(report: GeometryReport) -> list[tuple[str, str]]:
     g = report.activations
     s = g["sign"]
     rogue = g["rogue"]
-    top_rogue = ", ".join(f"{i} ({_pct(p)})" for i, p in zip(rogue["top_indices"][:3], rogue["top_shares"][:3]))
+    top_rogue = ", ".join(f"{i} ({fmt_pct(p)})" for i, p in zip(rogue["top_indices"][:3], rogue["top_shares"][:3]))
     return [
-        ("cone", f"A = {_f(g['anisotropy'])} against the sign-aware null {_f(s['null'])} ({s['regime']}, "
-                 f"canonical {s['canonical']}); z = {_f(g['anisotropy_z'], 1)}; offset ‖m̂‖ = {_f(g['offset'])}; "
-                 f"isotropic sd of one cosine 1/√d = {_f(g['isotropic_cosine_sd'])}"),
-        ("mean", f"‖μ‖ = {_f(g['mean_vector_norm'])}, ‖μ‖/E‖x‖ = {_f(g['mean_norm_ratio'])}, "
-                 f"share of E‖x‖² = {_pct(g['mean_share_of_second_moment'])}, γ = ‖μ‖/√trΣ = {_f(g['outlier_severity'])}"),
-        ("spectrum", f"erank {_f(g['effective_rank'], 1)} of {g['d']} (isotropic noise of this n, d: "
-                     f"{_f(g['noise_effective_rank'], 1)}), top-1 {_pct(g['top1_share'])}, top-10 {_pct(g['top10_share'])}, "
-                     f"{g['n_spikes']} eigenvalue(s) above the MP edge {_f(g['mp_upper_edge'])}, "
-                     f"numerical rank {g['numerical_rank']}, IsoScore {_f(g['isoscore'])}"),
+        ("cone", f"A = {fmt_num(g['anisotropy'])} against the sign-aware null {fmt_num(s['null'])} ({s['regime']}, "
+                 f"canonical {s['canonical']}); z = {fmt_num(g['anisotropy_z'], 1)}; offset ‖m̂‖ = {fmt_num(g['offset'])}; "
+                 f"isotropic sd of one cosine 1/√d = {fmt_num(g['isotropic_cosine_sd'])}"),
+        ("mean", f"‖μ‖ = {fmt_num(g['mean_vector_norm'])}, ‖μ‖/E‖x‖ = {fmt_num(g['mean_norm_ratio'])}, "
+                 f"share of E‖x‖² = {fmt_pct(g['mean_share_of_second_moment'])}, γ = ‖μ‖/√trΣ = {fmt_num(g['outlier_severity'])}"),
+        ("spectrum", f"erank {fmt_num(g['effective_rank'], 1)} of {g['d']} (isotropic noise of this n, d: "
+                     f"{fmt_num(g['noise_effective_rank'], 1)}), top-1 {fmt_pct(g['top1_share'])}, top-10 {fmt_pct(g['top10_share'])}, "
+                     f"{g['n_spikes']} eigenvalue(s) above the MP edge {fmt_num(g['mp_upper_edge'])}, "
+                     f"numerical rank {g['numerical_rank']}, IsoScore {fmt_num(g['isoscore'])}"),
         ("rogue dims", f"{rogue['n_for_50']} coordinate(s) carry 50% of the offset, {rogue['n_for_90']} carry 90%"
                        + (f"; top: {top_rogue}" if top_rogue else "")),
     ]
@@ -92,27 +92,27 @@ def _top_share(s: SAEGeometry) -> str:
     a = s.amplification.get("measured_recon_minus_b_dec")
     if s.cone_shares is None or a is None or a < FlagThresholds().cone_min_anisotropy:
         return "— (no cone)"
-    return f"{_f(max(s.cone_shares))} (latent {s.top_latents()[0]})"
+    return f"{fmt_num(max(s.cone_shares))} (latent {s.top_latents()[0]})"
 
 
 SAE_ROWS: list[tuple[str, Callable[[SAEGeometry], str]]] = [
     ("architecture", lambda s: f"{s.architecture or '?'}" + (f" k={s.k}" if s.k else "") + f", {s.d_sae:,} latents"),
     ("b_dec init", lambda s: s.b_dec_init or "?"),
-    ("FVE", lambda s: _f(s.fve)),
-    ("L0 (K)", lambda s: _f(s.mean_l0, 1)),
-    ("dead latents", lambda s: f"{s.n_dead:,} ({_pct(s.n_dead / s.d_sae)})"),
+    ("FVE", lambda s: fmt_num(s.fve)),
+    ("L0 (K)", lambda s: fmt_num(s.mean_l0, 1)),
+    ("dead latents", lambda s: f"{s.n_dead:,} ({fmt_pct(s.n_dead / s.d_sae)})"),
     ("dense latents (>50%)", lambda s: f"{s.n_dense:,}"),
-    ("‖b_dec − μ‖/‖μ‖", lambda s: _f(s.b_dec_distance_to_mean)),
-    ("cos(b_dec, μ)", lambda s: _f(s.b_dec_cos_mean)),
-    ("max |cos(u_i, μ)|", lambda s: _f(_max_abs_cos(s))),
+    ("‖b_dec − μ‖/‖μ‖", lambda s: fmt_num(s.b_dec_distance_to_mean)),
+    ("cos(b_dec, μ)", lambda s: fmt_num(s.b_dec_cos_mean)),
+    ("max |cos(u_i, μ)|", lambda s: fmt_num(_max_abs_cos(s))),
     ("top cone share c_i", lambda s: _top_share(s)),
-    ("A_dict / ‖ū‖²", lambda s: f"{_f(s.a_dict, 4)} / {_f(s.dict_mean_sq_norm, 4)}"),
-    ("dictionary erank", lambda s: _f(s.dictionary_spectrum.get("effective_rank"), 1)),
-    ("A of x̂ − b_dec (measured)", lambda s: _f(s.amplification.get("measured_recon_minus_b_dec"))),
-    ("  law: mean-cosine", lambda s: _f(s.amplification.get("mean_cosine"))),
-    ("  law: exact-moment", lambda s: _f(s.amplification.get("exact_moment"))),
-    ("  law: textbook", lambda s: _f(s.amplification.get("textbook"))),
-    ("A of x − b_dec", lambda s: _f(s.amplification.get("measured_x_minus_b_dec"))),
+    ("A_dict / ‖ū‖²", lambda s: f"{fmt_num(s.a_dict, 4)} / {fmt_num(s.dict_mean_sq_norm, 4)}"),
+    ("dictionary erank", lambda s: fmt_num(s.dictionary_spectrum.get("effective_rank"), 1)),
+    ("A of x̂ − b_dec (measured)", lambda s: fmt_num(s.amplification.get("measured_recon_minus_b_dec"))),
+    ("  law: mean-cosine", lambda s: fmt_num(s.amplification.get("mean_cosine"))),
+    ("  law: exact-moment", lambda s: fmt_num(s.amplification.get("exact_moment"))),
+    ("  law: textbook", lambda s: fmt_num(s.amplification.get("textbook"))),
+    ("A of x − b_dec", lambda s: fmt_num(s.amplification.get("measured_x_minus_b_dec"))),
     ("flags", lambda s: "—"),  # filled per report below
 ]
 
@@ -122,14 +122,14 @@ def _sae_table(report: GeometryReport) -> tuple[list[str], list[list[str]]]:
     rows = []
     for label, fn in SAE_ROWS:
         if label == "flags":
-            cells = [_flag_counts([f for f in report.flags if f.subject == s.name]) for s in report.saes]
+            cells = [flag_counts([f for f in report.flags if f.subject == s.name]) for s in report.saes]
         else:
             cells = [fn(s) for s in report.saes]
         rows.append([label, *cells])
     return header, rows
 
 
-def _flag_counts(flags: list[Flag]) -> str:
+def flag_counts(flags: list[Flag]) -> str:
     counts = {sev: sum(f.severity == sev for f in flags) for sev in reversed(SEVERITIES)}
     return " · ".join(f"{n} {sev}" for sev, n in counts.items() if n) or "none"
 
@@ -138,10 +138,10 @@ def _flag_counts(flags: list[Flag]) -> str:
 def render_terminal(report: GeometryReport, *, max_flags: int = 12) -> str:
     """The summary a person reads first: title, flags (most severe first) with advice, then the numbers."""
     out = [_title(report), ""]
-    out.append(f"FLAGS  {_flag_counts(report.flags)}")
+    out.append(f"FLAGS  {flag_counts(report.flags)}")
     for f in report.flags[:max_flags]:
         who = "" if f.subject == "activations" else f"[{f.subject}] "
-        out.append(f"  {_MARK[f.severity]} {f.severity:<7} {who}{f.name}: {f.summary}")
+        out.append(f"  {SEVERITY_MARK[f.severity]} {f.severity:<7} {who}{f.name}: {f.summary}")
         if f.latents:
             more = "…" if len(f.latents) >= 10 else ""
             out.append(f"      latents {', '.join(map(str, f.latents[:10]))}{more}")
@@ -163,7 +163,7 @@ def render_terminal(report: GeometryReport, *, max_flags: int = 12) -> str:
 
 
 # =========================================================================== markdown
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
+def md_table(header: list[str], rows: list[list[str]]) -> str:
     esc = lambda c: str(c).replace("|", "\\|")  # noqa: E731
     lines = ["| " + " | ".join(esc(c) for c in header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
@@ -172,20 +172,20 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
 
 def render_markdown(report: GeometryReport, figure_dir: str | None = None) -> str:
     """Markdown: flags with evidence, the activation geometry, the SAE table, links to figures if written."""
-    out = [f"# {_title(report)}", "", f"## Flags ({_flag_counts(report.flags)})", ""]
+    out = [f"# {_title(report)}", "", f"## Flags ({flag_counts(report.flags)})", ""]
     for f in report.flags:
         who = "" if f.subject == "activations" else f" — {f.subject}"
         out.append(f"- **{f.severity}** `{f.name}`{who}: {f.summary}. *{f.advice}*")
-        ev = ", ".join(f"{k} = {_f(v) if isinstance(v, float) else v}" for k, v in f.evidence.items())
+        ev = ", ".join(f"{k} = {fmt_num(v) if isinstance(v, float) else v}" for k, v in f.evidence.items())
         out.append(f"  - evidence: {ev}")
         if f.latents:
             out.append(f"  - latents: {', '.join(map(str, f.latents))}")
     if not report.flags:
         out.append("No flags.")
-    out += ["", "## Activations", "", _md_table(["", ""], [[a, b] for a, b in activation_lines(report)])]
+    out += ["", "## Activations", "", md_table(["", ""], [[a, b] for a, b in activation_lines(report)])]
     if report.saes:
         out += ["", "## SAE" + ("s side by side" if len(report.saes) > 1 else ""), ""]
-        out.append(_md_table(*_sae_table(report)))
+        out.append(md_table(*_sae_table(report)))
     if figure_dir is not None:
         out += ["", "## Figures", ""]
         out += [f"![{name}]({figure_dir}/{name}.png)" for name in FIGURE_NAMES]
@@ -334,7 +334,7 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
 
 
 # =========================================================================== html
-_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+HTML_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
 td:first-child,th:first-child{text-align:left}.error{color:#b00}.warning{color:#b60}.info{color:#555}
 .flag{margin:.6em 0}.ev{font-size:.85em;color:#555}img{max-width:100%;margin:.5em 0}
@@ -346,11 +346,11 @@ def render_html(report: GeometryReport, pngs: dict[str, bytes] | None = None) ->
     e = html.escape
     pngs = pngs if pngs is not None else figures(report)
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(_title(report))}</title>",
-             f"<style>{_CSS}</style></head><body>", f"<h1>{e(_title(report))}</h1>",
-             f"<h2>Flags ({e(_flag_counts(report.flags))})</h2>"]
+             f"<style>{HTML_CSS}</style></head><body>", f"<h1>{e(_title(report))}</h1>",
+             f"<h2>Flags ({e(flag_counts(report.flags))})</h2>"]
     for f in report.flags:
         who = "" if f.subject == "activations" else f" — {e(f.subject)}"
-        ev = ", ".join(f"{e(k)} = {e(_f(v) if isinstance(v, float) else str(v))}" for k, v in f.evidence.items())
+        ev = ", ".join(f"{e(k)} = {e(fmt_num(v) if isinstance(v, float) else str(v))}" for k, v in f.evidence.items())
         lat = f"<br>latents: {e(', '.join(map(str, f.latents)))}" if f.latents else ""
         parts.append(f"<div class='flag'><b class='{f.severity}'>{f.severity}</b> <code>{e(f.name)}</code>{who}: "
                      f"{e(f.summary)}<br><i>{e(f.advice)}</i><div class='ev'>{ev}{lat}</div></div>")

@@ -35,7 +35,7 @@ from saegeo.geometry.dictionary import (
     row_norms,
     unit_row_blocks,
 )
-from saegeo.report.flags import Flag, FlagThresholds, _r, config_flags, dictionary_flags, sort_flags
+from saegeo.report.flags import Flag, FlagThresholds, rounded, config_flags, dictionary_flags, sort_flags
 from saegeo.sae.model import SAE
 
 CHECK_SCHEMA_VERSION = 1
@@ -233,8 +233,8 @@ def _dictionary_only_flags(check: DictionaryCheck, pairs, pair_cos, enc_dec, zer
     if check.n_zero_decoder_rows:
         flags.append(Flag(
             ZERO_ROWS, "warning",
-            {"n_zero_rows": check.n_zero_decoder_rows, "d_sae": n_lat, "fraction": _r(check.n_zero_decoder_rows / n_lat),
-             "median_decoder_norm": _r(check.decoder_norms["median"])},
+            {"n_zero_rows": check.n_zero_decoder_rows, "d_sae": n_lat, "fraction": rounded(check.n_zero_decoder_rows / n_lat),
+             "median_decoder_norm": rounded(check.decoder_norms["median"])},
             "Zero decoder rows are dead latents that write nothing: drop them before counting features or "
             "computing dictionary statistics.",
             summary=f"{check.n_zero_decoder_rows} of {n_lat} decoder rows are zero",
@@ -248,7 +248,7 @@ def _dictionary_only_flags(check: DictionaryCheck, pairs, pair_cos, enc_dec, zer
         top = check.duplicate_pairs[:3]
         flags.append(Flag(
             DUPLICATES, "error" if n_involved / n_lat > opts.duplicate_error_fraction else "warning",
-            {"n_pairs": check.n_duplicate_pairs, "n_latents_listed": n_involved, "max_cos": _r(float(pair_cos[0]), 6),
+            {"n_pairs": check.n_duplicate_pairs, "n_latents_listed": n_involved, "max_cos": rounded(float(pair_cos[0]), 6),
              "threshold": opts.duplicate_cos, "d_sae": n_lat},
             "Near-duplicate latents split one feature between them (and their codes): merge or drop one of each "
             "pair before interpreting or counting features.",
@@ -262,8 +262,8 @@ def _dictionary_only_flags(check: DictionaryCheck, pairs, pair_cos, enc_dec, zer
         frac = len(order) / n_lat
         flags.append(Flag(
             MISALIGNED, "warning" if frac > opts.misaligned_warn_fraction else "info",
-            {"n_latents": len(order), "fraction": _r(frac), "min_cos": _r(float(enc_dec[order[0]])),
-             "median_cos": _r(check.encoder_decoder_cos["median"]), "threshold": opts.misaligned_cos},
+            {"n_latents": len(order), "fraction": rounded(frac), "min_cos": rounded(float(enc_dec[order[0]])),
+             "median_cos": rounded(check.encoder_decoder_cos["median"]), "threshold": opts.misaligned_cos},
             "A latent whose encoder reads against the direction its decoder writes is usually dead or broken: "
             "check its firing on activations (saegeo check --acts) before trusting it.",
             summary=f"{len(order)} latent(s) with cos(encoder column, decoder row) < {opts.misaligned_cos:g}",
@@ -271,7 +271,7 @@ def _dictionary_only_flags(check: DictionaryCheck, pairs, pair_cos, enc_dec, zer
         ))
     if check.b_dec["norm"] == 0:
         flags.append(Flag(
-            ZERO_B_DEC, "info", {"b_dec_norm": 0.0, "mean_direction_norm": _r(check.b_dec["mean_direction_norm"])},
+            ZERO_B_DEC, "info", {"b_dec_norm": 0.0, "mean_direction_norm": rounded(check.b_dec["mean_direction_norm"])},
             "b_dec is exactly zero (trained without centring, or never updated): any activation offset must be "
             "carried by latents -- run saegeo check --acts to see whether some do.",
             summary="b_dec is zero", subject=subject,
@@ -303,7 +303,7 @@ def config_check_flags(sae: SAE, *, subject: str = "dictionary", thresholds: Fla
     folded = extra.get("folded_scaling_factor")
     if folded:
         flags.append(Flag(
-            FOLDED_SCALING, "info", {"scaling_min": _r(folded.get("min")), "scaling_max": _r(folded.get("max"))},
+            FOLDED_SCALING, "info", {"scaling_min": rounded(folded.get("min")), "scaling_max": rounded(folded.get("max"))},
             "A per-latent finetuning scaling factor was folded into the decoder rows (decode is unchanged); "
             "decoder norms therefore include it.",
             summary="finetuning scaling factor folded into W_dec", subject=subject,
@@ -317,7 +317,7 @@ def config_check_flags(sae: SAE, *, subject: str = "dictionary", thresholds: Fla
         ))
     if extra.get("threshold_unset"):
         flags.append(Flag(
-            UNSET_THRESHOLD, "warning", {"threshold": _r(extra.get("threshold"))},
+            UNSET_THRESHOLD, "warning", {"threshold": rounded(extra.get("threshold"))},
             "The BatchTopK inference threshold was never set in training (-1): every positive pre-activation "
             "passes, so codes are dense; set the threshold from training statistics before use.",
             summary="BatchTopK threshold is -1 (unset): inference codes are dense ReLU codes", subject=subject,
@@ -358,15 +358,15 @@ def _render_helpers():
 def check_lines(check: DictionaryCheck) -> list[tuple[str, str]]:
     """(label, text) rows of the dictionary numbers, shared by every rendering."""
     r = _render_helpers()
-    f = r._f
+    f = r.fmt_num
     s, sp, n, ed, b = check.source, check.dictionary_spectrum, check.decoder_norms, check.encoder_decoder_cos, check.b_dec
     return [
         ("format", f"{s['format']}  d_in {s['d_in']:,}  d_sae {s['d_sae']:,}  {s['activation']}"
                    + (f" k={s['k']}" if s.get("k") else "") + f"  b_dec subtracted: {s['apply_b_dec_to_input']}"
                    + (f"  input norm: {s['input_normalization']}" if s["input_normalization"] != "none" else "")),
         ("A_dict", f"{f(check.a_dict, 4)}  (‖ū‖² {f(check.dict_mean_sq_norm, 4)}; isotropic rows: 0 ± {f(anisotropy_null_sd(s['d_sae'], s['d_in']), 2)})"),
-        ("spectrum", f"erank {f(sp.get('effective_rank'), 4)} of {s['d_in']}  top-1 {r._pct(sp.get('top1_share'))}  "
-                     f"top-10 {r._pct(sp.get('top10_share'))}  IsoScore {f(sp.get('isoscore'))}  spikes {sp.get('n_spikes')}"),
+        ("spectrum", f"erank {f(sp.get('effective_rank'), 4)} of {s['d_in']}  top-1 {r.fmt_pct(sp.get('top1_share'))}  "
+                     f"top-10 {r.fmt_pct(sp.get('top10_share'))}  IsoScore {f(sp.get('isoscore'))}  spikes {sp.get('n_spikes')}"),
         ("dec norms", f"min {f(n['min'])}  median {f(n['median'])}  max {f(n['max'])}  cv {f(n['cv'])}  zero rows {check.n_zero_decoder_rows}"),
         ("duplicates", f"{check.n_duplicate_pairs} pair(s) with cos > {check.options['duplicate_cos']:g}"
                        + (f"; most similar {check.duplicate_pairs[0][0]}–{check.duplicate_pairs[0][1]} ({check.duplicate_pairs[0][2]:.4f})" if check.duplicate_pairs else "")),
@@ -380,9 +380,9 @@ def render_check_terminal(check: DictionaryCheck, *, max_flags: int = 12) -> str
     r = _render_helpers()
     s = check.source
     out = [f"saegeo check — {s['name']} ({s['format']}, {s['d_sae']:,} latents × {s['d_in']:,}, {check.seconds:.1f} s)", ""]
-    out.append(f"FLAGS  {r._flag_counts(check.flags)}")
+    out.append(f"FLAGS  {r.flag_counts(check.flags)}")
     for fl in check.flags[:max_flags]:
-        out.append(f"  {r._MARK[fl.severity]} {fl.severity:<7} {fl.name}: {fl.summary}")
+        out.append(f"  {r.SEVERITY_MARK[fl.severity]} {fl.severity:<7} {fl.name}: {fl.summary}")
         if fl.latents:
             out.append(f"      latents {', '.join(map(str, fl.latents[:10]))}{'…' if len(fl.latents) >= 10 else ''}")
         out.append(f"      → {fl.advice}")
@@ -396,18 +396,18 @@ def render_check_terminal(check: DictionaryCheck, *, max_flags: int = 12) -> str
 def render_check_markdown(check: DictionaryCheck) -> str:
     r = _render_helpers()
     s = check.source
-    out = [f"# saegeo check — {s['name']}", "", f"## Flags ({r._flag_counts(check.flags)})", ""]
+    out = [f"# saegeo check — {s['name']}", "", f"## Flags ({r.flag_counts(check.flags)})", ""]
     for fl in check.flags:
         out.append(f"- **{fl.severity}** `{fl.name}`: {fl.summary}. *{fl.advice}*")
-        ev = ", ".join(f"{k} = {r._f(v) if isinstance(v, float) else v}" for k, v in fl.evidence.items())
+        ev = ", ".join(f"{k} = {r.fmt_num(v) if isinstance(v, float) else v}" for k, v in fl.evidence.items())
         out.append(f"  - evidence: {ev}")
         if fl.latents:
             out.append(f"  - latents: {', '.join(map(str, fl.latents))}")
     if not check.flags:
         out.append("No flags.")
-    out += ["", "## Dictionary", "", r._md_table(["", ""], [[a, b] for a, b in check_lines(check)])]
+    out += ["", "## Dictionary", "", r.md_table(["", ""], [[a, b] for a, b in check_lines(check)])]
     if check.duplicate_pairs:
-        out += ["", "## Near-duplicate pairs", "", r._md_table(["i", "j", "cos"], [[str(i), str(j), f"{c:.6f}"] for i, j, c in check.duplicate_pairs])]
+        out += ["", "## Near-duplicate pairs", "", r.md_table(["i", "j", "cos"], [[str(i), str(j), f"{c:.6f}"] for i, j, c in check.duplicate_pairs])]
     if check.notes:
         out += ["", "## Notes", ""] + [f"- {n}" for n in check.notes]
     out += ["", f"*saegeo check schema {check.schema_version}.*", ""]
@@ -420,10 +420,10 @@ def render_check_html(check: DictionaryCheck) -> str:
     r = _render_helpers()
     e = html.escape
     title = f"saegeo check — {check.source['name']}"
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{r._CSS}</style></head><body>",
-             f"<h1>{e(title)}</h1>", f"<h2>Flags ({e(r._flag_counts(check.flags))})</h2>"]
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{r.HTML_CSS}</style></head><body>",
+             f"<h1>{e(title)}</h1>", f"<h2>Flags ({e(r.flag_counts(check.flags))})</h2>"]
     for fl in check.flags:
-        ev = ", ".join(f"{e(k)} = {e(r._f(v) if isinstance(v, float) else str(v))}" for k, v in fl.evidence.items())
+        ev = ", ".join(f"{e(k)} = {e(r.fmt_num(v) if isinstance(v, float) else str(v))}" for k, v in fl.evidence.items())
         lat = f"<br>latents: {e(', '.join(map(str, fl.latents)))}" if fl.latents else ""
         parts.append(f"<div class='flag'><b class='{fl.severity}'>{fl.severity}</b> <code>{e(fl.name)}</code>: "
                      f"{e(fl.summary)}<br><i>{e(fl.advice)}</i><div class='ev'>{ev}{lat}</div></div>")
