@@ -9,7 +9,10 @@ for both. SAELens runs in its own venv (.venv-saelens: `python3 -m venv .venv-sa
 Reported per run: tokens/s (wall time of the whole training call), held-out FVE, L0, dead and dense
 fractions, max |cos(W_dec, mean)|, ‖b_dec‖ vs ‖mean‖; then ratios. All metrics for both libraries are
 computed by the same function (saegeo.sae.train.evaluate) on the same held-out rows; the SAELens SAE is
-also scored by SAELens' own encode/decode, and the two must agree. Finally a saegeo-saved SAE is loaded
+also scored by SAELens' own encode/decode, and the two must agree (note SAELens' TopKTrainingSAE defaults
+to rescale_acts_by_decoder_norm=True, which saegeo's SAEConfig expresses). Timing: wall seconds of the
+whole training call (saegeo's includes b_dec init, held-out eval and saving) and process CPU seconds;
+on a shared machine the CPU-seconds ratio is the steadier one. Finally a saegeo-saved SAE is loaded
 by SAELens (`SAE.load_from_disk`) and its encode/decode compared with saegeo's.
 
 Usage: .venv/bin/python benchmarks/train_bench.py [--arch topk relu] [--tokens 737280] [--acts PATH]
