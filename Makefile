@@ -22,8 +22,22 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/saegeo run configs/demo.toml
 
-bench: $(STAMP)
+# SAELens caps transformer-lens below 4 and pins its own deps: it gets its own venv, for the training benchmark.
+SAELENS_STAMP := .venv-saelens/.installed
+$(SAELENS_STAMP):
+	$(PYTHON) -m venv .venv-saelens
+	.venv-saelens/bin/python -m pip install -q torch==2.13.0 sae-lens==6.54.12
+	touch $(SAELENS_STAMP)
+
+# Side-by-side benchmarks at their default (quick) sizes; each prints its ratios. See README for the full sizes.
+bench: $(STAMP) $(SAELENS_STAMP)
 	$(BIN)/python benchmarks/geometry_bench.py
+	$(BIN)/python benchmarks/cache_bench.py
+	$(BIN)/python benchmarks/train_bench.py
+	$(BIN)/python benchmarks/report_bench.py
+	$(BIN)/python benchmarks/check_bench.py --n 16384
+	$(BIN)/python benchmarks/distributed_bench.py
+	$(BIN)/python benchmarks/synth_bench.py
 
 clean:
-	rm -rf $(VENV) artifacts/acts artifacts/runs
+	rm -rf $(VENV) .venv-saelens artifacts/acts artifacts/runs
