@@ -341,6 +341,19 @@ td:first-child,th:first-child{text-align:left}.error{color:#b00}.warning{color:#
 pre{background:#f6f6f6;padding:.6em;overflow-x:auto}"""
 
 
+def html_flags(flags: list[Flag], *, show_subject: bool = True) -> list[str]:
+    """One <div> per flag (severity, name, summary, advice, evidence, latents), or a 'No flags.' line."""
+    e = html.escape
+    parts = []
+    for f in flags:
+        who = f" — {e(f.subject)}" if show_subject and f.subject != "activations" else ""
+        ev = ", ".join(f"{e(k)} = {e(fmt_num(v) if isinstance(v, float) else str(v))}" for k, v in f.evidence.items())
+        lat = f"<br>latents: {e(', '.join(map(str, f.latents)))}" if f.latents else ""
+        parts.append(f"<div class='flag'><b class='{f.severity}'>{f.severity}</b> <code>{e(f.name)}</code>{who}: "
+                     f"{e(f.summary)}<br><i>{e(f.advice)}</i><div class='ev'>{ev}{lat}</div></div>")
+    return parts or ["<p>No flags.</p>"]
+
+
 def render_html(report: GeometryReport, pngs: dict[str, bytes] | None = None) -> str:
     """One self-contained page: flags, tables and the plots as data: URIs."""
     e = html.escape
@@ -348,14 +361,7 @@ def render_html(report: GeometryReport, pngs: dict[str, bytes] | None = None) ->
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(_title(report))}</title>",
              f"<style>{HTML_CSS}</style></head><body>", f"<h1>{e(_title(report))}</h1>",
              f"<h2>Flags ({e(flag_counts(report.flags))})</h2>"]
-    for f in report.flags:
-        who = "" if f.subject == "activations" else f" — {e(f.subject)}"
-        ev = ", ".join(f"{e(k)} = {e(fmt_num(v) if isinstance(v, float) else str(v))}" for k, v in f.evidence.items())
-        lat = f"<br>latents: {e(', '.join(map(str, f.latents)))}" if f.latents else ""
-        parts.append(f"<div class='flag'><b class='{f.severity}'>{f.severity}</b> <code>{e(f.name)}</code>{who}: "
-                     f"{e(f.summary)}<br><i>{e(f.advice)}</i><div class='ev'>{ev}{lat}</div></div>")
-    if not report.flags:
-        parts.append("<p>No flags.</p>")
+    parts += html_flags(report.flags)
     parts.append("<h2>Activations</h2><table>")
     parts += [f"<tr><td>{e(a)}</td><td style='text-align:left'>{e(b)}</td></tr>" for a, b in activation_lines(report)]
     parts.append("</table>")

@@ -422,13 +422,7 @@ def render_check_html(check: DictionaryCheck) -> str:
     title = f"saegeo check — {check.source['name']}"
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{r.HTML_CSS}</style></head><body>",
              f"<h1>{e(title)}</h1>", f"<h2>Flags ({e(r.flag_counts(check.flags))})</h2>"]
-    for fl in check.flags:
-        ev = ", ".join(f"{e(k)} = {e(r.fmt_num(v) if isinstance(v, float) else str(v))}" for k, v in fl.evidence.items())
-        lat = f"<br>latents: {e(', '.join(map(str, fl.latents)))}" if fl.latents else ""
-        parts.append(f"<div class='flag'><b class='{fl.severity}'>{fl.severity}</b> <code>{e(fl.name)}</code>: "
-                     f"{e(fl.summary)}<br><i>{e(fl.advice)}</i><div class='ev'>{ev}{lat}</div></div>")
-    if not check.flags:
-        parts.append("<p>No flags.</p>")
+    parts += r.html_flags(check.flags, show_subject=False)
     parts.append("<h2>Dictionary</h2><table>")
     parts += [f"<tr><td>{e(a)}</td><td style='text-align:left'>{e(b)}</td></tr>" for a, b in check_lines(check)]
     parts.append("</table>")
