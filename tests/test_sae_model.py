@@ -213,3 +213,46 @@ def test_bad_inputs_and_configs_are_refused():
         SAEConfig(8, 16, activation="gelu")
     with pytest.raises(BadInputError, match=r"\(n, 16\)"):
         _sae("relu").encode(torch.zeros(3, 5, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("apply_b_dec", [True, False])
+def test_relu_training_objective_metrics_and_grads_match_plain_formula(apply_b_dec):
+    """mean_rows ‖x − x̂‖² + l1 · mean_rows Σ_i codes_i ‖W_dec[i]‖ (non-unit rows), written densely."""
+    sae = _sae("relu", apply_b_dec_to_input=apply_b_dec)
+    x = _x()
+    out = sae.forward_train(x, l1_coefficient=0.3)
+    out.loss.backward()
+    got = {n: p.grad.clone() for n, p in sae.named_parameters()}
+    sae.zero_grad()
+    pre = ((x - sae.b_dec) if apply_b_dec else x) @ sae.W_enc + sae.b_enc
+    codes = pre.clamp_min(0)
+    err = x - (codes @ sae.W_dec + sae.b_dec)
+    l1 = sum(codes[r, i] * sae.W_dec[i].norm() for r in range(N) for i in range(D_SAE)) / N
+    ref = err.pow(2).sum() / N + 0.3 * l1
+    ref.backward()
+    torch.testing.assert_close(out.loss, ref)
+    torch.testing.assert_close(out.aux_loss, l1.detach())
+    for n, p in sae.named_parameters():
+        torch.testing.assert_close(got[n], p.grad, msg=n)
+    counts = torch.tensor([sum(1 for r in range(N) if codes[r, i] > 0) for i in range(D_SAE)], dtype=torch.float64)
+    torch.testing.assert_close(out.fire_count.double(), counts)
+    assert float(out.l0_sum) == float(counts.sum())
+    assert torch.equal(out.fired, counts > 0)
+
+
+def test_relu_init_reconstructs_small_topk_init_stays_tied():
+    """Fresh ReLU SAE: ‖x̂ − b_dec‖ well below ‖x − b_dec‖ (a tied unit-norm init gives ≈ d_sae/(2 d_in) = 4×,
+    which lets the L1 term dominate the first steps). TopK keeps W_enc = W_decᵀ exactly."""
+    d_in, d_sae = 32, 256
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(512, d_in, generator=g) * torch.linspace(0.5, 2.0, d_in) + 3.0
+    mean = x.mean(0)
+    relu = SAE(SAEConfig(d_in, d_sae, activation="relu")).init_weights(torch.Generator().manual_seed(0), b_dec=mean)
+    with torch.no_grad():
+        codes = ((x - mean) @ relu.W_enc).clamp_min(0)
+        ratio = float((codes @ relu.W_dec).norm(dim=1).mean() / (x - mean).norm(dim=1).mean())
+    torch.testing.assert_close(relu.W_dec.norm(dim=1), torch.ones(d_sae))
+    assert ratio < 0.6, ratio
+    topk = SAE(SAEConfig(d_in, d_sae, activation="topk", k=8)).init_weights(torch.Generator().manual_seed(0))
+    assert torch.equal(topk.W_enc, topk.W_dec.T)
+    torch.testing.assert_close(topk.W_dec.norm(dim=1), torch.ones(d_sae))

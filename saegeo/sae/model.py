@@ -156,12 +156,24 @@ class SAE(nn.Module):
 
     # ------------------------------------------------------------------ init
     @torch.no_grad()
-    def init_weights(self, generator: torch.Generator | None = None, b_dec: Tensor | None = None) -> "SAE":
-        """Random unit-norm decoder rows, tied encoder W_enc = W_decᵀ, b_enc = 0, b_dec as given (else 0)."""
+    def init_weights(
+        self, generator: torch.Generator | None = None, b_dec: Tensor | None = None, encoder_scale: float | None = None
+    ) -> "SAE":
+        """Random unit-norm decoder rows, tied encoder W_enc = encoder_scale · W_decᵀ, b_enc = 0, b_dec as given
+        (else 0). encoder_scale defaults to 0.1 for relu and 1 otherwise (TopK picks the same latents at any scale).
+
+        Why 0.1 for relu: with W_enc = W_decᵀ about half of the d_sae latents fire on a row, and
+        x̂ − b_dec ≈ (d_sae / 2d_in)·(x − b_dec), several times the data, so the L1 term dominates early and
+        the run ends dense and poorly fit. SAELens starts decoder rows at norm 0.1 with a tied encoder (initial
+        x̂ 0.01× that); in unit-decoder form that is encoder_scale 0.01. On MiniLM layer 3 (180 steps of
+        4096, l1 1) 0.1 and 0.01 end alike (held-out FVE 0.879 / 0.878, L0 471 / 500) against 0.64 / 1114 at 1.
+        """
+        if encoder_scale is None:
+            encoder_scale = 0.1 if self.cfg.activation == "relu" else 1.0
         w = torch.randn(self.cfg.d_sae, self.cfg.d_in, generator=generator, dtype=torch.float32)
         w /= w.norm(dim=1, keepdim=True)
         self.W_dec.copy_(w)
-        self.W_enc.copy_(w.T)
+        self.W_enc.copy_(encoder_scale * w.T)
         self.b_enc.zero_()
         self.b_dec.copy_(b_dec if b_dec is not None else torch.zeros(self.cfg.d_in))
         return self
@@ -318,16 +330,19 @@ class SAE(nn.Module):
             fire_count.index_add_(0, indices.flatten(), active.flatten().float())
             l0_sum = active.sum()
         else:
-            codes = ACTIVATIONS[self.cfg.activation](self, self._pre(x))
-            x_hat = self.decode(codes)
-            err = x - x_hat
-            sse = err.pow(2).sum()
-            l1 = (codes * self.W_dec.norm(dim=1)).sum() / n
+            # (x − b_dec) W_enc + b_enc = x W_enc + (b_enc − b_dec W_enc): x needs no gradient, so the backward
+            # skips the dense (n × d_sae) @ (d_sae × d_in) product that ∂b_dec through the input would cost.
+            bias = self.b_enc - self.b_dec @ self.W_enc if self.cfg.apply_b_dec_to_input else self.b_enc
+            pre = torch.addmm(bias, x, self.W_enc)
+            codes = pre.relu_() if self.cfg.activation == "relu" else ACTIVATIONS[self.cfg.activation](self, pre)
+            x_hat = torch.addmm(self.b_dec, codes, self.W_dec)
+            sse = (x - x_hat).pow(2).sum()
+            # Σ_rows Σ_i codes_ri ‖w_i‖ = Σ_i ‖w_i‖ Σ_rows codes_ri: reduce over rows first, no (n × d_sae) product
+            l1 = codes.sum(dim=0) @ self.W_dec.norm(dim=1) / n
             aux = l1
             loss = sse / n + l1_coefficient * l1
-            active = codes > 0
-            fire_count = active.sum(dim=0).float()
-            l0_sum = active.sum()
+            fire_count = codes.detach().sign().sum(dim=0)  # codes ≥ 0: sign = 1 where active (exact counts)
+            l0_sum = fire_count.sum()
         return TrainOutput(loss, sse.detach(), centred_ss, l0_sum, aux.detach(), fire_count > 0, fire_count)
 
     # ------------------------------------------------------------------ unit-norm decoder
