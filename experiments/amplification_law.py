@@ -28,6 +28,25 @@ LAWS = ("exp", "half_normal", "log_normal", "constant")
 FORMS = ("textbook", "exact_moment", "mean_cosine")
 
 
+def measure(config: SyntheticConfig, n: int, law: str, per_latent: bool = False) -> dict:
+    """One configuration: measured A (streaming geometry) beside the forms (code moments of the same codes)."""
+    gen = SuperpositionGenerator(config)
+    geometry = GeometryAccumulator(config.d)
+    codes_stats = CodeMomentAccumulator(config.n_features, gen.truth.mean_sq_norm)
+    for x, codes in gen.batches(n, 4096):
+        geometry.add(x)
+        codes_stats.add(codes)
+    measured = anisotropy_from_unit_mean(geometry.unit_mean, geometry.n_unit)
+    forms = codes_stats.predictions(gen.truth.a_dict, gen.truth.dictionary if per_latent else None)
+    mean = geometry.mean.double()
+    print(f"{law:15s} tilt {config.tilt:4.2f}  A_dict {gen.truth.a_dict:7.4f}  measured {measured:.4f}  "
+          + "  ".join(f"{f} {forms[f]:.4f}" for f in forms), flush=True)
+    return dict(law=law, tilt=config.tilt, a_dict=gen.truth.a_dict, mean_sq_norm=gen.truth.mean_sq_norm,
+                K=codes_stats.K, r=codes_stats.r, measured_A=measured,
+                moment_ratio=float(mean @ mean) / geometry.mean_sq_norm,  # ‖μ‖²/E‖x‖², what exact-moment predicts
+                **forms, **{f"err_{f}": forms[f] - measured for f in forms})
+
+
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=12288, help="rows per configuration")
@@ -40,46 +59,14 @@ def main() -> None:
     rows, started = [], time.time()
     for law in LAWS:
         for tilt in tilts:
-            gen = SuperpositionGenerator(
-                SyntheticConfig(d=args.d, n_features=args.N, rate=args.q, tilt=tilt, magnitude=law, seed=args.seed)
-            )
-            geometry = GeometryAccumulator(args.d)
-            codes_stats = CodeMomentAccumulator(args.N, gen.truth.mean_sq_norm)
-            for x, codes in gen.batches(args.n, 4096):
-                geometry.add(x)
-                codes_stats.add(codes)
-            measured = anisotropy_from_unit_mean(geometry.unit_mean, geometry.n_unit)
-            forms = codes_stats.predictions(gen.truth.a_dict)
-            mean = geometry.mean.double()
-            rows.append(
-                dict(law=law, tilt=tilt, a_dict=gen.truth.a_dict, mean_sq_norm=gen.truth.mean_sq_norm,
-                     K=codes_stats.K, r=codes_stats.r, measured_A=measured,
-                     moment_ratio=float(mean @ mean) / geometry.mean_sq_norm,  # ‖μ‖²/E‖x‖², what exact-moment predicts
-                     **forms, **{f"err_{f}": forms[f] - measured for f in FORMS})
-            )
-            print(f"{law:12s} tilt {tilt:4.2f}  A_dict {gen.truth.a_dict:7.4f}  measured {measured:.4f}  "
-                  + "  ".join(f"{f} {forms[f]:.4f}" for f in FORMS), flush=True)
+            config = SyntheticConfig(d=args.d, n_features=args.N, rate=args.q, tilt=tilt, magnitude=law, seed=args.seed)
+            rows.append(measure(config, args.n, law))
     # Heterogeneous rates: Zipf-like firing (q_i ∝ i^-0.5, same mean q), where one q and one r do not
     # describe the codes; the per-latent exact-moment form is added beside the others.
     for tilt in (0.0, 0.1, 0.2):
-        gen = SuperpositionGenerator(SyntheticConfig(d=args.d, n_features=args.N, rate=args.q, rate_law="zipf",
-                                                     zipf_exponent=0.5, tilt=tilt, magnitude="exp", seed=args.seed))
-        geometry = GeometryAccumulator(args.d)
-        codes_stats = CodeMomentAccumulator(args.N, gen.truth.mean_sq_norm)
-        for x, codes in gen.batches(args.n, 4096):
-            geometry.add(x)
-            codes_stats.add(codes)
-        measured = anisotropy_from_unit_mean(geometry.unit_mean, geometry.n_unit)
-        forms = codes_stats.predictions(gen.truth.a_dict, gen.truth.dictionary)
-        mean = geometry.mean.double()
-        rows.append(
-            dict(law="exp, zipf rates", tilt=tilt, a_dict=gen.truth.a_dict, mean_sq_norm=gen.truth.mean_sq_norm,
-                 K=codes_stats.K, r=codes_stats.r, measured_A=measured,
-                 moment_ratio=float(mean @ mean) / geometry.mean_sq_norm,
-                 **forms, **{f"err_{f}": forms[f] - measured for f in (*FORMS, "heterogeneous_moment")})
-        )
-        print(f"exp zipf     tilt {tilt:4.2f}  A_dict {gen.truth.a_dict:7.4f}  measured {measured:.4f}  "
-              + "  ".join(f"{f} {forms[f]:.4f}" for f in forms), flush=True)
+        config = SyntheticConfig(d=args.d, n_features=args.N, rate=args.q, rate_law="zipf", zipf_exponent=0.5,
+                                 tilt=tilt, magnitude="exp", seed=args.seed)
+        rows.append(measure(config, args.n, "exp, zipf rates", per_latent=True))
     for r in rows:
         r.setdefault("heterogeneous_moment", r["exact_moment"])  # equal by construction for one rate
         r.setdefault("err_heterogeneous_moment", r["exact_moment"] - r["measured_A"])

@@ -20,18 +20,11 @@ from saegeo.geometry.amplification import (
 from saegeo.synthetic import SuperpositionGenerator, SyntheticConfig
 
 
-def _brute_mean_pairwise_cosine(rows: np.ndarray) -> float:
-    unit = rows / np.linalg.norm(rows, axis=1, keepdims=True)
-    cos = unit @ unit.T
-    n = len(rows)
-    return (cos.sum() - np.trace(cos)) / (n * (n - 1))
-
-
-def test_dictionary_anisotropy_equals_brute_force_pairwise_mean():
+def test_dictionary_anisotropy_equals_brute_force_pairwise_mean(brute_mean_cosine):
     rng = np.random.default_rng(0)
     rows = rng.normal(size=(300, 16)) + 0.7  # tilted, unnormalised
     a_dict, mean_sq_norm = dictionary_anisotropy(torch.from_numpy(rows), block_rows=37)
-    assert a_dict == pytest.approx(_brute_mean_pairwise_cosine(rows), abs=1e-12)
+    assert a_dict == pytest.approx(brute_mean_cosine(rows), abs=1e-12)
     unit = rows / np.linalg.norm(rows, axis=1, keepdims=True)
     assert mean_sq_norm == pytest.approx(float(np.sum(unit.mean(0) ** 2)), abs=1e-12)
 

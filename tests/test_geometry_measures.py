@@ -31,13 +31,6 @@ def _geometry(x, **kw):
     return acc, activation_geometry(acc, **kw)
 
 
-def _brute_mean_cosine(x: np.ndarray) -> float:
-    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
-    cos = unit @ unit.T
-    n = len(x)
-    return float((cos.sum() - np.trace(cos)) / (n * (n - 1)))
-
-
 def _np_erank(lam) -> float:
     p = np.asarray(lam, dtype=np.float64)
     p = p / p.sum()
@@ -68,12 +61,12 @@ def test_golden_effective_ranks():
     assert participation_ratio(torch.ones(7)) == pytest.approx(7.0)
 
 
-def test_golden_six_vectors_and_artifact_correlation():
+def test_golden_six_vectors_and_artifact_correlation(brute_mean_cosine):
     acc, geo = _geometry(SIX)
     unit = SIX / np.linalg.norm(SIX, axis=1, keepdims=True)
     assert geo.offset == pytest.approx(np.linalg.norm(unit.mean(0)), abs=1e-12)
     assert geo.offset == pytest.approx(0.954082, abs=5e-7)
-    assert geo.anisotropy == pytest.approx(_brute_mean_cosine(SIX), abs=1e-12)
+    assert geo.anisotropy == pytest.approx(brute_mean_cosine(SIX), abs=1e-12)
     assert geo.anisotropy == pytest.approx(0.892326, abs=5e-7)
     # closed form: 6Σ = [[2,1,1],[1,2.5,.5],[1,.5,2.5]] has eigenvalues 4, 2, 1 with top vector (1,1,1)/√3
     np.testing.assert_allclose(geo.eigenvalues, np.array([4, 2, 1]) / 6, atol=1e-12)
@@ -106,12 +99,12 @@ def test_golden_two_clusters():
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_anisotropy_equals_brute_force_pairwise(seed):
+def test_anisotropy_equals_brute_force_pairwise(seed, brute_mean_cosine):
     rng = np.random.default_rng(seed)
     n, d = rng.integers(2, 500), rng.integers(2, 40)
     x = rng.normal(size=(n, d)) + rng.normal(size=d) * rng.uniform(0, 3)
     acc, geo = _geometry(x)
-    assert geo.anisotropy == pytest.approx(_brute_mean_cosine(x), abs=1e-10)
+    assert geo.anisotropy == pytest.approx(brute_mean_cosine(x), abs=1e-10)
     assert anisotropy_from_unit_mean(acc.unit_mean, n) == geo.anisotropy
 
 

@@ -19,13 +19,6 @@ from saegeo.geometry.nulls import (
 )
 
 
-def _brute_mean_cosine(x: np.ndarray) -> float:
-    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
-    n = len(x)
-    cos = unit @ unit.T
-    return float((cos.sum() - np.trace(cos)) / (n * (n - 1)))
-
-
 def _gelu_moments() -> tuple[float, float]:
     gelu = lambda z: z * stats.norm.cdf(z)  # noqa: E731  exact (erf) GELU
     m1 = integrate.quad(lambda z: gelu(z) * stats.norm.pdf(z), -np.inf, np.inf)[0]
@@ -57,7 +50,7 @@ def _sample(kind: str, rng, n: int, d: int, q: float = 0.1) -> np.ndarray:
         ("symmetric", 0.0, "sign-symmetric", "0"),
     ],
 )
-def test_sign_aware_null_against_simulation(kind, closed_form, regime, canonical):
+def test_sign_aware_null_against_simulation(kind, closed_form, regime, canonical, brute_mean_cosine):
     rng = np.random.default_rng(0)
     n, d = 800, 1024
     x = _sample(kind, rng, n, d)
@@ -72,7 +65,7 @@ def test_sign_aware_null_against_simulation(kind, closed_form, regime, canonical
     # the pooled null estimates the closed form (sampling error of m̄ and s̄ over n·d entries)
     assert null == pytest.approx(closed_form, abs=0.02 * closed_form + 2e-3)
     # …and predicts the mean pairwise cosine actually measured (brute force); finite-d bias ≈ 1.4/(q·d) relative
-    measured = _brute_mean_cosine(x)
+    measured = brute_mean_cosine(x)
     assert anisotropy_from_unit_mean(acc.unit_mean, n) == pytest.approx(measured, abs=1e-10)
     q = null_info.fraction_nonzero
     bias = 1.4 / (q * d)
@@ -82,7 +75,7 @@ def test_sign_aware_null_against_simulation(kind, closed_form, regime, canonical
     assert null_info.sparse_exp_null == pytest.approx(q / 2)
 
 
-def test_sign_null_depends_on_magnitudes_not_on_q_alone():
+def test_sign_null_depends_on_magnitudes_not_on_q_alone(brute_mean_cosine):
     """Same q, constant magnitudes: the null is q·1, not q/2 — a fixed q-switch would be off by 2×."""
     rng = np.random.default_rng(1)
     q, n, d = 0.1, 600, 1024
@@ -93,7 +86,7 @@ def test_sign_null_depends_on_magnitudes_not_on_q_alone():
     null_info = sign_null(acc)
     assert null_info.magnitude_ratio == pytest.approx(1.0)
     assert null_info.null == pytest.approx(q, rel=0.03)
-    assert _brute_mean_cosine(x) == pytest.approx(null_info.null, rel=0.05)
+    assert brute_mean_cosine(x) == pytest.approx(null_info.null, rel=0.05)
     assert null_info.canonical == "none"
 
 
@@ -105,10 +98,10 @@ def test_small_helpers():
     assert anisotropy_null_sd(1, 10) == math.inf
 
 
-def test_isotropic_null_sd_by_simulation():
+def test_isotropic_null_sd_by_simulation(brute_mean_cosine):
     rng = np.random.default_rng(2)
     n, d, reps = 30, 20, 400
-    estimates = [_brute_mean_cosine(rng.normal(size=(n, d))) for _ in range(reps)]
+    estimates = [brute_mean_cosine(rng.normal(size=(n, d))) for _ in range(reps)]
     sd = anisotropy_null_sd(n, d)
     assert np.mean(estimates) == pytest.approx(0.0, abs=4 * sd / math.sqrt(reps))
     assert np.std(estimates) == pytest.approx(sd, rel=0.15)
@@ -167,3 +160,18 @@ def test_noise_effective_rank_other_shapes(n, d):
         z = rng.normal(size=(n, d))
         sims.append(effective_rank(np.linalg.eigvalsh(z.T @ z)))
     assert np.mean(sims) == pytest.approx(noise_effective_rank(n, d), rel=0.03)
+
+
+def test_sign_null_ignores_zero_rows_like_the_anisotropy_does():
+    """A is measured on nonzero rows, so the null must be too: m̄²/s̄ and q computed in numpy on the nonzero rows
+    of ReLU data half of whose rows are zero (pooling over all rows would halve the null)."""
+    rng = np.random.default_rng(7)
+    x = np.maximum(rng.standard_normal((4000, 64)), 0.0)
+    x[::2] = 0.0
+    nonzero = x[1::2]
+    acc = GeometryAccumulator(64)
+    acc.add(x)
+    null = sign_null(acc)
+    assert null.null == pytest.approx(nonzero.mean() ** 2 / np.square(nonzero).mean(), rel=1e-9)
+    assert null.null == pytest.approx(1 / np.pi, rel=0.03)
+    assert null.fraction_nonzero == pytest.approx(np.count_nonzero(nonzero) / nonzero.size, rel=1e-9)

@@ -52,10 +52,6 @@ def _rows_like(x: Any, d: int) -> Tensor:
     return t if t.dtype in (torch.float32, torch.float64) else t.to(torch.float32)
 
 
-def _second_moment_trace(acc: GeometryAccumulator) -> float:
-    return float(torch.trace(acc.covariance())) + float(acc.mean.square().sum())
-
-
 def _n_le_d_note(acc: GeometryAccumulator) -> list[str]:
     if acc.n <= acc.d:
         return [f"fitted on n = {acc.n} ≤ d = {acc.d} rows: the covariance is singular, its small eigenvalues are noise"]
@@ -72,7 +68,7 @@ class Centering:
     @classmethod
     def fit(cls, acc: GeometryAccumulator) -> "Centering":
         mu = acc.mean
-        trace_s = _second_moment_trace(acc)
+        trace_s = acc.mean_sq_norm  # tr S = E‖x‖²
         share = float(mu.square().sum()) / trace_s if trace_s > 0 else 0.0
         return cls(mu, TransformReport("center", acc.d, 0.0, share))
 
