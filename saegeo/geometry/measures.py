@@ -153,11 +153,17 @@ def centred_spectrum(acc: GeometryAccumulator) -> Spectrum:
 
 
 def sign_null(acc: GeometryAccumulator) -> SignNull:
-    """The sign-aware null A_null = m̄²/s̄ of the accumulated rows, with regime, q, r and the canonical forms."""
+    """The sign-aware null A_null = m̄²/s̄ of the accumulated rows, with regime, q, r and the canonical forms.
+
+    m̄, s̄ and q are taken over the nonzero rows, the rows A is measured on: zero rows add nothing to Σx or
+    Σx², only to the count, so each pooled moment is rescaled by n/n_unit (else a fraction f of zero rows
+    would shrink the null by a factor 1 − f).
+    """
+    to_nonzero_rows = acc.n / acc.n_unit if acc.n_unit > 0 else 1.0
     return sign_null_from_moments(
-        acc.pooled_mean,
-        acc.pooled_mean_square,
-        acc.fraction_nonzero,
+        acc.pooled_mean * to_nonzero_rows,
+        acc.pooled_mean_square * to_nonzero_rows,
+        acc.fraction_nonzero * to_nonzero_rows,
         acc.magnitude_ratio,
         acc.negative_energy_fraction,
     )
