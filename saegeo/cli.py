@@ -352,9 +352,12 @@ def cmd_check(args: argparse.Namespace) -> int:
         if args.out:
             paths = write_check(check, args.out, formats=tuple(args.format))
             print(f"wrote {', '.join(str(p) for p in paths.values())}")
-    worst = {"never": 99, "warning": 1, "error": 2}[args.fail_on]
-    rank = {"info": 0, "warning": 1, "error": 2}
-    return 1 if any(rank[f.severity] >= worst for f in flags) else 0
+    if args.fail_on == "never":
+        return 0
+    from saegeo.report.flags import SEVERITIES
+
+    worst = SEVERITIES.index(args.fail_on)
+    return 1 if any(SEVERITIES.index(f.severity) >= worst for f in flags) else 0
 
 
 # --------------------------------------------------------------------------- report

@@ -11,13 +11,6 @@ from safetensors.torch import save_file
 from saegeo.cli import main
 
 
-def _brute_mean_cosine(x: np.ndarray) -> float:
-    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
-    cos = unit @ unit.T
-    n = len(x)
-    return float((cos.sum() - np.trace(cos)) / (n * (n - 1)))
-
-
 @pytest.fixture
 def three_files(tmp_path):
     rng = np.random.default_rng(0)
@@ -28,7 +21,7 @@ def three_files(tmp_path):
     return x, [str(tmp_path / n) for n in ("a.npy", "b.safetensors", "c.pt")]
 
 
-def test_streams_several_formats_and_writes_json(three_files, tmp_path, capsys):
+def test_streams_several_formats_and_writes_json(three_files, tmp_path, capsys, brute_mean_cosine):
     x, files = three_files
     out = tmp_path / "geo.json"
     assert main(["geometry", *files, "--json", str(out), "--batch-size", "128", "--no-progress"]) == 0
@@ -37,12 +30,12 @@ def test_streams_several_formats_and_writes_json(three_files, tmp_path, capsys):
     result = json.loads(out.read_text())
     x64 = x.astype(np.float64)
     assert result["n"] == 900 and result["d"] == 16 and result["files"] == files
-    assert result["anisotropy"] == pytest.approx(_brute_mean_cosine(x64), abs=1e-7)
+    assert result["anisotropy"] == pytest.approx(brute_mean_cosine(x64), abs=1e-7)
     s = np.linalg.svd(x64 - x64.mean(0), compute_uv=False)
     np.testing.assert_allclose(result["eigenvalues"], s**2 / 900, rtol=1e-5, atol=1e-7)
 
 
-def test_store_directory_is_read(tmp_path, capsys):
+def test_store_directory_is_read(tmp_path, capsys, brute_mean_cosine):
     from saegeo.activations.store import write_store
 
     rng = np.random.default_rng(1)
@@ -52,7 +45,7 @@ def test_store_directory_is_read(tmp_path, capsys):
     assert main(["geometry", str(tmp_path / "store"), "--json", str(out), "--no-progress"]) == 0
     result = json.loads(out.read_text())
     assert result["n"] == 500
-    assert result["anisotropy"] == pytest.approx(_brute_mean_cosine(x.astype(np.float64)), abs=1e-7)
+    assert result["anisotropy"] == pytest.approx(brute_mean_cosine(x.astype(np.float64)), abs=1e-7)
 
 
 def test_errors_name_the_file_and_what_to_do(tmp_path, capsys):

@@ -18,12 +18,14 @@ Public API
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
+
+from saegeo.errors import BadInputError
 
 SEVERITIES = ("info", "warning", "error")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
@@ -125,16 +127,17 @@ class FlagThresholds:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "FlagThresholds":
-        from dataclasses import fields
+        return cls(**refuse_unknown_keys(cls, d, "flag threshold"))
 
-        d = dict(d or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            from saegeo.errors import BadInputError
 
-            raise BadInputError(f"unknown flag threshold(s) {unknown}; known: {sorted(known)}")
-        return cls(**d)
+def refuse_unknown_keys(cls: type, d: Mapping[str, Any] | None, what: str) -> dict[str, Any]:
+    """``d`` as a dict, after a BadInputError naming any key that is not a field of dataclass ``cls``."""
+    d = dict(d or {})
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise BadInputError(f"unknown {what}(s) {unknown}; known: {sorted(known)}")
+    return d
 
 
 def _f3(x: float | None) -> str:

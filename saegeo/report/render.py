@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from saegeo.report.flags import SEVERITIES, Flag, FlagThresholds
-from saegeo.report.report import GeometryReport, SAEGeometry
+from saegeo.report.report import GeometryReport, SAEGeometry, write_text_atomic
 
 FORMATS = ("terminal", "md", "json", "html")
 SEVERITY_MARK = {"error": "✖", "warning": "▲", "info": "·"}
@@ -135,19 +135,25 @@ def flag_counts(flags: list[Flag]) -> str:
 
 
 # =========================================================================== terminal
-def render_terminal(report: GeometryReport, *, max_flags: int = 12) -> str:
-    """The summary a person reads first: title, flags (most severe first) with advice, then the numbers."""
-    out = [_title(report), ""]
-    out.append(f"FLAGS  {flag_counts(report.flags)}")
-    for f in report.flags[:max_flags]:
-        who = "" if f.subject == "activations" else f"[{f.subject}] "
+def terminal_flags(flags: list[Flag], *, max_flags: int = 12, show_subject: bool = True) -> list[str]:
+    """The FLAGS block of a terminal summary: counts, then the first ``max_flags`` flags with advice."""
+    out = [f"FLAGS  {flag_counts(flags)}"]
+    for f in flags[:max_flags]:
+        who = f"[{f.subject}] " if show_subject and f.subject != "activations" else ""
         out.append(f"  {SEVERITY_MARK[f.severity]} {f.severity:<7} {who}{f.name}: {f.summary}")
         if f.latents:
             more = "…" if len(f.latents) >= 10 else ""
             out.append(f"      latents {', '.join(map(str, f.latents[:10]))}{more}")
         out.append(f"      → {f.advice}")
-    if len(report.flags) > max_flags:
-        out.append(f"  … {len(report.flags) - max_flags} more in the full report")
+    if len(flags) > max_flags:
+        out.append(f"  … {len(flags) - max_flags} more in the full report")
+    return out
+
+
+def render_terminal(report: GeometryReport, *, max_flags: int = 12) -> str:
+    """The summary a person reads first: title, flags (most severe first) with advice, then the numbers."""
+    out = [_title(report), ""]
+    out += terminal_flags(report.flags, max_flags=max_flags)
     out += ["", "ACTIVATIONS"]
     out += [f"  {label:<11}{text}" for label, text in activation_lines(report)]
     if report.saes:
@@ -170,18 +176,23 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def render_markdown(report: GeometryReport, figure_dir: str | None = None) -> str:
-    """Markdown: flags with evidence, the activation geometry, the SAE table, links to figures if written."""
-    out = [f"# {_title(report)}", "", f"## Flags ({flag_counts(report.flags)})", ""]
-    for f in report.flags:
-        who = "" if f.subject == "activations" else f" — {f.subject}"
+def md_flags(flags: list[Flag], *, show_subject: bool = True) -> list[str]:
+    """One bullet per flag (severity, name, summary, advice; evidence and latents beneath), or 'No flags.'."""
+    out = []
+    for f in flags:
+        who = f" — {f.subject}" if show_subject and f.subject != "activations" else ""
         out.append(f"- **{f.severity}** `{f.name}`{who}: {f.summary}. *{f.advice}*")
         ev = ", ".join(f"{k} = {fmt_num(v) if isinstance(v, float) else v}" for k, v in f.evidence.items())
         out.append(f"  - evidence: {ev}")
         if f.latents:
             out.append(f"  - latents: {', '.join(map(str, f.latents))}")
-    if not report.flags:
-        out.append("No flags.")
+    return out or ["No flags."]
+
+
+def render_markdown(report: GeometryReport, figure_dir: str | None = None) -> str:
+    """Markdown: flags with evidence, the activation geometry, the SAE table, links to figures if written."""
+    out = [f"# {_title(report)}", "", f"## Flags ({flag_counts(report.flags)})", ""]
+    out += md_flags(report.flags)
     out += ["", "## Activations", "", md_table(["", ""], [[a, b] for a, b in activation_lines(report)])]
     if report.saes:
         out += ["", "## SAE" + ("s side by side" if len(report.saes) > 1 else ""), ""]
@@ -400,22 +411,16 @@ def write_report(
     paths: dict[str, Path] = {}
     pngs = figures(report) if ("html" in formats or "md" in formats) else {}
     if "terminal" in formats:
-        paths["terminal"] = _write(out / "summary.txt", render_terminal(report))
+        paths["terminal"] = write_text_atomic(out / "summary.txt", render_terminal(report))
     if "json" in formats:
-        paths["json"] = _write(out / "report.json", render_json(report))
+        paths["json"] = write_text_atomic(out / "report.json", render_json(report))
     if "md" in formats:
         fig_dir = out / "figures"
         fig_dir.mkdir(exist_ok=True)
         for name, data in pngs.items():
             (fig_dir / f"{name}.png").write_bytes(data)
-        paths["md"] = _write(out / "report.md", render_markdown(report, figure_dir="figures"))
+        paths["md"] = write_text_atomic(out / "report.md", render_markdown(report, figure_dir="figures"))
     if "html" in formats:
-        paths["html"] = _write(out / "report.html", render_html(report, pngs))
+        paths["html"] = write_text_atomic(out / "report.html", render_html(report, pngs))
     return paths
 
-
-def _write(path: Path, text: str) -> Path:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path

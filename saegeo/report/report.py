@@ -53,6 +53,7 @@ from saegeo.report.flags import (
     activation_flags,
     config_flags,
     config_whitens,
+    refuse_unknown_keys,
     sae_flags,
     sort_flags,
 )
@@ -81,11 +82,7 @@ class ReportOptions:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "ReportOptions":
-        d = dict(d or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise BadInputError(f"unknown report option(s) {unknown}; known: {sorted(known)}")
+        d = refuse_unknown_keys(cls, d, "report option")
         if "thresholds" in d and not isinstance(d["thresholds"], FlagThresholds):
             d["thresholds"] = FlagThresholds.from_dict(d["thresholds"])
         return cls(**d)
@@ -187,10 +184,7 @@ class GeometryReport:
     def to_json(self, path: str | os.PathLike | None = None, *, indent: int | None = 1) -> str:
         text = json.dumps(self.to_dict(), indent=indent, allow_nan=False)
         if path is not None:
-            p = Path(path)
-            tmp = p.with_name(p.name + ".tmp")
-            tmp.write_text(text)
-            os.replace(tmp, p)
+            write_text_atomic(path, text)
         return text
 
     @classmethod
@@ -214,6 +208,15 @@ class GeometryReport:
             return cls.from_dict(json.loads(Path(path).read_text()))
         except (OSError, json.JSONDecodeError) as err:
             raise FormatError(f"{path}: cannot read a saegeo report ({err})") from None
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to a temp file beside ``path``, then rename it: a reader never sees half a file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
 
 
 def _json_safe(value: Any) -> Any:

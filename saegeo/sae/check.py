@@ -16,7 +16,6 @@ Flags are ``saegeo.report.flags.Flag``; the renderings follow ``saegeo.report.re
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -36,6 +35,7 @@ from saegeo.geometry.dictionary import (
     unit_row_blocks,
 )
 from saegeo.report.flags import Flag, FlagThresholds, rounded, config_flags, dictionary_flags, sort_flags
+from saegeo.report.report import _json_safe, write_text_atomic
 from saegeo.sae.model import SAE
 
 CHECK_SCHEMA_VERSION = 1
@@ -111,7 +111,7 @@ class DictionaryCheck:
     def to_json(self, path: str | os.PathLike | None = None, *, indent: int | None = 1) -> str:
         text = json.dumps(self.to_dict(), indent=indent, allow_nan=False)
         if path is not None:
-            _write(Path(path), text)
+            write_text_atomic(path, text)
         return text
 
     @classmethod
@@ -121,18 +121,6 @@ class DictionaryCheck:
             raise FormatError(f"check schema_version {d.get('schema_version')!r} is not {CHECK_SCHEMA_VERSION}; rerun saegeo check")
         d["flags"] = [Flag.from_dict(f) for f in d.get("flags", [])]
         return cls(**{k: v for k, v in d.items() if k in {f.name for f in fields(cls)}})
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, torch.Tensor):
-        return _json_safe(value.tolist())
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def _stats(values: torch.Tensor) -> dict[str, float]:
@@ -380,14 +368,7 @@ def render_check_terminal(check: DictionaryCheck, *, max_flags: int = 12) -> str
     r = _render_helpers()
     s = check.source
     out = [f"saegeo check — {s['name']} ({s['format']}, {s['d_sae']:,} latents × {s['d_in']:,}, {check.seconds:.1f} s)", ""]
-    out.append(f"FLAGS  {r.flag_counts(check.flags)}")
-    for fl in check.flags[:max_flags]:
-        out.append(f"  {r.SEVERITY_MARK[fl.severity]} {fl.severity:<7} {fl.name}: {fl.summary}")
-        if fl.latents:
-            out.append(f"      latents {', '.join(map(str, fl.latents[:10]))}{'…' if len(fl.latents) >= 10 else ''}")
-        out.append(f"      → {fl.advice}")
-    if len(check.flags) > max_flags:
-        out.append(f"  … {len(check.flags) - max_flags} more in the full report")
+    out += r.terminal_flags(check.flags, max_flags=max_flags, show_subject=False)
     out += ["", "DICTIONARY"] + [f"  {label:<11}{text}" for label, text in check_lines(check)]
     out += [f"note: {n}" for n in check.notes]
     return "\n".join(out) + "\n"
@@ -397,14 +378,7 @@ def render_check_markdown(check: DictionaryCheck) -> str:
     r = _render_helpers()
     s = check.source
     out = [f"# saegeo check — {s['name']}", "", f"## Flags ({r.flag_counts(check.flags)})", ""]
-    for fl in check.flags:
-        out.append(f"- **{fl.severity}** `{fl.name}`: {fl.summary}. *{fl.advice}*")
-        ev = ", ".join(f"{k} = {r.fmt_num(v) if isinstance(v, float) else v}" for k, v in fl.evidence.items())
-        out.append(f"  - evidence: {ev}")
-        if fl.latents:
-            out.append(f"  - latents: {', '.join(map(str, fl.latents))}")
-    if not check.flags:
-        out.append("No flags.")
+    out += r.md_flags(check.flags, show_subject=False)
     out += ["", "## Dictionary", "", r.md_table(["", ""], [[a, b] for a, b in check_lines(check)])]
     if check.duplicate_pairs:
         out += ["", "## Near-duplicate pairs", "", r.md_table(["i", "j", "cos"], [[str(i), str(j), f"{c:.6f}"] for i, j, c in check.duplicate_pairs])]
@@ -439,11 +413,5 @@ def write_check(check: DictionaryCheck, out_dir: str | os.PathLike, formats=("te
     unknown = [f for f in formats if f not in writers]
     if unknown:
         raise BadInputError(f"unknown check format(s) {unknown}; choose from {list(writers)}")
-    return {fmt: _write(out / writers[fmt][0], writers[fmt][1](check)) for fmt in formats}
+    return {fmt: write_text_atomic(out / writers[fmt][0], writers[fmt][1](check)) for fmt in formats}
 
-
-def _write(path: Path, text: str) -> Path:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
