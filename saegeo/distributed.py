@@ -134,9 +134,8 @@ def init_from_env(backend: str | None = None, timeout_s: float | None = None) ->
     SAEGEO_DIST_TIMEOUT environment variable, else 600 s).
     """
     global _created_group
-    ctx = current()
-    if ctx is not None or _local_only or (dist.is_available() and dist.is_initialized()):
-        return ctx
+    if _local_only or (dist.is_available() and dist.is_initialized()):
+        return current()
     rank, world, local = env_rank_world()
     if world == 1:
         return None
@@ -330,10 +329,11 @@ def centred_sum_of_squares(x: Float[Tensor, "n d"]) -> Tensor:
     css = Σ_r css_r + Σ_r n_r‖mean_r − x̄‖², so a large mean does not cancel. Single process:
     the batch's own centred sum of squares. Returned as a 0-d tensor of x's dtype (no gradient).
     """
-    x = x.detach()
     ctx = current()
-    mean = x.double().mean(dim=0)
-    css = (x.double() - mean).square().sum()
+    x64 = x.detach().double()
+    # a rank whose share is empty (batch smaller than the world) must send 0, not mean() = NaN
+    mean = x64.mean(dim=0) if x.shape[0] else x64.new_zeros(x.shape[1])
+    css = (x64 - mean).square().sum()
     if ctx is None:
         return css.to(x.dtype)
     n = torch.tensor([float(x.shape[0])], dtype=torch.float64, device=x.device)

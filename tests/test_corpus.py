@@ -71,3 +71,17 @@ def test_bad_sources_named(tmp_path, tok):
         list(iter_windows(CorpusSpec(source=str(tmp_path / "broken.jsonl")), tok))
     with pytest.raises(BadInputError, match="no room"):
         list(iter_windows(CorpusSpec(context=2), tok))
+
+
+def test_big_text_files_are_read_in_blocks_without_changing_the_windows(tmp_path, tok, monkeypatch):
+    import saegeo.activations.corpus as corpus
+
+    lines = [f"line {i} holds a few plain words.\n" for i in range(400)]
+    (tmp_path / "big.txt").write_text("".join(lines))
+    spec = CorpusSpec(source=str(tmp_path / "big.txt"), context=16)
+    monkeypatch.setattr(corpus, "BLOCK_CHARS", 300)  # ~40 blocks; lines end in "\n", so no word is split
+    body = [t for w in iter_windows(spec, tok) for t in w.input_ids[1:-1]]
+    assert body == tok("".join(lines), add_special_tokens=False)["input_ids"]
+    (tmp_path / "bad.txt").write_bytes(b"fine\n" * 100 + b"\xff broken\n")
+    with pytest.raises(BadInputError, match=r"bad\.txt: not UTF-8"):
+        list(iter_windows(CorpusSpec(source=str(tmp_path / "bad.txt"), context=16), tok))

@@ -119,10 +119,11 @@ merged = distributed.merge_across_ranks(acc)
 codes = torch.relu(torch.randn(40 + 10 * r, 9, generator=g, dtype=torch.float64) - 0.5)
 cm = distributed.merge_across_ranks(CodeMomentAccumulator(9, mean_sq_norm=0.3).add(codes))
 css = distributed.centred_sum_of_squares(x)
+css_empty_share = distributed.centred_sum_of_squares(x[:0] if r == 0 else x[:5])  # rank 0 holds no rows
 common = torch.randn(250, 6, generator=torch.Generator().manual_seed(5), dtype=torch.float64) + 3.0
 mean = distributed.mean_across_ranks(iter([common[:101], common[101:]]))  # same batches on every rank
 save_file({"cov": merged.covariance(), "mean": merged.mean, "unit_mean": merged.unit_mean,
-           "n": torch.tensor([merged.n]), "css": css.reshape(1), "init_mean": mean, "cm_fire": cm.fire_count,
+           "n": torch.tensor([merged.n]), "css": css.reshape(1), "css_empty_share": css_empty_share.reshape(1), "init_mean": mean, "cm_fire": cm.fire_count,
            "cm_stats": torch.tensor([cm.n, cm.l0_sum, cm.value_sum, cm.ratio_sum], dtype=torch.float64)},
           str(out / f"reduce_{r}.safetensors"))
 
@@ -236,6 +237,7 @@ def test_reductions_on_two_ranks_equal_brute_force_over_all_rows(job):
     unit = allx / np.linalg.norm(allx, axis=1, keepdims=True)
     np.testing.assert_allclose(red["unit_mean"].numpy(), unit.mean(0), rtol=1e-13)
     np.testing.assert_allclose(float(red["css"]), ((allx - allx.mean(0)) ** 2).sum(), rtol=1e-10)
+    np.testing.assert_allclose(float(red["css_empty_share"]), ((xs[1][:5] - xs[1][:5].mean(0)) ** 2).sum(), rtol=1e-10)
     common = torch.randn(250, 6, generator=torch.Generator().manual_seed(5), dtype=torch.float64).numpy() + 3.0
     np.testing.assert_allclose(red["init_mean"].numpy(), common.mean(0), rtol=1e-13)
     codes = []

@@ -117,3 +117,16 @@ def test_local_decoder_dir_equals_transformers(arch, tmp_path):
 def test_hub_name_gives_offline_error():
     with pytest.raises(BadInputError, match="never downloads.*--local-dir"):
         load_model("EleutherAI/surely-not-cached-model")
+
+
+def test_bad_config_files_are_refused_clearly(tmp_path):
+    from saegeo.errors import FormatError
+
+    (tmp_path / "broken.json").write_text('{"d_model": 8,')
+    with pytest.raises(FormatError, match=r"broken\.json: cannot read the model config"):
+        load_model(tmp_path / "broken.json")
+    bidir = {"d_model": 8, "d_head": 4, "n_layers": 1, "n_ctx": 8, "d_vocab": 40000, "act_fn": "gelu",
+             "attention_dir": "bidirectional"}
+    (tmp_path / "bidir.json").write_text(json.dumps(bidir))
+    with pytest.raises(BadInputError, match="bidirectional config needs a HookedEncoder"):
+        load_model(tmp_path / "bidir.json")

@@ -22,7 +22,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from saegeo.errors import BadInputError
 
@@ -80,8 +80,26 @@ def resolve_files(source: str) -> list[Path]:
     return files
 
 
-def _file_documents(path: Path, text_field: str) -> Iterator[list[str]]:
-    """Yield each document of a file as a list of text blocks (one block unless the file is big)."""
+def _text_blocks(path: Path) -> Iterator[str]:
+    """A text file in blocks of about BLOCK_CHARS characters split at line ends, read as consumed
+    (a big file is never held in memory whole)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            block, size = [], 0
+            for line in f:
+                block.append(line)
+                size += len(line)
+                if size >= BLOCK_CHARS:
+                    yield "".join(block)
+                    block, size = [], 0
+            if block:
+                yield "".join(block)
+    except UnicodeDecodeError as err:
+        raise BadInputError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); convert it or leave it out") from None
+
+
+def _file_documents(path: Path, text_field: str) -> Iterator[Iterable[str]]:
+    """Yield each document of a file as an iterable of text blocks (one block unless the file is big)."""
     if path.suffix == ".jsonl":
         with open(path, encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
@@ -100,24 +118,10 @@ def _file_documents(path: Path, text_field: str) -> Iterator[list[str]]:
                     )
                 yield [text]
         return
-    try:
-        with open(path, encoding="utf-8") as f:
-            blocks, block = [], []
-            size = 0
-            for line in f:
-                block.append(line)
-                size += len(line)
-                if size >= BLOCK_CHARS:
-                    blocks.append("".join(block))
-                    block, size = [], 0
-            if block:
-                blocks.append("".join(block))
-    except UnicodeDecodeError as err:
-        raise BadInputError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); convert it or leave it out") from None
-    yield blocks
+    yield _text_blocks(path)
 
 
-def iter_documents(spec: CorpusSpec) -> Iterator[list[str]]:
+def iter_documents(spec: CorpusSpec) -> Iterator[Iterable[str]]:
     """Documents in corpus order, each as a list of text blocks."""
     if spec.source == "default":
         for text in _default_documents():

@@ -114,12 +114,9 @@ def _bert_encoder(path: Path, dtype: torch.dtype) -> Any:
 
 def _causal_transformer(path: Path, dtype: torch.dtype) -> Any:
     """HF GPT-2 / NeoX / Llama dir -> HookedTransformer, weights unprocessed."""
-    from transformer_lens import HookedTransformer
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
     from transformer_lens import loading_from_pretrained as loading
-    from transformers import AutoModelForCausalLM
-
-    from transformer_lens import HookedTransformerConfig
-    from transformers import AutoConfig
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     hf_cfg = AutoConfig.from_pretrained(path, local_files_only=True)
     if hf_cfg.model_type == "gpt2":
@@ -195,6 +192,8 @@ def from_config(
 
     if isinstance(cfg, dict):
         cfg = HookedTransformerConfig(**{"device": "cpu", "seed": 0, **cfg})
+    if cfg.attention_dir == "bidirectional":  # before building the model and loading its weights
+        raise BadInputError("a bidirectional config needs a HookedEncoder; load it from a BERT directory instead")
     if tokenizer is None or isinstance(tokenizer, (str, Path)):
         tokenizer = _load_tokenizer(minilm_path() if tokenizer in (None, "minilm") else tokenizer)
     if len(tokenizer) > cfg.d_vocab:
@@ -202,8 +201,6 @@ def from_config(
     model = HookedTransformer(cfg, tokenizer=None, move_to_device=False)
     if weights is not None:
         model.load_state_dict(load_file(str(weights)), strict=True)
-    if cfg.attention_dir == "bidirectional":
-        raise BadInputError("a bidirectional config needs a HookedEncoder; load it from a BERT directory instead")
     model.eval()
     ident = name or "config:" + hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
     return LoadedModel(model, tokenizer, ident, "decoder")
@@ -228,7 +225,10 @@ def load_model(spec: str | os.PathLike | Any, *, dtype: torch.dtype = torch.floa
                 raise FormatError(f"{path}: no config.json; expected a Hugging Face model directory")
             loaded = _from_hf_dir(path, dtype, str(path))
         elif Path(spec_str).is_file() and spec_str.endswith(".json"):
-            raw = json.loads(Path(spec_str).read_text())
+            try:
+                raw = json.loads(Path(spec_str).read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+                raise FormatError(f"{spec_str}: cannot read the model config ({err})") from None
             loaded = from_config(
                 raw.get("hooked_transformer_config", raw), tokenizer=raw.get("tokenizer"),
                 weights=raw.get("weights"), name=f"config:{Path(spec_str).resolve()}",

@@ -506,13 +506,12 @@ def write_store(
     *,
     hook: str = "synthetic",
     model: str = "none",
-    dtype: str = "float32",
-    corpus: dict[str, Any] | None = None,
-    shard_rows: int = 65536,
-    extra_meta: dict[str, Any] | None = None,
-    mode: str = "create",
+    **writer_options: Any,
 ) -> ActivationStore:
-    """Write a 2-D tensor (or an iterable of (n, d) batches) as a complete store and open it."""
+    """Write a 2-D tensor (or an iterable of (n, d) batches) as a complete store and open it.
+
+    writer_options (dtype, corpus, shard_rows, extra_meta, mode) go to StoreWriter unchanged; d is
+    taken from the first batch."""
     if isinstance(data, (Tensor, np.ndarray)):
         batches: Iterable = [data]
     else:
@@ -524,10 +523,7 @@ def write_store(
     first = torch.as_tensor(first)
     if first.ndim != 2:
         raise BadInputError(f"{path}: write_store needs (n, d) batches, got shape {tuple(first.shape)}")
-    with StoreWriter(
-        path, d=first.shape[1], hook=hook, model=model, dtype=dtype, corpus=corpus,
-        shard_rows=shard_rows, extra_meta=extra_meta, mode=mode,
-    ) as writer:
+    with StoreWriter(path, d=first.shape[1], hook=hook, model=model, **writer_options) as writer:
         writer.append(first)
         for batch in it:
             writer.append(batch)
