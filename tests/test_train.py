@@ -131,6 +131,39 @@ def test_resume_after_kill_equals_uninterrupted(tmp_path):
     assert torch.equal(load_sae(tmp_path / "resumed").W_dec, full.sae.W_dec.detach())
 
 
+def test_resume_refuses_a_checkpoint_of_a_different_model(tmp_path):
+    x, _ = _synthetic(2048)
+    train_sae(_small_cfg(tmp_path, checkpoint_every=2, total_tokens=128 * 2), x)
+    with pytest.raises(BadInputError, match=r"k=4; it cannot be resumed with k=5"):
+        train_sae(_small_cfg(tmp_path, checkpoint_every=2, total_tokens=128 * 4, k=5), x)
+    with pytest.raises(BadInputError, match=r"d_sae=64; it cannot be resumed with d_sae=128"):
+        train_sae(_small_cfg(tmp_path, checkpoint_every=2, total_tokens=128 * 4, d_sae=128), x)
+    # a longer run of the same model resumes
+    assert train_sae(_small_cfg(tmp_path, checkpoint_every=2, total_tokens=128 * 4), x).history[-1]["step"] == 4
+
+
+def test_resume_from_a_stream_without_heldout_rows_replays_the_same_batches(tmp_path):
+    """heldout_fraction = 0: the replay must skip no rows (a skipped first batch shifts every later one)."""
+    x, _ = _synthetic(4096)
+
+    def batches():  # distinct rows per batch, so a shift changes what is trained on
+        for lo in range(0, 4096, 128):
+            yield x[lo : lo + 128]
+
+    cfg = lambda out: _small_cfg(out, checkpoint_every=4, heldout_fraction=0.0)  # noqa: E731
+    full = train_sae(cfg(tmp_path / "full"), batches)
+
+    def kill(step, _):
+        if step == 6:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_sae(cfg(tmp_path / "resumed"), batches, on_step=kill)
+    resumed = train_sae(cfg(tmp_path / "resumed"), batches)
+    for name, p in full.sae.state_dict().items():
+        assert torch.equal(p, resumed.sae.state_dict()[name]), name
+
+
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     x, _ = _synthetic(4096)
     cfg = _small_cfg(tmp_path, checkpoint_every=5, total_tokens=128 * 30, b_dec_init_tokens=256)

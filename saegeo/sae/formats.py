@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from saegeo.errors import FormatError
@@ -35,10 +34,6 @@ SAEGEO_FORMAT_VERSION = 1
 
 
 # =========================================================================== native (SAELens layout)
-def _atomic_replace(tmp: Path, final: Path) -> None:
-    os.replace(tmp, final)
-
-
 def save_sae(sae: SAE, path: str | os.PathLike, provenance: dict | None = None) -> Path:
     """Write `sae` as a SAELens-compatible directory (cfg.json + sae_weights.safetensors).
 
@@ -95,10 +90,10 @@ def save_sae(sae: SAE, path: str | os.PathLike, provenance: dict | None = None) 
 
     w_tmp = out / (WEIGHTS_FILENAME + ".tmp")
     save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(w_tmp))
-    _atomic_replace(w_tmp, out / WEIGHTS_FILENAME)
+    os.replace(w_tmp, out / WEIGHTS_FILENAME)
     c_tmp = out / (CFG_FILENAME + ".tmp")
     c_tmp.write_text(json.dumps(saelens_cfg, indent=2, default=_json_default))
-    _atomic_replace(c_tmp, out / CFG_FILENAME)
+    os.replace(c_tmp, out / CFG_FILENAME)
     return out
 
 
@@ -125,14 +120,7 @@ def load_sae(path: str | os.PathLike, device: str = "cpu") -> SAE:
     if not cfg_path.is_file() or not w_path.is_file():
         found = sorted(p.name for p in d.iterdir()) if d.is_dir() else "no such directory"
         raise FormatError(f"{d}: expected {CFG_FILENAME} and {WEIGHTS_FILENAME} (SAELens layout); found {found}")
-    try:
-        raw = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as err:
-        raise FormatError(f"{cfg_path}: not valid JSON ({err})") from None
-    try:
-        weights = load_file(str(w_path))
-    except (SafetensorError, OSError, Exception) as err:
-        raise FormatError(f"{w_path}: cannot read safetensors ({err}); the file is truncated or not safetensors") from None
+    raw, weights = _read_json(cfg_path), _read_safetensors(w_path)
 
     if isinstance(raw.get("saegeo", {}).get("sae_config"), dict):
         cfg = SAEConfig(**raw["saegeo"]["sae_config"])

@@ -7,8 +7,8 @@
 
 Tensors: W_enc (d_in, d_sae), b_enc (d_sae), W_dec (d_sae, d_in), b_dec (d_in) -- the SAELens layout.
 saegeo-trained SAEs keep unit-norm decoder rows (`unit_norm_decoder=True`); published ones need not.
-New activations register in `ACTIVATIONS` (dense) and, if they select a fixed number of latents per
-row, in `_SPARSE_ACTIVATIONS`; the trainer only calls `forward_train`, so it needs no change.
+New activations register in `ACTIVATIONS` (dense codes from pre-activations); the trainer only calls
+`forward_train`, so it needs no change.
 """
 
 from __future__ import annotations
@@ -283,7 +283,8 @@ class SAE(nn.Module):
 
         topk: loss = SSE/centred SS (FVU) + aux_coefficient · AuxK, where AuxK reconstructs the residual
               e = x − x̂ from the top-`aux_k` *dead* latents: ‖e − ê‖² / ‖e − ē‖², scaled by
-              min(n_dead/aux_k, 1) (Gao et al. 2024, as in sparsify).
+              min(n_dead/aux_k, 1) (Gao et al. 2024). Unlike sparsify, which divides by the batch's Σ‖x − x̄‖²
+              and adds b_dec to ê, the residual is normalised by its own centred sum of squares.
         relu: loss = mean_rows ‖x − x̂‖² + l1_coefficient · mean_rows Σ_i codes_i·‖W_dec[i]‖ (the SAELens
               Standard objective, so coefficients transfer).
         centred_ss_fn(t) gives the centred sums of squares Σ‖t − t̄‖² used above (default: over this batch);

@@ -11,7 +11,8 @@ Data sources and their held-out split (the split is always decided before anythi
   * iterator / generator of batches (tensors or (activations, codes) tuples, e.g. the synthetic
     generator) or a zero-argument callable returning one: the FIRST
     max(heldout_fraction · total_tokens, batch_size) rows are held out, the rest streamed in order.
-    Resume needs a callable (so the stream can be replayed); a bare iterator only trains in one go.
+    Pass a callable: b_dec init and resume replay the stream from its start. A bare iterator is
+    refused (with that advice) when b_dec is estimated.
 Every source is deterministic given `seed`, so a resumed run sees exactly the batches it would have.
 """
 
@@ -33,6 +34,7 @@ from saegeo.errors import BadInputError, SaegeoError
 from saegeo.sae.model import SAE, SAEConfig
 
 B_DEC_INITS = ("mean", "zeros", "geometric_median")
+_RESUME_MUST_MATCH = ("seed", "batch_size", "arch", "d_sae")  # + k for topk: they fix the batches and the model
 CHECKPOINT_VERSION = 1
 
 
@@ -224,6 +226,14 @@ class _IteratorSource:
         for b in src:
             yield _rows(b)
 
+    def _stream_after_fresh_heldout(self) -> Iterator[Tensor]:
+        """A fresh stream (needs the callable) past the held-out rows. No held-out rows: nothing skipped
+        (`_take(stream, 0)` would still swallow one batch)."""
+        stream = self._stream()
+        if self.n_held:
+            self._take(stream, self.n_held)
+        return stream
+
     @staticmethod
     def _take(stream: Iterator[Tensor], n: int, allow_short: bool = False) -> Tensor:
         parts, have = [], 0
@@ -242,8 +252,7 @@ class _IteratorSource:
             raise BadInputError("resuming from an iterator needs a callable that restarts the stream")
         stream = self._stream_after_heldout
         if start_step:  # replay: a fresh stream, skip held-out and consumed rows
-            stream = self._stream()
-            self._take(stream, self.n_held)
+            stream = self._stream_after_fresh_heldout()
         bs, pending, step = self.cfg.batch_size, torch.empty(0, self.d), 0
         for b in stream:
             pending = torch.cat([pending, b])
@@ -257,8 +266,7 @@ class _IteratorSource:
         # b_dec init may only look at rows the run trains on: re-read from a fresh stream when possible
         if self.factory is None:
             raise BadInputError("pass a callable returning the iterator, so b_dec can be estimated before training")
-        stream = self._stream()
-        self._take(stream, self.n_held) if self.n_held else None
+        stream = self._stream_after_fresh_heldout()
         yield self._take(stream, n, allow_short=True)[:n]  # a short stream: its whole training part
 
     def heldout_batches(self) -> Iterator[Tensor]:
@@ -287,9 +295,9 @@ def make_source(data: Any, cfg: TrainConfig):
 
 
 # =========================================================================== b_dec init
-def streamed_mean(batches: Iterable[Tensor]) -> Float[Tensor, " d"]:
-    """μ = Σx / n accumulated in float64 over the batches (never holds the rows)."""
-    total, n = None, 0
+def _finite_init_rows(batches: Iterable[Tensor]) -> Iterator[Tensor]:
+    """The batches unchanged, refusing the first inf/NaN row by its position (the mean would be NaN)."""
+    n = 0
     for b in batches:
         finite = torch.isfinite(b).all(dim=1)
         if not bool(finite.all()):
@@ -298,12 +306,8 @@ def streamed_mean(batches: Iterable[Tensor]) -> Float[Tensor, " d"]:
                 f"row {row} of the activations used to initialise b_dec is not finite (inf/NaN); "
                 "clean or re-cache the data (`saegeo store verify`), or skip those rows"
             )
-        s = b.double().sum(dim=0)
-        total = s if total is None else total + s
         n += b.shape[0]
-    if not n:
-        raise BadInputError("no rows to estimate the activation mean from")
-    return total / n
+        yield b
 
 
 def geometric_median(x: Float[Tensor, "n d"], iters: int = 200, tol: float = 1e-7) -> Float[Tensor, " d"]:
@@ -506,11 +510,17 @@ def train_sae(
     ckpt = distributed.from_main(lambda: load_checkpoint(cfg) if resume else None, "reading the checkpoint")
     if ckpt is not None:
         state, tensors = ckpt
-        if state["config"]["seed"] != cfg.seed or state["config"]["batch_size"] != cfg.batch_size:
+        saved = {**state["config"], "d_sae": int(tensors["sae.W_enc"].shape[1])}  # as built: d_sae or expansion·d_in
+        now = {**asdict(cfg), "d_sae": sae.cfg.d_sae}
+        keys = _RESUME_MUST_MATCH + (("k",) if cfg.arch == "topk" else ())
+        changed = {key: (saved.get(key), now[key]) for key in keys if saved.get(key) != now[key]}
+        if changed:
             raise BadInputError(
-                f"{_ckpt_dir(cfg)} holds a run with seed/batch_size {state['config']['seed']}/"
-                f"{state['config']['batch_size']}; it cannot be resumed with {cfg.seed}/{cfg.batch_size}. "
-                "Use another out_dir or delete the checkpoint."
+                f"{_ckpt_dir(cfg)} holds a run with "
+                + ", ".join(f"{key}={old!r}" for key, (old, _) in changed.items())
+                + "; it cannot be resumed with "
+                + ", ".join(f"{key}={new!r}" for key, (_, new) in changed.items())
+                + ". Use another out_dir or delete the checkpoint."
             )
         _restore(sae, opt, tensors)
         start_step, history = state["step"], state["history"]
@@ -520,9 +530,9 @@ def train_sae(
     else:
         start_step, history = 0, []
         torch.manual_seed(cfg.seed)
-        # b_dec init: the streamed mean is computed for every choice, as the metrics need it
-        activation_mean = (streamed_mean if ctx is None else distributed.mean_across_ranks)(
-            source.init_rows(cfg.b_dec_init_tokens))
+        # b_dec init: the streamed float64 mean is computed for every choice, as the metrics need it
+        # (mean_across_ranks is the plain streamed mean without torchrun)
+        activation_mean = distributed.mean_across_ranks(_finite_init_rows(source.init_rows(cfg.b_dec_init_tokens)))
         if cfg.b_dec_init == "mean":
             b_dec = activation_mean
         elif cfg.b_dec_init == "geometric_median":
@@ -536,7 +546,7 @@ def train_sae(
         "b_dec_init": cfg.b_dec_init, "b_dec_init_tokens": cfg.b_dec_init_tokens, "preprocessing": "none",
         "data": source.identity, "train_config": asdict(cfg),
     }
-    ckpt_extra = lambda step: {"history": history, "provenance": provenance}  # noqa: E731
+    ckpt_extra = {"history": history, "provenance": provenance}  # live references: saved as they stand
 
     # live metrics accumulate on the device; read back only every log_every steps (no per-step sync)
     acc = {k: torch.zeros((), device=device, dtype=torch.float64) for k in ("sse", "css", "l0", "aux", "n")}
@@ -619,7 +629,7 @@ def train_sae(
                 bar.set_postfix(fve=f"{live['fve']:.3f}", l0=f"{live['l0']:.1f}", dead=f"{live['dead']:.2f}")
         if is_ckpt:
             if ctx is None or ctx.is_main:
-                save_checkpoint(cfg, sae, opt, done, ckpt_extra(done), checkpoint_tensors())
+                save_checkpoint(cfg, sae, opt, done, ckpt_extra, checkpoint_tensors())
             last_good = done
         if on_step is not None:
             on_step(done, {})
@@ -635,7 +645,7 @@ def train_sae(
 
         save_sae(sae, cfg.out_dir, provenance)
         if cfg.checkpoint_every:
-            save_checkpoint(cfg, sae, opt, cfg.total_steps, ckpt_extra(cfg.total_steps), checkpoint_tensors())
+            save_checkpoint(cfg, sae, opt, cfg.total_steps, ckpt_extra, checkpoint_tensors())
     distributed.barrier()  # under torchrun: the SAE is on disk when any rank returns
     return TrainResult(sae=sae, history=history, heldout=heldout, activation_mean=activation_mean,
                        config=cfg, out_dir=cfg.out_dir, provenance=provenance)
