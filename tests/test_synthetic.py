@@ -206,3 +206,13 @@ def test_cli_synth_writes_store_and_truth(tmp_path, capsys):
     rows = load_file(str(single))["activations"]
     truth = SyntheticTruth.load(tmp_path / "acts.truth.safetensors")
     assert rows.shape == (700, 16) and torch.equal(rows, SuperpositionGenerator(truth.config).sample(700)[0])
+
+
+def test_untilted_dictionary_spans_the_whole_space():
+    """tilt 0 means plain random directions: N > d of them span R^d (numpy's rank), and their mean cosine with the
+    common direction is chance level (|cos| ~ 1/√d), not the exact 0 of rows confined to c's complement."""
+    truth = SuperpositionGenerator(SyntheticConfig(d=32, n_features=128, tilt=0.0, seed=5)).truth
+    rows = truth.dictionary.double().numpy()
+    assert np.linalg.matrix_rank(rows, tol=1e-6) == 32
+    cos_common = rows @ truth.common_direction.double().numpy()
+    assert np.abs(cos_common).max() > 0.05
