@@ -61,8 +61,14 @@ def _crash_point(where: str) -> None:
 _CRASH_COUNTS: dict[str, int] = {}
 
 
-def _atomic_write(path: Path, data: bytes, crash_tag: str | None = None) -> None:
-    """Write bytes to `path` via a temp file + fsync + rename (never a half-written `path`)."""
+def atomic_write(path: str | os.PathLike, data: bytes | str, crash_tag: str | None = None) -> Path:
+    """Write bytes (or UTF-8 text) to `path` via a temp file + fsync + rename: a reader never sees half a file.
+
+    The one atomic writer of saegeo: shards, manifests, checkpoints, SAE configs and reports all go through it.
+    """
+    path = Path(path)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         if crash_tag:  # a kill in the middle of the write leaves a truncated temp file only
@@ -84,6 +90,7 @@ def _atomic_write(path: Path, data: bytes, crash_tag: str | None = None) -> None
             os.close(dir_fd)
     except OSError:
         pass
+    return path
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
@@ -285,7 +292,7 @@ class StoreWriter:
         index = len(self.manifest["shards"])
         data = st_save_bytes(tensors)
         _crash_point("before_shard")
-        _atomic_write(self.path / shard_name(index), data, crash_tag="mid_shard")
+        atomic_write(self.path / shard_name(index), data, crash_tag="mid_shard")
         _crash_point("after_shard")  # shard on disk, manifest not yet updated: resume rewrites it
         self.manifest["shards"].append(
             {"file": shard_name(index), "rows": rows, "bytes": len(data), "sha256": _sha256(data)}
@@ -296,7 +303,7 @@ class StoreWriter:
 
     def _write_manifest(self) -> None:
         data = (json.dumps(self.manifest, indent=1, sort_keys=True) + "\n").encode()
-        _atomic_write(self.path / MANIFEST, data)
+        atomic_write(self.path / MANIFEST, data)
 
     def close(self, complete: bool = True) -> None:
         """Write the buffered tail as the last shard and mark the store complete."""

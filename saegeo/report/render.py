@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from saegeo.report.flags import SEVERITIES, Flag, FlagThresholds
-from saegeo.report.report import GeometryReport, SAEGeometry, write_text_atomic
+from saegeo.activations.store import atomic_write
+from saegeo.report.report import GeometryReport, SAEGeometry
 
 FORMATS = ("terminal", "md", "json", "html")
 SEVERITY_MARK = {"error": "✖", "warning": "▲", "info": "·"}
@@ -411,16 +412,16 @@ def write_report(
     paths: dict[str, Path] = {}
     pngs = figures(report) if ("html" in formats or "md" in formats) else {}
     if "terminal" in formats:
-        paths["terminal"] = write_text_atomic(out / "summary.txt", render_terminal(report))
+        paths["terminal"] = atomic_write(out / "summary.txt", render_terminal(report))
     if "json" in formats:
-        paths["json"] = write_text_atomic(out / "report.json", render_json(report))
+        paths["json"] = atomic_write(out / "report.json", render_json(report))
     if "md" in formats:
         fig_dir = out / "figures"
         fig_dir.mkdir(exist_ok=True)
         for name, data in pngs.items():
             (fig_dir / f"{name}.png").write_bytes(data)
-        paths["md"] = write_text_atomic(out / "report.md", render_markdown(report, figure_dir="figures"))
+        paths["md"] = atomic_write(out / "report.md", render_markdown(report, figure_dir="figures"))
     if "html" in formats:
-        paths["html"] = write_text_atomic(out / "report.html", render_html(report, pngs))
+        paths["html"] = atomic_write(out / "report.html", render_html(report, pngs))
     return paths
 

@@ -34,6 +34,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from saegeo.activations.store import atomic_write
 from saegeo.errors import BadInputError, FormatError
 from saegeo.geometry import GeometryAccumulator, activation_geometry
 from saegeo.geometry.accumulate import as_rows
@@ -182,10 +183,7 @@ class GeometryReport:
         return _json_safe(out)
 
     def to_json(self, path: str | os.PathLike | None = None, *, indent: int | None = 1) -> str:
-        text = json.dumps(self.to_dict(), indent=indent, allow_nan=False)
-        if path is not None:
-            write_text_atomic(path, text)
-        return text
+        return dump_json(self.to_dict(), path, indent=indent)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "GeometryReport":
@@ -210,13 +208,12 @@ class GeometryReport:
             raise FormatError(f"{path}: cannot read a saegeo report ({err})") from None
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to a temp file beside ``path``, then rename it: a reader never sees half a file."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
+def dump_json(data: Mapping[str, Any], path: str | os.PathLike | None = None, *, indent: int | None = 1) -> str:
+    """Strict JSON text of an already JSON-safe dict (no NaN/inf), written atomically to ``path`` if given."""
+    text = json.dumps(data, indent=indent, allow_nan=False)
+    if path is not None:
+        atomic_write(path, text)
+    return text
 
 
 def _json_safe(value: Any) -> Any:

@@ -15,7 +15,6 @@ Flags are ``saegeo.report.flags.Flag``; the renderings follow ``saegeo.report.re
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -35,7 +34,8 @@ from saegeo.geometry.dictionary import (
     unit_row_blocks,
 )
 from saegeo.report.flags import Flag, FlagThresholds, rounded, config_flags, dictionary_flags, sort_flags
-from saegeo.report.report import _json_safe, write_text_atomic
+from saegeo.activations.store import atomic_write
+from saegeo.report.report import _json_safe, dump_json
 from saegeo.sae.model import SAE
 
 CHECK_SCHEMA_VERSION = 1
@@ -109,10 +109,7 @@ class DictionaryCheck:
         return _json_safe(out)
 
     def to_json(self, path: str | os.PathLike | None = None, *, indent: int | None = 1) -> str:
-        text = json.dumps(self.to_dict(), indent=indent, allow_nan=False)
-        if path is not None:
-            write_text_atomic(path, text)
-        return text
+        return dump_json(self.to_dict(), path, indent=indent)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "DictionaryCheck":
@@ -413,5 +410,5 @@ def write_check(check: DictionaryCheck, out_dir: str | os.PathLike, formats=("te
     unknown = [f for f in formats if f not in writers]
     if unknown:
         raise BadInputError(f"unknown check format(s) {unknown}; choose from {list(writers)}")
-    return {fmt: write_text_atomic(out / writers[fmt][0], writers[fmt][1](check)) for fmt in formats}
+    return {fmt: atomic_write(out / writers[fmt][0], writers[fmt][1](check)) for fmt in formats}
 

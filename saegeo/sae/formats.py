@@ -20,8 +20,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
 
+from saegeo.activations.store import atomic_write
 from saegeo.errors import FormatError
 from saegeo.sae.model import SAE, SAEConfig
 
@@ -88,12 +90,8 @@ def save_sae(sae: SAE, path: str | os.PathLike, provenance: dict | None = None) 
         saelens_cfg["k"] = cfg.k
     saelens_cfg["saegeo"] = {"format_version": SAEGEO_FORMAT_VERSION, "sae_config": cfg.to_dict(), **provenance}
 
-    w_tmp = out / (WEIGHTS_FILENAME + ".tmp")
-    save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(w_tmp))
-    os.replace(w_tmp, out / WEIGHTS_FILENAME)
-    c_tmp = out / (CFG_FILENAME + ".tmp")
-    c_tmp.write_text(json.dumps(saelens_cfg, indent=2, default=_json_default))
-    os.replace(c_tmp, out / CFG_FILENAME)
+    atomic_write(out / WEIGHTS_FILENAME, safetensors_bytes({k: v.contiguous().cpu() for k, v in tensors.items()}))
+    atomic_write(out / CFG_FILENAME, json.dumps(saelens_cfg, indent=2, default=_json_default))
     return out
 
 

@@ -27,9 +27,11 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from jaxtyping import Float
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
 
+from saegeo.activations.store import atomic_write
 from saegeo.errors import BadInputError, SaegeoError
 from saegeo.sae.model import SAE, SAEConfig
 
@@ -385,12 +387,6 @@ def _ckpt_dir(cfg: TrainConfig) -> Path | None:
     return Path(cfg.out_dir) / "checkpoint" if cfg.out_dir else None
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def save_checkpoint(cfg: TrainConfig, sae: SAE, opt: torch.optim.Adam, step: int, extra: dict, tensors: dict) -> None:
     """Write tensors_<step>.safetensors, then state.json pointing at it (atomic rename), then drop old files.
 
@@ -405,11 +401,9 @@ def save_checkpoint(cfg: TrainConfig, sae: SAE, opt: torch.optim.Adam, step: int
             out[f"adam.{names[id(p)]}.{key}"] = torch.as_tensor(st[key]).detach().clone().reshape(-1)
     out.update({k: v.contiguous() for k, v in tensors.items()})
     fname = f"tensors_{step:08d}.safetensors"
-    tmp = d / (fname + ".tmp")
-    save_file({k: v.cpu() for k, v in out.items()}, str(tmp))
-    os.replace(tmp, d / fname)
+    atomic_write(d / fname, safetensors_bytes({k: v.cpu() for k, v in out.items()}))
     state = {"version": CHECKPOINT_VERSION, "step": step, "tensors": fname, "config": asdict(cfg), **extra}
-    _atomic_write_text(d / "state.json", json.dumps(state, indent=1))
+    atomic_write(d / "state.json", json.dumps(state, indent=1))
     for old in d.glob("tensors_*.safetensors"):
         if old.name != fname:
             old.unlink()
