@@ -38,107 +38,31 @@ def _add_geometry(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_geometry)
 
 
-def _geometry_pick_key(names_shapes: dict, key: str | None, path: str) -> str:
-    if key is not None:
-        if key not in names_shapes:
-            raise CLIError(f"{path}: no tensor named '{key}'; it holds {sorted(names_shapes)}")
-        return key
-    if "activations" in names_shapes:
-        return "activations"
-    two_d = [k for k, shape in names_shapes.items() if len(shape) == 2]
-    if len(two_d) == 1:
-        return two_d[0]
-    raise CLIError(f"{path}: cannot tell which tensor to read (2-D tensors: {sorted(two_d) or 'none'}); pass --key NAME")
-
-
-def _geometry_sources(path: str, key: str | None, batch_size: int):
-    """(total rows, d, iterator of batches) for one file or store directory, without loading it whole."""
-    import os
-
-    import numpy as np
-
-    from saegeo.errors import FormatError
-
-    if os.path.isdir(path):
-        from saegeo.activations.store import ActivationStore
-
-        store = ActivationStore(path)
-        return store.n_tokens, store.d, store.iter_batches(batch_size)
-    if not os.path.exists(path):
-        raise CLIError(f"{path}: no such file")
-    ext = os.path.splitext(path)[1].lower()
-    if ext == ".npy":
-        try:
-            arr = np.load(path, mmap_mode="r", allow_pickle=False)
-        except ValueError as err:
-            raise FormatError(f"{path}: not a plain numeric .npy array ({err})") from err
-        tensors = {"array": arr.shape}
-        rows = arr
-    elif ext == ".safetensors":
-        from safetensors import SafetensorError, safe_open
-
-        try:
-            handle = safe_open(path, framework="pt")
-            names = {k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()}
-        except (SafetensorError, OSError) as err:
-            raise FormatError(f"{path}: not a readable .safetensors file ({err})") from err
-        k = _geometry_pick_key(names, key, path)
-        tensors, rows = names, _SafetensorsRows(handle.get_slice(k), names[k])
-    elif ext in (".pt", ".pth"):
-        import torch
-
-        try:
-            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except Exception as err:  # weights_only refuses pickled code; corrupt files raise various errors
-            raise FormatError(f"{path}: cannot load with torch.load(weights_only=True): {err}") from err
-        if isinstance(obj, torch.Tensor):
-            obj = {"tensor": obj}
-        if not isinstance(obj, dict):
-            raise FormatError(f"{path}: holds a {type(obj).__name__}; expected a tensor or a dict of tensors")
-        names = {k: tuple(v.shape) for k, v in obj.items() if isinstance(v, torch.Tensor)}
-        k = _geometry_pick_key(names, key, path)
-        tensors, rows = names, obj[k]
-    else:
-        raise CLIError(f"{path}: unknown file type '{ext}'; use .safetensors, .npy, .pt or an activation-store directory")
-    shape = tuple(rows.shape)
-    if len(shape) != 2:
-        raise CLIError(f"{path}: tensor has shape {shape}; expected (rows, d). Tensors here: {tensors}")
-    return shape[0], shape[1], (rows[i : i + batch_size] for i in range(0, shape[0], batch_size))
-
-
-class _SafetensorsRows:
-    """Row slices of one safetensors tensor, read lazily."""
-
-    def __init__(self, tensor_slice, shape):
-        self.slice, self.shape = tensor_slice, shape
-
-    def __getitem__(self, index):
-        return self.slice[index]
-
-
 def cmd_geometry(args: argparse.Namespace) -> int:
     import json
 
     import torch
     from tqdm import tqdm
 
+    from saegeo.activations.sources import open_rows
+    from saegeo.io import dump_json
     from saegeo.geometry.accumulate import GeometryAccumulator
     from saegeo.geometry.measures import activation_geometry
 
     if args.batch_size < 1:
         raise CLIError(f"--batch-size must be ≥ 1, got {args.batch_size}")
-    sources = [(path, *_geometry_sources(path, args.key, args.batch_size)) for path in args.files]
-    dims = {d for _, _, d, _ in sources}
+    sources = [(path, open_rows(path, key=args.key)) for path in args.files]
+    dims = {rows.d for _, rows in sources}
     if len(dims) > 1:
-        raise CLIError("files disagree on d: " + ", ".join(f"{p}: d={d}" for p, _, d, _ in sources))
+        raise CLIError("files disagree on d: " + ", ".join(f"{p}: d={rows.d}" for p, rows in sources))
     d = dims.pop()
     acc = GeometryAccumulator(
         d, skip_nonfinite=args.skip_nonfinite, gram_dtype=torch.float64 if args.float64 else None
     )
-    total = sum(n for _, n, _, _ in sources)
+    total = sum(rows.n_rows for _, rows in sources)
     with tqdm(total=total, unit="row", unit_scale=True, disable=args.no_progress, desc="geometry") as bar:
-        for path, _, _, batches in sources:
-            for batch in batches:
+        for path, rows in sources:
+            for batch in rows.batches(args.batch_size)[0]:
                 acc.add(batch, source=path)
                 bar.update(len(batch))
     geo = activation_geometry(acc, top_k_eigvecs=args.top_k)
@@ -146,8 +70,7 @@ def cmd_geometry(args: argparse.Namespace) -> int:
     print(geo.summary())
     if args.json_out:
         out = {"files": list(args.files), **geo.to_dict()}
-        with open(args.json_out, "w") as fh:
-            json.dump(out, fh, indent=1, allow_nan=False)
+        dump_json(out, args.json_out)
         print(f"wrote {args.json_out}")
     return 0
 
@@ -323,7 +246,7 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from saegeo.sae.check import CheckOptions, check_dictionary, check_with_activations, render_check_terminal, write_check
+    from saegeo.report.check import CheckOptions, check_dictionary, check_with_activations, render_check_terminal, write_check
     from saegeo.sae.formats import load_dictionary
 
     sae = load_dictionary(args.path)
@@ -333,11 +256,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         from saegeo.report.render import render_terminal, write_report
         from saegeo.report.report import ReportOptions
 
-        acts: object = args.acts  # a store directory goes to geometry_report as is
-        if Path(args.acts).is_file():
-            acts = _geometry_sources(args.acts, None, 8192)[2]  # batches of a .safetensors/.npy/.pt file
         report, _ = check_with_activations(
-            sae, acts, options=opts, name=name,
+            sae, args.acts, options=opts, name=name,
             report_options=ReportOptions(max_tokens=args.max_tokens, progress=not args.no_progress),
         )
         print(render_terminal(report), end="")
@@ -429,7 +349,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     import time
 
-    from saegeo.report.report import load_run_config, run_job
+    from saegeo.pipeline import load_run_config, run_job
 
     t0 = time.perf_counter()
     result = run_job(load_run_config(args.config))

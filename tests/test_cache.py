@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from saegeo.activations import store as store_mod
+import saegeo.io
 from saegeo.activations.cache import CacheConfig, cache_activations
 from saegeo.activations.models import from_config
 from saegeo.activations.store import ActivationStore
@@ -97,7 +97,7 @@ def _child(out: str, corpus: str, crash_at: str | None) -> None:
     torch.set_num_threads(1)
     if crash_at:
         os.environ["SAEGEO_CRASH_AT"] = crash_at
-    store_mod._CRASH_COUNTS.clear()
+    saegeo.io._CRASH_COUNTS.clear()
     cfg = CacheConfig(hooks=HOOKS, corpus=corpus, context=20, out=out, shard_rows=128, batch_size=4, progress=False)
     cache_activations(cfg, _TINY_IN_PARENT[0])
     os._exit(0)

@@ -14,7 +14,7 @@ from safetensors.numpy import save_file as save_numpy_safetensors
 from saegeo.cli import main
 from saegeo.geometry.dictionary import encoder_decoder_cosines, near_duplicate_pairs, screen_projection
 from saegeo.report.flags import MEAN_DIRECTION
-from saegeo.sae.check import (
+from saegeo.report.check import (
     DUPLICATES,
     INPUT_NORMALIZATION,
     INPUT_SCALING,

@@ -227,16 +227,16 @@ def test_demo_config_is_valid():
     from pathlib import Path
 
     from saegeo.activations.cache import CacheConfig
-    from saegeo.report.report import load_run_config
+    from saegeo.pipeline import load_run_config
 
     cfg = load_run_config(Path(__file__).parent.parent / "configs" / "demo.toml")
-    CacheConfig(**cfg["cache"])
-    train = dict(cfg["train"])
+    CacheConfig.from_dict(cfg.cache)
+    train = dict(cfg.train)
     variants = train.pop("saes")
     assert {v["b_dec_init"] for v in variants.values()} == {"mean", "zeros"}  # the comparison the demo exists for
     for overrides in variants.values():
         TrainConfig.from_dict({**train, **overrides})
-    report = dict(cfg["report"])
+    report = dict(cfg.report)
     report.pop("formats")
     ReportOptions.from_dict(report)
 

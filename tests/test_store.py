@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from saegeo.activations import store as store_mod
+import saegeo.io
 from saegeo.activations.store import ActivationStore, StoreWriter, write_store
 from saegeo.errors import BadInputError, StoreError
 
@@ -148,7 +148,7 @@ def _produce(path: str, crash_at: str | None) -> None:
 
     if crash_at:
         os.environ["SAEGEO_CRASH_AT"] = crash_at
-    store_mod._CRASH_COUNTS.clear()
+    saegeo.io._CRASH_COUNTS.clear()
     x = rows(1000, seed=5)
     with StoreWriter(path, d=D, hook="synthetic", model="none", shard_rows=128, mode="resume") as w:
         for lo in range(w.n_tokens, 1000, 50):

@@ -18,7 +18,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 from jaxtyping import Bool, Int
@@ -29,6 +29,7 @@ from saegeo.activations.corpus import CorpusSpec, Window, corpus_identity, count
 from saegeo.activations.models import LoadedModel, load_model
 from saegeo.activations.store import ActivationStore, StoreWriter
 from saegeo.errors import BadInputError
+from saegeo.io import refuse_unknown_keys
 
 EMBED_HOOK = re.compile(r"^(hook_embed|hook_pos_embed|hook_full_embed|hook_tokens|embed\..*|pos_embed\..*)$")
 BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
@@ -50,6 +51,13 @@ class CacheConfig:
     text_field: str = "text"
     overwrite: bool = False
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.hooks = (self.hooks,) if isinstance(self.hooks, str) else tuple(self.hooks)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "CacheConfig":
+        return cls(**refuse_unknown_keys(cls, d, "cache option"))
 
 
 @dataclass

@@ -32,6 +32,7 @@ from safetensors.torch import save as st_save_bytes
 from torch import Tensor
 
 from saegeo.errors import BadInputError, StoreError
+from saegeo.io import atomic_write, crash_point
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -42,55 +43,6 @@ IDENTITY_FIELDS = ("d", "hook", "model", "dtype", "shard_rows", "corpus")
 
 def shard_name(index: int) -> str:
     return f"shard_{index:05d}.safetensors"
-
-
-def _crash_point(where: str) -> None:
-    """Fault injection for the resume tests: SAEGEO_CRASH_AT="<where>:<k>" kills the process
-    (os._exit, like SIGKILL: no cleanup runs) the k-th time (1-based) `where` is reached."""
-    spec = os.environ.get("SAEGEO_CRASH_AT")
-    if not spec:
-        return
-    point, _, count = spec.partition(":")
-    if point != where:
-        return
-    _CRASH_COUNTS[where] = _CRASH_COUNTS.get(where, 0) + 1
-    if _CRASH_COUNTS[where] == int(count or 1):
-        os._exit(137)
-
-
-_CRASH_COUNTS: dict[str, int] = {}
-
-
-def atomic_write(path: str | os.PathLike, data: bytes | str, crash_tag: str | None = None) -> Path:
-    """Write bytes (or UTF-8 text) to `path` via a temp file + fsync + rename: a reader never sees half a file.
-
-    The one atomic writer of saegeo: shards, manifests, checkpoints, SAE configs and reports all go through it.
-    """
-    path = Path(path)
-    if isinstance(data, str):
-        data = data.encode("utf-8")
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        if crash_tag:  # a kill in the middle of the write leaves a truncated temp file only
-            half = len(data) // 2
-            f.write(data[:half])
-            f.flush()
-            _crash_point(crash_tag)
-            f.write(data[half:])
-        else:
-            f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    try:  # make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError:
-        pass
-    return path
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
@@ -291,15 +243,15 @@ class StoreWriter:
         self._buffered -= rows
         index = len(self.manifest["shards"])
         data = st_save_bytes(tensors)
-        _crash_point("before_shard")
+        crash_point("before_shard")
         atomic_write(self.path / shard_name(index), data, crash_tag="mid_shard")
-        _crash_point("after_shard")  # shard on disk, manifest not yet updated: resume rewrites it
+        crash_point("after_shard")  # shard on disk, manifest not yet updated: resume rewrites it
         self.manifest["shards"].append(
             {"file": shard_name(index), "rows": rows, "bytes": len(data), "sha256": _sha256(data)}
         )
         self.manifest["n_tokens"] += rows
         self._write_manifest()
-        _crash_point("after_manifest")
+        crash_point("after_manifest")
 
     def _write_manifest(self) -> None:
         data = (json.dumps(self.manifest, indent=1, sort_keys=True) + "\n").encode()

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from saegeo.errors import BadInputError
 from saegeo.geometry.accumulate import GeometryAccumulator, as_rows
+from saegeo.io import json_safe
 from saegeo.geometry.nulls import (
     SignNull,
     anisotropy_null_sd,
@@ -244,7 +245,7 @@ class ActivationGeometry:
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict (floats, ints, lists, None, nested dicts)."""
         out = asdict(self)
-        return _json_safe(out)
+        return json_safe(out)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ActivationGeometry":
@@ -298,18 +299,6 @@ class ActivationGeometry:
     def top_eigenvector_tensor(self) -> Float[Tensor, "d k"]:
         """The stored top eigenvectors as columns."""
         return torch.tensor(self.top_eigenvectors, dtype=torch.float64).reshape(-1, self.d).T
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, (np.floating, np.integer)):
-        return _json_safe(value.item())
-    return value
 
 
 def activation_geometry(

@@ -26,6 +26,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from saegeo.errors import BadInputError
+from saegeo.io import refuse_unknown_keys
 
 SEVERITIES = ("info", "warning", "error")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
@@ -128,16 +129,6 @@ class FlagThresholds:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "FlagThresholds":
         return cls(**refuse_unknown_keys(cls, d, "flag threshold"))
-
-
-def refuse_unknown_keys(cls: type, d: Mapping[str, Any] | None, what: str) -> dict[str, Any]:
-    """``d`` as a dict, after a BadInputError naming any key that is not a field of dataclass ``cls``."""
-    d = dict(d or {})
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise BadInputError(f"unknown {what}(s) {unknown}; known: {sorted(known)}")
-    return d
 
 
 def _f3(x: float | None) -> str:

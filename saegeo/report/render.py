@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from saegeo.report.flags import SEVERITIES, Flag, FlagThresholds
-from saegeo.activations.store import atomic_write
+from saegeo.io import atomic_write
 from saegeo.report.report import GeometryReport, SAEGeometry
 
 FORMATS = ("terminal", "md", "json", "html")

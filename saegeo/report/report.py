@@ -34,7 +34,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from saegeo.activations.store import atomic_write
+from saegeo.io import dump_json, json_safe, refuse_unknown_keys
+from saegeo.activations.sources import open_rows
 from saegeo.errors import BadInputError, FormatError
 from saegeo.geometry import GeometryAccumulator, activation_geometry
 from saegeo.geometry.accumulate import as_rows
@@ -54,7 +55,6 @@ from saegeo.report.flags import (
     activation_flags,
     config_flags,
     config_whitens,
-    refuse_unknown_keys,
     sae_flags,
     sort_flags,
 )
@@ -130,7 +130,7 @@ class SAEGeometry:
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return _json_safe(asdict(self))
+        return json_safe(asdict(self))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "SAEGeometry":
@@ -180,7 +180,7 @@ class GeometryReport:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["saes"] = [s.to_dict() for s in self.saes]
         out["flags"] = [f.to_dict() for f in self.flags]
-        return _json_safe(out)
+        return json_safe(out)
 
     def to_json(self, path: str | os.PathLike | None = None, *, indent: int | None = 1) -> str:
         return dump_json(self.to_dict(), path, indent=indent)
@@ -206,32 +206,6 @@ class GeometryReport:
             return cls.from_dict(json.loads(Path(path).read_text()))
         except (OSError, json.JSONDecodeError) as err:
             raise FormatError(f"{path}: cannot read a saegeo report ({err})") from None
-
-
-def dump_json(data: Mapping[str, Any], path: str | os.PathLike | None = None, *, indent: int | None = 1) -> str:
-    """Strict JSON text of an already JSON-safe dict (no NaN/inf), written atomically to ``path`` if given."""
-    text = json.dumps(data, indent=indent, allow_nan=False)
-    if path is not None:
-        atomic_write(path, text)
-    return text
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, Tensor):
-        return _json_safe(value.tolist())
-    if isinstance(value, (np.floating, np.integer)):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    if isinstance(value, FlagThresholds):
-        return value.to_dict()
-    return str(value)
 
 
 # =========================================================================== streaming helpers
@@ -340,55 +314,6 @@ def cosine_histogram(
     counts = torch.histc(cos, bins=bins, min=-1.0, max=1.0)
     return {"edges": edges.tolist(), "counts": [int(c) for c in counts.tolist()], "n_rows": k,
             "n_pairs": int(cos.numel()), "sample_mean": float(cos.mean())}
-
-
-def _iter_batches(
-    acts: Any, batch_size: int, progress: bool, ctx: Any = None
-) -> tuple[Iterator[Any], dict[str, Any]]:
-    """Any activation source -> (iterator of (m, d) batches, description of the source).
-
-    Under torch.distributed (``ctx``) a store or tensor yields only this rank's contiguous share
-    (``source["first_row"]`` = its global index); an iterator is taken to be this rank's own data.
-    """
-    from saegeo.activations.store import ActivationStore
-
-    if isinstance(acts, (str, os.PathLike)):
-        p = Path(acts)
-        if not (p / "manifest.json").is_file():
-            raise BadInputError(
-                f"{p}: not an activation store (no manifest.json). Cache one with `saegeo cache`, or pass a "
-                "tensor / iterator of batches to geometry_report"
-            )
-        acts = ActivationStore(p)
-    if isinstance(acts, ActivationStore):
-        source = {"kind": "store", "path": str(acts.path), "model": acts.model, "hook": acts.hook, "d": acts.d,
-                  "n_tokens_in_store": acts.n_tokens, "dtype": acts.dtype, "corpus": acts.corpus}
-        if ctx is not None:
-            from saegeo import distributed
-
-            distributed.check_same_store(acts)
-            block = distributed.split_shards([s.rows for s in acts.shards], ctx.rank, ctx.world_size)
-            source["first_row"] = int(acts.offsets[block.start])
-            return acts.iter_batches(batch_size, shard_indices=block, progress=progress), source
-        return acts.iter_batches(batch_size, progress=progress), source
-    if isinstance(acts, (Tensor, np.ndarray)):
-        x = as_rows(acts)
-        source = {"kind": "tensor", "d": int(x.shape[1]), "n_tokens_in_source": int(x.shape[0])}
-        if ctx is not None:
-            from saegeo.distributed import rank_rows
-
-            share = rank_rows(x.shape[0], ctx.rank, ctx.world_size)
-            x, source["first_row"] = x[share], share.start
-        return (x[lo : lo + batch_size] for lo in range(0, x.shape[0], batch_size)), source
-    if isinstance(acts, Iterable) or hasattr(acts, "__next__"):
-        def unwrap() -> Iterator[Any]:
-            for b in acts:
-                yield b[0] if isinstance(b, (tuple, list)) else b  # (activations, codes) from the generator
-        return unwrap(), {"kind": "iterator"}
-    raise BadInputError(
-        f"geometry_report: cannot read activations from a {type(acts).__name__}; pass a tensor, an "
-        "ActivationStore (or its path) or an iterator of (batch, d) tensors"
-    )
 
 
 # =========================================================================== SAEs
@@ -549,7 +474,7 @@ class _SAEPass:
             b_dec_distance_to_mean=float((b - mu).norm()) / mu_norm if mu_norm > 0 else None,
             b_dec_cos_mean=float(b @ mu) / (float(b.norm()) * mu_norm) if mu_norm > 0 and float(b.norm()) > 0 else None,
             amplification=amplification,
-            config=_json_safe(self.config),
+            config=json_safe(self.config),
             notes=notes,
         )
 
@@ -608,11 +533,12 @@ def geometry_report(
 
     ctx = distributed.init_from_env()  # None unless launched by torchrun with several ranks
     with distributed.all_ranks_or_none("opening the activations"):
-        batches, source = _iter_batches(acts, opts.batch_size, progress=False, ctx=ctx)
-    first_row = source.pop("first_row", 0)
-    total = opts.max_tokens
-    if total is None:
-        total = source.get("n_tokens_in_store") or source.get("n_tokens_in_source")
+        rows = open_rows(acts)
+        if ctx is not None and rows.store is not None:
+            distributed.check_same_store(rows.store)
+        batches, first_row = rows.batches(opts.batch_size, *((ctx.rank, ctx.world_size) if ctx else ()))
+    source = dict(rows.describe)
+    total = opts.max_tokens if opts.max_tokens is not None else rows.n_rows
     passes: list[_SAEPass] = []
     for name, obj in _named_saes(sae):
         module, cfg, default_name = _resolve_sae(obj)
@@ -684,10 +610,10 @@ def geometry_report(
         except BadInputError as err:
             whitening_cost = {"error": str(err)}
     report = GeometryReport(
-        schema_version=SCHEMA_VERSION, source=_json_safe(source), activations=geo,
+        schema_version=SCHEMA_VERSION, source=json_safe(source), activations=geo,
         cosine_histogram=cosine_histogram(reservoir.sample(), opts.histogram_bins),
-        saes=saes, flags=[], options=_json_safe(opts.to_dict()),
-        config=_json_safe(dict(config)) if config else None, whitening_cost=whitening_cost,
+        saes=saes, flags=[], options=json_safe(opts.to_dict()),
+        config=json_safe(dict(config)) if config else None, whitening_cost=whitening_cost,
         seconds=seconds, tokens_per_second=acc.n / seconds if seconds > 0 else None,
         saegeo_version=__version__, notes=list(geo.get("notes", [])),
     )
@@ -707,168 +633,3 @@ def compute_flags(report: GeometryReport, thresholds: FlagThresholds | None = No
     if report.config:
         flags += config_flags(report.config, geo, report.whitening_cost, thresholds=t, subject="config")
     return sort_flags(flags)
-
-
-# =========================================================================== the main job: cache -> train -> report
-@dataclass
-class RunResult:
-    """What ``run_job`` produced: the store, the SAE directories, the report and its files."""
-
-    store: str
-    saes: dict[str, str]
-    report: GeometryReport
-    files: dict[str, str]
-    seconds: dict[str, float]
-    reused: dict[str, bool]
-
-
-_RUN_KEYS = ("out", "acts", "hook", "cache", "train", "report", "name", "description")
-
-
-def load_run_config(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a TOML run config (see configs/demo.toml for every key); relative paths stay relative to the CWD."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
-
-    p = Path(path)
-    try:
-        config = tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise BadInputError(f"{p}: no such run config") from None
-    except tomllib.TOMLDecodeError as err:
-        raise BadInputError(f"{p}: invalid TOML ({err})") from None
-    unknown = sorted(set(config) - set(_RUN_KEYS))
-    if unknown:
-        raise BadInputError(f"{p}: unknown top-level key(s) {unknown}; known: {list(_RUN_KEYS)}")
-    return config
-
-
-def _same_json(a: Any, b: Any) -> bool:
-    return json.loads(json.dumps(a, default=str)) == json.loads(json.dumps(b, default=str))
-
-
-def run_job(config: Mapping[str, Any], *, log: Any = print) -> RunResult:
-    """cache -> train (one SAE per entry of [train.saes]) -> one report over all of them, side by side.
-
-    Idempotent: a complete store with the requested tokens is reused (the cache itself resumes an
-    interrupted run), an SAE whose saved training config and data checksums match is not retrained,
-    and the report is recomputed (one pass). Every stage's time is returned and logged.
-    """
-    from saegeo.activations.store import ActivationStore
-    from saegeo.report.render import render_terminal, write_report
-
-    cfg = dict(config)
-    out = Path(cfg.get("out", "artifacts/runs/run"))
-    out.mkdir(parents=True, exist_ok=True)
-    seconds: dict[str, float] = {}
-    reused: dict[str, bool] = {}
-
-    # ---- 1. activations: an existing store, or cache them
-    t0 = time.perf_counter()
-    if cfg.get("acts"):
-        store_path = Path(cfg["acts"])
-        reused["cache"] = True
-    else:
-        from saegeo.activations.cache import CacheConfig, cache_activations, store_dir
-
-        cache_cfg = CacheConfig(**{**dict(cfg.get("cache", {})), "progress": True})
-        cache_cfg.hooks = tuple(cache_cfg.hooks) if not isinstance(cache_cfg.hooks, str) else (cache_cfg.hooks,)
-        hook = cfg.get("hook") or cache_cfg.hooks[0]
-        if hook not in cache_cfg.hooks:
-            raise BadInputError(f"hook {hook!r} is not among the cached hooks {list(cache_cfg.hooks)}")
-        store_path = store_dir(cache_cfg.out, hook)
-        stamp = out / "cache_config.json"
-        wanted = asdict(cache_cfg) | {"progress": None}
-        done = all(_store_complete(store_dir(cache_cfg.out, h), cache_cfg.max_tokens) for h in cache_cfg.hooks)
-        if done and stamp.is_file() and _same_json(json.loads(stamp.read_text()), wanted):
-            log(f"cache: reusing {store_path} (complete; delete it to re-cache)")
-            reused["cache"] = True
-        else:
-            log(f"cache: {cache_cfg.model} {','.join(cache_cfg.hooks)} on corpus {cache_cfg.corpus!r} -> {cache_cfg.out}")
-            result = cache_activations(cache_cfg)
-            log(f"cache: {result.n_tokens[hook]:,} tokens in the store ({result.new_tokens:,} new, "
-                f"{result.tokens_per_second:,.0f} tok/s)")
-            stamp.write_text(json.dumps(wanted, default=str))
-            reused["cache"] = False
-    store = ActivationStore(store_path)
-    seconds["cache"] = time.perf_counter() - t0
-
-    # ---- 2. SAEs: one per [train.saes] entry (shared [train] options, per-SAE overrides)
-    from saegeo.sae.formats import load_sae
-    from saegeo.sae.train import TrainConfig, train_sae
-
-    train = dict(cfg.get("train", {}))
-    variants = train.pop("saes", None) or {"sae": {}}
-    sae_dirs: dict[str, str] = {}
-    t0 = time.perf_counter()
-    for name, overrides in variants.items():
-        sae_dir = out / "saes" / _slug(name)
-        tcfg = TrainConfig.from_dict({**train, **dict(overrides), "out_dir": str(sae_dir)})
-        if _trained(sae_dir, tcfg, store):
-            log(f"train {name}: reusing {sae_dir} (same config and data; delete it to retrain)")
-            reused[f"train:{name}"] = True
-        else:
-            log(f"train {name}: {tcfg.arch} k={tcfg.k} d_sae={tcfg.d_sae or tcfg.expansion * store.d} "
-                f"b_dec := {tcfg.b_dec_init}, {tcfg.total_tokens:,} tokens")
-            res = train_sae(tcfg, store)
-            h = res.heldout
-            log(f"train {name}: held-out FVE {h.get('fve', float('nan')):.3f}, L0 {h.get('l0', float('nan')):.1f}, "
-                f"dead {100 * h.get('dead_fraction', float('nan')):.1f}%")
-            reused[f"train:{name}"] = False
-        sae_dirs[name] = str(sae_dir)
-    seconds["train"] = time.perf_counter() - t0
-
-    # ---- 3. the report: one pass over the store with every SAE side by side
-    t0 = time.perf_counter()
-    rep_cfg = dict(cfg.get("report", {}))
-    formats = tuple(rep_cfg.pop("formats", ("terminal", "md", "json", "html")))
-    opts = ReportOptions.from_dict(rep_cfg)
-    saes = {name: load_sae(path) for name, path in sae_dirs.items()}
-    configs = {name: json.loads((Path(p) / "cfg.json").read_text()) for name, p in sae_dirs.items()}
-    report = geometry_report(store, saes, options=opts)
-    for s in report.saes:  # provenance (b_dec init, data) from the saved config
-        s.config = _json_safe(configs[s.name])
-        s.b_dec_init = configs[s.name].get("saegeo", {}).get("b_dec_init")
-    report.config = _json_safe({k: v for k, v in cfg.items() if k in ("cache", "train", "report", "acts", "hook")})
-    report.flags = compute_flags(report, opts.thresholds)
-    files = {k: str(v) for k, v in write_report(report, out / "report", formats).items()}
-    seconds["report"] = time.perf_counter() - t0
-    log("")
-    log(render_terminal(report))
-    return RunResult(store=str(store_path), saes=sae_dirs, report=report, files=files, seconds=seconds, reused=reused)
-
-
-def _slug(name: str) -> str:
-    import re
-
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "sae"
-
-
-def _store_complete(path: Path, max_tokens: int | None) -> bool:
-    from saegeo.activations.store import ActivationStore
-    from saegeo.errors import StoreError
-
-    try:
-        store = ActivationStore(path)
-    except (StoreError, OSError, KeyError, ValueError):
-        return False
-    return max_tokens is None or store.n_tokens >= max_tokens
-
-
-def _trained(sae_dir: Path, tcfg: Any, store: Any) -> bool:
-    """An SAE directory written by the trainer from this exact config and these exact shards."""
-    cfg_file = sae_dir / "cfg.json"
-    if not cfg_file.is_file() or not (sae_dir / "sae_weights.safetensors").is_file():
-        return False
-    try:
-        saved = json.loads(cfg_file.read_text()).get("saegeo", {})
-    except json.JSONDecodeError:
-        return False
-    data = saved.get("data", {})
-    cosmetic = ("progress", "log_every", "num_threads", "device", "checkpoint_every")  # do not change the weights
-    strip = lambda c: {k: v for k, v in (c or {}).items() if k not in cosmetic}  # noqa: E731
-    return _same_json(strip(saved.get("train_config")), strip(asdict(tcfg))) and data.get("shard_sha256") == [
-        s.sha256 for s in store.shards
-    ]

@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 
-from saegeo.activations.store import atomic_write
+from saegeo.io import atomic_write, dump_json
 from saegeo.errors import FormatError
 from saegeo.sae.model import SAE, SAEConfig
 
@@ -91,18 +91,8 @@ def save_sae(sae: SAE, path: str | os.PathLike, provenance: dict | None = None) 
     saelens_cfg["saegeo"] = {"format_version": SAEGEO_FORMAT_VERSION, "sae_config": cfg.to_dict(), **provenance}
 
     atomic_write(out / WEIGHTS_FILENAME, safetensors_bytes({k: v.contiguous().cpu() for k, v in tensors.items()}))
-    atomic_write(out / CFG_FILENAME, json.dumps(saelens_cfg, indent=2, default=_json_default))
+    dump_json(saelens_cfg, out / CFG_FILENAME, indent=2)
     return out
-
-
-def _json_default(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, tuple):
-        return list(obj)
-    raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
 
 
 def load_sae(path: str | os.PathLike, device: str = "cpu") -> SAE:

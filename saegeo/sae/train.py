@@ -31,7 +31,7 @@ from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
 
-from saegeo.activations.store import atomic_write
+from saegeo.io import atomic_write, dump_json
 from saegeo.errors import BadInputError, SaegeoError
 from saegeo.sae.model import SAE, SAEConfig
 
@@ -403,7 +403,7 @@ def save_checkpoint(cfg: TrainConfig, sae: SAE, opt: torch.optim.Adam, step: int
     fname = f"tensors_{step:08d}.safetensors"
     atomic_write(d / fname, safetensors_bytes({k: v.cpu() for k, v in out.items()}))
     state = {"version": CHECKPOINT_VERSION, "step": step, "tensors": fname, "config": asdict(cfg), **extra}
-    atomic_write(d / "state.json", json.dumps(state, indent=1))
+    dump_json(state, d / "state.json")
     for old in d.glob("tensors_*.safetensors"):
         if old.name != fname:
             old.unlink()

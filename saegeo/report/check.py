@@ -34,8 +34,7 @@ from saegeo.geometry.dictionary import (
     unit_row_blocks,
 )
 from saegeo.report.flags import Flag, FlagThresholds, rounded, config_flags, dictionary_flags, sort_flags
-from saegeo.activations.store import atomic_write
-from saegeo.report.report import _json_safe, dump_json
+from saegeo.io import atomic_write, dump_json, json_safe
 from saegeo.sae.model import SAE
 
 CHECK_SCHEMA_VERSION = 1
@@ -106,7 +105,7 @@ class DictionaryCheck:
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["flags"] = [f.to_dict() for f in self.flags]
-        return _json_safe(out)
+        return json_safe(out)
 
     def to_json(self, path: str | os.PathLike | None = None, *, indent: int | None = 1) -> str:
         return dump_json(self.to_dict(), path, indent=indent)
@@ -196,7 +195,7 @@ def check_dictionary(sae: SAE, *, options: CheckOptions | None = None, name: str
         duplicate_pairs=[[int(i), int(j), float(c)] for (i, j), c in zip(pairs.tolist()[: opts.max_pairs_listed], pair_cos.tolist())],
         encoder_decoder_cos={**{k: v for k, v in _stats(enc_dec_alive).items() if k != "cv"},
                              "n_below": int((enc_dec_alive < opts.misaligned_cos).sum())},
-        b_dec=b_info, config=_json_safe(extra), flags=[], options=_json_safe(opts.to_dict()), seconds=0.0,
+        b_dec=b_info, config=json_safe(extra), flags=[], options=json_safe(opts.to_dict()), seconds=0.0,
     )
     if zero_rows:
         check.notes.append(f"{len(zero_rows)} zero decoder row(s) excluded from A_dict, the spectrum and the duplicate search")

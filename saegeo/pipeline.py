@@ -1,0 +1,173 @@
+"""The main job: cache -> train SAEs -> one report with every SAE side by side, from one TOML config.
+
+``RunConfig``                 the config (see configs/demo.toml for every key).
+``load_run_config(path)``     read and check a TOML/JSON run config.
+``run_job(config) -> RunResult``   idempotent: a complete store is reused, an SAE whose saved training
+                              config and data checksums match is not retrained, the report is recomputed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from saegeo.activations.cache import CacheConfig, cache_activations, store_dir
+from saegeo.activations.store import ActivationStore
+from saegeo.errors import BadInputError, StoreError
+from saegeo.io import dump_json, json_safe, read_config, refuse_unknown_keys, same_json
+from saegeo.report.render import FORMATS, render_terminal, write_report
+from saegeo.report.report import GeometryReport, ReportOptions, compute_flags, geometry_report
+from saegeo.sae.formats import CFG_FILENAME, WEIGHTS_FILENAME, load_sae
+from saegeo.sae.train import TrainConfig, train_sae
+
+
+@dataclass
+class RunConfig:
+    """One main job. Relative paths stay relative to the working directory."""
+
+    out: str = "artifacts/runs/run"  # SAEs go to OUT/saes/<name>, the report to OUT/report
+    acts: str | None = None  # an existing activation store: skip caching
+    hook: str | None = None  # which cached hook the SAEs are trained on (default: the first of cache.hooks)
+    cache: dict[str, Any] = field(default_factory=dict)  # CacheConfig keys
+    train: dict[str, Any] = field(default_factory=dict)  # TrainConfig keys shared by every SAE; saes = {name: overrides}
+    report: dict[str, Any] = field(default_factory=dict)  # ReportOptions keys, plus formats = [...]
+    name: str = ""
+    description: str = ""
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str | None = None) -> "RunConfig":
+        return cls(**refuse_unknown_keys(cls, d, "top-level key", where))
+
+
+@dataclass
+class RunResult:
+    """What ``run_job`` produced: the store, the SAE directories, the report and its files."""
+
+    store: str
+    saes: dict[str, str]
+    report: GeometryReport
+    files: dict[str, str]
+    seconds: dict[str, float]
+    reused: dict[str, bool]
+
+
+def load_run_config(path: str | os.PathLike) -> RunConfig:
+    """Read a TOML (or JSON) run config; an unknown top-level key is an error naming it."""
+    return RunConfig.from_dict(read_config(path), where=str(path))
+
+
+def run_job(config: RunConfig | Mapping[str, Any], *, log: Any = print) -> RunResult:
+    """cache -> train (one SAE per entry of [train.saes]) -> one report over all of them, side by side.
+
+    Idempotent: a complete store with the requested tokens is reused (the cache itself resumes an
+    interrupted run), an SAE whose saved training config and data checksums match is not retrained,
+    and the report is recomputed (one pass). Every stage's time is returned and logged.
+    """
+    cfg = config if isinstance(config, RunConfig) else RunConfig.from_dict(config)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    seconds: dict[str, float] = {}
+    reused: dict[str, bool] = {}
+
+    # ---- 1. activations: an existing store, or cache them
+    t0 = time.perf_counter()
+    if cfg.acts:
+        store_path = Path(cfg.acts)
+        reused["cache"] = True
+    else:
+        cache_cfg = CacheConfig.from_dict({**cfg.cache, "progress": True})
+        hook = cfg.hook or cache_cfg.hooks[0]
+        if hook not in cache_cfg.hooks:
+            raise BadInputError(f"hook {hook!r} is not among the cached hooks {list(cache_cfg.hooks)}")
+        store_path = store_dir(cache_cfg.out, hook)
+        stamp = out / "cache_config.json"
+        wanted = asdict(cache_cfg) | {"progress": None}
+        done = all(_store_complete(store_dir(cache_cfg.out, h), cache_cfg.max_tokens) for h in cache_cfg.hooks)
+        if done and stamp.is_file() and same_json(json.loads(stamp.read_text()), wanted):
+            log(f"cache: reusing {store_path} (complete; delete it to re-cache)")
+            reused["cache"] = True
+        else:
+            log(f"cache: {cache_cfg.model} {','.join(cache_cfg.hooks)} on corpus {cache_cfg.corpus!r} -> {cache_cfg.out}")
+            result = cache_activations(cache_cfg)
+            log(f"cache: {result.n_tokens[hook]:,} tokens in the store ({result.new_tokens:,} new, "
+                f"{result.tokens_per_second:,.0f} tok/s)")
+            dump_json(wanted, stamp)
+            reused["cache"] = False
+    store = ActivationStore(store_path)
+    seconds["cache"] = time.perf_counter() - t0
+
+    # ---- 2. SAEs: one per [train.saes] entry (shared [train] options, per-SAE overrides)
+    train = dict(cfg.train)
+    variants = train.pop("saes", None) or {"sae": {}}
+    sae_dirs: dict[str, str] = {}
+    t0 = time.perf_counter()
+    for name, overrides in variants.items():
+        sae_dir = out / "saes" / _slug(name)
+        tcfg = TrainConfig.from_dict({**train, **dict(overrides), "out_dir": str(sae_dir)})
+        if _trained(sae_dir, tcfg, store):
+            log(f"train {name}: reusing {sae_dir} (same config and data; delete it to retrain)")
+            reused[f"train:{name}"] = True
+        else:
+            log(f"train {name}: {tcfg.arch} k={tcfg.k} d_sae={tcfg.d_sae or tcfg.expansion * store.d} "
+                f"b_dec := {tcfg.b_dec_init}, {tcfg.total_tokens:,} tokens")
+            res = train_sae(tcfg, store)
+            h = res.heldout
+            log(f"train {name}: held-out FVE {h.get('fve', float('nan')):.3f}, L0 {h.get('l0', float('nan')):.1f}, "
+                f"dead {100 * h.get('dead_fraction', float('nan')):.1f}%")
+            reused[f"train:{name}"] = False
+        sae_dirs[name] = str(sae_dir)
+    seconds["train"] = time.perf_counter() - t0
+
+    # ---- 3. the report: one pass over the store with every SAE side by side
+    t0 = time.perf_counter()
+    rep_cfg = dict(cfg.report)
+    formats = tuple(rep_cfg.pop("formats", FORMATS))
+    opts = ReportOptions.from_dict(rep_cfg)
+    saes = {name: load_sae(path) for name, path in sae_dirs.items()}
+    configs = {name: json.loads((Path(p) / CFG_FILENAME).read_text()) for name, p in sae_dirs.items()}
+    report = geometry_report(store, saes, options=opts)
+    for s in report.saes:  # provenance (b_dec init, data) from the saved config
+        s.config = json_safe(configs[s.name])
+        s.b_dec_init = configs[s.name].get("saegeo", {}).get("b_dec_init")
+    report.config = json_safe({"cache": cfg.cache, "train": cfg.train, "report": cfg.report, "acts": cfg.acts,
+                               "hook": cfg.hook})
+    report.flags = compute_flags(report, opts.thresholds)
+    files = {k: str(v) for k, v in write_report(report, out / "report", formats).items()}
+    seconds["report"] = time.perf_counter() - t0
+    log("")
+    log(render_terminal(report))
+    return RunResult(store=str(store_path), saes=sae_dirs, report=report, files=files, seconds=seconds, reused=reused)
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "sae"
+
+
+def _store_complete(path: Path, max_tokens: int | None) -> bool:
+    try:
+        store = ActivationStore(path)
+    except (StoreError, OSError, KeyError, ValueError):
+        return False
+    return max_tokens is None or store.n_tokens >= max_tokens
+
+
+def _trained(sae_dir: Path, tcfg: TrainConfig, store: ActivationStore) -> bool:
+    """An SAE directory written by the trainer from this exact config and these exact shards."""
+    cfg_file = sae_dir / CFG_FILENAME
+    if not cfg_file.is_file() or not (sae_dir / WEIGHTS_FILENAME).is_file():
+        return False
+    try:
+        saved = json.loads(cfg_file.read_text()).get("saegeo", {})
+    except json.JSONDecodeError:
+        return False
+    data = saved.get("data", {})
+    cosmetic = ("progress", "log_every", "num_threads", "device", "checkpoint_every")  # do not change the weights
+    strip = lambda c: {k: v for k, v in (c or {}).items() if k not in cosmetic}  # noqa: E731
+    return same_json(strip(saved.get("train_config")), strip(asdict(tcfg))) and data.get("shard_sha256") == [
+        s.sha256 for s in store.shards
+    ]
