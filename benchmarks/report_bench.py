@@ -95,6 +95,7 @@ def main() -> None:
 
     import torch
 
+    from saegeo.pipeline import write_synthetic_store
     from saegeo.sae.formats import save_sae
     from saegeo.sae.model import SAE, SAEConfig
     from saegeo.synthetic import SuperpositionGenerator, preset
@@ -112,7 +113,7 @@ def main() -> None:
         path = work / f"store_{n}"
         if not (path / "manifest.json").is_file():
             print(f"writing a {n:,} × {args.d} store ...", flush=True)
-            gen.write_store(path, n, shard_rows=16384)
+            write_synthetic_store(gen, path, n, shard_rows=16384)
         stores[n] = path
     rows = []
     for n in sizes:

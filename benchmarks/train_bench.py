@@ -132,7 +132,7 @@ def saelens_as_saegeo(weights: dict, arch: str, k: int, apply_b_dec: bool, resca
     """SAELens' trained weights under saegeo's contract with SAELens' semantics (TopK then ReLU, free norms)."""
     d_in, d_sae = weights["W_enc"].shape
     sae = SAE(SAEConfig(d_in, d_sae, activation="topk" if arch == "topk" else "relu", k=k if arch == "topk" else None,
-                        topk_order="topk_then_relu", unit_norm_decoder=False, apply_b_dec_to_input=apply_b_dec,
+                        topk_order="topk_then_relu", apply_b_dec_to_input=apply_b_dec,
                         rescale_acts_by_decoder_norm=rescale and arch == "topk"))
     sae.load_state_dict(weights, strict=False)
     return sae

@@ -203,8 +203,10 @@ def cmd_synth(args: argparse.Namespace) -> int:
     if single_file:
         truth_path = gen.write_safetensors(out, args.n, dtype=args.dtype)
     else:
-        gen.write_store(
-            out, args.n, shard_rows=args.shard_rows, dtype=args.dtype,
+        from saegeo.pipeline import write_synthetic_store
+
+        write_synthetic_store(
+            gen, out, args.n, shard_rows=args.shard_rows, dtype=args.dtype,
             mode="overwrite" if args.overwrite else "create", progress=sys.stderr.isatty(),
         )
         truth_path = out / "truth.safetensors"

@@ -4,6 +4,7 @@
 ``load_run_config(path)``     read and check a TOML/JSON run config.
 ``run_job(config) -> RunResult``   idempotent: a complete store is reused, an SAE whose saved training
                               config and data checksums match is not retrained, the report is recomputed.
+``write_synthetic_store(gen, path, n)``   synthetic rows as an activation store, with their truth beside them.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from saegeo.activations.cache import CacheConfig, cache_activations, store_dir
-from saegeo.activations.store import ActivationStore
+from saegeo.activations.store import ActivationStore, write_store
 from saegeo.errors import BadInputError, StoreError
 from saegeo.io import dump_json, json_safe, read_config, refuse_unknown_keys, same_json
 from saegeo.report.render import FORMATS, render_terminal, write_report
 from saegeo.report.report import GeometryReport, ReportOptions, compute_flags, geometry_report
 from saegeo.sae.formats import CFG_FILENAME, WEIGHTS_FILENAME, load_sae
 from saegeo.sae.train import TrainConfig, train_sae
+from saegeo.synthetic import SuperpositionGenerator
 
 
 @dataclass
@@ -171,3 +173,29 @@ def _trained(sae_dir: Path, tcfg: TrainConfig, store: ActivationStore) -> bool:
     return same_json(strip(saved.get("train_config")), strip(asdict(tcfg))) and data.get("shard_sha256") == [
         s.sha256 for s in store.shards
     ]
+
+
+def write_synthetic_store(
+    gen: SuperpositionGenerator,
+    path: str | os.PathLike,
+    n: int,
+    *,
+    batch_size: int = 8192,
+    shard_rows: int = 65536,
+    dtype: str = "float32",
+    mode: str = "create",
+    progress: bool = False,
+) -> ActivationStore:
+    """Write n rows of ``gen`` as an activation store at ``path`` plus ``path/truth.safetensors``.
+
+    The manifest records the generator's config (as the store's corpus identity) and the truth file.
+    """
+    path = Path(path)
+    config = asdict(gen.config)
+    store = write_store(
+        path, gen.activations(n, batch_size, progress=progress), hook="synthetic",
+        model=f"saegeo.synthetic(seed={gen.config.seed})", dtype=dtype, corpus={"synthetic": config},
+        shard_rows=shard_rows, extra_meta={"synthetic": config, "truth": "truth.safetensors"}, mode=mode,
+    )
+    gen.truth.save(path / "truth.safetensors")
+    return store

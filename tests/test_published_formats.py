@@ -187,7 +187,7 @@ def test_saelens_expected_average_only_in_is_identity_but_noted(tmp_path):
     sae = load_dictionary(_write_saelens(tmp_path / "ea", w, cfg))
     x = _inputs(4, w["b_dec"])
     _check(sae, x, *_saelens_reference(x, w, {**cfg, "normalize_activations": "none"}))
-    assert sae.cfg.extra["normalize_activations"] == "expected_average_only_in"
+    assert sae.format_info.normalize_activations == "expected_average_only_in"
 
 
 # ============================================================================ EleutherAI sparsify
@@ -437,7 +437,7 @@ def test_saegeo_sae_saved_in_saelens_layout_loads_through_detection(tmp_path):
     assert detect_format(tmp_path / "mine") == "saelens"
     sae = load_sae(tmp_path / "mine")  # the trainer's own reader
     loaded = load_dictionary(tmp_path / "mine")
-    assert loaded.cfg.extra["format"] == "saelens" and float(sae.b_dec.detach().norm()) > 5  # b_dec := mean, ‖3·1‖ ≈ 10.4
+    assert loaded.format_info.format == "saelens" and float(sae.b_dec.detach().norm()) > 5  # b_dec := mean, ‖3·1‖ ≈ 10.4
     x = torch.randn(N_ROWS, D_IN) + sae.b_dec.detach()
     with torch.no_grad():
         assert torch.equal(loaded.encode(x), sae.encode(x))

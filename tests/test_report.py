@@ -248,7 +248,7 @@ def test_fve_of_input_normalised_saes_uses_the_denormalised_reconstruction(norma
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3000, 16, generator=g) * 2 + 3
     cfg = SAEConfig(d_in=16, d_sae=48, activation=activation, k=6 if activation == "topk" else None,
-                    input_normalization=normalization, unit_norm_decoder=False)
+                    input_normalization=normalization)
     sae = SAE(cfg)
     with torch.no_grad():
         sae.W_enc.copy_(torch.randn(16, 48, generator=g) * 0.3)

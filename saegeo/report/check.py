@@ -133,8 +133,8 @@ def check_dictionary(sae: SAE, *, options: CheckOptions | None = None, name: str
     O(block_rows² + d²) -- never a d_sae × d_sae matrix."""
     opts = options or CheckOptions()
     t0 = time.perf_counter()
-    extra = dict(getattr(sae.cfg, "extra", {}) or {})
-    subject = name or Path(str(extra.get("source", "dictionary"))).name or "dictionary"
+    info = sae.format_info
+    subject = name or Path(str(info.source or "dictionary")).name or "dictionary"
     W_dec, W_enc = sae.W_dec.detach().cpu(), sae.W_enc.detach().cpu()
     b_dec = sae.b_dec.detach().cpu().to(torch.float64)
     n_lat, d = W_dec.shape
@@ -183,10 +183,10 @@ def check_dictionary(sae: SAE, *, options: CheckOptions | None = None, name: str
     }
     cfg = sae.cfg
     source = {
-        "path": extra.get("source"), "format": extra.get("format"), "name": subject, "d_in": int(d), "d_sae": int(n_lat),
+        "path": info.source, "format": info.format, "name": subject, "d_in": int(d), "d_sae": int(n_lat),
         "activation": cfg.activation, "k": cfg.k, "apply_b_dec_to_input": cfg.apply_b_dec_to_input,
-        "input_normalization": cfg.input_normalization, "model": extra.get("model_name"), "hook": extra.get("hook_name"),
-        "source_dtype": extra.get("source_dtype"),
+        "input_normalization": cfg.input_normalization, "model": info.model_name, "hook": info.hook_name,
+        "source_dtype": info.source_dtype,
     }
     check = DictionaryCheck(
         schema_version=CHECK_SCHEMA_VERSION, source=source, a_dict=a_dict, dict_mean_sq_norm=mean_sq_norm,
@@ -195,7 +195,7 @@ def check_dictionary(sae: SAE, *, options: CheckOptions | None = None, name: str
         duplicate_pairs=[[int(i), int(j), float(c)] for (i, j), c in zip(pairs.tolist()[: opts.max_pairs_listed], pair_cos.tolist())],
         encoder_decoder_cos={**{k: v for k, v in _stats(enc_dec_alive).items() if k != "cv"},
                              "n_below": int((enc_dec_alive < opts.misaligned_cos).sum())},
-        b_dec=b_info, config=json_safe(extra), flags=[], options=json_safe(opts.to_dict()), seconds=0.0,
+        b_dec=b_info, config=info.to_dict(), flags=[], options=json_safe(opts.to_dict()), seconds=0.0,
     )
     if zero_rows:
         check.notes.append(f"{len(zero_rows)} zero decoder row(s) excluded from A_dict, the spectrum and the duplicate search")
@@ -264,10 +264,10 @@ def _dictionary_only_flags(check: DictionaryCheck, pairs, pair_cos, enc_dec, zer
 
 
 def config_check_flags(sae: SAE, *, subject: str = "dictionary", thresholds: FlagThresholds | None = None) -> list[Flag]:
-    """Flags on how the dictionary expects its inputs, from the loaded config (``sae.cfg`` and its ``extra``)."""
-    cfg, extra = sae.cfg, dict(getattr(sae.cfg, "extra", {}) or {})
+    """Flags on how the dictionary expects its inputs, from the loaded config (``sae.cfg`` and ``sae.format_info``)."""
+    cfg, info = sae.cfg, sae.format_info
     flags: list[Flag] = []
-    norm = extra.get("normalize_activations")
+    norm = info.normalize_activations
     if norm == "expected_average_only_in":
         flags.append(Flag(
             INPUT_SCALING, "warning", {"normalize_activations": None},
@@ -284,7 +284,7 @@ def config_check_flags(sae: SAE, *, subject: str = "dictionary", thresholds: Fla
             summary=f"the SAE normalises every input row ({cfg.input_normalization}) and undoes it after decoding",
             subject=subject,
         ))
-    folded = extra.get("folded_scaling_factor")
+    folded = info.folded_scaling_factor
     if folded:
         flags.append(Flag(
             FOLDED_SCALING, "info", {"scaling_min": rounded(folded.get("min")), "scaling_max": rounded(folded.get("max"))},
@@ -292,16 +292,16 @@ def config_check_flags(sae: SAE, *, subject: str = "dictionary", thresholds: Fla
             "decoder norms therefore include it.",
             summary="finetuning scaling factor folded into W_dec", subject=subject,
         ))
-    if extra.get("transcoder"):
+    if info.transcoder:
         flags.append(Flag(
             TRANSCODER, "info", {},
             "A transcoder reconstructs a different activation than it reads: b_dec and the decoder live in the "
             "output space, so compare them with the output activations, not the inputs.",
             summary="this is a transcoder (no b_dec subtraction before encoding)", subject=subject,
         ))
-    if extra.get("threshold_unset"):
+    if info.threshold_unset:
         flags.append(Flag(
-            UNSET_THRESHOLD, "warning", {"threshold": rounded(extra.get("threshold"))},
+            UNSET_THRESHOLD, "warning", {"threshold": rounded(info.threshold)},
             "The BatchTopK inference threshold was never set in training (-1): every positive pre-activation "
             "passes, so codes are dense; set the threshold from training statistics before use.",
             summary="BatchTopK threshold is -1 (unset): inference codes are dense ReLU codes", subject=subject,

@@ -41,8 +41,6 @@ DEAD = "dead_latents"
 DENSE = "dense_latents"
 RANK = "rank_deficiency"
 BAD_ROWS = "bad_input_rows"
-# Flags about the geometry itself (as opposed to the SAE's health); used to check for false positives.
-GEOMETRY_FLAGS = (MEAN_DIRECTION, OFFSET_NOT_ABSORBED, WHITENING, WRONG_NULL, AMPLIFICATION, RANK)
 
 
 @dataclass

@@ -49,6 +49,7 @@ from saegeo.geometry.amplification import (
 )
 from saegeo.geometry.measures import anisotropy_from_unit_mean
 from saegeo.geometry.transforms import Whitening
+from saegeo.sae.formats import CFG_FILENAME, load_dictionary
 from saegeo.report.flags import (
     Flag,
     FlagThresholds,
@@ -321,17 +322,9 @@ def _resolve_sae(obj: Any) -> tuple[Any, dict[str, Any], str | None]:
     """SAE object or directory -> (module with encode/decode/W_dec/b_dec, its config dict, default name)."""
     if isinstance(obj, (str, os.PathLike)):
         path = Path(obj)
-        from saegeo.sae import formats
-
-        loader = getattr(formats, "load_dictionary", None) or formats.load_sae
-        module = loader(path)
-        config: dict[str, Any] = {}
-        cfg_file = path / "cfg.json"
-        if cfg_file.is_file():
-            try:
-                config = json.loads(cfg_file.read_text())
-            except json.JSONDecodeError:
-                config = {}
+        module = load_dictionary(path)  # any format; a cfg.json it read is valid JSON
+        cfg_file = path / CFG_FILENAME
+        config: dict[str, Any] = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
         return module, config, path.name
     for attr in ("encode", "decode", "W_dec", "b_dec"):
         if not hasattr(obj, attr):

@@ -25,7 +25,7 @@ from safetensors.torch import save as safetensors_bytes
 
 from saegeo.io import atomic_write, dump_json
 from saegeo.errors import FormatError
-from saegeo.sae.model import SAE, SAEConfig
+from saegeo.sae.model import SAE, FormatInfo, SAEConfig
 
 CFG_FILENAME = "cfg.json"
 WEIGHTS_FILENAME = "sae_weights.safetensors"
@@ -111,12 +111,16 @@ def load_sae(path: str | os.PathLike, device: str = "cpu") -> SAE:
     raw, weights = _read_json(cfg_path), _read_safetensors(w_path)
 
     if isinstance(raw.get("saegeo", {}).get("sae_config"), dict):
-        cfg = SAEConfig(**raw["saegeo"]["sae_config"])
-        cfg.extra = {**cfg.extra, "format": "saelens", "source": str(d), "written_by": "saegeo",
-                     "model_name": (raw.get("metadata") or {}).get("model_name"), "hook_name": (raw.get("metadata") or {}).get("hook_name")}
+        # files of saegeo 0.1.0 also hold the since-removed keys unit_norm_decoder and extra
+        kept = {k: v for k, v in raw["saegeo"]["sae_config"].items() if k not in ("unit_norm_decoder", "extra")}
+        cfg = SAEConfig(**kept)
+        meta = raw.get("metadata") or {}
+        info = FormatInfo(format="saelens", source=str(d), written_by="saegeo", model_name=meta.get("model_name"),
+                          hook_name=meta.get("hook_name"))
     else:  # any SAELens version: older key names, normalisation, scaling factors (see _saelens_config)
-        cfg = _saelens_config(raw, cfg_path, weights)
-    return _assemble(cfg, _saelens_tensors(cfg, weights, w_path), w_path, device)
+        cfg, info = _saelens_config(raw, cfg_path, weights)
+    tensors = _saelens_tensors(cfg, info, weights, w_path, bool(raw.get("finetuning_scaling_factor", False)))
+    return _assemble(cfg, tensors, w_path, device, info)
 
 
 # =========================================================================== published formats (issue 7)
@@ -137,7 +141,6 @@ def load_sae(path: str | os.PathLike, device: str = "cpu") -> SAE:
 # Variants whose encode is outside the contract (gated, groupmax, skip connections, matching pursuit)
 # are refused by name rather than loaded with the wrong semantics.
 
-PUBLISHED_FORMATS = ("saelens", "sparsify", "dictionary_learning", "gemma_scope_npz", "openai")
 _EXPECTED_LAYOUTS = (
     "saelens: cfg.json + sae_weights.safetensors; sparsify: cfg.json + sae.safetensors; "
     "dictionary_learning: ae.pt [+ config.json]; Gemma Scope: params.npz; OpenAI sparse_autoencoder: one .pt state dict"
@@ -202,9 +205,9 @@ def _require(where: object, tensors: dict, names: tuple[str, ...], what: str) ->
         raise FormatError(f"{where}: missing {missing} for {what}; found keys {sorted(tensors)}")
 
 
-def _assemble(cfg: SAEConfig, tensors: dict[str, torch.Tensor], where: object, device: str) -> SAE:
+def _assemble(cfg: SAEConfig, tensors: dict[str, torch.Tensor], where: object, device: str, info: FormatInfo) -> SAE:
     """Build the SAE from tensors already in the SAELens orientation, refusing non-finite weights."""
-    sae = SAE(cfg, device=device)
+    sae = SAE(cfg, device=device, format_info=info)
     with torch.no_grad():
         for name, value in tensors.items():
             value = value.detach()
@@ -230,7 +233,7 @@ _SAELENS_NORMALIZATIONS = {  # SAELens normalize_activations -> saegeo input_nor
 }
 
 
-def _saelens_config(raw: dict, where: Path, weights: dict) -> SAEConfig:
+def _saelens_config(raw: dict, where: Path, weights: dict) -> tuple[SAEConfig, FormatInfo]:
     """SAELens cfg.json (6.x, or < 6: hook_point, activation_fn_str/activation_fn_kwargs, boolean
     normalize_activations, no architecture) -> SAEConfig, as sae_lens' handle_config_defaulting reads it."""
     meta = raw.get("metadata") or {}
@@ -262,22 +265,22 @@ def _saelens_config(raw: dict, where: Path, weights: dict) -> SAEConfig:
     k = raw.get("k", fn_kwargs.get("k")) if arch == "topk" else None
     if arch == "topk" and not isinstance(k, int):
         raise FormatError(f"{where}: a topk SAE needs an integer k (cfg key 'k', or activation_fn_kwargs.k before SAELens 6); found {k!r}")
-    return SAEConfig(
+    cfg = SAEConfig(
         d_in=d_in, d_sae=d_sae, activation={"standard": "relu"}.get(arch, arch), k=k, topk_order="topk_then_relu",
-        apply_b_dec_to_input=bool(raw.get("apply_b_dec_to_input", True)), unit_norm_decoder=False,
+        apply_b_dec_to_input=bool(raw.get("apply_b_dec_to_input", True)),
         rescale_acts_by_decoder_norm=bool(raw.get("rescale_acts_by_decoder_norm", False)),
         input_normalization=_SAELENS_NORMALIZATIONS[norm], dtype="float32",
-        extra={
-            "format": "saelens", "source": str(where.parent), "sae_lens_version": version, "architecture": arch,
-            "normalize_activations": norm, "source_dtype": _dtype_name(weights),
-            "finetuning_scaling_factor": bool(raw.get("finetuning_scaling_factor", False)),
-            "model_name": raw.get("model_name", meta.get("model_name")),
-            "hook_name": raw.get("hook_name", raw.get("hook_point", meta.get("hook_name"))),
-        },
     )
+    info = FormatInfo(
+        format="saelens", source=str(where.parent), sae_lens_version=version, architecture=arch,
+        normalize_activations=norm, source_dtype=_dtype_name(weights),
+        model_name=raw.get("model_name", meta.get("model_name")),
+        hook_name=raw.get("hook_name", raw.get("hook_point", meta.get("hook_name"))),
+    )
+    return cfg, info
 
 
-def _saelens_tensors(cfg: SAEConfig, weights: dict, where: Path) -> dict[str, torch.Tensor]:
+def _saelens_tensors(cfg: SAEConfig, info: FormatInfo, weights: dict, where: Path, scaling_factor_on: bool) -> dict[str, torch.Tensor]:
     """The state dict in the contract's names: log_threshold -> threshold; a finetuning scaling factor
     s (SAELens < 6 decodes (a·s) @ W_dec) folded into the decoder rows, W_dec[i] ·= s_i."""
     weights = dict(weights)
@@ -287,17 +290,17 @@ def _saelens_tensors(cfg: SAEConfig, weights: dict, where: Path) -> dict[str, to
     shapes = {"W_enc": (cfg.d_in, cfg.d_sae), "W_dec": (cfg.d_sae, cfg.d_in), "b_enc": (cfg.d_sae,), "b_dec": (cfg.d_in,)}
     if cfg.activation in ("jumprelu", "batchtopk"):
         shapes["threshold"] = (cfg.d_sae,) if cfg.activation == "jumprelu" else (1,)
-    _require(where, weights, tuple(shapes), f"a SAELens {cfg.extra.get('architecture', cfg.activation)} SAE")
+    _require(where, weights, tuple(shapes), f"a SAELens {info.architecture or cfg.activation} SAE")
     for name, shape in shapes.items():
         _expect_shape(where, name, weights[name], shape, implied)
     tensors = {name: weights[name] for name in shapes}
     scale = weights.get("scaling_factor", weights.get("finetuning_scaling_factor"))
     if scale is not None and not torch.allclose(scale.float(), torch.ones_like(scale.float())):
-        if not cfg.extra.get("finetuning_scaling_factor"):
+        if not scaling_factor_on:
             raise FormatError(f"{where}: holds a scaling_factor that is not all ones but cfg.json has finetuning_scaling_factor false; SAELens refuses this file too")
         _expect_shape(where, "scaling_factor", scale, (cfg.d_sae,), implied)
         tensors["W_dec"] = tensors["W_dec"].to(torch.float64) * scale.to(torch.float64)[:, None]
-        cfg.extra["folded_scaling_factor"] = {"min": float(scale.min()), "max": float(scale.max())}
+        info.folded_scaling_factor = {"min": float(scale.min()), "max": float(scale.max())}
     return tensors
 
 
@@ -339,12 +342,12 @@ def load_sparsify(path: str | os.PathLike, device: str = "cpu") -> SAE:
     transcoder = bool(raw.get("transcode", False))
     cfg = SAEConfig(
         d_in=d_in, d_sae=d_sae, activation="topk", k=int(raw.get("k", 32)), topk_order="relu_then_topk",
-        apply_b_dec_to_input=not transcoder, unit_norm_decoder=False, dtype="float32",
-        extra={"format": "sparsify", "source": str(d), "transcoder": transcoder, "source_dtype": _dtype_name(weights),
-               "normalize_decoder": bool(raw.get("normalize_decoder", True)), "hook_name": d.name},
+        apply_b_dec_to_input=not transcoder, dtype="float32",
     )
+    info = FormatInfo(format="sparsify", source=str(d), transcoder=transcoder, source_dtype=_dtype_name(weights),
+                      normalize_decoder=bool(raw.get("normalize_decoder", True)), hook_name=d.name)
     tensors = {"W_enc": weights["encoder.weight"].T, "b_enc": weights["encoder.bias"], "W_dec": weights["W_dec"], "b_dec": weights["b_dec"]}
-    return _assemble(cfg, tensors, weights_file, device)
+    return _assemble(cfg, tensors, weights_file, device, info)
 
 
 # --------------------------------------------------------------------------- dictionary_learning
@@ -422,9 +425,9 @@ def load_dictionary_learning(path: str | os.PathLike, device: str = "cpu") -> SA
     k = int(t["k"]) if "k" in t else None
     if k is not None and "k" in trainer and int(trainer["k"]) != k:
         raise FormatError(f"{pt}: k={k} in the weights but trainer.k={trainer['k']} in {config_file.name}")
-    extra = {"format": "dictionary_learning", "source": str(pt), "dict_class": dict_class, "source_dtype": _dtype_name(t),
-             "trainer_class": trainer.get("trainer_class"), "model_name": trainer.get("lm_name"),
-             "hook_name": trainer.get("submodule_name") or (f"layer {trainer['layer']}" if "layer" in trainer else None)}
+    info = FormatInfo(format="dictionary_learning", source=str(pt), dict_class=dict_class, source_dtype=_dtype_name(t),
+                      trainer_class=trainer.get("trainer_class"), model_name=trainer.get("lm_name"),
+                      hook_name=trainer.get("submodule_name") or (f"layer {trainer['layer']}" if "layer" in trainer else None))
     if activation == "jumprelu":
         _expect_shape(pt, "threshold", t["threshold"], (d_sae,), implied)
         tensors["threshold"] = t["threshold"]
@@ -432,26 +435,25 @@ def load_dictionary_learning(path: str | os.PathLike, device: str = "cpu") -> SA
         if t["threshold"].numel() != 1:
             raise FormatError(f"{pt}: {dict_class} threshold must be one scalar, found shape {tuple(t['threshold'].shape)}")
         tensors["threshold"] = t["threshold"].reshape(1)
-        extra["threshold"] = float(t["threshold"])
-        if float(t["threshold"]) < 0:
-            extra["threshold_unset"] = True  # -1 = never updated in training: every ReLU code passes (dense)
+        info.threshold = float(t["threshold"])
+        info.threshold_unset = info.threshold < 0  # -1 = never updated in training: every ReLU code passes (dense)
     elif activation == "topk":
-        extra["stored_threshold_ignored"] = float(t["threshold"]) if "threshold" in t else None
+        info.stored_threshold_ignored = float(t["threshold"]) if "threshold" in t else None
     if dict_class == "MatryoshkaBatchTopKSAE":
         sizes = [int(s) for s in t["group_sizes"].reshape(-1)]
         if sum(sizes) != d_sae:
             raise FormatError(f"{pt}: group_sizes {sizes} sum to {sum(sizes)}, not dict_size {d_sae}")
-        extra["group_sizes"] = sizes
+        info.group_sizes = sizes
     cfg = SAEConfig(
         d_in=int(d_in), d_sae=int(d_sae), activation=activation, k=k if activation == "topk" else None,
-        topk_order="relu_then_topk", apply_b_dec_to_input=subtract_b_dec, unit_norm_decoder=False, dtype="float32", extra=extra,
+        topk_order="relu_then_topk", apply_b_dec_to_input=subtract_b_dec, dtype="float32",
     )
     if k is not None and activation != "topk":
-        cfg.extra["training_k"] = k
-    sae = _assemble(cfg, tensors, pt, device)
+        info.training_k = k
+    sae = _assemble(cfg, tensors, pt, device, info)
     if activation == "jumprelu":
         sae.fold_decoder_norms()  # exact for JumpReLU; makes encode() return dictionary_learning's norm-scaled codes
-        cfg.extra["decoder_norms_folded"] = True
+        info.decoder_norms_folded = True
     return sae
 
 
@@ -471,13 +473,12 @@ def load_gemma_scope_npz(path: str | os.PathLike, device: str = "cpu") -> SAE:
     for name, shape in (("W_dec", (d_sae, d_in)), ("b_enc", (d_sae,)), ("b_dec", (d_in,)), ("threshold", (d_sae,))):
         _expect_shape(file, name, params[name], shape, implied)
     cfg = SAEConfig(
-        d_in=int(d_in), d_sae=int(d_sae), activation="jumprelu", apply_b_dec_to_input=False, unit_norm_decoder=False,
-        dtype="float32",
-        extra={"format": "gemma_scope_npz", "source": str(file), "source_dtype": _dtype_name(params),
-               "hook_name": "/".join(file.parent.parts[-3:])},
+        d_in=int(d_in), d_sae=int(d_sae), activation="jumprelu", apply_b_dec_to_input=False, dtype="float32",
     )
+    info = FormatInfo(format="gemma_scope_npz", source=str(file), source_dtype=_dtype_name(params),
+                      hook_name="/".join(file.parent.parts[-3:]))
     tensors = {name: params[name] for name in ("W_enc", "W_dec", "b_enc", "b_dec", "threshold")}
-    return _assemble(cfg, tensors, file, device)
+    return _assemble(cfg, tensors, file, device, info)
 
 
 # --------------------------------------------------------------------------- OpenAI sparse_autoencoder
@@ -514,13 +515,13 @@ def load_openai(path: str | os.PathLike, device: str = "cpu") -> SAE:
             raise FormatError(f"{file}: TopK postact_fn {post!r} gives signed codes; saegeo's contract needs ReLU")
     cfg = SAEConfig(
         d_in=int(d_in), d_sae=int(d_sae), activation="topk" if k else "relu", k=k, topk_order="topk_then_relu",
-        apply_b_dec_to_input=True, unit_norm_decoder=False,
+        apply_b_dec_to_input=True,
         input_normalization="layer_norm" if activation == "TopK" else "none", layer_norm_eps=1e-5, dtype="float32",
-        extra={"format": "openai", "source": str(file), "openai_activation": activation, "source_dtype": _dtype_name(state),
-               "hook_name": file.stem},
     )
+    info = FormatInfo(format="openai", source=str(file), openai_activation=activation, source_dtype=_dtype_name(state),
+                      hook_name=file.stem)
     tensors = {"W_enc": enc.T, "b_enc": state["latent_bias"], "W_dec": w_dec, "b_dec": state["pre_bias"]}
-    return _assemble(cfg, tensors, file, device)
+    return _assemble(cfg, tensors, file, device, info)
 
 
 # --------------------------------------------------------------------------- detection
@@ -567,7 +568,7 @@ def _detect_dir(d: Path) -> str:
 
 
 def detect_format(path: str | os.PathLike) -> str:
-    """The published format of a dictionary file or directory, one of PUBLISHED_FORMATS, from the file names
+    """The published format of a dictionary file or directory, one of the keys of _LOADERS, from the file names
     and (for a lone .pt) its keys; FormatError says what was found and what was expected."""
     p = Path(path)
     if not p.exists():
@@ -583,5 +584,5 @@ _LOADERS = {
 
 def load_dictionary(path: str | os.PathLike, device: str = "cpu") -> SAE:
     """Load a dictionary in any supported published format (auto-detected) as a saegeo SAE whose encode/decode
-    reproduces its library's. `sae.cfg.extra` records the format, the source and config facts `saegeo check` reads."""
+    reproduces its library's. `sae.format_info` records the format, the source and config facts `saegeo check` reads."""
     return _LOADERS[detect_format(path)](path, device=device)

@@ -6,14 +6,15 @@
     x_hat = denormalize(codes @ W_dec + b_dec)
 
 Tensors: W_enc (d_in, d_sae), b_enc (d_sae), W_dec (d_sae, d_in), b_dec (d_in) -- the SAELens layout.
-saegeo-trained SAEs keep unit-norm decoder rows (`unit_norm_decoder=True`); published ones need not.
+saegeo-trained SAEs keep unit-norm decoder rows; published ones need not. What a loader learned about
+the files (format, source, how the inputs must be prepared) is ``SAE.format_info``, a ``FormatInfo``.
 New activations register in `ACTIVATIONS` (dense codes from pre-activations); the trainer only calls
 `forward_train`, so it needs no change.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Callable, NamedTuple
 
 import torch
@@ -41,13 +42,11 @@ class SAEConfig:
     # has fewer than k positive pre-activations (zeros vs. the least negative latents).
     topk_order: str = "relu_then_topk"
     apply_b_dec_to_input: bool = True  # subtract b_dec before encoding (SAELens, sparsify) or not (Gemma Scope npz)
-    unit_norm_decoder: bool = True  # invariant kept by the saegeo trainer; False for published dictionaries
     # SAELens TopK option: pre-activations scaled by ‖W_dec[i]‖ before TopK, codes divided by it in decode
     rescale_acts_by_decoder_norm: bool = False
     input_normalization: str = "none"  # "layer_norm": OpenAI's per-row LayerNorm, inverted after decode
     layer_norm_eps: float = 1e-5
     dtype: str = "float32"
-    extra: dict = field(default_factory=dict)  # format-specific notes kept for provenance (never read by encode)
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATION_NAMES:
@@ -63,6 +62,42 @@ class SAEConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass
+class FormatInfo:
+    """What a loader read from a dictionary's files beyond its encode/decode: provenance, and the facts
+    `saegeo check` needs about how its inputs must be prepared. None: the format does not say."""
+
+    format: str = "saegeo"  # "saelens" | "sparsify" | "dictionary_learning" | "gemma_scope_npz" | "openai" | "saegeo"
+    source: str | None = None  # the file or directory it was loaded from
+    written_by: str | None = None  # "saegeo" for directories saegeo wrote
+    model_name: str | None = None
+    hook_name: str | None = None
+    source_dtype: str | None = None  # dtype(s) of the stored weights (they are loaded as float32)
+    # SAELens
+    sae_lens_version: str | None = None
+    architecture: str | None = None
+    normalize_activations: str | None = None  # inputs must be scaled by a factor the files may not hold
+    folded_scaling_factor: dict[str, float] | None = None  # {min, max} of a finetuning factor folded into W_dec
+    # sparsify
+    transcoder: bool = False  # reconstructs another activation than it reads (no b_dec subtraction)
+    normalize_decoder: bool | None = None
+    # dictionary_learning
+    dict_class: str | None = None
+    trainer_class: str | None = None
+    threshold: float | None = None  # BatchTopK / Matryoshka global threshold
+    threshold_unset: bool = False  # BatchTopK threshold -1: never set in training, codes are dense
+    stored_threshold_ignored: float | None = None  # AutoEncoderTopK keeps a threshold it does not use
+    group_sizes: list[int] | None = None  # Matryoshka
+    training_k: int | None = None  # BatchTopK k used in training (inference uses the threshold)
+    decoder_norms_folded: bool = False  # JumpReLU: decoder norms folded into the encoder at load time
+    # OpenAI
+    openai_activation: str | None = None
+
+    def to_dict(self) -> dict:
+        """The fields that are set (not None / False), for reports."""
+        return {k: v for k, v in asdict(self).items() if v is not None and v is not False}
 
 
 class TrainOutput(NamedTuple):
@@ -141,9 +176,10 @@ class _GatheredLinear(torch.autograd.Function):
 class SAE(nn.Module):
     """Sparse autoencoder with the SAELens tensor layout and a configurable encode (see module doc)."""
 
-    def __init__(self, cfg: SAEConfig, *, device: str | torch.device = "cpu") -> None:
+    def __init__(self, cfg: SAEConfig, *, device: str | torch.device = "cpu", format_info: FormatInfo | None = None) -> None:
         super().__init__()
         self.cfg = cfg
+        self.format_info = format_info if format_info is not None else FormatInfo()
         dtype = getattr(torch, cfg.dtype)
         kw = dict(device=device, dtype=dtype)
         self.W_enc = nn.Parameter(torch.zeros(cfg.d_in, cfg.d_sae, **kw))

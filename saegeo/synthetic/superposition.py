@@ -160,14 +160,6 @@ class SparseCodes:
         dense[self.rows, self.cols] = self.values
         return dense
 
-    def to_sparse_csr(self) -> Tensor:
-        counts = torch.bincount(self.rows, minlength=self.n_rows)
-        crow = torch.zeros(self.n_rows + 1, dtype=torch.int64)
-        crow[1:] = counts.cumsum(0)
-        with warnings.catch_warnings():  # torch flags CSR as beta; the invariants hold by construction
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.sparse_csr_tensor(crow, self.cols, self.values, (self.n_rows, self.n_features))
-
     @property
     def l0(self) -> Int[Tensor, " B"]:
         """Number of active features per row."""
@@ -511,30 +503,3 @@ class SuperpositionGenerator:
         x = torch.cat(list(self.activations(n, 8192))).to(dtypes[dtype])
         save_file({"activations": x}, str(path), metadata={"synthetic": json.dumps(asdict(self.config))})
         return self.truth.save(path.with_name(path.stem + ".truth.safetensors"))
-
-    def write_store(
-        self,
-        path: str | os.PathLike,
-        n: int,
-        *,
-        batch_size: int = 8192,
-        shard_rows: int = 65536,
-        dtype: str = "float32",
-        mode: str = "create",
-        progress: bool = False,
-    ):
-        """Write n rows as an activation store at ``path`` plus ``path/truth.safetensors``.
-
-        Returns the opened ``ActivationStore``. The manifest records the config and the truth file.
-        """
-        from saegeo.activations.store import write_store
-
-        path = Path(path)
-        meta = {"synthetic": asdict(self.config), "truth": "truth.safetensors"}
-        store = write_store(
-            path, self.activations(n, batch_size, progress=progress), hook="synthetic",
-            model=f"saegeo.synthetic(seed={self.config.seed})", dtype=dtype,
-            corpus={"synthetic": asdict(self.config)}, shard_rows=shard_rows, extra_meta=meta, mode=mode,
-        )
-        self.truth.save(path / "truth.safetensors")
-        return store
