@@ -408,32 +408,44 @@ class ActivationStore:
         *,
         shuffle_buffer: int = 0,
         seed: int = 0,
+        shuffle: bool | None = None,
         shard_indices: Sequence[int] | None = None,
+        shard_stride: tuple[int, int] = (0, 1),
+        stop_row: int | None = None,
         dtype: torch.dtype = torch.float32,
         progress: bool = False,
         drop_last: bool = False,
     ) -> Iterator[Float[Tensor, "b d"]]:
         """Batches of `batch_size` rows (the last may be short unless drop_last), each row exactly once.
 
-        shuffle_buffer = 0: store order. shuffle_buffer > 0: shards in a seeded random order, rows
-        mixed through a buffer of about `shuffle_buffer` rows (deterministic for a given seed).
-        shard_indices restricts to those shards (e.g. a rank's slice).
+        shuffle (default: shuffle_buffer > 0): shards in a seeded random order, rows mixed through a buffer of
+        about `shuffle_buffer` rows (deterministic for a given seed); otherwise store order.
+        shard_indices restricts to those shards (e.g. a rank's contiguous block); shard_stride = (r, w) then
+        keeps every w-th shard of the (shuffled) order from the r-th (a DDP rank's share of an epoch);
+        stop_row drops every row at or after that global index (e.g. the held-out tail).
         """
         if batch_size < 1:
             raise BadInputError(f"batch_size must be >= 1, got {batch_size}")
+        shuffle = shuffle_buffer > 0 if shuffle is None else shuffle
+        stop_row = self.n_tokens if stop_row is None else min(int(stop_row), self.n_tokens)
         order = list(range(len(self.shards))) if shard_indices is None else [int(i) for i in shard_indices]
+        order = [i for i in order if self.offsets[i] < stop_row]
         gen = torch.Generator().manual_seed(seed)
-        if shuffle_buffer > 0:
+        if shuffle:
             order = [order[j] for j in torch.randperm(len(order), generator=gen).tolist()]
+        rank, world = shard_stride
+        order = order[rank::world]
         bar = None
         if progress:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=sum(self.shards[i].rows for i in order), unit="tok", unit_scale=True, desc=self.hook)
+            total = sum(min(self.shards[i].rows, stop_row - int(self.offsets[i])) for i in order)
+            bar = tqdm(total=total, unit="tok", unit_scale=True, desc=self.hook)
         pending = torch.empty(0, self.d, dtype=dtype)
         for i in order:
-            pending = torch.cat([pending, self.read_shard(i, dtype)])
-            if shuffle_buffer > 0:
+            rows = self.read_shard(i, dtype)[: stop_row - int(self.offsets[i])]
+            pending = torch.cat([pending, rows])
+            if shuffle:
                 if pending.shape[0] < shuffle_buffer + batch_size:
                     continue
                 pending = pending[torch.randperm(pending.shape[0], generator=gen)]
@@ -446,7 +458,7 @@ class ActivationStore:
                 if bar is not None:
                     bar.update(batch_size)
             pending = pending[n_emit:]
-        if shuffle_buffer > 0 and pending.shape[0] > 1:
+        if shuffle and pending.shape[0] > 1:
             pending = pending[torch.randperm(pending.shape[0], generator=gen)]
         stop = pending.shape[0] // batch_size * batch_size if drop_last else pending.shape[0]
         for lo in range(0, stop, batch_size):

@@ -169,24 +169,13 @@ class _StoreSource:
     rank, world = 0, 1  # torch.distributed (set by train_sae): this rank streams shards rank::world
 
     def _epoch(self, epoch: int) -> Iterator[Tensor]:
-        store, bs, buf = self.store, self.cfg.batch_size // self.world, self.cfg.shuffle_buffer // self.world
-        g = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
-        shards = [i for i in range(len(store.shards)) if store.offsets[i] < self.n_train]
-        order = [shards[j] for j in torch.randperm(len(shards), generator=g).tolist()][self.rank :: self.world]
-        pending = torch.empty(0, self.d)
-        for i in order:
-            rows = store.read_shard(i)[: self.n_train - int(store.offsets[i])]
-            pending = torch.cat([pending, rows])
-            if pending.shape[0] < buf + bs:
-                continue
-            pending = pending[torch.randperm(pending.shape[0], generator=g)]
-            n_emit = (pending.shape[0] - buf // 2) // bs * bs  # keep half a buffer to mix with the next shard
-            for lo in range(0, n_emit, bs):
-                yield pending[lo : lo + bs]
-            pending = pending[n_emit:]
-        pending = pending[torch.randperm(pending.shape[0], generator=g)]
-        for lo in range(0, pending.shape[0] // bs * bs, bs):
-            yield pending[lo : lo + bs]
+        """One epoch of the training rows: a seeded shard order (this rank's every world-th shard), rows mixed
+        through a shuffle buffer, whole batches of batch_size/world rows only."""
+        return self.store.iter_batches(
+            self.cfg.batch_size // self.world, shuffle=True, shuffle_buffer=self.cfg.shuffle_buffer // self.world,
+            seed=self.cfg.seed * 1_000_003 + epoch, shard_stride=(self.rank, self.world), stop_row=self.n_train,
+            drop_last=True,
+        )
 
     def train_batches(self, start_step: int) -> Iterator[Tensor]:
         step, epoch = 0, 0
