@@ -248,14 +248,15 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from saegeo.report.check import CheckOptions, check_dictionary, check_with_activations, render_check_terminal, write_check
+    from saegeo.report.check import CheckOptions, check_dictionary, check_with_activations
+    from saegeo.report.render import render_check_terminal, write_report
     from saegeo.sae.formats import load_dictionary
 
     sae = load_dictionary(args.path)
     opts = CheckOptions(duplicate_cos=args.duplicate_cos, block_rows=args.block_rows, progress=not args.no_progress)
     name = Path(args.path).resolve().name
     if args.acts:
-        from saegeo.report.render import render_terminal, write_report
+        from saegeo.report.render import render_terminal
         from saegeo.report.report import ReportOptions
 
         report, _ = check_with_activations(
@@ -272,7 +273,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(render_check_terminal(check), end="")
         flags = check.flags
         if args.out:
-            paths = write_check(check, args.out, formats=tuple(args.format))
+            paths = write_report(check, args.out, formats=tuple(args.format))
             print(f"wrote {', '.join(str(p) for p in paths.values())}")
     if args.fail_on == "never":
         return 0

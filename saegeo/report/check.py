@@ -10,7 +10,7 @@ From the weights alone (any format `load_dictionary` reads):
   * configuration: input normalisation or scaling the files do not contain, folded scaling factors,
     whitening, transcoders, unset BatchTopK thresholds.
 With activations (`--acts`), `saegeo check` adds these flags to the full `geometry_report`.
-Flags are ``saegeo.report.flags.Flag``; the renderings follow ``saegeo.report.render``.
+Flags are ``saegeo.report.flags.Flag``; ``saegeo.report.render`` renders and writes a ``DictionaryCheck``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from saegeo.geometry.dictionary import (
     unit_row_blocks,
 )
 from saegeo.report.flags import Flag, FlagThresholds, rounded, config_flags, dictionary_flags, sort_flags
-from saegeo.io import atomic_write, dump_json, json_safe
+from saegeo.io import dump_json, json_safe
 from saegeo.sae.model import SAE
 
 CHECK_SCHEMA_VERSION = 1
@@ -330,84 +330,3 @@ def check_with_activations(sae: SAE, acts: Any, *, options: CheckOptions | None 
         f"{dcheck.n_zero_decoder_rows} zero row(s), median cos(encoder, decoder) {dcheck.encoder_decoder_cos['median']:.3f}"
     ]
     return report, dcheck
-
-
-# =========================================================================== renderings
-def _render_helpers():
-    from saegeo.report import render
-
-    return render
-
-
-def check_lines(check: DictionaryCheck) -> list[tuple[str, str]]:
-    """(label, text) rows of the dictionary numbers, shared by every rendering."""
-    r = _render_helpers()
-    f = r.fmt_num
-    s, sp, n, ed, b = check.source, check.dictionary_spectrum, check.decoder_norms, check.encoder_decoder_cos, check.b_dec
-    return [
-        ("format", f"{s['format']}  d_in {s['d_in']:,}  d_sae {s['d_sae']:,}  {s['activation']}"
-                   + (f" k={s['k']}" if s.get("k") else "") + f"  b_dec subtracted: {s['apply_b_dec_to_input']}"
-                   + (f"  input norm: {s['input_normalization']}" if s["input_normalization"] != "none" else "")),
-        ("A_dict", f"{f(check.a_dict, 4)}  (‖ū‖² {f(check.dict_mean_sq_norm, 4)}; isotropic rows: 0 ± {f(anisotropy_null_sd(s['d_sae'], s['d_in']), 2)})"),
-        ("spectrum", f"erank {f(sp.get('effective_rank'), 4)} of {s['d_in']}  top-1 {r.fmt_pct(sp.get('top1_share'))}  "
-                     f"top-10 {r.fmt_pct(sp.get('top10_share'))}  IsoScore {f(sp.get('isoscore'))}  spikes {sp.get('n_spikes')}"),
-        ("dec norms", f"min {f(n['min'])}  median {f(n['median'])}  max {f(n['max'])}  cv {f(n['cv'])}  zero rows {check.n_zero_decoder_rows}"),
-        ("duplicates", f"{check.n_duplicate_pairs} pair(s) with cos > {check.options['duplicate_cos']:g}"
-                       + (f"; most similar {check.duplicate_pairs[0][0]}–{check.duplicate_pairs[0][1]} ({check.duplicate_pairs[0][2]:.4f})" if check.duplicate_pairs else "")),
-        ("enc·dec", f"cos(encoder, decoder) median {f(ed['median'])}  min {f(ed['min'])}  below {check.options['misaligned_cos']:g}: {ed['n_below']}"),
-        ("b_dec", f"‖b_dec‖ {f(b['norm'])} ({f(b['norm_over_median_decoder_norm'])}× median ‖w‖)  cos(b_dec, ū) {f(b['cos_mean_direction'])}"),
-    ]
-
-
-def render_check_terminal(check: DictionaryCheck, *, max_flags: int = 12) -> str:
-    """Same layout as `render_terminal`: title, flags with advice on top, then the numbers."""
-    r = _render_helpers()
-    s = check.source
-    out = [f"saegeo check — {s['name']} ({s['format']}, {s['d_sae']:,} latents × {s['d_in']:,}, {check.seconds:.1f} s)", ""]
-    out += r.terminal_flags(check.flags, max_flags=max_flags, show_subject=False)
-    out += ["", "DICTIONARY"] + [f"  {label:<11}{text}" for label, text in check_lines(check)]
-    out += [f"note: {n}" for n in check.notes]
-    return "\n".join(out) + "\n"
-
-
-def render_check_markdown(check: DictionaryCheck) -> str:
-    r = _render_helpers()
-    s = check.source
-    out = [f"# saegeo check — {s['name']}", "", f"## Flags ({r.flag_counts(check.flags)})", ""]
-    out += r.md_flags(check.flags, show_subject=False)
-    out += ["", "## Dictionary", "", r.md_table(["", ""], [[a, b] for a, b in check_lines(check)])]
-    if check.duplicate_pairs:
-        out += ["", "## Near-duplicate pairs", "", r.md_table(["i", "j", "cos"], [[str(i), str(j), f"{c:.6f}"] for i, j, c in check.duplicate_pairs])]
-    if check.notes:
-        out += ["", "## Notes", ""] + [f"- {n}" for n in check.notes]
-    out += ["", f"*saegeo check schema {check.schema_version}.*", ""]
-    return "\n".join(out)
-
-
-def render_check_html(check: DictionaryCheck) -> str:
-    import html
-
-    r = _render_helpers()
-    e = html.escape
-    title = f"saegeo check — {check.source['name']}"
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{r.HTML_CSS}</style></head><body>",
-             f"<h1>{e(title)}</h1>", f"<h2>Flags ({e(r.flag_counts(check.flags))})</h2>"]
-    parts += r.html_flags(check.flags, show_subject=False)
-    parts.append("<h2>Dictionary</h2><table>")
-    parts += [f"<tr><td>{e(a)}</td><td style='text-align:left'>{e(b)}</td></tr>" for a, b in check_lines(check)]
-    parts.append("</table>")
-    parts.append(f"<h2>Terminal summary</h2><pre>{e(render_check_terminal(check))}</pre></body></html>")
-    return "\n".join(parts)
-
-
-def write_check(check: DictionaryCheck, out_dir: str | os.PathLike, formats=("terminal", "md", "json", "html")) -> dict[str, Path]:
-    """summary.txt, check.md, check.json, check.html in ``out_dir`` (the `saegeo report` file set, minus plots)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    writers = {"terminal": ("summary.txt", render_check_terminal), "md": ("check.md", render_check_markdown),
-               "json": ("check.json", lambda c: c.to_json()), "html": ("check.html", render_check_html)}
-    unknown = [f for f in formats if f not in writers]
-    if unknown:
-        raise BadInputError(f"unknown check format(s) {unknown}; choose from {list(writers)}")
-    return {fmt: atomic_write(out / writers[fmt][0], writers[fmt][1](check)) for fmt in formats}
-

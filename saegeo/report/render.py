@@ -1,4 +1,5 @@
-"""Renderings of a GeometryReport: terminal summary, Markdown, JSON, self-contained HTML with plots.
+"""Renderings of the two pages saegeo writes -- a GeometryReport and a DictionaryCheck (`saegeo check`) --
+as terminal summary, Markdown, JSON and self-contained HTML, and the one writer of their files.
 
 Public API
 ----------
@@ -9,7 +10,8 @@ Public API
 ``figures(report) -> dict[str, bytes]``   the PNG plots: spectrum (log-log, MP band), cosines (histogram,
                                      null, isotropic band), latents (firing vs cos(u_i, μ), sized by c_i),
                                      amplification (the law's curves and the measured points), rogue (shares).
-``write_report(report, out_dir, formats=("terminal", "md", "json", "html")) -> dict[str, Path]``
+``render_check_terminal / render_check_markdown / render_check_html(check) -> str``   the same for a DictionaryCheck.
+``write_report(page, out_dir, formats=("terminal", "md", "json", "html")) -> dict[str, Path]``   either page's files.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from saegeo.report.flags import SEVERITIES, Flag, FlagThresholds
+from saegeo.errors import BadInputError
+from saegeo.geometry.nulls import anisotropy_null_sd
 from saegeo.io import atomic_write
+from saegeo.report.check import DictionaryCheck
+from saegeo.report.flags import SEVERITIES, Flag, FlagThresholds
 from saegeo.report.report import GeometryReport, SAEGeometry
 
 FORMATS = ("terminal", "md", "json", "html")
@@ -366,17 +371,27 @@ def html_flags(flags: list[Flag], *, show_subject: bool = True) -> list[str]:
     return parts or ["<p>No flags.</p>"]
 
 
+def _html_page(title: str, body: list[str]) -> str:
+    """The page skeleton both renderings share: title, the common style sheet, the body parts in order."""
+    e = html.escape
+    head = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>",
+            f"<style>{HTML_CSS}</style></head><body>", f"<h1>{e(title)}</h1>"]
+    return "\n".join(head + body + ["</body></html>"])
+
+
+def _html_table(rows: list[tuple[str, str]]) -> list[str]:
+    e = html.escape
+    return ["<table>"] + [f"<tr><td>{e(a)}</td><td style='text-align:left'>{e(b)}</td></tr>" for a, b in rows] + ["</table>"]
+
+
 def render_html(report: GeometryReport, pngs: dict[str, bytes] | None = None) -> str:
     """One self-contained page: flags, tables and the plots as data: URIs."""
     e = html.escape
     pngs = pngs if pngs is not None else figures(report)
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(_title(report))}</title>",
-             f"<style>{HTML_CSS}</style></head><body>", f"<h1>{e(_title(report))}</h1>",
-             f"<h2>Flags ({e(flag_counts(report.flags))})</h2>"]
+    parts = [f"<h2>Flags ({e(flag_counts(report.flags))})</h2>"]
     parts += html_flags(report.flags)
-    parts.append("<h2>Activations</h2><table>")
-    parts += [f"<tr><td>{e(a)}</td><td style='text-align:left'>{e(b)}</td></tr>" for a, b in activation_lines(report)]
-    parts.append("</table>")
+    parts.append("<h2>Activations</h2>")
+    parts += _html_table(activation_lines(report))
     if report.saes:
         header, rows = _sae_table(report)
         parts.append("<h2>SAE" + ("s side by side" if len(report.saes) > 1 else "") + "</h2><table>")
@@ -392,36 +407,89 @@ def render_html(report: GeometryReport, pngs: dict[str, bytes] | None = None) ->
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in report.notes) + "</ul>")
     parts.append(f"<h2>Terminal summary</h2><pre>{e(render_terminal(report))}</pre>")
     parts.append(f"<p class='ev'>saegeo {e(report.saegeo_version)}, report schema {report.schema_version}; "
-                 "the numbers behind this page are in report.json.</p></body></html>")
-    return "\n".join(parts)
+                 "the numbers behind this page are in report.json.</p>")
+    return _html_page(_title(report), parts)
+
+
+# =========================================================================== the dictionary check page
+def check_lines(check: DictionaryCheck) -> list[tuple[str, str]]:
+    """(label, text) rows of the dictionary numbers, shared by every rendering of a check."""
+    f = fmt_num
+    s, sp, n, ed, b = check.source, check.dictionary_spectrum, check.decoder_norms, check.encoder_decoder_cos, check.b_dec
+    return [
+        ("format", f"{s['format']}  d_in {s['d_in']:,}  d_sae {s['d_sae']:,}  {s['activation']}"
+                   + (f" k={s['k']}" if s.get("k") else "") + f"  b_dec subtracted: {s['apply_b_dec_to_input']}"
+                   + (f"  input norm: {s['input_normalization']}" if s["input_normalization"] != "none" else "")),
+        ("A_dict", f"{f(check.a_dict, 4)}  (‖ū‖² {f(check.dict_mean_sq_norm, 4)}; isotropic rows: 0 ± {f(anisotropy_null_sd(s['d_sae'], s['d_in']), 2)})"),
+        ("spectrum", f"erank {f(sp.get('effective_rank'), 4)} of {s['d_in']}  top-1 {fmt_pct(sp.get('top1_share'))}  "
+                     f"top-10 {fmt_pct(sp.get('top10_share'))}  IsoScore {f(sp.get('isoscore'))}  spikes {sp.get('n_spikes')}"),
+        ("dec norms", f"min {f(n['min'])}  median {f(n['median'])}  max {f(n['max'])}  cv {f(n['cv'])}  zero rows {check.n_zero_decoder_rows}"),
+        ("duplicates", f"{check.n_duplicate_pairs} pair(s) with cos > {check.options['duplicate_cos']:g}"
+                       + (f"; most similar {check.duplicate_pairs[0][0]}–{check.duplicate_pairs[0][1]} ({check.duplicate_pairs[0][2]:.4f})" if check.duplicate_pairs else "")),
+        ("enc·dec", f"cos(encoder, decoder) median {f(ed['median'])}  min {f(ed['min'])}  below {check.options['misaligned_cos']:g}: {ed['n_below']}"),
+        ("b_dec", f"‖b_dec‖ {f(b['norm'])} ({f(b['norm_over_median_decoder_norm'])}× median ‖w‖)  cos(b_dec, ū) {f(b['cos_mean_direction'])}"),
+    ]
+
+
+def _check_title(check: DictionaryCheck) -> str:
+    return f"saegeo check — {check.source['name']}"
+
+
+def render_check_terminal(check: DictionaryCheck, *, max_flags: int = 12) -> str:
+    """Same layout as `render_terminal`: title, flags with advice on top, then the numbers."""
+    s = check.source
+    out = [f"{_check_title(check)} ({s['format']}, {s['d_sae']:,} latents × {s['d_in']:,}, {check.seconds:.1f} s)", ""]
+    out += terminal_flags(check.flags, max_flags=max_flags, show_subject=False)
+    out += ["", "DICTIONARY"] + [f"  {label:<11}{text}" for label, text in check_lines(check)]
+    out += [f"note: {n}" for n in check.notes]
+    return "\n".join(out) + "\n"
+
+
+def render_check_markdown(check: DictionaryCheck) -> str:
+    out = [f"# {_check_title(check)}", "", f"## Flags ({flag_counts(check.flags)})", ""]
+    out += md_flags(check.flags, show_subject=False)
+    out += ["", "## Dictionary", "", md_table(["", ""], [[a, b] for a, b in check_lines(check)])]
+    if check.duplicate_pairs:
+        out += ["", "## Near-duplicate pairs", "", md_table(["i", "j", "cos"], [[str(i), str(j), f"{c:.6f}"] for i, j, c in check.duplicate_pairs])]
+    if check.notes:
+        out += ["", "## Notes", ""] + [f"- {n}" for n in check.notes]
+    out += ["", f"*saegeo check schema {check.schema_version}.*", ""]
+    return "\n".join(out)
+
+
+def render_check_html(check: DictionaryCheck) -> str:
+    e = html.escape
+    parts = [f"<h2>Flags ({e(flag_counts(check.flags))})</h2>"]
+    parts += html_flags(check.flags, show_subject=False)
+    parts.append("<h2>Dictionary</h2>")
+    parts += _html_table(check_lines(check))
+    parts.append(f"<h2>Terminal summary</h2><pre>{e(render_check_terminal(check))}</pre>")
+    return _html_page(_check_title(check), parts)
 
 
 # =========================================================================== files
 def write_report(
-    report: GeometryReport, out_dir: str | os.PathLike, formats: tuple[str, ...] | list[str] = FORMATS
+    page: GeometryReport | DictionaryCheck, out_dir: str | os.PathLike, formats: tuple[str, ...] | list[str] = FORMATS
 ) -> dict[str, Path]:
-    """Write the requested renderings into ``out_dir`` (summary.txt, report.md + figures/, report.json,
-    report.html); returns {format: path}."""
+    """Write the requested renderings of a report (summary.txt, report.md + figures/, report.json, report.html)
+    or of a dictionary check (summary.txt, check.md, check.json, check.html) into ``out_dir``; returns {format: path}."""
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
-        from saegeo.errors import BadInputError
-
         raise BadInputError(f"unknown report format(s) {unknown}; choose from {list(FORMATS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths: dict[str, Path] = {}
-    pngs = figures(report) if ("html" in formats or "md" in formats) else {}
-    if "terminal" in formats:
-        paths["terminal"] = atomic_write(out / "summary.txt", render_terminal(report))
-    if "json" in formats:
-        paths["json"] = atomic_write(out / "report.json", render_json(report))
-    if "md" in formats:
+    is_report = isinstance(page, GeometryReport)
+    pngs = figures(page) if is_report and ("html" in formats or "md" in formats) else {}
+    stem = "report" if is_report else "check"
+    if is_report and "md" in formats:  # the Markdown links its figures as files
         fig_dir = out / "figures"
         fig_dir.mkdir(exist_ok=True)
         for name, data in pngs.items():
-            (fig_dir / f"{name}.png").write_bytes(data)
-        paths["md"] = atomic_write(out / "report.md", render_markdown(report, figure_dir="figures"))
-    if "html" in formats:
-        paths["html"] = atomic_write(out / "report.html", render_html(report, pngs))
-    return paths
-
+            atomic_write(fig_dir / f"{name}.png", data)
+    writers = {
+        "terminal": ("summary.txt", lambda: render_terminal(page) if is_report else render_check_terminal(page)),
+        "json": (f"{stem}.json", lambda: page.to_json()),
+        "md": (f"{stem}.md", lambda: render_markdown(page, figure_dir="figures") if is_report else render_check_markdown(page)),
+        "html": (f"{stem}.html", lambda: render_html(page, pngs) if is_report else render_check_html(page)),
+    }
+    return {fmt: atomic_write(out / name, render()) for fmt, (name, render) in writers.items() if fmt in formats}
