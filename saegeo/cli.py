@@ -34,7 +34,10 @@ class CLIError(SaegeoError):
 @functools.cache
 def _field_help(cls: type) -> dict[str, str]:
     """Field name -> the trailing `# comment` on its line in the class body."""
-    source = textwrap.dedent(inspect.getsource(cls))
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):  # no source shipped: generic help
+        return {}
     comments = {
         tok.start[0]: tok.string.lstrip("#").strip()
         for tok in tokenize.generate_tokens(StringIO(source).readline)
@@ -250,6 +253,7 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
         description="x = b + Σ a_i u_i + ε from a seeded generator; writes an activation store at --out "
         "and the ground truth (dictionary, offset, rates) to OUT/truth.safetensors. Options override the preset.",
     )
+    from saegeo.activations.store import StorageDtype
     from saegeo.synthetic.superposition import MAGNITUDES, PRESETS
 
     p.add_argument("--preset", choices=sorted(PRESETS), default="isotropic", help="regime (default isotropic)")
@@ -267,7 +271,7 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--groups", type=int, dest="n_groups", help="number of co-firing groups")
     p.add_argument("--group-size", type=int, help="features per co-firing group")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32", help="storage dtype")
+    p.add_argument("--dtype", choices=typing.get_args(StorageDtype), default="float32", help="storage dtype")
     p.add_argument("--shard-rows", type=int, default=65536)
     p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
     p.set_defaults(func=cmd_synth)

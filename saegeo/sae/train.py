@@ -63,7 +63,7 @@ class TrainConfig:
     decay_fraction: float = 0.2  # linear decay to 0 over the last fraction of steps (0 = constant)
     batch_size: int = 4096  # tokens per step
     total_tokens: int = 2_000_000  # training tokens, e.g. 2M or 500k
-    b_dec_init: BDecInit = "mean"  # b_dec at init: the activation mean, zeros (SAELens' default) or the geometric median
+    b_dec_init: BDecInit = "mean"  # b_dec at init: activation mean, zeros (SAELens' default) or geometric median
     b_dec_init_tokens: int = 100_000  # rows used to estimate the mean / geometric median
     dead_window_tokens: int = 200_000  # a latent that has not fired in this many tokens counts as dead
     aux_k: int | None = None  # AuxK latents (topk); default d_in // 2
