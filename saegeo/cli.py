@@ -1,8 +1,9 @@
 """The `saegeo` command line: geometry | cache | store | train | report | check | synth | run.
 
 Each subcommand has one `_add_<name>(subparsers)` function that declares its arguments and one
-`cmd_<name>(args)` function that calls the library. Heavy imports happen inside the commands so that
-`saegeo --help` is instant.
+`cmd_<name>(args)` function that calls the library. Heavy imports happen inside these functions, never at
+the top of this module. The options of cache, train, report and check are generated from their config
+dataclasses (`_add_config_options`): the dataclass is the one place for a name, default, choice list and help.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def _int_arg(text: str) -> int:
     from saegeo.io import parse_int
 
     try:
-        return parse_int(text, "whole number")
+        return parse_int(text)
     except SaegeoError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
@@ -77,9 +78,7 @@ def _shown(value: Any) -> str:
     return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
-def _add_config_options(
-    parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = (), names: Mapping[str, str] | None = None
-) -> None:
+def _add_config_options(parser: argparse.ArgumentParser, cls: type, *, names: Mapping[str, str] | None = None) -> None:
     """One ``--kebab-case`` option per field of config dataclass ``cls`` (nested dataclasses excepted).
 
     Options the user does not pass stay out of the namespace (default=SUPPRESS), so ``_passed`` returns only
@@ -87,11 +86,10 @@ def _add_config_options(
     to its flag where the flag predates the field name (``total_tokens``: ``--tokens``). Booleans are flags:
     ``--overwrite`` where the default is False, ``--no-progress`` where it is True.
     """
-    names = names or {}
-    helps = _field_help(cls)
+    names, helps, hints = names or {}, _field_help(cls), typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        tp = typing.get_type_hints(cls)[f.name]
-        if f.name in skip or dataclasses.is_dataclass(tp):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):  # thresholds: a table in a config file, not flags
             continue
         if typing.get_origin(tp) in (typing.Union, types.UnionType):
             tp = next(a for a in typing.get_args(tp) if a is not type(None))  # X | None: the None is the default

@@ -95,8 +95,9 @@ def captured_train(monkeypatch):
         seen.append(cfg)
         raise _Captured("captured")
 
-    monkeypatch.setattr("saegeo.sae.train.train_sae", fake_train_sae)
+    # pipeline first: importing it binds the real train_sae, which the monkeypatch then restores
     monkeypatch.setattr("saegeo.pipeline.train_sae", fake_train_sae)
+    monkeypatch.setattr("saegeo.sae.train.train_sae", fake_train_sae)
     return seen
 
 
