@@ -1,21 +1,126 @@
 """The `saegeo` command line: geometry | cache | store | train | report | check | synth | run.
 
 Each subcommand has one `_add_<name>(subparsers)` function that declares its arguments and one
-`cmd_<name>(args)` function that calls the library. Heavy imports happen inside the commands so that
-`saegeo --help` is instant.
+`cmd_<name>(args)` function that calls the library. Heavy imports happen inside these functions, never at
+the top of this module. The options of cache, train, report and check are generated from their config
+dataclasses (`_add_config_options`): the dataclass is the one place for a name, default, choice list and help.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
+import functools
+import inspect
 import sys
-
+import textwrap
+import tokenize
+import types
+import typing
+from io import StringIO
+from typing import Any, Literal, Mapping
 
 from saegeo.errors import SaegeoError
 
 
 class CLIError(SaegeoError):
     """A usage error found by the command line itself."""
+
+
+# --------------------------------------------------------------------------- options from config dataclasses
+# The config dataclasses (CacheConfig, TrainConfig, ReportOptions, CheckOptions) are the one statement of each
+# option: its name, type, default, choices (Literal) and help (the field's trailing `# comment`). The commands'
+# options are generated from them, so the CLI, the TOML keys and the Python API cannot drift apart.
+@functools.cache
+def _field_help(cls: type) -> dict[str, str]:
+    """Field name -> the trailing `# comment` on its line in the class body."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):  # no source shipped: generic help
+        return {}
+    comments = {
+        tok.start[0]: tok.string.lstrip("#").strip()
+        for tok in tokenize.generate_tokens(StringIO(source).readline)
+        if tok.type == tokenize.COMMENT
+    }
+    body = ast.parse(source).body[0].body
+    return {
+        node.target.id: comments[node.end_lineno]
+        for node in body
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.end_lineno in comments
+    }
+
+
+def _int_arg(text: str) -> int:
+    """Whole numbers, size-aware: 4096, 0, 500k, 2M."""
+    from saegeo.io import parse_int
+
+    try:
+        return parse_int(text)
+    except SaegeoError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _list_arg(item: type) -> Any:
+    """A comma-separated list ("a,b") as a tuple of ``item``."""
+
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(item(part.strip()) for part in text.split(",") if part.strip())
+        except (ValueError, argparse.ArgumentTypeError) as err:
+            raise argparse.ArgumentTypeError(f"cannot read a comma-separated list from {text!r} ({err})") from None
+
+    return parse
+
+
+def _shown(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def _add_config_options(parser: argparse.ArgumentParser, cls: type, *, names: Mapping[str, str] | None = None) -> None:
+    """One ``--kebab-case`` option per field of config dataclass ``cls`` (nested dataclasses excepted).
+
+    Options the user does not pass stay out of the namespace (default=SUPPRESS), so ``_passed`` returns only
+    what was given: the dataclass default, or a config file's value, holds otherwise. ``names`` maps a field
+    to its flag where the flag predates the field name (``total_tokens``: ``--tokens``). Booleans are flags:
+    ``--overwrite`` where the default is False, ``--no-progress`` where it is True.
+    """
+    names, helps, hints = names or {}, _field_help(cls), typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):  # thresholds: a table in a config file, not flags
+            continue
+        if typing.get_origin(tp) in (typing.Union, types.UnionType):
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))  # X | None: the None is the default
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        flag = names.get(f.name, f.name).replace("_", "-")
+        text = helps.get(f.name, f"{cls.__name__}.{f.name}").replace("%", "%%")
+        kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS}
+        if tp is bool:
+            if default:  # progress -> --no-progress: "no progress bar"
+                parser.add_argument(f"--no-{flag}", action="store_false", help=f"no {text}", **kw)
+            else:
+                parser.add_argument(f"--{flag}", action="store_true", help=text, **kw)
+            continue
+        if typing.get_origin(tp) is Literal:
+            kw["choices"] = typing.get_args(tp)
+        elif typing.get_origin(tp) is tuple:
+            item = typing.get_args(tp)[0]
+            kw["type"] = _list_arg(_int_arg if item is int else item)
+            text += "; comma-separated"
+        else:
+            kw["type"] = _int_arg if tp is int else tp
+        if default is not None:  # a None default is explained by the comment ("None: all")
+            text += f" (default: {_shown(default)})"
+        if "choices" not in kw:  # --tokens TOKENS, not --tokens TOTAL_TOKENS
+            kw["metavar"] = flag.upper().replace("-", "_")
+        parser.add_argument(f"--{flag}", help=text, **kw)
+
+
+def _passed(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The fields of ``cls`` the user gave on the command line."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
 
 
 # --------------------------------------------------------------------------- geometry
@@ -83,31 +188,16 @@ def _add_cache(sub: argparse._SubParsersAction) -> None:
         description="Cache activations of one or more hooks from a single forward pass. Rerunning the same "
         "command resumes an interrupted run; the result is identical to an uninterrupted one.",
     )
-    p.add_argument("--model", default="minilm", help="'minilm' (bundled), a local HF dir, a cached hub name, or a .json HookedTransformerConfig")
-    p.add_argument("--hooks", default="blocks.3.hook_resid_post", help="comma-separated hook names (default: %(default)s)")
-    p.add_argument("--corpus", default="default", help="'default' (pydoc topics), files, dirs, globs, .jsonl; comma-separated")
-    p.add_argument("--context", type=int, default=128, help="tokens per window, special tokens included (default: %(default)s)")
-    p.add_argument("--out", default="artifacts/acts/minilm", help="output directory; each hook gets OUT/<hook>/ (default: %(default)s)")
-    p.add_argument("--max-tokens", type=int, default=None, help="stop after this many stored tokens")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="storage dtype")
-    p.add_argument("--batch-size", type=int, default=32, help="windows per forward pass (default: %(default)s)")
-    p.add_argument("--shard-rows", type=int, default=65536, help="rows per shard (default: %(default)s)")
-    p.add_argument("--exclude-special", action="store_true", help="do not store [CLS]/[SEP]/BOS positions (the model still sees them)")
-    p.add_argument("--text-field", default="text", help="JSONL field holding the text (default: %(default)s)")
-    p.add_argument("--overwrite", action="store_true", help="replace existing stores instead of resuming them")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from saegeo.activations.cache import CacheConfig
+
+    _add_config_options(p, CacheConfig)
     p.set_defaults(func=cmd_cache)
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
     from saegeo.activations.cache import CacheConfig, cache_activations
 
-    cfg = CacheConfig(
-        model=args.model, hooks=tuple(h.strip() for h in args.hooks.split(",") if h.strip()), corpus=args.corpus,
-        context=args.context, out=args.out, max_tokens=args.max_tokens, dtype=args.dtype,
-        batch_size=args.batch_size, shard_rows=args.shard_rows, exclude_special=args.exclude_special,
-        text_field=args.text_field, overwrite=args.overwrite, progress=not args.no_progress,
-    )
+    cfg = CacheConfig.from_dict(_passed(args, CacheConfig))
     try:
         result = cache_activations(cfg)
     except KeyboardInterrupt:
@@ -161,6 +251,7 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
         description="x = b + Σ a_i u_i + ε from a seeded generator; writes an activation store at --out "
         "and the ground truth (dictionary, offset, rates) to OUT/truth.safetensors. Options override the preset.",
     )
+    from saegeo.activations.store import StorageDtype
     from saegeo.synthetic.superposition import MAGNITUDES, PRESETS
 
     p.add_argument("--preset", choices=sorted(PRESETS), default="isotropic", help="regime (default isotropic)")
@@ -178,7 +269,7 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--groups", type=int, dest="n_groups", help="number of co-firing groups")
     p.add_argument("--group-size", type=int, help="features per co-firing group")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32", help="storage dtype")
+    p.add_argument("--dtype", choices=typing.get_args(StorageDtype), default="float32", help="storage dtype")
     p.add_argument("--shard-rows", type=int, default=65536)
     p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
     p.set_defaults(func=cmd_synth)
@@ -234,14 +325,15 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
     p.add_argument("path", help="dictionary file or directory")
     p.add_argument("--acts", help="activation store (directory) or .safetensors/.npy file: adds the full geometry report")
     p.add_argument("--out", help="directory for summary.txt, .md, .json, .html")
-    p.add_argument("--duplicate-cos", type=float, default=0.99, help="cosine above which two decoder rows are near-duplicates (0.99)")
-    p.add_argument("--block-rows", type=int, default=4096, help="rows per block of the duplicate search (memory ~ block² floats)")
-    p.add_argument("--max-tokens", type=int, default=None, help="with --acts: stop after this many tokens")
-    p.add_argument("--format", nargs="+", default=["terminal", "md", "json", "html"], choices=["terminal", "md", "json", "html"],
-                   help="renderings written to --out")
-    p.add_argument("--fail-on", choices=["never", "warning", "error"], default="never",
+    p.add_argument("--max-tokens", type=_int_arg, default=None, help="with --acts: stop after this many tokens")
+    from saegeo.report.check import CheckOptions
+    from saegeo.report.flags import SEVERITIES
+    from saegeo.report.render import FORMATS
+
+    p.add_argument("--format", nargs="+", default=list(FORMATS), choices=FORMATS, help="renderings written to --out")
+    p.add_argument("--fail-on", choices=["never", *SEVERITIES[1:]], default="never",  # an info flag never fails
                    help="exit with status 1 when a flag of this severity or worse is raised (for CI)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_config_options(p, CheckOptions)
     p.set_defaults(func=cmd_check)
 
 
@@ -253,7 +345,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from saegeo.sae.formats import load_dictionary
 
     sae = load_dictionary(args.path)
-    opts = CheckOptions(duplicate_cos=args.duplicate_cos, block_rows=args.block_rows, progress=not args.no_progress)
+    opts = CheckOptions.from_dict(_passed(args, CheckOptions))
     name = Path(args.path).resolve().name
     if args.acts:
         from saegeo.report.render import render_terminal
@@ -261,7 +353,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
         report, _ = check_with_activations(
             sae, args.acts, options=opts, name=name,
-            report_options=ReportOptions(max_tokens=args.max_tokens, progress=not args.no_progress),
+            report_options=ReportOptions(max_tokens=args.max_tokens, progress=opts.progress),
         )
         print(render_terminal(report), end="")
         flags = report.flags
@@ -291,21 +383,17 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
                    help="SAE directory (SAELens layout); repeat for several, shown side by side")
     p.add_argument("--out", required=True, help="output directory: summary.txt, report.md, report.json, report.html")
     p.add_argument("--format", default="terminal,md,json,html", help="comma-separated subset of terminal,md,json,html")
-    p.add_argument("--batch-size", type=int, default=8192)
-    p.add_argument("--max-tokens", type=int, default=None, help="read at most this many rows")
-    p.add_argument("--skip-nonfinite", action="store_true", help="skip and count NaN/inf rows instead of stopping")
-    p.add_argument("--assumed-null", type=float, default=0.0,
-                   help="baseline a reader compares A with (wrong-null flag); default 0")
     p.add_argument("--config", default=None, help="JSON/TOML preprocessing config to check (e.g. a SAELens cfg.json)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--no-progress", action="store_true")
+    from saegeo.report.report import ReportOptions
+
+    _add_config_options(p, ReportOptions)
     p.set_defaults(func=cmd_report)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    import json
     from pathlib import Path
 
+    from saegeo.io import read_config
     from saegeo.report import ReportOptions, geometry_report, render_terminal, write_report
 
     saes = {}
@@ -315,20 +403,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         if name in saes:
             raise CLIError(f"two SAEs named {name!r}; give them names with --sae NAME=DIR")
         saes[name] = path
-    config = None
-    if args.config:
-        text = Path(args.config).read_text()
-        if args.config.endswith(".toml"):
-            try:
-                import tomllib
-            except ModuleNotFoundError:  # Python 3.10
-                import tomli as tomllib
-
-            config = tomllib.loads(text)
-        else:
-            config = json.loads(text)
-    opts = ReportOptions(batch_size=args.batch_size, max_tokens=args.max_tokens, skip_nonfinite=args.skip_nonfinite,
-                         assumed_null=args.assumed_null, device=args.device, progress=not args.no_progress)
+    config = read_config(args.config) if args.config else None
+    opts = ReportOptions.from_dict(_passed(args, ReportOptions))
     report = geometry_report(args.acts, saes or None, options=opts, config=config)
     from saegeo.distributed import current
 
@@ -367,78 +443,41 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- train
-def _parse_tokens(text: str) -> int:
-    """'2M' / '500k' / '1.5e6' / '737280' -> number of tokens."""
-    t = str(text).strip().lower().replace("_", "")
-    mult = {"k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}.get(t[-1:], 1)
-    try:
-        value = float(t[:-1] if mult > 1 else t) * mult
-    except ValueError:
-        raise CLIError(f"cannot read a token count from {text!r}; write e.g. 2M, 500k or 737280") from None
-    if value < 1:
-        raise CLIError(f"token count must be positive, got {text!r}")
-    return int(value)
+# Flags that predate the field names they set; a --config file may use either name.
+_TRAIN_FLAG_NAMES = {"total_tokens": "tokens", "l1_coefficient": "l1", "out_dir": "out"}
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
+    from saegeo.sae.train import TrainConfig
+
     p = sub.add_parser("train", help="train an SAE (b_dec := mean, unit-norm decoder) on an activation store")
     p.add_argument("--acts", help="activation store directory (or `acts = ...` in the config)")
     p.add_argument("--config", help="TOML file with TrainConfig keys (top level or a [train] table); flags override it")
-    p.add_argument("--out", help="output directory: SAE in the SAELens layout + checkpoint/")
-    p.add_argument("--arch", choices=["topk", "relu"])
-    p.add_argument("--k", type=int, help="active latents per token (topk)")
-    p.add_argument("--expansion", type=int, help="d_sae = expansion x d_in (default 8)")
-    p.add_argument("--d-sae", type=int, help="number of latents (overrides --expansion)")
-    p.add_argument("--tokens", type=_parse_tokens, help="training tokens, e.g. 2M or 500k (default 2M)")
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--lr", type=float)
-    p.add_argument("--l1", type=float, dest="l1_coefficient", help="L1 coefficient (relu)")
-    p.add_argument("--b-dec-init", choices=["mean", "zeros", "geometric_median"])
-    p.add_argument("--heldout-fraction", type=float)
-    p.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (0: none)")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--device")
     p.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint in --out")
-    p.add_argument("--no-progress", action="store_true")
+    _add_config_options(p, TrainConfig, names=_TRAIN_FLAG_NAMES)
     p.set_defaults(func=cmd_train)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    import tomllib
-
+    from saegeo.io import read_config
     from saegeo.sae.train import TrainConfig, train_sae
 
+    # dataclass defaults < the --config file < the flags given
     options: dict = {}
     acts = None
     if args.config:
-        try:
-            with open(args.config, "rb") as f:
-                doc = tomllib.load(f)
-        except (OSError, tomllib.TOMLDecodeError) as err:
-            raise CLIError(f"{args.config}: cannot read the TOML config ({err})") from None
+        doc = read_config(args.config)
         table = dict(doc.get("train", doc))
         acts = table.pop("acts", None) or doc.get("acts")
-        if "tokens" in table:
-            table["total_tokens"] = _parse_tokens(table.pop("tokens"))
-        if isinstance(table.get("total_tokens"), str):
-            table["total_tokens"] = _parse_tokens(table["total_tokens"])
-        if "out" in table:
-            table["out_dir"] = table.pop("out")
-        options.update({k: v for k, v in table.items() if not isinstance(v, dict)})
-    flags = {
-        "arch": args.arch, "k": args.k, "expansion": args.expansion, "d_sae": args.d_sae,
-        "total_tokens": args.tokens, "batch_size": args.batch_size, "lr": args.lr,
-        "l1_coefficient": args.l1_coefficient, "b_dec_init": args.b_dec_init,
-        "heldout_fraction": args.heldout_fraction, "checkpoint_every": args.checkpoint_every,
-        "seed": args.seed, "device": args.device, "out_dir": args.out,
-    }
-    options.update({k: v for k, v in flags.items() if v is not None})
-    if args.no_progress:
-        options["progress"] = False
+        for key, flag in _TRAIN_FLAG_NAMES.items():
+            if flag in table:  # `tokens = "2M"`, `out = "..."`: the names the flags use
+                table[key] = table.pop(flag)
+        options.update({k: v for k, v in table.items() if not isinstance(v, dict)})  # [train.saes] is for `run`
+    options.update(_passed(args, TrainConfig))
     acts = args.acts or acts
     if not acts:
         raise CLIError("saegeo train needs --acts STORE (or `acts = \"...\"` in the --config file)")
-    cfg = TrainConfig.from_dict(options)
+    cfg = TrainConfig.from_dict(options, where=args.config)
     result = train_sae(cfg, acts, resume=not args.no_resume)
     from saegeo.distributed import current
 

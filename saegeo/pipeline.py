@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from saegeo.activations.cache import CacheConfig, cache_activations, store_dir
 from saegeo.activations.store import ActivationStore, write_store
 from saegeo.errors import BadInputError, StoreError
-from saegeo.io import dump_json, json_safe, read_config, refuse_unknown_keys, same_json
+from saegeo.io import config_from_dict, dump_json, json_safe, read_config, same_json
 from saegeo.report.render import FORMATS, render_terminal, write_report
 from saegeo.report.report import GeometryReport, ReportOptions, compute_flags, geometry_report
 from saegeo.sae.formats import CFG_FILENAME, WEIGHTS_FILENAME, load_sae
@@ -38,12 +38,12 @@ class RunConfig:
     cache: dict[str, Any] = field(default_factory=dict)  # CacheConfig keys
     train: dict[str, Any] = field(default_factory=dict)  # TrainConfig keys shared by every SAE; saes = {name: overrides}
     report: dict[str, Any] = field(default_factory=dict)  # ReportOptions keys, plus formats = [...]
-    name: str = ""
-    description: str = ""
+    name: str = ""  # a label for this run (free text)
+    description: str = ""  # what this run is for (free text)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str | None = None) -> "RunConfig":
-        return cls(**refuse_unknown_keys(cls, d, "top-level key", where))
+        return config_from_dict(cls, d, "top-level key", where)
 
 
 @dataclass
@@ -82,7 +82,7 @@ def run_job(config: RunConfig | Mapping[str, Any], *, log: Any = print) -> RunRe
         store_path = Path(cfg.acts)
         reused["cache"] = True
     else:
-        cache_cfg = CacheConfig.from_dict({**cfg.cache, "progress": True})
+        cache_cfg = CacheConfig.from_dict({**cfg.cache, "progress": True}, where="[cache]")
         hook = cfg.hook or cache_cfg.hooks[0]
         if hook not in cache_cfg.hooks:
             raise BadInputError(f"hook {hook!r} is not among the cached hooks {list(cache_cfg.hooks)}")
@@ -110,7 +110,9 @@ def run_job(config: RunConfig | Mapping[str, Any], *, log: Any = print) -> RunRe
     t0 = time.perf_counter()
     for name, overrides in variants.items():
         sae_dir = out / "saes" / _slug(name)
-        tcfg = TrainConfig.from_dict({**train, **dict(overrides), "out_dir": str(sae_dir)})
+        tcfg = TrainConfig.from_dict(
+            {**train, **dict(overrides), "out_dir": str(sae_dir)}, where=f"[train] of SAE {name!r}"
+        )
         if _trained(sae_dir, tcfg, store):
             log(f"train {name}: reusing {sae_dir} (same config and data; delete it to retrain)")
             reused[f"train:{name}"] = True
@@ -129,7 +131,7 @@ def run_job(config: RunConfig | Mapping[str, Any], *, log: Any = print) -> RunRe
     t0 = time.perf_counter()
     rep_cfg = dict(cfg.report)
     formats = tuple(rep_cfg.pop("formats", FORMATS))
-    opts = ReportOptions.from_dict(rep_cfg)
+    opts = ReportOptions.from_dict(rep_cfg, where="[report]")
     saes = {name: load_sae(path) for name, path in sae_dirs.items()}
     configs = {name: json.loads((Path(p) / CFG_FILENAME).read_text()) for name, p in sae_dirs.items()}
     report = geometry_report(store, saes, options=opts)

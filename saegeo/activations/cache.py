@@ -27,9 +27,9 @@ from torch import Tensor
 import saegeo
 from saegeo.activations.corpus import CorpusSpec, Window, corpus_identity, count_tokens, iter_windows
 from saegeo.activations.models import LoadedModel, load_model
-from saegeo.activations.store import ActivationStore, StoreWriter
+from saegeo.activations.store import ActivationStore, StorageDtype, StoreWriter
 from saegeo.errors import BadInputError
-from saegeo.io import refuse_unknown_keys
+from saegeo.io import config_from_dict
 
 EMBED_HOOK = re.compile(r"^(hook_embed|hook_pos_embed|hook_full_embed|hook_tokens|embed\..*|pos_embed\..*)$")
 BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
@@ -38,26 +38,28 @@ NOT_PER_TOKEN = ("hook_pattern", "hook_attn_scores")  # (batch, head, q, k): not
 
 @dataclass
 class CacheConfig:
-    model: str = "minilm"
-    hooks: tuple[str, ...] = ("blocks.3.hook_resid_post",)
-    corpus: str = "default"
-    context: int = 128
-    out: str = "artifacts/acts/minilm"
-    max_tokens: int | None = None
-    dtype: str = "float32"  # storage dtype: float32 | float16 | bfloat16
+    """One caching run: which model, which hooks, which text, where the stores go."""
+
+    model: str = "minilm"  # 'minilm' (bundled), a local HF dir, a cached hub name, or a .json HookedTransformerConfig
+    hooks: tuple[str, ...] = ("blocks.3.hook_resid_post",)  # hook names, one store each
+    corpus: str = "default"  # 'default' (pydoc topics), files, dirs, globs, .jsonl; comma-separated
+    context: int = 128  # tokens per window, special tokens included
+    out: str = "artifacts/acts/minilm"  # output directory; each hook gets OUT/<hook>/
+    max_tokens: int | None = None  # stop after this many stored tokens
+    dtype: StorageDtype = "float32"  # storage dtype
     batch_size: int = 32  # windows per forward pass
-    shard_rows: int = 65536
-    exclude_special: bool = False
-    text_field: str = "text"
-    overwrite: bool = False
-    progress: bool = True
+    shard_rows: int = 65536  # rows per shard
+    exclude_special: bool = False  # do not store [CLS]/[SEP]/BOS positions (the model still sees them)
+    text_field: str = "text"  # JSONL field holding the text
+    overwrite: bool = False  # replace existing stores instead of resuming them
+    progress: bool = True  # progress bar
 
     def __post_init__(self) -> None:
         self.hooks = (self.hooks,) if isinstance(self.hooks, str) else tuple(self.hooks)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "CacheConfig":
-        return cls(**refuse_unknown_keys(cls, d, "cache option"))
+    def from_dict(cls, d: Mapping[str, Any], where: str | None = None) -> "CacheConfig":
+        return config_from_dict(cls, d, "cache option", where)
 
 
 @dataclass

@@ -21,7 +21,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Literal, Sequence, get_args
 
 import numpy as np
 import torch
@@ -36,7 +36,8 @@ from saegeo.io import atomic_write, crash_point
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+StorageDtype = Literal["float32", "float16", "bfloat16"]
+STORAGE_DTYPES = {name: getattr(torch, name) for name in get_args(StorageDtype)}
 # Fields that define what a store contains: resuming with any of them different is refused.
 IDENTITY_FIELDS = ("d", "hook", "model", "dtype", "shard_rows", "corpus")
 

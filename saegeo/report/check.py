@@ -34,7 +34,7 @@ from saegeo.geometry.dictionary import (
     unit_row_blocks,
 )
 from saegeo.report.flags import Flag, FlagThresholds, rounded, config_flags, dictionary_flags, sort_flags
-from saegeo.io import dump_json, json_safe
+from saegeo.io import config_from_dict, dump_json, json_safe
 from saegeo.sae.model import SAE
 
 CHECK_SCHEMA_VERSION = 1
@@ -62,13 +62,17 @@ class CheckOptions:
     misaligned_cos: float = 0.0  # latents with cos(encoder column, decoder row) below this are misaligned
     misaligned_warn_fraction: float = 0.01  # above this fraction of latents the flag is a warning, else info
     duplicate_error_fraction: float = 0.01  # latents in duplicate pairs above this fraction: error
-    block_rows: int = DEFAULT_BLOCK_ROWS
-    max_pairs_listed: int = 50
-    progress: bool = True
-    thresholds: FlagThresholds = field(default_factory=FlagThresholds)
+    block_rows: int = DEFAULT_BLOCK_ROWS  # rows per block of the duplicate search (memory ~ block² floats)
+    max_pairs_listed: int = 50  # near-duplicate pairs listed in the result
+    progress: bool = True  # progress bars
+    thresholds: FlagThresholds = field(default_factory=FlagThresholds)  # of the flags
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None, where: str | None = None) -> "CheckOptions":
+        return config_from_dict(cls, d, "check option", where)
 
 
 @dataclass

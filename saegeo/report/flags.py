@@ -26,7 +26,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from saegeo.errors import BadInputError
-from saegeo.io import refuse_unknown_keys
+from saegeo.io import config_from_dict
 
 SEVERITIES = ("info", "warning", "error")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
@@ -125,8 +125,8 @@ class FlagThresholds:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None) -> "FlagThresholds":
-        return cls(**refuse_unknown_keys(cls, d, "flag threshold"))
+    def from_dict(cls, d: Mapping[str, Any] | None, where: str | None = None) -> "FlagThresholds":
+        return config_from_dict(cls, d, "flag threshold", where)
 
 
 def _f3(x: float | None) -> str:

@@ -34,7 +34,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from saegeo.io import dump_json, json_safe, refuse_unknown_keys
+from saegeo.io import config_from_dict, dump_json, json_safe
 from saegeo.activations.sources import open_rows
 from saegeo.errors import BadInputError, FormatError
 from saegeo.geometry import GeometryAccumulator, activation_geometry
@@ -68,26 +68,23 @@ SCHEMA_VERSION = 1
 class ReportOptions:
     """How the pass runs and how its numbers are read. All have sane defaults."""
 
-    batch_size: int = 8192
+    batch_size: int = 8192  # rows per batch of the pass
     max_tokens: int | None = None  # stop after this many rows (None: all)
     cosine_sample_rows: int = 2048  # reservoir of rows for the pairwise-cosine histogram (k(k−1)/2 pairs)
-    histogram_bins: int = 100
-    skip_nonfinite: bool = False  # False: a NaN/inf row is an error naming batch and row; True: skip and count
+    histogram_bins: int = 100  # bins of the pairwise-cosine histogram
+    skip_nonfinite: bool = False  # skip and count NaN/inf rows (default: an error naming the batch and row)
     assumed_null: float = 0.0  # the baseline a reader compares A with unless told (wrong-null flag)
-    seed: int = 0
+    seed: int = 0  # seeds the cosine reservoir
     device: str = "cpu"  # where the SAEs encode
-    progress: bool = True
-    thresholds: FlagThresholds = field(default_factory=FlagThresholds)
+    progress: bool = True  # progress bar
+    thresholds: FlagThresholds = field(default_factory=FlagThresholds)  # of every flag ([report.thresholds])
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None) -> "ReportOptions":
-        d = refuse_unknown_keys(cls, d, "report option")
-        if "thresholds" in d and not isinstance(d["thresholds"], FlagThresholds):
-            d["thresholds"] = FlagThresholds.from_dict(d["thresholds"])
-        return cls(**d)
+    def from_dict(cls, d: Mapping[str, Any] | None, where: str | None = None) -> "ReportOptions":
+        return config_from_dict(cls, d, "report option", where)
 
 
 # =========================================================================== report dataclasses

@@ -21,9 +21,9 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, get_args
 
 import torch
 from jaxtyping import Float
@@ -31,11 +31,14 @@ from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
 
-from saegeo.io import atomic_write, dump_json
+from saegeo.io import atomic_write, config_from_dict, dump_json
 from saegeo.errors import BadInputError, SaegeoError
 from saegeo.sae.model import SAE, SAEConfig
 
-B_DEC_INITS = ("mean", "zeros", "geometric_median")
+Arch = Literal["topk", "relu"]
+BDecInit = Literal["mean", "zeros", "geometric_median"]
+ARCHS: tuple[str, ...] = get_args(Arch)
+B_DEC_INITS: tuple[str, ...] = get_args(BDecInit)
 _RESUME_MUST_MATCH = ("seed", "batch_size", "arch", "d_sae")  # + k for topk: they fix the batches and the model
 CHECKPOINT_VERSION = 1
 
@@ -49,35 +52,35 @@ class NonFiniteLossError(SaegeoError):
 class TrainConfig:
     """One SAE training run. Token counts are rows (tokens) of activations."""
 
-    arch: str = "topk"  # "topk" | "relu"
-    d_sae: int | None = None  # number of latents; default expansion · d_in
-    expansion: int = 8
-    k: int = 32  # topk only
-    l1_coefficient: float = 1.0  # relu only; same objective scale as SAELens Standard
-    lr: float = 3e-4
-    adam_betas: tuple[float, float] = (0.9, 0.999)
+    arch: Arch = "topk"  # SAE architecture
+    d_sae: int | None = None  # number of latents (overrides expansion); default expansion · d_in
+    expansion: int = 8  # d_sae = expansion · d_in
+    k: int = 32  # active latents per token (topk only)
+    l1_coefficient: float = 1.0  # L1 coefficient (relu only); same objective scale as SAELens Standard
+    lr: float = 3e-4  # Adam learning rate
+    adam_betas: tuple[float, float] = (0.9, 0.999)  # Adam (beta1, beta2)
     warmup_steps: int = 10  # linear warm-up from lr/warmup_steps to lr
     decay_fraction: float = 0.2  # linear decay to 0 over the last fraction of steps (0 = constant)
-    batch_size: int = 4096
-    total_tokens: int = 2_000_000
-    b_dec_init: str = "mean"  # one of B_DEC_INITS
+    batch_size: int = 4096  # tokens per step
+    total_tokens: int = 2_000_000  # training tokens, e.g. 2M or 500k
+    b_dec_init: BDecInit = "mean"  # b_dec at init: activation mean, zeros (SAELens' default) or geometric median
     b_dec_init_tokens: int = 100_000  # rows used to estimate the mean / geometric median
     dead_window_tokens: int = 200_000  # a latent that has not fired in this many tokens counts as dead
     aux_k: int | None = None  # AuxK latents (topk); default d_in // 2
-    aux_coefficient: float = 1 / 32
-    heldout_fraction: float = 0.1
+    aux_coefficient: float = 1 / 32  # weight of the AuxK loss (topk)
+    heldout_fraction: float = 0.1  # fraction of the data held out for the final metrics
     shuffle_buffer: int = 65_536  # store source: rows mixed across shards
-    seed: int = 0
+    seed: int = 0  # seeds the init and the data order
     log_every: int = 10  # metrics are read back from the device only every log_every steps
-    checkpoint_every: int = 0  # steps; 0 = no intermediate checkpoints
+    checkpoint_every: int = 0  # steps between checkpoints; 0 = no intermediate checkpoints
     out_dir: str | None = None  # checkpoints and the final SAE (SAELens layout) go here
-    device: str = "cpu"
+    device: str = "cpu"  # torch device to train on
     num_threads: int | None = None  # torch.set_num_threads; None leaves torch's default
-    progress: bool = True
+    progress: bool = True  # progress bar
 
     def __post_init__(self) -> None:
-        if self.arch not in ("topk", "relu"):
-            raise BadInputError(f"arch={self.arch!r}: the trainer supports 'topk' and 'relu'")
+        if self.arch not in ARCHS:
+            raise BadInputError(f"arch={self.arch!r}: the trainer supports {' and '.join(map(repr, ARCHS))}")
         if self.b_dec_init not in B_DEC_INITS:
             raise BadInputError(f"b_dec_init={self.b_dec_init!r}; expected one of {B_DEC_INITS}")
         if not 0 <= self.heldout_fraction < 1:
@@ -93,12 +96,8 @@ class TrainConfig:
         return self.total_tokens // self.batch_size
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise BadInputError(f"unknown training option(s) {unknown}; known: {sorted(known)}")
-        return cls(**d)
+    def from_dict(cls, d: Mapping[str, Any], where: str | None = None) -> "TrainConfig":
+        return config_from_dict(cls, d, "training option", where)
 
 
 @dataclass
