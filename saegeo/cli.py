@@ -144,8 +144,6 @@ def _add_geometry(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_geometry(args: argparse.Namespace) -> int:
-    import json
-
     import torch
     from tqdm import tqdm
 

@@ -4,7 +4,6 @@ a rerun reuses the store and the SAEs."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -14,6 +14,10 @@ Public API
     ``fraction_nonzero`` q, ``negative_energy_fraction`` Σx₋²/Σx², ``magnitude_ratio`` r = E|a|²/E[a²]
     over the nonzero entries.
 ``as_rows(batch, d=None) -> Tensor``  the one place a batch (torch / numpy / list) becomes an (n, d) tensor.
+``unit_vector_sum(x, norms=None) -> (Σ x/‖x‖, n_nonzero)``  the one unit-vector sum (this accumulator, ``UnitMean``,
+    the SAE metrics, the dictionary geometry all use it).
+``UnitMean(d)``  mergeable Σ x/‖x‖ and count alone: ``anisotropy()`` A = (n‖m̂‖² − 1)/(n − 1) without a d × d gram.
+``anisotropy_from_unit_mean(unit_mean, n) -> float``  that formula (re-exported by ``saegeo.geometry.measures``).
 
 How the covariance stays exact for a large mean: every chunk is shifted by its own float32-rounded
 mean c, the gram of the shifted rows is formed (float32 matmul for ≤ 32-bit input, float64 for float64
@@ -68,6 +72,73 @@ def as_rows(batch: Any, d: int | None = None) -> Float[Tensor, "n d"]:
     if d is not None and t.shape[1] != d:
         raise BadInputError(f"batch has {t.shape[1]} columns but the accumulator has d = {d}")
     return t
+
+
+def unit_vector_sum(
+    x: Float[Tensor, "m d"], norms: Float[Tensor, " m"] | None = None
+) -> tuple[Float[Tensor, " d"], int]:
+    """(Σ_i x_i/‖x_i‖ over the rows with ‖x_i‖ > 0, in float64; how many such rows).
+
+    One matvec (1/‖x‖)ᵀX in x's dtype, so no normalised copy of the batch is made; zero rows have
+    no direction and are left out. ``norms`` (any float dtype) saves recomputing them.
+    """
+    norms = torch.linalg.vector_norm(x, dim=1) if norms is None else norms
+    nonzero = norms > 0
+    inv_norm = torch.where(nonzero, 1.0 / torch.where(nonzero, norms, 1.0), 0.0)
+    return (inv_norm.to(x.dtype) @ x).to(torch.float64), int(nonzero.sum())
+
+
+def anisotropy_from_unit_mean(unit_mean: Float[Tensor, " d"], n: int) -> float:
+    """A = mean over i ≠ j of cos(x_i, x_j) = (n‖m̂‖² − 1)/(n − 1), m̂ = mean of the n unit vectors.
+
+    Exact: Σ_{i≠j} x̂_i·x̂_j = ‖Σ x̂_i‖² − n. Needs n ≥ 2 (nonzero rows).
+    """
+    if n < 2:
+        raise BadInputError(f"the mean pairwise cosine needs at least 2 nonzero rows, got {n}")
+    sq = float(torch.as_tensor(unit_mean, dtype=torch.float64).square().sum())
+    return (n * sq - 1.0) / (n - 1)
+
+
+class UnitMean:
+    """Mergeable Σ x/‖x‖ over nonzero rows and their count n: A = (n‖m̂‖² − 1)/(n − 1) of a stream.
+
+    What a GeometryAccumulator keeps for A, without its d × d scatter (e.g. the SAE metrics' x̂ − b_dec).
+    """
+
+    def __init__(self, d: int):
+        self.unit_sum = torch.zeros(int(d), dtype=torch.float64)
+        self.n = 0
+
+    def add(self, x: Float[Tensor, "m d"]) -> "UnitMean":
+        unit_sum, n = unit_vector_sum(x)
+        self.unit_sum += unit_sum.to(self.unit_sum.device)
+        self.n += n
+        return self
+
+    def merge(self, other: "UnitMean") -> "UnitMean":
+        self.unit_sum += other.unit_sum.to(self.unit_sum.device)
+        self.n += other.n
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"unit_sum": self.unit_sum.clone(), "n": self.n}
+
+    @classmethod
+    def from_state_dict(cls, sd: dict[str, Any]) -> "UnitMean":
+        out = cls(len(sd["unit_sum"]))
+        out.unit_sum, out.n = torch.as_tensor(sd["unit_sum"]).to(torch.float64).clone(), int(sd["n"])
+        return out
+
+    @property
+    def unit_mean(self) -> Float[Tensor, " d"]:
+        """m̂ = mean of x/‖x‖ over the nonzero rows."""
+        if self.n < 1:
+            raise BadInputError("the unit-vector mean needs a nonzero row; none was added")
+        return self.unit_sum / self.n
+
+    def anisotropy(self) -> float | None:
+        """A = (n‖m̂‖² − 1)/(n − 1); None with fewer than 2 nonzero rows."""
+        return anisotropy_from_unit_mean(self.unit_mean, self.n) if self.n >= 2 else None
 
 
 class GeometryAccumulator:
@@ -176,10 +247,9 @@ class GeometryAccumulator:
         self.n = n
 
         norms = sq_norms.sqrt()
-        nonzero = norms > 0
-        self.n_zero += int(m - nonzero.sum())
-        inv_norm = torch.where(nonzero, 1.0 / torch.where(nonzero, norms, 1.0), 0.0)
-        self._unit_sum += (inv_norm.to(x.dtype) @ x).to(torch.float64)
+        unit_sum, n_nonzero = unit_vector_sum(x, norms)
+        self.n_zero += m - n_nonzero
+        self._unit_sum += unit_sum
         self._norm_sum += norms.sum()
         self._sq_sum += sq_norms.sum()
         # sign statistics: Σ|x| = Σx − 2Σx₋ and Σx₋², from one clamped copy

@@ -30,6 +30,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from saegeo.errors import BadInputError
+from saegeo.geometry.accumulate import UnitMean
 
 __all__ = [
     "dictionary_anisotropy",
@@ -49,37 +50,30 @@ def _as_tensor(x) -> Tensor:
     return x if isinstance(x, Tensor) else torch.as_tensor(np.asarray(x))
 
 
-def dictionary_anisotropy(
-    rows: Float[Tensor, "N d"], *, normalize: bool = True, block_rows: int = _BLOCK_ROWS
-) -> tuple[float, float]:
-    """Anisotropy of a dictionary and the squared norm of its mean unit direction.
+def dictionary_anisotropy(rows: Float[Tensor, "N d"], *, block_rows: int = _BLOCK_ROWS) -> tuple[float, float]:
+    """Anisotropy of a dictionary and the squared norm of its mean unit direction, without its spectrum.
 
-    ū = (1/N) Σ_i u_i with u_i = rows_i/‖rows_i‖ (``normalize=False`` takes the rows as unit
-    already), ‖ū‖² its squared norm, and A_dict = (N‖ū‖² − 1)/(N − 1), the exact mean of the
-    N(N−1) pairwise cosines u_i·u_j, i ≠ j. One pass over row blocks in float64; no N×N matrix.
+    ū = (1/N) Σ_i u_i with u_i = rows_i/‖rows_i‖, ‖ū‖² its squared norm, and A_dict = (N‖ū‖² − 1)/(N − 1),
+    the exact mean of the N(N−1) pairwise cosines u_i·u_j, i ≠ j. One pass over row blocks in float64
+    through ``UnitMean``; no N×N matrix. (``saegeo.geometry.dictionary.dictionary_geometry`` adds the
+    spectrum and norm statistics and leaves zero rows out instead.)
 
-    Returns ``(A_dict, mean_sq_norm)``. Zero rows cannot be normalised and raise BadInputError.
+    Returns ``(A_dict, mean_sq_norm)``. Zero or non-finite rows raise BadInputError naming the row.
     """
     rows = _as_tensor(rows)
     if rows.ndim != 2 or rows.shape[0] < 2:
         raise BadInputError(f"dictionary_anisotropy needs a 2-D (N, d) dictionary with N >= 2, got shape {tuple(rows.shape)}")
-    n_rows = rows.shape[0]
-    unit_sum = torch.zeros(rows.shape[1], dtype=torch.float64)
-    for start in range(0, n_rows, block_rows):
+    unit = UnitMean(rows.shape[1])
+    for start in range(0, rows.shape[0], block_rows):
         block = rows[start : start + block_rows].to(torch.float64)
         if not torch.isfinite(block).all():
             bad = start + int((~torch.isfinite(block)).any(1).nonzero()[0])
             raise BadInputError(f"dictionary row {bad} is not finite; fix or drop it")
-        if normalize:
-            norms = block.norm(dim=1, keepdim=True)
-            if (norms == 0).any():
-                bad = start + int((norms[:, 0] == 0).nonzero()[0])
-                raise BadInputError(f"dictionary row {bad} has zero norm and no direction; drop dead rows first")
-            block = block / norms
-        unit_sum += block.sum(0)
-    mean_sq_norm = float(unit_sum.square().sum()) / n_rows**2
-    a_dict = (n_rows * mean_sq_norm - 1.0) / (n_rows - 1)
-    return a_dict, mean_sq_norm
+        if (block.norm(dim=1) == 0).any():
+            bad = start + int((block.norm(dim=1) == 0).nonzero()[0])
+            raise BadInputError(f"dictionary row {bad} has zero norm and no direction; drop dead rows first")
+        unit.add(block)
+    return unit.anisotropy(), float(unit.unit_mean.square().sum())
 
 
 def textbook_prediction(K: float, a_dict: float) -> float:

@@ -1,22 +1,29 @@
-"""Geometry of a dictionary's rows without activations: norms, near-duplicate rows, encoder–decoder
-alignment -- blockwise, so a 65,536 × 2,304 dictionary never needs its d_sae × d_sae cosine matrix.
+"""Geometry of a dictionary's rows without activations: norms, the unit rows' anisotropy and spectrum,
+near-duplicate rows, encoder–decoder alignment -- blockwise, so a 65,536 × 2,304 dictionary never needs
+its d_sae × d_sae cosine matrix nor a float64 copy of itself.
 
-Pure math on tensors: no I/O, no models. The dictionary's anisotropy A_dict and ‖ū‖² are
-``saegeo.geometry.amplification.dictionary_anisotropy``; its spectrum is a ``GeometryAccumulator``
-fed with ``unit_row_blocks``.
+``dictionary_geometry`` is the one place A_dict, ‖ū‖², the dictionary spectrum, zero rows and decoder-norm
+statistics are computed (``saegeo check`` and the report's SAE section both read it).
+Pure math on tensors: no I/O, no models.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from saegeo.errors import BadInputError
+from saegeo.geometry.accumulate import GeometryAccumulator
+from saegeo.geometry.measures import activation_geometry
 
-__all__ = ["row_norms", "unit_row_blocks", "near_duplicate_pairs", "screen_projection", "encoder_decoder_cosines"]
+__all__ = [
+    "DictionaryGeometry", "dictionary_geometry", "summary_stats", "row_norms", "row_cosines", "unit_row_blocks",
+    "near_duplicate_pairs", "screen_projection", "encoder_decoder_cosines",
+]
 
 DEFAULT_BLOCK_ROWS = 4096  # a 4096 × 4096 float32 tile of cosines is 64 MiB
 
@@ -34,6 +41,30 @@ def row_norms(rows: Float[Tensor, "N d"], *, block_rows: int = DEFAULT_BLOCK_ROW
     ])
 
 
+def summary_stats(values: Float[Tensor, " N"]) -> dict[str, float | None]:
+    """min, median, mean, max, std (n − 1) and cv = std/mean (None unless mean > 0) of ``values``, float64."""
+    v = values.to(torch.float64)
+    mean = float(v.mean())
+    std = float(v.std()) if v.numel() > 1 else 0.0
+    return {"min": float(v.min()), "median": float(v.median()), "mean": mean, "max": float(v.max()), "std": std,
+            "cv": std / mean if mean > 0 else None}
+
+
+def row_cosines(
+    rows: Float[Tensor, "N d"], direction: Float[Tensor, " d"], *, block_rows: int = DEFAULT_BLOCK_ROWS
+) -> Float[Tensor, " N"]:
+    """cos(w_i, v) = w_i·v/(‖w_i‖‖v‖) for every row, float64, blockwise; 0 for a zero row or v = 0."""
+    _check_rows(rows, "row_cosines")
+    v = direction.to("cpu", torch.float64)
+    v_norm = float(v.norm())
+    out = []
+    for s in range(0, rows.shape[0], block_rows):
+        block = rows[s : s + block_rows].to("cpu", torch.float64)
+        denom = torch.linalg.vector_norm(block, dim=1) * v_norm
+        out.append(torch.where(denom > 0, (block @ v) / denom.clamp_min(1e-300), 0.0))
+    return torch.cat(out)
+
+
 def unit_row_blocks(
     rows: Float[Tensor, "N d"], norms: Float[Tensor, " N"] | None = None, *, block_rows: int = DEFAULT_BLOCK_ROWS,
     dtype: torch.dtype = torch.float32,
@@ -46,6 +77,64 @@ def unit_row_blocks(
         block = rows[s : s + block_rows][alive].to(dtype)
         if block.shape[0]:
             yield block / n[alive].to(dtype)[:, None]
+
+
+@dataclass
+class DictionaryGeometry:
+    """What ``dictionary_geometry`` measured. u_i = w_i/‖w_i‖ over the non-zero rows (N of them)."""
+
+    norms: Float[Tensor, " N_all"]  # ‖w_i‖ of every row, float64
+    zero: Bool[Tensor, " N_all"]  # rows with no usable direction (left out of everything below)
+    norm_stats: dict[str, float | None]  # summary_stats of all the norms (zero rows included)
+    a_dict: float | None  # (N‖ū‖² − 1)/(N − 1), the mean pairwise cosine of the u_i (None if N < 2)
+    mean_sq_norm: float  # ‖ū‖², ū = mean of the u_i
+    mean_direction: Float[Tensor, " d"]  # ū
+    spectrum: dict[str, Any]  # eigenvalues, shares, erank, IsoScore, MP edges, spikes of the u_i's covariance
+
+    @property
+    def n_zero(self) -> int:
+        return int(self.zero.sum())
+
+    @property
+    def direction_norms(self) -> Float[Tensor, " N_all"]:
+        """The norms with the zero rows set to 0, so every direction statistic leaves them out."""
+        return torch.where(self.zero, torch.zeros_like(self.norms), self.norms)
+
+
+SPECTRUM_KEYS = ("eigenvalues", "top1_share", "top10_share", "effective_rank", "participation_ratio",
+                 "numerical_rank", "isoscore", "mp_upper_edge", "mp_lower_edge", "n_spikes", "noise_effective_rank")
+
+
+def dictionary_geometry(
+    W_dec: Float[Tensor, "N d"],
+    *,
+    zero_rel_norm: float = 1e-6,
+    block_rows: int = DEFAULT_BLOCK_ROWS,
+    gram_dtype: torch.dtype = torch.float64,
+) -> DictionaryGeometry:
+    """Norms, zero rows, A_dict, ‖ū‖² and the spectrum of a dictionary's unit rows, in one blockwise pass.
+
+    Row i is zero when ‖w_i‖ ≤ zero_rel_norm · median ‖w‖ (or ‖w_i‖ = 0). The remaining u_i = w_i/‖w_i‖
+    go, ``block_rows`` at a time in ``gram_dtype``, through a GeometryAccumulator: its unit mean is ū, its
+    A = (N‖ū‖² − 1)/(N − 1) is A_dict (the exact mean of the N(N−1) pairwise cosines u_i·u_j) and its
+    covariance spectrum is the dictionary's own. Memory O(block_rows·d + d²): no N × N matrix and no
+    float64 copy of W_dec. ``gram_dtype=torch.float32`` halves the gram's cost at float32 rounding.
+    """
+    _check_rows(W_dec, "dictionary_geometry")
+    norms = row_norms(W_dec, block_rows=block_rows)
+    zero = (norms <= zero_rel_norm * float(norms.median())) | (norms == 0)
+    acc = GeometryAccumulator(W_dec.shape[1], gram_dtype=gram_dtype)
+    for block in unit_row_blocks(W_dec, torch.where(zero, 0.0, norms), block_rows=block_rows, dtype=gram_dtype):
+        acc.add(block)
+    if acc.n < 1:
+        raise BadInputError(f"all {W_dec.shape[0]} dictionary rows are zero: no directions to measure")
+    geo = activation_geometry(acc, top_k_eigvecs=0).to_dict()
+    mean_direction = acc.unit_mean
+    return DictionaryGeometry(
+        norms=norms, zero=zero, norm_stats=summary_stats(norms), a_dict=geo["anisotropy"],
+        mean_sq_norm=float(mean_direction.square().sum()), mean_direction=mean_direction,
+        spectrum={k: geo.get(k) for k in SPECTRUM_KEYS},
+    )
 
 
 def screen_projection(d: int, screen_dim: int, seed: int = 0) -> Float[Tensor, "d k"]:

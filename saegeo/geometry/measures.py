@@ -3,7 +3,7 @@
 Public API
 ----------
 Scalar measures (pure functions, reusable by the report and other modules):
-``anisotropy_from_unit_mean(unit_mean, n) -> float``   A = (n‖m̂‖² − 1)/(n − 1), the exact mean pairwise cosine.
+``anisotropy_from_unit_mean(unit_mean, n) -> float``   A = (n‖m̂‖² − 1)/(n − 1) (defined in accumulate.py).
 ``spectrum_shares(eigenvalues) -> Tensor``              p = λ/Σλ (negative rounding noise clamped to 0).
 ``effective_rank(eigenvalues) -> float``                exp(−Σ p log p).
 ``participation_ratio(eigenvalues) -> float``           (Σλ)²/Σλ².
@@ -34,7 +34,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from saegeo.errors import BadInputError
-from saegeo.geometry.accumulate import GeometryAccumulator, as_rows
+from saegeo.geometry.accumulate import GeometryAccumulator, anisotropy_from_unit_mean, as_rows
 from saegeo.io import json_safe
 from saegeo.geometry.nulls import (
     SignNull,
@@ -49,17 +49,6 @@ EIGENVECTOR_SIGN_CONVENTION = "each eigenvector's largest-|component| entry is p
 
 
 # ---------------------------------------------------------------------- scalar measures
-def anisotropy_from_unit_mean(unit_mean: Float[Tensor, " d"], n: int) -> float:
-    """A = mean over i ≠ j of cos(x_i, x_j) = (n‖m̂‖² − 1)/(n − 1), m̂ = mean of the n unit vectors.
-
-    Exact: Σ_{i≠j} x̂_i·x̂_j = ‖Σ x̂_i‖² − n. Needs n ≥ 2 (nonzero rows).
-    """
-    if n < 2:
-        raise BadInputError(f"the mean pairwise cosine needs at least 2 nonzero rows, got {n}")
-    sq = float(torch.as_tensor(unit_mean, dtype=torch.float64).square().sum())
-    return (n * sq - 1.0) / (n - 1)
-
-
 def spectrum_shares(eigenvalues: Float[Tensor, " d"]) -> Float[Tensor, " d"]:
     """p_i = λ_i / Σλ with λ clamped at 0 (eigh returns tiny negatives for singular matrices); zeros if Σλ = 0."""
     lam = torch.as_tensor(eigenvalues, dtype=torch.float64).clamp(min=0)

@@ -18,14 +18,13 @@ Public API
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from saegeo.errors import BadInputError
 from saegeo.io import config_from_dict
 
 SEVERITIES = ("info", "warning", "error")

@@ -3,12 +3,13 @@
 Per batch x (rows never kept, memory independent of the number of tokens):
   * the activation GeometryAccumulator (offset, A, spectrum, MP, IsoScore, γ, rogue dims, sign null);
   * a reservoir sample of rows (Algorithm R, seeded) for the histogram of pairwise cosines;
-  * per SAE: codes = encode(x) with decoder norms folded in (a_i·‖W_dec,i‖), fed to the amplification
-    law's CodeMomentAccumulator (K = mean L0, q, r, per-latent firing and E[a_i], the mean-cosine ratio);
-    Σ‖x − x̂‖² for FVE = 1 − Σ‖x − x̂‖² / Σ‖x − x̄‖²; and the unit-vector sums of x̂ − b_dec, x − b_dec
-    (and x, from the accumulator) whose mean pairwise cosines are A = (n‖m̂‖² − 1)/(n − 1).
-After the pass: the dictionary geometry of the unit decoder rows u_i (A_dict, ‖ū‖², their own spectrum),
-b_dec against μ, the three forms of the amplification law beside the three measured A's, cone shares
+  * per SAE: ``saegeo.sae.metrics.SAEMetrics`` (the trainer's held-out evaluation is the same accumulator):
+    codes with decoder norms folded in (a_i·‖W_dec,i‖) for the amplification law's CodeMomentAccumulator
+    (K = mean L0, q, r, per-latent firing and E[a_i], the mean-cosine ratio); FVE = 1 − Σ‖x − x̂‖² / Σ‖x − x̄‖²;
+    and the unit-vector sums of x̂ − b_dec, x − b_dec (and x, from the accumulator) whose mean pairwise
+    cosines are A = (n‖m̂‖² − 1)/(n − 1).
+Before the pass: the dictionary geometry of the unit decoder rows u_i (A_dict, ‖ū‖², their own spectrum;
+``saegeo.geometry.dictionary.dictionary_geometry``). After it: b_dec against μ, the three forms of the amplification law beside the three measured A's, cone shares
 c_i = E[a_i](u_i·M)/‖M‖² (M = Σ E[a_i]u_i) and cos(u_i, μ); then the flags.
 
 Public API
@@ -22,34 +23,32 @@ Public API
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from saegeo.io import config_from_dict, dump_json, json_safe
 from saegeo.activations.sources import open_rows
 from saegeo.errors import BadInputError, FormatError
 from saegeo.geometry import GeometryAccumulator, activation_geometry
 from saegeo.geometry.accumulate import as_rows
 from saegeo.geometry.amplification import (
-    CodeMomentAccumulator,
     cone_shares,
-    dictionary_anisotropy,
     exact_moment_prediction,
     mean_cosine_prediction,
     textbook_prediction,
 )
-from saegeo.geometry.measures import anisotropy_from_unit_mean
+from saegeo.geometry.dictionary import dictionary_geometry
 from saegeo.geometry.transforms import Whitening
+from saegeo.io import config_from_dict, dump_json, json_safe
 from saegeo.sae.formats import CFG_FILENAME, load_dictionary
+from saegeo.sae.metrics import SAEMetrics
 from saegeo.report.flags import (
     Flag,
     FlagThresholds,
@@ -207,24 +206,6 @@ class GeometryReport:
 
 
 # =========================================================================== streaming helpers
-class _UnitMean:
-    """Σ x/‖x‖ over nonzero rows: enough for A = (n‖m̂‖² − 1)/(n − 1) without a d×d gram."""
-
-    def __init__(self, d: int):
-        self.unit_sum = torch.zeros(d, dtype=torch.float64)
-        self.n = 0
-
-    def add(self, x: Tensor) -> None:
-        norms = torch.linalg.vector_norm(x, dim=1)
-        nonzero = norms > 0
-        inv_norm = torch.where(nonzero, 1.0 / torch.where(nonzero, norms, 1.0), 0.0)
-        self.unit_sum += (inv_norm @ x).to("cpu", torch.float64)  # one matvec per batch, as in the accumulator
-        self.n += int(nonzero.sum())
-
-    def anisotropy(self) -> float | None:
-        return anisotropy_from_unit_mean(self.unit_sum / self.n, self.n) if self.n >= 2 else None
-
-
 def _row_priority(seed: int, index: np.ndarray) -> np.ndarray:
     """A fixed pseudo-random uint64 per (seed, global row index): splitmix64 of index·φ + splitmix64(seed)."""
     def splitmix(z: np.ndarray) -> np.ndarray:
@@ -235,16 +216,6 @@ def _row_priority(seed: int, index: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):  # uint64 arithmetic wraps by design
         salt = splitmix(np.array([seed % 2**64], dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15))
         return splitmix(index.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + salt)
-
-
-@dataclass
-class _COO:
-    """Nonzero codes of a batch (the shape CodeMomentAccumulator.add reads)."""
-
-    n_rows: int
-    rows: Tensor
-    cols: Tensor
-    values: Tensor
 
 
 class _Reservoir:
@@ -355,114 +326,60 @@ class _SAEPass:
 
     def __init__(self, name: str, module: Any, config: dict[str, Any], device: str):
         self.name, self.module, self.config = name, module, config
-        self.device = torch.device(device)
         if hasattr(module, "to"):
-            module.to(self.device)
-        w = module.W_dec.detach().to("cpu", torch.float64)
-        self.d_sae, self.d_in = w.shape
-        self.norms = w.norm(dim=1)
-        self.alive_rows = self.norms > 0
-        self.unit = torch.where(self.alive_rows[:, None], w / self.norms.clamp_min(1e-300)[:, None], 0.0)
-        self.notes: list[str] = []
-        n_zero = int((~self.alive_rows).sum())
-        if n_zero:
-            self.notes.append(f"{n_zero} decoder row(s) are zero: excluded from the dictionary geometry")
-        self.a_dict, self.mean_sq_norm = dictionary_anisotropy(self.unit[self.alive_rows], normalize=False)
-        self.b_dec = module.b_dec.detach().to(self.device, torch.float32)
-        cfg = getattr(module, "cfg", None)
-        self.rescaled = bool(getattr(cfg, "rescale_acts_by_decoder_norm", False))
-        # saegeo TopK: encode_topk/decode_sparse give the same codes and x̂ without the dense code matrix
-        self.sparse_topk = getattr(cfg, "activation", None) == "topk" and hasattr(module, "encode_topk") \
-            and hasattr(module, "decode_sparse")
-        self.fold = self.norms.to(self.device, torch.float32)
-        self.codes = CodeMomentAccumulator(self.d_sae, mean_sq_norm=self.mean_sq_norm)
-        self.recon_unit, self.centred_unit = _UnitMean(self.d_in), _UnitMean(self.d_in)
-        self.sse, self.n = 0.0, 0
+            module.to(torch.device(device))
+        self.d_sae, self.d_in = module.W_dec.shape
+        self.dictionary = dictionary_geometry(module.W_dec.detach().cpu())  # float64 gram: the spectrum is exact
+        self.metrics = SAEMetrics(module, mean_sq_norm=self.dictionary.mean_sq_norm, device=device)
 
-    @torch.inference_mode()
     def add(self, x: Tensor) -> None:
-        x = x.to(self.device, torch.float32)
-        # SAEs with input normalisation (OpenAI LayerNorm, SAELens layer_norm / constant_norm_rescale) decode in
-        # the normalised space: the cone is measured there, the FVE on the denormalised reconstruction.
-        x_normalized, norm_state = self.module.normalize_input(x) if hasattr(self.module, "normalize_input") \
-            else (x, None)
-        if self.sparse_topk:  # gather only the k active decoder rows: no (batch, d_sae) matrix at all
-            values, indices = self.module.encode_topk(x)
-            recon = self.module.decode_sparse(values, indices)
-            folded = values if self.rescaled else values * self.fold[indices]
-            rows = torch.arange(x.shape[0], device=x.device).repeat_interleave(indices.shape[1])
-            self.codes.add(_COO(x.shape[0], rows.cpu(), indices.flatten().cpu(), folded.flatten().float().cpu()))
-        else:
-            codes = self.module.encode(x)
-            recon = self.module.decode(codes)
-            # the law's codes: the weights of the unit rows u_i in x̂ − b_dec
-            folded = codes if self.rescaled else codes * self.fold
-            self.codes.add(folded.float().cpu())
-        self.recon_unit.add(recon - self.b_dec)
-        self.centred_unit.add(x_normalized - self.b_dec)
-        if norm_state is not None:
-            recon = self.module.denormalize(recon, norm_state)
-        self.sse += float((x - recon).square().sum(dtype=torch.float64))
-        self.n += x.shape[0]
+        self.metrics.add(x)
 
-    def finish(self, acc: GeometryAccumulator, geo: dict[str, Any], thresholds: FlagThresholds) -> SAEGeometry:
-        mu = acc.mean
-        mu_norm = float(mu.norm())
-        n, d = self.n, self.d_in
-        centred_ss = geo["total_variance"] * n
-        freq = self.codes.firing_frequency
-        mean_code = self.codes.mean_code
-        cos_mean = (self.unit @ mu) / mu_norm if mu_norm > 0 else torch.zeros(self.d_sae, dtype=torch.float64)
-        notes = list(self.notes)
+    def finish(self, geo: dict[str, Any], thresholds: FlagThresholds) -> SAEGeometry:
+        m, dg = self.metrics, self.dictionary
+        codes = m.codes
+        freq, mean_code = codes.firing_frequency, codes.mean_code
+        notes = []
+        if dg.n_zero:
+            notes.append(f"{dg.n_zero} decoder row(s) are zero: excluded from the dictionary geometry")
         try:
-            shares = cone_shares(mean_code, self.unit, normalize=False).tolist()
+            shares = cone_shares(mean_code, self.module.W_dec.detach().cpu()).tolist()
         except BadInputError:
             shares = None
             notes.append("no latent fired: cone shares are undefined")
-        # the dictionary's own spectrum, from the same accumulator as the activations'
-        dict_acc = GeometryAccumulator(d, gram_dtype=torch.float64)
-        dict_acc.add(self.unit[self.alive_rows])
-        dgeo = activation_geometry(dict_acc, top_k_eigvecs=0)
-        dictionary_spectrum = {k: dgeo.to_dict()[k] for k in (
-            "eigenvalues", "top1_share", "top10_share", "effective_rank", "participation_ratio",
-            "numerical_rank", "isoscore", "mp_upper_edge", "mp_lower_edge", "n_spikes", "noise_effective_rank",
-            "offset", "anisotropy")}
-        b = self.b_dec.to("cpu", torch.float64)
-        K, q = self.codes.K, self.codes.q
-        r = self.codes.r if self.codes.l0_sum > 0 else None
+        K, q = codes.K, codes.q
+        r = codes.r if codes.l0_sum > 0 else None
         amplification = {
-            "K": K, "q": q, "r": r, "a_dict": self.a_dict, "mean_sq_norm": self.mean_sq_norm,
-            "textbook": textbook_prediction(K, self.a_dict),
-            "exact_moment": exact_moment_prediction(K, q, r, self.mean_sq_norm) if r is not None else None,
-            "mean_cosine": mean_cosine_prediction(self.codes.expected_ratio, self.mean_sq_norm) if r is not None else None,
-            "measured_recon_minus_b_dec": self.recon_unit.anisotropy(),
-            "measured_x_minus_b_dec": self.centred_unit.anisotropy(),
+            "K": K, "q": q, "r": r, "a_dict": dg.a_dict, "mean_sq_norm": dg.mean_sq_norm,
+            "textbook": textbook_prediction(K, dg.a_dict),
+            "exact_moment": exact_moment_prediction(K, q, r, dg.mean_sq_norm) if r is not None else None,
+            "mean_cosine": mean_cosine_prediction(codes.expected_ratio, dg.mean_sq_norm) if r is not None else None,
+            "measured_recon_minus_b_dec": m.recon_unit.anisotropy(),
+            "measured_x_minus_b_dec": m.input_unit.anisotropy(),
             "measured_x": geo.get("anisotropy"),
         }
         cfg = getattr(self.module, "cfg", None)
         saegeo_block = self.config.get("saegeo", {}) if isinstance(self.config, Mapping) else {}
-        norms = self.norms
+        b_dec = m.b_dec_against_mean()
         return SAEGeometry(
-            name=self.name, d_in=d, d_sae=self.d_sae,
+            name=self.name, d_in=self.d_in, d_sae=self.d_sae,
             architecture=getattr(cfg, "activation", None) or self.config.get("architecture"),
             k=getattr(cfg, "k", None) or self.config.get("k"),
             b_dec_init=saegeo_block.get("b_dec_init"),
-            n_tokens=n,
-            fve=1.0 - self.sse / centred_ss if centred_ss > 0 else None,
-            mse=self.sse / (n * d),
+            n_tokens=m.n,
+            fve=m.fve, mse=m.mse,
             mean_l0=K, q=q, r=r,
             n_dead=int((freq == 0).sum()),
             n_dense=int((freq > thresholds.dense_frequency).sum()),
             firing_frequency=freq.tolist(), mean_activation=mean_code.tolist(),
-            cos_decoder_mean=cos_mean.tolist(), cone_shares=shares,
-            a_dict=self.a_dict, dict_mean_sq_norm=self.mean_sq_norm,
-            decoder_norms={"min": float(norms.min()), "mean": float(norms.mean()), "max": float(norms.max()),
-                           "std": float(norms.std()) if norms.numel() > 1 else 0.0},
-            n_zero_decoder_rows=int((~self.alive_rows).sum()),
-            dictionary_spectrum=dictionary_spectrum,
-            b_dec_norm=float(b.norm()),
-            b_dec_distance_to_mean=float((b - mu).norm()) / mu_norm if mu_norm > 0 else None,
-            b_dec_cos_mean=float(b @ mu) / (float(b.norm()) * mu_norm) if mu_norm > 0 and float(b.norm()) > 0 else None,
+            cos_decoder_mean=m.decoder_mean_cosines().tolist(), cone_shares=shares,
+            a_dict=dg.a_dict, dict_mean_sq_norm=dg.mean_sq_norm,
+            decoder_norms={k: dg.norm_stats[k] for k in ("min", "mean", "max", "std")},
+            n_zero_decoder_rows=dg.n_zero,
+            dictionary_spectrum={**dg.spectrum, "offset": dg.mean_sq_norm**0.5, "anisotropy": dg.a_dict},
+            b_dec_norm=b_dec["b_dec_norm"],
+            b_dec_distance_to_mean=b_dec["b_dec_dist_to_mean"],
+            b_dec_cos_mean=b_dec["b_dec_cos_mean"],
             amplification=amplification,
             config=json_safe(self.config),
             notes=notes,
@@ -487,10 +404,8 @@ def _merge_ranks(
 
     acc, reservoir = distributed.merge_across_ranks(acc), distributed.merge_across_ranks(reservoir)
     for p in passes:
-        p.codes = distributed.merge_across_ranks(p.codes)
-        for unit in (p.recon_unit, p.centred_unit):
-            unit.unit_sum, unit.n = distributed.sum_across_ranks(unit.unit_sum), distributed.sum_across_ranks(unit.n)
-        p.sse, p.n = distributed.sum_across_ranks(p.sse), distributed.sum_across_ranks(p.n)
+        # the SAE is not part of the state that travels; the decoder read-outs need it back
+        p.metrics = SAEMetrics.from_state_dict(distributed.merge_across_ranks(p.metrics).state_dict(), sae=p.module)
     return acc, reservoir, distributed.sum_across_ranks(n_skipped)
 
 
@@ -590,7 +505,7 @@ def geometry_report(
     acc.n_nonfinite_skipped += n_skipped  # the rows were dropped before the accumulator saw them
     seconds = time.perf_counter() - t0
     geo = activation_geometry(acc).to_dict()
-    saes = [p.finish(acc, geo, opts.thresholds) for p in passes]
+    saes = [p.finish(geo, opts.thresholds) for p in passes]
     source.update(d=acc.d, n_tokens=acc.n)
 
     whitening_cost = None

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from saegeo.io import atomic_write, config_from_dict, dump_json
 from saegeo.errors import BadInputError, SaegeoError
+from saegeo.sae.metrics import SAEMetrics
 from saegeo.sae.model import SAE, SAEConfig
 
 Arch = Literal["topk", "relu"]
@@ -316,58 +317,17 @@ def geometric_median(x: Float[Tensor, "n d"], iters: int = 200, tol: float = 1e-
 # =========================================================================== metrics
 @torch.no_grad()
 def evaluate(sae: SAE, batches: Iterable[Tensor], activation_mean: Tensor | None = None) -> dict:
-    """Held-out metrics in one pass.
+    """Held-out metrics in one pass (``saegeo.sae.metrics.SAEMetrics``, the report's accumulator too).
 
-    mse = SSE/(n·d); FVE = 1 − SSE / Σ‖x − x̄‖² (x̄ = held-out mean; centred SS from float64 sums);
+    mse = SSE/(n·d); FVE = 1 − SSE / Σ‖x − x̄‖² (x̄ = held-out mean; centred SS by Chan's update in float64);
     L0 = mean active latents per row; dead = fraction of latents that never fire on these rows;
     dense = fraction firing on > 50% of rows; max|cos(W_dec, μ)| over decoder rows (μ = activation_mean,
     else the held-out mean); b_dec_dist = ‖b_dec − μ‖/‖μ‖.
     """
-    d_sae = sae.cfg.d_sae
-    n, sse, l0 = 0, 0.0, 0.0
-    sum_x, sum_sq = None, 0.0
-    fire = torch.zeros(d_sae, dtype=torch.float64)
+    metrics = SAEMetrics(sae)
     for x in batches:
-        x = x.to(sae.W_dec.device, torch.float32)
-        codes = sae.encode(x)
-        x_hat = sae.decode(codes)
-        sse += float((x - x_hat).double().pow(2).sum())
-        active = codes > 0
-        l0 += float(active.sum())
-        fire += active.sum(dim=0).double().cpu()
-        sx = x.double().sum(dim=0).cpu()
-        sum_x = sx if sum_x is None else sum_x + sx
-        sum_sq += float(x.double().pow(2).sum())
-        n += x.shape[0]
-    if n == 0:
-        return {}
-    centred_ss = sum_sq - float(sum_x.pow(2).sum()) / n
-    mu = (activation_mean if activation_mean is not None else sum_x / n).double().cpu()
-    return {
-        "tokens": n,
-        "mse": sse / (n * sae.cfg.d_in),
-        "fve": 1.0 - sse / centred_ss,
-        "l0": l0 / n,
-        "dead_fraction": float((fire == 0).double().mean()),
-        "dense_fraction": float((fire > 0.5 * n).double().mean()),
-        **decoder_mean_alignment(sae, mu),
-    }
-
-
-@torch.no_grad()
-def decoder_mean_alignment(sae: SAE, mean: Tensor) -> dict:
-    """max_i |cos(W_dec[i], μ)|, the count with |cos| > 0.5, and ‖b_dec − μ‖/‖μ‖."""
-    mu = mean.double().cpu()
-    w = sae.W_dec.detach().double().cpu()
-    cos = (w @ mu) / (w.norm(dim=1).clamp_min(1e-12) * mu.norm().clamp_min(1e-12))
-    b = sae.b_dec.detach().double().cpu()
-    return {
-        "max_abs_cos_mean": float(cos.abs().max()),
-        "n_latents_cos_mean_gt_0.5": int((cos.abs() > 0.5).sum()),
-        "b_dec_norm": float(b.norm()),
-        "mean_norm": float(mu.norm()),
-        "b_dec_dist_to_mean": float((b - mu).norm() / mu.norm().clamp_min(1e-12)),
-    }
+        metrics.add(x)
+    return metrics.summary(activation_mean)
 
 
 # =========================================================================== checkpoints

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Iterator

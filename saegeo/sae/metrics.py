@@ -1,0 +1,191 @@
+"""SAEMetrics: the one streaming accumulator of an SAE's metrics on activations (held-out evaluation and
+the report's SAE section both use it).
+
+Per batch x (m, d), through the SAE (saegeo ``SAE`` or a SAELens-like object with encode/decode, W_dec, b_dec):
+  * x' = normalize_input(x) when the SAE normalises its input (else x), codes a, reconstruction x̂ in the
+    normalised space, then denormalised for the error;
+  * Σ‖x − x̂‖² (float64) and, by Chan's parallel update of (n, μ, M₂), the centred sum of squares
+    M₂ = Σ‖x − x̄‖²: each batch is centred on its own mean, so a large mean never cancels the spread
+    (Σ‖x‖² − ‖Σx‖²/n does, losing digits when ‖μ‖ ≫ spread);
+  * the codes with decoder norms folded in (a_i·‖W_dec,i‖: the weights of the unit rows u_i in x̂ − b_dec)
+    into a ``CodeMomentAccumulator`` (L0, per-latent firing, E[a_i], the amplification law's moments);
+  * ``UnitMean`` sums of x̂ − b_dec and x' − b_dec for their anisotropies A = (n‖m̂‖² − 1)/(n − 1).
+Everything is a float64 sum: ``state_dict`` / ``from_state_dict`` / ``merge`` (so
+``saegeo.distributed.merge_across_ranks`` works), and ``summary`` reads out the metrics.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from saegeo.errors import BadInputError
+from saegeo.geometry.accumulate import UnitMean
+from saegeo.geometry.amplification import CodeMomentAccumulator
+from saegeo.geometry.dictionary import row_cosines, row_norms
+
+
+class _COO(NamedTuple):
+    """Nonzero codes of a batch (the shape CodeMomentAccumulator.add reads)."""
+
+    n_rows: int
+    rows: Int[Tensor, " nnz"]
+    cols: Int[Tensor, " nnz"]
+    values: Float[Tensor, " nnz"]
+
+
+class SAEMetrics:
+    """Mergeable float64 sums of one SAE on a stream of activation batches; see the module docstring.
+
+    ``sae`` is needed to ``add`` batches and for the decoder read-outs of ``summary``; it is not part of
+    the state (``from_state_dict(sd, sae=...)`` re-attaches it). ``mean_sq_norm`` (‖ū‖² of the unit
+    decoder rows, from ``dictionary_geometry``) enables the law's mean-cosine moment.
+    """
+
+    def __init__(self, sae: Any, *, mean_sq_norm: float | None = None, device: str | torch.device | None = None,
+                 d_in: int | None = None, d_sae: int | None = None):
+        self.sae = sae  # d_in / d_sae are only needed without one (from_state_dict)
+        if sae is not None:
+            d_sae, d_in = sae.W_dec.shape
+        self.d_in, self.d_sae = int(d_in), int(d_sae)
+        self.device = torch.device(device) if device is not None else (
+            sae.W_dec.device if sae is not None else torch.device("cpu"))
+        self.n = 0
+        self.sse = 0.0  # Σ‖x − x̂‖²
+        self.mean = torch.zeros(self.d_in, dtype=torch.float64)  # x̄
+        self.centred_ss = 0.0  # M₂ = Σ‖x − x̄‖²
+        self.codes = CodeMomentAccumulator(self.d_sae, mean_sq_norm=mean_sq_norm)
+        self.recon_unit = UnitMean(self.d_in)  # Σ unit(x̂ − b_dec)
+        self.input_unit = UnitMean(self.d_in)  # Σ unit(x' − b_dec)
+        if sae is not None:
+            cfg = getattr(sae, "cfg", None)
+            # codes of SAEs that rescale by the decoder norm already carry it
+            self._rescaled = bool(getattr(cfg, "rescale_acts_by_decoder_norm", False))
+            # saegeo TopK: encode_topk/decode_sparse give the same codes and x̂ without the dense code matrix
+            self._sparse_topk = getattr(cfg, "activation", None) == "topk" and hasattr(sae, "encode_topk") \
+                and hasattr(sae, "decode_sparse")
+            self._fold = row_norms(sae.W_dec.detach()).to(self.device, torch.float32)
+            self._b_dec = sae.b_dec.detach().to(self.device, torch.float32)
+
+    # ------------------------------------------------------------------ streaming
+    @torch.inference_mode()
+    def add(self, x: Float[Tensor, "m d"]) -> "SAEMetrics":
+        """Stream one batch of activations through the SAE and add its sums."""
+        sae = self.sae
+        if sae is None:
+            raise BadInputError("SAEMetrics.add needs the SAE: SAEMetrics(sae) or from_state_dict(sd, sae=sae)")
+        x = x.to(self.device, torch.float32)
+        if x.shape[0] == 0:
+            return self
+        # SAEs with input normalisation (OpenAI LayerNorm, SAELens layer_norm / constant_norm_rescale) decode in
+        # the normalised space: the cone is measured there, the error on the denormalised reconstruction.
+        x_normalized, norm_state = sae.normalize_input(x) if hasattr(sae, "normalize_input") else (x, None)
+        if self._sparse_topk:  # gather only the k active decoder rows: no (batch, d_sae) matrix at all
+            values, indices = sae.encode_topk(x)
+            recon = sae.decode_sparse(values, indices)
+            folded = values if self._rescaled else values * self._fold[indices]
+            rows = torch.arange(x.shape[0], device=x.device).repeat_interleave(indices.shape[1])
+            self.codes.add(_COO(x.shape[0], rows.cpu(), indices.flatten().cpu(), folded.flatten().float().cpu()))
+        else:
+            codes = sae.encode(x)
+            recon = sae.decode(codes)
+            self.codes.add((codes if self._rescaled else codes * self._fold).float().cpu())
+        self.recon_unit.add(recon - self._b_dec)
+        self.input_unit.add(x_normalized - self._b_dec)
+        if norm_state is not None:
+            recon = sae.denormalize(recon, norm_state)
+        x64 = x.double()
+        self.sse += float((x64 - recon.double()).square().sum())
+        batch_mean = x64.mean(dim=0)
+        self._combine(x.shape[0], batch_mean.cpu(), float((x64 - batch_mean).square().sum()))
+        return self
+
+    def _combine(self, m: int, mean_b: Float[Tensor, " d"], centred_ss_b: float) -> None:
+        """Chan et al.: M₂ = M₂ᵃ + M₂ᵇ + ‖δ‖²·nₐm/n, μ = μₐ + δ·m/n, δ = μ_b − μₐ."""
+        if m == 0:
+            return
+        n = self.n + m
+        delta = mean_b - self.mean
+        self.centred_ss += centred_ss_b + float(delta.square().sum()) * self.n * m / n
+        self.mean = self.mean + delta * (m / n)
+        self.n = n
+
+    # ------------------------------------------------------------------ combining
+    def merge(self, other: "SAEMetrics") -> "SAEMetrics":
+        """Fold ``other`` (the same SAE on other rows) into ``self``; returns ``self``."""
+        if (other.d_in, other.d_sae) != (self.d_in, self.d_sae):
+            raise BadInputError(f"cannot merge SAE metrics of {other.d_sae} × {other.d_in} into {self.d_sae} × {self.d_in}")
+        self._combine(other.n, other.mean, other.centred_ss)
+        self.sse += other.sse
+        self.codes.merge(other.codes)
+        self.recon_unit.merge(other.recon_unit)
+        self.input_unit.merge(other.input_unit)
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"d_in": self.d_in, "d_sae": self.d_sae, "n": self.n, "sse": self.sse, "mean": self.mean.clone(),
+                "centred_ss": self.centred_ss, "codes": self.codes.state_dict(),
+                "recon_unit": self.recon_unit.state_dict(), "input_unit": self.input_unit.state_dict()}
+
+    @classmethod
+    def from_state_dict(cls, sd: dict[str, Any], sae: Any = None, device: str | torch.device | None = None) -> "SAEMetrics":
+        out = cls(sae, device=device, d_in=sd["d_in"], d_sae=sd["d_sae"])
+        out.n, out.sse, out.centred_ss = int(sd["n"]), float(sd["sse"]), float(sd["centred_ss"])
+        out.mean = torch.as_tensor(sd["mean"]).to(torch.float64).clone()
+        out.codes = CodeMomentAccumulator.from_state_dict(sd["codes"])
+        out.recon_unit = UnitMean.from_state_dict(sd["recon_unit"])
+        out.input_unit = UnitMean.from_state_dict(sd["input_unit"])
+        return out
+
+    # ------------------------------------------------------------------ read-outs
+    @property
+    def mse(self) -> float:
+        """Σ‖x − x̂‖²/(n·d)."""
+        return self.sse / (self.n * self.d_in)
+
+    @property
+    def fve(self) -> float | None:
+        """1 − Σ‖x − x̂‖²/Σ‖x − x̄‖² (None when the rows have no spread)."""
+        return 1.0 - self.sse / self.centred_ss if self.centred_ss > 0 else None
+
+    def decoder_mean_cosines(self, mean: Float[Tensor, " d"] | None = None) -> Float[Tensor, " d_sae"]:
+        """cos(W_dec,i, μ) per latent (0 for a zero row or μ = 0); μ = the rows' mean unless given."""
+        mu = self.mean if mean is None else mean
+        return row_cosines(self.sae.W_dec.detach(), mu)
+
+    def b_dec_against_mean(self, mean: Float[Tensor, " d"] | None = None) -> dict[str, float | None]:
+        """‖b_dec‖, ‖μ‖, ‖b_dec − μ‖/‖μ‖ and cos(b_dec, μ) (None where a norm is 0)."""
+        mu = (self.mean if mean is None else mean).to("cpu", torch.float64)
+        b = self.sae.b_dec.detach().to("cpu", torch.float64)
+        b_norm, mu_norm = float(b.norm()), float(mu.norm())
+        return {
+            "b_dec_norm": b_norm,
+            "mean_norm": mu_norm,
+            "b_dec_dist_to_mean": float((b - mu).norm()) / mu_norm if mu_norm > 0 else None,
+            "b_dec_cos_mean": float(b @ mu) / (b_norm * mu_norm) if b_norm > 0 and mu_norm > 0 else None,
+        }
+
+    def summary(self, activation_mean: Float[Tensor, " d"] | None = None, *, dense_frequency: float = 0.5) -> dict:
+        """The held-out metrics: tokens, mse, fve, l0 (mean active latents per row), dead_fraction (never
+        fired), dense_fraction (fired on > dense_frequency of rows), max_abs_cos_mean = max_i |cos(W_dec,i, μ)|,
+        n_latents_cos_mean_gt_0.5, b_dec_norm, mean_norm and b_dec_dist_to_mean = ‖b_dec − μ‖/‖μ‖, with μ =
+        ``activation_mean`` (e.g. the training mean) or else the rows' own mean. {} when no row was added."""
+        if self.n == 0:
+            return {}
+        cos = self.decoder_mean_cosines(activation_mean).abs()
+        freq = self.codes.firing_frequency
+        b_dec = self.b_dec_against_mean(activation_mean)
+        return {
+            "tokens": self.n,
+            "mse": self.mse,
+            "fve": self.fve,
+            "l0": self.codes.K,
+            "dead_fraction": float((freq == 0).double().mean()),
+            "dense_fraction": float((freq > dense_frequency).double().mean()),
+            "max_abs_cos_mean": float(cos.max()),
+            "n_latents_cos_mean_gt_0.5": int((cos > 0.5).sum()),
+            **{k: b_dec[k] for k in ("b_dec_norm", "mean_norm", "b_dec_dist_to_mean")},
+        }
