@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from saegeo.errors import BadInputError
 from saegeo.report import GeometryReport, ReportOptions, geometry_report, render_markdown, render_terminal, write_report
 from saegeo.report.render import FIGURE_NAMES, render_html
 from saegeo.sae.model import SAE, SAEConfig
@@ -96,7 +97,7 @@ def test_write_report_writes_every_format(report, tmp_path):
         assert (tmp_path / "out" / "figures" / f"{name}.png").read_bytes().startswith(PNG_MAGIC)
     assert "| planted | clean |" in render_markdown(report)
     assert paths["terminal"].read_text() == render_terminal(report)
-    with pytest.raises(Exception, match="unknown report format"):
+    with pytest.raises(BadInputError, match=r"unknown report format\(s\) \['pdf'\]"):
         write_report(report, tmp_path / "bad", ["pdf"])
 
 

@@ -201,7 +201,7 @@ def test_fold_decoder_norms_keeps_reconstructions(activation):
     sae.fold_decoder_norms()
     torch.testing.assert_close(sae.W_dec.norm(dim=1), torch.ones(D_SAE, dtype=torch.float64))
     torch.testing.assert_close(sae(x), before)
-    with pytest.raises(FormatError):
+    with pytest.raises(FormatError, match="cannot fold decoder norms into a topk SAE"):
         _sae("topk").fold_decoder_norms()
 
 
