@@ -364,6 +364,10 @@ def test_a_rank_that_stops_responding_mid_training_does_not_hang_the_other(tmp_p
     script = _script(tmp_path, "stall.py", f"""
         import os, time, torch
         from saegeo.sae.train import TrainConfig, train_sae
+        # start together: a slow import on a loaded machine must not eat into the short timeout
+        open(f"ready_{{os.environ['RANK']}}", "w").close()
+        while not (os.path.exists("ready_0") and os.path.exists("ready_1")):
+            time.sleep(0.05)
         def on_step(step, live):
             if step == 3 and os.environ["RANK"] == "1":
                 open("rank1_stalled", "w").close()
