@@ -136,7 +136,19 @@ LAWS = ["exp", "half_normal", "log_normal", "constant"]
 
 @pytest.fixture(scope="module")
 def measured_grid():
-    """Measured A and E[x·y]/E‖x‖² on generated rows, with the code statistics, per (law, tilt)."""
+    """Measured A and E[x·y]/E‖x‖² on generated rows, with the code statistics, per (law, tilt).
+
+    Built single-threaded: the work is 12 small generations (≈0.25 s on one core), and on a loaded
+    2-core machine OpenMP threads competing with other processes made it ≈10× slower (13 s seen)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _measure_grid()
+    finally:
+        torch.set_num_threads(before)
+
+
+def _measure_grid() -> dict:
     out = {}
     for law in LAWS:
         for tilt in (0.0, 0.05, 0.2):

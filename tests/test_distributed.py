@@ -1,7 +1,8 @@
 """torch.distributed: 2 CPU ranks (gloo, loopback) launched by torchrun, against single-process runs.
 
 Each multi-process test starts one `torchrun --standalone --nproc_per_node 2` job (a few seconds) and
-compares what the ranks wrote with a single-process computation done here. Collective timeouts are
+compares what the ranks wrote with a single-process computation done here (the stalled-rank test
+starts its two ranks as plain processes instead, so that only saegeo's timeout can end them). Collective timeouts are
 short (SAEGEO_DIST_TIMEOUT) and every launch has a wall-clock guard, so a hang fails instead of blocking.
 """
 
@@ -51,22 +52,31 @@ def _script(tmp_path: Path, name: str, body: str) -> str:
 # =========================================================================== pure helpers (no processes)
 @pytest.mark.parametrize("world", [1, 2, 3, 5, 8])
 def test_split_shards_gives_every_shard_to_exactly_one_rank_balanced_by_rows(world):
+    """Contiguous blocks in store order, each shard once, and balanced as well as whole shards allow:
+    the boundaries are as close to the row quantiles r·N/W as any choice of W − 1 shard boundaries
+    (brute force over all of them), and so no rank gets more than the best largest block plus one shard."""
+    from itertools import combinations_with_replacement
+
     rng = np.random.default_rng(world)
     for _ in range(30):
-        rows = rng.integers(1, 100, size=int(rng.integers(1, 20))).tolist()
+        rows = rng.integers(1, 100, size=int(rng.integers(1, 10))).tolist()
         blocks = [distributed.split_shards(rows, r, world) for r in range(world)]
         flat = [i for b in blocks for i in b]
         assert flat == list(range(len(rows)))  # contiguous, in store order, each shard once
-        if len(rows) >= world:
-            # each boundary is the shard boundary nearest the row quantile: off by at most half the
-            # largest shard on each side (brute force over the cumulative row counts)
-            cum = np.concatenate([[0], np.cumsum(rows)])
-            for r in range(1, world):
-                target = cum[-1] * r / world
-                best = np.min(np.abs(cum - target))
-                got = abs(cum[blocks[r].start] - target) if blocks[r] else None
-                if got is not None and blocks[r - 1]:
-                    assert got <= best + 1e-9 or blocks[r].start == blocks[r - 1].stop
+        cum = np.concatenate([[0], np.cumsum(rows)])
+        targets = cum[-1] * np.arange(1, world) / world
+        got_bounds = np.array([b.start for b in blocks[1:]], dtype=int)
+        # every non-decreasing choice of the W − 1 inner boundaries (indices into cum)
+        combos = list(combinations_with_replacement(range(len(rows) + 1), world - 1))
+        choices = np.array(combos, dtype=int).reshape(len(combos), world - 1)
+        cost = np.abs(cum[choices] - targets).sum(axis=1)
+        got_cost = np.abs(cum[got_bounds] - targets).sum()
+        assert got_cost <= cost.min() + 1e-9, (rows, got_bounds.tolist(), choices[cost.argmin()].tolist())
+        # the largest block against the best possible largest block (brute force, same choices)
+        edges = np.concatenate([np.zeros((len(choices), 1), int), choices, np.full((len(choices), 1), len(rows))], 1)
+        best_max = (cum[edges[:, 1:]] - cum[edges[:, :-1]]).max(axis=1).min()
+        got_max = max(int(cum[b.stop] - cum[b.start]) if b else 0 for b in blocks)
+        assert got_max <= best_max + max(rows), (rows, [list(b) for b in blocks])
 
 
 def test_rank_rows_partition_a_batch():
@@ -335,20 +345,62 @@ def test_a_failing_rank_ends_every_rank_with_its_message(job):
     assert "global row 1400" in other
 
 
-def test_a_rank_that_dies_mid_training_does_not_hang_the_other(tmp_path):
+def _free_loopback_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_rank_that_stops_responding_mid_training_does_not_hang_the_other(tmp_path):
+    """saegeo's collective timeout (SAEGEO_DIST_TIMEOUT), not a launcher, ends the surviving rank.
+
+    The two ranks are plain processes (no torchrun, which would kill the peers itself). Rank 1 stops
+    responding inside on_step at step 3 without exiting, so rank 0 waits in the next collective; it
+    must fail on its own with gloo's timeout error naming the configured timeout. The wall-clock
+    bound is only a hang guard (the timeout is 3 s; the guard 90 s)."""
     torch.save(_train_data(), tmp_path / "x.pt")
-    script = _script(tmp_path, "die.py", f"""
-        import os, torch
+    script = _script(tmp_path, "stall.py", f"""
+        import os, time, torch
         from saegeo.sae.train import TrainConfig, train_sae
+        # start together: a slow import on a loaded machine must not eat into the short timeout
+        open(f"ready_{{os.environ['RANK']}}", "w").close()
+        while not (os.path.exists("ready_0") and os.path.exists("ready_1")):
+            time.sleep(0.05)
         def on_step(step, live):
             if step == 3 and os.environ["RANK"] == "1":
-                os._exit(17)  # no exception, no goodbye: the peer is left inside a collective
-        train_sae(TrainConfig(**{_train_cfg()!r}), torch.load("x.pt", weights_only=True), on_step=on_step)
+                open("rank1_stalled", "w").close()
+                time.sleep(3600)  # alive but silent: the peer is left inside a collective
+        train_sae(TrainConfig(**{_train_cfg(total_tokens=64 * 40)!r}), torch.load("x.pt", weights_only=True),
+                  on_step=on_step)
+        open(f"finished_{{os.environ['RANK']}}", "w").close()
     """)
-    proc = _torchrun([script], tmp_path, expect_ok=False)  # the launch guard fails the test on a hang
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0
-    assert "exitcode  : 17" in out, out[-2000:]  # torchrun names the rank that died and its exit code
+    timeout_s = 3
+    base = dict(os.environ, GLOO_SOCKET_IFNAME="lo", SAEGEO_DIST_TIMEOUT=str(timeout_s), OMP_NUM_THREADS="1",
+                PYTHONPATH=str(ROOT), TQDM_DISABLE="1", MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(_free_loopback_port()), WORLD_SIZE="2")
+    for k in ("TORCHELASTIC_RUN_ID", "GROUP_RANK", "LOCAL_WORLD_SIZE"):
+        base.pop(k, None)
+    procs = [subprocess.Popen([sys.executable, script], cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env=dict(base, RANK=str(r), LOCAL_RANK=str(r)))
+             for r in range(2)]
+    try:
+        try:
+            out0, _ = procs[0].communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"rank 0 still waits 90 s after rank 1 stopped, with SAEGEO_DIST_TIMEOUT={timeout_s}")
+        assert (tmp_path / "rank1_stalled").exists(), out0[-3000:]
+        assert procs[1].poll() is None, "rank 1 was meant to still be alive (stalled, not dead)"
+        assert procs[0].returncode != 0, out0[-3000:]
+        assert not (tmp_path / "finished_0").exists()
+        assert "Timed out" in out0 and f"{timeout_s * 1000}ms" in out0, out0[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
 
 
 def test_local_only_lets_one_rank_work_alone_inside_a_job(job):

@@ -263,7 +263,8 @@ def test_dictionary_only_flags_find_planted_rows():
 def test_flag_round_trip_and_severity_validation():
     f = F.Flag("x", "warning", {"a": 1.0}, "do y.", latents=[1, 2])
     assert F.Flag.from_dict(f.to_dict()) == f
-    with pytest.raises(ValueError):
+    # a programming error rather than bad user input (ValueError; a SaegeoError would do too), naming the severity
+    with pytest.raises(ValueError, match=r"severity 'fatal' not in"):
         F.Flag("x", "fatal", {}, "")
     with pytest.raises(BadInputError, match="unknown flag threshold"):
         FlagThresholds.from_dict({"no_such": 1})

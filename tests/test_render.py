@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from saegeo.errors import BadInputError
 from saegeo.report import GeometryReport, ReportOptions, geometry_report, render_markdown, render_terminal, write_report
 from saegeo.report.render import FIGURE_NAMES, render_html
 from saegeo.sae.model import SAE, SAEConfig
@@ -36,15 +37,26 @@ def report() -> GeometryReport:
     return geometry_report(x, {"planted": planted, "clean": clean}, options=ReportOptions(progress=False))
 
 
-def test_html_is_self_contained_and_every_plot_decodes(report):
-    page = render_html(report)
-    assert "http://" not in page and "https://" not in page  # nothing fetched when opened offline
+@pytest.fixture(scope="module")
+def written(report, tmp_path_factory) -> dict:
+    """write_report of the module's report, done once (the figures are rendered once per call):
+    {format: path}. The tests below read what it wrote instead of rendering the figures again."""
+    return write_report(report, tmp_path_factory.mktemp("render") / "out")
+
+
+def _embedded_pngs(page: str) -> list[tuple[str, bytes]]:
     images = re.findall(r'<img alt=\'(\w+)\' src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    return [(name, base64.b64decode(b64)) for name, b64 in images]
+
+
+def test_html_is_self_contained_and_every_plot_decodes(report, written):
+    page = written["html"].read_text()
+    assert "http://" not in page and "https://" not in page  # nothing fetched when opened offline
+    images = _embedded_pngs(page)
     assert [name for name, _ in images] == list(FIGURE_NAMES)
     import matplotlib.image as mpimg
 
-    for name, b64 in images:
-        png = base64.b64decode(b64)
+    for name, png in images:
         assert png.startswith(PNG_MAGIC), name
         pixels = mpimg.imread(io.BytesIO(png), format="png")
         assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100, name
@@ -85,18 +97,22 @@ def test_planted_case_flags_are_the_expected_ones(report):
     assert md.latents[0] == 0
 
 
-def test_write_report_writes_every_format(report, tmp_path):
-    paths = write_report(report, tmp_path / "out")
+def test_write_report_writes_every_format(report, written, tmp_path):
+    paths = written
+    out = paths["md"].parent
     assert set(paths) == {"terminal", "md", "json", "html"}
     assert GeometryReport.load(paths["json"]).to_dict() == report.to_dict()
     md = paths["md"].read_text()
     assert md.index("## Flags") < md.index("## Activations")
     for name in FIGURE_NAMES:
         assert f"figures/{name}.png" in md
-        assert (tmp_path / "out" / "figures" / f"{name}.png").read_bytes().startswith(PNG_MAGIC)
+        assert (out / "figures" / f"{name}.png").read_bytes().startswith(PNG_MAGIC)
+    # the Markdown's figure files are the very plots embedded in the HTML page
+    embedded = dict(_embedded_pngs(paths["html"].read_text()))
+    assert {name: (out / "figures" / f"{name}.png").read_bytes() for name in FIGURE_NAMES} == embedded
     assert "| planted | clean |" in render_markdown(report)
     assert paths["terminal"].read_text() == render_terminal(report)
-    with pytest.raises(Exception, match="unknown report format"):
+    with pytest.raises(BadInputError, match=r"unknown report format\(s\) \['pdf'\]"):
         write_report(report, tmp_path / "bad", ["pdf"])
 
 

@@ -3,6 +3,8 @@ a rerun reuses the store and the SAEs."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import numpy as np
@@ -44,17 +46,23 @@ progress = false
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
+def first_run(tmp_path_factory):
+    """The job run once, from nothing, for the whole module: (root, config path, what it printed).
+    Each test that needs it gets it, whichever runs first or alone."""
     root = tmp_path_factory.mktemp("run")
     cfg = root / "tiny.toml"
     cfg.write_text(CONFIG.format(out=root / "out", acts=root / "acts"))
-    return root, cfg
+    assert not (root / "acts").exists() and not (root / "out").exists()
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["run", str(cfg)])
+    assert code == 0, buf.getvalue()[-3000:]
+    return root, cfg, buf.getvalue()
 
 
-def test_saegeo_run_end_to_end(run_dir, capsys):
-    root, cfg = run_dir
-    assert main(["run", str(cfg)]) == 0
-    printed = capsys.readouterr().out
+def test_saegeo_run_end_to_end(first_run):
+    root, cfg, printed = first_run
+    assert "reusing" not in printed  # a first run computes everything
     html = root / "out" / "report" / "report.html"
     assert f"HTML report: {html}" in printed
     assert html.is_file() and html.read_text().count("data:image/png;base64,") == 5
@@ -82,8 +90,8 @@ def test_saegeo_run_end_to_end(run_dir, capsys):
     assert printed.index("FLAGS") < printed.index("ACTIVATIONS") < printed.index("SAE (side by side)")
 
 
-def test_saegeo_run_rerun_reuses_store_and_saes(run_dir, capsys):
-    root, cfg = run_dir
+def test_saegeo_run_rerun_reuses_store_and_saes(first_run, capsys):
+    root, cfg, _ = first_run
     weights = root / "out" / "saes" / "b_dec_mean" / "sae_weights.safetensors"
     shard = next((root / "acts" / "blocks.3.hook_resid_post").glob("shard_*.safetensors"))
     before = (weights.stat().st_mtime_ns, shard.stat().st_mtime_ns)

@@ -123,7 +123,7 @@ def test_open_errors_are_clear(tmp_path):
 def test_exception_keeps_whole_shards_then_resume_is_identical(tmp_path):
     x = rows(1000, seed=3)
     write_store(tmp_path / "ref", x, shard_rows=128)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="^killed$"):  # the test's own exception, not one from the writer
         with StoreWriter(tmp_path / "s", d=D, hook="synthetic", model="none", shard_rows=128) as w:
             w.append(x[:300])
             raise RuntimeError("killed")

@@ -159,8 +159,14 @@ def test_presets_show_their_regimes():
 
 
 def test_bad_configs_are_refused():
-    for bad in (dict(rate=1.5), dict(tilt=1.2), dict(magnitude="cauchy"), dict(rate_law="pareto"), dict(n_groups=3, group_size=1)):
-        with pytest.raises(BadInputError):
+    for bad, says in (
+        (dict(rate=1.5), r"rate must be in \(0, 1\], got 1.5"),
+        (dict(tilt=1.2), r"tilt must be in \[0, 1\], got 1.2"),
+        (dict(magnitude="cauchy"), r"unknown magnitude law 'cauchy'"),
+        (dict(rate_law="pareto"), r"rate_law must be 'uniform' or 'zipf', got 'pareto'"),
+        (dict(n_groups=3, group_size=1), r"3 co-firing groups of 1 need group_size >= 2"),
+    ):
+        with pytest.raises(BadInputError, match=says):
             SuperpositionGenerator(SyntheticConfig(**{**SMALL, **bad}))
     with pytest.raises(BadInputError, match="> 1; lower the rate"):
         SuperpositionGenerator(SyntheticConfig(d=8, n_features=100, rate=0.5, rate_law="zipf"))

@@ -52,7 +52,7 @@ def test_all_but_the_top():
     assert not abt.report.invertible
     with pytest.raises(BadInputError, match="projection"):
         abt.inverse(y)
-    with pytest.raises(BadInputError):
+    with pytest.raises(BadInputError, match=r"n_components must be in \[0, d = 8\], got 9"):
         AllButTheTop.fit(acc, n_components=9)
 
 
@@ -95,9 +95,9 @@ def test_whitening_top_k_shrinkage_and_clamp():
     n_below = int((lam < 1e-2 * lam[0]).sum())
     assert n_below > 0 and wc.report.n_clamped == n_below
     assert wc.report.noise_amplification == pytest.approx(10.0, rel=1e-9)
-    with pytest.raises(BadInputError):
+    with pytest.raises(BadInputError, match=r"k must be in \[1, d = \d+\], got 0"):
         Whitening.fit(acc, k=0)
-    with pytest.raises(BadInputError):
+    with pytest.raises(BadInputError, match=r"shrinkage must be in \[0, 1\], got 2.0"):
         Whitening.fit(acc, shrinkage=2.0)
 
 
