@@ -100,3 +100,80 @@ def test_gemma_scope_2_skip_transcoder_refused(tmp_path):
     (tmp_path / "config.json").write_text((src / "config.json").read_text())
     with pytest.raises(FormatError, match="params.safetensors: Gemma Scope 2 skip transcoder.*affine_skip_connection"):
         load_dictionary(tmp_path)
+
+
+# ============================================================================ hub ids, from an offline cache built here
+def _cache_repo(cache: Path, repo_id: str, files: dict[str, Path], revision: str = "0123456789abcdef0123456789abcdef01234567") -> None:
+    """The huggingface_hub cache layout: models--{org}--{name}/snapshots/{rev}/... and refs/main."""
+    root = cache / f"models--{repo_id.replace('/', '--')}"
+    for rel, src in files.items():
+        dst = root / "snapshots" / revision / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes(src.read_bytes())
+    (root / "refs").mkdir(parents=True, exist_ok=True)
+    (root / "refs" / "main").write_text(revision)
+
+
+@pytest.fixture
+def offline_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
+
+
+def _same_sae(a, b):
+    for name in ("W_enc", "W_dec", "b_enc", "b_dec", "threshold"):
+        torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=0, atol=0)
+    assert a.cfg == b.cfg
+
+
+def test_gemma_scope_release_id_loads_from_offline_cache(offline_cache):
+    sub = "layer_20/width_16k/average_l0_71"
+    src = FIXTURES / "gemma_scope_npz" / sub / "params.npz"
+    _cache_repo(offline_cache, "google/gemma-scope-2b-pt-res", {f"{sub}/params.npz": src})
+    by_id = load_dictionary(f"gemma-scope-2b-pt-res/{sub}")
+    _same_sae(by_id, load_dictionary(src))
+    info = by_id.format_info
+    assert info.hub_id == f"gemma-scope-2b-pt-res/{sub}" and info.format == "gemma_scope_npz"
+    assert info.model_name == "google/gemma-2-2b" and info.hook_name == "blocks.20.hook_resid_post"
+
+
+@pytest.mark.parametrize("name", ["saelens_jumprelu", "sparsify_topk", "llama_scope", "dl_jumprelu", "goodfire"])
+def test_org_repo_subfolder_id_equals_path_load(offline_cache, name):
+    path = FIXTURES / name / INDEX[name]["load"]
+    sub = f"{name}/{INDEX[name]['load']}".removesuffix("/.")
+    root = path if path.is_dir() else path.parent
+    files = {f"{sub}/{f.relative_to(root)}" if path.is_dir() else sub: f
+             for f in ([q for q in root.rglob("*") if q.is_file()] if path.is_dir() else [path])}
+    _cache_repo(offline_cache, "someorg/published-saes", files)
+    _same_sae(load_dictionary(f"someorg/published-saes/{sub}"), load_dictionary(path))
+
+
+def test_hub_id_offline_not_cached_names_what_it_looked_for(offline_cache):
+    with pytest.raises(FormatError, match=r"gemma-scope-2b-pt-res/layer_3/width_16k/average_l0_9: google/gemma-scope-2b-pt-res"
+                                          r"/layer_3/width_16k/average_l0_9 is not in .*HF_HUB_OFFLINE.*looked for "
+                                          r"models--google--gemma-scope-2b-pt-res/snapshots/\*/layer_3/width_16k/average_l0_9"):
+        load_dictionary("gemma-scope-2b-pt-res/layer_3/width_16k/average_l0_9")
+
+
+def test_hub_id_cached_repo_without_that_subfolder(offline_cache):
+    sub = "layer_20/width_16k/average_l0_71"
+    _cache_repo(offline_cache, "google/gemma-scope-2b-pt-res", {f"{sub}/params.npz": FIXTURES / "gemma_scope_npz" / sub / "params.npz"})
+    with pytest.raises(FormatError, match=r"has no layer_21/width_16k/average_l0_71 \(looked for .*snapshots"):
+        load_dictionary("gemma-scope-2b-pt-res/layer_21/width_16k/average_l0_71")
+
+
+def test_not_a_path_nor_a_hub_id():
+    with pytest.raises(FormatError, match=r"\./missing-sae: no such file or directory, and not a hub id"):
+        load_dictionary("./missing-sae")
+
+
+def test_saegeo_check_accepts_a_hub_id(offline_cache, capsys):
+    from saegeo.cli import main
+
+    sub = "layer_20/width_16k/average_l0_71"
+    _cache_repo(offline_cache, "google/gemma-scope-2b-pt-res", {f"{sub}/params.npz": FIXTURES / "gemma_scope_npz" / sub / "params.npz"})
+    assert main(["check", f"gemma-scope-2b-pt-res/{sub}", "--no-progress"]) == 0
+    assert "average_l0_71" in capsys.readouterr().out
