@@ -166,7 +166,7 @@ def test_hub_id_cached_repo_without_that_subfolder(offline_cache):
 
 
 def test_not_a_path_nor_a_hub_id():
-    with pytest.raises(FormatError, match=r"\./missing-sae: no such file or directory, and not a hub id"):
+    with pytest.raises(FormatError, match=r"\./missing-sae: does not exist, and is not a hub id"):
         load_dictionary("./missing-sae")
 
 

@@ -39,7 +39,9 @@ from saegeo.geometry.dictionary import (
     row_norms,
     unit_row_blocks,
 )
-from saegeo.report.flags import Flag, FlagThresholds, rounded, config_flags, dictionary_flags, sort_flags
+from saegeo.report.flags import (
+    AMPLIFICATION, MEAN_DIRECTION, Flag, FlagThresholds, config_flags, dictionary_flags, rounded, sort_flags,
+)
 from saegeo.io import dump_json, json_safe
 from saegeo.sae.model import SAE
 
@@ -350,7 +352,7 @@ def check_with_activations(sae: SAE, acts: Any, *, options: CheckOptions | None 
 ACTIVATIONS_MISMATCH = "activations_mismatch"
 # metrics of each SAE section that mean nothing when the activations are not the SAE's (set to None, listed in notes)
 WITHHELD_METRICS = ("fve", "amplification", "cone_shares")
-_WITHHELD_FLAGS = ("amplification_inconsistency",)  # flags computed from the withheld metrics
+_WITHHELD_FLAGS = (AMPLIFICATION, MEAN_DIRECTION)  # flags computed from the withheld metrics (the law, cone shares)
 _SITES = (("resid_post", ("resid_post", "hook_resid_post")), ("resid_pre", ("resid_pre",)), ("resid_mid", ("resid_mid",)),
           ("mlp_out", ("mlp_out", "hook_mlp_out")), ("mlp_in", ("mlp_in", "hook_mlp_in")),
           ("attn", ("hook_z", "attn_out", "hook_attn_out", "attn.", "self_attn")), ("embed", ("embed",)))
@@ -389,7 +391,7 @@ def _model_key(name: str | None) -> str | None:
     return name.lower().rstrip("/").split("/")[-1].replace("_", "-")
 
 
-def _store_measures(acts: Any, sae: SAE, opts: MatchOptions) -> dict[str, Any] | None:
+def _store_measures(acts: Any, opts: MatchOptions) -> dict[str, Any] | None:
     """One pass over the first max_rows rows: n, E‖x‖, μ, the all-ones share E|x·1|/(√d E‖x‖), massive rows, the
     rows at position 0 (a store's positions column), and up to fve_rows rows kept for the scale test."""
     from saegeo.activations.sources import open_rows
@@ -462,7 +464,7 @@ def activations_match_flags(sae: SAE, acts: Any, *, subject: str = "dictionary",
     One flag `activations_mismatch` (its severity the worst cause's) or none. `notes` gets what could not be checked."""
     opts = options or MatchOptions()
     info, notes = sae.format_info, notes if notes is not None else []
-    m = _store_measures(acts, sae, opts)
+    m = _store_measures(acts, opts)
     if m is None:
         notes.append("activations_mismatch not checked: the activations are an iterator (read once, by the report)")
         return []

@@ -742,8 +742,8 @@ def load_dictionary(path: str | os.PathLike, device: str = "cpu") -> SAE:
         return _LOADERS[detect_format(path)](path, device=device)
     hub = resolve_hub_id(str(path))
     if hub is None:
-        raise FormatError(f"{path}: no such file or directory, and not a hub id (org/repo[/subfolder] or "
-                          f"RELEASE/sae_id with RELEASE one of {sorted(HUB_RELEASES)})")
+        raise FormatError(f"{path}: does not exist, and is not a hub id (org/repo[/subfolder], or RELEASE/sae_id "
+                          "for a release of saegeo.sae.formats.HUB_RELEASES such as gemma-scope-2b-pt-res)")
     local = download_hub_dictionary(hub)
     sae = _LOADERS[detect_format(local)](local, device=device)
     info = sae.format_info
