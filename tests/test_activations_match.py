@@ -129,3 +129,11 @@ def test_cli_check_acts_reports_the_mismatch(tmp_path, capsys):
     assert ACTIVATIONS_MISMATCH in capsys.readouterr().out
     saved = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
     assert saved["saes"][0]["fve"] is None
+
+
+def test_gemma_embedding_sqrt_d_scale_is_named(tmp_path):
+    sae = load_dictionary(SAELENS)
+    sae.format_info.model_name, sae.format_info.hook_name = "google/gemma-2-2b", "hook_embed"
+    x = _rows(sae) / 32**0.5  # transformer-lens hook_embed: Gemma's embeddings before the √d the model applies
+    flag = _mismatch(sae, _store(tmp_path / "e", x, hook="hook_embed", model="google/gemma-2-2b"))
+    assert flag.evidence["scale"]["gemma_sqrt_d"] is True and "√d embedding scale" in flag.summary

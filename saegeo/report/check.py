@@ -385,6 +385,15 @@ def _hook_parts(name: str | None) -> tuple[int | None, str | None]:
     return layer, site
 
 
+_SQRT_D_NOTE = (" -- Gemma's √d embedding scale (Gemma Scope embedding SAEs need W_enc/√d and W_dec·√d against "
+                "transformer-lens hook_embed)")
+
+
+def _near_sqrt_d(ratio: float, d: int) -> bool:
+    """ratio within a factor e^0.25 of √d or 1/√d."""
+    return abs(abs(math.log(ratio)) - 0.5 * math.log(d)) < 0.25
+
+
 def _model_key(name: str | None) -> str | None:
     if not name or name.lower() in ("none", "unknown", "synthetic"):
         return None
@@ -501,18 +510,20 @@ def activations_match_flags(sae: SAE, acts: Any, *, subject: str = "dictionary",
     if expected:
         ratio = m["mean_norm"] / expected
         if not 1 / opts.scale_error_ratio <= ratio <= opts.scale_error_ratio:
-            cause("scale", "error", f"E‖x‖ = {m['mean_norm']:.4g} in the store, {expected:.4g} expected ({expected_from}): ×{ratio:.3g}",
+            near_sqrt_d = gemma and _near_sqrt_d(ratio, d)
+            cause("scale", "error", f"E‖x‖ = {m['mean_norm']:.4g} in the store, {expected:.4g} expected ({expected_from}): ×{ratio:.3g}"
+                  + (_SQRT_D_NOTE if near_sqrt_d else ""),
                   store_mean_norm=m["mean_norm"], expected_mean_norm=expected, expected_from=expected_from, ratio=ratio,
-                  **({"gemma_sqrt_d": True} if gemma and abs(math.log(ratio) - math.copysign(0.5 * math.log(d), math.log(ratio))) < 0.25 else {}))
+                  gemma_sqrt_d=near_sqrt_d)
     elif b_norm > 0 and mu_norm > 0:
         ratio = mu_norm / b_norm
         if not 1 / opts.scale_hint_ratio <= ratio <= opts.scale_hint_ratio:
             fve_here, fve_rescaled = _fve(sae, m["sample"]), _fve(sae, m["sample"] / ratio)
             confirmed = fve_here is not None and fve_rescaled is not None and fve_rescaled - fve_here > 0.2
-            near_sqrt_d = gemma and abs(abs(math.log(ratio)) - 0.5 * math.log(d)) < 0.25
+            near_sqrt_d = gemma and _near_sqrt_d(ratio, d)
             cause("scale", "error" if confirmed else "warning",
                   f"‖μ‖ = {mu_norm:.4g} in the store against ‖b_dec‖ = {b_norm:.4g}: ×{ratio:.3g}"
-                  + (" -- Gemma's √d embedding scale" if near_sqrt_d else "") + ("; FVE rises from "
+                  + (_SQRT_D_NOTE if near_sqrt_d else "") + ("; FVE rises from "
                   f"{fve_here:.3f} to {fve_rescaled:.3f} with x/{ratio:.3g}" if confirmed else ""),
                   store_mean_norm=m["mean_norm"], store_mean_vector_norm=mu_norm, b_dec_norm=b_norm, ratio=ratio,
                   fve=fve_here, fve_rescaled=fve_rescaled, gemma_sqrt_d=near_sqrt_d)

@@ -561,8 +561,8 @@ def load_llama_scope(path: str | os.PathLike, device: str = "cpu") -> SAE:
     hp = _read_json(hp_file)
     for key, refused in (("apply_decoder_bias_to_pre_encoder", True), ("act_fn", "topk")):
         if hp.get(key) == refused:
-            raise FormatError(f"{hp_file}: Llama Scope {key}={refused!r} is not read by saegeo (expected the released "
-                              "jumprelu SAEs without decoder-bias subtraction)")
+            raise FormatError(f"{hp_file}: Llama Scope {key}={refused!r}: saegeo reads the released jumprelu SAEs without "
+                              "decoder-bias subtraction only; encode this one with lm-saes itself")
     if "jump_relu_threshold" not in hp:
         raise FormatError(f"{hp_file}: missing jump_relu_threshold (Llama Scope's scalar JumpReLU threshold); is this a Llama Scope SAE?")
     if not w_file.is_file():
