@@ -320,7 +320,8 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
                     "rows, encoder-decoder alignment, b_dec vs the mean direction, config. With --acts, the full "
                     "geometry report on those activations plus these checks.",
     )
-    p.add_argument("path", help="dictionary file or directory")
+    p.add_argument("path", help="dictionary file or directory, or a hub id read through the Hugging Face cache "
+                                "(gemma-scope-2b-pt-res/layer_20/width_16k/average_l0_71, org/repo[/subfolder])")
     p.add_argument("--acts", help="activation store (directory) or .safetensors/.npy file: adds the full geometry report")
     p.add_argument("--out", help="directory for summary.txt, .md, .json, .html")
     p.add_argument("--max-tokens", type=_int_arg, default=None, help="with --acts: stop after this many tokens")

@@ -258,8 +258,8 @@ def _dl_reference(x, sd, dict_class):
     AutoEncoder: ReLU(encoder(x − bias)); decoder(f) + bias.       AutoEncoderNew: ReLU(encoder(x)); decoder(f) (+ its bias).
     AutoEncoderTopK: ReLU(encoder(x − b_dec)) then per-row top-k (use_threshold=False by default: threshold ignored).
     BatchTopKSAE / Matryoshka: ReLU(pre)·(ReLU(pre) > threshold), one global scalar (use_threshold=True by default).
-    JumpReluAutoEncoder: x not shifted (apply_b_dec_to_input=False); f = ReLU(pre·(pre > θ))·‖W_dec,i‖;
-    decode (f/‖W_dec,i‖) @ W_dec + b_dec.
+    JumpReluAutoEncoder: x not shifted (apply_b_dec_to_input=False); f = ReLU(pre·(pre > θ)), no decoder-norm
+    scaling (0.1.0 and main); decode f @ W_dec + b_dec.
     """
     s = _f64({k: v for k, v in sd.items() if k not in ("k", "group_sizes")})
     x = x.astype(np.float64)
@@ -283,9 +283,8 @@ def _dl_reference(x, sd, dict_class):
         return f, f @ s["W_dec"] + s["b_dec"]
     if dict_class == "JumpReluAutoEncoder":
         pre = x @ s["W_enc"] + s["b_enc"]
-        norms = np.linalg.norm(s["W_dec"], axis=1)
-        f = _relu(pre * (pre > s["threshold"])) * norms
-        return f, (f / norms) @ s["W_dec"] + s["b_dec"]
+        f = _relu(pre * (pre > s["threshold"]))
+        return f, f @ s["W_dec"] + s["b_dec"]
     raise AssertionError(dict_class)
 
 

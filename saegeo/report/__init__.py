@@ -5,18 +5,21 @@
     print(render_terminal(report)); write_report(report, "artifacts/report")
 
 report.py   geometry_report -> GeometryReport (one pass)
-check.py    check_dictionary / check_with_activations -> DictionaryCheck (a dictionary alone, or with activations)
+check.py    check_dictionary / check_with_activations -> DictionaryCheck (a dictionary alone, or with activations);
+            activations_match_flags: do the SAE and the activations belong together?
 flags.py    each flag: name, severity, evidence, advice
 render.py   terminal, Markdown, JSON, HTML of both pages; write_report writes either
 """
 
-from saegeo.report.check import CheckOptions, DictionaryCheck, check_dictionary, check_with_activations
+from saegeo.report.check import (
+    CheckOptions, DictionaryCheck, MatchOptions, activations_match_flags, check_dictionary, check_with_activations,
+)
 from saegeo.report.flags import Flag, FlagThresholds, dictionary_flags
 from saegeo.report.render import render_html, render_json, render_markdown, render_terminal, write_report
 from saegeo.report.report import GeometryReport, ReportOptions, SAEGeometry, compute_flags, geometry_report
 
 __all__ = [
-    "CheckOptions", "DictionaryCheck", "check_dictionary", "check_with_activations",
+    "CheckOptions", "DictionaryCheck", "MatchOptions", "activations_match_flags", "check_dictionary", "check_with_activations",
     "Flag", "FlagThresholds", "dictionary_flags", "GeometryReport", "ReportOptions", "SAEGeometry",
     "compute_flags", "geometry_report", "render_html", "render_json", "render_markdown", "render_terminal",
     "write_report",

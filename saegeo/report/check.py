@@ -9,13 +9,18 @@ From the weights alone (any format `load_dictionary` reads):
     dictionary-only variant of the mean-direction flag (``saegeo.report.flags.dictionary_flags``);
   * configuration: input normalisation or scaling the files do not contain, folded scaling factors,
     whitening, transcoders, unset BatchTopK thresholds.
-With activations (`--acts`), `saegeo check` adds these flags to the full `geometry_report`.
+With activations (`--acts`), `saegeo check` first asks whether the SAE and the activations belong together
+(``activations_match_flags``: hook and model names, scale, ‖b_dec − μ‖/‖μ‖, BOS / special rows the SAE excluded,
+centred writing weights; one flag `activations_mismatch`), then adds these flags to the full `geometry_report`;
+on a mismatch of severity error the report withholds FVE, the amplification law and cone shares (None, with a note).
 Flags are ``saegeo.report.flags.Flag``; ``saegeo.report.render`` renders and writes a ``DictionaryCheck``.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -24,6 +29,7 @@ from typing import Any, Mapping
 import torch
 
 from saegeo.errors import BadInputError, FormatError
+from saegeo.geometry.accumulate import as_rows
 from saegeo.geometry.dictionary import (
     DEFAULT_BLOCK_ROWS,
     dictionary_geometry,
@@ -31,8 +37,10 @@ from saegeo.geometry.dictionary import (
     near_duplicate_pairs,
     summary_stats,
 )
-from saegeo.report.flags import Flag, FlagThresholds, rounded, config_flags, dictionary_flags, sort_flags
 from saegeo.io import config_from_dict, dump_json, json_safe
+from saegeo.report.flags import (
+    AMPLIFICATION, MEAN_DIRECTION, Flag, FlagThresholds, config_flags, dictionary_flags, rounded, sort_flags,
+)
 from saegeo.sae.model import SAE
 
 CHECK_SCHEMA_VERSION = 1
@@ -64,6 +72,7 @@ class CheckOptions:
     max_pairs_listed: int = 50  # near-duplicate pairs listed in the result
     progress: bool = True  # progress bars
     thresholds: FlagThresholds = field(default_factory=FlagThresholds)  # of the flags
+    match: "MatchOptions" = field(default_factory=lambda: MatchOptions())  # with activations: activations_match_flags
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -298,19 +307,259 @@ def config_check_flags(sae: SAE, *, subject: str = "dictionary", thresholds: Fla
 def check_with_activations(sae: SAE, acts: Any, *, options: CheckOptions | None = None, name: str | None = None,
                            report_options: Any = None):
     """`geometry_report(acts, sae)` plus the dictionary-only flags above (duplicates, zero rows, alignment,
-    config), merged into one report so the same renderings apply. Returns (GeometryReport, DictionaryCheck)."""
+    config) and `activations_match_flags`, merged into one report so the same renderings apply; an
+    `activations_mismatch` error withholds the SAE's WITHHELD_METRICS (`withhold_metrics`).
+    Returns (GeometryReport, DictionaryCheck)."""
     from saegeo.report.report import geometry_report
 
     opts = options or CheckOptions()
     dcheck = check_dictionary(sae, options=opts, name=name)
     subject = dcheck.source["name"]
+    match_notes: list[str] = []
+    mismatch = activations_match_flags(sae, acts, subject=subject, options=opts.match, notes=match_notes)
     report = geometry_report(acts, sae={subject: sae}, options=report_options)
     have = {(f.name, f.subject) for f in report.flags}
     # the activation-based mean-direction flag supersedes the dictionary-only guess; keep the rest
     extra_flags = [f for f in dcheck.flags if f.name in DICTIONARY_FLAGS and (f.name, f.subject) not in have]
-    report.flags = sort_flags(report.flags + extra_flags)
+    report.flags = sort_flags(report.flags + extra_flags + mismatch)
+    report.notes = list(report.notes) + match_notes
+    if any(f.severity == "error" for f in mismatch):
+        withhold_metrics(report, subject, mismatch[0])
     report.notes = list(report.notes) + [
         f"dictionary check: {dcheck.n_duplicate_pairs} near-duplicate pair(s) (cos > {opts.duplicate_cos:g}), "
         f"{dcheck.n_zero_decoder_rows} zero row(s), median cos(encoder, decoder) {dcheck.encoder_decoder_cos['median']:.3f}"
     ]
     return report, dcheck
+
+
+# =========================================================================== do the SAE and the activations belong together?
+ACTIVATIONS_MISMATCH = "activations_mismatch"
+# metrics of each SAE section that mean nothing when the activations are not the SAE's (set to None, listed in notes)
+WITHHELD_METRICS = ("fve", "amplification", "cone_shares")
+_WITHHELD_FLAGS = (AMPLIFICATION, MEAN_DIRECTION)  # flags computed from the withheld metrics (the law, cone shares)
+_SITES = (("resid_post", ("resid_post", "hook_resid_post")), ("resid_pre", ("resid_pre",)), ("resid_mid", ("resid_mid",)),
+          ("mlp_out", ("mlp_out", "hook_mlp_out")), ("mlp_in", ("mlp_in", "hook_mlp_in")),
+          ("attn", ("hook_z", "attn_out", "hook_attn_out", "attn.", "self_attn")), ("embed", ("embed",)))
+
+
+@dataclass
+class MatchOptions:
+    """Thresholds of `activations_match_flags`."""
+
+    max_rows: int = 65536  # rows read (from the start) for the scale, offset and special-row measures
+    fve_rows: int = 4096  # rows re-encoded to test the alternative scale
+    scale_error_ratio: float = 2.0  # E‖x‖ vs the SAE's recorded norm off by more than this factor: error
+    scale_hint_ratio: float = 3.0  # ‖μ‖/‖b_dec‖ (no recorded norm) off by more than this factor: a mismatch cause
+    offset_warn: float = 0.5  # ‖b_dec − μ‖/‖μ‖ above this (for an SAE that subtracts b_dec): warning
+    massive_row_factor: float = 10.0  # rows with ‖x‖ > this × median ‖x‖ are massive-activation rows
+    centred_warn: float = 0.05  # E|x·1|/(√d E‖x‖) above this where the SAE expects centred writing weights
+
+
+def _hook_parts(name: str | None) -> tuple[int | None, str | None]:
+    """(layer, site) from a transformer-lens name (blocks.6.hook_resid_post) or an HF module name (layers.6,
+    model.layers.6.output = that block's residual output); None where the name does not say."""
+    if not name:
+        return None, None
+    low = name.lower()
+    m = re.search(r"(?:blocks|layers|layer|h)[._](\d+)", low)
+    layer = int(m.group(1)) if m else None
+    site = next((s for s, keys in _SITES if any(k in low for k in keys)), None)
+    if site is None and layer is not None and re.fullmatch(r"(model\.)?(gpt_neox\.|transformer\.)?(layers|h)\.\d+(\.output)?", low):
+        site = "resid_post"  # the output of an HF decoder layer is the residual stream after it
+    return layer, site
+
+
+_SQRT_D_NOTE = (" -- Gemma's √d embedding scale (Gemma Scope embedding SAEs need W_enc/√d and W_dec·√d against "
+                "transformer-lens hook_embed)")
+
+
+def _near_sqrt_d(ratio: float, d: int) -> bool:
+    """ratio within a factor e^0.25 of √d or 1/√d."""
+    return abs(abs(math.log(ratio)) - 0.5 * math.log(d)) < 0.25
+
+
+def _model_key(name: str | None) -> str | None:
+    if not name or name.lower() in ("none", "unknown", "synthetic"):
+        return None
+    return name.lower().rstrip("/").split("/")[-1].replace("_", "-")
+
+
+def _store_measures(acts: Any, opts: MatchOptions) -> dict[str, Any] | None:
+    """One pass over the first max_rows rows: n, E‖x‖, μ, the all-ones share E|x·1|/(√d E‖x‖), massive rows, the
+    rows at position 0 (a store's positions column), and up to fve_rows rows kept for the scale test."""
+    from saegeo.activations.sources import open_rows
+
+    rows = open_rows(acts)
+    if rows.kind == "iterator":
+        return None  # an iterator can be read once: the report needs it
+    batches, _ = rows.batches(8192)
+    n, d = 0, None
+    total, norms, ones, kept = None, [], 0.0, []
+    for batch in batches:
+        x = as_rows(batch)[: opts.max_rows - n].to(torch.float64)
+        if x.shape[0] == 0:
+            break
+        d = x.shape[1]
+        total = x.sum(0) if total is None else total + x.sum(0)
+        norms.append(x.norm(dim=1))
+        ones += float(x.sum(1).abs().sum()) / d**0.5
+        if sum(k.shape[0] for k in kept) < opts.fve_rows:
+            kept.append(x[: opts.fve_rows].to(torch.float32))
+        n += x.shape[0]
+        if n >= opts.max_rows:
+            break
+    if n == 0:
+        return None
+    norm = torch.cat(norms)
+    mean_norm = float(norm.mean())
+    position0 = None
+    if rows.store is not None:
+        position0, seen = 0, 0
+        for i, shard in enumerate(rows.store.shards):
+            pos = rows.store.read_positions(i)
+            if pos is None:
+                position0 = None
+                break
+            position0 += int((pos[: max(0, n - seen)] == 0).sum())
+            seen += shard.rows
+            if seen >= n:
+                break
+    return {"n": n, "mean": total / n, "mean_norm": mean_norm, "median_norm": float(norm.median()),
+            "n_massive": int((norm > opts.massive_row_factor * float(norm.median())).sum()),
+            "ones_share": ones / n / mean_norm if mean_norm > 0 else 0.0, "position0_rows": position0,
+            "sample": torch.cat(kept)[: opts.fve_rows], "store": rows.store, "describe": rows.describe}
+
+
+def _fve(sae: SAE, x: torch.Tensor) -> float | None:
+    with torch.no_grad():
+        x_hat = sae(x.to(sae.W_enc.dtype)).to(torch.float64)
+    x = x.to(torch.float64)
+    centred = float((x - x.mean(0)).pow(2).sum())
+    return 1 - float((x - x_hat).pow(2).sum()) / centred if centred > 0 else None
+
+
+def activations_match_flags(sae: SAE, acts: Any, *, subject: str = "dictionary", options: MatchOptions | None = None,
+                            notes: list[str] | None = None) -> list[Flag]:
+    """Does `acts` hold the activations `sae` was trained on? From the SAE's metadata (sae.format_info) against the
+    store's manifest, and from their geometry (on the first max_rows rows). Causes, each with its evidence:
+
+      hook / model     names in the SAE's metadata vs the manifest (layer and site parsed from transformer-lens or
+                       HF module names; error when they differ)
+      scale            E‖x‖ vs the norm the SAE recorded (Llama Scope dataset_average_activation_norm; √d for SAELens
+                       expected_average_only_in) -- error beyond scale_error_ratio; without one, ‖μ‖/‖b_dec‖, an
+                       error only when the SAE also reconstructs x / ratio clearly better (FVE + 0.2) than x.
+                       A ratio near √d on a Gemma model is named as Gemma's √d embedding scale.
+      offset           ‖b_dec − μ‖/‖μ‖ for an SAE that subtracts b_dec (warning)
+      special_rows     the SAE's metadata excludes BOS / special tokens but the store kept them (manifest
+                       corpus.exclude_special false, rows at position 0); error when they are massive-activation rows
+      centred          the SAE's model_from_pretrained_kwargs centre the writing weights (Σ_j x_j = 0 per row) and
+                       the store's rows are not: E|x·1|/(√d E‖x‖) above centred_warn (warning)
+    One flag `activations_mismatch` (its severity the worst cause's) or none. `notes` gets what could not be checked."""
+    opts = options or MatchOptions()
+    info, notes = sae.format_info, notes if notes is not None else []
+    m = _store_measures(acts, opts)
+    if m is None:
+        notes.append("activations_mismatch not checked: the activations are an iterator (read once, by the report)")
+        return []
+    desc = m["describe"]
+    causes: dict[str, dict[str, Any]] = {}
+
+    def cause(name: str, severity: str, summary: str, **evidence: Any) -> None:
+        causes[name] = {"severity": severity, "summary": summary, **{k: rounded(v) if isinstance(v, float) else v for k, v in evidence.items()}}
+
+    # names
+    store_hook, store_model = desc.get("hook") or None, desc.get("model") or None
+    if info.hook_name and store_hook and info.hook_name != store_hook:
+        (la, sa), (lb, sb) = _hook_parts(info.hook_name), _hook_parts(store_hook)
+        differ = (la is not None and lb is not None and la != lb) or (sa is not None and sb is not None and sa != sb)
+        if differ or None in (la, lb, sa, sb):
+            cause("hook", "error" if differ else "warning",
+                  f"hook {store_hook!r} in the store, {info.hook_name!r} in the SAE" + ("" if differ else " (cannot tell whether they are the same)"),
+                  sae_hook=info.hook_name, store_hook=store_hook)
+    if info.hook_head_index is not None:
+        notes.append(f"the SAE reads attention head {info.hook_head_index} of {info.hook_name}: the store must hold that head only")
+    if _model_key(info.model_name) and _model_key(store_model) and _model_key(info.model_name) != _model_key(store_model):
+        cause("model", "error", f"model {store_model!r} in the store, {info.model_name!r} in the SAE",
+              sae_model=info.model_name, store_model=store_model)
+
+    # scale and offset
+    mu = m["mean"]
+    b_dec = sae.b_dec.detach().cpu().to(torch.float64)
+    mu_norm, b_norm = float(mu.norm()), float(b_dec.norm())
+    d = int(mu.shape[0])
+    gemma = "gemma" in (info.model_name or store_model or "").lower()
+    expected, expected_from = info.expected_input_norm, "dataset_average_activation_norm.in"
+    if expected is None and info.normalize_activations == "expected_average_only_in":
+        expected, expected_from = d**0.5, "√d (normalize_activations expected_average_only_in, after rescaling)"
+    if expected:
+        ratio = m["mean_norm"] / expected
+        if not 1 / opts.scale_error_ratio <= ratio <= opts.scale_error_ratio:
+            near_sqrt_d = gemma and _near_sqrt_d(ratio, d)
+            cause("scale", "error", f"E‖x‖ = {m['mean_norm']:.4g} in the store, {expected:.4g} expected ({expected_from}): ×{ratio:.3g}"
+                  + (_SQRT_D_NOTE if near_sqrt_d else ""),
+                  store_mean_norm=m["mean_norm"], expected_mean_norm=expected, expected_from=expected_from, ratio=ratio,
+                  gemma_sqrt_d=near_sqrt_d)
+    elif b_norm > 0 and mu_norm > 0:
+        ratio = mu_norm / b_norm
+        if not 1 / opts.scale_hint_ratio <= ratio <= opts.scale_hint_ratio:
+            fve_here, fve_rescaled = _fve(sae, m["sample"]), _fve(sae, m["sample"] / ratio)
+            confirmed = fve_here is not None and fve_rescaled is not None and fve_rescaled - fve_here > 0.2
+            near_sqrt_d = gemma and _near_sqrt_d(ratio, d)
+            cause("scale", "error" if confirmed else "warning",
+                  f"‖μ‖ = {mu_norm:.4g} in the store against ‖b_dec‖ = {b_norm:.4g}: ×{ratio:.3g}"
+                  + (_SQRT_D_NOTE if near_sqrt_d else "") + ("; FVE rises from "
+                  f"{fve_here:.3f} to {fve_rescaled:.3f} with x/{ratio:.3g}" if confirmed else ""),
+                  store_mean_norm=m["mean_norm"], store_mean_vector_norm=mu_norm, b_dec_norm=b_norm, ratio=ratio,
+                  fve=fve_here, fve_rescaled=fve_rescaled, gemma_sqrt_d=near_sqrt_d)
+    offset = float((b_dec - mu).norm()) / mu_norm if mu_norm > 0 else None
+    if offset is not None and sae.cfg.apply_b_dec_to_input and offset > opts.offset_warn:
+        cause("offset", "warning", f"‖b_dec − μ‖/‖μ‖ = {offset:.3g}: the SAE subtracts a b_dec far from these activations' mean",
+              offset=offset)
+
+    # BOS / special rows
+    excluded = info.exclude_special_tokens
+    corpus = (m["store"].corpus if m["store"] is not None else {}) or {}
+    if excluded and not corpus.get("exclude_special", False):
+        pos0 = m["position0_rows"]
+        if pos0 is None and m["store"] is None:
+            notes.append("the SAE excludes special tokens; these activations have no positions to check that against")
+        elif pos0 is None or pos0 > 0:
+            massive = m["n_massive"]
+            cause("special_rows", "error" if massive else "warning",
+                  f"the SAE's metadata excludes BOS / special tokens (exclude_special_tokens={excluded!r}) but the store kept them "
+                  f"(corpus.exclude_special false{f', {pos0} rows at position 0' if pos0 else ''}"
+                  f"{f', {massive} massive-activation rows (‖x‖ > {opts.massive_row_factor:g}× median)' if massive else ''})",
+                  exclude_special_tokens=excluded, store_exclude_special=bool(corpus.get("exclude_special", False)),
+                  position0_rows=pos0, massive_rows=massive, rows_read=m["n"])
+
+    # centred writing weights
+    kwargs = info.model_from_pretrained_kwargs or {}
+    if kwargs.get("center_writing_weights") is True and m["ones_share"] > opts.centred_warn:
+        cause("centred", "warning", f"the SAE was trained with center_writing_weights (rows sum to 0) but these rows carry "
+              f"{m['ones_share']:.3g} of their norm along the all-ones direction", all_ones_share=m["ones_share"])
+
+    if not causes:
+        return []
+    severity = "error" if any(c["severity"] == "error" for c in causes.values()) else "warning"
+    evidence = {"causes": sorted(causes), **causes, "rows_read": m["n"], "store_mean_norm": rounded(m["mean_norm"]),
+                "b_dec_offset": rounded(offset) if offset is not None else None}
+    return [Flag(
+        ACTIVATIONS_MISMATCH, severity, evidence,
+        "These activations are not the ones this SAE was trained on: cache the hook and model its metadata names, "
+        "with its preprocessing (scale, special tokens, centring), before reading FVE or the amplification law.",
+        summary="SAE and activations do not belong together: " + "; ".join(f"{k}: {c['summary']}" for k, c in sorted(causes.items())),
+        subject=subject,
+    )]
+
+
+def withhold_metrics(report: Any, subject: str, flag: Flag) -> None:
+    """Set the metrics that `flag` makes meaningless to None in `subject`'s SAE section, drop the flags computed
+    from them, and say so in the notes of the section and of the report."""
+    section = report.sae_named(subject)
+    for key in WITHHELD_METRICS:
+        value = getattr(section, key)
+        setattr(section, key, {k: None for k in value} if isinstance(value, dict) else None)
+    report.flags = [f for f in report.flags if not (f.name in _WITHHELD_FLAGS and f.subject == subject)]
+    note = f"withheld for {subject}: {', '.join(WITHHELD_METRICS)} ({ACTIVATIONS_MISMATCH}: {', '.join(flag.evidence['causes'])})"
+    section.notes.append(note)
+    report.notes = list(report.notes) + [note]

@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -116,7 +118,7 @@ def load_sae(path: str | os.PathLike, device: str = "cpu") -> SAE:
         cfg = SAEConfig(**kept)
         meta = raw.get("metadata") or {}
         info = FormatInfo(format="saelens", source=str(d), written_by="saegeo", model_name=meta.get("model_name"),
-                          hook_name=meta.get("hook_name"))
+                          hook_name=meta.get("hook_name"), **_saelens_activation_facts(raw, meta))
     else:  # any SAELens version: older key names, normalisation, scaling factors (see _saelens_config)
         cfg, info = _saelens_config(raw, cfg_path, weights)
     tensors = _saelens_tensors(cfg, info, weights, w_path, bool(raw.get("finetuning_scaling_factor", False)))
@@ -134,6 +136,10 @@ def load_sae(path: str | os.PathLike, device: str = "cpu") -> SAE:
 #   sparsify             cfg.json + sae.safetensors          yes (not transcoders) ReLU then TopK
 #   dictionary_learning  ae.pt [+ config.json]               per class, below      per class, below
 #   gemma_scope_npz      params.npz                          no                    ReLU(pre)·[pre > θ]
+#   gemma_scope_2        params.safetensors + config.json    no                    ReLU(pre)·[pre > θ]
+#   llama_scope          hyperparams.json +                  no (inputs ·√d/norm)  ReLU(pre)·[pre·‖W_dec,i‖ > θ]
+#                        checkpoints/final.safetensors
+#   goodfire             one .pth                            no                    ReLU
 #   openai               <name>.pt state dict                yes (pre_bias)        TopK then ReLU after a per-row
 #                                                                                  LayerNorm (undone after decode) | ReLU
 #
@@ -143,7 +149,9 @@ def load_sae(path: str | os.PathLike, device: str = "cpu") -> SAE:
 
 _EXPECTED_LAYOUTS = (
     "saelens: cfg.json + sae_weights.safetensors; sparsify: cfg.json + sae.safetensors; "
-    "dictionary_learning: ae.pt [+ config.json]; Gemma Scope: params.npz; OpenAI sparse_autoencoder: one .pt state dict"
+    "dictionary_learning: ae.pt [+ config.json]; Gemma Scope: params.npz; Gemma Scope 2: params.safetensors + config.json; "
+    "Llama Scope: hyperparams.json + checkpoints/final.safetensors; Goodfire: one .pth (encoder_linear.*, decoder_linear.*); "
+    "OpenAI sparse_autoencoder: one .pt state dict"
 )
 
 
@@ -276,8 +284,22 @@ def _saelens_config(raw: dict, where: Path, weights: dict) -> tuple[SAEConfig, F
         normalize_activations=norm, source_dtype=_dtype_name(weights),
         model_name=raw.get("model_name", meta.get("model_name")),
         hook_name=raw.get("hook_name", raw.get("hook_point", meta.get("hook_name"))),
+        **_saelens_activation_facts(raw, meta),
     )
     return cfg, info
+
+
+def _saelens_activation_facts(raw: dict, meta: dict) -> dict:
+    """The SAELens metadata that says what the activations must be (SAELens >= 6 keeps it under
+    "metadata", older versions at the top level): hook_head_index, model_from_pretrained_kwargs,
+    exclude_special_tokens, prepend_bos, context_size."""
+    def get(key):
+        return meta.get(key, raw.get(key))
+
+    kwargs = get("model_from_pretrained_kwargs")
+    return {"hook_head_index": get("hook_head_index"), "model_from_pretrained_kwargs": kwargs if isinstance(kwargs, dict) else None,
+            "exclude_special_tokens": get("exclude_special_tokens"), "prepend_bos": get("prepend_bos"),
+            "context_size": get("context_size")}
 
 
 def _saelens_tensors(cfg: SAEConfig, info: FormatInfo, weights: dict, where: Path, scaling_factor_on: bool) -> dict[str, torch.Tensor]:
@@ -329,6 +351,12 @@ def load_sparsify(path: str | os.PathLike, device: str = "cpu") -> SAE:
     d_in = int(raw["d_in"])
     if raw.get("activation", "topk") != "topk":
         raise FormatError(f"{d / 'cfg.json'}: sparsify activation {raw.get('activation')!r} is not supported (saegeo reproduces topk)")
+    if raw.get("signed"):
+        raise FormatError(
+            f"{d / 'cfg.json'}: sparsify signed: true (the decisive key): this SAE takes the top k of |pre| and keeps "
+            "negative codes, outside saegeo's non-negative code contract (and the amplification law's); it is refused "
+            "rather than loaded as unsigned. Use sparsify's own SparseCoder to encode it."
+        )
     used = [key for key in _SPARSIFY_UNSUPPORTED if raw.get(key)] + (["W_skip"] if "W_skip" in weights else [])
     if used:
         raise FormatError(f"{d}: sparsify options {used} change the encode/decode beyond TopK; not supported")
@@ -390,8 +418,9 @@ def load_dictionary_learning(path: str | os.PathLike, device: str = "cpu") -> SA
     AutoEncoder: relu(encoder(x − bias)), decoder(f) + bias.  AutoEncoderNew: relu(encoder(x)), decoder(f) + decoder.bias.
     AutoEncoderTopK: relu(encoder(x − b_dec)) then per-row top-k; the stored threshold is ignored (use_threshold=False).
     BatchTopKSAE / Matryoshka: relu(pre)·[relu(pre) > threshold], one global scalar (use_threshold=True by default).
-    JumpReluAutoEncoder: no b_dec subtraction; f = relu(pre·[pre > θ])·‖W_dec,i‖ and decode (f/‖W_dec,i‖) @ W_dec + b_dec,
-    i.e. exactly an SAE with the decoder norms folded into the encoder (done here, so codes match f).
+    JumpReluAutoEncoder (0.1.0 and main): f = relu(pre·[pre > θ]), pre = x @ W_enc + b_enc -- no b_dec subtraction,
+    no decoder-norm scaling; decode f @ W_dec + b_dec.
+    A training backup ae.pt ({step, ae, optimizer, config, norm_factor}) is refused by name (see _refuse_dl_backup).
     """
     p = Path(path)
     pt = p / "ae.pt" if p.is_dir() else p
@@ -400,6 +429,12 @@ def load_dictionary_learning(path: str | os.PathLike, device: str = "cpu") -> SA
     config_file = pt.parent / "config.json"
     trainer = (_read_json(config_file).get("trainer") or {}) if config_file.is_file() else {}
     state = _read_pickle(pt)
+    if {"ae", "optimizer"} <= set(state):
+        raise FormatError(
+            f"{pt}: a dictionary_learning training backup (keys 'ae' and 'optimizer'{', norm_factor' if 'norm_factor' in state else ''}, "
+            f"step {state.get('step')}), not a saved dictionary: its weights are for inputs divided by norm_factor. Load it with "
+            "dictionary_learning, call ae.scale_biases(norm_factor) and save ae.state_dict() as ae.pt (what training writes at the end)"
+        )
     dict_class = trainer.get("dict_class") or _dictionary_learning_class(state, pt)
     if dict_class in _DL_UNSUPPORTED:
         raise FormatError(f"{pt}: dictionary_learning {dict_class} is {_DL_UNSUPPORTED[dict_class]}; not in saegeo's encode contract")
@@ -450,11 +485,7 @@ def load_dictionary_learning(path: str | os.PathLike, device: str = "cpu") -> SA
     )
     if k is not None and activation != "topk":
         info.training_k = k
-    sae = _assemble(cfg, tensors, pt, device, info)
-    if activation == "jumprelu":
-        sae.fold_decoder_norms()  # exact for JumpReLU; makes encode() return dictionary_learning's norm-scaled codes
-        info.decoder_norms_folded = True
-    return sae
+    return _assemble(cfg, tensors, pt, device, info)
 
 
 # --------------------------------------------------------------------------- Gemma Scope
@@ -476,8 +507,119 @@ def load_gemma_scope_npz(path: str | os.PathLike, device: str = "cpu") -> SAE:
         d_in=int(d_in), d_sae=int(d_sae), activation="jumprelu", apply_b_dec_to_input=False, dtype="float32",
     )
     info = FormatInfo(format="gemma_scope_npz", source=str(file), source_dtype=_dtype_name(params),
-                      hook_name="/".join(file.parent.parts[-3:]))
+                      hook_name="/".join(file.parent.parts[-3:]), exclude_special_tokens=True)  # not trained on BOS
     tensors = {name: params[name] for name in ("W_enc", "W_dec", "b_enc", "b_dec", "threshold")}
+    return _assemble(cfg, tensors, file, device, info)
+
+
+def _gemma_scope_2_tensors(file: Path, raw: dict) -> dict:
+    params = {{"w_enc": "W_enc", "w_dec": "W_dec"}.get(k, k): v for k, v in raw.items()}
+    _require(file, params, ("W_enc", "W_dec", "b_enc", "b_dec", "threshold"), "a Gemma Scope 2 JumpReLU SAE (lowercase w_enc, w_dec)")
+    if "affine_skip_connection" in params or params["W_dec"].ndim != 2:
+        key = "affine_skip_connection" if "affine_skip_connection" in params else f"w_dec of shape {tuple(params['W_dec'].shape)}"
+        raise FormatError(f"{file}: Gemma Scope 2 skip transcoder / cross-layer transcoder ({key}) is outside saegeo's encode "
+                          "contract; load an SAE or a plain transcoder folder")
+    return params
+
+
+def load_gemma_scope_2(path: str | os.PathLike, device: str = "cpu") -> SAE:
+    """Gemma Scope 2 folder: params.safetensors (lowercase w_enc (d_in, d_sae), w_dec (d_sae, d_in); b_enc, b_dec,
+    threshold) + config.json (architecture "jump_relu", model_name, hf_hook_point_in[, hf_hook_point_out]).
+    Encode as Gemma Scope: acts = relu(pre)·[pre > θ], pre = x @ W_enc + b_enc (no b_dec subtraction);
+    decode acts @ W_dec + b_dec. A config with hf_hook_point_out is a transcoder (it writes another activation)."""
+    p = Path(path)
+    d = p.parent if p.is_file() else p
+    file, config_file = d / "params.safetensors", d / "config.json"
+    raw_cfg = _read_json(config_file) if config_file.is_file() else {}
+    if raw_cfg.get("architecture", "jump_relu") != "jump_relu":
+        raise FormatError(f"{config_file}: Gemma Scope 2 architecture {raw_cfg.get('architecture')!r}; saegeo reads jump_relu")
+    params = _gemma_scope_2_tensors(file, _read_safetensors(file))
+    d_in, d_sae = params["W_enc"].shape
+    implied = f"w_enc (d_in={d_in}, d_sae={d_sae})"
+    for name, shape in (("W_dec", (d_sae, d_in)), ("b_enc", (d_sae,)), ("b_dec", (d_in,)), ("threshold", (d_sae,))):
+        _expect_shape(file, name, params[name], shape, implied)
+    cfg = SAEConfig(d_in=int(d_in), d_sae=int(d_sae), activation="jumprelu", apply_b_dec_to_input=False, dtype="float32")
+    info = FormatInfo(format="gemma_scope_2", source=str(d), source_dtype=_dtype_name(params),
+                      model_name=raw_cfg.get("model_name"), hook_name=raw_cfg.get("hf_hook_point_in") or d.name,
+                      transcoder="hf_hook_point_out" in raw_cfg, exclude_special_tokens=True)
+    return _assemble(cfg, {k: params[k] for k in ("W_enc", "W_dec", "b_enc", "b_dec", "threshold")}, file, device, info)
+
+
+# --------------------------------------------------------------------------- Llama Scope
+def load_llama_scope(path: str | os.PathLike, device: str = "cpu") -> SAE:
+    """Llama Scope (OpenMOSS lm-saes) folder: hyperparams.json (d_model, d_sae, jump_relu_threshold (one scalar θ),
+    dataset_average_activation_norm.in, norm_activation "dataset-wise", apply_decoder_bias_to_pre_encoder false,
+    sparsity_include_decoder_norm true) + checkpoints/final.safetensors (encoder.weight (d_sae, d), encoder.bias,
+    decoder.weight (d, d_sae), decoder.bias; nn.Linear layout, bf16).
+
+    With s = √d / norm_in: pre = (s·x) @ W_enc + b_enc, acts = relu(pre)·[pre·‖W_dec,i‖ > θ] (θ/‖W_dec,i‖ per latent
+    when sparsity_include_decoder_norm), x̂ = (acts @ W_dec + b_dec)/s. Loaded exactly, with s folded in:
+    W_enc ← s·W_enc, W_dec ← W_dec/s, b_dec ← b_dec/s, threshold_i = θ/‖W_dec,i‖ (norms before the fold)."""
+    p = Path(path)
+    d = p.parent if p.is_file() else p
+    hp_file, w_file = d / "hyperparams.json", d / "checkpoints" / "final.safetensors"
+    hp = _read_json(hp_file)
+    for key, refused in (("apply_decoder_bias_to_pre_encoder", True), ("act_fn", "topk")):
+        if hp.get(key) == refused:
+            raise FormatError(f"{hp_file}: Llama Scope {key}={refused!r}: saegeo reads the released jumprelu SAEs without "
+                              "decoder-bias subtraction only; encode this one with lm-saes itself")
+    if "jump_relu_threshold" not in hp:
+        raise FormatError(f"{hp_file}: missing jump_relu_threshold (Llama Scope's scalar JumpReLU threshold); is this a Llama Scope SAE?")
+    if not w_file.is_file():
+        raise FormatError(f"{d}: missing checkpoints/final.safetensors next to hyperparams.json; download the whole folder")
+    w = _read_safetensors(w_file)
+    _require(w_file, w, ("encoder.weight", "encoder.bias", "decoder.weight", "decoder.bias"), "a Llama Scope SAE")
+    d_sae, d_in = w["encoder.weight"].shape
+    implied = f"encoder.weight (d_sae={d_sae}, d_in={d_in})"
+    _expect_shape(w_file, "decoder.weight", w["decoder.weight"], (d_in, d_sae), implied)
+    for name in ("d_model", "d_sae"):
+        if name in hp and int(hp[name]) != (d_in if name == "d_model" else d_sae):
+            raise FormatError(f"{hp_file}: {name}={hp[name]} but {w_file.name} holds {implied}")
+    norm_in = None
+    if hp.get("norm_activation", "dataset-wise") == "dataset-wise":
+        norm_in = (hp.get("dataset_average_activation_norm") or {}).get("in")
+        if not norm_in:
+            raise FormatError(f"{hp_file}: norm_activation dataset-wise but no dataset_average_activation_norm.in; "
+                              "inputs must be scaled by √d / that norm, which these files do not hold")
+    elif hp.get("norm_activation") != "none":
+        raise FormatError(f"{hp_file}: norm_activation={hp.get('norm_activation')!r} is not reproduced (expected dataset-wise or none)")
+    scale = float(d_in) ** 0.5 / float(norm_in) if norm_in else 1.0
+    t = {k: v.to(torch.float64) for k, v in w.items()}
+    W_dec = t["decoder.weight"].T
+    theta = torch.full((d_sae,), float(hp["jump_relu_threshold"]), dtype=torch.float64)
+    if hp.get("sparsity_include_decoder_norm", True):
+        theta = theta / W_dec.norm(dim=1).clamp_min(1e-30)
+    tensors = {"W_enc": t["encoder.weight"].T * scale, "b_enc": t["encoder.bias"], "W_dec": W_dec / scale,
+               "b_dec": t["decoder.bias"] / scale, "threshold": theta}
+    cfg = SAEConfig(d_in=int(d_in), d_sae=int(d_sae), activation="jumprelu", apply_b_dec_to_input=False, dtype="float32")
+    info = FormatInfo(format="llama_scope", source=str(d), source_dtype=_dtype_name(w), hook_name=hp.get("hook_point_in"),
+                      model_name=hp.get("model_name"), expected_input_norm=float(norm_in) if norm_in else None,
+                      input_scale_folded=scale if norm_in else None)
+    return _assemble(cfg, tensors, w_file, device, info)
+
+
+# --------------------------------------------------------------------------- Goodfire
+def load_goodfire(path: str | os.PathLike, device: str = "cpu") -> SAE:
+    """Goodfire: one .pth state dict, encoder_linear.weight (d_sae, d_in), encoder_linear.bias, decoder_linear.weight
+    (d_in, d_sae), decoder_linear.bias (d_in). codes = relu(x @ encoder_linear.weightᵀ + encoder_linear.bias) (no b_dec
+    subtraction); x̂ = codes @ decoder_linear.weightᵀ + decoder_linear.bias."""
+    file = Path(path)
+    if file.is_dir():
+        pths = sorted(file.glob("*.pth"))
+        if len(pths) != 1:
+            raise FormatError(f"{file}: expected one Goodfire .pth, found {[q.name for q in pths]}")
+        file = pths[0]
+    state = _read_pickle(file)
+    _require(file, state, ("encoder_linear.weight", "encoder_linear.bias", "decoder_linear.weight", "decoder_linear.bias"),
+             "a Goodfire SAE")
+    d_sae, d_in = state["encoder_linear.weight"].shape
+    implied = f"encoder_linear.weight (d_sae={d_sae}, d_in={d_in})"
+    _expect_shape(file, "decoder_linear.weight", state["decoder_linear.weight"], (d_in, d_sae), implied)
+    _expect_shape(file, "decoder_linear.bias", state["decoder_linear.bias"], (d_in,), implied)
+    cfg = SAEConfig(d_in=int(d_in), d_sae=int(d_sae), activation="relu", apply_b_dec_to_input=False, dtype="float32")
+    info = FormatInfo(format="goodfire", source=str(file), source_dtype=_dtype_name(state), hook_name=file.stem)
+    tensors = {"W_enc": state["encoder_linear.weight"].T, "b_enc": state["encoder_linear.bias"],
+               "W_dec": state["decoder_linear.weight"].T, "b_dec": state["decoder_linear.bias"]}
     return _assemble(cfg, tensors, file, device, info)
 
 
@@ -529,7 +671,7 @@ def _detect_file(p: Path) -> str:
     name = p.name
     if name.endswith(".npz"):
         return "gemma_scope_npz"
-    if name in (WEIGHTS_FILENAME, "sae.safetensors", CFG_FILENAME, "config.json"):
+    if name in (WEIGHTS_FILENAME, "sae.safetensors", CFG_FILENAME, "config.json", "params.safetensors", "hyperparams.json"):
         return _detect_dir(p.parent)
     if p.suffix in (".pt", ".pth", ".ckpt"):
         if (p.parent / "config.json").is_file() and "trainer" in _read_json(p.parent / "config.json"):
@@ -537,6 +679,10 @@ def _detect_file(p: Path) -> str:
         keys = set(_read_pickle(p))
         if {"pre_bias", "latent_bias"} & keys:
             return "openai"
+        if "encoder_linear.weight" in keys:
+            return "goodfire"
+        if {"ae", "optimizer"} <= keys:
+            return "dictionary_learning"  # a training backup: refused there by name
         if keys & {"encoder.weight", "W_enc", "decoder.weight", "W_dec"}:
             return "dictionary_learning"
         raise FormatError(f"{p}: a state dict with keys {sorted(keys)[:12]} matches no known dictionary; expected {_EXPECTED_LAYOUTS}")
@@ -553,6 +699,10 @@ def _detect_dir(d: Path) -> str:
         return "dictionary_learning"
     if "params.npz" in names:
         return "gemma_scope_npz"
+    if "params.safetensors" in names:
+        return "gemma_scope_2"
+    if "hyperparams.json" in names:
+        return "llama_scope"
     pts = sorted(n for n in names if n.endswith((".pt", ".pth")))
     if len(pts) == 1:
         return _detect_file(d / pts[0])
@@ -578,11 +728,96 @@ def detect_format(path: str | os.PathLike) -> str:
 
 _LOADERS = {
     "saelens": load_saelens, "sparsify": load_sparsify, "dictionary_learning": load_dictionary_learning,
-    "gemma_scope_npz": load_gemma_scope_npz, "openai": load_openai,
+    "gemma_scope_npz": load_gemma_scope_npz, "gemma_scope_2": load_gemma_scope_2, "llama_scope": load_llama_scope,
+    "goodfire": load_goodfire, "openai": load_openai,
 }
 
 
 def load_dictionary(path: str | os.PathLike, device: str = "cpu") -> SAE:
     """Load a dictionary in any supported published format (auto-detected) as a saegeo SAE whose encode/decode
-    reproduces its library's. `sae.format_info` records the format, the source and config facts `saegeo check` reads."""
-    return _LOADERS[detect_format(path)](path, device=device)
+    reproduces its library's. `path` is a local file or directory, or a hub id (see `resolve_hub_id`) fetched
+    through the Hugging Face cache. `sae.format_info` records the format, the source and the config facts
+    `saegeo check` reads."""
+    if Path(path).exists():
+        return _LOADERS[detect_format(path)](path, device=device)
+    hub = resolve_hub_id(str(path))
+    if hub is None:
+        raise FormatError(f"{path}: does not exist, and is not a hub id (org/repo[/subfolder], or RELEASE/sae_id "
+                          "for a release of saegeo.sae.formats.HUB_RELEASES such as gemma-scope-2b-pt-res)")
+    local = download_hub_dictionary(hub)
+    sae = _LOADERS[detect_format(local)](local, device=device)
+    info = sae.format_info
+    info.hub_id = str(path)
+    layer = next((part[len("layer_"):] for part in hub.subfolder.split("/") if part.startswith("layer_")), None)
+    if hub.model_name and not info.model_name:
+        info.model_name = hub.model_name
+    if hub.hook_template and layer is not None and layer.isdigit():
+        info.hook_name = hub.hook_template.format(layer=int(layer))
+    return sae
+
+
+# =========================================================================== hub ids
+# Release ids (SAELens' names) whose sae_id is the repo subfolder: release -> (repo, model, hook template).
+HUB_RELEASES: dict[str, tuple[str, str, str]] = {
+    f"gemma-scope-{size}-pt-{site}": (f"google/gemma-scope-{size}-pt-{site}", f"google/gemma-2-{size}", hook)
+    for size in ("2b", "9b", "27b")
+    for site, hook in (("res", "blocks.{layer}.hook_resid_post"), ("mlp", "blocks.{layer}.hook_mlp_out"),
+                       ("att", "blocks.{layer}.attn.hook_z"))
+}
+_HUB_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+@dataclass
+class HubDictionary:
+    """Where a hub id points: repo_id, the subfolder (or file) inside it, and what the release table knows."""
+
+    hub_id: str
+    repo_id: str
+    subfolder: str
+    model_name: str | None = None
+    hook_template: str | None = None  # e.g. "blocks.{layer}.hook_resid_post", layer from a "layer_N" folder
+
+
+def resolve_hub_id(hub_id: str) -> HubDictionary | None:
+    """"RELEASE/sae_id" for a release in HUB_RELEASES (gemma-scope-2b-pt-res/layer_20/width_16k/average_l0_71 ->
+    repo google/gemma-scope-2b-pt-res, subfolder layer_20/width_16k/average_l0_71), else "org/repo[/subfolder]"
+    (SAELens, sparsify, dictionary_learning, Llama Scope repos; a subfolder may also name one file). None when
+    the string cannot be a hub id (a path such as ./x, /x or ~/x, or characters a repo name cannot hold)."""
+    parts = hub_id.strip("/").split("/")
+    if hub_id.startswith((".", "/", "~")) or not all(_HUB_PART.fullmatch(part) for part in parts):
+        return None
+    if parts[0] in HUB_RELEASES:
+        repo, model, hook = HUB_RELEASES[parts[0]]
+        return HubDictionary(hub_id, repo, "/".join(parts[1:]), model, hook)
+    if len(parts) < 2:
+        return None
+    return HubDictionary(hub_id, "/".join(parts[:2]), "/".join(parts[2:]))
+
+
+def download_hub_dictionary(hub: HubDictionary) -> Path:
+    """The local path of hub.subfolder in hub.repo_id, through huggingface_hub's snapshot_download (only that
+    subfolder's files), so a populated cache works offline. HF_HUB_CACHE and HF_HUB_OFFLINE are read at call time."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    cache = os.environ.get("HF_HUB_CACHE") or None
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    sub = hub.subfolder
+    wanted = f"{hub.repo_id}/{sub}" if sub else hub.repo_id
+    try:
+        snapshot = Path(snapshot_download(hub.repo_id, allow_patterns=[sub, f"{sub}/*"] if sub else None,
+                                          cache_dir=cache, local_files_only=offline))
+    except LocalEntryNotFoundError:
+        where = cache or "the default Hugging Face cache"
+        raise FormatError(
+            f"{hub.hub_id}: {wanted} is not in {where}{' and HF_HUB_OFFLINE is set' if offline else ' and the hub cannot be reached'}; "
+            f"looked for models--{hub.repo_id.replace('/', '--')}/snapshots/*/{sub or ''} (a dictionary: {_EXPECTED_LAYOUTS}). "
+            f"Download it once online (hf download {hub.repo_id}{f' --include {sub}/*' if sub else ''}) or pass a local path"
+        ) from None
+    except HfHubHTTPError as err:
+        raise FormatError(f"{hub.hub_id}: the hub refused {wanted} ({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
+                          f"no local path {hub.hub_id} exists either; check the repo id, or log in for a gated repo") from None
+    local = snapshot / sub if sub else snapshot
+    if not local.exists():
+        raise FormatError(f"{hub.hub_id}: {hub.repo_id} has no {sub} (looked for {local}); check the sae id / subfolder")
+    return local

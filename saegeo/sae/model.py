@@ -69,12 +69,21 @@ class FormatInfo:
     """What a loader read from a dictionary's files beyond its encode/decode: provenance, and the facts
     `saegeo check` needs about how its inputs must be prepared. None: the format does not say."""
 
-    format: str = "saegeo"  # "saelens" | "sparsify" | "dictionary_learning" | "gemma_scope_npz" | "openai" | "saegeo"
+    format: str = "saegeo"  # a key of saegeo.sae.formats._LOADERS ("saelens", "sparsify", "llama_scope", ...) or "saegeo"
     source: str | None = None  # the file or directory it was loaded from
     written_by: str | None = None  # "saegeo" for directories saegeo wrote
     model_name: str | None = None
     hook_name: str | None = None
     source_dtype: str | None = None  # dtype(s) of the stored weights (they are loaded as float32)
+    hub_id: str | None = None  # the hub id it was resolved from (load_dictionary("org/repo[/sub]" or a release id))
+    # what the activations must be (SAELens metadata; `saegeo check --acts` compares them with the store)
+    hook_head_index: int | None = None  # one attention head of a hook_z activation
+    model_from_pretrained_kwargs: dict | None = None  # e.g. {"center_writing_weights": false}
+    exclude_special_tokens: bool | list | None = None  # BOS / special-token rows left out of training
+    prepend_bos: bool | None = None
+    context_size: int | None = None
+    expected_input_norm: float | None = None  # E‖x‖ of the training inputs (Llama Scope dataset_average_activation_norm.in)
+    input_scale_folded: float | None = None  # Llama Scope: √d / norm_in folded into W_enc (and 1/it into W_dec, b_dec)
     # SAELens
     sae_lens_version: str | None = None
     architecture: str | None = None
@@ -83,6 +92,7 @@ class FormatInfo:
     # sparsify
     transcoder: bool = False  # reconstructs another activation than it reads (no b_dec subtraction)
     normalize_decoder: bool | None = None
+    signed: bool = False  # top k of |pre|, negative codes kept (sparsify signed: true)
     # dictionary_learning
     dict_class: str | None = None
     trainer_class: str | None = None
@@ -91,7 +101,6 @@ class FormatInfo:
     stored_threshold_ignored: float | None = None  # AutoEncoderTopK keeps a threshold it does not use
     group_sizes: list[int] | None = None  # Matryoshka
     training_k: int | None = None  # BatchTopK k used in training (inference uses the threshold)
-    decoder_norms_folded: bool = False  # JumpReLU: decoder norms folded into the encoder at load time
     # OpenAI
     openai_activation: str | None = None
 
