@@ -194,6 +194,23 @@ def test_intra_window_similarity_matches_brute_force_across_batch_cuts():
 def test_window_starts_without_position_zero():
     """With special tokens excluded positions start at 1: a window starts wherever the position does not increase."""
     assert window_starts(torch.tensor([1, 2, 3, 1, 2, 5, 1])).tolist() == [True, False, False, True, False, False, True]
+    assert window_starts(torch.tensor([0, 0, 1, 1]), previous=0).tolist() == [True, True, False, True]  # equal: new window
+
+
+def test_merge_of_bounded_accumulators_never_splits_a_type():
+    """Each side pools different ids; after the merge every kept type holds all of its occurrences."""
+    g = torch.Generator().manual_seed(8)
+    n, d = 3000, 3
+    ids = torch.multinomial(1 / torch.arange(1, 301, dtype=torch.float64), n, replacement=True, generator=g)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64)
+    a, b = TokenTypeAccumulator(d, max_types=10), TokenTypeAccumulator(d, max_types=10)
+    for lo in range(0, 2000, 100):
+        (a if lo < 1000 else b).add(x[lo : lo + 100], ids[lo : lo + 100])
+    merged = a.merge(b).add(x[2000:], ids[2000:])  # rows after the merge go where the merge put their type
+    for s, i in enumerate(merged._ids):
+        assert int(merged.count[s]) in (0, int(merged.id_counts[i]))
+    tt = token_type_geometry(merged)
+    assert tt.within_plugin + tt.between_plugin == pytest.approx(tt.total_variance, rel=1e-9)
 
 
 def test_artifact_example_six_vectors():

@@ -223,7 +223,8 @@ class TokenTypeAccumulator:
         return self
 
     def _pool_slot(self, s: int) -> None:
-        """Move slot s to "other" (its numbers zeroed; the slot stays, empty)."""
+        """Move slot s to "other" for good (its numbers zeroed; the slot stays, empty, and its id is pooled)."""
+        self._slot_of.pop(self._ids[s], None)
         self._add_other(int(self.count[s]), int(self.unit_count[s]), self.sum[s].clone(), self.unit_sum[s].clone(),
                         float(self.sq_sum[s]))
         for t in (self.count, self.unit_count, self.sum, self.unit_sum, self.sq_sum):
