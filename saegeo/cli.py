@@ -79,11 +79,11 @@ def cmd_geometry(args: argparse.Namespace) -> int:
             for batch in rows.batches(args.batch_size)[0]:
                 acc.add(batch, source=path)
                 bar.update(len(batch))
-    geo = activation_geometry(acc, top_k_eigvecs=max(args.top_k, 1))
+    geo = activation_geometry(acc, top_k_eigvecs=args.top_k)
     print(f"saegeo geometry: {len(sources)} file(s)")
     print(geo.summary())
     artifact = None
-    if all(rows.store is not None for _, rows in sources):  # the artifact test needs token ids and positions
+    if all(rows.store is not None for _, rows in sources) and geo.top_eigenvectors:  # needs ids and positions
         from saegeo.report.flags import artifact_flags
         from saegeo.report.layers import artifact_pass
         from saegeo.report.render import artifact_text, terminal_flags
@@ -95,7 +95,7 @@ def cmd_geometry(args: argparse.Namespace) -> int:
         if flags:
             print("\n".join(terminal_flags(flags)))
     else:
-        print("note:      artifact test not run: it needs activation stores (token ids and positions), not files")
+        print("note:      artifact test not run: it needs activation stores (token ids and positions) and --top-k ≥ 1")
     if args.json_out:
         out = {"files": list(args.files), **geo.to_dict(), "artifact": artifact}
         dump_json(out, args.json_out)
@@ -154,6 +154,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise CLIError("saegeo sweep needs activation stores, or --model M (with --hooks all-resid) to cache them first")
     sweep = sweep_stores(stores, batch_size=args.batch_size, max_types=args.max_types, artifact_k=args.artifact_k,
                          max_tokens=None if args.model else args.max_tokens, progress=not args.no_progress, cache=cache)
+    if args.model:  # name the listed token types
+        for row in sweep.layers:
+            tt = row["details"]["token_types"] or {}
+            for entry in tt.get("most_context_specific", []) + tt.get("least_context_specific", []):
+                entry["token"] = loaded.tokenizer.convert_ids_to_tokens(int(entry["id"]))
     print(render_sweep_terminal(sweep), end="")
     if args.json_out:
         sweep.to_json(args.json_out)

@@ -138,3 +138,13 @@ def test_sweep_on_minilm_from_one_cache_pass(tmp_path, capsys):
         assert r["n"] == 1500 and 0 < r["A"] < 1 and 0 < r["between_share"] < 1
         assert r["pc1_abs_corr_position"] is not None and r["self_similarity"] is not None
     assert "cached 7 hook(s) in one pass" in capsys.readouterr().out
+
+
+def test_sweep_max_types_reports_the_pooled_other_type(tmp_path, capsys):
+    a, _ = _two_layer_stores(tmp_path)  # 37 token ids
+    assert main(["sweep", str(a.path), "--max-types", "5", "--json", str(tmp_path / "s.json"), "--no-progress"]) == 0
+    tt = json.loads((tmp_path / "s.json").read_text())["layers"][0]["details"]["token_types"]
+    assert tt["n_types"] == 37 and tt["n_types_kept"] == 5 and tt["other_n_types"] == 32
+    assert tt["other_n_tokens"] == 1700 - sum(1 for i in range(1700) if i % 37 in set(range(5)))
+    assert tt["kept_exact_top"]
+    capsys.readouterr()

@@ -204,9 +204,10 @@ def _type_lists_md(sweep: LayerSweep) -> list[str]:
         tt = r["details"]["token_types"]
         if not tt or not tt["most_context_specific"]:
             continue
-        ids = lambda entries: ", ".join(f"{e['id']} ({fmt_num(e['adjusted'], 2)})" for e in entries[:5])  # noqa: E731
+        ids = lambda entries: ", ".join(  # noqa: E731
+            f"{e['id']}" + (f" `{e['token']}`" if e.get("token") else "") + f" ({fmt_num(e['adjusted'], 2)})" for e in entries[:5])
         out.append(f"- layer {r['layer']} `{r['hook']}`: most context-specific {ids(tt['most_context_specific'])}; "
-                   f"least {ids(tt['least_context_specific'])} (token id (SelfSim − A), count ≥ {tt['min_count']})")
+                   f"least {ids(tt['least_context_specific'])} (token id, token, SelfSim − A; count ≥ {tt['min_count']})")
     return out
 
 
@@ -214,7 +215,7 @@ def render_sweep_markdown(sweep: LayerSweep, figure: str | None = None) -> str:
     out = [f"# {_title(sweep)}", "", md_table(*sweep_table(sweep)), ""]
     if figure:
         out += [f"![each quantity against depth]({figure})", ""]
-    out += [f"## Flags", ""] + md_flags(sweep.flags)
+    out += ["## Flags", ""] + md_flags(sweep.flags)
     lists = _type_lists_md(sweep)
     if lists:
         out += ["", "## Context-specific token types", ""] + lists
@@ -271,7 +272,7 @@ def render_sweep_html(sweep: LayerSweep, png: bytes | None = None) -> str:
     parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows] + ["</table>"]
     parts.append("<h2>Each quantity against depth</h2>")
     parts.append(f"<img alt='sweep' src=\"data:image/png;base64,{base64.b64encode(png).decode('ascii')}\">")
-    parts += [f"<h2>Flags</h2>"] + html_flags(sweep.flags)
+    parts += ["<h2>Flags</h2>"] + html_flags(sweep.flags)
     parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in sweep.notes) + "</ul>")
     parts.append(f"<h2>Terminal summary</h2><pre>{e(render_sweep_terminal(sweep))}</pre>")
     return _html_page(_title(sweep), parts)
