@@ -234,3 +234,17 @@ def test_artifact_example_six_vectors():
     assert out["abs"]["log_frequency"][0] == pytest.approx(abs(np.corrcoef(p, logf)[0, 1]), abs=1e-12)
     norms = np.linalg.norm(x.numpy(), axis=1)
     assert out["abs"]["norm"][0] == pytest.approx(abs(np.corrcoef(p, norms)[0, 1]), abs=1e-12)
+
+
+def test_artifact_accumulator_merges_to_the_single_stream():
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(1000, 6, generator=g, dtype=torch.float64) + torch.arange(1000)[:, None] % 30 / 10
+    ids, pos = torch.randint(0, 40, (1000,), generator=g), torch.arange(1000) % 30
+    mean, comps = x.mean(0), torch.linalg.svd(x - x.mean(0), full_matrices=False).Vh[:2].T
+    whole = ArtifactAccumulator(mean, comps).add(x, ids, pos).correlations()
+    part = ArtifactAccumulator(mean, comps).add(x[600:], ids[600:], pos[600:])
+    merged = ArtifactAccumulator(mean, comps).add(x[:600], ids[:600], pos[:600])
+    merged = merged.merge(ArtifactAccumulator.from_state_dict(part.state_dict())).correlations()
+    for name in ("log_frequency", "position", "norm"):
+        assert merged["r"][name] == pytest.approx(whole["r"][name], rel=1e-10)
+    assert whole["abs"]["position"][0] > 0.5

@@ -363,19 +363,25 @@ class ActivationStore:
         return None if pos is None else pos.long()
 
     def iter_rows_with_metadata(
-        self, batch_size: int, *, stop_row: int | None = None, dtype: torch.dtype = torch.float32
+        self,
+        batch_size: int,
+        *,
+        stop_row: int | None = None,
+        shard_indices: Sequence[int] | None = None,
+        dtype: torch.dtype = torch.float32,
     ) -> Iterator[tuple[Float[Tensor, "b d"], Int[Tensor, " b"] | None, Int[Tensor, " b"] | None]]:
         """(activations, token_ids, positions) in store order, cut into the same batches as
-        ``iter_batches(batch_size, stop_row=stop_row)`` (so sums over them match to the bit); ids/positions
-        are None when the store has none. Each shard is read once."""
+        ``iter_batches(batch_size, stop_row=stop_row, shard_indices=shard_indices)`` (so sums over them match
+        to the bit); ids/positions are None when the store has none. Each shard is read once."""
         if batch_size < 1:
             raise BadInputError(f"batch_size must be >= 1, got {batch_size}")
         stop_row = self.n_tokens if stop_row is None else min(int(stop_row), self.n_tokens)
         pending: list[Tensor] = []  # activations, then token_ids and positions when the store has them
         n_cols = 0
-        for i in range(len(self.shards)):
+        tensors: dict[str, Tensor] = {}
+        for i in range(len(self.shards)) if shard_indices is None else [int(j) for j in shard_indices]:
             if self.offsets[i] >= stop_row:
-                break
+                continue
             tensors = self._load_shard_tensors(i)
             keep = stop_row - int(self.offsets[i])
             cols = [tensors["activations"].to(dtype)[:keep]]

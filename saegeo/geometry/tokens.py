@@ -557,11 +557,7 @@ class ArtifactAccumulator:
         else:
             ids = _as_ids(ids, m)
             if m:
-                top = int(ids.max()) + 1
-                if top > self.id_count.numel():
-                    grow = top - self.id_count.numel()
-                    self.id_count = torch.cat([self.id_count, torch.zeros(grow, dtype=torch.int64)])
-                    self.id_projection = torch.cat([self.id_projection, torch.zeros(grow, self.k, dtype=torch.float64)])
+                self._grow_ids(int(ids.max()) + 1)
                 self.id_count.index_add_(0, ids, torch.ones_like(ids))
                 self.id_projection.index_add_(0, ids, proj)
         if positions is None:
@@ -602,3 +598,32 @@ class ArtifactAccumulator:
         r["norm"] = corr(cov[:k, k + 1], float(var[k + 1]))
         return {"n": n, "k": k, "covariates": list(COVARIATES), "r": r,
                 "abs": {name: [None if v is None else abs(v) for v in vals] for name, vals in r.items()}}
+
+    def _grow_ids(self, size: int) -> None:
+        if size > self.id_count.numel():
+            grow = size - self.id_count.numel()
+            self.id_count = torch.cat([self.id_count, torch.zeros(grow, dtype=torch.int64)])
+            self.id_projection = torch.cat([self.id_projection, torch.zeros(grow, self.k, dtype=torch.float64)])
+
+    def merge(self, other: "ArtifactAccumulator") -> "ArtifactAccumulator":
+        """Fold in another part of the stream (same μ and V_k): per-id sums add, the row moments merge (Chan)."""
+        if not (torch.equal(self.mean, other.mean) and torch.equal(self.components, other.components)):
+            raise BadInputError("cannot merge artifact accumulators built on different means or principal directions")
+        self._grow_ids(other.id_count.numel())
+        self.id_count[: other.id_count.numel()] += other.id_count
+        self.id_projection[: other.id_projection.shape[0]] += other.id_projection
+        self.rows.merge(other.rows)
+        self.has = {name: self.has[name] and other.has[name] for name in self.has}
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"mean": self.mean.clone(), "components": self.components.clone(), "id_count": self.id_count.clone(),
+                "id_projection": self.id_projection.clone(), "rows": self.rows.state_dict(), "has": dict(self.has)}
+
+    @classmethod
+    def from_state_dict(cls, sd: dict[str, Any]) -> "ArtifactAccumulator":
+        acc = cls(sd["mean"], sd["components"])
+        acc.id_count, acc.id_projection = sd["id_count"].clone(), sd["id_projection"].clone()
+        acc.rows = GeometryAccumulator.from_state_dict(sd["rows"], gram_dtype=torch.float64)
+        acc.has = dict(sd["has"])
+        return acc

@@ -66,6 +66,20 @@ def artifact_pass(
 ) -> dict[str, Any]:
     """|corr| of the top-k principal projections (x − μ)·v_j with log token frequency (counted in these
     same stores), position in the window and ‖x‖, streamed over the stores in order (one more pass)."""
+    return artifact_result(artifact_accumulator(stores, geometry, k=k, batch_size=batch_size, max_tokens=max_tokens))
+
+
+def artifact_accumulator(
+    stores: Sequence[ActivationStore] | ActivationStore,
+    geometry: ActivationGeometry,
+    *,
+    k: int = 3,
+    batch_size: int = 8192,
+    max_tokens: int | None = None,
+    shard_indices: Sequence[int] | None = None,
+) -> ArtifactAccumulator:
+    """The streamed part of :func:`artifact_pass`; ``shard_indices`` restricts it to those shards (a
+    torch.distributed rank's block; merge the parts with ``distributed.merge_across_ranks``)."""
     stores = [stores] if isinstance(stores, ActivationStore) else list(stores)
     k = min(k, len(geometry.top_eigenvectors))
     if k < 1:
@@ -73,12 +87,17 @@ def artifact_pass(
     art = ArtifactAccumulator(geometry.mean_tensor, geometry.top_eigenvector_tensor[:, :k])
     left = max_tokens
     for store in stores:
-        for x, ids, pos in store.iter_rows_with_metadata(batch_size, stop_row=left):
+        for x, ids, pos in store.iter_rows_with_metadata(batch_size, stop_row=left, shard_indices=shard_indices):
             art.add(x, ids, pos)
         if left is not None:
             left -= min(left, store.n_tokens)
             if left == 0:
                 break
+    return art
+
+
+def artifact_result(art: ArtifactAccumulator) -> dict[str, Any]:
+    """The correlations of an :class:`ArtifactAccumulator`, with where they came from."""
     out = art.correlations()
     out["source"] = ARTIFACT_SOURCE
     missing = [name for name, ok in art.has.items() if not ok]

@@ -627,12 +627,21 @@ def _artifact_test(rows: Any, geometry: Any, opts: ReportOptions, *, distributed
     if rows.store is None:
         return None, (f"artifact test not run: the source is a {rows.kind}, which has no token ids or positions "
                       "(pass an activation store)")
-    if distributed:
-        return None, "artifact test not run under torch.distributed (run the report on one process for it)"
-    from saegeo.report.layers import artifact_pass
+    from saegeo.report.layers import artifact_accumulator, artifact_pass, artifact_result
 
-    return artifact_pass(rows.store, geometry, k=opts.artifact_components, batch_size=opts.batch_size,
-                         max_tokens=opts.max_tokens), None
+    if not distributed:
+        return artifact_pass(rows.store, geometry, k=opts.artifact_components, batch_size=opts.batch_size,
+                             max_tokens=opts.max_tokens), None
+    if opts.max_tokens is not None:
+        return None, "artifact test not run: max_tokens under torch.distributed (run it on one process)"
+    from saegeo import distributed as dist
+
+    ctx = dist.current()
+    block = dist.split_shards([s.rows for s in rows.store.shards], ctx.rank, ctx.world_size)
+    with dist.all_ranks_or_none("the artifact test"):
+        part = artifact_accumulator(rows.store, geometry, k=opts.artifact_components, batch_size=opts.batch_size,
+                                    shard_indices=block)
+    return artifact_result(dist.merge_across_ranks(part)), None
 
 
 def compute_flags(report: GeometryReport, thresholds: FlagThresholds | None = None) -> list[Flag]:
