@@ -23,7 +23,7 @@ def _write(path, x, *, hook, model="toy", ids=None, positions=None, shard_rows=5
 
 def test_residual_toy_anisotropy_is_L_over_L_plus_1(tmp_path):
     """h_L = L·c + √L·g, ‖c‖² = d, g standard normal: cos(h_i, h_j) → L²d/(L²d + Ld) = L/(L + 1) at large d."""
-    d, n = 2048, 200
+    d, n = 1024, 150
     g = torch.Generator().manual_seed(0)
     c = torch.randn(d, generator=g)
     c = c / c.norm() * math.sqrt(d)
