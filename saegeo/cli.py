@@ -43,11 +43,13 @@ def _add_geometry(sub: argparse._SubParsersAction) -> None:
 def _refuse_mixed_stores(sources: list) -> None:
     """Stores of different models or hooks pooled into one accumulator give a number of neither: refuse."""
     stores = [(path, rows.store) for path, rows in sources if rows.store is not None]
-    kinds = {(s.model, s.hook) for _, s in stores}
-    if len(kinds) > 1:
-        listing = ", ".join(f"{p} ({s.model}, {s.hook})" for p, s in stores)
-        raise CLIError(f"refusing to pool stores of different models/hooks into one geometry ({listing}); "
-                       "use `saegeo sweep` for one row per layer, or pass --pool to pool them anyway")
+    differ = [what for what in ("model", "hook") if len({getattr(s, what) for _, s in stores}) > 1]
+    if differ:
+        what = differ[-1]  # name the hook when both differ
+        listing = "; ".join(f"{p}: {getattr(s, what)}" for p, s in stores)
+        raise CLIError(f"refusing to pool stores of different {' and '.join(d + 's' for d in differ)} into one "
+                       f"geometry ({listing}): the pooled numbers describe none of them; use `saegeo sweep` for one "
+                       "row per layer, or pass --pool to pool them anyway")
 
 
 def cmd_geometry(args: argparse.Namespace) -> int:
