@@ -19,8 +19,11 @@ setup: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# The main job, then the layer sweep of MiniLM's residual stream (7 hooks cached in one forward pass).
 demo: $(STAMP)
 	$(BIN)/saegeo run configs/demo.toml
+	$(BIN)/saegeo sweep --model minilm --hooks all-resid --max-tokens 24576 --cache-dir artifacts/acts/minilm-sweep \
+		--out artifacts/runs/demo/sweep
 
 # SAELens caps transformer-lens below 4 and pins its own deps: it gets its own venv, for the training benchmark.
 SAELENS_STAMP := .venv-saelens/.installed
@@ -38,6 +41,7 @@ bench: $(STAMP) $(SAELENS_STAMP)
 	$(BIN)/python benchmarks/check_bench.py --n 16384
 	$(BIN)/python benchmarks/distributed_bench.py
 	$(BIN)/python benchmarks/synth_bench.py
+	$(BIN)/python benchmarks/sweep_bench.py
 
 clean:
 	rm -rf $(VENV) .venv-saelens artifacts/acts artifacts/runs

@@ -1,4 +1,4 @@
-"""The `saegeo` command line: geometry | cache | store | train | report | check | synth | run.
+"""The `saegeo` command line: geometry | sweep | cache | store | train | report | check | synth | run.
 
 Each subcommand has one `_add_<name>(subparsers)` function that declares its arguments and one
 `cmd_<name>(args)` function that calls the library. Heavy imports happen inside these functions, never at
@@ -140,7 +140,21 @@ def _add_geometry(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--skip-nonfinite", action="store_true", help="skip and count rows with NaN/inf instead of stopping")
     p.add_argument("--float64", action="store_true", help="form the batch grams in float64 (slower; default: float32 on shifted rows)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--pool", action="store_true",
+                   help="pool stores of different models or hooks into one accumulator (refused without it)")
     p.set_defaults(func=cmd_geometry)
+
+
+def _refuse_mixed_stores(sources: list) -> None:
+    """Stores of different models or hooks pooled into one accumulator give a number of neither: refuse."""
+    stores = [(path, rows.store) for path, rows in sources if rows.store is not None]
+    differ = [what for what in ("model", "hook") if len({getattr(s, what) for _, s in stores}) > 1]
+    if differ:
+        what = differ[-1]  # name the hook when both differ
+        listing = "; ".join(f"{p}: {getattr(s, what)}" for p, s in stores)
+        raise CLIError(f"refusing to pool stores of different {' and '.join(d + 's' for d in differ)} into one "
+                       f"geometry ({listing}): the pooled numbers describe none of them; use `saegeo sweep` for one "
+                       "row per layer, or pass --pool to pool them anyway")
 
 
 def cmd_geometry(args: argparse.Namespace) -> int:
@@ -159,6 +173,8 @@ def cmd_geometry(args: argparse.Namespace) -> int:
     if len(dims) > 1:
         raise CLIError("files disagree on d: " + ", ".join(f"{p}: d={rows.d}" for p, rows in sources))
     d = dims.pop()
+    if not args.pool:
+        _refuse_mixed_stores(sources)
     acc = GeometryAccumulator(
         d, skip_nonfinite=args.skip_nonfinite, gram_dtype=torch.float64 if args.float64 else None
     )
@@ -171,10 +187,90 @@ def cmd_geometry(args: argparse.Namespace) -> int:
     geo = activation_geometry(acc, top_k_eigvecs=args.top_k)
     print(f"saegeo geometry: {len(sources)} file(s)")
     print(geo.summary())
+    artifact = None
+    if all(rows.store is not None for _, rows in sources) and geo.top_eigenvectors:  # needs ids and positions
+        from saegeo.report.flags import artifact_flags
+        from saegeo.report.layers import artifact_pass
+        from saegeo.report.render import artifact_text, terminal_flags
+
+        artifact = artifact_pass([rows.store for _, rows in sources], geo, k=min(3, len(geo.top_eigenvectors)),
+                                 batch_size=args.batch_size)
+        print(f"artifact:  {artifact_text(artifact)} ({artifact['source']})")
+        flags = artifact_flags(artifact)
+        if flags:
+            print("\n".join(terminal_flags(flags)))
+    else:
+        print("note:      artifact test not run: it needs activation stores (token ids and positions) and --top-k ≥ 1")
     if args.json_out:
-        out = {"files": list(args.files), **geo.to_dict()}
+        out = {"files": list(args.files), **geo.to_dict(), "artifact": artifact}
         dump_json(out, args.json_out)
         print(f"wrote {args.json_out}")
+    return 0
+
+
+# --------------------------------------------------------------------------- sweep
+def _add_sweep(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "sweep",
+        help="one row per layer: the geometry, token-type decomposition, self-similarity and artifact test of each store",
+        description="One accumulator per store, one row per layer in the model's layer order. Give stores, or "
+        "--model M --hooks all-resid to cache every residual hook in one forward pass first.",
+    )
+    p.add_argument("stores", nargs="*", help="activation-store directories (one per layer)")
+    p.add_argument("--model", default=None, help="cache first: model to run (as in `saegeo cache --model`)")
+    p.add_argument("--hooks", default="all-resid",
+                   help="with --model: 'all-resid' (blocks.0.hook_resid_pre + every blocks.L.hook_resid_post) or a comma list")
+    p.add_argument("--corpus", default="default", help="with --model: corpus (as in `saegeo cache`)")
+    p.add_argument("--context", type=int, default=128, help="with --model: tokens per window (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=None, help="tokens per layer (with --model: tokens cached)")
+    p.add_argument("--cache-dir", default="artifacts/acts/sweep", help="with --model: where the stores go (default: %(default)s)")
+    p.add_argument("--max-types", type=int, default=None, help="keep the most frequent V token types, pool the rest (default: all)")
+    p.add_argument("--artifact-k", type=int, default=3, help="principal directions in the artifact test (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=8192, help="rows per batch (default: %(default)s)")
+    p.add_argument("--out", default=None, help="directory for summary.txt, sweep.json, sweep.md (+ sweep.png), sweep.html")
+    p.add_argument("--json", dest="json_out", default=None, help="write the sweep JSON here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_sweep)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from saegeo.report.sweep import render_sweep_terminal, sweep_stores, write_sweep
+
+    if args.batch_size < 1:
+        raise CLIError(f"--batch-size must be ≥ 1, got {args.batch_size}")
+    stores, cache = list(args.stores), None
+    if args.model:
+        if stores:
+            raise CLIError("give stores or --model, not both")
+        from saegeo.activations.cache import CacheConfig, cache_activations, residual_hooks
+        from saegeo.activations.models import load_model
+
+        loaded = load_model(args.model)
+        hooks = residual_hooks(loaded.n_layers) if args.hooks == "all-resid" else tuple(
+            h.strip() for h in args.hooks.split(",") if h.strip())
+        cfg = CacheConfig(model=args.model, hooks=hooks, corpus=args.corpus, context=args.context, out=args.cache_dir,
+                          max_tokens=args.max_tokens, progress=not args.no_progress)
+        result = cache_activations(cfg, loaded)
+        cache = {"model": args.model, "hooks": list(hooks), "corpus": args.corpus, "context": args.context,
+                 "out": args.cache_dir, "new_tokens": result.new_tokens, "seconds": result.seconds}
+        print(f"cached {len(hooks)} hook(s) in one pass: {result.new_tokens:,} new tokens in {result.seconds:.1f} s")
+        stores = [str(result.stores[h]) for h in hooks]
+    if not stores:
+        raise CLIError("saegeo sweep needs activation stores, or --model M (with --hooks all-resid) to cache them first")
+    sweep = sweep_stores(stores, batch_size=args.batch_size, max_types=args.max_types, artifact_k=args.artifact_k,
+                         max_tokens=None if args.model else args.max_tokens, progress=not args.no_progress, cache=cache)
+    if args.model:  # name the listed token types
+        for row in sweep.layers:
+            tt = row["details"]["token_types"] or {}
+            for entry in tt.get("most_context_specific", []) + tt.get("least_context_specific", []):
+                entry["token"] = loaded.tokenizer.convert_ids_to_tokens(int(entry["id"]))
+    print(render_sweep_terminal(sweep), end="")
+    if args.json_out:
+        sweep.to_json(args.json_out)
+        print(f"wrote {args.json_out}")
+    if args.out:
+        paths = write_sweep(sweep, args.out)
+        print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
 
 
@@ -507,7 +603,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="saegeo", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_geometry, _add_cache, _add_store, _add_synth, _add_check, _add_report, _add_run, _add_train):
+    for add in (_add_geometry, _add_sweep, _add_cache, _add_store, _add_synth, _add_check, _add_report, _add_run, _add_train):
         add(sub)
     return parser
 

@@ -84,6 +84,28 @@ def hook_layer(hook: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+RESIDUAL_HOOK = re.compile(r"^blocks\.(\d+)\.hook_(resid_pre|resid_mid|resid_post|normalized_resid_post)$")
+
+
+def residual_hooks(n_layers: int) -> tuple[str, ...]:
+    """Every point of the residual stream between blocks: blocks.0.hook_resid_pre (the embeddings) and
+    blocks.L.hook_resid_post for L < n_layers (n_layers + 1 hooks: MiniLM's 6 blocks give 7)."""
+    return ("blocks.0.hook_resid_pre",) + tuple(f"blocks.{layer}.hook_resid_post" for layer in range(n_layers))
+
+
+def hook_depth(hook: str) -> float | None:
+    """Blocks applied before a hook: 0 for embeddings and blocks.0.hook_resid_pre, L + 0.5 for block L's
+    resid_mid, L + 1 for its resid_post (and normalized_resid_post); L + 0.5 for other hooks inside block L;
+    None for a hook outside the blocks (e.g. the unembedding)."""
+    if EMBED_HOOK.match(hook):
+        return 0.0
+    m = RESIDUAL_HOOK.match(hook)
+    if m:
+        return int(m.group(1)) + {"resid_pre": 0.0, "resid_mid": 0.5}.get(m.group(2), 1.0)
+    m = BLOCK_HOOK.match(hook)
+    return int(m.group(1)) + 0.5 if m else None
+
+
 def store_dir(out: str | Path, hook: str) -> Path:
     """Each hook gets its own store under the output directory, named after the hook."""
     return Path(out) / hook

@@ -363,6 +363,49 @@ class ActivationStore:
         pos = self._load_shard_tensors(i).get("positions")
         return None if pos is None else pos.long()
 
+    def iter_rows_with_metadata(
+        self,
+        batch_size: int,
+        *,
+        stop_row: int | None = None,
+        shard_indices: Sequence[int] | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> Iterator[tuple[Float[Tensor, "b d"], Int[Tensor, " b"] | None, Int[Tensor, " b"] | None]]:
+        """(activations, token_ids, positions) in store order, cut into the same batches as
+        ``iter_batches(batch_size, stop_row=stop_row, shard_indices=shard_indices)`` (so sums over them match
+        to the bit); ids/positions are None when the store has none. Each shard is read once."""
+        if batch_size < 1:
+            raise BadInputError(f"batch_size must be >= 1, got {batch_size}")
+        stop_row = self.n_tokens if stop_row is None else min(int(stop_row), self.n_tokens)
+        pending: list[Tensor] = []  # activations, then token_ids and positions when the store has them
+        n_cols = 0
+        tensors: dict[str, Tensor] = {}
+        for i in range(len(self.shards)) if shard_indices is None else [int(j) for j in shard_indices]:
+            if self.offsets[i] >= stop_row:
+                continue
+            tensors = self._load_shard_tensors(i)
+            keep = stop_row - int(self.offsets[i])
+            cols = [tensors["activations"].to(dtype)[:keep]]
+            cols += [tensors[k].long()[:keep] for k in ("token_ids", "positions") if k in tensors]
+            if not pending:
+                n_cols, pending = len(cols), cols
+            else:
+                if len(cols) != n_cols:
+                    raise StoreError(f"{self.path}: shard {i} lacks token_ids/positions that earlier shards have")
+                pending = [torch.cat([p, c]) for p, c in zip(pending, cols)]
+            n_emit = pending[0].shape[0] // batch_size * batch_size
+            for lo in range(0, n_emit, batch_size):
+                yield self._with_metadata([c[lo : lo + batch_size] for c in pending], tensors)
+            pending = [c[n_emit:] for c in pending]
+        if pending and pending[0].shape[0]:
+            yield self._with_metadata(pending, tensors)
+
+    @staticmethod
+    def _with_metadata(cols: list[Tensor], tensors: dict[str, Tensor]) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        names = ["activations"] + [k for k in ("token_ids", "positions") if k in tensors]
+        by_name = dict(zip(names, cols))
+        return by_name["activations"], by_name.get("token_ids"), by_name.get("positions")
+
     def read_rows(self, start: int, stop: int, dtype: torch.dtype = torch.float32) -> Float[Tensor, "rows d"]:
         """Rows [start, stop) in store order, reading only the shards they touch."""
         start, stop = max(0, start), min(stop, self.n_tokens)

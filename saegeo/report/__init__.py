@@ -9,6 +9,8 @@ check.py    check_dictionary / check_with_activations -> DictionaryCheck (a dict
             activations_match_flags: do the SAE and the activations belong together?
 flags.py    each flag: name, severity, evidence, advice
 render.py   terminal, Markdown, JSON, HTML of both pages; write_report writes either
+layers.py   measure_store / artifact_pass: what a store's token ids and positions add (token types, artifact test)
+sweep.py    sweep_stores -> LayerSweep: one row per layer, its table, JSON, Markdown and HTML (`saegeo sweep`)
 """
 
 from saegeo.report.check import (

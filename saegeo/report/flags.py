@@ -12,6 +12,7 @@ Public API
 ``sae_flags(sae, geo, ...)``        mean-direction features, offset not absorbed, amplification inconsistency, dead / dense latents.
 ``config_flags(config, ...)``       a configuration that whitens before the SAE (with its measured cost).
 ``dictionary_flags(W_dec, b_dec)``  the dictionary-only variant (no activations): latents aligned with b_dec or ū.
+``artifact_flags(artifact, ...)``   a top principal direction that is token frequency, position or length.
 ``config_whitens(config) -> str | None``  which key of a (SAELens / saegeo) config asks for whitening.
 """
 
@@ -40,6 +41,7 @@ DEAD = "dead_latents"
 DENSE = "dense_latents"
 RANK = "rank_deficiency"
 BAD_ROWS = "bad_input_rows"
+ARTIFACT = "artifact_direction"
 
 
 @dataclass
@@ -119,6 +121,8 @@ class FlagThresholds:
     dictionary_min_cos: float = 0.9
     # how many guilty latents a flag lists
     max_latents: int = 20
+    # artifact direction: a top principal direction with |corr| > this with log token frequency, position or ‖x‖
+    artifact_min_abs_corr: float = 0.5
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -233,6 +237,43 @@ def activation_flags(
                 summary=(f"A = {a:.3f} but the {sign.get('regime')} sign structure alone gives {null:.3f} "
                          f"({100 * explained:.0f}% of the cone); excess {excess:+.3f}"),
             ))
+    return flags
+
+
+# =========================================================================== the artifact test
+_COVARIATE_WORDS = {"log_frequency": "log token frequency", "position": "position in the window", "norm": "the row norm ‖x‖"}
+
+
+def artifact_flags(
+    artifact: Mapping[str, Any] | None,
+    *,
+    thresholds: FlagThresholds | None = None,
+    subject: str = "activations",
+) -> list[Flag]:
+    """``artifact_direction``: principal direction j whose projection has |corr| > artifact_min_abs_corr with a
+    covariate (``artifact`` = ``ArtifactAccumulator.correlations()``); one flag per direction, naming its
+    strongest covariate and listing every covariate's |r| as evidence."""
+    t = thresholds or FlagThresholds()
+    if not artifact:
+        return []
+    flags = []
+    absr = artifact.get("abs") or {}
+    for j in range(int(artifact.get("k", 0))):
+        values = {name: absr.get(name, [None] * (j + 1))[j] for name in _COVARIATE_WORDS}
+        hits = {name: v for name, v in values.items() if v is not None and v > t.artifact_min_abs_corr}
+        if not hits:
+            continue
+        worst = max(hits, key=hits.get)
+        flags.append(Flag(
+            ARTIFACT, "warning",
+            {"component": j + 1, **{f"abs_corr_{name}": rounded(v) for name, v in values.items()},
+             "threshold": t.artifact_min_abs_corr, "n": artifact.get("n")},
+            "For similarity use, removing this direction (all-but-the-top) is justified; for interpretability it is "
+            "evidence about what the model encodes, not noise to discard.",
+            summary=(f"PC{j + 1} tracks {_COVARIATE_WORDS[worst]}: |corr| = {hits[worst]:.2f}"
+                     + "".join(f", {_COVARIATE_WORDS[o]} {v:.2f}" for o, v in hits.items() if o != worst)),
+            subject=subject,
+        ))
     return flags
 
 

@@ -86,7 +86,15 @@ def activation_lines(report: GeometryReport) -> list[tuple[str, str]]:
                      f"numerical rank {g['numerical_rank']}, IsoScore {fmt_num(g['isoscore'])}"),
         ("rogue dims", f"{rogue['n_for_50']} coordinate(s) carry 50% of the offset, {rogue['n_for_90']} carry 90%"
                        + (f"; top: {top_rogue}" if top_rogue else "")),
-    ]
+    ] + ([("artifact", artifact_text(report.artifact))] if report.artifact else [])
+
+
+def artifact_text(artifact: dict[str, Any]) -> str:
+    """'|corr(PC_j, ·)|: log freq a, position b, ‖x‖ c' for each tested principal direction."""
+    absr = artifact["abs"]
+    parts = [f"PC{j + 1}: log freq {fmt_num(absr['log_frequency'][j], 2)}, position {fmt_num(absr['position'][j], 2)}, "
+             f"‖x‖ {fmt_num(absr['norm'][j], 2)}" for j in range(int(artifact["k"]))]
+    return "|corr| " + "; ".join(parts)
 
 
 def _max_abs_cos(s: SAEGeometry) -> float:

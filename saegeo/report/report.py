@@ -53,6 +53,7 @@ from saegeo.report.flags import (
     Flag,
     FlagThresholds,
     activation_flags,
+    artifact_flags,
     config_flags,
     config_whitens,
     sae_flags,
@@ -76,6 +77,7 @@ class ReportOptions:
     seed: int = 0  # seeds the cosine reservoir
     device: str = "cpu"  # where the SAEs encode
     progress: bool = True  # progress bar
+    artifact_components: int = 3  # top-k principal directions in the artifact test (stores only; 0: skip it)
     thresholds: FlagThresholds = field(default_factory=FlagThresholds)  # of every flag ([report.thresholds])
 
     def to_dict(self) -> dict[str, Any]:
@@ -158,6 +160,7 @@ class GeometryReport:
     tokens_per_second: float | None = None
     saegeo_version: str = ""
     notes: list[str] = field(default_factory=list)
+    artifact: dict[str, Any] | None = None  # the artifact test (saegeo.report.layers.artifact_pass), stores only
 
     @property
     def sae(self) -> SAEGeometry | None:
@@ -504,8 +507,10 @@ def geometry_report(
         raise BadInputError("geometry_report: no rows were read (empty store, tensor or iterator?)")
     acc.n_nonfinite_skipped += n_skipped  # the rows were dropped before the accumulator saw them
     seconds = time.perf_counter() - t0
-    geo = activation_geometry(acc).to_dict()
+    geometry = activation_geometry(acc, top_k_eigvecs=max(10, opts.artifact_components))
+    geo = geometry.to_dict()
     saes = [p.finish(geo, opts.thresholds) for p in passes]
+    artifact, artifact_note = _artifact_test(rows, geometry, opts, distributed=ctx is not None)
     source.update(d=acc.d, n_tokens=acc.n)
 
     whitening_cost = None
@@ -520,10 +525,35 @@ def geometry_report(
         saes=saes, flags=[], options=json_safe(opts.to_dict()),
         config=json_safe(dict(config)) if config else None, whitening_cost=whitening_cost,
         seconds=seconds, tokens_per_second=acc.n / seconds if seconds > 0 else None,
-        saegeo_version=__version__, notes=list(geo.get("notes", [])),
+        saegeo_version=__version__, notes=list(geo.get("notes", [])) + ([artifact_note] if artifact_note else []),
+        artifact=artifact,
     )
     report.flags = compute_flags(report, opts.thresholds)
     return report
+
+
+def _artifact_test(rows: Any, geometry: Any, opts: ReportOptions, *, distributed: bool) -> tuple[dict | None, str | None]:
+    """The artifact test needs token ids and positions: it runs (a second streamed pass) only on a store."""
+    if opts.artifact_components < 1:
+        return None, None
+    if rows.store is None:
+        return None, (f"artifact test not run: the source is a {rows.kind}, which has no token ids or positions "
+                      "(pass an activation store)")
+    from saegeo.report.layers import artifact_accumulator, artifact_pass, artifact_result
+
+    if not distributed:
+        return artifact_pass(rows.store, geometry, k=opts.artifact_components, batch_size=opts.batch_size,
+                             max_tokens=opts.max_tokens), None
+    if opts.max_tokens is not None:
+        return None, "artifact test not run: max_tokens under torch.distributed (run it on one process)"
+    from saegeo import distributed as dist
+
+    ctx = dist.current()
+    block = dist.split_shards([s.rows for s in rows.store.shards], ctx.rank, ctx.world_size)
+    with dist.all_ranks_or_none("the artifact test"):
+        part = artifact_accumulator(rows.store, geometry, k=opts.artifact_components, batch_size=opts.batch_size,
+                                    shard_indices=block)
+    return artifact_result(dist.merge_across_ranks(part)), None
 
 
 def compute_flags(report: GeometryReport, thresholds: FlagThresholds | None = None) -> list[Flag]:
@@ -532,6 +562,7 @@ def compute_flags(report: GeometryReport, thresholds: FlagThresholds | None = No
     assumed = float(report.options.get("assumed_null", 0.0))
     geo = report.activations
     flags = activation_flags(geo, thresholds=t, assumed_null=assumed, feeds_dictionary=bool(report.saes))
+    flags += artifact_flags(report.artifact, thresholds=t)
     for s in report.saes:
         flags += sae_flags(s.to_dict(), geo, thresholds=t)
         flags += config_flags(s.config, geo, report.whitening_cost, thresholds=t, subject=s.name)
