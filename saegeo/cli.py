@@ -489,7 +489,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         ("b_dec init", cfg.b_dec_init),
         ("tokens trained", f"{cfg.total_steps * cfg.batch_size:,} ({cfg.total_steps} steps of {cfg.batch_size})"),
         ("throughput", f"{live.get('tok_s', float('nan')):,.0f} tokens/s"),
-        ("held-out tokens", f"{h.get('tokens', 0):,}"),
+        ("held-out tokens", f"{h.get('tokens', 0):,}"
+                            + (f" ({h['nonfinite_rows_skipped']:,} non-finite rows skipped)" if "nonfinite_rows_skipped" in h else "")),
         ("held-out FVE", f"{h.get('fve', float('nan')):.4f}"),
         ("held-out MSE", f"{h.get('mse', float('nan')):.5g}"),
         ("held-out L0", f"{h.get('l0', float('nan')):.1f}"),

@@ -32,6 +32,20 @@ def _cfg(out=None, **kw) -> TrainConfig:
     return TrainConfig(**{**base, **kw})
 
 
+def _train_until(cfg: TrainConfig, data, step: int) -> None:
+    """Train, interrupted by an exception after ``step`` steps: the checkpoints stay, no SAE is written."""
+
+    class Stop(Exception):
+        pass
+
+    def stop(done, _):
+        if done == step:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train_sae(cfg, data, on_step=stop)
+
+
 def _flip_a_bit(store_path: Path, shard: int) -> None:
     """One bit of one float in the middle of the shard's data: the header stays valid, the file parses."""
     f = store_path / f"shard_{shard:05d}.safetensors"
@@ -118,15 +132,7 @@ def test_resume_refuses_other_data_and_other_options_naming_them(tmp_path):
     a = write_store(tmp_path / "layer3", _rows(1024, seed=3), shard_rows=256)
     b = write_store(tmp_path / "layer1", _rows(1024, seed=1), shard_rows=256)
 
-    class Stop(Exception):
-        pass
-
-    def stop(step, _):
-        if step == 5:
-            raise Stop
-
-    with pytest.raises(Stop):
-        train_sae(_cfg(tmp_path / "sae", checkpoint_every=2), a, on_step=stop)
+    _train_until(_cfg(tmp_path / "sae", checkpoint_every=2), a, 5)
     state_before = (tmp_path / "sae" / "checkpoint" / "state.json").read_bytes()
     with pytest.raises(BadInputError, match=r"holds a run with data='store:.*it cannot be resumed with data="):
         train_sae(_cfg(tmp_path / "sae", checkpoint_every=2), b)
@@ -157,15 +163,7 @@ def test_a_finished_sae_is_never_overwritten_without_overwrite(tmp_path, store, 
 
 
 def test_no_resume_does_not_silently_replace_a_checkpoint(tmp_path, store):
-    class Stop(Exception):
-        pass
-
-    def stop(step, _):
-        if step == 4:
-            raise Stop
-
-    with pytest.raises(Stop):
-        train_sae(_cfg(tmp_path / "sae", checkpoint_every=2), store, on_step=stop)
+    _train_until(_cfg(tmp_path / "sae", checkpoint_every=2), store, 4)
     with pytest.raises(BadInputError, match="checkpoint at step 4 that a run without resume would replace"):
         train_sae(_cfg(tmp_path / "sae", checkpoint_every=2), store, resume=False)
 

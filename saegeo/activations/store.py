@@ -12,6 +12,11 @@ manifest is rewritten the same way. A shard exists in the manifest only once its
 so a process killed at any moment leaves a valid (incomplete) store. All shards but the last hold
 exactly `shard_rows` rows; the last one is written only when the writer closes without error, so a
 resumed run produces byte-identical shards to an uninterrupted one.
+
+One writer at a time: a StoreWriter holds an exclusive flock on STORE/.writer.lock (with its pid in it);
+a second one is refused naming that pid. Every read of a shard checks its sha256 against the manifest
+(ActivationStore(verify=False), `--no-verify`, skips it); `verify()` re-hashes every shard and recounts
+its rows from the safetensors header.
 """
 
 from __future__ import annotations
@@ -455,8 +460,8 @@ class ActivationStore:
         return torch.cat(parts)
 
     def verify(self, full: bool = True, shard_indices: Sequence[int] | None = None) -> list[str]:
-        """Check shards against the manifest; one message per problem (missing, truncated, checksum),
-        [] if OK. full=False checks sizes only (no re-hashing)."""
+        """Check shards against the manifest; one message per problem (missing, truncated, checksum, rows in
+        the shard's header ≠ the manifest's), [] if OK. full=False skips the re-hashing."""
         problems = []
         indices = range(len(self.shards)) if shard_indices is None else shard_indices
         for i in indices:

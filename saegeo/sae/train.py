@@ -329,25 +329,22 @@ def make_source(data: Any, cfg: TrainConfig):
 
 
 # =========================================================================== b_dec init
-def _finite_rows(batches: Iterable[Tensor], what: str, first_row: int = 0, skipped: list[int] | None = None
-                 ) -> Iterator[Tensor]:
-    """The batches, refusing the first inf/NaN row by its index in the data (first_row + position in the
-    stream); with a ``skipped`` list such rows are dropped instead and their count added to skipped[0]."""
+def _finite_rows(batches: Iterable[Tensor], name: Callable[[int], str], advice: str = "",
+                 skipped: list[int] | None = None) -> Iterator[Tensor]:
+    """The batches, refusing the first inf/NaN row (``name(i)`` words it, i = its position in the stream);
+    with a ``skipped`` list such rows are dropped instead and their count added to skipped[0]."""
     n = 0
     for b in batches:
         finite = torch.isfinite(b).all(dim=1)
         if not bool(finite.all()):
             if skipped is None:
-                row = n + int((~finite).nonzero()[0])
                 raise BadInputError(
-                    f"row {first_row + row} of the data ({what} row {row}) is not finite (inf/NaN); clean or "
-                    "re-cache the data (`saegeo store verify`), or pass --skip-nonfinite to skip and count such rows"
+                    f"{name(n + int((~finite).nonzero()[0]))} is not finite (inf/NaN); clean or re-cache "
+                    f"the data (`saegeo store verify`){advice}"
                 )
             skipped[0] += int((~finite).sum())
-            n += b.shape[0]
-            yield b[finite]
-            continue
-        n += b.shape[0]
+            b = b[finite]
+        n += int(finite.numel())
         yield b
 
 
@@ -379,9 +376,14 @@ def evaluate(sae: SAE, batches: Iterable[Tensor], activation_mean: Tensor | None
     """
     metrics = SAEMetrics(sae)
     skipped = [0]
-    for x in _finite_rows(batches, "held-out", first_row, skipped if skip_nonfinite else None):
+    rows = _finite_rows(batches, lambda i: f"row {first_row + i} of the data (held-out row {i})",
+                        ", or pass --skip-nonfinite to skip and count such rows", skipped if skip_nonfinite else None)
+    for x in rows:
         metrics.add(x)
-    return {**metrics.summary(activation_mean), "nonfinite_rows_skipped": skipped[0]}
+    summary = metrics.summary(activation_mean)
+    if skip_nonfinite:
+        summary["nonfinite_rows_skipped"] = skipped[0]
+    return summary
 
 
 # =========================================================================== checkpoints
@@ -604,7 +606,9 @@ def train_sae(
         torch.manual_seed(cfg.seed)
         # b_dec init: the streamed float64 mean is computed for every choice, as the metrics need it
         # (mean_across_ranks is the plain streamed mean without torchrun)
-        activation_mean = distributed.mean_across_ranks(_finite_rows(source.init_rows(cfg.b_dec_init_tokens), "b_dec init"))
+        activation_mean = distributed.mean_across_ranks(_finite_rows(
+            source.init_rows(cfg.b_dec_init_tokens), lambda i: f"row {i} of the activations used to initialise b_dec",
+            ", or skip those rows"))
         if cfg.b_dec_init == "mean":
             b_dec = activation_mean
         elif cfg.b_dec_init == "geometric_median":
