@@ -76,7 +76,7 @@ class ReportOptions:
     seed: int = 0  # seeds the cosine reservoir
     device: str = "cpu"  # where the SAEs encode
     progress: bool = True  # progress bar
-    verify: bool = True  # check each store shard's sha256 as it is read
+    verify: bool = True  # sha256 check of each store shard as it is read
     thresholds: FlagThresholds = field(default_factory=FlagThresholds)  # of every flag ([report.thresholds])
 
     def __post_init__(self) -> None:

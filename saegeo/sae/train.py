@@ -86,7 +86,7 @@ class TrainConfig:
     num_threads: int | None = None  # torch.set_num_threads; None leaves torch's default
     progress: bool = True  # progress bar
     overwrite: bool = False  # replace a finished SAE and discard a checkpoint in out_dir (start a new run)
-    verify: bool = True  # check each store shard's sha256 as it is read
+    verify: bool = True  # sha256 check of each store shard as it is read
     skip_nonfinite: bool = False  # skip and count held-out rows with NaN/inf (default: an error naming the row)
 
     def __post_init__(self) -> None:
