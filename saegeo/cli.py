@@ -554,6 +554,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("saegeo: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of our output went away (`saegeo ... | head`): nothing to report
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return 0
     except Exception as err:
         message = _user_error(err)
         if message is None or debug:

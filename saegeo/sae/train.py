@@ -487,8 +487,11 @@ def _open_checkpoint(cfg: TrainConfig, source: Any, d_sae: int, resume: bool) ->
             same_data = all(json_safe(source.identity.get(k)) == v for k, v in old.items())
         else:
             same_data = data == source.fingerprint
-        if not same_data:
-            changed = {"data": (f"{data or 'other data'}"[:28], source.fingerprint[:28]), **changed}
+        if not same_data:  # named by path (when known) and the first digits of the manifest / tensor hash
+            old_path = ((state.get("provenance") or {}).get("data") or {}).get("path")
+            describe = lambda path, fp: f"{fp[:22]}" + (f" at {path}" if path else "")  # noqa: E731
+            changed = {"data": (describe(old_path, data or "other data"),
+                                describe(source.identity.get("path"), source.fingerprint)), **changed}
         if changed:
             raise BadInputError(
                 f"{ckpt_dir} holds a run with "
