@@ -142,6 +142,7 @@ def _add_geometry(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--pool", action="store_true",
                    help="pool stores of different models or hooks into one accumulator (refused without it)")
+    p.add_argument("--no-verify", action="store_true", help="read store shards without checking their sha256")
     p.set_defaults(func=cmd_geometry)
 
 
@@ -168,7 +169,7 @@ def cmd_geometry(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise CLIError(f"--batch-size must be ≥ 1, got {args.batch_size}")
-    sources = [(path, open_rows(path, key=args.key)) for path in args.files]
+    sources = [(path, open_rows(path, key=args.key, verify=not args.no_verify)) for path in args.files]
     dims = {rows.d for _, rows in sources}
     if len(dims) > 1:
         raise CLIError("files disagree on d: " + ", ".join(f"{p}: d={rows.d}" for p, rows in sources))
@@ -333,7 +334,7 @@ def cmd_store(args: argparse.Namespace) -> int:
     problems = store.verify()
     for problem in problems:
         print(f"  BAD {problem}")
-    print(f"{len(problems)} problem(s)" if problems else "OK: all shards match their sha256")
+    print(f"{len(problems)} problem(s)" if problems else "OK: all shards match their sha256 and row counts")
     return 1 if problems else 0
 
 
@@ -448,7 +449,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
         report, _ = check_with_activations(
             sae, args.acts, options=opts, name=name,
-            report_options=ReportOptions(max_tokens=args.max_tokens, progress=opts.progress),
+            report_options=ReportOptions(max_tokens=args.max_tokens, progress=opts.progress, verify=opts.verify),
         )
         print(render_terminal(report), end="")
         flags = report.flags
@@ -585,7 +586,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         ("b_dec init", cfg.b_dec_init),
         ("tokens trained", f"{cfg.total_steps * cfg.batch_size:,} ({cfg.total_steps} steps of {cfg.batch_size})"),
         ("throughput", f"{live.get('tok_s', float('nan')):,.0f} tokens/s"),
-        ("held-out tokens", f"{h.get('tokens', 0):,}"),
+        ("held-out tokens", f"{h.get('tokens', 0):,}"
+                            + (f" ({h['nonfinite_rows_skipped']:,} non-finite rows skipped)" if "nonfinite_rows_skipped" in h else "")),
         ("held-out FVE", f"{h.get('fve', float('nan')):.4f}"),
         ("held-out MSE", f"{h.get('mse', float('nan')):.5g}"),
         ("held-out L0", f"{h.get('l0', float('nan')):.1f}"),
@@ -602,23 +604,64 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="saegeo", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true",
+                        help="show the Python traceback of an error (accepted anywhere on the line)")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_geometry, _add_sweep, _add_cache, _add_store, _add_synth, _add_check, _add_report, _add_run, _add_train):
         add(sub)
     return parser
 
 
+def _user_error(err: BaseException) -> str | None:
+    """One line `<what>, <which file>, <what to do>` for an error a user can fix, None for a bug.
+
+    saegeo's own errors already say all three; OSError and decoding errors from any layer are worded here."""
+    if isinstance(err, SaegeoError):
+        return " ".join(str(err).split())  # one line, whatever the message held
+    if isinstance(err, OSError):
+        name = err.filename2 if err.filename2 is not None else err.filename  # os.replace(tmp, target): the target
+        file = str(name).removesuffix(".tmp") if name is not None else "a file"
+        what = err.strerror or type(err).__name__
+        advice = {
+            IsADirectoryError: "give a file path, not a directory",
+            NotADirectoryError: "a part of the path is a file, not a directory; choose another path",
+            FileExistsError: "a file is in the way; remove it or choose another path",
+            FileNotFoundError: "check the path",
+            PermissionError: "fix its permissions or choose another path",
+        }.get(type(err), "check the path, its permissions and the free disk space")
+        return f"{what}, {file}, {advice}"
+    import json
+
+    if isinstance(err, (UnicodeDecodeError, json.JSONDecodeError)) or type(err).__name__ == "TOMLDecodeError":
+        # a reader that did not name its file: say what failed
+        return f"cannot decode a file ({type(err).__name__}: {' '.join(str(err).split())}), rerun with --debug to see which, fix or replace it"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Every error a user can fix (saegeo's own, OSError, decoding) is one line on stderr,
+    `saegeo: error: <what>, <which file>, <what to do>`, and exit status 2; --debug shows the traceback."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]  # a global flag, accepted before or after the command
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except SaegeoError as err:
-        print(f"saegeo: error: {err}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("saegeo: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of our output went away (`saegeo ... | head`): nothing to report
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return 0
+    except Exception as err:
+        message = _user_error(err)
+        if message is None or debug:
+            raise
+        print(f"saegeo: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

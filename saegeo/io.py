@@ -12,6 +12,7 @@ Public API
 ``refuse_unknown_keys(cls, d, what) -> dict``   d as a dict, after naming any key that is not a field of ``cls``.
 ``config_from_dict(cls, d, what) -> cls``      the one dict -> config-dataclass path: unknown keys refused, values
                                        coerced by the field annotations ("2M" ints, lists as tuples, Literal choices).
+``require_at_least(cfg, minimums)``    a config's sizes checked in its __post_init__ (``--d-sae 0`` refused).
 """
 
 from __future__ import annotations
@@ -190,6 +191,14 @@ def refuse_unknown_keys(cls: type, d: Mapping[str, Any] | None, what: str, where
         prefix = f"{where}: " if where else ""
         raise BadInputError(f"{prefix}unknown {what}(s) {unknown}; known: {sorted(known)}")
     return d
+
+
+def require_at_least(cfg: Any, minimums: Mapping[str, float]) -> None:
+    """BadInputError naming the first field of ``cfg`` below its minimum (None means "unset" and passes)."""
+    for name, low in minimums.items():
+        value = getattr(cfg, name)
+        if value is not None and not value >= low:  # `not >=` also refuses NaN
+            raise BadInputError(f"{name} must be at least {low}, got {value!r}")
 
 
 # =========================================================================== dict -> config dataclass

@@ -24,7 +24,7 @@ from saegeo.io import config_from_dict, dump_json, json_safe, read_config, same_
 from saegeo.report.render import FORMATS, render_terminal, write_report
 from saegeo.report.report import GeometryReport, ReportOptions, compute_flags, geometry_report
 from saegeo.sae.formats import CFG_FILENAME, WEIGHTS_FILENAME, load_sae
-from saegeo.sae.train import TrainConfig, train_sae
+from saegeo.sae.train import NOT_IN_WEIGHTS, TrainConfig, train_sae
 from saegeo.synthetic import SuperpositionGenerator
 
 
@@ -167,11 +167,10 @@ def _trained(sae_dir: Path, tcfg: TrainConfig, store: ActivationStore) -> bool:
         return False
     try:
         saved = json.loads(cfg_file.read_text()).get("saegeo", {})
-    except json.JSONDecodeError:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     data = saved.get("data", {})
-    cosmetic = ("progress", "log_every", "num_threads", "device", "checkpoint_every")  # do not change the weights
-    strip = lambda c: {k: v for k, v in (c or {}).items() if k not in cosmetic}  # noqa: E731
+    strip = lambda c: {k: v for k, v in (c or {}).items() if k not in NOT_IN_WEIGHTS}  # noqa: E731
     return same_json(strip(saved.get("train_config")), strip(asdict(tcfg))) and data.get("shard_sha256") == [
         s.sha256 for s in store.shards
     ]

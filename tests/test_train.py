@@ -154,11 +154,14 @@ def test_resume_refuses_a_checkpoint_of_a_different_model(tmp_path):
     x, _ = _synthetic(2048)
     train_sae(_small_cfg(tmp_path, checkpoint_every=2, total_tokens=128 * 2), x)
     with pytest.raises(BadInputError, match=r"k=4; it cannot be resumed with k=5"):
-        train_sae(_small_cfg(tmp_path, checkpoint_every=2, total_tokens=128 * 4, k=5), x)
+        train_sae(_small_cfg(tmp_path, checkpoint_every=2, total_tokens=128 * 2, k=5), x)
     with pytest.raises(BadInputError, match=r"d_sae=64; it cannot be resumed with d_sae=128"):
-        train_sae(_small_cfg(tmp_path, checkpoint_every=2, total_tokens=128 * 4, d_sae=128), x)
-    # a longer run of the same model resumes
-    assert train_sae(_small_cfg(tmp_path, checkpoint_every=2, total_tokens=128 * 4), x).history[-1]["step"] == 4
+        train_sae(_small_cfg(tmp_path, checkpoint_every=2, total_tokens=128 * 2, d_sae=128), x)
+    # another budget changes the lr schedule: refused too (issue 17), and --overwrite starts a new run
+    with pytest.raises(BadInputError, match=r"total_tokens=256; it cannot be resumed with total_tokens=512"):
+        train_sae(_small_cfg(tmp_path, checkpoint_every=2, total_tokens=128 * 4), x)
+    again = train_sae(_small_cfg(tmp_path, checkpoint_every=2, total_tokens=128 * 4, overwrite=True), x)
+    assert again.history[-1]["step"] == 4
 
 
 def test_resume_from_a_stream_without_heldout_rows_replays_the_same_batches(tmp_path):

@@ -29,7 +29,7 @@ from saegeo.activations.corpus import CorpusSpec, Window, corpus_identity, count
 from saegeo.activations.models import LoadedModel, load_model
 from saegeo.activations.store import ActivationStore, StorageDtype, StoreWriter
 from saegeo.errors import BadInputError
-from saegeo.io import config_from_dict
+from saegeo.io import config_from_dict, require_at_least
 
 EMBED_HOOK = re.compile(r"^(hook_embed|hook_pos_embed|hook_full_embed|hook_tokens|embed\..*|pos_embed\..*)$")
 BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
@@ -56,6 +56,7 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         self.hooks = (self.hooks,) if isinstance(self.hooks, str) else tuple(self.hooks)
+        require_at_least(self, {"batch_size": 1, "shard_rows": 1, "max_tokens": 1, "context": 2})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str | None = None) -> "CacheConfig":
@@ -179,8 +180,6 @@ def forward_to_layer(
 
 def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> CacheResult:
     """Cache cfg.hooks over cfg.corpus into one store per hook under cfg.out (resumes if present)."""
-    if cfg.context < 2:
-        raise BadInputError(f"context must be >= 2, got {cfg.context}")
     if cfg.max_tokens is not None and cfg.max_tokens < 1:
         raise BadInputError(f"max_tokens must be positive, got {cfg.max_tokens}")
     loaded = loaded or load_model(cfg.model)

@@ -1,6 +1,6 @@
 """The one reader of activation rows: a store, a file, a tensor or an iterator -> batches of (m, d) rows.
 
-``open_rows(source, *, key=None) -> Rows``
+``open_rows(source, *, key=None, verify=True) -> Rows``
     source: an ActivationStore or its directory; a ``.safetensors`` file (the tensor ``activations``, the
     only 2-D tensor, or ``key``); a ``.npy`` file (memory-mapped); a ``.pt``/``.pth`` file (read with
     ``torch.load(weights_only=True)``, memory-mapped); an (n, d) tensor or array; an iterable of (m, d)
@@ -91,8 +91,15 @@ def _open_file(path: Path, key: str | None) -> Rows:
     if ext == ".npy":
         try:
             rows: Any = np.load(path, mmap_mode="r", allow_pickle=False)
-        except ValueError as err:
-            raise FormatError(f"{path}: not a plain numeric .npy array ({err})") from None
+        except (ValueError, EOFError, OSError) as err:  # a 0-byte or truncated file, pickled objects
+            raise FormatError(f"{path}: not a readable numeric .npy array ({err}); save it with numpy.save") from None
+        if not rows.dtype.isnative:  # torch reads native byte order only
+            raise FormatError(
+                f"{path}: a {'big' if rows.dtype.byteorder == '>' else 'little'}-endian .npy array; rewrite it in "
+                "native order, e.g. numpy.save(path, x.astype(x.dtype.newbyteorder('=')))"
+            )
+        if rows.dtype.kind not in "fiu":
+            raise FormatError(f"{path}: a .npy array of dtype {rows.dtype}; activations must be numbers")
         tensors, shape = {"array": rows.shape}, tuple(rows.shape)
     elif ext == ".safetensors":
         from safetensors import SafetensorError, safe_open
@@ -126,8 +133,10 @@ def _open_file(path: Path, key: str | None) -> Rows:
     return Rows("file", n, d, {"kind": "file", "path": str(path), "d": d, "n_tokens_in_source": n}, _array=rows)
 
 
-def open_rows(source: Any, *, key: str | None = None) -> Rows:
-    """Open any source of activation rows (see the module docstring) without reading it whole."""
+def open_rows(source: Any, *, key: str | None = None, verify: bool = True) -> Rows:
+    """Open any source of activation rows (see the module docstring) without reading it whole.
+
+    verify=False reads a store's shards without checking their sha256 (see ActivationStore)."""
     if isinstance(source, Rows):
         return source
     if isinstance(source, (str, os.PathLike)):
@@ -138,7 +147,7 @@ def open_rows(source: Any, *, key: str | None = None) -> Rows:
                     f"{path}: not an activation store (no {MANIFEST}). Cache one with `saegeo cache`, or pass a "
                     f"file ({', '.join(FILE_SUFFIXES)}), a tensor or an iterator of batches"
                 )
-            source = ActivationStore(path)
+            source = ActivationStore(path, verify=verify)
         elif path.is_file():
             return _open_file(path, key)
         else:

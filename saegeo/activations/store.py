@@ -12,13 +12,21 @@ manifest is rewritten the same way. A shard exists in the manifest only once its
 so a process killed at any moment leaves a valid (incomplete) store. All shards but the last hold
 exactly `shard_rows` rows; the last one is written only when the writer closes without error, so a
 resumed run produces byte-identical shards to an uninterrupted one.
+
+One writer at a time: a StoreWriter holds an exclusive flock on STORE/.writer.lock (with its pid in it);
+a second one is refused naming that pid. Every read of a shard checks its sha256 against the manifest
+(ActivationStore(verify=False), `--no-verify`, skips it); `verify()` re-hashes every shard and recounts
+its rows from the safetensors header.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import mmap
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal, Sequence, get_args
@@ -32,10 +40,11 @@ from safetensors.torch import save as st_save_bytes
 from torch import Tensor
 
 from saegeo.errors import BadInputError, StoreError
-from saegeo.io import atomic_write, crash_point
+from saegeo.io import atomic_write, crash_point, json_safe
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+LOCK_FILE = ".writer.lock"  # flock'd by the one StoreWriter of a store; holds its pid
 StorageDtype = Literal["float32", "float16", "bfloat16"]
 STORAGE_DTYPES = {name: getattr(torch, name) for name in get_args(StorageDtype)}
 # Fields that define what a store contains: resuming with any of them different is refused.
@@ -84,6 +93,49 @@ def _sha256_file(path: Path, chunk: int = 1 << 24) -> str:
     return digest.hexdigest()
 
 
+def _sha256_mapped(path: Path) -> str:
+    """sha256 of a file read through mmap (no copy into Python); StoreError naming it if it cannot be read."""
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            return hashlib.sha256(mapped).hexdigest()
+    except (OSError, ValueError) as err:  # ValueError: an empty file cannot be mapped
+        raise StoreError(f"{path}: cannot be read ({err}); check the file, or re-cache the store") from None
+
+
+def _header_shapes(path: Path) -> dict[str, list[int]]:
+    """Tensor name -> shape from a safetensors file's header (8-byte little-endian length + JSON), no data read."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError("shorter than a safetensors header")
+        (n,) = struct.unpack("<Q", head)
+        if n > 100_000_000:
+            raise ValueError(f"header length {n} is not plausible")
+        header = json.loads(f.read(n))
+    return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+
+
+def _take_lock(path: Path):
+    """An exclusive flock on STORE/.writer.lock (released when the file closes, also when the process dies);
+    StoreError naming the holder's pid if another writer has it."""
+    f = open(path / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        pid = f.read().strip() or "unknown"
+        f.close()
+        raise StoreError(
+            f"{path}: another process (pid {pid}) is writing this store; wait for it to finish (or stop it), "
+            "then rerun, or write to another directory"
+        ) from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
+
+
 # --------------------------------------------------------------------------- writer
 class StoreWriter:
     """Append rows to a sharded store; full shards are written atomically as they fill.
@@ -125,7 +177,21 @@ class StoreWriter:
         self._buffers: dict[str, list[Tensor]] = {"activations": [], "token_ids": [], "positions": []}
         self._buffered = 0
         self._closed = False
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock = _take_lock(self.path)  # one writer per store: two would interleave shards
+        try:
+            self._open(mode, identity, extra_meta)
+        except BaseException:
+            self._release()
+            raise
 
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.truncate(0)  # no stale pid once done (and a finished store's files are deterministic)
+            self._lock.close()  # closing the file drops the flock
+            self._lock = None
+
+    def _open(self, mode: str, identity: dict[str, Any], extra_meta: dict[str, Any] | None) -> None:
         exists = (self.path / MANIFEST).exists()
         if exists and mode == "create":
             raise StoreError(
@@ -154,7 +220,6 @@ class StoreWriter:
             self.manifest["extra"] = {**self.manifest.get("extra", {}), **(extra_meta or {})}
             self.manifest["complete"] = False
         else:
-            self.path.mkdir(parents=True, exist_ok=True)
             self.manifest = {
                 "format_version": FORMAT_VERSION, **identity, "n_tokens": 0, "complete": False,
                 "extra": json.loads(json.dumps(extra_meta or {})), "shards": [],
@@ -255,19 +320,23 @@ class StoreWriter:
         crash_point("after_manifest")
 
     def _write_manifest(self) -> None:
-        data = (json.dumps(self.manifest, indent=1, sort_keys=True) + "\n").encode()
+        # strict JSON (no NaN), keys sorted so a resumed store's manifest is byte-identical
+        data = json.dumps(json_safe(self.manifest), indent=1, sort_keys=True, allow_nan=False) + "\n"
         atomic_write(self.path / MANIFEST, data)
 
     def close(self, complete: bool = True) -> None:
         """Write the buffered tail as the last shard and mark the store complete."""
         if self._closed:
             return
-        if complete:
-            if self._buffered:
-                self._flush(self._buffered)
-            self.manifest["complete"] = True
-            self._write_manifest()
-        self._closed = True
+        try:
+            if complete:
+                if self._buffered:
+                    self._flush(self._buffered)
+                self.manifest["complete"] = True
+                self._write_manifest()
+        finally:
+            self._closed = True
+            self._release()
 
     def __enter__(self) -> "StoreWriter":
         return self
@@ -290,11 +359,14 @@ class ActivationStore:
     """Read-only view of a store written by StoreWriter.
 
     Raises StoreError if the directory or manifest is missing/corrupt, or if the store is
-    incomplete (an interrupted cache) unless allow_incomplete=True.
+    incomplete (an interrupted cache) unless allow_incomplete=True. With verify=True (the default)
+    every shard read is hashed as it is read and refused unless its sha256 matches the manifest:
+    one flipped bit would otherwise flow silently into every mean, spectrum and SAE.
     """
 
-    def __init__(self, path: str | os.PathLike, *, allow_incomplete: bool = False):
+    def __init__(self, path: str | os.PathLike, *, allow_incomplete: bool = False, verify: bool = True):
         self.path = Path(path)
+        self.verify_reads = verify
         self.manifest = _read_manifest(self.path)
         if not self.manifest.get("complete", False) and not allow_incomplete:
             raise StoreError(
@@ -338,6 +410,14 @@ class ActivationStore:
         if size != info.bytes:  # cheap check on every read; verify() re-hashes the content
             raise StoreError(
                 f"{where} is truncated or damaged: {size} bytes, manifest says {info.bytes}; re-cache this store"
+            )
+        # hashed through a memory map (no copy), then parsed from the same pages: the check costs one sha256
+        # pass over bytes the reader loads anyway (benchmarks/verify_bench.py measures its share)
+        if self.verify_reads and _sha256_mapped(fpath) != info.sha256:
+            raise StoreError(
+                f"{where} fails its sha256 check (the file is corrupt or was changed after caching); run "
+                f"`saegeo store verify {self.path}` to list the damaged shards and re-cache the store, or pass "
+                "--no-verify to read it anyway"
             )
         try:
             tensors = st_load_file(str(fpath))
@@ -423,8 +503,8 @@ class ActivationStore:
         return torch.cat(parts)
 
     def verify(self, full: bool = True, shard_indices: Sequence[int] | None = None) -> list[str]:
-        """Check shards against the manifest; one message per problem (missing, truncated, checksum),
-        [] if OK. full=False checks sizes only (no re-hashing)."""
+        """Check shards against the manifest; one message per problem (missing, truncated, checksum, rows in
+        the shard's header ≠ the manifest's), [] if OK. full=False skips the re-hashing."""
         problems = []
         indices = range(len(self.shards)) if shard_indices is None else shard_indices
         for i in indices:
@@ -441,6 +521,14 @@ class ActivationStore:
                 problems.append(f"{where}: {size - info.bytes} extra bytes ({size}, expected {info.bytes})")
             elif full and _sha256_file(fpath) != info.sha256:
                 problems.append(f"{where}: checksum mismatch (content changed or corrupt)")
+            else:  # the rows the shard itself holds, from its header: a consistently edited manifest is caught
+                try:
+                    shape = _header_shapes(fpath).get("activations")
+                except (OSError, ValueError, KeyError, TypeError) as err:
+                    problems.append(f"{where}: unreadable safetensors header ({err})")
+                    continue
+                if shape != [info.rows, self.d]:
+                    problems.append(f"{where}: holds activations of shape {shape}, manifest says ({info.rows}, {self.d})")
         total = sum(info.rows for info in self.shards)
         if shard_indices is None and total != self.n_tokens:
             problems.append(f"manifest: shards hold {total} rows but n_tokens says {self.n_tokens}")

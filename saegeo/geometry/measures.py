@@ -290,6 +290,16 @@ class ActivationGeometry:
         return torch.tensor(self.top_eigenvectors, dtype=torch.float64).reshape(-1, self.d).T
 
 
+def _clip_to_range(value: float, lo: float, hi: float, name: str, notes: list[str]) -> float:
+    """value clipped to [lo, hi] (the measure's exact range), with a note when rounding had crossed it
+    (a mean of unit vectors summed in floating point can come out at ‖m̂‖ = 1.0000003)."""
+    if lo <= value <= hi:
+        return value
+    clipped = min(max(value, lo), hi)
+    notes.append(f"{name} = {value:.9g} from rounding is outside its range [{lo:.6g}, {hi:.6g}]; reported as {clipped:.6g}")
+    return clipped
+
+
 def activation_geometry(
     acc: GeometryAccumulator,
     *,
@@ -325,14 +335,15 @@ def activation_geometry(
     offset = anisotropy = null_sd = z = None
     if n_unit >= 1:
         unit_mean = acc.unit_mean
-        offset = float(unit_mean.norm())
+        offset = _clip_to_range(float(unit_mean.norm()), 0.0, 1.0, "‖m̂‖", notes)
         rogue = rogue_dimensions(unit_mean, n_rogue)
     else:
         rogue = RogueDimensions([], [], 0, 0)
         notes.append("all rows have zero norm: no directions to measure")
     sign = sign_null(acc)
     if n_unit >= 2:
-        anisotropy = anisotropy_from_unit_mean(acc.unit_mean, n_unit)
+        anisotropy = _clip_to_range(anisotropy_from_unit_mean(acc.unit_mean, n_unit), -1.0 / (n_unit - 1), 1.0,
+                                    "A", notes)
         null_sd = anisotropy_null_sd(n_unit, d)
         z = (anisotropy - sign.null) / null_sd
 

@@ -71,6 +71,7 @@ class CheckOptions:
     block_rows: int = DEFAULT_BLOCK_ROWS  # rows per block of the duplicate search (memory ~ block² floats)
     max_pairs_listed: int = 50  # near-duplicate pairs listed in the result
     progress: bool = True  # progress bars
+    verify: bool = True  # sha256 check of each --acts store shard as it is read
     thresholds: FlagThresholds = field(default_factory=FlagThresholds)  # of the flags
     match: "MatchOptions" = field(default_factory=lambda: MatchOptions())  # with activations: activations_match_flags
 

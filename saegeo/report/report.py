@@ -46,7 +46,7 @@ from saegeo.geometry.amplification import (
 )
 from saegeo.geometry.dictionary import dictionary_geometry
 from saegeo.geometry.transforms import Whitening
-from saegeo.io import config_from_dict, dump_json, json_safe
+from saegeo.io import config_from_dict, dump_json, json_safe, require_at_least
 from saegeo.sae.formats import CFG_FILENAME, load_dictionary
 from saegeo.sae.metrics import SAEMetrics
 from saegeo.report.flags import (
@@ -78,7 +78,11 @@ class ReportOptions:
     device: str = "cpu"  # where the SAEs encode
     progress: bool = True  # progress bar
     artifact_components: int = 3  # top-k principal directions in the artifact test (stores only; 0: skip it)
+    verify: bool = True  # sha256 check of each store shard as it is read
     thresholds: FlagThresholds = field(default_factory=FlagThresholds)  # of every flag ([report.thresholds])
+
+    def __post_init__(self) -> None:
+        require_at_least(self, {"batch_size": 1, "max_tokens": 1, "cosine_sample_rows": 0, "histogram_bins": 1})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -441,7 +445,7 @@ def geometry_report(
 
     ctx = distributed.init_from_env()  # None unless launched by torchrun with several ranks
     with distributed.all_ranks_or_none("opening the activations"):
-        rows = open_rows(acts)
+        rows = open_rows(acts, verify=opts.verify)
         if ctx is not None and rows.store is not None:
             distributed.check_same_store(rows.store)
         batches, first_row = rows.batches(opts.batch_size, *((ctx.rank, ctx.world_size) if ctx else ()))

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import pickle
@@ -25,12 +27,13 @@ import torch
 from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 
-from saegeo.io import atomic_write, dump_json
+from saegeo.io import atomic_write, crash_point, dump_json
 from saegeo.errors import FormatError
 from saegeo.sae.model import SAE, FormatInfo, SAEConfig
 
 CFG_FILENAME = "cfg.json"
 WEIGHTS_FILENAME = "sae_weights.safetensors"
+COMMIT_FILENAME = "saegeo_commit.json"  # present only while a save is renaming its files into place
 # SAELens architecture name <-> saegeo activation
 _TO_SAELENS_ARCH = {"relu": "standard", "topk": "topk", "jumprelu": "jumprelu", "batchtopk": "batchtopk"}
 _FROM_SAELENS_ARCH = {"standard": "relu", "topk": "topk", "jumprelu": "jumprelu", "batchtopk": "batchtopk"}
@@ -43,7 +46,9 @@ def save_sae(sae: SAE, path: str | os.PathLike, provenance: dict | None = None) 
 
     provenance (b_dec init, data identity, preprocessing, metrics, ...) goes under cfg["saegeo"];
     `model`/`hook` found in provenance["data"] fill SAELens' metadata.model_name / hook_name.
-    Both files are written to temporary names and renamed, weights first.
+    The two files are replaced as one (`_commit_files`): a crash leaves the previous SAE or the new one,
+    never one's weights with the other's config; cfg.json also records the weights' sha256, so a mix made
+    any other way is refused when loaded.
     """
     cfg = sae.cfg
     if cfg.input_normalization != "none":
@@ -90,11 +95,45 @@ def save_sae(sae: SAE, path: str | os.PathLike, provenance: dict | None = None) 
         saelens_cfg["rescale_acts_by_decoder_norm"] = cfg.rescale_acts_by_decoder_norm
     if cfg.activation == "batchtopk":
         saelens_cfg["k"] = cfg.k
-    saelens_cfg["saegeo"] = {"format_version": SAEGEO_FORMAT_VERSION, "sae_config": cfg.to_dict(), **provenance}
-
-    atomic_write(out / WEIGHTS_FILENAME, safetensors_bytes({k: v.contiguous().cpu() for k, v in tensors.items()}))
-    dump_json(saelens_cfg, out / CFG_FILENAME, indent=2)
+    weights = safetensors_bytes({k: v.contiguous().cpu() for k, v in tensors.items()})
+    saelens_cfg["saegeo"] = {"format_version": SAEGEO_FORMAT_VERSION, "sae_config": cfg.to_dict(), **provenance,
+                             "weights_sha256": hashlib.sha256(weights).hexdigest()}
+    _commit_files(out, {WEIGHTS_FILENAME: weights, CFG_FILENAME: dump_json(saelens_cfg, indent=2)})
     return out
+
+
+def _commit_files(out: Path, files: dict[str, bytes | str]) -> None:
+    """Replace several files of a directory as one. Each is written (atomically) as NAME.new, then a commit
+    marker naming them, then each NAME.new is renamed over NAME and the marker removed. A crash before the
+    marker leaves the previous files (the .new ones are debris); after it, `_finish_commit` (run by every
+    load and save) completes the renames."""
+    _finish_commit(out)
+    for name, data in files.items():
+        atomic_write(out / f"{name}.new", data)
+    crash_point("sae_before_commit")
+    atomic_write(out / COMMIT_FILENAME, json.dumps(list(files)))
+    for i, name in enumerate(files):
+        os.replace(out / f"{name}.new", out / name)
+        if i == 0:
+            crash_point("sae_mid_commit")  # new weights in place, old cfg.json still there: the marker finishes it
+    (out / COMMIT_FILENAME).unlink()
+
+
+def _finish_commit(d: Path) -> None:
+    """Complete a save that was killed while renaming (the commit marker exists), else drop its debris."""
+    marker = d / COMMIT_FILENAME
+    if marker.is_file():
+        try:
+            names = json.loads(marker.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:  # atomic_write makes this unlikely
+            raise FormatError(f"{marker}: unreadable commit marker of an interrupted save ({err}); "
+                              "delete the SAE directory and train again") from None
+        for name in names:
+            if (d / f"{name}.new").exists():
+                os.replace(d / f"{name}.new", d / name)
+        marker.unlink()
+    for name in (CFG_FILENAME, WEIGHTS_FILENAME):  # a save killed before its marker: the old files stand
+        (d / f"{name}.new").unlink(missing_ok=True)
 
 
 def load_sae(path: str | os.PathLike, device: str = "cpu") -> SAE:
@@ -107,22 +146,64 @@ def load_sae(path: str | os.PathLike, device: str = "cpu") -> SAE:
     """
     d = Path(path)
     cfg_path, w_path = d / CFG_FILENAME, d / WEIGHTS_FILENAME
+    if (d / COMMIT_FILENAME).is_file():
+        _finish_commit(d)
     if not cfg_path.is_file() or not w_path.is_file():
         found = sorted(p.name for p in d.iterdir()) if d.is_dir() else "no such directory"
         raise FormatError(f"{d}: expected {CFG_FILENAME} and {WEIGHTS_FILENAME} (SAELens layout); found {found}")
     raw, weights = _read_json(cfg_path), _read_safetensors(w_path)
+    missing = [key for key in ("d_in", "d_sae") if key not in raw]
+    if missing:  # `{}` would otherwise load as a ReLU SAE shaped by whatever weights lie beside it
+        raise FormatError(f"{cfg_path}: lacks {missing} (every SAELens cfg.json has them); restore the file or save the SAE again")
 
-    if isinstance(raw.get("saegeo", {}).get("sae_config"), dict):
-        # files of saegeo 0.1.0 also hold the since-removed keys unit_norm_decoder and extra
-        kept = {k: v for k, v in raw["saegeo"]["sae_config"].items() if k not in ("unit_norm_decoder", "extra")}
-        cfg = SAEConfig(**kept)
+    block = raw.get("saegeo")
+    if isinstance(block, dict) and isinstance(block.get("sae_config"), dict):
+        cfg = _saegeo_block_config(block["sae_config"], raw, cfg_path)
         meta = raw.get("metadata") or {}
         info = FormatInfo(format="saelens", source=str(d), written_by="saegeo", model_name=meta.get("model_name"),
                           hook_name=meta.get("hook_name"), **_saelens_activation_facts(raw, meta))
     else:  # any SAELens version: older key names, normalisation, scaling factors (see _saelens_config)
         cfg, info = _saelens_config(raw, cfg_path, weights)
     tensors = _saelens_tensors(cfg, info, weights, w_path, bool(raw.get("finetuning_scaling_factor", False)))
+    expected = block.get("weights_sha256") if isinstance(block, dict) else None
+    if expected and hashlib.sha256(w_path.read_bytes()).hexdigest() != expected:
+        raise FormatError(
+            f"{w_path}: does not match the sha256 recorded in {CFG_FILENAME} (the weights of another save, or "
+            "corrupt); restore both files from one save, or train again"
+        )
     return _assemble(cfg, tensors, w_path, device, info)
+
+
+def _saegeo_block_config(block: dict, raw: dict, cfg_path: Path) -> SAEConfig:
+    """The exact SAEConfig of a saegeo-written cfg.json, refused unless the SAELens fields beside it say the same
+    (other tools read only those: an edited file must not make saegeo and SAELens run different SAEs)."""
+    # files of saegeo 0.1.0 also hold the since-removed keys unit_norm_decoder and extra
+    kept = {k: v for k, v in block.items() if k not in ("unit_norm_decoder", "extra")}
+    fields = {f.name for f in dataclasses.fields(SAEConfig)}
+    missing = sorted(f.name for f in dataclasses.fields(SAEConfig)
+                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in kept)
+    unknown = sorted(set(kept) - fields)
+    if missing or unknown:
+        what = ", ".join(filter(None, [missing and f"lacks {missing}", unknown and f"has unknown key(s) {unknown}"]))
+        raise FormatError(f"{cfg_path}: the saegeo.sae_config block {what}; restore the file or save the SAE again")
+    try:
+        cfg = SAEConfig(**kept)
+    except TypeError as err:
+        raise FormatError(f"{cfg_path}: the saegeo.sae_config block is invalid ({err})") from None
+    saelens = {"d_in": raw.get("d_in"), "d_sae": raw.get("d_sae"), "architecture": raw.get("architecture"),
+               "apply_b_dec_to_input": raw.get("apply_b_dec_to_input")}
+    ours = {"d_in": cfg.d_in, "d_sae": cfg.d_sae, "architecture": _TO_SAELENS_ARCH.get(cfg.activation),
+            "apply_b_dec_to_input": cfg.apply_b_dec_to_input}
+    if cfg.activation in ("topk", "batchtopk"):
+        saelens["k"], ours["k"] = raw.get("k"), cfg.k
+    differ = {key: (saelens[key], ours[key]) for key in ours if saelens[key] != ours[key]}
+    if differ:
+        raise FormatError(
+            f"{cfg_path}: the SAELens fields disagree with the saegeo block ("
+            + ", ".join(f"{key}={a!r} vs {b!r}" for key, (a, b) in differ.items())
+            + "); SAELens and other tools read the former, so the file was edited: restore it or save the SAE again"
+        )
+    return cfg
 
 
 # =========================================================================== published formats (issue 7)

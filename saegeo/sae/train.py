@@ -18,8 +18,11 @@ Every source is deterministic given `seed`, so a resumed run sees exactly the ba
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,12 +30,13 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, get_args
 
 import torch
 from jaxtyping import Float
-from safetensors.torch import load_file
+from safetensors import SafetensorError
+from safetensors.torch import load as safetensors_load_bytes
 from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
 
-from saegeo.io import atomic_write, config_from_dict, dump_json
-from saegeo.errors import BadInputError, SaegeoError
+from saegeo.io import atomic_write, config_from_dict, dump_json, json_safe, require_at_least
+from saegeo.errors import BadInputError, FormatError, SaegeoError
 from saegeo.sae.metrics import SAEMetrics
 from saegeo.sae.model import SAE, SAEConfig
 
@@ -40,8 +44,11 @@ Arch = Literal["topk", "relu"]
 BDecInit = Literal["mean", "zeros", "geometric_median"]
 ARCHS: tuple[str, ...] = get_args(Arch)
 B_DEC_INITS: tuple[str, ...] = get_args(BDecInit)
-_RESUME_MUST_MATCH = ("seed", "batch_size", "arch", "d_sae")  # + k for topk: they fix the batches and the model
-CHECKPOINT_VERSION = 1
+# Options that cannot change the weights: a resume may change them and `saegeo run` ignores them when it
+# decides whether an SAE is already trained. Every other option must match the checkpoint's.
+NOT_IN_WEIGHTS = ("progress", "log_every", "num_threads", "device", "checkpoint_every", "out_dir", "overwrite", "verify",
+                  "skip_nonfinite")
+CHECKPOINT_VERSION = 2  # 2: state.json records the data fingerprint
 
 
 class NonFiniteLossError(SaegeoError):
@@ -78,8 +85,12 @@ class TrainConfig:
     device: str = "cpu"  # torch device to train on
     num_threads: int | None = None  # torch.set_num_threads; None leaves torch's default
     progress: bool = True  # progress bar
+    overwrite: bool = False  # replace a finished SAE and discard a checkpoint in out_dir (start a new run)
+    verify: bool = True  # sha256 check of each store shard as it is read
+    skip_nonfinite: bool = False  # skip and count held-out rows with NaN/inf (default: an error naming the row)
 
     def __post_init__(self) -> None:
+        _check_sizes(self)
         if self.arch not in ARCHS:
             raise BadInputError(f"arch={self.arch!r}: the trainer supports {' and '.join(map(repr, ARCHS))}")
         if self.b_dec_init not in B_DEC_INITS:
@@ -99,6 +110,21 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str | None = None) -> "TrainConfig":
         return config_from_dict(cls, d, "training option", where)
+
+
+def _check_sizes(cfg: TrainConfig) -> None:
+    """Refuse sizes that cannot mean what was asked (``--d-sae 0`` used to train expansion·d_in latents)."""
+    require_at_least(cfg, {"expansion": 1, "k": 1, "batch_size": 1, "total_tokens": 1, "b_dec_init_tokens": 1,
+                           "dead_window_tokens": 1, "log_every": 1, "warmup_steps": 0, "shuffle_buffer": 0,
+                           "checkpoint_every": 0, "d_sae": 1, "aux_k": 1, "num_threads": 1})
+    for name in ("lr", "l1_coefficient", "aux_coefficient"):
+        value = getattr(cfg, name)
+        if not 0 <= value < float("inf"):
+            raise BadInputError(f"{name} must be a finite number >= 0, got {value!r}")
+    if not 0 <= cfg.decay_fraction <= 1:
+        raise BadInputError(f"decay_fraction must be in [0, 1], got {cfg.decay_fraction}")
+    if not all(0 <= b < 1 for b in cfg.adam_betas):
+        raise BadInputError(f"adam_betas must be in [0, 1), got {tuple(cfg.adam_betas)}")
 
 
 @dataclass
@@ -133,6 +159,8 @@ class _TensorSource:
             )
         self.d, self.cfg = x.shape[1], cfg
         self.identity = {"source": "tensor", "rows": int(x.shape[0]), "heldout": "last fraction of rows"}
+        self.fingerprint = "tensor:" + tensor_sha256(x)
+        self.heldout_first_row = int(self.train_x.shape[0])
 
     def train_batches(self, start_step: int) -> Iterator[Tensor]:
         n, bs = self.train_x.shape[0], self.cfg.batch_size
@@ -165,6 +193,10 @@ class _StoreSource:
             "shard_sha256": [s.sha256 for s in store.shards],
             "heldout": f"last {store.n_tokens - self.n_train} rows in store order",
         }
+        from saegeo.distributed import store_fingerprint
+
+        self.fingerprint = "store:" + store_fingerprint(store)
+        self.heldout_first_row = self.n_train
 
     rank, world = 0, 1  # torch.distributed (set by train_sae): this rank streams shards rank::world
 
@@ -211,6 +243,9 @@ class _IteratorSource:
         self.d = probe.shape[1]
         self.n_held = n_held
         self.identity = {"source": "iterator", "heldout": f"first {n_held} rows of the stream"}
+        # all a stream offers without consuming it: its first rows (the held-out ones, or the first batch)
+        self.fingerprint = f"iterator:{n_held}:" + tensor_sha256(probe)
+        self.heldout_first_row = 0
 
     def _stream(self) -> Iterator[Tensor]:
         src = iter(self.factory()) if self.factory else self._once
@@ -265,6 +300,14 @@ class _IteratorSource:
             yield self.heldout_x[lo : lo + self.cfg.batch_size]
 
 
+def tensor_sha256(x: Tensor) -> str:
+    """sha256 over a tensor's dtype, shape and bytes (the identity of in-memory training data)."""
+    x = x.detach().cpu().contiguous()
+    digest = hashlib.sha256(f"{x.dtype}{tuple(x.shape)}".encode())
+    digest.update(memoryview(x.reshape(-1).view(torch.uint8).numpy()))
+    return digest.hexdigest()
+
+
 def _chain(first: list, rest: Iterator) -> Iterator:
     yield from first
     yield from rest
@@ -275,7 +318,7 @@ def make_source(data: Any, cfg: TrainConfig):
     from saegeo.activations.store import ActivationStore
 
     if isinstance(data, (str, os.PathLike)):
-        data = ActivationStore(data)
+        data = ActivationStore(data, verify=cfg.verify)
     if isinstance(data, ActivationStore):
         return _StoreSource(data, cfg)
     if isinstance(data, Tensor):
@@ -286,18 +329,22 @@ def make_source(data: Any, cfg: TrainConfig):
 
 
 # =========================================================================== b_dec init
-def _finite_init_rows(batches: Iterable[Tensor]) -> Iterator[Tensor]:
-    """The batches unchanged, refusing the first inf/NaN row by its position (the mean would be NaN)."""
+def _finite_rows(batches: Iterable[Tensor], name: Callable[[int], str], advice: str = "",
+                 skipped: list[int] | None = None) -> Iterator[Tensor]:
+    """The batches, refusing the first inf/NaN row (``name(i)`` words it, i = its position in the stream);
+    with a ``skipped`` list such rows are dropped instead and their count added to skipped[0]."""
     n = 0
     for b in batches:
         finite = torch.isfinite(b).all(dim=1)
         if not bool(finite.all()):
-            row = n + int((~finite).nonzero()[0])
-            raise BadInputError(
-                f"row {row} of the activations used to initialise b_dec is not finite (inf/NaN); "
-                "clean or re-cache the data (`saegeo store verify`), or skip those rows"
-            )
-        n += b.shape[0]
+            if skipped is None:
+                raise BadInputError(
+                    f"{name(n + int((~finite).nonzero()[0]))} is not finite (inf/NaN); clean or re-cache "
+                    f"the data (`saegeo store verify`){advice}"
+                )
+            skipped[0] += int((~finite).sum())
+            b = b[finite]
+        n += int(finite.numel())
         yield b
 
 
@@ -316,18 +363,27 @@ def geometric_median(x: Float[Tensor, "n d"], iters: int = 200, tol: float = 1e-
 
 # =========================================================================== metrics
 @torch.no_grad()
-def evaluate(sae: SAE, batches: Iterable[Tensor], activation_mean: Tensor | None = None) -> dict:
+def evaluate(sae: SAE, batches: Iterable[Tensor], activation_mean: Tensor | None = None, *,
+             first_row: int = 0, skip_nonfinite: bool = False) -> dict:
     """Held-out metrics in one pass (``saegeo.sae.metrics.SAEMetrics``, the report's accumulator too).
 
     mse = SSE/(n·d); FVE = 1 − SSE / Σ‖x − x̄‖² (x̄ = held-out mean; centred SS by Chan's update in float64);
     L0 = mean active latents per row; dead = fraction of latents that never fire on these rows;
     dense = fraction firing on > 50% of rows; max|cos(W_dec, μ)| over decoder rows (μ = activation_mean,
     else the held-out mean); b_dec_dist = ‖b_dec − μ‖/‖μ‖.
+    A row with inf/NaN is an error naming it (its index in the data is first_row + its position here), or,
+    with skip_nonfinite, left out and counted in ``nonfinite_rows_skipped``.
     """
     metrics = SAEMetrics(sae)
-    for x in batches:
+    skipped = [0]
+    rows = _finite_rows(batches, lambda i: f"row {first_row + i} of the data (held-out row {i})",
+                        ", or pass --skip-nonfinite to skip and count such rows", skipped if skip_nonfinite else None)
+    for x in rows:
         metrics.add(x)
-    return metrics.summary(activation_mean)
+    summary = metrics.summary(activation_mean)
+    if skip_nonfinite:
+        summary["nonfinite_rows_skipped"] = skipped[0]
+    return summary
 
 
 # =========================================================================== checkpoints
@@ -338,7 +394,7 @@ def _ckpt_dir(cfg: TrainConfig) -> Path | None:
 def save_checkpoint(cfg: TrainConfig, sae: SAE, opt: torch.optim.Adam, step: int, extra: dict, tensors: dict) -> None:
     """Write tensors_<step>.safetensors, then state.json pointing at it (atomic rename), then drop old files.
 
-    A crash at any point leaves state.json naming a complete tensors file.
+    A crash at any point leaves state.json naming a complete tensors file, whose sha256 it records.
     """
     d = _ckpt_dir(cfg)
     d.mkdir(parents=True, exist_ok=True)
@@ -349,8 +405,10 @@ def save_checkpoint(cfg: TrainConfig, sae: SAE, opt: torch.optim.Adam, step: int
             out[f"adam.{names[id(p)]}.{key}"] = torch.as_tensor(st[key]).detach().clone().reshape(-1)
     out.update({k: v.contiguous() for k, v in tensors.items()})
     fname = f"tensors_{step:08d}.safetensors"
-    atomic_write(d / fname, safetensors_bytes({k: v.cpu() for k, v in out.items()}))
-    state = {"version": CHECKPOINT_VERSION, "step": step, "tensors": fname, "config": asdict(cfg), **extra}
+    data = safetensors_bytes({k: v.cpu() for k, v in out.items()})
+    atomic_write(d / fname, data)
+    state = {"version": CHECKPOINT_VERSION, "step": step, "tensors": fname,
+             "tensors_sha256": hashlib.sha256(data).hexdigest(), "config": asdict(cfg), **extra}
     dump_json(state, d / "state.json")
     for old in d.glob("tensors_*.safetensors"):
         if old.name != fname:
@@ -358,12 +416,101 @@ def save_checkpoint(cfg: TrainConfig, sae: SAE, opt: torch.optim.Adam, step: int
 
 
 def load_checkpoint(cfg: TrainConfig) -> tuple[dict, dict] | None:
+    """(state, tensors) of the checkpoint in cfg.out_dir, None if there is none; FormatError naming the file
+    if state.json or its tensors file is unreadable, truncated or does not match its recorded sha256."""
     d = _ckpt_dir(cfg)
     if d is None or not (d / "state.json").exists():
         return None
-    state = json.loads((d / "state.json").read_text())
-    tensors = load_file(str(d / state["tensors"]))
+    fix = f"delete {d} (or pass --overwrite) to start a new run"
+    try:
+        state = json.loads((d / "state.json").read_bytes())
+        if not isinstance(state, dict):
+            raise ValueError(f"a JSON {type(state).__name__}, not an object")
+        for key in ("step", "tensors", "config", "history"):
+            if key not in state:
+                raise ValueError(f"no {key!r}")
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise FormatError(f"{d / 'state.json'}: corrupt checkpoint state ({err}); {fix}") from None
+    path = d / str(state["tensors"])
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise FormatError(f"{path}: the checkpoint's tensors file is missing; {fix}") from None
+    except OSError as err:
+        raise FormatError(f"{path}: cannot read the checkpoint ({err.strerror or err}); {fix}") from None
+    expected = state.get("tensors_sha256")
+    if expected and hashlib.sha256(data).hexdigest() != expected:
+        raise FormatError(f"{path}: truncated or corrupt (sha256 differs from state.json's); {fix}")
+    try:
+        tensors = safetensors_load_bytes(data)
+    except (SafetensorError, RuntimeError, ValueError) as err:
+        raise FormatError(f"{path}: truncated or corrupt checkpoint ({err}); {fix}") from None
+    needed = ("sae.W_enc", "activation_mean", "tokens_since_fired", "torch_rng")
+    if any(k not in tensors for k in needed):
+        raise FormatError(f"{path}: lacks {[k for k in needed if k not in tensors]}; {fix}")
     return state, tensors
+
+
+def _weight_options(config: Mapping[str, Any], d_sae: int) -> dict[str, Any]:
+    """The options that fix the weights: all but NOT_IN_WEIGHTS, expansion folded into the built d_sae.
+    A key an older checkpoint lacks counts as the option's default."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
+    merged = json_safe({**defaults, **config})
+    return {k: v for k, v in merged.items() if k not in NOT_IN_WEIGHTS and k != "expansion"} | {"d_sae": d_sae}
+
+
+def _open_checkpoint(cfg: TrainConfig, source: Any, d_sae: int, resume: bool) -> tuple[dict, dict] | None:
+    """The checkpoint to resume (None: a new run), after refusing whatever would overwrite a result or mix
+    two runs: a checkpoint of other data or other options, a finished SAE, a checkpoint --no-resume would
+    replace. --overwrite (cfg.overwrite) discards the checkpoint and the SAE and starts a new run."""
+    if not cfg.out_dir:
+        return None
+    from saegeo.sae.formats import CFG_FILENAME, WEIGHTS_FILENAME
+
+    out, ckpt_dir = Path(cfg.out_dir), _ckpt_dir(cfg)
+    if cfg.overwrite:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+        for name in (CFG_FILENAME, WEIGHTS_FILENAME):
+            (out / name).unlink(missing_ok=True)
+        return None
+    ckpt = load_checkpoint(cfg)
+    again = "Rerun with the checkpoint's options, pass --overwrite to start a new run, or use another out_dir."
+    if ckpt is not None and resume:
+        state, tensors = ckpt
+        saved = _weight_options(state["config"], int(tensors["sae.W_enc"].shape[1]))  # as built
+        now = _weight_options(asdict(cfg), d_sae)
+        changed = {key: (saved.get(key), now.get(key)) for key in sorted(saved.keys() | now.keys())
+                   if saved.get(key) != now.get(key)}
+        data = state.get("data_fingerprint")
+        if data is None:  # a version-1 checkpoint: its provenance's data identity
+            old = (state.get("provenance") or {}).get("data") or {}
+            same_data = all(json_safe(source.identity.get(k)) == v for k, v in old.items())
+        else:
+            same_data = data == source.fingerprint
+        if not same_data:  # named by path (when known) and the first digits of the manifest / tensor hash
+            old_path = ((state.get("provenance") or {}).get("data") or {}).get("path")
+            describe = lambda path, fp: f"{fp[:22]}" + (f" at {path}" if path else "")  # noqa: E731
+            changed = {"data": (describe(old_path, data or "other data"),
+                                describe(source.identity.get("path"), source.fingerprint)), **changed}
+        if changed:
+            raise BadInputError(
+                f"{ckpt_dir} holds a run with "
+                + ", ".join(f"{key}={old!r}" for key, (old, _) in changed.items())
+                + "; it cannot be resumed with "
+                + ", ".join(f"{key}={new!r}" for key, (_, new) in changed.items())
+                + f". {again}"
+            )
+    if (out / CFG_FILENAME).exists():
+        raise BadInputError(
+            f"{out} already holds a trained SAE ({CFG_FILENAME}); pass --overwrite to replace it, or choose "
+            "another out_dir"
+        )
+    if ckpt is not None and not resume:
+        raise BadInputError(
+            f"{ckpt_dir} holds a checkpoint at step {ckpt[0]['step']} that a run without resume would replace; "
+            "pass --overwrite to discard it, or resume it"
+        )
+    return ckpt
 
 
 def _restore(sae: SAE, opt: torch.optim.Adam, tensors: dict) -> None:
@@ -449,21 +596,9 @@ def train_sae(
     opt = torch.optim.Adam(sae.parameters(), lr=cfg.lr, betas=cfg.adam_betas)
     aux_k = cfg.aux_k if cfg.aux_k is not None else source.d // 2
 
-    ckpt = distributed.from_main(lambda: load_checkpoint(cfg) if resume else None, "reading the checkpoint")
+    ckpt = distributed.from_main(lambda: _open_checkpoint(cfg, source, sae.cfg.d_sae, resume), "reading the checkpoint")
     if ckpt is not None:
         state, tensors = ckpt
-        saved = {**state["config"], "d_sae": int(tensors["sae.W_enc"].shape[1])}  # as built: d_sae or expansion·d_in
-        now = {**asdict(cfg), "d_sae": sae.cfg.d_sae}
-        keys = _RESUME_MUST_MATCH + (("k",) if cfg.arch == "topk" else ())
-        changed = {key: (saved.get(key), now[key]) for key in keys if saved.get(key) != now[key]}
-        if changed:
-            raise BadInputError(
-                f"{_ckpt_dir(cfg)} holds a run with "
-                + ", ".join(f"{key}={old!r}" for key, (old, _) in changed.items())
-                + "; it cannot be resumed with "
-                + ", ".join(f"{key}={new!r}" for key, (_, new) in changed.items())
-                + ". Use another out_dir or delete the checkpoint."
-            )
         _restore(sae, opt, tensors)
         start_step, history = state["step"], state["history"]
         activation_mean = tensors["activation_mean"]
@@ -474,7 +609,9 @@ def train_sae(
         torch.manual_seed(cfg.seed)
         # b_dec init: the streamed float64 mean is computed for every choice, as the metrics need it
         # (mean_across_ranks is the plain streamed mean without torchrun)
-        activation_mean = distributed.mean_across_ranks(_finite_init_rows(source.init_rows(cfg.b_dec_init_tokens)))
+        activation_mean = distributed.mean_across_ranks(_finite_rows(
+            source.init_rows(cfg.b_dec_init_tokens), lambda i: f"row {i} of the activations used to initialise b_dec",
+            ", or skip those rows"))
         if cfg.b_dec_init == "mean":
             b_dec = activation_mean
         elif cfg.b_dec_init == "geometric_median":
@@ -488,7 +625,8 @@ def train_sae(
         "b_dec_init": cfg.b_dec_init, "b_dec_init_tokens": cfg.b_dec_init_tokens, "preprocessing": "none",
         "data": source.identity, "train_config": asdict(cfg),
     }
-    ckpt_extra = {"history": history, "provenance": provenance}  # live references: saved as they stand
+    # live references: saved as they stand
+    ckpt_extra = {"history": history, "provenance": provenance, "data_fingerprint": source.fingerprint}
 
     # live metrics accumulate on the device; read back only every log_every steps (no per-step sync)
     acc = {k: torch.zeros((), device=device, dtype=torch.float64) for k in ("sse", "css", "l0", "aux", "n")}
@@ -579,7 +717,9 @@ def train_sae(
         bar.close()
     sae.eval()
 
-    heldout = distributed.from_main(lambda: evaluate(sae, source.heldout_batches(), activation_mean),
+    heldout = distributed.from_main(lambda: evaluate(sae, source.heldout_batches(), activation_mean,
+                                                     first_row=source.heldout_first_row,
+                                                     skip_nonfinite=cfg.skip_nonfinite),
                                     "evaluating the held-out rows")
     provenance["metrics"] = {"heldout": heldout, "final_live": history[-1] if history else {}}
     if cfg.out_dir and (ctx is None or ctx.is_main):

@@ -36,6 +36,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from saegeo.errors import BadInputError
+from saegeo.io import dump_json
 from saegeo.geometry.amplification import dictionary_anisotropy
 
 BLOCK_ROWS = 1024
@@ -258,10 +259,10 @@ class SyntheticTruth:
         if self.whitening is not None:
             tensors["whitening"] = self.whitening.contiguous()
         meta = {
-            "config": json.dumps(asdict(self.config)),
-            "scalars": json.dumps(
+            "config": dump_json(asdict(self.config), indent=None),  # strict JSON, like every file saegeo writes
+            "scalars": dump_json(
                 dict(tilt=self.tilt, a_dict=self.a_dict, mean_sq_norm=self.mean_sq_norm,
-                     noise_std=self.noise_std, signal_rms=self.signal_rms, r=self.r, K=self.K)
+                     noise_std=self.noise_std, signal_rms=self.signal_rms, r=self.r, K=self.K), indent=None
             ),
             "format": "saegeo.synthetic.truth/1",
         }
@@ -500,5 +501,5 @@ class SuperpositionGenerator:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         x = torch.cat(list(self.activations(n, 8192))).to(dtypes[dtype])
-        save_file({"activations": x}, str(path), metadata={"synthetic": json.dumps(asdict(self.config))})
+        save_file({"activations": x}, str(path), metadata={"synthetic": dump_json(asdict(self.config), indent=None)})
         return self.truth.save(path.with_name(path.stem + ".truth.safetensors"))
