@@ -333,3 +333,31 @@ def test_iid_truth_codes_do_not_raise_amplification():
         _, _, report = _truth_report(n_groups=0, seed=seed)
         assert not _flags(report, F.AMPLIFICATION), report.sae.amplification
         assert abs(report.sae.amplification["cofiring_share"]) < 0.01
+
+
+def _amp_section(**amp) -> dict:
+    """A hand-made SAE section: 4 latents, latent 2 the high-rate one with the largest cone share."""
+    base = {"measured_recon_minus_b_dec": 0.30, "measured_recon_minus_b_dec_sd": 0.002, "A_het": 0.20,
+            "A_het_mean_cosine": 0.22, "A_het_mean_cosine_sd": 0.003, "cofiring_share": 0.01, "K": 2.0, "a_dict": 0.01}
+    return {"name": "s", "d_sae": 4, "n_tokens": 1000, "firing_frequency": [0.1, 0.2, 0.4, 0.05],
+            "cos_decoder_mean": [0.0, 0.1, 0.2, 0.0], "cone_shares": [0.1, 0.2, 0.6, 0.1],
+            "amplification": {**base, **amp}, "cofiring_pairs": [{"i": 3, "j": 0, "share": 0.004}]}
+
+
+def test_amplification_tolerance_and_cause_from_the_numbers():
+    t = FlagThresholds(dead_max_fraction=1.0, dense_max_fraction=1.0)
+    geo = {"outlier_severity": 0.0}
+    [amp] = [f for f in F.sae_flags(_amp_section(), geo, thresholds=t) if f.name == F.AMPLIFICATION]
+    # law = the nearer end 0.22; tolerance = 3·√(0.002² + 0.003²) + 0.1·0.22
+    assert amp.evidence["tolerance"] == pytest.approx(3 * math.hypot(0.002, 0.003) + 0.022, abs=1e-4)
+    assert amp.evidence["gap"] == pytest.approx(0.08) and amp.evidence["cause"] == "rates"
+    assert amp.latents[:2] == [2, 1]  # small co-firing: the high-rate latents of the cone, largest share first
+    # co-firing at or above amplification_cofiring_share: the cause and the latents of the pairs
+    [amp] = [f for f in F.sae_flags(_amp_section(cofiring_share=0.2), geo, thresholds=t) if f.name == F.AMPLIFICATION]
+    assert amp.evidence["cause"] == "co-firing" and amp.latents == [3, 0] and amp.evidence["top_pairs"] == "3&0 +0.004"
+    # inside [A_het, A_het_mean_cosine], or within the tolerance of its nearer end: no flag
+    for measured in (0.21, 0.22 + 0.03):
+        assert not [f for f in F.sae_flags(_amp_section(measured_recon_minus_b_dec=measured), geo, thresholds=t)
+                    if f.name == F.AMPLIFICATION]
+    loose = FlagThresholds(amplification_model_error=0.5)
+    assert not [f for f in F.sae_flags(_amp_section(), geo, thresholds=loose) if f.name == F.AMPLIFICATION]

@@ -377,15 +377,18 @@ def _amplification_flag(sae: Mapping[str, Any], amp: Mapping[str, Any], shares_t
     if cofiring:
         latents = list(dict.fromkeys(i for p in pairs for i in (p["i"], p["j"])))[: t.max_latents]
         verb = "fire together" if share > 0 else "avoid each other"
+        carried = amp.get("cofiring_share_top_latents")
+        spread = (f"; pairs of the top latents by E[a²] carry {carried / share:.0%} of it, the rest is spread wider"
+                  if carried is not None and share else "")
         advice = (f"The cone is not that of independent latents: aligned latents {verb} ({100 * share:+.0f}% of "
-                  f"E‖x̂ − b_dec‖²); read it from the co-firing pairs named (top: {_pairs_text(pairs, 3)}), "
+                  f"E‖x̂ − b_dec‖²{spread}); read it from the co-firing pairs named (top: {_pairs_text(pairs, 3)}), "
                   "not from K·A_dict or the latents' rates.")
     else:
         score = freq.clone() if shares_t is None else shares_t + 1e-6 * freq  # cone share first, then firing
         latents = score.argsort(descending=True)[: t.max_latents].tolist()
         advice = ("The latents' own rates and norms do not give this cone and co-firing is small: read it from the "
                   "high-rate latents with the largest cone shares listed, and check their firing against the tokens.")
-    span = f"{lo:.3f}" if len(ends) == 1 else f"{a_het:.3f} (moment) to {a_mc:.3f} (mean-cosine)"
+    span = f"{lo:.3g}" if len(ends) == 1 else f"{a_het:.3g} (moment) to {a_mc:.3g} (mean-cosine)"
     return Flag(
         AMPLIFICATION, "warning",
         {"measured": rounded(measured), "measured_sd": rounded(amp.get("measured_recon_minus_b_dec_sd")),
@@ -396,8 +399,8 @@ def _amplification_flag(sae: Mapping[str, Any], amp: Mapping[str, Any], shares_t
          "mean_cosine_one_rate": rounded(amp.get("mean_cosine")), "K": rounded(amp.get("K")),
          "a_dict": rounded(amp.get("a_dict"))},
         advice,
-        summary=(f"A of reconstructions − b_dec = {measured:.3f}, the per-latent law gives {span}: {gap:+.3f} from "
-                 f"its {form} form (tolerance {tol:.3f}); co-firing makes {100 * share:+.0f}% of E‖x̂ − b_dec‖²"),
+        summary=(f"A of reconstructions − b_dec = {measured:.3g}, the per-latent law gives {span}: {gap:+.3g} from "
+                 f"its {form} form (tolerance {tol:.2g}); co-firing makes {100 * share:+.0f}% of E‖x̂ − b_dec‖²"),
         latents=latents, subject=name,
     )
 

@@ -338,7 +338,7 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
             continue
         q, r = a["q"], a["r"]
         k = xs * r
-        ax.plot(xs, k / (1 + k - q * r), "-", color=color, lw=1, alpha=0.7, label=f"exact-moment law ({s.name})")
+        ax.plot(xs, k / (1 + k - q * r), "-", color=color, lw=1, alpha=0.7, label=f"one-rate exact-moment law ({s.name})")
         x0 = max(a["K"] * a["mean_sq_norm"], 1e-3)
         if a.get("measured_recon_minus_b_dec") is not None:
             ax.plot([x0], [a["measured_recon_minus_b_dec"]], "o", color=color, ms=8, label=f"measured A(x̂ − b_dec) {s.name}")
