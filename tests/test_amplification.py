@@ -10,10 +10,15 @@ import torch
 from saegeo.errors import BadInputError
 from saegeo.geometry.amplification import (
     CodeMomentAccumulator,
+    anisotropy_sampling_sd,
+    cofiring_pairs,
+    cofiring_share,
     cone_shares,
     dictionary_anisotropy,
     exact_moment_prediction,
     heterogeneous_moment_prediction,
+    independent_codes_anisotropy,
+    independent_second_moment,
     mean_cosine_prediction,
     textbook_prediction,
 )
@@ -222,3 +227,138 @@ def test_heterogeneous_form_matches_zipf_data():
     assert abs(forms["heterogeneous_moment"] - moment_ratio) < 0.003, (forms, moment_ratio)
     # the global form weights every direction alike and misses the frequent features' share
     assert moment_ratio - forms["exact_moment"] > 0.03
+
+
+# ------------------------------------------------------------------ the per-latent law and the co-firing term
+def _brute_force_law(dense: np.ndarray, unit: np.ndarray) -> dict:
+    """A_het, E‖x‖² and the co-firing share by the explicit double sum over i ≠ j on dense codes (numpy)."""
+    n_latents = dense.shape[1]
+    m1, m2 = dense.mean(0), (dense**2).mean(0)
+    gram = unit @ unit.T
+    signal = sum(m1[i] * m1[j] * gram[i, j] for i in range(n_latents) for j in range(n_latents))  # ‖Σ E[a_i] u_i‖²
+    cross = sum(m1[i] * m1[j] * gram[i, j] for i in range(n_latents) for j in range(n_latents) if i != j)
+    x = dense @ unit
+    second = float((x**2).sum(1).mean())
+    cov = dense.T @ dense / len(dense) - np.outer(m1, m1)
+    pair = {(i, j): 2 * cov[i, j] * gram[i, j] / second for i in range(n_latents) for j in range(i + 1, n_latents)}
+    return {"A_het": signal / (m2.sum() + cross), "independent": m2.sum() + cross, "second": second,
+            "cofiring": (second - m2.sum() - cross) / second, "pairs": pair}
+
+
+def test_per_latent_law_and_cofiring_share_equal_the_double_sum():
+    gen = SuperpositionGenerator(SyntheticConfig(d=12, n_features=30, rate=0.15, rate_law="zipf", zipf_exponent=0.6,
+                                                 tilt=0.4, n_groups=3, group_size=3, seed=4))
+    x, codes = gen.sample(3000)
+    dense = codes.to_dense().double()
+    unit = gen.truth.dictionary.double().numpy()
+    unit /= np.linalg.norm(unit, axis=1, keepdims=True)  # float32 rows are unit to 1e-7 only
+    brute = _brute_force_law(dense.numpy(), unit)
+    acc = CodeMomentAccumulator(30).add(codes)
+    assert heterogeneous_moment_prediction(acc.mean_code, acc.mean_sq_code, gen.truth.dictionary) == pytest.approx(
+        brute["A_het"], rel=1e-9)
+    assert independent_second_moment(acc.mean_code, acc.mean_sq_code, gen.truth.dictionary) == pytest.approx(
+        brute["independent"], rel=1e-9)
+    assert cofiring_share(brute["second"], acc.mean_code, acc.mean_sq_code, gen.truth.dictionary) == pytest.approx(
+        brute["cofiring"], abs=1e-9)
+    assert brute["cofiring"] > 0.03  # the planted groups make a term worth checking
+    # the pairs (the sample is every row here, so they are exact) against the double sum
+    pairs, total = cofiring_pairs(codes, acc.mean_code, acc.mean_sq_code, gen.truth.dictionary, brute["second"],
+                                  n_latents=30, n_pairs=435)
+    assert len(pairs) == 435
+    for p in pairs:
+        assert p["share"] == pytest.approx(brute["pairs"][min(p["i"], p["j"]), max(p["i"], p["j"])], abs=1e-12)
+    assert total == pytest.approx(brute["cofiring"], abs=1e-9)  # all latents kept: the pairs carry the whole term
+    assert [p["share"] for p in pairs] == sorted((p["share"] for p in pairs), reverse=True)
+
+
+def test_anisotropy_sampling_sd_matches_repeated_samples():
+    # sd of Â over 400 independent samples of n = 300 tilted unit vectors against the U-statistic formula
+    rng = np.random.default_rng(0)
+    direction = np.eye(8)[0]
+    values = []
+    for _ in range(400):
+        y = rng.normal(size=(300, 8)) + 0.6 * direction
+        y /= np.linalg.norm(y, axis=1, keepdims=True)
+        values.append(((y.sum(0) @ y.sum(0)) - 300) / (300 * 299))
+    y = rng.normal(size=(300, 8)) + 0.6 * direction
+    u = torch.from_numpy(y / np.linalg.norm(y, axis=1, keepdims=True))
+    sd = anisotropy_sampling_sd(u.sum(0), u.T @ u, 300)
+    assert sd == pytest.approx(np.std(values), rel=0.15)
+
+
+def _law_on_generated(config: SyntheticConfig, n: int, sample_rows: int = 2048) -> dict:
+    """Measured A, its sd and E‖x‖² of x = Σ a_i u_i (brute force on the rows), beside the law from the codes."""
+    gen = SuperpositionGenerator(config)
+    x, codes = gen.sample(n)
+    x = x.double()
+    x = x[x.norm(dim=1) > 0]
+    u = x / x.norm(dim=1, keepdim=True)
+    measured = (float(u.sum(0) @ u.sum(0)) - len(u)) / (len(u) * (len(u) - 1))
+    acc = CodeMomentAccumulator(config.n_features).add(codes)
+    second = float(x.square().sum(1).mean()) * len(x) / n  # zero rows count in E‖x‖²
+    mc, mc_sd = independent_codes_anisotropy(codes.slice(0, sample_rows), gen.truth.dictionary, seed=1)
+    return {"measured": measured, "sd": anisotropy_sampling_sd(u.sum(0), u.T @ u, len(u)), "mc": mc, "mc_sd": mc_sd,
+            "A_het": heterogeneous_moment_prediction(acc.mean_code, acc.mean_sq_code, gen.truth.dictionary),
+            "cofiring": cofiring_share(second, acc.mean_code, acc.mean_sq_code, gen.truth.dictionary),
+            "truth": gen.truth, "acc": acc, "codes": codes, "second": second}
+
+
+@pytest.mark.parametrize("magnitude", ["exp", "constant"])
+def test_per_latent_law_explains_iid_zipf_codes_from_a_001_to_0p9(magnitude):
+    """iid codes, Zipf-like rates: the per-latent law's mean-cosine form is within 3 sampling sd of the measured A
+    over tilts that take A from ≈ 0.05 (exp; 0.08 constant) to ≈ 0.96, the co-firing share is ≈ 0, and the one-rate forms are far off."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        seen = []
+        for tilt in (0.0, 0.1, 0.3, 0.6, 0.9):
+            cfg = SyntheticConfig(d=64, n_features=512, rate=0.02, rate_law="zipf", zipf_exponent=0.7, tilt=tilt,
+                                  magnitude=magnitude, seed=2)
+            r = _law_on_generated(cfg, 8192)
+            seen.append(r["measured"])
+            sd = math.hypot(r["sd"], r["mc_sd"])
+            assert abs(r["measured"] - r["mc"]) < 3 * sd, (tilt, r["measured"], r["mc"], sd)
+            assert abs(r["cofiring"]) < 0.01, (tilt, r["cofiring"])
+        assert min(seen) < 0.1 and max(seen) > 0.9
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_per_latent_law_at_small_a_with_an_isotropic_dictionary():
+    # A ≈ 0.01: a flat Zipf law (s = 0.3) in a large isotropic dictionary; the moment form is exact here too
+    cfg = SyntheticConfig(d=128, n_features=1024, rate=0.01, rate_law="zipf", zipf_exponent=0.3, magnitude="exp",
+                          seed=5)
+    r = _law_on_generated(cfg, 16384)
+    assert 0.005 < r["measured"] < 0.02
+    assert abs(r["measured"] - r["mc"]) < 3 * math.hypot(r["sd"], r["mc_sd"])
+    assert abs(r["cofiring"]) < 0.01
+
+
+def _planted_cofiring_closed_form(truth) -> tuple[float, set]:
+    """Σ_g q_g(1 − q_g)·E[a]²·(‖Σ_{i∈g} u_i‖² − g) / E‖x‖²: in a group every pair i ≠ j fires together with the
+    group's rate q_g, so Cov(a_i, a_j) = q_g E[a]² − q_g² E[a]²; magnitudes are independent, other pairs have Cov 0.
+    E‖x‖² = Σ_i Var(a_i) + that term + ‖Σ_i E[a_i] u_i‖² (the generator's definition)."""
+    m1, m2 = truth.magnitude_moments
+    u = truth.dictionary.double()
+    q = truth.rates.double()
+    term = 0.0
+    planted = set()
+    for members in truth.groups.tolist():
+        qg = float(q[members[0]])
+        term += qg * (1 - qg) * m1 * m1 * (float(u[members].sum(0).square().sum()) - len(members))
+        planted |= {(min(i, j), max(i, j)) for i in members for j in members if i != j}
+    mean = (q * m1) @ u
+    second = float((q * m2 - (q * m1) ** 2).sum()) + term + float(mean @ mean)
+    return term / second, planted
+
+
+def test_planted_cofiring_groups_give_the_closed_form_share_and_the_planted_pairs():
+    cfg = SyntheticConfig(d=256, n_features=60, rate=0.05, tilt=0.5, magnitude="exp", n_groups=10, group_size=3,
+                          seed=6)
+    r = _law_on_generated(cfg, 20000, sample_rows=4096)
+    closed, planted = _planted_cofiring_closed_form(r["truth"])
+    assert closed > 0.05
+    assert r["cofiring"] == pytest.approx(closed, abs=0.01)
+    pairs, _ = cofiring_pairs(r["codes"].slice(0, 4096), r["acc"].mean_code, r["acc"].mean_sq_code,
+                              r["truth"].dictionary, r["second"], n_pairs=len(planted))
+    assert {(min(p["i"], p["j"]), max(p["i"], p["j"])) for p in pairs} == planted

@@ -115,6 +115,30 @@ def test_sae_numbers_equal_brute_force(data_and_sae):
     S, Q = a.sum(1), (a**2).sum(1)
     ratio = np.where(S > 0, S / np.sqrt(np.maximum(S**2 * u2 + (1 - u2) * Q, 1e-300)), 0.0).mean()
     assert amp["mean_cosine"] == pytest.approx(u2 * ratio**2, rel=1e-5)
+    # the per-latent law and the co-firing term by the explicit double sum over i ≠ j on the dense codes
+    gram = unit @ unit.T
+    m1, m2 = a.mean(0), (a**2).mean(0)
+    n_lat = len(m1)
+    cross = sum(m1[i] * m1[j] * gram[i, j] for i in range(n_lat) for j in range(n_lat) if i != j)
+    signal = sum(m1[i] * m1[j] * gram[i, j] for i in range(n_lat) for j in range(n_lat))
+    y = recon - b
+    second = (y**2).sum(1).mean()  # E‖x̂ − b_dec‖²
+    assert amp["A_het"] == pytest.approx(signal / (m2.sum() + cross), rel=1e-5)
+    assert amp["second_moment"] == pytest.approx(second, rel=1e-5)
+    assert amp["cofiring_share"] == pytest.approx((second - m2.sum() - cross) / second, abs=1e-5)
+    # its sampling sd: the U-statistic variance from the unit vectors' mean and second moment
+    yu = y / np.linalg.norm(y, axis=1, keepdims=True)
+    mm, cc, n = yu.mean(0), yu.T @ yu / len(yu), len(yu)
+    var = 4 * (n - 2) / (n * (n - 1)) * (mm @ cc @ mm - (mm @ mm) ** 2) + 2 / (n * (n - 1)) * ((cc**2).sum() - (mm @ mm) ** 2)
+    assert amp["measured_recon_minus_b_dec_sd"] == pytest.approx(np.sqrt(var), rel=1e-4)
+    # the sample holds all 500 rows here, so each pair's share is exact: 2·Cov(a_i, a_j)·u_i·u_j / E‖x̂ − b_dec‖²
+    cov = a.T @ a / len(a) - np.outer(m1, m1)
+    assert amp["n_sample_rows"] == 500 and len(s.cofiring_pairs) == 20
+    for p in s.cofiring_pairs:
+        assert p["share"] == pytest.approx(2 * cov[p["i"], p["j"]] * gram[p["i"], p["j"]] / second, rel=1e-4, abs=1e-9)
+    shares = sorted((2 * cov[i, j] * gram[i, j] / second for i in range(n_lat) for j in range(i + 1, n_lat)),
+                    reverse=amp["cofiring_share"] >= 0)
+    assert [p["share"] for p in s.cofiring_pairs] == pytest.approx(shares[:20], rel=1e-4, abs=1e-9)
     # b_dec against the mean
     assert s.b_dec_cos_mean == pytest.approx(float(b @ mu.numpy() / np.linalg.norm(b) / np.linalg.norm(mu)), abs=1e-6)
 

@@ -9,19 +9,29 @@ predictions of the activations' anisotropy A are given, from crudest to best:
 - exact-moment:  k = K·r·‖ū‖²,            A = k/(1 + k − q·r)  (= E[x·y]/E‖x‖² exactly, iid codes)
 - mean-cosine:   A ≈ ‖ū‖²·(E[S/√(S²‖ū‖² + (1−‖ū‖²)Q)])²,  S = Σ a_i, Q = Σ a_i² per code
 
-with r = E[a|a>0]²/E[a²|a>0] (1/2 Exp, 2/π half-normal, e^{−σ²} log-normal, 1 constant).
-For independent latents with their own rates and laws the exact-moment form generalises to
-A = ‖M‖²/(‖M‖² + Σ_i Var(a_i)) (``heterogeneous_moment_prediction``). The per-feature cone shares c_i = E[a_i](u_i·M)/‖M‖², M = Σ_i E[a_i]u_i, name the features that
-make the cone (Σ c_i = 1). Pure math on tensors: no I/O, no models.
+with r = E[a|a>0]²/E[a²|a>0] (1/2 Exp, 2/π half-normal, e^{−σ²} log-normal, 1 constant). These assume
+every latent fires at one rate; with Zipf-like rates a few frequent latents make a cone of their own and
+they read far low (measured, experiments/amplification_law.py). The per-latent law drops that assumption:
 
-Caveat (measured, experiments/amplification_law.py): the textbook, exact-moment and mean-cosine forms
-assume every latent fires at the same rate. With Zipf-like rates a few frequent latents make a cone
-of their own (A ≈ 0.1 from an isotropic dictionary where q·r = 0.005) and those forms read far low;
-the per-latent ``heterogeneous_moment_prediction`` stays exact for E[x·y]/E‖x‖².
+- A_het = ‖M‖² / (Σ_i E[a_i²] + Σ_{i≠j} E[a_i]E[a_j] u_i·u_j),  M = Σ_i E[a_i] u_i
+  (``heterogeneous_moment_prediction``): E[x·y]/E‖x‖² exactly for codes independent across latents, each
+  with its own rate and law. The denominator is Σ E[a_i²] + ‖M‖² − Σ E[a_i]² for unit rows: no pair loop.
+- its mean-cosine form (``independent_codes_anisotropy``): the mean cosine of Σ a_i u_i over a sample of
+  codes whose columns are permuted one latent at a time (independence with the sample's own marginals,
+  norms fluctuating as they do). On iid synthetic codes it matches the measured A within sampling error
+  where A_het reads up to 0.15 low at A ≈ 0.96 (tests/test_amplification.py).
+- the co-firing term: cofiring_share = (E‖x‖² − Σ E[a_i²] − Σ_{i≠j} E[a_i]E[a_j] u_i·u_j)/E‖x‖²
+  = Σ_{i≠j} Cov(a_i, a_j) u_i·u_j / E‖x‖² (``cofiring_share``), and the pairs that make it
+  (``cofiring_pairs``: 2·Cov(a_i, a_j)·u_i·u_j/E‖x‖² among the top latents by E[a_i²], from a code sample).
+- ``anisotropy_sampling_sd``: the U-statistic sd of a measured A from Σ x̂ and Σ x̂x̂ᵀ.
+
+The per-feature cone shares c_i = E[a_i](u_i·M)/‖M‖² name the features that make the cone (Σ c_i = 1).
+Pure math on tensors: no I/O, no models.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,7 +40,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from saegeo.errors import BadInputError
-from saegeo.geometry.accumulate import UnitMean
+from saegeo.geometry.accumulate import UnitMean, anisotropy_from_unit_mean
 
 __all__ = [
     "dictionary_anisotropy",
@@ -38,6 +48,12 @@ __all__ = [
     "exact_moment_prediction",
     "mean_cosine_prediction",
     "heterogeneous_moment_prediction",
+    "mean_code_vector",
+    "independent_second_moment",
+    "cofiring_share",
+    "anisotropy_sampling_sd",
+    "independent_codes_anisotropy",
+    "cofiring_pairs",
     "cone_shares",
     "CodeMomentAccumulator",
     "coo_codes",
@@ -97,27 +113,171 @@ def exact_moment_prediction(K: float, q: float, r: float, mean_sq_norm: float) -
     return k / (1.0 + k - q * r)
 
 
+def _unit_block(unit_rows: Tensor, start: int, normalize: bool = True) -> Float[Tensor, "b d"]:
+    """Rows [start, start + _BLOCK_ROWS) in float64, normalised (zero rows stay zero)."""
+    block = unit_rows[start : start + _BLOCK_ROWS].to(torch.float64)
+    return block / block.norm(dim=1, keepdim=True).clamp_min(1e-300) if normalize else block
+
+
+def mean_code_vector(mean_code: Float[Tensor, " N"], unit_rows: Float[Tensor, "N d"], *,
+                     normalize: bool = True) -> Float[Tensor, " d"]:
+    """M = Σ_i E[a_i]·u_i in float64, over row blocks (rows normalised unless ``normalize=False``)."""
+    mean_code = _as_tensor(mean_code).to(torch.float64)
+    unit_rows = _as_tensor(unit_rows)
+    out = torch.zeros(unit_rows.shape[1], dtype=torch.float64)
+    for start in range(0, unit_rows.shape[0], _BLOCK_ROWS):
+        out += mean_code[start : start + _BLOCK_ROWS] @ _unit_block(unit_rows, start, normalize)
+    return out
+
+
+def independent_second_moment(
+    mean_code: Float[Tensor, " N"], mean_sq_code: Float[Tensor, " N"], unit_rows: Float[Tensor, "N d"]
+) -> float:
+    """E‖x‖² of x = Σ_i a_i u_i for codes independent across latents, each with its own law:
+    Σ_i E[a_i²] + Σ_{i≠j} E[a_i]E[a_j] u_i·u_j = Σ_i E[a_i²] + ‖M‖² − Σ_i E[a_i]²  (unit u_i; no pair loop)."""
+    mean_code = _as_tensor(mean_code).to(torch.float64)
+    m = mean_code_vector(mean_code, unit_rows)
+    return float(_as_tensor(mean_sq_code).to(torch.float64).sum() + m.square().sum() - mean_code.square().sum())
+
+
 def heterogeneous_moment_prediction(
     mean_code: Float[Tensor, " N"], mean_sq_code: Float[Tensor, " N"], unit_rows: Float[Tensor, "N d"]
 ) -> float:
-    """Exact-moment law for independent latents with any per-latent rates and laws:
-    A = ‖M‖²/(‖M‖² + Σ_i Var(a_i)),  M = Σ_i E[a_i]·u_i,  Var(a_i) = E[a_i²] − E[a_i]².
+    """The per-latent law A_het = ‖M‖² / (Σ_i E[a_i²] + Σ_{i≠j} E[a_i]E[a_j] u_i·u_j) = ‖M‖²/(‖M‖² + Σ_i Var(a_i)),
+    M = Σ_i E[a_i]·u_i.
 
-    Equals E[x·y]/E‖x‖² exactly when the a_i are independent across latents (E‖x‖² = ‖M‖² + Σ Var(a_i)
-    for unit u_i); with one rate q and one law it reduces to ``exact_moment_prediction``. Rows are
-    normalised here. Co-firing latents break the independence and show up as a disagreement.
+    Equals E[x·y]/E‖x‖² exactly when the a_i are independent across latents (each with its own rate and
+    magnitude law); with one rate q and one law it reduces to ``exact_moment_prediction``. Rows are
+    normalised here. Co-firing latents break the independence: see ``cofiring_share``.
     """
-    mean_code = _as_tensor(mean_code).to(torch.float64)
-    variance = float((_as_tensor(mean_sq_code).to(torch.float64) - mean_code.square()).sum())
-    unit_rows = _as_tensor(unit_rows)
-    mean_vector = torch.zeros(unit_rows.shape[1], dtype=torch.float64)
-    for start in range(0, unit_rows.shape[0], _BLOCK_ROWS):
-        block = unit_rows[start : start + _BLOCK_ROWS].to(torch.float64)
-        mean_vector += mean_code[start : start + _BLOCK_ROWS] @ (block / block.norm(dim=1, keepdim=True).clamp_min(1e-300))
-    signal = float(mean_vector.square().sum())
-    if signal + variance <= 0.0:
+    signal = float(mean_code_vector(mean_code, unit_rows).square().sum())
+    second = independent_second_moment(mean_code, mean_sq_code, unit_rows)
+    if second <= 0.0:
         raise BadInputError("heterogeneous_moment_prediction: all codes are zero (E‖x‖² = 0)")
-    return signal / (signal + variance)
+    return signal / second
+
+
+def cofiring_share(
+    second_moment: float, mean_code: Float[Tensor, " N"], mean_sq_code: Float[Tensor, " N"],
+    unit_rows: Float[Tensor, "N d"],
+) -> float:
+    """Share of E‖x‖² made by latents that fire together (or avoid each other):
+    (E‖x‖² − Σ_i E[a_i²] − Σ_{i≠j} E[a_i]E[a_j] u_i·u_j)/E‖x‖² = Σ_{i≠j} Cov(a_i, a_j) u_i·u_j / E‖x‖².
+
+    ``second_moment`` is the measured E‖x‖² = E‖Σ_i a_i u_i‖² (for an SAE: E‖x̂ − b_dec‖²). 0 for
+    independent codes; > 0 when aligned latents co-fire (the moment ratio ‖M‖²/E‖x‖² is then A_het·(1 − share)).
+    """
+    if second_moment <= 0.0:
+        raise BadInputError("cofiring_share: E‖x‖² is 0; no code fired")
+    return (second_moment - independent_second_moment(mean_code, mean_sq_code, unit_rows)) / second_moment
+
+
+def anisotropy_sampling_sd(unit_sum: Float[Tensor, " d"], unit_scatter: Float[Tensor, "d d"], n: int) -> float | None:
+    """Sampling sd of Â = mean_{a≠b} x̂_a·x̂_b over n iid unit vectors, from Σ x̂ and Σ x̂x̂ᵀ.
+
+    Â is a U-statistic with kernel x̂_a·x̂_b; with m = E x̂, C = E x̂x̂ᵀ (plug-in estimates):
+    Var(Â) = 4(n−2)/(n(n−1))·(mᵀCm − ‖m‖⁴) + 2/(n(n−1))·(tr C² − ‖m‖⁴). Rows that are not independent
+    (tokens of one sequence) make the true sd larger. None for n < 3.
+    """
+    if n < 3:
+        return None
+    m = _as_tensor(unit_sum).to(torch.float64) / n
+    c = _as_tensor(unit_scatter).to(torch.float64) / n
+    m4 = float(m @ m) ** 2
+    zeta1 = max(float(m @ c @ m) - m4, 0.0)
+    zeta2 = max(float(c.square().sum()) - m4, 0.0)
+    return math.sqrt(4 * (n - 2) / (n * (n - 1)) * zeta1 + 2 / (n * (n - 1)) * zeta2)
+
+
+def _sample_coo(codes) -> tuple[int, Tensor, Tensor, Tensor]:
+    n_rows, rows, cols, values = coo_codes(codes)
+    rows, cols, values = rows.cpu().long(), cols.cpu().long(), values.detach().cpu().to(torch.float64)
+    keep = values != 0
+    return n_rows, rows[keep], cols[keep], values[keep]
+
+
+def independent_codes_anisotropy(
+    codes, unit_rows: Float[Tensor, "N d"], *, replicates: int = 2, seed: int = 0
+) -> tuple[float, float | None]:
+    """The per-latent law in its mean-cosine form: A of x = Σ_i a_i u_i when each latent keeps its own law
+    but fires independently of the others, estimated from a sample of k code rows.
+
+    Each latent's column of the sample is permuted over the k rows on its own (``replicates`` times,
+    seeded): the rows then hold the product of the sample's per-latent marginals, co-firing removed,
+    norms fluctuating as they do. Returns (mean pairwise cosine of the k·replicates rows, its sampling sd),
+    the sd from ``anisotropy_sampling_sd`` at n = k (the sample's marginals, not the permutations, set the
+    error). Memory O(nnz + k·d + d²); one randperm(k) per active latent and replicate.
+    """
+    k, rows, cols, values = _sample_coo(codes)
+    unit_rows = _as_tensor(unit_rows).to(torch.float64)
+    unit_rows = unit_rows / unit_rows.norm(dim=1, keepdim=True).clamp_min(1e-300)
+    d = unit_rows.shape[1]
+    if k < 3 or not values.numel():
+        return float("nan"), None
+    gen = torch.Generator().manual_seed(int(seed))
+    order = cols.argsort(stable=True)  # entries grouped by latent: one slice per active latent
+    rows, cols, values = rows[order], cols[order], values[order]
+    _, counts = torch.unique_consecutive(cols, return_counts=True)
+    bounds = [0, *counts.cumsum(0).tolist()]
+    unit_sum = torch.zeros(d, dtype=torch.float64)
+    scatter = torch.zeros(d, d, dtype=torch.float64)
+    n_unit = 0
+    for _ in range(replicates):
+        new_rows = torch.empty_like(rows)
+        for lo, hi in zip(bounds[:-1], bounds[1:]):  # one uniform permutation of the k rows per latent
+            new_rows[lo:hi] = torch.randperm(k, generator=gen)[rows[lo:hi]]
+        x = torch.zeros(k, d, dtype=torch.float64)
+        for lo in range(0, len(values), _BLOCK_ROWS):  # Σ_i a_i u_i per permuted row, entries in blocks
+            part = slice(lo, lo + _BLOCK_ROWS)
+            x.index_add_(0, new_rows[part], values[part, None] * unit_rows[cols[part]])
+        norms = x.norm(dim=1)
+        unit = x[norms > 0] / norms[norms > 0, None]
+        unit_sum += unit.sum(0)
+        scatter += unit.T @ unit
+        n_unit += unit.shape[0]
+    if n_unit < 2:
+        return float("nan"), None
+    a = anisotropy_from_unit_mean(unit_sum / n_unit, n_unit)
+    return a, anisotropy_sampling_sd(unit_sum * (k / n_unit), scatter * (k / n_unit), k)
+
+
+def cofiring_pairs(
+    codes, mean_code: Float[Tensor, " N"], mean_sq_code: Float[Tensor, " N"], unit_rows: Float[Tensor, "N d"],
+    second_moment: float, *, n_latents: int = 256, n_pairs: int = 20, sign: float = 1.0,
+) -> tuple[list[dict], float]:
+    """The latent pairs that make the co-firing term, from a sample of k code rows.
+
+    Among the ``n_latents`` latents with the largest E[a_i²] (exact, streamed; by Cauchy–Schwarz
+    |E[a_i a_j]| ≤ √(E[a_i²]E[a_j²]), so they bound the largest terms), pair {i, j} adds
+    2·(E_s[a_i a_j] − E[a_i]E[a_j])·u_i·u_j / E‖x‖² to ``cofiring_share``, E_s over the sample (a k × L
+    float64 matrix), E[a_i] exact. Returns (the ``n_pairs`` pairs with the largest sign·share, each
+    {i, j, share, joint_rate (sample co-firing frequency), cos = u_i·u_j}; the summed share of all pairs
+    among those latents, an estimate of how much of the co-firing term they carry).
+    """
+    k, rows, cols, values = _sample_coo(codes)
+    mean_code = _as_tensor(mean_code).to(torch.float64)
+    top = _as_tensor(mean_sq_code).to(torch.float64).argsort(descending=True)[: min(n_latents, len(mean_code))]
+    top = top[_as_tensor(mean_sq_code).to(torch.float64)[top] > 0]
+    if k < 1 or len(top) < 2 or second_moment <= 0:
+        return [], 0.0
+    position = torch.full((len(mean_code),), -1, dtype=torch.long)
+    position[top] = torch.arange(len(top))
+    keep = position[cols] >= 0
+    dense = torch.zeros(k, len(top), dtype=torch.float64)
+    dense.index_put_((rows[keep], position[cols[keep]]), values[keep], accumulate=True)
+    unit = _as_tensor(unit_rows)[top].to(torch.float64)
+    unit = unit / unit.norm(dim=1, keepdim=True).clamp_min(1e-300)
+    gram = unit @ unit.T
+    m = mean_code[top]
+    share = 2.0 * (dense.T @ dense / k - torch.outer(m, m)) * gram / second_moment
+    joint = ((dense > 0).double().T @ (dense > 0).double()) / k
+    iu = torch.triu_indices(len(top), len(top), offset=1)
+    pair_share = share[iu[0], iu[1]]
+    order = (sign * pair_share).argsort(descending=True)[:n_pairs]
+    pairs = [{"i": int(top[iu[0, o]]), "j": int(top[iu[1, o]]), "share": float(pair_share[o]),
+              "joint_rate": float(joint[iu[0, o], iu[1, o]]), "cos": float(gram[iu[0, o], iu[1, o]])}
+             for o in order.tolist()]
+    return pairs, float(pair_share.sum())
 
 
 def mean_cosine_prediction(expected_ratio: float, mean_sq_norm: float) -> float:
@@ -148,21 +308,14 @@ def cone_shares(
             f"cone_shares needs mean_code (N,) and rows (N, d); got {tuple(mean_code.shape)} and {tuple(unit_rows.shape)}"
         )
     # Two passes over row blocks: M first, then each row's projection on it.
-    mean_vector = torch.zeros(unit_rows.shape[1], dtype=torch.float64)
-    blocks = range(0, unit_rows.shape[0], _BLOCK_ROWS)
-
-    def unit_block(start: int) -> Tensor:
-        block = unit_rows[start : start + _BLOCK_ROWS].to(torch.float64)
-        return block / block.norm(dim=1, keepdim=True).clamp_min(1e-300) if normalize else block
-
-    for start in blocks:
-        mean_vector += mean_code[start : start + _BLOCK_ROWS] @ unit_block(start)
+    mean_vector = mean_code_vector(mean_code, unit_rows, normalize=normalize)
     norm_sq = float(mean_vector.square().sum())
     if norm_sq == 0.0:
         raise BadInputError("cone_shares: Σ E[a_i]·u_i is zero (no cone); shares are undefined")
     shares = torch.empty_like(mean_code)
-    for start in blocks:
-        shares[start : start + _BLOCK_ROWS] = mean_code[start : start + _BLOCK_ROWS] * (unit_block(start) @ mean_vector)
+    for start in range(0, unit_rows.shape[0], _BLOCK_ROWS):
+        shares[start : start + _BLOCK_ROWS] = mean_code[start : start + _BLOCK_ROWS] * (
+            _unit_block(unit_rows, start, normalize) @ mean_vector)
     return shares / norm_sq
 
 

@@ -9,7 +9,7 @@ Public API
 ``render_html(report) -> str``       one file, plots embedded as base64 PNG (no network, no other files).
 ``figures(report) -> dict[str, bytes]``   the PNG plots: spectrum (log-log, MP band), cosines (histogram,
                                      null, isotropic band), latents (firing vs cos(u_i, μ), sized by c_i),
-                                     amplification (the law's curves and the measured points), rogue (shares).
+                                     amplification (the law's curves, the measured points, the per-latent law), rogue (shares).
 ``render_check_terminal / render_check_markdown / render_check_html(check) -> str``   the same for a DictionaryCheck.
 ``write_report(page, out_dir, formats=("terminal", "md", "json", "html")) -> dict[str, Path]``   either page's files.
 """
@@ -97,6 +97,21 @@ def artifact_text(artifact: dict[str, Any]) -> str:
     return "|corr| " + "; ".join(parts)
 
 
+def _with_sd(amp: dict, key: str) -> str:
+    """A value with its sampling sd, when the report has one."""
+    sd = amp.get(f"{key}_sd")
+    return fmt_num(amp.get(key)) + (f" ± {fmt_num(sd, 4) if sd < 0.001 else fmt_num(sd)}" if sd is not None else "")
+
+
+def _cofiring(s: SAEGeometry) -> str:
+    """The co-firing share and its top pair (i&j and the pair's own share)."""
+    share = s.amplification.get("cofiring_share")
+    if share is None:
+        return "—"
+    top = (s.cofiring_pairs or [None])[0]
+    return f"{share:+.3f}" + (f" (top {top['i']}&{top['j']} {top['share']:+.3f})" if top else "")
+
+
 def _max_abs_cos(s: SAEGeometry) -> float:
     return max((abs(c) for c in s.cos_decoder_mean), default=0.0)
 
@@ -122,10 +137,13 @@ SAE_ROWS: list[tuple[str, Callable[[SAEGeometry], str]]] = [
     ("top cone share c_i", lambda s: _top_share(s)),
     ("A_dict / ‖ū‖²", lambda s: f"{fmt_num(s.a_dict, 4)} / {fmt_num(s.dict_mean_sq_norm, 4)}"),
     ("dictionary erank", lambda s: fmt_num(s.dictionary_spectrum.get("effective_rank"), 1)),
-    ("A of x̂ − b_dec (measured)", lambda s: fmt_num(s.amplification.get("measured_recon_minus_b_dec"))),
-    ("  law: mean-cosine", lambda s: fmt_num(s.amplification.get("mean_cosine"))),
-    ("  law: exact-moment", lambda s: fmt_num(s.amplification.get("exact_moment"))),
-    ("  law: textbook", lambda s: fmt_num(s.amplification.get("textbook"))),
+    ("A of x̂ − b_dec (measured)", lambda s: _with_sd(s.amplification, "measured_recon_minus_b_dec")),
+    ("  law: per-latent, mean-cosine", lambda s: _with_sd(s.amplification, "A_het_mean_cosine")),
+    ("  law: per-latent A_het", lambda s: fmt_num(s.amplification.get("A_het"))),
+    ("  co-firing share of E‖x̂ − b_dec‖²", lambda s: _cofiring(s)),
+    ("  law: one rate, mean-cosine", lambda s: fmt_num(s.amplification.get("mean_cosine"))),
+    ("  law: one rate, exact-moment", lambda s: fmt_num(s.amplification.get("exact_moment"))),
+    ("  law: one rate, textbook", lambda s: fmt_num(s.amplification.get("textbook"))),
     ("A of x − b_dec", lambda s: fmt_num(s.amplification.get("measured_x_minus_b_dec"))),
     ("flags", lambda s: "—"),  # filled per report below
 ]
@@ -317,7 +335,7 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
     axes[0][0].set_ylabel("cos(decoder row, activation mean)")
     out["latents"] = _png(fig)
 
-    # the amplification law: A against K·‖ū‖², textbook and exact-moment curves, measured points
+    # the amplification law: A against K·‖ū‖², textbook and exact-moment curves, measured points, per-latent law
     fig, ax = plt.subplots(figsize=(6, 4))
     xs = np.logspace(-3, 3, 200)
     ax.plot(xs, (xs / 2) / (1 + xs / 2), "k:", lw=1, label="textbook k/(1+k), k = K·A_dict/2")
@@ -328,12 +346,18 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
             continue
         q, r = a["q"], a["r"]
         k = xs * r
-        ax.plot(xs, k / (1 + k - q * r), "-", color=color, lw=1, alpha=0.7, label=f"exact-moment law ({s.name})")
+        ax.plot(xs, k / (1 + k - q * r), "-", color=color, lw=1, alpha=0.7, label=f"one-rate exact-moment law ({s.name})")
         x0 = max(a["K"] * a["mean_sq_norm"], 1e-3)
         if a.get("measured_recon_minus_b_dec") is not None:
             ax.plot([x0], [a["measured_recon_minus_b_dec"]], "o", color=color, ms=8, label=f"measured A(x̂ − b_dec) {s.name}")
         if a.get("mean_cosine") is not None:
-            ax.plot([x0], [a["mean_cosine"]], "s", mfc="none", color=color, ms=8, label=f"mean-cosine form {s.name}")
+            ax.plot([x0], [a["mean_cosine"]], "s", mfc="none", color=color, ms=8, label=f"one-rate mean-cosine {s.name}")
+        # the per-latent law beside the one-rate curve: each latent's own rate and law (independent codes)
+        if a.get("A_het") is not None:
+            ax.plot([x0], [a["A_het"]], "D", mfc="none", color=color, ms=7, label=f"per-latent A_het {s.name}")
+        if a.get("A_het_mean_cosine") is not None:
+            ax.errorbar([x0], [a["A_het_mean_cosine"]], yerr=[3 * (a.get("A_het_mean_cosine_sd") or 0.0)], fmt="*",
+                        color=color, ms=11, label=f"per-latent mean-cosine {s.name} (±3 sd)")
     if not report.saes:
         ax.text(0.5, 0.5, "no SAE given", ha="center", va="center", transform=ax.transAxes)
     ax.set_xscale("log")

@@ -9,7 +9,9 @@ Per batch x (rows never kept, memory independent of the number of tokens):
     and the unit-vector sums of x̂ − b_dec, x − b_dec (and x, from the accumulator) whose mean pairwise
     cosines are A = (n‖m̂‖² − 1)/(n − 1).
 Before the pass: the dictionary geometry of the unit decoder rows u_i (A_dict, ‖ū‖², their own spectrum;
-``saegeo.geometry.dictionary.dictionary_geometry``). After it: b_dec against μ, the three forms of the amplification law beside the three measured A's, cone shares
+``saegeo.geometry.dictionary.dictionary_geometry``). After it: b_dec against μ, the amplification law beside
+the three measured A's (the per-latent law A_het and its mean-cosine form, the co-firing share of
+E‖x̂ − b_dec‖² and its top pairs from the row sample re-encoded, the one-rate forms as references), cone shares
 c_i = E[a_i](u_i·M)/‖M‖² (M = Σ E[a_i]u_i) and cos(u_i, μ); then the flags.
 
 Public API
@@ -39,8 +41,14 @@ from saegeo.errors import BadInputError, FormatError
 from saegeo.geometry import GeometryAccumulator, activation_geometry
 from saegeo.geometry.accumulate import as_rows
 from saegeo.geometry.amplification import (
+    anisotropy_sampling_sd,
+    cofiring_pairs,
+    cofiring_share,
     cone_shares,
     exact_moment_prediction,
+    heterogeneous_moment_prediction,
+    independent_codes_anisotropy,
+    independent_second_moment,
     mean_cosine_prediction,
     textbook_prediction,
 )
@@ -61,6 +69,7 @@ from saegeo.report.flags import (
 )
 
 SCHEMA_VERSION = 1
+COFIRING_LATENTS = 256  # co-firing pairs are looked for among the latents with the largest E[a_i²]
 
 
 # =========================================================================== options
@@ -131,6 +140,8 @@ class SAEGeometry:
     amplification: dict[str, float | None]
     config: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # the latent pairs that make the co-firing term, largest share first: {i, j, share, joint_rate, cos}
+    cofiring_pairs: list[dict[str, float]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe(asdict(self))
@@ -342,15 +353,19 @@ class _SAEPass:
     def add(self, x: Tensor) -> None:
         self.metrics.add(x)
 
-    def finish(self, geo: dict[str, Any], thresholds: FlagThresholds) -> SAEGeometry:
+    def finish(self, geo: dict[str, Any], thresholds: FlagThresholds, sample: Tensor | None = None,
+               seed: int = 0) -> SAEGeometry:
+        """The SAE section; ``sample`` (the report's uniform row sample) gives the per-latent law's mean-cosine
+        form and the co-firing pairs."""
         m, dg = self.metrics, self.dictionary
         codes = m.codes
         freq, mean_code = codes.firing_frequency, codes.mean_code
         notes = []
         if dg.n_zero:
             notes.append(f"{dg.n_zero} decoder row(s) are zero: excluded from the dictionary geometry")
+        w_dec = self.module.W_dec.detach().cpu()
         try:
-            shares = cone_shares(mean_code, self.module.W_dec.detach().cpu()).tolist()
+            shares = cone_shares(mean_code, w_dec).tolist()
         except BadInputError:
             shares = None
             notes.append("no latent fired: cone shares are undefined")
@@ -362,9 +377,29 @@ class _SAEPass:
             "exact_moment": exact_moment_prediction(K, q, r, dg.mean_sq_norm) if r is not None else None,
             "mean_cosine": mean_cosine_prediction(codes.expected_ratio, dg.mean_sq_norm) if r is not None else None,
             "measured_recon_minus_b_dec": m.recon_unit.anisotropy(),
+            "measured_recon_minus_b_dec_sd": anisotropy_sampling_sd(m.recon_unit.unit_sum, m.recon_unit_scatter,
+                                                                    m.recon_unit.n),
             "measured_x_minus_b_dec": m.input_unit.anisotropy(),
             "measured_x": geo.get("anisotropy"),
         }
+        pairs = None
+        if r is not None:  # the per-latent law and the co-firing term (E‖x̂ − b_dec‖² > 0 once a latent fired)
+            second = m.recon_second_moment
+            mean_sq_code = codes.mean_sq_code
+            amplification.update(
+                A_het=heterogeneous_moment_prediction(mean_code, mean_sq_code, w_dec),
+                second_moment=second,
+                independent_second_moment=independent_second_moment(mean_code, mean_sq_code, w_dec),
+                cofiring_share=cofiring_share(second, mean_code, mean_sq_code, w_dec),
+            )
+            if sample is not None and sample.shape[0] >= 3:
+                sampled = m.sample_codes(sample)
+                a_mc, a_mc_sd = independent_codes_anisotropy(sampled, w_dec, seed=seed)
+                pairs, top_share = cofiring_pairs(
+                    sampled, mean_code, mean_sq_code, w_dec, second, n_latents=COFIRING_LATENTS,
+                    n_pairs=thresholds.max_latents, sign=1.0 if amplification["cofiring_share"] >= 0 else -1.0)
+                amplification.update(A_het_mean_cosine=a_mc, A_het_mean_cosine_sd=a_mc_sd,
+                                     cofiring_share_top_latents=top_share, n_sample_rows=int(sample.shape[0]))
         cfg = getattr(self.module, "cfg", None)
         saegeo_block = self.config.get("saegeo", {}) if isinstance(self.config, Mapping) else {}
         b_dec = m.b_dec_against_mean()
@@ -390,6 +425,7 @@ class _SAEPass:
             amplification=amplification,
             config=json_safe(self.config),
             notes=notes,
+            cofiring_pairs=pairs,
         )
 
 
@@ -513,7 +549,7 @@ def geometry_report(
     seconds = time.perf_counter() - t0
     geometry = activation_geometry(acc, top_k_eigvecs=max(10, opts.artifact_components))
     geo = geometry.to_dict()
-    saes = [p.finish(geo, opts.thresholds) for p in passes]
+    saes = [p.finish(geo, opts.thresholds, reservoir.sample(), opts.seed) for p in passes]
     artifact, artifact_note = _artifact_test(rows, geometry, opts, distributed=ctx is not None)
     source.update(d=acc.d, n_tokens=acc.n)
 

@@ -9,7 +9,10 @@ Per batch x (m, d), through the SAE (saegeo ``SAE`` or a SAELens-like object wit
     (Σ‖x‖² − ‖Σx‖²/n does, losing digits when ‖μ‖ ≫ spread);
   * the codes with decoder norms folded in (a_i·‖W_dec,i‖: the weights of the unit rows u_i in x̂ − b_dec)
     into a ``CodeMomentAccumulator`` (L0, per-latent firing, E[a_i], the amplification law's moments);
-  * ``UnitMean`` sums of x̂ − b_dec and x' − b_dec for their anisotropies A = (n‖m̂‖² − 1)/(n − 1).
+  * ``UnitMean`` sums of x̂ − b_dec and x' − b_dec for their anisotropies A = (n‖m̂‖² − 1)/(n − 1);
+  * for the amplification law's verdict: Σ‖x̂ − b_dec‖² (E‖Σ_i a_i u_i‖², the codes' own second moment, in
+    the normalised space as the cone is) and the scatter Σ ŷŷᵀ of the unit vectors ŷ of x̂ − b_dec (d × d),
+    which give the sampling sd of their A (``anisotropy_sampling_sd``).
 Everything is a float64 sum: ``state_dict`` / ``from_state_dict`` / ``merge`` (so
 ``saegeo.distributed.merge_across_ranks`` works), and ``summary`` reads out the metrics.
 """
@@ -24,7 +27,7 @@ from torch import Tensor
 
 from saegeo.errors import BadInputError
 from saegeo.geometry.accumulate import UnitMean
-from saegeo.geometry.amplification import CodeMomentAccumulator
+from saegeo.geometry.amplification import CodeMomentAccumulator, coo_codes
 from saegeo.geometry.dictionary import row_cosines, row_norms
 
 
@@ -60,6 +63,8 @@ class SAEMetrics:
         self.codes = CodeMomentAccumulator(self.d_sae, mean_sq_norm=mean_sq_norm)
         self.recon_unit = UnitMean(self.d_in)  # Σ unit(x̂ − b_dec)
         self.input_unit = UnitMean(self.d_in)  # Σ unit(x' − b_dec)
+        self.recon_sq_sum = 0.0  # Σ‖x̂ − b_dec‖²
+        self.recon_unit_scatter = torch.zeros(self.d_in, self.d_in, dtype=torch.float64)  # Σ ŷŷᵀ, ŷ = unit(x̂ − b_dec)
         if sae is not None:
             cfg = getattr(sae, "cfg", None)
             # codes of SAEs that rescale by the decoder norm already carry it
@@ -80,20 +85,14 @@ class SAEMetrics:
         x = x.to(self.device, torch.float32)
         if x.shape[0] == 0:
             return self
-        # SAEs with input normalisation (OpenAI LayerNorm, SAELens layer_norm / constant_norm_rescale) decode in
-        # the normalised space: the cone is measured there, the error on the denormalised reconstruction.
-        x_normalized, norm_state = sae.normalize_input(x) if hasattr(sae, "normalize_input") else (x, None)
-        if self._sparse_topk:  # gather only the k active decoder rows: no (batch, d_sae) matrix at all
-            values, indices = sae.encode_topk(x)
-            recon = sae.decode_sparse(values, indices)
-            folded = values if self._rescaled else values * self._fold[indices]
-            rows = torch.arange(x.shape[0], device=x.device).repeat_interleave(indices.shape[1])
-            self.codes.add(_COO(x.shape[0], rows.cpu(), indices.flatten().cpu(), folded.flatten().float().cpu()))
-        else:
-            codes = sae.encode(x)
-            recon = sae.decode(codes)
-            self.codes.add((codes if self._rescaled else codes * self._fold).float().cpu())
-        self.recon_unit.add(recon - self._b_dec)
+        x_normalized, norm_state, recon, coo = self._encode(x)
+        self.codes.add(coo)
+        y = recon - self._b_dec
+        self.recon_unit.add(y)
+        norms = torch.linalg.vector_norm(y.double(), dim=1)
+        self.recon_sq_sum += float(norms.square().sum())
+        unit = y[norms > 0] / norms[norms > 0, None].to(y.dtype)
+        self.recon_unit_scatter += (unit.T @ unit).to("cpu", torch.float64)  # float32 gram: an sd needs no more
         self.input_unit.add(x_normalized - self._b_dec)
         if norm_state is not None:
             recon = sae.denormalize(recon, norm_state)
@@ -102,6 +101,38 @@ class SAEMetrics:
         batch_mean = x64.mean(dim=0)
         self._combine(x.shape[0], batch_mean.cpu(), float((x64 - batch_mean).square().sum()))
         return self
+
+    def _encode(self, x: Float[Tensor, "m d"]) -> tuple[Tensor, Any, Tensor, Any]:
+        """(x', the normalisation state, x̂ in the normalised space, the folded codes as COO or a dense matrix)."""
+        sae = self.sae
+        # SAEs with input normalisation (OpenAI LayerNorm, SAELens layer_norm / constant_norm_rescale) decode in
+        # the normalised space: the cone is measured there, the error on the denormalised reconstruction.
+        x_normalized, norm_state = sae.normalize_input(x) if hasattr(sae, "normalize_input") else (x, None)
+        if self._sparse_topk:  # gather only the k active decoder rows: no (batch, d_sae) matrix at all
+            values, indices = sae.encode_topk(x)
+            recon = sae.decode_sparse(values, indices)
+            folded = values if self._rescaled else values * self._fold[indices]
+            rows = torch.arange(x.shape[0], device=x.device).repeat_interleave(indices.shape[1])
+            return x_normalized, norm_state, recon, _COO(x.shape[0], rows.cpu(), indices.flatten().cpu(),
+                                                         folded.flatten().float().cpu())
+        codes = sae.encode(x)
+        recon = sae.decode(codes)
+        return x_normalized, norm_state, recon, (codes if self._rescaled else codes * self._fold).float().cpu()
+
+    @torch.inference_mode()
+    def sample_codes(self, x: Float[Tensor, "m d"], *, chunk: int = 1024) -> _COO:
+        """The folded codes a_i·‖W_dec,i‖ of a few rows (e.g. the report's row sample) as COO, encoded in
+        chunks (no (m, d_sae) matrix beyond ``chunk`` rows); nothing is added to the sums."""
+        parts = []
+        for lo in range(0, x.shape[0], chunk):
+            *_, coo = self._encode(x[lo : lo + chunk].to(self.device, torch.float32))
+            _, rows, cols, values = coo_codes(coo)
+            keep = values != 0
+            parts.append((rows[keep] + lo, cols[keep], values[keep]))
+        if not parts:
+            return _COO(0, torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0))
+        rows, cols, values = (torch.cat(p) for p in zip(*parts))
+        return _COO(int(x.shape[0]), rows, cols, values)
 
     def _combine(self, m: int, mean_b: Float[Tensor, " d"], centred_ss_b: float) -> None:
         """Chan et al.: M₂ = M₂ᵃ + M₂ᵇ + ‖δ‖²·nₐm/n, μ = μₐ + δ·m/n, δ = μ_b − μₐ."""
@@ -123,12 +154,15 @@ class SAEMetrics:
         self.codes.merge(other.codes)
         self.recon_unit.merge(other.recon_unit)
         self.input_unit.merge(other.input_unit)
+        self.recon_sq_sum += other.recon_sq_sum
+        self.recon_unit_scatter += other.recon_unit_scatter
         return self
 
     def state_dict(self) -> dict[str, Any]:
         return {"d_in": self.d_in, "d_sae": self.d_sae, "n": self.n, "sse": self.sse, "mean": self.mean.clone(),
                 "centred_ss": self.centred_ss, "codes": self.codes.state_dict(),
-                "recon_unit": self.recon_unit.state_dict(), "input_unit": self.input_unit.state_dict()}
+                "recon_unit": self.recon_unit.state_dict(), "input_unit": self.input_unit.state_dict(),
+                "recon_sq_sum": self.recon_sq_sum, "recon_unit_scatter": self.recon_unit_scatter.clone()}
 
     @classmethod
     def from_state_dict(cls, sd: dict[str, Any], sae: Any = None, device: str | torch.device | None = None) -> "SAEMetrics":
@@ -138,6 +172,9 @@ class SAEMetrics:
         out.codes = CodeMomentAccumulator.from_state_dict(sd["codes"])
         out.recon_unit = UnitMean.from_state_dict(sd["recon_unit"])
         out.input_unit = UnitMean.from_state_dict(sd["input_unit"])
+        out.recon_sq_sum = float(sd.get("recon_sq_sum", 0.0))
+        if "recon_unit_scatter" in sd:
+            out.recon_unit_scatter = torch.as_tensor(sd["recon_unit_scatter"]).to(torch.float64).clone()
         return out
 
     # ------------------------------------------------------------------ read-outs
@@ -145,6 +182,11 @@ class SAEMetrics:
     def mse(self) -> float:
         """Σ‖x − x̂‖²/(n·d)."""
         return self.sse / (self.n * self.d_in)
+
+    @property
+    def recon_second_moment(self) -> float | None:
+        """E‖x̂ − b_dec‖² = E‖Σ_i a_i u_i‖² (None before any row)."""
+        return self.recon_sq_sum / self.n if self.n else None
 
     @property
     def fve(self) -> float | None:
