@@ -361,3 +361,18 @@ def test_amplification_tolerance_and_cause_from_the_numbers():
                     if f.name == F.AMPLIFICATION]
     loose = FlagThresholds(amplification_model_error=0.5)
     assert not [f for f in F.sae_flags(_amp_section(), geo, thresholds=loose) if f.name == F.AMPLIFICATION]
+
+
+def test_amplification_on_a_cone_too_small_to_explain_is_info_not_a_warning():
+    """The demo's b_dec := mean SAE: measured 0.0065 against the law's 0.0027–0.0038 is outside the tolerance,
+    but neither reaches cone_min_anisotropy (0.1): recorded as info, not raised as a warning."""
+    t = FlagThresholds(dead_max_fraction=1.0, dense_max_fraction=1.0)
+    geo = {"outlier_severity": 0.0}
+    small = _amp_section(measured_recon_minus_b_dec=0.0065, measured_recon_minus_b_dec_sd=1e-4, A_het=0.0027,
+                         A_het_mean_cosine=0.0038, A_het_mean_cosine_sd=3e-4)
+    [amp] = [f for f in F.sae_flags(small, geo, thresholds=t) if f.name == F.AMPLIFICATION]
+    assert amp.severity == "info" and amp.evidence["gap"] == pytest.approx(0.0027)
+    # the same disagreement on a material cone (the law's end at the threshold) is a warning
+    big = _amp_section(measured_recon_minus_b_dec=0.30, A_het=0.05, A_het_mean_cosine=0.10)
+    [amp] = [f for f in F.sae_flags(big, geo, thresholds=t) if f.name == F.AMPLIFICATION]
+    assert amp.severity == "warning"

@@ -115,6 +115,8 @@ class FlagThresholds:
     # that separate the two forms are themselves unknown (demo b_dec := 0: measured 0.267, forms 0.282 and 0.313);
     amplification_z: float = 3.0
     amplification_model_error: float = 0.1
+    # the flag is a warning only where there is a cone to explain: measured A or the law's upper end ≥
+    # cone_min_anisotropy; below it (demo b_dec := mean: measured 0.0065, law 0.0027–0.0038) it is info
     # the cause named is co-firing when |cofiring_share| (the co-firing part of E‖x̂ − b_dec‖²) ≥ this, else rates
     amplification_cofiring_share: float = 0.05
     # dead latents (no fire over the pass): warning above this fraction, error above dead_error_fraction
@@ -395,7 +397,8 @@ def _amplification_flag(sae: Mapping[str, Any], amp: Mapping[str, Any], shares_t
                         t: FlagThresholds, name: str) -> Flag | None:
     """``amplification_inconsistency``: the measured A of x̂ − b_dec is outside the per-latent law's interval
     [A_het, A_het_mean_cosine] (just A_het without a row sample) by more than
-    z·√(sd_measured² + sd_law²) + model_error·law, law = the nearer end (see ``FlagThresholds``).
+    z·√(sd_measured² + sd_law²) + model_error·law, law = the nearer end (see ``FlagThresholds``);
+    a warning where the cone is material (max(measured, law) ≥ cone_min_anisotropy), else info.
     The cause named: co-firing (|cofiring_share| ≥ amplification_cofiring_share; the latents of the top pairs)
     or the latents' own rates (the high-rate latents of the cone: largest cone share, then firing)."""
     measured, a_het = amp.get("measured_recon_minus_b_dec"), amp.get("A_het")
@@ -430,8 +433,9 @@ def _amplification_flag(sae: Mapping[str, Any], amp: Mapping[str, Any], shares_t
         advice = ("The latents' own rates and norms do not give this cone and co-firing is small: read it from the "
                   "high-rate latents with the largest cone shares listed, and check their firing against the tokens.")
     span = f"{lo:.3g}" if len(ends) == 1 else f"{a_het:.3g} (moment) to {a_mc:.3g} (mean-cosine)"
+    material = max(measured, hi) >= t.cone_min_anisotropy  # a near-zero cone needs no explaining
     return Flag(
-        AMPLIFICATION, "warning",
+        AMPLIFICATION, "warning" if material else "info",
         {"measured": rounded(measured), "measured_sd": rounded(amp.get("measured_recon_minus_b_dec_sd")),
          "A_het": rounded(a_het), "A_het_mean_cosine": rounded(a_mc), "law_sd": rounded(law_sd),
          "gap": rounded(gap), "tolerance": rounded(tol), "z": rounded(gap / sd, 1) if sd > 0 else None,
