@@ -47,12 +47,14 @@ from saegeo.geometry.amplification import (
     mean_cosine_prediction,
     textbook_prediction,
 )
+from saegeo.geometry.diagnosis import sample_diagnostics
 from saegeo.geometry.measures import anisotropy_from_unit_mean
 from saegeo.geometry.transforms import Whitening
 from saegeo.sae.formats import CFG_FILENAME, load_dictionary
 from saegeo.report.flags import (
     Flag,
     FlagThresholds,
+    activation_diagnosis,
     activation_flags,
     config_flags,
     config_whitens,
@@ -162,6 +164,10 @@ class GeometryReport:
     tokens_per_second: float | None = None
     saegeo_version: str = ""
     notes: list[str] = field(default_factory=list)
+    # numbers read from the uniform row sample (geometry.diagnosis.sample_diagnostics): centred A, PC1 split, k-means
+    sample_diagnostics: dict[str, Any] | None = None
+    # offset → shape → artifact → fix: [{step, finding, read: {name: number}}] (flags.activation_diagnosis)
+    diagnosis: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def sae(self) -> SAEGeometry | None:
@@ -593,6 +599,9 @@ def geometry_report(
     acc.n_nonfinite_skipped += n_skipped  # the rows were dropped before the accumulator saw them
     seconds = time.perf_counter() - t0
     geo = activation_geometry(acc).to_dict()
+    # what sums cannot see, from the uniform row sample: the cone of centred rows, population splits
+    top = torch.tensor(geo["top_eigenvectors"][0], dtype=torch.float64) if geo["top_eigenvectors"] else None
+    sampled = json_safe(sample_diagnostics(reservoir.sample(), acc.mean, top))
     saes = [p.finish(acc, geo, opts.thresholds) for p in passes]
     source.update(d=acc.d, n_tokens=acc.n)
 
@@ -608,9 +617,10 @@ def geometry_report(
         saes=saes, flags=[], options=json_safe(opts.to_dict()),
         config=json_safe(dict(config)) if config else None, whitening_cost=whitening_cost,
         seconds=seconds, tokens_per_second=acc.n / seconds if seconds > 0 else None,
-        saegeo_version=__version__, notes=list(geo.get("notes", [])),
+        saegeo_version=__version__, notes=list(geo.get("notes", [])), sample_diagnostics=sampled,
     )
     report.flags = compute_flags(report, opts.thresholds)
+    report.diagnosis = activation_diagnosis({**geo, "sample_diagnostics": sampled}, report.flags, opts.thresholds)
     return report
 
 
@@ -618,7 +628,7 @@ def compute_flags(report: GeometryReport, thresholds: FlagThresholds | None = No
     """All flags of a report, from its numbers alone (so a saved report can be re-flagged), most severe first."""
     t = thresholds or FlagThresholds.from_dict(report.options.get("thresholds"))
     assumed = float(report.options.get("assumed_null", 0.0))
-    geo = report.activations
+    geo = {**report.activations, "sample_diagnostics": report.sample_diagnostics}
     flags = activation_flags(geo, thresholds=t, assumed_null=assumed, feeds_dictionary=bool(report.saes))
     for s in report.saes:
         flags += sae_flags(s.to_dict(), geo, thresholds=t)
