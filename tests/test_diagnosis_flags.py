@@ -201,3 +201,21 @@ def test_transform_reports_top1_and_erank_after_and_warn_on_a_split():
     acc_y = GeometryAccumulator(d)
     acc_y.add(y)
     assert not any("population split" in note for note in AllButTheTop.fit(acc_y, 1, sample=y).report.notes)
+
+
+def test_minilm_layer3_resid_post_is_an_offset_dominated_cone(tmp_path):
+    """Real activations (the bundled MiniLM, 3,000 tokens): the report names the offset and how much of A it explains."""
+    from saegeo.activations.cache import CacheConfig, cache_activations
+
+    hook = "blocks.3.hook_resid_post"
+    res = cache_activations(CacheConfig(model="minilm", hooks=(hook,), max_tokens=3000, context=64,
+                                        out=str(tmp_path / "acts"), progress=False))
+    r = _report(res.stores[hook])
+    [flag] = [f for f in r.flags if f.name == F.OFFSET_CONE]
+    geo = r.activations
+    # golden, from the report's own row sample by brute force: A of the centred rows is small
+    assert flag.evidence["share_of_A_explained_by_mean"] > 0.8
+    assert flag.evidence["centred_anisotropy"] < 0.1 < geo["anisotropy"]
+    assert geo["mean_share_of_second_moment"] > 0.1
+    assert f"the mean explains {100 * flag.evidence['share_of_A_explained_by_mean']:.0f}% of it" in flag.summary
+    assert F.RANK not in r.flag_names()
