@@ -13,9 +13,14 @@ Scalar measures (pure functions, reusable by the report and other modules):
 ``fix_eigenvector_signs(vectors) -> Tensor``            sign convention: each column's largest-|entry| is positive.
 ``centred_spectrum(acc) -> Spectrum``                   eigh of Σ, descending, signs fixed.
 ``sign_null(acc) -> SignNull``                          the sign-aware null, regime, q, r and canonical forms.
+``unit_moment_u_statistics(Σx̂, Σx̂x̂ᵀ, n) -> (‖m‖², tr C², mᵀCm, ‖m‖⁴)``   unbiased, over distinct rows.
+``null_test(acc, A, A_null) -> NullTest``              sd of Â − A_null (non-degenerate U-statistic + the null's
+    influence), the finite-d bias of the pooled null, z_vs_null = (A − A_null − bias)/sd.
 Summary:
 ``activation_geometry(acc, *, top_k_eigvecs=10, n_rogue=10, rank_rel_tol=None) -> ActivationGeometry``  every number of
     DESIGN.md "The math" (except the amplification law); ``.to_dict()`` is JSON-safe (no NaN/inf: undefined → None),
+    keys as the dataclass fields (A_sd, A_null_sd, A_null_bias, z_vs_null; unit_effective_rank, unit_top1_share;
+    mp_sigma2 (bulk) / mp_sigma2_trace, mp_bulk, n_spikes (None: no flat bulk); row_norm_histogram, coordinate_rms),
     ``ActivationGeometry.from_dict(d)`` inverts it, ``.summary()`` is the few-line terminal text.
 Second streaming pass (the artifact test):
 ``project_top_components(batches, geometry_or_acc, k=1) -> Tensor (n, k)``  (x − μ)·v_j for the top-k v_j.

@@ -11,6 +11,11 @@ Public API
 ``marchenko_pastur_edges(sigma2, n, d) -> (lower, upper)``   σ²(1 ∓ √γ)², γ = d/n.
 ``marchenko_pastur_mean(fn, gamma, n_nodes=256) -> float``   E[fn(t)] for t ~ MP(γ, σ² = 1), quadrature.
 ``noise_effective_rank(n, d) -> float``             erank that isotropic noise of the same (n, d) shows (closed form).
+``anisotropy_u_statistic_variance(ζ₁, ζ₂, n)``      exact Var(Â) = [4(n−2)ζ₁ + 2ζ₂]/(n(n−1)).
+``iid_unit_mean_sq_norm(counts, values, d)`` / ``finite_d_null_bias(counts, values, d)``   E‖E x̂‖² for iid
+    coordinates from a discrete marginal (exact integral) and the relative bias of A against m̄²/s̄.
+``calibrated_mp_bulk(eigenvalues, n, d) -> MPBulk``  σ² of the bulk (fixed point), Tracy–Widom 99 % margin,
+    spike count, or "no flat bulk" with the power-law slope α (``power_law_slope``).
 """
 
 from __future__ import annotations
