@@ -440,7 +440,7 @@ class ActivationGeometry:
         else:
             counted = f"{self.n_spikes} spike(s) above edge + Tracy-Widom {100 * bulk.get('tracy_widom_quantile', 0.99):.0f}% margin"
         lines.append(
-            f"MP null:   sigma^2 = {self.mp_sigma2:.4g} from the bulk (tr S/d = {f(self.mp_sigma2_trace, '.4g')}), "
+            f"MP null:   sigma^2 = {self.mp_sigma2:.4g} from the bulk (trace(Sigma)/d = {f(self.mp_sigma2_trace, '.4g')}), "
             f"bulk [{self.mp_lower_edge:.4g}, {self.mp_upper_edge:.4g}]; {counted}"
         )
         if self.median_row_norm:

@@ -635,6 +635,8 @@ def config_flags(
         evidence["n_clamped_eigenvalues"] = int((whitening_cost or {}).get("n_clamped", 0))
         huge = " (huge)" if amp > t.whitening_max_amplification else ""
         notes.append(f"it amplifies noise along the weakest direction {amp:.3g}×{huge}")
+    if any("population split" in str(note) for note in (whitening_cost or {}).get("notes", [])):
+        notes.append("its top direction carries a population split, which whitening shrinks to unit variance")
     if geo is not None:
         n, d = int(geo["n"]), int(geo["d"])
         spikes = geo.get("n_spikes", 0)  # calibrated: σ² of the bulk, edge + Tracy–Widom margin; None: no flat bulk

@@ -608,7 +608,7 @@ def geometry_report(
     whitening_cost = None
     if any(config_whitens(c) for c in [config] + [s.config for s in saes]):
         try:
-            whitening_cost = Whitening.fit(acc).report.to_dict()
+            whitening_cost = Whitening.fit(acc, sample=reservoir.sample()).report.to_dict()
         except BadInputError as err:
             whitening_cost = {"error": str(err)}
     report = GeometryReport(
