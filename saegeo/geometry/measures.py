@@ -435,7 +435,8 @@ class ActivationGeometry:
         bulk = self.mp_bulk or {}
         if self.n_spikes is None:
             alpha = bulk.get("power_law_alpha")
-            counted = (f"no flat bulk ({bulk.get('fraction_below_lower_edge', 0):.0%} of eigenvalues below its lower edge): "
+            counted = (f"no flat bulk (it would hold {bulk.get('bulk_fraction', 0):.0%} of the eigenvalues, "
+                       f"{bulk.get('fraction_below_lower_edge', 0):.0%} of those below its lower edge): "
                        f"power law, slope alpha = {f(alpha, '.3f')} over ranks {bulk.get('power_law_ranks')}")
         else:
             counted = f"{self.n_spikes} spike(s) above edge + Tracy-Widom {100 * bulk.get('tracy_widom_quantile', 0.99):.0f}% margin"

@@ -266,6 +266,7 @@ class MPBulk:
     n_iterations: int
     has_flat_bulk: bool
     fraction_below_lower_edge: float  # of the retained (non-spike, non-null) eigenvalues
+    bulk_fraction: float  # retained eigenvalues / non-null eigenvalues (a MP bulk holds most of them)
     power_law_alpha: float | None  # −slope of log λ_k against log k over the middle ranks
     power_law_r2: float | None
     power_law_ranks: list[int] | None  # [first, last] ranks (1-based) of the fit
@@ -348,6 +349,7 @@ def calibrated_mp_bulk(
         n_spikes=spikes if flat else None,
         n_spikes_trace_edge=int((lam > sigma2_trace * (1 + root) ** 2).sum()),
         n_iterations=iterations, has_flat_bulk=flat, fraction_below_lower_edge=below,
+        bulk_fraction=retained.size / n_nonnull,
         power_law_alpha=fit[0] if fit else None, power_law_r2=fit[1] if fit else None,
         power_law_ranks=fit[2] if fit else None,
     )
