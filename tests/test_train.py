@@ -210,24 +210,27 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
 
 
 def test_store_and_iterator_sources(tmp_path):
-    """Each source holds out the rows its docstring names, and b_dec := mean is the mean of the first
-    b_dec_init_tokens training rows (never a held-out one), computed here from the rows themselves.
+    """Each source holds out the rows its docstring names, and b_dec := mean is the mean of training rows only
+    (never a held-out one), computed here from the rows themselves: for a tensor or a store the exact mean of
+    every training row when b_dec_init_tokens covers them (a uniform sample otherwise: test_b_dec_init_*), for an
+    iterator the first b_dec_init_tokens rows after the held-out ones.
     lr = 0 keeps every parameter at its initial value, so b_dec after training is b_dec at init."""
     x, _ = _synthetic(5000)
     init_rows = 2000
-    cfg = lambda **kw: _small_cfg(lr=0.0, b_dec_init_tokens=init_rows, **kw)  # noqa: E731
+    cfg = lambda **kw: _small_cfg(**{"lr": 0.0, "b_dec_init_tokens": init_rows, **kw})  # noqa: E731
+    train_mean = x[:4500].double().mean(0)
 
-    # tensor: the last round(0.1 · 5000) = 500 rows are held out; b_dec = mean of rows [0, 2000)
-    r_tensor = train_sae(cfg(), x)
+    # tensor: the last round(0.1 · 5000) = 500 rows are held out; b_dec = mean of rows [0, 4500)
+    r_tensor = train_sae(cfg(b_dec_init_tokens=4500), x)
     assert r_tensor.heldout["tokens"] == 500
-    assert torch.allclose(r_tensor.sae.b_dec.detach().double(), x[:init_rows].double().mean(0), atol=1e-5)
+    assert torch.allclose(r_tensor.sae.b_dec.detach().double(), train_mean, atol=1e-5)
 
-    # store: the last 10% of rows in store order are held out; b_dec = mean of its first rows
+    # store: the last 10% of rows in store order are held out; b_dec = mean of the other rows
     store = write_store(tmp_path / "store", x, shard_rows=1024)
-    r_store = train_sae(cfg(), store)
+    r_store = train_sae(cfg(b_dec_init_tokens=10_000), store)
     assert r_store.heldout["tokens"] == 500
-    assert torch.allclose(r_store.activation_mean, x[:init_rows].double().mean(0), atol=1e-6)
-    assert torch.allclose(r_store.sae.b_dec.detach().double(), x[:init_rows].double().mean(0), atol=1e-5)
+    assert torch.allclose(r_store.activation_mean, train_mean, atol=1e-6)
+    assert torch.allclose(r_store.sae.b_dec.detach().double(), train_mean, atol=1e-5)
 
     # iterator: the FIRST max(0.1 · total_tokens, batch_size) rows, rounded up to whole source batches,
     # are held out; b_dec is the mean of the init_rows rows that follow them

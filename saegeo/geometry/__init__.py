@@ -8,8 +8,9 @@ Nothing in this package imports I/O or models.
         acc.add(batch)
     geo = activation_geometry(acc)   # ActivationGeometry; geo.to_dict() is JSON-safe
 
-See accumulate.py, measures.py, nulls.py and transforms.py for the full public API; tokens.py holds the
-per-token-type sums (within/between decomposition, self-similarity, intra-window similarity, artifact test).
+See accumulate.py, measures.py, nulls.py, diagnosis.py (row-sample diagnostics) and transforms.py for the full
+public API; tokens.py holds the per-token-type sums (within/between decomposition, self-similarity,
+intra-window similarity, artifact test).
 """
 
 from saegeo.geometry.accumulate import GeometryAccumulator

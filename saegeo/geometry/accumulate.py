@@ -13,6 +13,12 @@ Public API
     Sign statistics (pooled over all n·d entries): ``pooled_mean`` m̄, ``pooled_mean_square`` s̄,
     ``fraction_nonzero`` q, ``negative_energy_fraction`` Σx₋²/Σx², ``magnitude_ratio`` r = E|a|²/E[a²]
     over the nonzero entries.
+    Second moment of the unit vectors (the non-degenerate sd of Â, the "uniformity of directions"):
+    ``unit_second_moment()`` C = mean of x̂x̂ᵀ; ``row_power_sums()``: with the row power sums
+    p_k = Σ_j x_j^k (k = 1, 2), Σ p_k, Σ p_k p_l and Σ x̂ p_k — what the sd of Â − A_null − bias needs.
+    Histograms (fixed, scale-free log₂ bins, mergeable): ``entry_histogram()`` of all entries (count and
+    Σx per bin: the pooled marginal, for the finite-d bias of the sign-aware null) and
+    ``row_norm_histogram()`` of ‖x‖ (count and Σ‖x‖² per bin: massive rows, median norm).
 ``as_rows(batch, d=None) -> Tensor``  the one place a batch (torch / numpy / list) becomes an (n, d) tensor.
 ``unit_vector_sum(x, norms=None) -> (Σ x/‖x‖, n_nonzero)``  the one unit-vector sum (this accumulator, ``UnitMean``,
     the SAE metrics, the dictionary geometry all use it).
@@ -39,9 +45,37 @@ from torch import Tensor
 
 from saegeo.errors import BadInputError
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: + unit second moment, null-influence sums, entry and row-norm histograms
 _INT_KEYS = ("version", "d", "n", "n_zero", "n_nonfinite_skipped", "n_batches", "n_rows_seen", "n_nonzero_entries")
 _TENSOR_KEYS = ("mean", "scatter", "unit_sum", "norm_sum", "sq_sum", "abs_sum", "neg_sq_sum", "gram_eps")
+# sums added in version 2 (all plain sums: merged by addition)
+_SUM_KEYS = (
+    "unit_outer", "row_power_sum", "row_power_outer", "unit_by_row_power", "entry_hist_count", "entry_hist_sum", "norm_hist_count", "norm_hist_sq_sum",
+)
+
+# Scale-free log₂ bins: |x| = f·2^e with f ∈ [0.5, 1) (frexp); bin = (e, ⌊(2f − 1)·HIST_SUB⌋), e clamped to
+# [HIST_MIN_EXP, HIST_MAX_EXP]. Relative bin width ≤ 1/HIST_SUB; exact zeros have their own bin.
+HIST_SUB = 16
+HIST_MIN_EXP, HIST_MAX_EXP = -160, 160
+_N_MAG_BINS = (HIST_MAX_EXP - HIST_MIN_EXP + 1) * HIST_SUB
+N_ENTRY_BINS = 2 * _N_MAG_BINS + 1  # [negative magnitudes | zero | positive magnitudes]
+N_NORM_BINS = _N_MAG_BINS + 1  # [zero | magnitudes]
+N_ROW_POWERS = 2  # row power sums p_k = Σ_j x_j^k, k = 1, 2
+
+
+def log2_bin(values: Tensor) -> Tensor:
+    """Magnitude bin of |v| > 0 in 0.._N_MAG_BINS−1 (see HIST_SUB); values must be nonzero and finite."""
+    mantissa, exponent = torch.frexp(values.abs())
+    sub = ((2 * mantissa - 1) * HIST_SUB).long().clamp(0, HIST_SUB - 1)
+    return (exponent.long().clamp(HIST_MIN_EXP, HIST_MAX_EXP) - HIST_MIN_EXP) * HIST_SUB + sub
+
+
+def _entry_bins(x: Tensor) -> Tensor:
+    """Signed bin of every entry: zero → _N_MAG_BINS, x > 0 → _N_MAG_BINS + 1 + mag, x < 0 → _N_MAG_BINS − 1 − mag."""
+    mantissa, exponent = torch.frexp(x.abs())  # 0 → (0, 0): its magnitude bin is multiplied by sign 0 below
+    sub = ((2 * mantissa - 1) * HIST_SUB).to(torch.int32).clamp_(0, HIST_SUB - 1)
+    mag = (exponent.clamp(HIST_MIN_EXP, HIST_MAX_EXP) - HIST_MIN_EXP) * HIST_SUB + sub
+    return (_N_MAG_BINS + torch.sign(x).to(torch.int32) * (1 + mag)).to(torch.int64)
 
 
 def as_rows(batch: Any, d: int | None = None) -> Float[Tensor, "n d"]:
@@ -179,6 +213,15 @@ class GeometryAccumulator:
         self._abs_sum = torch.zeros((), **f64)  # Σ |x_ij|
         self._neg_sq_sum = torch.zeros((), **f64)  # Σ min(x_ij, 0)²
         self._gram_eps = torch.zeros((), **f64)  # largest unit roundoff used in a gram (sets the numerical-rank tolerance)
+        # version 2: the unit-vector second moment and the row sums of the null's influence function
+        self._unit_outer = torch.zeros(self.d, self.d, **f64)  # Σ x̂x̂ᵀ over nonzero rows
+        self._row_power_sum = torch.zeros(N_ROW_POWERS, **f64)  # Σ_i p_k(i), p_k(i) = Σ_j x_ij^k, k = 1, 2
+        self._row_power_outer = torch.zeros(N_ROW_POWERS, N_ROW_POWERS, **f64)  # Σ_i p_k(i) p_l(i)
+        self._unit_by_row_power = torch.zeros(self.d, N_ROW_POWERS, **f64)  # Σ_i x̂_i p_k(i)
+        self._entry_hist_count = torch.zeros(N_ENTRY_BINS, **f64)  # entries per signed log₂ bin
+        self._entry_hist_sum = torch.zeros(N_ENTRY_BINS, **f64)  # Σ x per bin (bin centroids)
+        self._norm_hist_count = torch.zeros(N_NORM_BINS, **f64)  # rows per log₂ bin of ‖x‖
+        self._norm_hist_sq_sum = torch.zeros(N_NORM_BINS, **f64)  # Σ ‖x‖² per bin
 
     # ------------------------------------------------------------------ adding rows
     def add(self, batch: Any, *, source: str | None = None) -> "GeometryAccumulator":
@@ -259,6 +302,28 @@ class GeometryAccumulator:
         self._neg_sq_sum += float(torch.linalg.vector_norm(negative)) ** 2
         del negative
         self.n_nonzero_entries += int(torch.count_nonzero(x))
+        nonzero = norms > 0
+        inv_norm = torch.where(nonzero, 1.0 / torch.where(nonzero, norms, 1.0), 0.0)
+        self._add_unit_moments(x, inv_norm, sq_norms, norms, nonzero)
+
+    def _add_unit_moments(self, x: Tensor, inv_norm: Tensor, sq_norms: Tensor, norms: Tensor, nonzero: Tensor) -> None:
+        """Version-2 sums: Σx̂x̂ᵀ (gram of the unit rows, in the compute dtype: |entries| ≤ 1), the null's
+        influence sums, and the entry / row-norm histograms."""
+        unit = x * inv_norm.to(x.dtype)[:, None]
+        self._unit_outer += (unit.T @ unit).to(torch.float64)
+        powers = torch.stack([x.sum(dim=1).to(torch.float64), sq_norms], dim=1)
+        self._row_power_sum += powers.sum(dim=0)
+        self._row_power_outer += powers.T @ powers
+        self._unit_by_row_power += unit.T.to(torch.float64) @ powers
+        del unit
+        flat = x.reshape(-1)
+        bins = _entry_bins(flat)
+        self._entry_hist_count += torch.bincount(bins, minlength=N_ENTRY_BINS).to(torch.float64)
+        self._entry_hist_sum.index_add_(0, bins, flat.to(torch.float64))
+        del bins
+        norm_bins = torch.where(nonzero, 1 + log2_bin(torch.where(nonzero, norms, 1.0)), 0)
+        self._norm_hist_count += torch.bincount(norm_bins, minlength=N_NORM_BINS).to(torch.float64)
+        self._norm_hist_sq_sum.index_add_(0, norm_bins, sq_norms)
 
     def _combine(self, m: int, mean_b: Tensor, scatter_b: Tensor) -> None:
         """Chan et al.'s parallel update of (n, μ, M₂) with a block of m rows."""
@@ -281,7 +346,7 @@ class GeometryAccumulator:
         self.n_batches += other.n_batches
         self.n_rows_seen += other.n_rows_seen
         self.n_nonzero_entries += other.n_nonzero_entries
-        for name in ("_unit_sum", "_norm_sum", "_sq_sum", "_abs_sum", "_neg_sq_sum"):
+        for name in ("_unit_sum", "_norm_sum", "_sq_sum", "_abs_sum", "_neg_sq_sum") + tuple("_" + k for k in _SUM_KEYS):
             getattr(self, name).add_(getattr(other, name).to(self._mean.device))
         self._gram_eps = torch.maximum(self._gram_eps, other._gram_eps.to(self._mean.device))
         return self
@@ -296,7 +361,7 @@ class GeometryAccumulator:
         """Everything needed to resume or merge: int counts and float64 tensors (cloned)."""
         sd: dict[str, Tensor | int] = {k: int(getattr(self, k)) for k in _INT_KEYS if k != "version"}
         sd["version"] = STATE_VERSION
-        for k in _TENSOR_KEYS:
+        for k in _TENSOR_KEYS + _SUM_KEYS:
             sd[k] = getattr(self, "_" + k).detach().clone()
         return sd
 
@@ -305,15 +370,18 @@ class GeometryAccumulator:
         """Rebuild from :meth:`state_dict` output (ints may also be 0-d tensors, as after safetensors)."""
         version = int(sd.get("version", STATE_VERSION))
         if version != STATE_VERSION:
-            raise BadInputError(f"accumulator state version {version} is not supported (expected {STATE_VERSION})")
-        missing = [k for k in _INT_KEYS + _TENSOR_KEYS if k not in sd and k != "version"]
+            raise BadInputError(
+                f"accumulator state version {version} is not supported (expected {STATE_VERSION}; version 1 lacks "
+                "the unit-vector second moment and the histograms): re-accumulate the rows"
+            )
+        missing = [k for k in _INT_KEYS + _TENSOR_KEYS + _SUM_KEYS if k not in sd and k != "version"]
         if missing:
             raise BadInputError(f"accumulator state dict lacks {missing}")
         acc = cls(int(sd["d"]), **kwargs)
         for k in _INT_KEYS:
             if k != "version":
                 setattr(acc, k, int(sd[k]))
-        for k in _TENSOR_KEYS:
+        for k in _TENSOR_KEYS + _SUM_KEYS:
             t = torch.as_tensor(sd[k]).to(torch.float64).clone()
             expected = getattr(acc, "_" + k).shape
             if t.shape != expected:
@@ -323,7 +391,7 @@ class GeometryAccumulator:
 
     def to(self, device: torch.device | str) -> "GeometryAccumulator":
         """Move the float64 state to ``device`` (e.g. to accumulate on a GPU); returns self."""
-        for k in _TENSOR_KEYS:
+        for k in _TENSOR_KEYS + _SUM_KEYS:
             setattr(self, "_" + k, getattr(self, "_" + k).to(device))
         return self
 
@@ -409,6 +477,37 @@ class GeometryAccumulator:
             return 0.0
         mean_abs = float(self._abs_sum) / self.n_nonzero_entries
         return mean_abs**2 / (float(self._sq_sum) / self.n_nonzero_entries)
+
+    # unit-vector second moment and the null's influence sums (version 2)
+    def unit_second_moment(self) -> Float[Tensor, "d d"]:
+        """C = (1/n_unit) Σ x̂x̂ᵀ over the nonzero rows (tr C = 1); its spectrum is the uniformity of directions."""
+        if self.n_unit < 1:
+            raise BadInputError(f"the unit-vector second moment needs a nonzero row; all {self.n} row(s) have zero norm")
+        c = self._unit_outer / self.n_unit
+        return (c + c.T) / 2
+
+    def row_power_sums(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(Σ_i p_k, Σ_i p_k p_l, Σ_i x̂_i p_k) with p_k(i) = Σ_j x_ij^k, k = 1, 2 (columns/entries in k order);
+        zero rows add nothing. They give the per-row influence of the pooled moments m_k = Σ p_k/(n·d) that
+        A_null and its finite-d bias are functions of."""
+        return self._row_power_sum.clone(), self._row_power_outer.clone(), self._unit_by_row_power.clone()
+
+    def entry_histogram(self) -> tuple[Tensor, Tensor]:
+        """(count, centroid) of the occupied signed log₂ bins of all n·d entries (zero rows' entries included);
+        centroid = Σx/count in the bin (exactly 0 for the zero bin)."""
+        occupied = self._entry_hist_count > 0
+        count = self._entry_hist_count[occupied]
+        return count.clone(), self._entry_hist_sum[occupied] / count
+
+    def row_norm_histogram(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(lower bin edge of ‖x‖, count, Σ‖x‖²) for each occupied row-norm bin, ascending (zero rows: edge 0)."""
+        k = torch.arange(N_NORM_BINS, dtype=torch.float64)
+        mag = (k - 1).clamp(min=0)
+        exponent = torch.div(mag, HIST_SUB, rounding_mode="floor") + HIST_MIN_EXP
+        lower = (0.5 + (mag % HIST_SUB) / (2 * HIST_SUB)) * torch.pow(2.0, exponent)
+        lower[0] = 0.0
+        occupied = self._norm_hist_count > 0
+        return lower[occupied], self._norm_hist_count[occupied].clone(), self._norm_hist_sq_sum[occupied].clone()
 
     def __repr__(self) -> str:
         return (

@@ -13,9 +13,14 @@ Scalar measures (pure functions, reusable by the report and other modules):
 ``fix_eigenvector_signs(vectors) -> Tensor``            sign convention: each column's largest-|entry| is positive.
 ``centred_spectrum(acc) -> Spectrum``                   eigh of Σ, descending, signs fixed.
 ``sign_null(acc) -> SignNull``                          the sign-aware null, regime, q, r and canonical forms.
+``unit_moment_u_statistics(Σx̂, Σx̂x̂ᵀ, n) -> (‖m‖², tr C², mᵀCm, ‖m‖⁴)``   unbiased, over distinct rows.
+``null_test(acc, A, A_null) -> NullTest``              sd of Â − A_null (non-degenerate U-statistic + the null's
+    influence), the finite-d bias of the pooled null, z_vs_null = (A − A_null − bias)/sd.
 Summary:
 ``activation_geometry(acc, *, top_k_eigvecs=10, n_rogue=10, rank_rel_tol=None) -> ActivationGeometry``  every number of
     DESIGN.md "The math" (except the amplification law); ``.to_dict()`` is JSON-safe (no NaN/inf: undefined → None),
+    keys as the dataclass fields (A_sd, A_null_sd, A_null_bias, z_vs_null; unit_effective_rank, unit_top1_share;
+    mp_sigma2 (bulk) / mp_sigma2_trace, mp_bulk, n_spikes (None: no flat bulk); row_norm_histogram, coordinate_rms),
     ``ActivationGeometry.from_dict(d)`` inverts it, ``.summary()`` is the few-line terminal text.
 Second streaming pass (the artifact test):
 ``project_top_components(batches, geometry_or_acc, k=1) -> Tensor (n, k)``  (x − μ)·v_j for the top-k v_j.
@@ -39,6 +44,9 @@ from saegeo.io import json_safe
 from saegeo.geometry.nulls import (
     SignNull,
     anisotropy_null_sd,
+    anisotropy_u_statistic_variance,
+    calibrated_mp_bulk,
+    finite_d_null_bias,
     isotropic_cosine_sd,
     marchenko_pastur_edges,
     noise_effective_rank,
@@ -187,6 +195,124 @@ def rogue_dimensions(unit_mean: Float[Tensor, " d"], top: int = 10) -> RogueDime
     return RogueDimensions(order[:k].tolist(), shares[:k].tolist(), min(n50, sq.numel()), min(n90, sq.numel()))
 
 
+@dataclass
+class NullTest:
+    """Â against the sign-aware null with a valid sd (see :func:`null_test`)."""
+
+    A_sd: float  # sd of Â itself, √Var(Â) (exact U-statistic form)
+    A_null_sd: float  # sd of Â − Â_null (the null is estimated from the same rows)
+    A_null_bias: float  # finite-d bias b·A_null of Â for coordinates iid from the pooled marginal
+    A_null_bias_relative: float  # b
+    z_vs_null: float | None  # (Â − A_null − bias)/A_null_sd
+    zeta1: float  # Var(x̂·m)
+    zeta2: float  # Var(x̂·ŷ)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def unit_moment_u_statistics(
+    unit_sum: Float[Tensor, " d"], unit_outer: Float[Tensor, "d d"], n: int
+) -> tuple[float, float, float, float]:
+    """Unbiased (‖m‖², tr C², mᵀCm, ‖m‖⁴) from S = Σx̂_i and G = Σx̂_ix̂_iᵀ over n unit rows (m = E x̂, C = E x̂x̂ᵀ).
+
+    Sums over distinct indices (n_k = n(n−1)…(n−k+1)), using x̂_i·x̂_i = 1:
+        P  = Σ_{i≠j} x̂_i·x̂_j = ‖S‖² − n,                    T2 = Σ_{i≠j}(x̂_i·x̂_j)² = tr G² − n,
+        T3 = Σ_{i,j,k distinct}(x̂_i·x̂_j)(x̂_i·x̂_k) = SᵀGS − 2‖S‖² − tr G² + 2n,
+        T4 = Σ_{i,j,k,l distinct}(x̂_i·x̂_j)(x̂_k·x̂_l) = P² − 2·T2 − 4·T3,
+    ‖m‖² = P/n₂, tr C² = T2/n₂, mᵀCm = T3/n₃, ‖m‖⁴ = T4/n₄. The plug-in m̂ᵀĈm̂ would be high by ~tr(C·Cov x̂)/n,
+    which near the null is as large as Var(x̂·m) itself. n < 4: plug-in values.
+    """
+    s = torch.as_tensor(unit_sum, dtype=torch.float64)
+    g = torch.as_tensor(unit_outer, dtype=torch.float64)
+    s_sq = float(s @ s)
+    tr_g2 = float((g * g).sum())
+    sgs = float(s @ g @ s)
+    if n < 4:
+        m_sq = s_sq / n**2
+        return m_sq, tr_g2 / n**2, sgs / n**3, m_sq**2
+    p_pairs = s_sq - n
+    t2 = tr_g2 - n
+    t3 = sgs - 2 * s_sq - tr_g2 + 2 * n
+    t4 = p_pairs**2 - 2 * t2 - 4 * t3
+    n2, n3, n4 = n * (n - 1), n * (n - 1) * (n - 2), n * (n - 1) * (n - 2) * (n - 3)
+    return p_pairs / n2, t2 / n2, t3 / n3, t4 / n4
+
+
+def null_test(acc: GeometryAccumulator, anisotropy: float, null: float) -> NullTest:
+    """z of Â against the sign-aware null A_null = m̄²/s̄ and its finite-d bias, valid when A_null ≠ 0.
+
+    Statistic: T = Â − N·(1 + β), N = m₁²/m₂ and β = the relative finite-d bias, estimated from the same n
+    nonzero rows (m_k = pooled k-th moment of the entries). β is the exact value for coordinates iid from the
+    pooled marginal (:func:`~saegeo.geometry.nulls.finite_d_null_bias` on the entry histogram).
+
+    sd: the influence function of T with β held fixed. Per row, with h = x̂·m and q_k = Σ_j x_j^k/d
+    (so m_k = mean q_k),
+        L = 2h + g₁q₁ + g₂q₂,   g₁ = −(2m₁/m₂)(1 + β),   g₂ = (m₁/m₂)²(1 + β)   (g_k = ∂T/∂m_k),
+        Var(T) ≈ Var(L)/n + 2E[(v·v' − uu')²]/(n(n − 1)),
+        Var(L) = 4ζ₁ + gᵀCov(q)g + 4gᵀCov(h, q),
+    v = x̂ − m (Â's degenerate kernel v·v'), u = (q₁ − m₁)/√m₂ − m₁(q₂ − m₂)/m₂^{3/2} (N's quadratic Taylor term
+    is uu'), E[(v·v' − uu')²] = ζ₂ − 2ζ₁ − 2‖E[x̂u]‖² + (E u²)². ζ₁ = Var(x̂·m) = mᵀCm − ‖m‖⁴ and
+    ζ₂ = Var(x̂·ŷ) = tr C² − ‖m‖⁴ are estimated without bias by U-statistics (below); under the null the
+    plug-in m̂ᵀĈm̂ would add ~tr(C·Cov x̂)/n, as large as the variance itself. Under isotropy (m = 0,
+    N = 0) everything reduces to √(2/(n(n−1)d)). ``A_sd`` is the sd of Â alone, exact (Hoeffding):
+    Var(Â) = [4(n−2)ζ₁ + 2ζ₂]/(n(n−1)). Checked by simulation (iid ReLU, q = 0.1 sparse Exp, GELU at
+    d = 256 and 1,024): z has mean within ±0.2 of 0 and sd ≈ 1 (ReLU, GELU) — for heavy-tailed sparse codes
+    sd ≈ 0.7, because the estimated β moves with Â − N (both follow the sample's tail) and its fluctuation
+    is left out of the sd: there the z is conservative.
+    """
+    n, d = acc.n_unit, acc.d
+    m = acc.unit_mean
+    total = m * n  # S = Σ x̂
+    gram = acc.unit_second_moment() * n  # G = Σ x̂x̂ᵀ
+    m_sq, tr_c2, mcm, m_4 = unit_moment_u_statistics(total, gram, n)
+    p_pairs = m_sq * n * (n - 1)  # Σ_{i≠j} x̂_i·x̂_j
+    n2, n3 = n * (n - 1), n * (n - 1) * (n - 2)
+    zeta1 = max(mcm - m_4, 0.0)  # Var(x̂·m)
+    zeta2 = max(tr_c2 - m_4, 0.0)  # Var(x̂·ŷ)
+
+    # the pooled moments and their per-row contributions q_k
+    power_sum, power_outer, unit_by_power = acc.row_power_sums()
+    q_sum = power_sum / d
+    mk = q_sum / n  # m₁..m₄
+    cov_q = (power_outer / d**2 - n * torch.outer(mk, mk)) / max(n - 1, 1)
+    r_dot_s = (unit_by_power / d).T @ total  # R_k·S, R_k = Σ x̂_i q_k(i)
+    if n >= 3:  # Cov(h, q_k) = E[(x̂·m)q_k] − ‖m‖²m_k, both unbiased
+        cov_hq = (r_dot_s - q_sum) / n2 - (p_pairs * q_sum - 2 * (r_dot_s - q_sum)) / n3
+    else:
+        cov_hq = r_dot_s / n**2 - m_sq * mk
+    m1, m2 = (float(v) for v in mk)
+
+    counts, values = acc.entry_histogram()
+    counts = counts.numpy().copy()
+    values = values.numpy()
+    if acc.n_zero:  # the zero rows' entries are not part of the marginal A is measured on
+        counts[values == 0] -= acc.n_zero * d
+    rel_bias = finite_d_null_bias(counts, values, d) if null > 0 else 0.0
+    bias = rel_bias * null
+
+    if m2 > 0:
+        g = torch.tensor([-(2 * m1 / m2), (m1 / m2) ** 2], dtype=torch.float64) * (1 + rel_bias)
+        var_linear = 4 * zeta1 + float(g @ cov_q @ g) + 4 * float(g @ cov_hq)
+        e_xu = ((unit_by_power[:, 0] / (d * n) - m * m1) / math.sqrt(m2)
+                - (m1 / m2**1.5) * (unit_by_power[:, 1] / (d * n) - m * m2))
+        e_uu = float(cov_q[0, 0] / m2 - 2 * (m1 / m2**2) * cov_q[0, 1] + (m1**2 / m2**3) * cov_q[1, 1])
+        degenerate = zeta2 - 2 * zeta1 - 2 * float(e_xu @ e_xu) + e_uu**2
+    else:
+        var_linear, degenerate = 4 * zeta1, zeta2 - 2 * zeta1
+    var_t = max(var_linear, 0.0) / n + 2 * max(degenerate, 0.0) / n2
+    sd_t = math.sqrt(var_t)
+    return NullTest(
+        A_sd=math.sqrt(anisotropy_u_statistic_variance(zeta1, zeta2, n)),
+        A_null_sd=sd_t,
+        A_null_bias=bias,
+        A_null_bias_relative=rel_bias,
+        z_vs_null=(anisotropy - null - bias) / sd_t if sd_t > 0 else None,
+        zeta1=zeta1,
+        zeta2=zeta2,
+    )
+
+
 # ---------------------------------------------------------------------- the summary
 @dataclass
 class ActivationGeometry:
@@ -219,17 +345,34 @@ class ActivationGeometry:
     numerical_rank: int
     numerical_rank_rel_tol: float
     isoscore: float | None
-    # Marchenko–Pastur null for isotropic noise of the same (n, d) and tr Σ
-    mp_sigma2: float
-    mp_lower_edge: float
-    mp_upper_edge: float
-    n_spikes: int  # eigenvalues above the upper edge
+    # Marchenko–Pastur null for isotropic noise of the same (n, d), σ² fitted to the bulk (calibrated_mp_bulk)
+    mp_sigma2: float  # σ² of the bulk (mp_sigma2_trace = tr Σ/d is the naive one)
+    mp_lower_edge: float  # σ²(1 − √γ)²
+    mp_upper_edge: float  # σ²(1 + √γ)² (a spike must also clear the Tracy–Widom margin in mp_bulk)
+    n_spikes: int | None  # eigenvalues above edge + TW margin; None when the spectrum has no flat bulk
     noise_effective_rank: float
     rogue: RogueDimensions
     top_eigenvectors: list[list[float]]  # k rows of length d
     eigenvector_sign_convention: str
     mean: list[float]
     notes: list[str] = field(default_factory=list)
+    # ---- the test against the sign-aware null (None when undefined, e.g. n < 2)
+    A_sd: float | None = None  # sd of Â alone, exact U-statistic variance (Hoeffding)
+    A_null_sd: float | None = None  # sd of Â − Â_null: the sd z_vs_null divides by
+    A_null_bias: float | None = None  # finite-d bias of Â for coordinates iid from the pooled marginal
+    A_null_bias_relative: float | None = None  # the same, relative to A_null
+    z_vs_null: float | None = None  # (A − A_null − bias)/A_null_sd
+    # ---- the unit vectors' second moment C = E x̂x̂ᵀ ("uniformity of normalised directions")
+    unit_effective_rank: float | None = None  # erank of C (d for uniform directions)
+    unit_top1_share: float | None = None  # λ_max(C)/tr C (1/d for uniform directions)
+    # ---- calibrated MP bulk (mp_sigma2 / edges above are the bulk ones; see MPBulk)
+    mp_sigma2_trace: float | None = None  # tr Σ/d, the naive scale
+    mp_bulk: dict[str, Any] | None = None  # MPBulk.to_dict(): TW margin, threshold, flat bulk?, power-law α
+    # ---- rows and coordinates
+    row_norm_histogram: dict[str, list[float]] | None = None  # occupied log₂ bins: lower_edges, counts, sq_sums
+    median_row_norm: float | None = None  # from the histogram (bin resolution 1/16 relative)
+    max_row_norm_bin: float | None = None  # lower edge of the highest occupied bin
+    coordinate_rms: list[float] | None = None  # √S_jj = √E[x_j²] per coordinate
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict (floats, ints, lists, None, nested dicts)."""
@@ -250,11 +393,20 @@ class ActivationGeometry:
         f = lambda v, spec=".4f": "n/a" if v is None else format(v, spec)  # noqa: E731
         s = self.sign
         lines = [f"{self.n:,} rows x {self.d} dims"]
-        z = "" if self.anisotropy_z is None else f", z = {self.anisotropy_z:,.1f}"
         lines.append(
-            f"cone:      A = {f(self.anisotropy)} (mean pairwise cosine) against the sign-aware null {s.null:.4f}{z}; "
+            f"cone:      A = {f(self.anisotropy)} (mean pairwise cosine) against the sign-aware null {s.null:.4f}; "
             f"offset |m^| = {f(self.offset)}; one cosine under isotropy has sd {self.isotropic_cosine_sd:.4f}"
         )
+        if self.z_vs_null is not None:
+            lines.append(
+                f"vs null:   z = {self.z_vs_null:,.1f} = (A - null - finite-d bias {self.A_null_bias:.2g}) / sd {self.A_null_sd:.2g} "
+                f"(sd of A alone {self.A_sd:.2g}; isotropic sd {f(self.anisotropy_null_sd, '.2g')}, isotropic z {f(self.anisotropy_z, ',.1f')})"
+            )
+        if self.unit_effective_rank is not None:
+            lines.append(
+                f"unit x^:   erank of E[x^x^T] {self.unit_effective_rank:.1f} of {self.d}, top-1 {f(self.unit_top1_share, '.1%')} "
+                f"(uniform directions: {self.d}, {1 / self.d:.1%})"
+            )
         lines.append(
             f"sign:      {s.regime}, q = {s.fraction_nonzero:.3f}, r = {s.magnitude_ratio:.3f}; null m^2/s = {s.null:.4f} "
             f"(1/pi = {s.dense_relu_null:.4f}, q/2 = {s.sparse_exp_null:.4f}; matches: {s.canonical})"
@@ -268,10 +420,20 @@ class ActivationGeometry:
             f"erank {self.effective_rank:.1f} (isotropic noise of this n, d: {self.noise_effective_rank:.1f}), "
             f"PR {self.participation_ratio:.1f}, rank {self.numerical_rank}, IsoScore {f(self.isoscore, '.3f')}"
         )
+        bulk = self.mp_bulk or {}
+        if self.n_spikes is None:
+            alpha = bulk.get("power_law_alpha")
+            counted = (f"no flat bulk (it would hold {bulk.get('bulk_fraction', 0):.0%} of the eigenvalues, "
+                       f"{bulk.get('fraction_below_lower_edge', 0):.0%} of those below its lower edge): "
+                       f"power law, slope alpha = {f(alpha, '.3f')} over ranks {bulk.get('power_law_ranks')}")
+        else:
+            counted = f"{self.n_spikes} spike(s) above edge + Tracy-Widom {100 * bulk.get('tracy_widom_quantile', 0.99):.0f}% margin"
         lines.append(
-            f"MP null:   sigma^2 = {self.mp_sigma2:.4g}, bulk [{self.mp_lower_edge:.4g}, {self.mp_upper_edge:.4g}], "
-            f"{self.n_spikes} eigenvalue(s) above it"
+            f"MP null:   sigma^2 = {self.mp_sigma2:.4g} from the bulk (trace(Sigma)/d = {f(self.mp_sigma2_trace, '.4g')}), "
+            f"bulk [{self.mp_lower_edge:.4g}, {self.mp_upper_edge:.4g}]; {counted}"
         )
+        if self.median_row_norm:
+            lines.append(f"rows:      median |x| ~ {self.median_row_norm:.4g}, largest ~ {f(self.max_row_norm_bin, '.4g')}")
         if self.rogue.top_indices:
             top = ", ".join(f"#{i} {sh:.0%}" for i, sh in zip(self.rogue.top_indices[:3], self.rogue.top_shares[:3]))
             lines.append(
@@ -341,11 +503,18 @@ def activation_geometry(
         rogue = RogueDimensions([], [], 0, 0)
         notes.append("all rows have zero norm: no directions to measure")
     sign = sign_null(acc)
+    tested: NullTest | None = None
+    unit_erank = unit_top1 = None
     if n_unit >= 2:
         anisotropy = _clip_to_range(anisotropy_from_unit_mean(acc.unit_mean, n_unit), -1.0 / (n_unit - 1), 1.0,
                                     "A", notes)
         null_sd = anisotropy_null_sd(n_unit, d)
-        z = (anisotropy - sign.null) / null_sd
+        z = (anisotropy - sign.null) / null_sd  # the isotropic z (labelled as such)
+        tested = null_test(acc, anisotropy, sign.null)
+    if n_unit >= 1:
+        unit_lam = _eigh(acc.unit_second_moment())[0].flip(0).clamp(min=0)
+        unit_erank = effective_rank(unit_lam)
+        unit_top1 = float(spectrum_shares(unit_lam)[0])
 
     # mean against spread
     mu = acc.mean
@@ -361,8 +530,14 @@ def activation_geometry(
         notes.append("all rows are identical: the covariance is zero")
 
     rel_tol = rank_rel_tol if rank_rel_tol is not None else d * max(acc.gram_eps, torch.finfo(torch.float64).eps)
-    sigma2 = total_variance / d
+    sigma2_trace = total_variance / d
+    bulk = calibrated_mp_bulk(lam.numpy(), n, d) if has_spread and n >= 2 else None
+    sigma2 = bulk.sigma2_bulk if bulk is not None else sigma2_trace
     lower, upper = marchenko_pastur_edges(sigma2, n, d)
+    edges, counts, sq_sums = acc.row_norm_histogram()
+    cum = counts.cumsum(0)
+    median_norm = float(edges[int((cum < 0.5 * float(cum[-1])).sum())]) if counts.numel() else None
+    coordinate_rms = torch.diagonal(acc.second_moment()).clamp(min=0).sqrt()
     k = min(top_k_eigvecs, d)
     iso = isoscore(lam) if has_spread or d == 1 else None
     return ActivationGeometry(
@@ -393,13 +568,26 @@ def activation_geometry(
         mp_sigma2=sigma2,
         mp_lower_edge=lower,
         mp_upper_edge=upper,
-        n_spikes=int((lam > upper).sum()) if has_spread else 0,
+        n_spikes=(bulk.n_spikes if bulk is not None else 0),
         noise_effective_rank=noise_effective_rank(n, d),
         rogue=rogue,
         top_eigenvectors=spec.eigenvectors[:, :k].T.tolist(),
         eigenvector_sign_convention=EIGENVECTOR_SIGN_CONVENTION,
         mean=mu.tolist(),
         notes=notes,
+        A_sd=tested.A_sd if tested else None,
+        A_null_sd=tested.A_null_sd if tested else None,
+        A_null_bias=tested.A_null_bias if tested else None,
+        A_null_bias_relative=tested.A_null_bias_relative if tested else None,
+        z_vs_null=tested.z_vs_null if tested else None,
+        unit_effective_rank=unit_erank,
+        unit_top1_share=unit_top1,
+        mp_sigma2_trace=sigma2_trace,
+        mp_bulk=bulk.to_dict() if bulk is not None else None,
+        row_norm_histogram={"lower_edges": edges.tolist(), "counts": counts.tolist(), "sq_sums": sq_sums.tolist()},
+        median_row_norm=median_norm,
+        max_row_norm_bin=float(edges[-1]) if counts.numel() else None,
+        coordinate_rms=coordinate_rms.tolist(),
     )
 
 

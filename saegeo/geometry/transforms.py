@@ -27,7 +27,14 @@ from torch import Tensor
 
 from saegeo.errors import BadInputError
 from saegeo.geometry.accumulate import GeometryAccumulator, as_rows
-from saegeo.geometry.measures import centred_spectrum
+from saegeo.geometry.diagnosis import two_means_1d
+from saegeo.geometry.measures import centred_spectrum, effective_rank, spectrum_shares
+
+# a removed / rescaled direction "carries a population split" when the 2-means split of the sample's
+# projections on it explains ≥ SPLIT_SHARE of their variance (one Gaussian: 2/π ≈ 0.64) with ≥
+# SPLIT_MIN_FRACTION of the rows on the smaller side
+SPLIT_SHARE = 0.8
+SPLIT_MIN_FRACTION = 0.05
 
 
 @dataclass
@@ -42,9 +49,33 @@ class TransformReport:
     n_clamped: int = 0  # eigenvalues raised to the clamp floor
     invertible: bool = True
     notes: list[str] = field(default_factory=list)
+    top1_share_after: float | None = None  # λ_max/Σλ of the output's covariance (fitted data)
+    effective_rank_after: float | None = None  # erank of the output's covariance
+    split_shares: list[float] | None = None  # per removed/rescaled direction: 2-means share of the sample's projections
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _split_notes(
+    sample: Any, mean: Tensor, directions: Tensor, what: str
+) -> tuple[list[float] | None, list[str]]:
+    """2-means share of the sample's projections on each direction; a note for each one that splits the rows."""
+    if sample is None or directions.shape[1] == 0:
+        return None, []
+    rows = as_rows(sample, mean.numel()).to(torch.float64)
+    proj = (rows - mean) @ directions
+    shares, notes = [], []
+    for j in range(directions.shape[1]):
+        split = two_means_1d(proj[:, j])
+        shares.append(split.between_share)
+        if split.between_share >= SPLIT_SHARE and split.smaller_fraction >= SPLIT_MIN_FRACTION:
+            notes.append(
+                f"warning: the {what} direction {j + 1} carries a population split ({100 * split.between_share:.0f}% of "
+                f"the sample's variance along it lies between two groups of {100 * split.smaller_fraction:.0f}% / "
+                f"{100 - 100 * split.smaller_fraction:.0f}%): this transform erases the difference between the populations"
+            )
+    return shares, notes
 
 
 def _rows_like(x: Any, d: int) -> Tensor:
@@ -91,7 +122,10 @@ class AllButTheTop:
     report: TransformReport
 
     @classmethod
-    def fit(cls, acc: GeometryAccumulator, n_components: int = 1) -> "AllButTheTop":
+    def fit(cls, acc: GeometryAccumulator, n_components: int = 1, *, sample: Any = None) -> "AllButTheTop":
+        """Fit on the accumulated rows; ``sample`` (a few thousand rows, optional) lets the report check whether a
+        removed direction carries a population split. The report gives top-1 and erank of what is left:
+        the spectrum λ_{D+1..d}."""
         if not 0 <= n_components <= acc.d:
             raise BadInputError(f"all-but-the-top: n_components must be in [0, d = {acc.d}], got {n_components}")
         spec = centred_spectrum(acc)
@@ -99,13 +133,18 @@ class AllButTheTop:
         total = float(lam.sum())
         removed = float(lam[:n_components].sum())
         trace_s = total + float(acc.mean.square().sum())
+        rest = lam[n_components:]
+        shares, split_notes = _split_notes(sample, acc.mean, spec.eigenvectors[:, :n_components], "removed")
         report = TransformReport(
             name=f"all-but-the-top(D={n_components})",
             n_kept=acc.d,  # output keeps d coordinates, on a (d − D)-dimensional subspace
             removed_variance_share=removed / total if total > 0 else 0.0,
             removed_second_moment_share=(trace_s - (total - removed)) / trace_s if trace_s > 0 else 0.0,
             invertible=n_components == 0,
-            notes=_n_le_d_note(acc),
+            notes=_n_le_d_note(acc) + split_notes,
+            top1_share_after=float(spectrum_shares(rest)[0]) if rest.numel() and float(rest.sum()) > 0 else None,
+            effective_rank_after=effective_rank(rest) if rest.numel() else None,
+            split_shares=shares,
         )
         return cls(acc.mean, spec.eigenvectors[:, :n_components].contiguous(), report)
 
@@ -142,7 +181,12 @@ class Whitening:
         k: int | None = None,
         shrinkage: float = 0.0,
         clamp: float = 1e-6,
+        *,
+        sample: Any = None,
     ) -> "Whitening":
+        """Fit on the accumulated rows. The report gives top-1 and erank of the whitened covariance
+        (λ_j/λ'_j over the kept directions: 1/k and k unless clamped or shrunk) and, with a row ``sample``,
+        warns when the top direction — rescaled to unit variance like all others — carries a population split."""
         d = acc.d
         k = d if k is None else int(k)
         if not 1 <= k <= d:
@@ -167,6 +211,9 @@ class Whitening:
         amplification = math.sqrt(float(kept.max() / kept.min()))
         kept_variance = float(lam[:k].sum())
         trace_s = total + float(acc.mean.square().sum())
+        after = lam[:k] / kept  # variance of each whitened coordinate
+        shares, split_notes = _split_notes(sample, acc.mean, spec.eigenvectors[:, :1], "top (rescaled)")
+        notes += split_notes
         report = TransformReport(
             name=f"whitening(k={k}, shrinkage={shrinkage:g})",
             n_kept=k,
@@ -176,6 +223,9 @@ class Whitening:
             n_clamped=n_clamped,
             invertible=k == d,
             notes=notes,
+            top1_share_after=float(spectrum_shares(after).max()),
+            effective_rank_after=effective_rank(after),
+            split_shares=shares,
         )
         return cls(acc.mean, spec.eigenvectors[:, :k].contiguous(), kept.sqrt(), report)
 

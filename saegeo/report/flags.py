@@ -8,7 +8,10 @@ Public API
 ----------
 ``Flag``                      name, severity (info | warning | error), evidence {str: number}, advice, latents, subject.
 ``FlagThresholds``            every threshold below, documented; all configurable.
-``activation_flags(geo, ...)``      bad input rows, rank deficiency, inputs that look whitened, a cone read against the wrong null.
+``activation_flags(geo, ...)``      bad input rows, rank deficiency, inputs that look whitened, a cone read against the wrong null,
+                              and the diagnosis: offset-dominated cone, anisotropy invisible to A, massive activations,
+                              mixed populations (the last from ``geo["sample_diagnostics"]``, the report's row sample).
+``activation_diagnosis(geo, flags)``  the steps offset → shape → artifact → fix with the numbers each read.
 ``sae_flags(sae, geo, ...)``        mean-direction features, offset not absorbed, amplification inconsistency, dead / dense latents.
 ``config_flags(config, ...)``       a configuration that whitens before the SAE (with its measured cost).
 ``dictionary_flags(W_dec, b_dec)``  the dictionary-only variant (no activations): latents aligned with b_dec or ū.
@@ -42,6 +45,10 @@ DENSE = "dense_latents"
 RANK = "rank_deficiency"
 BAD_ROWS = "bad_input_rows"
 ARTIFACT = "artifact_direction"
+OFFSET_CONE = "offset_dominated_cone"
+INVISIBLE = "anisotropy_invisible_to_A"
+MASSIVE = "massive_activations"
+MIXED = "mixed_populations"
 
 
 @dataclass
@@ -93,7 +100,8 @@ class FlagThresholds:
     offset_error_distance: float = 0.9
     # ... when the mean matters at all: outlier severity γ = ‖μ‖/√tr Σ ≥ this.
     offset_min_outlier_severity: float = 0.5
-    # inputs that look whitened: mean share ‖μ‖²/tr S ≤ this, λ_max ≤ ratio × MP upper edge (no spike),
+    # inputs that look whitened: mean share ‖μ‖²/tr S ≤ this, λ_max ≤ ratio × the calibrated MP upper edge (σ² of the
+    # bulk; a flat bulk at all),
     # and either per-direction variance tr Σ/d within whitened_unit_variance_tol of 1 or a spectrum
     # narrower than sampling noise allows (λ_max/λ_min ≤ narrow_fraction × the MP edge ratio).
     whitened_max_mean_share: float = 1e-3
@@ -129,6 +137,35 @@ class FlagThresholds:
     bad_rows_max_fraction: float = 0.0
     # dictionary-only: |cos(u_i, b_dec or ū)| ≥ this
     dictionary_min_cos: float = 0.9
+    # offset-dominated cone: A is ≥ offset_cone_min_z null-sds (z_vs_null) and ≥ offset_cone_min_excess above the
+    # sign-aware null, the mean explains ≥ offset_cone_min_explained of A (1 − A_centred/A on the row sample; without
+    # a sample (‖μ‖/E‖x‖)²/A), and the mean is material: share ‖μ‖²/tr S ≥ offset_cone_min_mean_share
+    offset_cone_min_z: float = 3.0
+    offset_cone_min_excess: float = 0.05
+    offset_cone_min_explained: float = 0.5
+    offset_cone_min_mean_share: float = 0.05
+    # anisotropy invisible to A: A within its null band (|z_vs_null| < invisible_max_abs_z, or |A − null − bias| <
+    # invisible_max_excess) but the centred spectrum is concentrated: erank/noise erank < invisible_max_erank_ratio,
+    # or top-1 ≥ max(invisible_min_top1_over_uniform/d, invisible_min_top1)
+    invisible_max_abs_z: float = 3.0
+    invisible_max_excess: float = 0.02
+    invisible_max_erank_ratio: float = 0.5
+    invisible_min_top1_over_uniform: float = 10.0
+    invisible_min_top1: float = 0.25
+    # massive activations: rows with ‖x‖ > massive_row_ratio × the median norm carrying ≥ massive_min_share of
+    # Σ‖x‖², or a coordinate whose RMS is > massive_coordinate_ratio × the mean coordinate RMS
+    massive_row_ratio: float = 10.0
+    massive_min_share: float = 0.25
+    massive_coordinate_ratio: float = 20.0
+    # mixed populations (on the row sample): the 2-means split of the PC1 projections explains ≥ mixed_min_split_share
+    # of their variance (Gaussian: 2/π = 0.64, uniform: 0.75) with ≥ mixed_min_cluster_fraction of rows on the
+    # smaller side, or 2-means on the rows (smaller cluster also ≥ mixed_min_cluster_fraction: a few massive rows
+    # are massive_activations) leaves ≥ mixed_min_kmeans_share of the centred sum of squares between
+    # clusters and ≥ mixed_min_kmeans_excess × what one Gaussian with this spectrum gives ((2/π)·top-1)
+    mixed_min_split_share: float = 0.8
+    mixed_min_cluster_fraction: float = 0.05
+    mixed_min_kmeans_share: float = 0.5
+    mixed_min_kmeans_excess: float = 1.3
     # how many guilty latents a flag lists
     max_latents: int = 20
     # artifact direction: a top principal direction with |corr| > this with log token frequency, position or ‖x‖
@@ -189,9 +226,12 @@ def activation_flags(
     lam_min = eig[-1] if eig else 0.0
     upper, lower = float(geo["mp_upper_edge"]), float(geo["mp_lower_edge"])
 
-    # ---- rank deficiency
+    massive = _massive_evidence(geo, t)
+
+    # ---- rank deficiency (with n > d: silent when massive rows/coordinates set λ_max — the relative tolerance
+    # d·eps·λ_max then hides a full-rank bulk; massive_activations reports the number instead)
     rank = int(geo["numerical_rank"])
-    if n <= d or rank < d:
+    if n <= d or (rank < d and massive is None):
         why = f"n = {n} ≤ d = {d}" if n <= d else f"numerical rank {rank} < d = {d}"
         # n ≤ d: every spectrum-based number describes the sample, not the population (warning);
         # rank < d with n > d: the activations really live in a subspace (info, but never whiten them).
@@ -205,18 +245,20 @@ def activation_flags(
 
     # ---- inputs that look whitened (flat spectrum at the MP null, zero mean, unit or too-even variance)
     mean_share = geo.get("mean_share_of_second_moment")
-    sigma2 = float(geo.get("mp_sigma2") or 0.0)
+    sigma2 = float(geo.get("mp_sigma2_trace") or geo.get("mp_sigma2") or 0.0)  # tr Σ/d: variance per direction
     if eig and mean_share is not None and sigma2 > 0 and n > d and lam_min > 0:
         edge_ratio = lam_max / upper if upper > 0 else math.inf
         spread = lam_max / lam_min
         mp_spread = upper / lower if lower > 0 else math.inf
         unit_variance = abs(sigma2 - 1.0) <= t.whitened_unit_variance_tol
         too_even = spread <= 1 + t.whitened_narrow_fraction * (mp_spread - 1)
-        if mean_share <= t.whitened_max_mean_share and edge_ratio <= t.whitened_max_edge_ratio and (unit_variance or too_even):
+        flat_bulk = geo.get("n_spikes", 0) is not None  # a power law is not whitened
+        if (mean_share <= t.whitened_max_mean_share and edge_ratio <= t.whitened_max_edge_ratio and flat_bulk
+                and (unit_variance or too_even)):
             flags.append(Flag(
                 WHITENING, "warning" if feeds_dictionary else "info",
                 {"mean_share_of_second_moment": rounded(mean_share), "lambda_max_over_mp_edge": rounded(edge_ratio),
-                 "n_spikes": int(geo.get("n_spikes", 0)), "variance_per_direction": rounded(sigma2),
+                 "n_spikes": geo.get("n_spikes", 0), "variance_per_direction": rounded(sigma2),
                  "eigenvalue_spread": rounded(spread), "mp_spread": rounded(mp_spread)},
                 "If these inputs were whitened, an SAE learns an arbitrary rotation of a flat space (no variance "
                 "ordering, noise amplified along weak directions): train on the raw or mean-centred activations "
@@ -225,6 +267,10 @@ def activation_flags(
                          f"(λmax/edge {edge_ratio:.2f}), variance per direction {sigma2:.3g}"
                          + (", spread narrower than sampling noise" if too_even else "")),
             ))
+
+    if massive is not None:
+        flags.append(_massive_flag(massive, rank, n, d))
+    flags += _diagnosis_flags(geo, t)
 
     # ---- a cone read against the wrong null
     sign = geo.get("sign") or {}
@@ -285,6 +331,191 @@ def artifact_flags(
             subject=subject,
         ))
     return flags
+
+
+# =========================================================================== activation diagnosis
+def _massive_evidence(geo: Mapping[str, Any], t: FlagThresholds) -> dict[str, Any] | None:
+    """Rows far above the median norm carrying a large share of Σ‖x‖², or a coordinate far above the mean RMS."""
+    hist = geo.get("row_norm_histogram") or {}
+    median = geo.get("median_row_norm")
+    evidence: dict[str, Any] = {}
+    if hist.get("counts") and median:
+        edges = torch.tensor(hist["lower_edges"], dtype=torch.float64)
+        counts = torch.tensor(hist["counts"], dtype=torch.float64)
+        sq = torch.tensor(hist["sq_sums"], dtype=torch.float64)
+        big = edges >= t.massive_row_ratio * float(median)
+        share = float(sq[big].sum() / sq.sum()) if float(sq.sum()) > 0 else 0.0
+        evidence.update(massive_rows=int(counts[big].sum()), massive_row_fraction=rounded(float(counts[big].sum() / counts.sum())),
+                        massive_share_of_sum_sq=rounded(share), median_row_norm=rounded(median),
+                        max_row_norm=rounded(geo.get("max_row_norm_bin")),
+                        max_over_median=rounded(float(geo.get("max_row_norm_bin") or 0) / float(median), 1))
+    rms = geo.get("coordinate_rms")
+    if rms:
+        r = torch.tensor(rms, dtype=torch.float64)
+        ratio = float(r.max() / r.mean()) if float(r.mean()) > 0 else 0.0
+        evidence.update(top_coordinate=int(r.argmax()), coordinate_rms_over_mean=rounded(ratio, 1))
+    rows_fire = (evidence.get("massive_share_of_sum_sq") or 0) >= t.massive_min_share and evidence.get("massive_rows", 0) > 0
+    coords_fire = (evidence.get("coordinate_rms_over_mean") or 0) > t.massive_coordinate_ratio
+    if not (rows_fire or coords_fire):
+        return None
+    evidence.update(by_rows=rows_fire, by_coordinates=coords_fire, top1_share=rounded(geo.get("top1_share")),
+                    effective_rank=rounded(geo.get("effective_rank"), 1))
+    return evidence
+
+
+def _massive_flag(ev: dict[str, Any], rank: int, n: int, d: int) -> Flag:
+    ev = {**ev, "numerical_rank": rank, "d": d, "n": n}
+    parts = []
+    if ev["by_rows"]:
+        parts.append(f"{ev['massive_rows']} row(s) ({100 * ev['massive_row_fraction']:.2f}%) with ‖x‖ up to "
+                     f"{ev['max_over_median']:g}× the median carry {100 * ev['massive_share_of_sum_sq']:.1f}% of Σ‖x‖²")
+    if ev["by_coordinates"]:
+        parts.append(f"coordinate {ev['top_coordinate']} has {ev['coordinate_rms_over_mean']:g}× the mean coordinate RMS")
+    rank_note = f"; the numerical rank {rank} < d reflects this dynamic range, not singular data" if rank < d < n else ""
+    return Flag(
+        MASSIVE, "warning", ev,
+        "Exclude or handle the massive rows/coordinates (often position 0 / BOS or special tokens) before fitting "
+        "anything: they set the spectrum (top-1, erank), the mean and any whitening, and an SAE spends latents on them.",
+        summary="; ".join(parts) + rank_note,
+    )
+
+
+def _diagnosis_flags(geo: Mapping[str, Any], t: FlagThresholds) -> list[Flag]:
+    """offset_dominated_cone, anisotropy_invisible_to_A and mixed_populations (see FlagThresholds)."""
+    flags: list[Flag] = []
+    n, d = int(geo["n"]), int(geo["d"])
+    a, sign = geo.get("anisotropy"), geo.get("sign") or {}
+    null = sign.get("null")
+    z = geo.get("z_vs_null")
+    bias = geo.get("A_null_bias") or 0.0
+    sample = geo.get("sample_diagnostics") or {}
+    mean_share = geo.get("mean_share_of_second_moment")
+    if a is not None and null is not None:
+        excess = float(a) - float(null) - float(bias)
+        a_centred = sample.get("centred_anisotropy")
+        if a_centred is not None:
+            explained = 1.0 - max(float(a_centred), 0.0) / float(a) if float(a) > 0 else 0.0
+            how = "1 - A(centred sample rows)/A"
+        else:
+            ratio = geo.get("mean_norm_ratio") or 0.0
+            explained = min(1.0, ratio**2 / float(a)) if float(a) > 0 else 0.0
+            how = "(|mu|/E|x|)^2 / A"
+        if (z is not None and z >= t.offset_cone_min_z and excess >= t.offset_cone_min_excess
+                and explained >= t.offset_cone_min_explained and (mean_share or 0) >= t.offset_cone_min_mean_share):
+            rogue = geo.get("rogue") or {}
+            flags.append(Flag(
+                OFFSET_CONE, "warning",
+                {"anisotropy": rounded(a), "sign_null": rounded(null), "z_vs_null": rounded(z, 1),
+                 "centred_anisotropy": rounded(a_centred), "share_of_A_explained_by_mean": rounded(explained),
+                 "explained_by": how, "mean_share_of_second_moment": rounded(mean_share),
+                 "offset": rounded(geo.get("offset")), "mean_norm_ratio": rounded(geo.get("mean_norm_ratio")),
+                 "coordinates_for_50pct_of_offset": rogue.get("n_for_50")},
+                "Cosines on the raw activations mostly measure the shared mean: centre them (or let b_dec absorb the "
+                "mean, b_dec_init = \"mean\") before reading A, cosine similarities or nearest neighbours.",
+                summary=(f"A = {a:.3f} is {z:.0f} null-sds above the sign-aware null {null:.3f}, and the mean explains "
+                         f"{100 * explained:.0f}% of it" + (f" (centred rows: A = {a_centred:.3f})" if a_centred is not None else "")
+                         + f"; the mean is {100 * (mean_share or 0):.0f}% of E‖x‖², ‖m̂‖ = {geo.get('offset') or 0:.2f}"),
+            ))
+        within_band = (z is not None and abs(z) < t.invisible_max_abs_z) or abs(excess) < t.invisible_max_excess
+        erank, noise = geo.get("effective_rank"), geo.get("noise_effective_rank")
+        top1 = geo.get("top1_share")
+        erank_ratio = float(erank) / float(noise) if erank is not None and noise else None
+        concentrated = (erank_ratio is not None and erank_ratio < t.invisible_max_erank_ratio) or (
+            top1 is not None and top1 >= max(t.invisible_min_top1_over_uniform / d, t.invisible_min_top1))
+        if within_band and concentrated and n > d:
+            flags.append(Flag(
+                INVISIBLE, "warning",
+                {"anisotropy": rounded(a), "sign_null": rounded(null), "z_vs_null": rounded(z, 1),
+                 "effective_rank": rounded(erank, 1), "noise_effective_rank": rounded(noise, 1),
+                 "erank_over_noise": rounded(erank_ratio), "top1_share": rounded(top1), "uniform_top1": rounded(1 / d),
+                 "unit_effective_rank": rounded(geo.get("unit_effective_rank"), 1)},
+                "A cannot see this anisotropy (directions that cancel in the mean cosine): read the spectrum "
+                "(erank, top-1, the unit-vector second moment), not A, and do not call this space isotropic.",
+                summary=(f"A = {a:.3f} is within its null band ({null:.3f}) but the spectrum is concentrated: erank "
+                         f"{float(erank):.1f} of {d} (noise {float(noise):.1f}), top-1 {100 * float(top1 or 0):.0f}%"),
+            ))
+    split = sample.get("pc1_split") or {}
+    kshare = sample.get("kmeans2_between_share")
+    by_split = (split.get("between_share", 0) >= t.mixed_min_split_share
+                and split.get("smaller_fraction", 0) >= t.mixed_min_cluster_fraction)
+    gaussian_kshare = (2 / math.pi) * float(geo.get("top1_share") or 0.0)  # one elongated Gaussian, split along PC1
+    by_kmeans = (kshare is not None and kshare >= t.mixed_min_kmeans_share
+                 and kshare >= t.mixed_min_kmeans_excess * gaussian_kshare
+                 and (sample.get("kmeans2_smaller_fraction") or 0) >= t.mixed_min_cluster_fraction)
+    if by_split or by_kmeans:
+        flags.append(Flag(
+            MIXED, "warning",
+            {"pc1_split_between_share": rounded(split.get("between_share")),
+             "pc1_split_smaller_fraction": rounded(split.get("smaller_fraction")),
+             "pc1_split_separation": rounded(split.get("separation"), 1),
+             "kmeans2_between_share": rounded(kshare), "gaussian_kmeans2_share": rounded(gaussian_kshare),
+             "kmeans2_smaller_fraction": rounded(sample.get("kmeans2_smaller_fraction")),
+             "sample_rows": sample.get("n_rows"),
+             "top1_share": rounded(geo.get("top1_share"))},
+            "The rows are a mixture of populations: centring or all-but-the-top on the pooled cloud removes the "
+            "difference between them; centre per cluster (or per token type / position) instead.",
+            summary=("two populations: "
+                     + (f"the PC1 projections split {100 * split['smaller_fraction']:.0f}/{100 - 100 * split['smaller_fraction']:.0f} "
+                        f"with {100 * split['between_share']:.0f}% of their variance between the groups" if by_split else "")
+                     + ("; " if by_split and by_kmeans else "")
+                     + (f"2-means leaves {100 * kshare:.0f}% of the centred sum of squares between clusters" if by_kmeans else "")),
+        ))
+    return flags
+
+
+def activation_diagnosis(geo: Mapping[str, Any], flags: list[Flag] | None = None,
+                         thresholds: FlagThresholds | None = None) -> list[dict[str, Any]]:
+    """The textbook's order — offset → shape → artifact → fix — as steps {step, finding, read: {name: number}}.
+
+    ``flags`` are the activation flags already computed (recomputed from ``geo`` when None)."""
+    t = thresholds or FlagThresholds()
+    if flags is None:
+        flags = activation_flags(geo, thresholds=t)
+    names = {f.name: f for f in flags if f.subject == "activations"}
+    sign, sample = geo.get("sign") or {}, geo.get("sample_diagnostics") or {}
+    bulk = geo.get("mp_bulk") or {}
+    steps = []
+    offset_read = {"A": rounded(geo.get("anisotropy")), "sign_null": rounded(sign.get("null")),
+                   "finite_d_bias": rounded(geo.get("A_null_bias")), "z_vs_null": rounded(geo.get("z_vs_null"), 1),
+                   "centred_A": rounded(sample.get("centred_anisotropy")),
+                   "mean_share": rounded(geo.get("mean_share_of_second_moment")), "offset": rounded(geo.get("offset"))}
+    if OFFSET_CONE in names:
+        finding = (f"offset-dominated cone: the mean explains "
+                   f"{100 * names[OFFSET_CONE].evidence['share_of_A_explained_by_mean']:.0f}% of A")
+    elif geo.get("z_vs_null") is not None and abs(geo["z_vs_null"]) < t.offset_cone_min_z:
+        finding = "A is within the null band of its sign structure"
+    else:
+        finding = "A is above its sign-aware null, not mainly because of the mean"
+    steps.append({"step": "offset", "finding": finding, "read": offset_read})
+    shape_read = {"erank": rounded(geo.get("effective_rank"), 1), "noise_erank": rounded(geo.get("noise_effective_rank"), 1),
+                  "top1": rounded(geo.get("top1_share")), "unit_erank": rounded(geo.get("unit_effective_rank"), 1),
+                  "n_spikes": geo.get("n_spikes"), "sigma2_bulk": rounded(geo.get("mp_sigma2")),
+                  "power_law_alpha": rounded(bulk.get("power_law_alpha"))}
+    if INVISIBLE in names:
+        finding = "anisotropy invisible to A: a concentrated spectrum with A at its null"
+    elif geo.get("n_spikes") is None:
+        finding = f"no flat MP bulk: a power-law spectrum (alpha = {bulk.get('power_law_alpha') or 0:.2f})"
+    else:
+        finding = f"{geo.get('n_spikes')} spike(s) on a Marchenko–Pastur bulk"
+    steps.append({"step": "shape", "finding": finding, "read": shape_read})
+    split = sample.get("pc1_split") or {}
+    artifact_read = {"pc1_split_share": rounded(split.get("between_share")),
+                     "kmeans2_share": rounded(sample.get("kmeans2_between_share")),
+                     "numerical_rank": geo.get("numerical_rank")}
+    found = []
+    if MASSIVE in names:
+        ev = names[MASSIVE].evidence
+        artifact_read.update(massive_share=ev.get("massive_share_of_sum_sq"), max_over_median=ev.get("max_over_median"),
+                             coordinate_rms_over_mean=ev.get("coordinate_rms_over_mean"))
+        found.append("massive activations")
+    if MIXED in names:
+        found.append("mixed populations")
+    steps.append({"step": "artifact", "finding": ", ".join(found) if found else "no massive rows or population split",
+                  "read": artifact_read})
+    fixes = [names[k].advice for k in (MASSIVE, OFFSET_CONE, MIXED, INVISIBLE) if k in names]
+    steps.append({"step": "fix", "finding": " ".join(fixes) if fixes else "nothing to fix before reading the geometry",
+                  "read": {"flags": len(fixes)}})
+    return steps
 
 
 # =========================================================================== SAE
@@ -501,16 +732,23 @@ def config_flags(
         evidence["n_clamped_eigenvalues"] = int((whitening_cost or {}).get("n_clamped", 0))
         huge = " (huge)" if amp > t.whitening_max_amplification else ""
         notes.append(f"it amplifies noise along the weakest direction {amp:.3g}×{huge}")
+    if any("population split" in str(note) for note in (whitening_cost or {}).get("notes", [])):
+        notes.append("its top direction carries a population split, which whitening shrinks to unit variance")
     if geo is not None:
         n, d = int(geo["n"]), int(geo["d"])
-        evidence.update(n=n, d=d, n_spikes=int(geo.get("n_spikes", 0)), top1_share=rounded(geo.get("top1_share")),
-                        effective_rank=rounded(geo.get("effective_rank"), 1))
+        spikes = geo.get("n_spikes", 0)  # calibrated: σ² of the bulk, edge + Tracy–Widom margin; None: no flat bulk
+        evidence.update(n=n, d=d, n_spikes=None if spikes is None else int(spikes),
+                        top1_share=rounded(geo.get("top1_share")), effective_rank=rounded(geo.get("effective_rank"), 1))
         if n <= d:
             notes.append(f"it is fitted on n = {n} ≤ d = {d} rows (singular covariance)")
-        if int(geo.get("n_spikes", 0)) == 0:
-            notes.append("the space is already isotropic (no eigenvalue above the MP edge), so it only adds noise")
+        if spikes is None:
+            alpha = (geo.get("mp_bulk") or {}).get("power_law_alpha")
+            notes.append("it flattens a spectrum with no flat bulk (a power law"
+                         + (f", slope α = {alpha:.2f}" if alpha is not None else "") + "), erasing its variance ordering")
+        elif int(spikes) == 0:
+            notes.append("the space is already isotropic (no eigenvalue above the calibrated MP edge), so it only adds noise")
         else:
-            notes.append(f"it erases the variance ordering of {int(geo['n_spikes'])} spike direction(s)")
+            notes.append(f"it erases the variance ordering of {int(spikes)} spike direction(s)")
     return [Flag(
         WHITENING, "warning", evidence,
         "Whitening is a choice, not a default: it can help probing but costs reconstruction, ordering and a "

@@ -74,19 +74,48 @@ def activation_lines(report: GeometryReport) -> list[tuple[str, str]]:
     s = g["sign"]
     rogue = g["rogue"]
     top_rogue = ", ".join(f"{i} ({fmt_pct(p)})" for i, p in zip(rogue["top_indices"][:3], rogue["top_shares"][:3]))
-    return [
+    bulk = g.get("mp_bulk") or {}
+    if g.get("n_spikes") is None and bulk:
+        spikes = (f"no flat MP bulk: power law, slope α = {fmt_num(bulk.get('power_law_alpha'))} over ranks "
+                  f"{bulk.get('power_law_ranks')}")
+    else:
+        spikes = (f"{g.get('n_spikes')} spike(s) above the calibrated MP edge {fmt_num(g['mp_upper_edge'])} "
+                  f"+ Tracy–Widom {fmt_pct(bulk.get('tracy_widom_quantile'))} margin")
+    lines = [
         ("cone", f"A = {fmt_num(g['anisotropy'])} against the sign-aware null {fmt_num(s['null'])} ({s['regime']}, "
-                 f"canonical {s['canonical']}); z = {fmt_num(g['anisotropy_z'], 1)}; offset ‖m̂‖ = {fmt_num(g['offset'])}; "
+                 f"canonical {s['canonical']}); offset ‖m̂‖ = {fmt_num(g['offset'])}; "
                  f"isotropic sd of one cosine 1/√d = {fmt_num(g['isotropic_cosine_sd'])}"),
+    ]
+    if g.get("z_vs_null") is not None:
+        lines.append(("vs null", f"z = {fmt_num(g['z_vs_null'], 1)} = (A − null − finite-d bias {fmt_num(g.get('A_null_bias'))}) "
+                                 f"/ sd {fmt_num(g.get('A_null_sd'))}; sd of A alone {fmt_num(g.get('A_sd'))}; "
+                                 f"isotropic sd {fmt_num(g.get('anisotropy_null_sd'))} (isotropic z {fmt_num(g['anisotropy_z'], 1)})"))
+    if g.get("unit_effective_rank") is not None:
+        lines.append(("unit x̂", f"E[x̂x̂ᵀ]: erank {fmt_num(g['unit_effective_rank'], 1)} of {g['d']}, "
+                                f"top-1 {fmt_pct(g.get('unit_top1_share'))} (uniform directions: {g['d']}, {fmt_pct(1 / g['d'])})"))
+    lines += [
         ("mean", f"‖μ‖ = {fmt_num(g['mean_vector_norm'])}, ‖μ‖/E‖x‖ = {fmt_num(g['mean_norm_ratio'])}, "
                  f"share of E‖x‖² = {fmt_pct(g['mean_share_of_second_moment'])}, γ = ‖μ‖/√trΣ = {fmt_num(g['outlier_severity'])}"),
         ("spectrum", f"erank {fmt_num(g['effective_rank'], 1)} of {g['d']} (isotropic noise of this n, d: "
                      f"{fmt_num(g['noise_effective_rank'], 1)}), top-1 {fmt_pct(g['top1_share'])}, top-10 {fmt_pct(g['top10_share'])}, "
-                     f"{g['n_spikes']} eigenvalue(s) above the MP edge {fmt_num(g['mp_upper_edge'])}, "
-                     f"numerical rank {g['numerical_rank']}, IsoScore {fmt_num(g['isoscore'])}"),
+                     f"{spikes}, numerical rank {g['numerical_rank']}, IsoScore {fmt_num(g['isoscore'])}"),
+        ("MP σ²", f"{fmt_num(g['mp_sigma2'])} from the bulk, {fmt_num(g.get('mp_sigma2_trace'))} as tr Σ/d "
+                  f"({bulk.get('n_spikes_trace_edge', '—')} eigenvalue(s) above that naive edge)"),
         ("rogue dims", f"{rogue['n_for_50']} coordinate(s) carry 50% of the offset, {rogue['n_for_90']} carry 90%"
                        + (f"; top: {top_rogue}" if top_rogue else "")),
-    ] + ([("artifact", artifact_text(report.artifact))] if report.artifact else [])
+    ]
+    if report.artifact:
+        lines.append(("artifact", artifact_text(report.artifact)))
+    return lines
+
+
+def diagnosis_lines(report: GeometryReport) -> list[tuple[str, str]]:
+    """(step, text) lines of the activation diagnosis (offset → shape → artifact → fix), with the numbers read."""
+    out = []
+    for step in getattr(report, "diagnosis", None) or []:
+        read = ", ".join(f"{k} = {fmt_num(v) if isinstance(v, float) else v}" for k, v in step.get("read", {}).items())
+        out.append((step["step"], f"{step['finding']}" + (f" [{read}]" if read else "")))
+    return out
 
 
 def artifact_text(artifact: dict[str, Any]) -> str:
@@ -188,6 +217,9 @@ def render_terminal(report: GeometryReport, *, max_flags: int = 12) -> str:
     out += terminal_flags(report.flags, max_flags=max_flags)
     out += ["", "ACTIVATIONS"]
     out += [f"  {label:<11}{text}" for label, text in activation_lines(report)]
+    if diagnosis_lines(report):
+        out += ["", "DIAGNOSIS"]
+        out += [f"  {label:<11}{text}" for label, text in diagnosis_lines(report)]
     if report.saes:
         header, rows = _sae_table(report)
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
@@ -226,6 +258,8 @@ def render_markdown(report: GeometryReport, figure_dir: str | None = None) -> st
     out = [f"# {_title(report)}", "", f"## Flags ({flag_counts(report.flags)})", ""]
     out += md_flags(report.flags)
     out += ["", "## Activations", "", md_table(["", ""], [[a, b] for a, b in activation_lines(report)])]
+    if diagnosis_lines(report):
+        out += ["", "## Diagnosis", "", md_table(["step", "finding [numbers read]"], [[a, b] for a, b in diagnosis_lines(report)])]
     if report.saes:
         out += ["", "## SAE" + ("s side by side" if len(report.saes) > 1 else ""), ""]
         out.append(md_table(*_sae_table(report)))
@@ -281,7 +315,7 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
                       label=f"dictionary {s.name} (rescaled)")
     ax.set_xlabel("rank")
     ax.set_ylabel("eigenvalue")
-    ax.set_title(f"centred spectrum: {g['n_spikes']} spikes, erank {g['effective_rank']:.1f} of {g['d']}")
+    ax.set_title(f"centred spectrum: {'no flat bulk' if g['n_spikes'] is None else str(g['n_spikes']) + ' spikes'}, erank {g['effective_rank']:.1f} of {g['d']}")
     ax.legend(fontsize=7)
     out["spectrum"] = _png(fig)
 
@@ -424,6 +458,9 @@ def render_html(report: GeometryReport, pngs: dict[str, bytes] | None = None) ->
     parts += html_flags(report.flags)
     parts.append("<h2>Activations</h2>")
     parts += _html_table(activation_lines(report))
+    if diagnosis_lines(report):
+        parts.append("<h2>Diagnosis</h2>")
+        parts += _html_table(diagnosis_lines(report))
     if report.saes:
         header, rows = _sae_table(report)
         parts.append("<h2>SAE" + ("s side by side" if len(report.saes) > 1 else "") + "</h2><table>")

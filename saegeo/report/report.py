@@ -52,6 +52,7 @@ from saegeo.geometry.amplification import (
     mean_cosine_prediction,
     textbook_prediction,
 )
+from saegeo.geometry.diagnosis import sample_diagnostics
 from saegeo.geometry.dictionary import dictionary_geometry
 from saegeo.geometry.transforms import Whitening
 from saegeo.io import config_from_dict, dump_json, json_safe, require_at_least
@@ -60,6 +61,7 @@ from saegeo.sae.metrics import SAEMetrics
 from saegeo.report.flags import (
     Flag,
     FlagThresholds,
+    activation_diagnosis,
     activation_flags,
     artifact_flags,
     config_flags,
@@ -176,6 +178,10 @@ class GeometryReport:
     saegeo_version: str = ""
     notes: list[str] = field(default_factory=list)
     artifact: dict[str, Any] | None = None  # the artifact test (saegeo.report.layers.artifact_pass), stores only
+    # numbers read from the uniform row sample (geometry.diagnosis.sample_diagnostics): centred A, PC1 split, k-means
+    sample_diagnostics: dict[str, Any] | None = None
+    # offset → shape → artifact → fix: [{step, finding, read: {name: number}}] (flags.activation_diagnosis)
+    diagnosis: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def sae(self) -> SAEGeometry | None:
@@ -549,6 +555,9 @@ def geometry_report(
     seconds = time.perf_counter() - t0
     geometry = activation_geometry(acc, top_k_eigvecs=max(10, opts.artifact_components))
     geo = geometry.to_dict()
+    # what sums cannot see, from the uniform row sample: the cone of centred rows, population splits
+    top = torch.tensor(geo["top_eigenvectors"][0], dtype=torch.float64) if geo["top_eigenvectors"] else None
+    sampled = json_safe(sample_diagnostics(reservoir.sample(), acc.mean, top))
     saes = [p.finish(geo, opts.thresholds, reservoir.sample(), opts.seed) for p in passes]
     artifact, artifact_note = _artifact_test(rows, geometry, opts, distributed=ctx is not None)
     source.update(d=acc.d, n_tokens=acc.n)
@@ -556,7 +565,7 @@ def geometry_report(
     whitening_cost = None
     if any(config_whitens(c) for c in [config] + [s.config for s in saes]):
         try:
-            whitening_cost = Whitening.fit(acc).report.to_dict()
+            whitening_cost = Whitening.fit(acc, sample=reservoir.sample()).report.to_dict()
         except BadInputError as err:
             whitening_cost = {"error": str(err)}
     report = GeometryReport(
@@ -566,9 +575,10 @@ def geometry_report(
         config=json_safe(dict(config)) if config else None, whitening_cost=whitening_cost,
         seconds=seconds, tokens_per_second=acc.n / seconds if seconds > 0 else None,
         saegeo_version=__version__, notes=list(geo.get("notes", [])) + ([artifact_note] if artifact_note else []),
-        artifact=artifact,
+        artifact=artifact, sample_diagnostics=sampled,
     )
     report.flags = compute_flags(report, opts.thresholds)
+    report.diagnosis = activation_diagnosis({**geo, "sample_diagnostics": sampled}, report.flags, opts.thresholds)
     return report
 
 
@@ -600,7 +610,7 @@ def compute_flags(report: GeometryReport, thresholds: FlagThresholds | None = No
     """All flags of a report, from its numbers alone (so a saved report can be re-flagged), most severe first."""
     t = thresholds or FlagThresholds.from_dict(report.options.get("thresholds"))
     assumed = float(report.options.get("assumed_null", 0.0))
-    geo = report.activations
+    geo = {**report.activations, "sample_diagnostics": report.sample_diagnostics}
     flags = activation_flags(geo, thresholds=t, assumed_null=assumed, feeds_dictionary=bool(report.saes))
     flags += artifact_flags(report.artifact, thresholds=t)
     for s in report.saes:

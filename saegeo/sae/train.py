@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, get_args
 
+import numpy as np
 import torch
 from jaxtyping import Float
 from safetensors import SafetensorError
@@ -174,7 +175,15 @@ class _TensorSource:
             epoch, i = epoch + 1, 0
 
     def init_rows(self, n: int) -> Iterator[Tensor]:
-        yield self.train_x[:n].float()
+        """b_dec's rows: all training rows when n covers them, else a seeded uniform sample of n (not a prefix)."""
+        n_train = self.train_x.shape[0]
+        if n >= n_train:
+            yield self.train_x.float()
+        else:
+            yield self.train_x[torch.from_numpy(_uniform_row_sample(n_train, n, self.cfg.seed))].float()
+
+    def init_description(self, n: int) -> dict:
+        return _init_description(self.train_x.shape[0], n, "rows of the training tensor")
 
     def heldout_batches(self) -> Iterator[Tensor]:
         for lo in range(0, self.heldout_x.shape[0], self.cfg.batch_size):
@@ -219,7 +228,24 @@ class _StoreSource:
             epoch += 1
 
     def init_rows(self, n: int) -> Iterator[Tensor]:
-        yield self.store.read_rows(0, min(n, self.n_train))
+        """b_dec's rows: every training row when n covers them (the exact mean, shard by shard), else a seeded
+        uniform sample of n rows drawn across all shards — never the first rows in store order, whose mean
+        follows the first documents (a prefix mean is 3–4× further from the global mean than a sample)."""
+        if n >= self.n_train:
+            for i in range(len(self.store.shards)):
+                lo = int(self.store.offsets[i])
+                if lo >= self.n_train:
+                    break
+                yield self.store.read_shard(i)[: self.n_train - lo]
+            return
+        rows = _uniform_row_sample(self.n_train, n, self.cfg.seed)
+        shard_of = np.searchsorted(self.store.offsets, rows, side="right") - 1
+        for i in np.unique(shard_of):
+            local = rows[shard_of == i] - self.store.offsets[i]
+            yield self.store.read_shard(int(i))[torch.from_numpy(local)]
+
+    def init_description(self, n: int) -> dict:
+        return _init_description(self.n_train, n, f"training rows across all {len(self.store.shards)} shard(s)")
 
     def heldout_batches(self) -> Iterator[Tensor]:
         for lo in range(self.n_train, self.store.n_tokens, self.cfg.batch_size):
@@ -295,6 +321,9 @@ class _IteratorSource:
         stream = self._stream_after_fresh_heldout()
         yield self._take(stream, n, allow_short=True)[:n]  # a short stream: its whole training part
 
+    def init_description(self, n: int) -> dict:
+        return {"method": "first rows of the stream (an iterator cannot be sampled without a pass)", "n_rows": n}
+
     def heldout_batches(self) -> Iterator[Tensor]:
         for lo in range(0, self.heldout_x.shape[0], self.cfg.batch_size):
             yield self.heldout_x[lo : lo + self.cfg.batch_size]
@@ -306,6 +335,20 @@ def tensor_sha256(x: Tensor) -> str:
     digest = hashlib.sha256(f"{x.dtype}{tuple(x.shape)}".encode())
     digest.update(memoryview(x.reshape(-1).view(torch.uint8).numpy()))
     return digest.hexdigest()
+
+
+def _uniform_row_sample(n_rows: int, k: int, seed: int) -> np.ndarray:
+    """k distinct row indices in [0, n_rows), uniform, sorted (seeded: every rank draws the same rows)."""
+    rng = np.random.default_rng([seed, 0xB0EC])
+    return np.sort(rng.choice(n_rows, size=k, replace=False)).astype(np.int64)
+
+
+def _init_description(n_train: int, n: int, what: str) -> dict:
+    """What b_dec's mean is computed from: the exact mean when n covers the training rows, else a uniform sample."""
+    if n >= n_train:
+        return {"method": f"exact mean over all {what}", "n_rows": n_train}
+    return {"method": f"uniform random sample of the {what} (seeded, without replacement)", "n_rows": n,
+            "of_rows": n_train}
 
 
 def _chain(first: list, rest: Iterator) -> Iterator:
@@ -621,8 +664,15 @@ def train_sae(
         sae.init_weights(torch.Generator().manual_seed(cfg.seed), b_dec=b_dec.float())
         since_fired = torch.zeros(sae.cfg.d_sae, dtype=torch.long, device=device)
 
+    b_dec_rows = source.init_description(
+        min(cfg.b_dec_init_tokens, 32_768) if cfg.b_dec_init == "geometric_median" else cfg.b_dec_init_tokens)
+    if ckpt is None and cfg.progress and (ctx is None or ctx.is_main):
+        from tqdm.auto import tqdm
+
+        tqdm.write(f"b_dec init = {cfg.b_dec_init}: {b_dec_rows['method']}, {b_dec_rows['n_rows']:,} rows")
     provenance = {
-        "b_dec_init": cfg.b_dec_init, "b_dec_init_tokens": cfg.b_dec_init_tokens, "preprocessing": "none",
+        "b_dec_init": cfg.b_dec_init, "b_dec_init_tokens": cfg.b_dec_init_tokens, "b_dec_init_rows": b_dec_rows,
+        "preprocessing": "none",
         "data": source.identity, "train_config": asdict(cfg),
     }
     # live references: saved as they stand
