@@ -188,20 +188,20 @@ def cmd_geometry(args: argparse.Namespace) -> int:
     geo = activation_geometry(acc, top_k_eigvecs=args.top_k)
     print(f"saegeo geometry: {len(sources)} file(s)")
     print(geo.summary())
+    from saegeo.report.flags import activation_flags, artifact_flags, sort_flags
+    from saegeo.report.render import artifact_text, terminal_flags
+
     artifact = None
     if all(rows.store is not None for _, rows in sources) and geo.top_eigenvectors:  # needs ids and positions
-        from saegeo.report.flags import artifact_flags
         from saegeo.report.layers import artifact_pass
-        from saegeo.report.render import artifact_text, terminal_flags
 
         artifact = artifact_pass([rows.store for _, rows in sources], geo, k=min(3, len(geo.top_eigenvectors)),
                                  batch_size=args.batch_size)
         print(f"artifact:  {artifact_text(artifact)} ({artifact['source']})")
-        flags = artifact_flags(artifact)
-        if flags:
-            print("\n".join(terminal_flags(flags)))
     else:
         print("note:      artifact test not run: it needs activation stores (token ids and positions) and --top-k ≥ 1")
+    # the activation flags a report would raise from these numbers (without the report's row sample)
+    print("\n".join(terminal_flags(sort_flags(activation_flags(geo.to_dict()) + artifact_flags(artifact)))))
     if args.json_out:
         out = {"files": list(args.files), **geo.to_dict(), "artifact": artifact}
         dump_json(out, args.json_out)
