@@ -74,7 +74,7 @@ class ReportOptions:
     skip_nonfinite: bool = False  # skip and count NaN/inf rows (default: an error naming the batch and row)
     assumed_null: float = 0.0  # the baseline a reader compares A with unless told (wrong-null flag)
     seed: int = 0  # seeds the cosine reservoir
-    device: str = "cpu"  # where the SAEs encode
+    device: str = "cpu"  # where the SAEs encode and the float64 accumulators live (e.g. cuda)
     progress: bool = True  # progress bar
     thresholds: FlagThresholds = field(default_factory=FlagThresholds)  # of every flag ([report.thresholds])
 
@@ -361,10 +361,13 @@ class _SAEPass:
         cfg = getattr(self.module, "cfg", None)
         saegeo_block = self.config.get("saegeo", {}) if isinstance(self.config, Mapping) else {}
         b_dec = m.b_dec_against_mean()
+        architecture = getattr(cfg, "activation", None) or self.config.get("architecture")
+        if saegeo_block.get("trained_as") not in (None, architecture):  # a BatchTopK SAE saved as jumprelu
+            architecture = f"{saegeo_block['trained_as']} (saved as {architecture})"
         return SAEGeometry(
             name=self.name, d_in=self.d_in, d_sae=self.d_sae,
-            architecture=getattr(cfg, "activation", None) or self.config.get("architecture"),
-            k=getattr(cfg, "k", None) or self.config.get("k"),
+            architecture=architecture,
+            k=getattr(cfg, "k", None) or self.config.get("k") or saegeo_block.get("training_k"),
             b_dec_init=saegeo_block.get("b_dec_init"),
             n_tokens=m.n,
             fve=m.fve, mse=m.mse,
@@ -444,6 +447,7 @@ def geometry_report(
         batches, first_row = rows.batches(opts.batch_size, *((ctx.rank, ctx.world_size) if ctx else ()))
     source = dict(rows.describe)
     total = opts.max_tokens if opts.max_tokens is not None else rows.n_rows
+    device = torch.device(opts.device)
     passes: list[_SAEPass] = []
     for name, obj in _named_saes(sae):
         module, cfg, default_name = _resolve_sae(obj)
@@ -463,7 +467,7 @@ def geometry_report(
     sample_start = first_row if ctx is None or source["kind"] != "iterator" else ctx.rank << 40
     with distributed.all_ranks_or_none("streaming the activations"):  # a failing rank ends every rank
         for index, batch in enumerate(batches):
-            x = as_rows(batch)
+            x = as_rows(batch).to(device)  # the accumulators follow the batches: float64 sums on the device
             if opts.max_tokens is not None:
                 x = x[: max(0, opts.max_tokens - seen)]
             if x.shape[0] == 0:
@@ -503,6 +507,7 @@ def geometry_report(
     if acc is None or acc.n == 0:
         raise BadInputError("geometry_report: no rows were read (empty store, tensor or iterator?)")
     acc.n_nonfinite_skipped += n_skipped  # the rows were dropped before the accumulator saw them
+    acc.to("cpu")  # the eigen-decompositions and read-outs below run on the float64 CPU copy
     seconds = time.perf_counter() - t0
     geo = activation_geometry(acc).to_dict()
     saes = [p.finish(geo, opts.thresholds) for p in passes]
