@@ -43,6 +43,10 @@ ARCHS: tuple[str, ...] = get_args(Arch)
 B_DEC_INITS: tuple[str, ...] = get_args(BDecInit)
 _RESUME_MUST_MATCH = ("seed", "batch_size", "arch", "d_sae")  # + k for topk: they fix the batches and the model
 CHECKPOINT_VERSION = 1
+# ReLU+L1 with unit-norm decoder rows: Adam moves a row's direction by about lr·√d_in per step, where SAELens'
+# rows of norm 0.1 turn 10× faster at the same lr; 1e-3 measured on MiniLM layer 3 (README "ReLU+L1 recipe";
+# benchmarks/train_bench.py trains ReLU with it).
+RELU_LR = 1e-3
 _K_ARCHS = ("topk", "batchtopk", "jumprelu")  # archs whose k shapes the model (jumprelu: its L0 target)
 
 
@@ -63,7 +67,7 @@ class TrainConfig:
     l1_warmup_fraction: float = 0.0  # relu: the L1 coefficient rises linearly from 0 over this fraction of the steps
     decoder_norm: DecoderNorm = "unit"  # relu: unit-norm decoder rows, or free norms (penalty Σ a_i‖w_i‖, folded to unit at the end)
     grad_clip_norm: float | None = None  # clip the gradient to this global norm (SAELens: 1)
-    lr: float = 3e-4  # Adam learning rate
+    lr: float = 3e-4  # Adam learning rate (relu: 1e-3 recommended, see RELU_LR)
     adam_betas: tuple[float, float] = (0.9, 0.999)  # Adam (beta1, beta2)
     warmup_steps: int = 10  # linear warm-up from lr/warmup_steps to lr
     decay_fraction: float = 0.2  # linear decay to 0 over the last fraction of steps (0 = constant)
