@@ -206,3 +206,13 @@ def test_save_sae_broadcasts_a_batchtopk_threshold(tmp_path):
     with torch.no_grad():
         assert torch.equal(loaded.encode(x), sae.encode(x))
         assert (sae.encode(x) > 0).any()
+
+
+def test_report_names_a_batchtopk_sae_saved_as_jumprelu(tmp_path):
+    from saegeo.report.report import ReportOptions, geometry_report
+
+    x = _synthetic(3000)
+    train_sae(TrainConfig(arch="batchtopk", d_sae=128, k=6, batch_size=500, total_tokens=5_000, progress=False,
+                          out_dir=str(tmp_path / "b")), x)
+    rep = geometry_report(x, str(tmp_path / "b"), options=ReportOptions(progress=False, device="cpu"))
+    assert rep.saes[0].architecture == "batchtopk (saved as jumprelu)" and rep.saes[0].k == 6
