@@ -170,19 +170,15 @@ def test_resume_from_a_store_checkpoint_equals_uninterrupted(tmp_path):
                            checkpoint_every=5, out_dir=str(out), progress=False, log_every=4)
 
     full = train_sae(cfg(tmp_path / "full"), store)
+    with pytest.raises(KeyboardInterrupt):  # killed at step 12, after the step-10 checkpoint
+        train_sae(cfg(tmp_path / "cut"), store, on_step=lambda step, _: _interrupt_at(step, 12))
+    resumed = train_sae(cfg(tmp_path / "cut"), store).sae.state_dict()
+    assert all(torch.equal(p, resumed[name]) for name, p in full.sae.state_dict().items())
 
-    class Killed(Exception):
-        pass
 
-    def kill(step, _):
-        if step == 12:
-            raise Killed
-
-    with pytest.raises(Killed):
-        train_sae(cfg(tmp_path / "cut"), store, on_step=kill)
-    resumed = train_sae(cfg(tmp_path / "cut"), store)
-    for name, p in full.sae.state_dict().items():
-        assert torch.equal(p, resumed.sae.state_dict()[name]), name
+def _interrupt_at(step: int, at: int) -> None:
+    if step == at:
+        raise KeyboardInterrupt
 
 
 def test_batchtopk_and_jumprelu_resume_refuses_another_k(tmp_path):
