@@ -447,7 +447,11 @@ class SAE(nn.Module):
             xc = x - self.b_dec if self.cfg.apply_b_dec_to_input else x
             with torch.no_grad():
                 pre = torch.addmm(self.b_enc, xc, self.W_enc)
-                _, indices = self._topk(pre)
+                if self.cfg.topk_order == "relu_then_topk":
+                    # in place: the entries used below are relu'd again, and a latent at 0 adds nothing and gets
+                    # no gradient either way; saves a (n × d_sae) copy per step
+                    pre.relu_()
+                indices = pre.topk(int(self.cfg.k), dim=-1, sorted=False).indices
             values = F.relu(_GatheredLinear.apply(xc, self.W_enc, self.b_enc, indices, pre.gather(1, indices)))
             x_hat = self.decode_sparse(values, indices)
             err = x - x_hat
@@ -510,8 +514,12 @@ class SAE(nn.Module):
         n_dead = dead_mask.sum()  # stays on device: no host sync per step
         k_aux = min(aux_k, self.cfg.d_sae)
         with torch.no_grad():
-            dead_pre = torch.where(dead_mask, pre, torch.full_like(pre, -torch.inf))
-            aux_idx = dead_pre.topk(k_aux, dim=-1, sorted=False).indices
+            if dead_mask.device.type == "cpu":  # the dead columns only (the mask is on the host: no sync)
+                cols = dead_mask.nonzero().squeeze(1)
+                aux_idx = cols[pre.index_select(1, cols).topk(min(k_aux, cols.numel()), dim=-1, sorted=False).indices]
+            else:
+                dead_pre = torch.where(dead_mask, pre, torch.full_like(pre, -torch.inf))
+                aux_idx = dead_pre.topk(k_aux, dim=-1, sorted=False).indices
         aux_vals = F.relu(gathered_pre(aux_idx)) * dead_mask[aux_idx]  # rows with < k_aux dead latents: mask the rest
         e = err.detach()
         e_hat = F.embedding_bag(aux_idx, self.W_dec, per_sample_weights=aux_vals, mode="sum")
