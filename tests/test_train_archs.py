@@ -212,3 +212,6 @@ def test_report_names_a_batchtopk_sae_saved_as_jumprelu(tmp_path):
                           out_dir=str(tmp_path / "b")), x)
     rep = geometry_report(x, str(tmp_path / "b"), options=ReportOptions(progress=False, device="cpu"))
     assert rep.saes[0].architecture == "batchtopk (saved as jumprelu)" and rep.saes[0].k == 6
+    # the pipeline passes loaded SAE objects: the loader carries what the saegeo block says
+    rep = geometry_report(x, {"b": load_sae(tmp_path / "b")}, options=ReportOptions(progress=False))
+    assert rep.saes[0].architecture == "batchtopk (saved as jumprelu)" and rep.saes[0].k == 6

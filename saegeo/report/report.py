@@ -362,12 +362,16 @@ class _SAEPass:
         saegeo_block = self.config.get("saegeo", {}) if isinstance(self.config, Mapping) else {}
         b_dec = m.b_dec_against_mean()
         architecture = getattr(cfg, "activation", None) or self.config.get("architecture")
-        if saegeo_block.get("trained_as") not in (None, architecture):  # a BatchTopK SAE saved as jumprelu
-            architecture = f"{saegeo_block['trained_as']} (saved as {architecture})"
+        info = getattr(self.module, "format_info", None)
+        saved_by_saegeo = info if info is not None and info.written_by == "saegeo" else None
+        trained_as = saegeo_block.get("trained_as") or getattr(saved_by_saegeo, "architecture", None)
+        if trained_as not in (None, architecture):  # a BatchTopK SAE saved as jumprelu
+            architecture = f"{trained_as} (saved as {architecture})"
         return SAEGeometry(
             name=self.name, d_in=self.d_in, d_sae=self.d_sae,
             architecture=architecture,
-            k=getattr(cfg, "k", None) or self.config.get("k") or saegeo_block.get("training_k"),
+            k=getattr(cfg, "k", None) or self.config.get("k") or saegeo_block.get("training_k")
+            or getattr(saved_by_saegeo, "training_k", None),
             b_dec_init=saegeo_block.get("b_dec_init"),
             n_tokens=m.n,
             fve=m.fve, mse=m.mse,

@@ -120,7 +120,8 @@ def load_sae(path: str | os.PathLike, device: str = "cpu") -> SAE:
         cfg = SAEConfig(**kept)
         meta = raw.get("metadata") or {}
         info = FormatInfo(format="saelens", source=str(d), written_by="saegeo", model_name=meta.get("model_name"),
-                          hook_name=meta.get("hook_name"))
+                          hook_name=meta.get("hook_name"), architecture=raw["saegeo"].get("trained_as"),
+                          training_k=raw["saegeo"].get("training_k"))
     else:  # any SAELens version: older key names, normalisation, scaling factors (see _saelens_config)
         cfg, info = _saelens_config(raw, cfg_path, weights)
     tensors = _saelens_tensors(cfg, info, weights, w_path, bool(raw.get("finetuning_scaling_factor", False)))
