@@ -1,4 +1,5 @@
-"""SAE trainer: b_dec := mean of the activations, unit-norm decoder, AuxK / L1, checkpoints, resume.
+"""SAE trainer: TopK, BatchTopK, JumpReLU and ReLU+L1; b_dec := mean of the activations, unit-norm decoder,
+AuxK / L1 / L0 target, checkpoints, resume.
 
 Read top to bottom: config -> data sources -> b_dec init -> metrics -> checkpoints -> train_sae.
 
@@ -41,7 +42,7 @@ BDecInit = Literal["mean", "zeros", "geometric_median"]
 DecoderNorm = Literal["unit", "free"]
 ARCHS: tuple[str, ...] = get_args(Arch)
 B_DEC_INITS: tuple[str, ...] = get_args(BDecInit)
-_RESUME_MUST_MATCH = ("seed", "batch_size", "arch", "d_sae")  # + k for topk: they fix the batches and the model
+_RESUME_MUST_MATCH = ("seed", "batch_size", "arch", "d_sae")  # + k for _K_ARCHS: they fix the batches and the model
 CHECKPOINT_VERSION = 1
 # ReLU+L1 with unit-norm decoder rows: Adam moves a row's direction by about lr·√d_in per step, where SAELens'
 # rows of norm 0.1 turn 10× faster at the same lr; 1e-3 measured on MiniLM layer 3 (README "ReLU+L1 recipe";
@@ -78,7 +79,7 @@ class TrainConfig:
     dead_window_tokens: int = 200_000  # a latent that has not fired in this many tokens counts as dead
     aux_k: int | None = None  # AuxK latents (topk); default d_in // 2
     aux_coefficient: float = 1 / 32  # weight of the AuxK loss (topk, batchtopk)
-    threshold_ema: float = 0.01  # batchtopk: inference threshold = running mean, then EMA at this rate, of the smallest code kept
+    threshold_ema: float = 0.05  # batchtopk: inference threshold = running mean, then EMA at this rate, of the smallest code kept
     l0_coefficient: float = 1.0  # jumprelu: weight of the sparsity loss (L0/k − 1)²
     bandwidth: float = 0.05  # jumprelu: width ε of the rectangle kernel of the threshold's straight-through estimator
     threshold_lr_scale: float = 10.0  # jumprelu: the thresholds' learning rate is lr times this
