@@ -37,6 +37,7 @@ bench: $(STAMP) $(SAELENS_STAMP)
 	$(BIN)/python benchmarks/geometry_bench.py
 	$(BIN)/python benchmarks/cache_bench.py
 	$(BIN)/python benchmarks/train_bench.py
+	$(BIN)/python benchmarks/resume_bench.py
 	$(BIN)/python benchmarks/report_bench.py
 	$(BIN)/python benchmarks/check_bench.py --n 16384
 	$(BIN)/python benchmarks/distributed_bench.py

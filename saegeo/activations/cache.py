@@ -52,6 +52,7 @@ class CacheConfig:
     exclude_special: bool = False  # do not store [CLS]/[SEP]/BOS positions (the model still sees them)
     text_field: str = "text"  # JSONL field holding the text
     overwrite: bool = False  # replace existing stores instead of resuming them
+    device: str = "cpu"  # torch device the model runs on (e.g. cuda); rows are written from the CPU
     progress: bool = True  # progress bar
 
     def __post_init__(self) -> None:
@@ -183,6 +184,8 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
     if cfg.max_tokens is not None and cfg.max_tokens < 1:
         raise BadInputError(f"max_tokens must be positive, got {cfg.max_tokens}")
     loaded = loaded or load_model(cfg.model)
+    device = torch.device(cfg.device)
+    loaded.model.to(device)
     hooks = tuple(cfg.hooks)
     stop_layer = _validate_hooks(loaded, hooks)
     if cfg.context > loaded.n_ctx:
@@ -215,7 +218,7 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
 
         def grab(act: Tensor, hook: Any) -> None:
             rows = act[store_mask[0]]
-            captured[hook.name] = rows.reshape(rows.shape[0], -1)
+            captured[hook.name] = rows.reshape(rows.shape[0], -1).cpu()
 
         bar = None
         if cfg.progress:
@@ -244,8 +247,8 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
                     seen = upto
                     continue
                 tokens, attend, store = _pad(batch, pad_id)
-                store_mask[:] = [store]
-                forward_to_layer(loaded, tokens, attend, stop_layer)
+                store_mask[:] = [store.to(device)]
+                forward_to_layer(loaded, tokens.to(device), attend.to(device), stop_layer)
                 n = int(store.sum())
                 ids, pos = tokens[store], torch.nonzero(store)[:, 1]
                 for h, w in writers.items():
@@ -282,7 +285,7 @@ def _hook_widths(loaded: LoadedModel, hooks: tuple[str, ...], stop_layer: int | 
     def probe(act: Tensor, hook: Any) -> None:
         widths[hook.name] = int(act[0, 0].numel())
 
-    tokens = torch.full((1, 2), pad_id, dtype=torch.long)
+    tokens = torch.full((1, 2), pad_id, dtype=torch.long, device=next(loaded.model.parameters()).device)
     with torch.inference_mode(), loaded.model.hooks(fwd_hooks=[(h, probe) for h in hooks]):
         forward_to_layer(loaded, tokens, torch.ones_like(tokens, dtype=torch.bool), stop_layer)
     return widths

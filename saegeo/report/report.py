@@ -86,7 +86,7 @@ class ReportOptions:
     skip_nonfinite: bool = False  # skip and count NaN/inf rows (default: an error naming the batch and row)
     assumed_null: float = 0.0  # the baseline a reader compares A with unless told (wrong-null flag)
     seed: int = 0  # seeds the cosine reservoir
-    device: str = "cpu"  # where the SAEs encode
+    device: str = "cpu"  # where the SAEs encode and the float64 accumulators live (e.g. cuda)
     progress: bool = True  # progress bar
     artifact_components: int = 3  # top-k principal directions in the artifact test (stores only; 0: skip it)
     verify: bool = True  # sha256 check of each store shard as it is read
@@ -409,10 +409,17 @@ class _SAEPass:
         cfg = getattr(self.module, "cfg", None)
         saegeo_block = self.config.get("saegeo", {}) if isinstance(self.config, Mapping) else {}
         b_dec = m.b_dec_against_mean()
+        architecture = getattr(cfg, "activation", None) or self.config.get("architecture")
+        info = getattr(self.module, "format_info", None)
+        saved_by_saegeo = info if info is not None and info.written_by == "saegeo" else None
+        trained_as = saegeo_block.get("trained_as") or getattr(saved_by_saegeo, "architecture", None)
+        if trained_as not in (None, architecture):  # a BatchTopK SAE saved as jumprelu
+            architecture = f"{trained_as} (saved as {architecture})"
         return SAEGeometry(
             name=self.name, d_in=self.d_in, d_sae=self.d_sae,
-            architecture=getattr(cfg, "activation", None) or self.config.get("architecture"),
-            k=getattr(cfg, "k", None) or self.config.get("k"),
+            architecture=architecture,
+            k=getattr(cfg, "k", None) or self.config.get("k") or saegeo_block.get("training_k")
+            or getattr(saved_by_saegeo, "training_k", None),
             b_dec_init=saegeo_block.get("b_dec_init"),
             n_tokens=m.n,
             fve=m.fve, mse=m.mse,
@@ -493,6 +500,7 @@ def geometry_report(
         batches, first_row = rows.batches(opts.batch_size, *((ctx.rank, ctx.world_size) if ctx else ()))
     source = dict(rows.describe)
     total = opts.max_tokens if opts.max_tokens is not None else rows.n_rows
+    device = torch.device(opts.device)
     passes: list[_SAEPass] = []
     for name, obj in _named_saes(sae):
         module, cfg, default_name = _resolve_sae(obj)
@@ -512,7 +520,7 @@ def geometry_report(
     sample_start = first_row if ctx is None or source["kind"] != "iterator" else ctx.rank << 40
     with distributed.all_ranks_or_none("streaming the activations"):  # a failing rank ends every rank
         for index, batch in enumerate(batches):
-            x = as_rows(batch)
+            x = as_rows(batch).to(device)  # the accumulators follow the batches: float64 sums on the device
             if opts.max_tokens is not None:
                 x = x[: max(0, opts.max_tokens - seen)]
             if x.shape[0] == 0:
@@ -552,6 +560,7 @@ def geometry_report(
     if acc is None or acc.n == 0:
         raise BadInputError("geometry_report: no rows were read (empty store, tensor or iterator?)")
     acc.n_nonfinite_skipped += n_skipped  # the rows were dropped before the accumulator saw them
+    acc.to("cpu")  # the eigen-decompositions and read-outs below run on the float64 CPU copy
     seconds = time.perf_counter() - t0
     geometry = activation_geometry(acc, top_k_eigvecs=max(10, opts.artifact_components))
     geo = geometry.to_dict()

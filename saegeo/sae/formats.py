@@ -6,6 +6,9 @@
                                   preprocessing, metrics
     DIR/sae_weights.safetensors   W_enc (d_in, d_sae), W_dec (d_sae, d_in), b_enc (d_sae), b_dec (d_in)
                                   [+ threshold (d_sae) for jumprelu]
+    A BatchTopK SAE is saved for inference as SAELens saves its own: architecture "jumprelu" with the
+    global threshold broadcast to every latent (relu(pre)·[relu(pre) > θ] = relu(pre)·[pre > θ_i], θ_i = θ);
+    the saegeo block keeps trained_as = "batchtopk" and training_k.
 
 `SAE.load_from_disk(DIR)` in SAELens gives the same encode/decode as `load_sae(DIR)` here
 (checked in benchmarks/train_bench.py). Published-format loaders live further down this file.
@@ -51,12 +54,15 @@ def save_sae(sae: SAE, path: str | os.PathLike, provenance: dict | None = None) 
     any other way is refused when loaded.
     """
     cfg = sae.cfg
+    provenance = dict(provenance or {})
+    if cfg.activation == "batchtopk":
+        provenance.update(trained_as="batchtopk", training_k=cfg.k)
+        cfg = SAEConfig(**{**cfg.to_dict(), "activation": "jumprelu", "k": None})
     if cfg.input_normalization != "none":
         raise FormatError(
             f"input_normalization={cfg.input_normalization!r} has no SAELens equivalent with identical "
             "semantics; save this SAE in its original format"
         )
-    provenance = dict(provenance or {})
     data = provenance.get("data", {}) or {}
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
@@ -64,8 +70,8 @@ def save_sae(sae: SAE, path: str | os.PathLike, provenance: dict | None = None) 
         "W_enc": sae.W_enc.detach(), "W_dec": sae.W_dec.detach(),
         "b_enc": sae.b_enc.detach(), "b_dec": sae.b_dec.detach(),
     }
-    if cfg.activation in ("jumprelu", "batchtopk"):
-        tensors["threshold"] = sae.threshold.detach()
+    if cfg.activation == "jumprelu":
+        tensors["threshold"] = sae.threshold.detach().expand(cfg.d_sae)  # batchtopk: one θ for every latent
     meta = {
         "sae_lens_version": "6.0.0",  # the config layout written here (SAELens >= 6)
         "sae_lens_training_version": None,
@@ -93,8 +99,6 @@ def save_sae(sae: SAE, path: str | os.PathLike, provenance: dict | None = None) 
     if cfg.activation == "topk":
         saelens_cfg["k"] = cfg.k
         saelens_cfg["rescale_acts_by_decoder_norm"] = cfg.rescale_acts_by_decoder_norm
-    if cfg.activation == "batchtopk":
-        saelens_cfg["k"] = cfg.k
     weights = safetensors_bytes({k: v.contiguous().cpu() for k, v in tensors.items()})
     saelens_cfg["saegeo"] = {"format_version": SAEGEO_FORMAT_VERSION, "sae_config": cfg.to_dict(), **provenance,
                              "weights_sha256": hashlib.sha256(weights).hexdigest()}
@@ -161,7 +165,8 @@ def load_sae(path: str | os.PathLike, device: str = "cpu") -> SAE:
         cfg = _saegeo_block_config(block["sae_config"], raw, cfg_path)
         meta = raw.get("metadata") or {}
         info = FormatInfo(format="saelens", source=str(d), written_by="saegeo", model_name=meta.get("model_name"),
-                          hook_name=meta.get("hook_name"), **_saelens_activation_facts(raw, meta))
+                          hook_name=meta.get("hook_name"), architecture=raw["saegeo"].get("trained_as"),
+                          training_k=raw["saegeo"].get("training_k"), **_saelens_activation_facts(raw, meta))
     else:  # any SAELens version: older key names, normalisation, scaling factors (see _saelens_config)
         cfg, info = _saelens_config(raw, cfg_path, weights)
     tensors = _saelens_tensors(cfg, info, weights, w_path, bool(raw.get("finetuning_scaling_factor", False)))

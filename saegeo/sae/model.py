@@ -119,6 +119,7 @@ class TrainOutput(NamedTuple):
     aux_loss: Tensor  # AuxK (topk) or L1 (relu) term, before its coefficient
     fired: Tensor  # (d_sae,) bool: latent active on some row of the batch
     fire_count: Tensor  # (d_sae,) number of rows each latent fired on
+    min_kept: Tensor | None = None  # batchtopk: smallest positive code kept in this batch (threshold estimate)
 
 
 def _relu(sae: "SAE", pre: Tensor) -> Tensor:
@@ -147,6 +148,100 @@ ACTIVATIONS: dict[str, Callable[["SAE", Tensor], Tensor]] = {
     "jumprelu": _jumprelu,
     "batchtopk": _batchtopk_inference,
 }
+
+
+def _window(pre: Tensor, threshold: Tensor, bandwidth: float) -> Tensor:
+    """Rectangle kernel K((pre − θ)/ε) = 1[|pre − θ| < ε/2], in the dtype of pre."""
+    return ((pre - threshold).abs() < bandwidth / 2).to(pre.dtype)
+
+
+class _JumpReLUFn(torch.autograd.Function):
+    """codes = pre·H(pre − θ) with a straight-through estimator for θ (Rajamanoharan et al. 2024).
+
+    ∂codes/∂pre = H(pre − θ) (exact away from the jump); ∂codes/∂θ_i := −(θ_i/ε)·K((pre − θ_i)/ε) with the
+    rectangle kernel K(u) = 1[|u| < ½] and bandwidth ε: the jump of height θ_i spread over a window of width ε.
+    """
+
+    @staticmethod
+    def forward(ctx, pre, threshold, bandwidth):
+        ctx.save_for_backward(pre, threshold)
+        ctx.bandwidth = bandwidth
+        return pre * (pre > threshold)
+
+    @staticmethod
+    def backward(ctx, grad):
+        pre, threshold = ctx.saved_tensors
+        eps = ctx.bandwidth
+        grad_pre = grad * (pre > threshold) if ctx.needs_input_grad[0] else None
+        grad_thr = None
+        if ctx.needs_input_grad[1]:
+            grad_thr = -(threshold / eps) * (grad * _window(pre, threshold, eps)).sum(dim=0)
+        return grad_pre, grad_thr, None
+
+
+class _StepFn(torch.autograd.Function):
+    """H(pre − θ) with ∂/∂pre := 0 and ∂/∂θ_i := −(1/ε)·K((pre − θ_i)/ε): the L0 that trains the threshold.
+
+    Summed over rows this is exactly the central finite difference of Σ_r H(pre_r − θ_i) with step ε:
+    −#{r: |pre_r − θ_i| < ε/2}/ε.
+    """
+
+    @staticmethod
+    def forward(ctx, pre, threshold, bandwidth):
+        ctx.save_for_backward(pre, threshold)
+        ctx.bandwidth = bandwidth
+        return (pre > threshold).to(pre.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        pre, threshold = ctx.saved_tensors
+        eps = ctx.bandwidth
+        grad_thr = -(grad * _window(pre, threshold, eps)).sum(dim=0) / eps if ctx.needs_input_grad[1] else None
+        return None, grad_thr, None
+
+
+class _ReLUStep(torch.autograd.Function):
+    """The ReLU SAE's training forward with a hand-written backward (no autograd graph of (n, d_sae) temporaries).
+
+    Forward: xc = x − b_dec·[apply], codes = relu(xc @ W_enc + b_enc), x̂ = codes @ W_dec + b_dec,
+    l1 = Σ_i ‖w_i‖·Σ_rows codes_ri / n; also the per-latent firing counts (no gradient).
+    Backward, given G = ∂L/∂x̂ and g = ∂L/∂l1:
+      ∂codes = G W_decᵀ + (g/n)‖w‖ (one GEMM with a broadcast bias), ∂pre = ∂codes·[codes > 0],
+      ∂W_enc = xcᵀ ∂pre, ∂b_enc = Σ_rows ∂pre, ∂W_dec = codesᵀ G + (g/n)(Σ_rows codes)_i w_i/‖w_i‖,
+      ∂b_dec = Σ_rows G − W_enc ∂b_enc·[apply]; x gets none.
+    Five GEMMs of n·d·d_sae and four elementwise passes over (n, d_sae): relu, its backward, two column sums.
+    (Folding the biases and sums into the GEMMs as an extra row/column was measured slower: d + 1 = 385
+    columns cost the GEMMs ~8 %, more than the passes they save.)
+    """
+
+    @staticmethod
+    def forward(ctx, x, W_enc, b_enc, W_dec, b_dec, apply_b_dec: bool):
+        xc = x - b_dec if apply_b_dec else x
+        codes = torch.addmm(b_enc, xc, W_enc).relu_()
+        x_hat = torch.addmm(b_dec, codes, W_dec)
+        norms = W_dec.norm(dim=1)
+        code_sums = codes.sum(dim=0)
+        l1 = code_sums @ norms / x.shape[0]
+        fire_count = torch.count_nonzero(codes, dim=0).to(torch.float32)
+        ctx.save_for_backward(xc, codes, W_enc, W_dec, norms, code_sums)
+        ctx.apply_b_dec = apply_b_dec
+        ctx.mark_non_differentiable(fire_count)
+        return x_hat, l1, fire_count
+
+    @staticmethod
+    def backward(ctx, grad_x_hat, grad_l1, _):
+        xc, codes, W_enc, W_dec, norms, code_sums = ctx.saved_tensors
+        g = grad_l1 / xc.shape[0]
+        # ∂pre = ∂codes where codes > 0: ReLU's own fused backward kernel, one pass
+        grad_pre = torch.ops.aten.threshold_backward(torch.addmm(g * norms, grad_x_hat, W_dec.t()), codes, 0.0)
+        grad_W_enc = xc.t() @ grad_pre
+        grad_b_enc = grad_pre.sum(dim=0)
+        del grad_pre
+        grad_W_dec = torch.addmm((g * code_sums / norms.clamp_min(1e-12))[:, None] * W_dec, codes.t(), grad_x_hat)
+        grad_b_dec = grad_x_hat.sum(dim=0)
+        if ctx.apply_b_dec:
+            grad_b_dec = grad_b_dec - W_enc @ grad_b_enc
+        return None, grad_W_enc, grad_b_enc, grad_W_dec, grad_b_dec, None
 
 
 class _GatheredLinear(torch.autograd.Function):
@@ -195,9 +290,12 @@ class SAE(nn.Module):
         self.b_enc = nn.Parameter(torch.zeros(cfg.d_sae, **kw))
         self.W_dec = nn.Parameter(torch.zeros(cfg.d_sae, cfg.d_in, **kw))
         self.b_dec = nn.Parameter(torch.zeros(cfg.d_in, **kw))
-        # jumprelu: per-latent threshold (d_sae); batchtopk: one scalar (stored as shape (1,)).
-        n_thr = cfg.d_sae if cfg.activation == "jumprelu" else 1
-        self.register_buffer("threshold", torch.zeros(n_thr, **kw))
+        # jumprelu: per-latent threshold (d_sae), a parameter (the trainer turns its gradient on);
+        # batchtopk: one scalar (shape (1,)), a buffer the trainer estimates from the codes it keeps.
+        if cfg.activation == "jumprelu":
+            self.threshold = nn.Parameter(torch.zeros(cfg.d_sae, **kw), requires_grad=False)
+        else:
+            self.register_buffer("threshold", torch.zeros(1, **kw))
 
     # ------------------------------------------------------------------ init
     @torch.no_grad()
@@ -323,6 +421,9 @@ class SAE(nn.Module):
         l1_coefficient: float = 0.0,
         aux_coefficient: float = 0.0,
         centred_ss_fn: Callable[[Tensor], Tensor] | None = None,
+        l0_target: float | None = None,
+        l0_coefficient: float = 0.0,
+        bandwidth: float = 0.05,
     ) -> TrainOutput:
         """Training objective for the variant.
 
@@ -330,6 +431,12 @@ class SAE(nn.Module):
               e = x − x̂ from the top-`aux_k` *dead* latents: ‖e − ê‖² / ‖e − ē‖², scaled by
               min(n_dead/aux_k, 1) (Gao et al. 2024). Unlike sparsify, which divides by the batch's Σ‖x − x̄‖²
               and adds b_dec to ê, the residual is normalised by its own centred sum of squares.
+        batchtopk: codes = the k·n largest entries of relu(pre) over the whole batch (k per row on average,
+              Bussmann et al. 2024); loss as topk (FVU + AuxK). `min_kept` is the smallest positive code kept,
+              from which the trainer estimates the inference threshold.
+        jumprelu: codes = pre·H(pre − θ) (`_JumpReLUFn`); loss = FVU + l0_coefficient·(L0/l0_target − 1)² with
+              L0 = mean_rows Σ_i H(pre − θ_i) (`_StepFn`: straight-through for θ, rectangle kernel of width
+              `bandwidth`); without l0_target the penalty is l0_coefficient·L0 (the paper's form).
         relu: loss = mean_rows ‖x − x̂‖² + l1_coefficient · mean_rows Σ_i codes_i·‖W_dec[i]‖ (the SAELens
               Standard objective, so coefficients transfer).
         centred_ss_fn(t) gives the centred sums of squares Σ‖t − t̄‖² used above (default: over this batch);
@@ -341,55 +448,93 @@ class SAE(nn.Module):
         centred_ss_fn = centred_ss_fn or (lambda t: (t - t.mean(dim=0)).pow(2).sum())
         centred_ss = centred_ss_fn(x)
         n = x.shape[0]
-        if self.cfg.activation == "topk":
+        act = self.cfg.activation
+        aux, min_kept = x.new_zeros(()), None
+        if act == "topk":
             # Dense pre-activations without autograd; gradients flow only through the k selected
             # (and AuxK) entries via _GatheredLinear, so the backward never forms a (n, d_sae) matrix.
             xc = x - self.b_dec if self.cfg.apply_b_dec_to_input else x
             with torch.no_grad():
                 pre = torch.addmm(self.b_enc, xc, self.W_enc)
-                _, indices = self._topk(pre)
+                if self.cfg.topk_order == "relu_then_topk":
+                    # in place: the entries used below are relu'd again, and a latent at 0 adds nothing and gets
+                    # no gradient either way; saves a (n × d_sae) copy per step
+                    pre.relu_()
+                indices = pre.topk(int(self.cfg.k), dim=-1, sorted=False).indices
             values = F.relu(_GatheredLinear.apply(xc, self.W_enc, self.b_enc, indices, pre.gather(1, indices)))
             x_hat = self.decode_sparse(values, indices)
             err = x - x_hat
             sse = err.pow(2).sum()
             loss = sse / centred_ss
-            aux = x.new_zeros(())
-            use_aux = dead_mask is not None and aux_k > 0 and aux_coefficient > 0
-            if use_aux and dead_mask.device.type == "cpu":
-                use_aux = bool(dead_mask.any())  # free on CPU; on GPU we avoid the sync and compute a zero
-            if use_aux:
-                n_dead = dead_mask.sum()  # stays on device: no host sync per step
-                k_aux = min(aux_k, self.cfg.d_sae)
-                with torch.no_grad():
-                    dead_pre = torch.where(dead_mask, pre, torch.full_like(pre, -torch.inf))
-                    aux_idx = dead_pre.topk(k_aux, dim=-1, sorted=False).indices
-                aux_pre = _GatheredLinear.apply(xc, self.W_enc, self.b_enc, aux_idx, pre.gather(1, aux_idx))
-                aux_vals = F.relu(aux_pre) * dead_mask[aux_idx]  # rows with < k_aux dead latents: mask the rest
-                e = err.detach()
-                e_hat = F.embedding_bag(aux_idx, self.W_dec, per_sample_weights=aux_vals, mode="sum")
-                aux = (e - e_hat).pow(2).sum() / centred_ss_fn(e)
-                aux = aux * (n_dead.float() / k_aux).clamp(max=1.0)
-                aux = torch.nan_to_num(aux, nan=0.0)
-                loss = loss + aux_coefficient * aux
+            aux = self._auxk(err, pre, dead_mask, aux_k, aux_coefficient, centred_ss_fn,
+                             lambda idx: _GatheredLinear.apply(xc, self.W_enc, self.b_enc, idx, pre.gather(1, idx)))
+            loss = loss + aux_coefficient * aux
             active = values > 0
             fire_count = torch.zeros(self.cfg.d_sae, device=x.device, dtype=torch.float32)
             fire_count.index_add_(0, indices.flatten(), active.flatten().float())
             l0_sum = active.sum()
+        elif act == "relu":
+            x_hat, aux, fire_count = _ReLUStep.apply(x, self.W_enc, self.b_enc, self.W_dec, self.b_dec,
+                                                     self.cfg.apply_b_dec_to_input)
+            sse = (x - x_hat).pow(2).sum()
+            loss = sse / n + l1_coefficient * aux
+            l0_sum = fire_count.sum()
         else:
             # (x − b_dec) W_enc + b_enc = x W_enc + (b_enc − b_dec W_enc): x needs no gradient, so the backward
             # skips the dense (n × d_sae) @ (d_sae × d_in) product that ∂b_dec through the input would cost.
             bias = self.b_enc - self.b_dec @ self.W_enc if self.cfg.apply_b_dec_to_input else self.b_enc
             pre = torch.addmm(bias, x, self.W_enc)
-            codes = pre.relu_() if self.cfg.activation == "relu" else ACTIVATIONS[self.cfg.activation](self, pre)
+            if act == "batchtopk":
+                post = F.relu(pre)
+                flat = post.flatten()
+                with torch.no_grad():
+                    keep = flat.topk(min(int(self.cfg.k) * n, flat.numel()), sorted=False).indices
+                kept = flat[keep]
+                codes = torch.zeros_like(flat).scatter(0, keep, kept).view_as(post)
+                with torch.no_grad():
+                    positive = kept[kept > 0]
+                    min_kept = positive.min() if positive.numel() else kept.new_zeros(())
+            else:  # jumprelu
+                codes = _JumpReLUFn.apply(pre, self.threshold, bandwidth)
             x_hat = torch.addmm(self.b_dec, codes, self.W_dec)
-            sse = (x - x_hat).pow(2).sum()
-            # Σ_rows Σ_i codes_ri ‖w_i‖ = Σ_i ‖w_i‖ Σ_rows codes_ri: reduce over rows first, no (n × d_sae) product
-            l1 = codes.sum(dim=0) @ self.W_dec.norm(dim=1) / n
-            aux = l1
-            loss = sse / n + l1_coefficient * l1
-            fire_count = codes.detach().sign().sum(dim=0)  # codes ≥ 0: sign = 1 where active (exact counts)
+            err = x - x_hat
+            sse = err.pow(2).sum()
+            fire_count = torch.count_nonzero(codes.detach(), dim=0).to(torch.float32)  # codes ≥ 0: active = nonzero
             l0_sum = fire_count.sum()
-        return TrainOutput(loss, sse.detach(), centred_ss, l0_sum, aux.detach(), fire_count > 0, fire_count)
+            if act == "batchtopk":
+                aux = self._auxk(err, pre.detach(), dead_mask, aux_k, aux_coefficient, centred_ss_fn,
+                                 lambda idx: pre.gather(1, idx))
+                loss = sse / centred_ss + aux_coefficient * aux
+            else:
+                l0 = _StepFn.apply(pre, self.threshold, bandwidth).sum() / n
+                aux = (l0 / l0_target - 1).pow(2) if l0_target else l0
+                loss = sse / centred_ss + l0_coefficient * aux
+        return TrainOutput(loss, sse.detach(), centred_ss, l0_sum, aux.detach(), fire_count > 0, fire_count, min_kept)
+
+    def _auxk(self, err: Tensor, pre: Tensor, dead_mask: Tensor | None, aux_k: int, aux_coefficient: float,
+              centred_ss_fn: Callable[[Tensor], Tensor], gathered_pre: Callable[[Tensor], Tensor]) -> Tensor:
+        """AuxK: ‖e − ê‖²/‖e − ē‖² · min(n_dead/aux_k, 1), ê from the top-aux_k dead latents of each row (pre is
+        detached; `gathered_pre(idx)` gives those entries with their gradient). Zero without dead latents."""
+        use_aux = dead_mask is not None and aux_k > 0 and aux_coefficient > 0
+        if use_aux and dead_mask.device.type == "cpu":
+            use_aux = bool(dead_mask.any())  # free on CPU; on GPU we avoid the sync and compute a zero
+        if not use_aux:
+            return err.new_zeros(())
+        n_dead = dead_mask.sum()  # stays on device: no host sync per step
+        k_aux = min(aux_k, self.cfg.d_sae)
+        with torch.no_grad():
+            if dead_mask.device.type == "cpu":  # the dead columns only (the mask is on the host: no sync)
+                cols = dead_mask.nonzero().squeeze(1)
+                aux_idx = cols[pre.index_select(1, cols).topk(min(k_aux, cols.numel()), dim=-1, sorted=False).indices]
+            else:
+                dead_pre = torch.where(dead_mask, pre, torch.full_like(pre, -torch.inf))
+                aux_idx = dead_pre.topk(k_aux, dim=-1, sorted=False).indices
+        aux_vals = F.relu(gathered_pre(aux_idx)) * dead_mask[aux_idx]  # rows with < k_aux dead latents: mask the rest
+        e = err.detach()
+        e_hat = F.embedding_bag(aux_idx, self.W_dec, per_sample_weights=aux_vals, mode="sum")
+        aux = (e - e_hat).pow(2).sum() / centred_ss_fn(e)
+        aux = aux * (n_dead.float() / k_aux).clamp(max=1.0)
+        return torch.nan_to_num(aux, nan=0.0)
 
     # ------------------------------------------------------------------ unit-norm decoder
     @torch.no_grad()

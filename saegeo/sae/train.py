@@ -1,4 +1,5 @@
-"""SAE trainer: b_dec := mean of the activations, unit-norm decoder, AuxK / L1, checkpoints, resume.
+"""SAE trainer: TopK, BatchTopK, JumpReLU and ReLU+L1; b_dec := mean of the activations, unit-norm decoder,
+AuxK / L1 / L0 target, checkpoints, resume.
 
 Read top to bottom: config -> data sources -> b_dec init -> metrics -> checkpoints -> train_sae.
 
@@ -41,8 +42,9 @@ from saegeo.errors import BadInputError, FormatError, SaegeoError
 from saegeo.sae.metrics import SAEMetrics
 from saegeo.sae.model import SAE, SAEConfig
 
-Arch = Literal["topk", "relu"]
+Arch = Literal["topk", "relu", "batchtopk", "jumprelu"]
 BDecInit = Literal["mean", "zeros", "geometric_median"]
+DecoderNorm = Literal["unit", "free"]
 ARCHS: tuple[str, ...] = get_args(Arch)
 B_DEC_INITS: tuple[str, ...] = get_args(BDecInit)
 # Options that cannot change the weights: a resume may change them and `saegeo run` ignores them when it
@@ -50,6 +52,11 @@ B_DEC_INITS: tuple[str, ...] = get_args(BDecInit)
 NOT_IN_WEIGHTS = ("progress", "log_every", "num_threads", "device", "checkpoint_every", "out_dir", "overwrite", "verify",
                   "skip_nonfinite")
 CHECKPOINT_VERSION = 2  # 2: state.json records the data fingerprint
+# ReLU+L1 with unit-norm decoder rows: Adam moves a row's direction by about lr·√d_in per step, where SAELens'
+# rows of norm 0.1 turn 10× faster at the same lr; 1e-3 measured on MiniLM layer 3 (README "ReLU+L1 recipe";
+# benchmarks/train_bench.py trains ReLU with it).
+RELU_LR = 1e-3
+_K_ARCHS = ("topk", "batchtopk", "jumprelu")  # archs whose k shapes the model (jumprelu: its L0 target)
 
 
 class NonFiniteLossError(SaegeoError):
@@ -64,9 +71,12 @@ class TrainConfig:
     arch: Arch = "topk"  # SAE architecture
     d_sae: int | None = None  # number of latents (overrides expansion); default expansion · d_in
     expansion: int = 8  # d_sae = expansion · d_in
-    k: int = 32  # active latents per token (topk only)
+    k: int = 32  # active latents per token (topk; batchtopk: on average over the batch; jumprelu: the L0 target)
     l1_coefficient: float = 1.0  # L1 coefficient (relu only); same objective scale as SAELens Standard
-    lr: float = 3e-4  # Adam learning rate
+    l1_warmup_fraction: float = 0.0  # relu: the L1 coefficient rises linearly from 0 over this fraction of the steps
+    decoder_norm: DecoderNorm = "unit"  # relu: unit-norm decoder rows, or free norms (penalty Σ a_i‖w_i‖, folded to unit at the end)
+    grad_clip_norm: float | None = None  # clip the gradient to this global norm (SAELens: 1)
+    lr: float = 3e-4  # Adam learning rate (relu: 1e-3 recommended, see RELU_LR)
     adam_betas: tuple[float, float] = (0.9, 0.999)  # Adam (beta1, beta2)
     warmup_steps: int = 10  # linear warm-up from lr/warmup_steps to lr
     decay_fraction: float = 0.2  # linear decay to 0 over the last fraction of steps (0 = constant)
@@ -76,7 +86,11 @@ class TrainConfig:
     b_dec_init_tokens: int = 100_000  # rows used to estimate the mean / geometric median
     dead_window_tokens: int = 200_000  # a latent that has not fired in this many tokens counts as dead
     aux_k: int | None = None  # AuxK latents (topk); default d_in // 2
-    aux_coefficient: float = 1 / 32  # weight of the AuxK loss (topk)
+    aux_coefficient: float = 1 / 32  # weight of the AuxK loss (topk, batchtopk)
+    threshold_ema: float = 0.05  # batchtopk: inference threshold = running mean, then EMA at this rate, of the smallest code kept
+    l0_coefficient: float = 1.0  # jumprelu: weight of the sparsity loss (L0/k − 1)²
+    bandwidth: float = 0.05  # jumprelu: width ε of the rectangle kernel of the threshold's straight-through estimator
+    threshold_lr_scale: float = 10.0  # jumprelu: the thresholds' learning rate is lr times this
     heldout_fraction: float = 0.1  # fraction of the data held out for the final metrics
     shuffle_buffer: int = 65_536  # store source: rows mixed across shards
     seed: int = 0  # seeds the init and the data order
@@ -93,7 +107,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check_sizes(self)
         if self.arch not in ARCHS:
-            raise BadInputError(f"arch={self.arch!r}: the trainer supports {' and '.join(map(repr, ARCHS))}")
+            raise BadInputError(f"arch={self.arch!r}: the trainer supports {', '.join(map(repr, ARCHS))}")
         if self.b_dec_init not in B_DEC_INITS:
             raise BadInputError(f"b_dec_init={self.b_dec_init!r}; expected one of {B_DEC_INITS}")
         if not 0 <= self.heldout_fraction < 1:
@@ -209,22 +223,94 @@ class _StoreSource:
 
     rank, world = 0, 1  # torch.distributed (set by train_sae): this rank streams shards rank::world
 
-    def _epoch(self, epoch: int) -> Iterator[Tensor]:
-        """One epoch of the training rows: a seeded shard order (this rank's every world-th shard), rows mixed
-        through a shuffle buffer, whole batches of batch_size/world rows only."""
-        return self.store.iter_batches(
-            self.cfg.batch_size // self.world, shuffle=True, shuffle_buffer=self.cfg.shuffle_buffer // self.world,
-            seed=self.cfg.seed * 1_000_003 + epoch, shard_stride=(self.rank, self.world), stop_row=self.n_train,
-            drop_last=True,
-        )
+    def _epoch(self, epoch: int, skip: int = 0) -> Iterator[Tensor | None]:
+        """One epoch of the training rows, batch for batch what ``store.iter_batches(shuffle=True,
+        drop_last=True)`` gives: a seeded shard order (this rank's every world-th shard), rows mixed through a
+        shuffle buffer, whole batches of batch_size/world rows only.
+
+        The first `skip` batches come out as None without reading anything: the shard order and every
+        permutation of the buffer depend only on row counts and the seed, so they are replayed on global row
+        indices. Rows are read from the first batch on that is yielded, and then only the rows still in the
+        buffer (resume seeks instead of re-reading the shards before the saved position).
+        """
+        st, bs = self.store, self.cfg.batch_size // self.world
+        buffer, stop = self.cfg.shuffle_buffer // self.world, self.n_train
+        gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
+        order = [i for i in range(len(st.shards)) if st.offsets[i] < stop]
+        order = [order[j] for j in torch.randperm(len(order), generator=gen).tolist()][self.rank :: self.world]
+        idx = torch.empty(0, dtype=torch.long)  # global row index of each buffered row
+        rows: Tensor | None = None  # their values, once a batch has been yielded
+        n_batches = 0
+
+        def emit(n_emit: int) -> Iterator[Tensor | None]:
+            nonlocal rows, n_batches
+            for lo in range(0, n_emit, bs):
+                if n_batches < skip:
+                    yield None
+                else:
+                    if rows is None:
+                        rows = self._read_global_rows(idx)
+                    yield rows[lo : lo + bs]
+                n_batches += 1
+
+        for i in order:
+            lo_row = int(st.offsets[i])
+            hi_row = min(lo_row + st.shards[i].rows, stop)
+            idx = torch.cat([idx, torch.arange(lo_row, hi_row)])
+            if rows is not None:
+                rows = torch.cat([rows, st.read_shard(i)[: hi_row - lo_row]])
+            if idx.shape[0] < buffer + bs:
+                continue
+            perm = torch.randperm(idx.shape[0], generator=gen)
+            idx, rows = idx[perm], (rows[perm] if rows is not None else None)
+            n_emit = (idx.shape[0] - buffer // 2) // bs * bs  # all but half a buffer: later shards mix in
+            yield from emit(n_emit)
+            idx, rows = idx[n_emit:], (rows[n_emit:] if rows is not None else None)
+        if idx.shape[0] > 1:
+            perm = torch.randperm(idx.shape[0], generator=gen)
+            idx, rows = idx[perm], (rows[perm] if rows is not None else None)
+        yield from emit(idx.shape[0] // bs * bs)
+
+    def _read_global_rows(self, idx: Tensor) -> Tensor:
+        """Rows at global store indices `idx` (in that order). A shard that holds many of them is read whole;
+        from one that holds a few (a resumed buffer keeps a geometrically shrinking tail of every earlier
+        shard) only those rows are read, through a memory map of the safetensors file (pages touched only)."""
+        out = torch.empty(idx.shape[0], self.d, dtype=torch.float32)
+        offsets = self.store.offsets
+        shard = torch.searchsorted(torch.from_numpy(offsets), idx, right=True) - 1
+        for i in shard.unique().tolist():
+            sel = (shard == i).nonzero().squeeze(1)
+            local = idx[sel] - int(offsets[i])
+            if 8 * sel.numel() >= self.store.shards[i].rows:
+                out[sel] = self.store.read_shard(i)[local]
+            else:
+                out[sel] = self._mapped_rows(i, local)
+        return out
+
+    def _mapped_rows(self, i: int, local: Tensor) -> Tensor:
+        import mmap
+
+        info = self.store.shards[i]
+        with open(self.store.path / info.file, "rb") as f:
+            n_header = int.from_bytes(f.read(8), "little")
+            entry = json.loads(f.read(n_header))["activations"]
+            dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[entry["dtype"]]
+            if tuple(entry["shape"]) != (info.rows, self.d):
+                raise BadInputError(f"{self.store.path / info.file}: activations {entry['shape']}, manifest ({info.rows}, {self.d})")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as mm:
+                acts = torch.frombuffer(mm, dtype=dtype, count=info.rows * self.d, offset=8 + n_header + entry["data_offsets"][0])
+                rows = acts.view(info.rows, self.d)[local].to(torch.float32)
+                del acts
+        return rows
 
     def train_batches(self, start_step: int) -> Iterator[Tensor]:
-        step, epoch = 0, 0
+        skip, epoch = start_step, 0  # resume: the first start_step batches are planned, not read
         while True:
-            for batch in self._epoch(epoch):
-                if step >= start_step:  # resume: replay the deterministic stream up to the saved position
+            for batch in self._epoch(epoch, skip):
+                if batch is None:
+                    skip -= 1
+                else:
                     yield batch
-                step += 1
             epoch += 1
 
     def init_rows(self, n: int) -> Iterator[Tensor]:
@@ -577,9 +663,33 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * warm * decay
 
 
+def l1_ramp(step: int, cfg: TrainConfig) -> float:
+    """The L1 warm-up factor min(1, (step + 1)/(l1_warmup_fraction · total_steps)) (1 without warm-up)."""
+    ramp_steps = cfg.l1_warmup_fraction * cfg.total_steps
+    return 1.0 if ramp_steps <= 0 else min(1.0, (step + 1) / ramp_steps)
+
+
 def _sae_config(cfg: TrainConfig, d_in: int) -> SAEConfig:
     d_sae = cfg.d_sae or cfg.expansion * d_in
-    return SAEConfig(d_in=d_in, d_sae=d_sae, activation=cfg.arch, k=cfg.k if cfg.arch == "topk" else None)
+    return SAEConfig(d_in=d_in, d_sae=d_sae, activation=cfg.arch, k=cfg.k if cfg.arch in _K_ARCHS else None)
+
+
+@torch.no_grad()
+def init_jumprelu_threshold(sae: SAE, x: Float[Tensor, "n d"], l0: float) -> None:
+    """θ_i := the m-th largest pre-activation of latent i on the rows x, m = max(1, round(n·l0/d_sae)): every
+    latent starts firing on an l0/d_sae share of the rows, so L0 starts at its target (the STE moves θ only
+    by about lr per step, too slowly to come down from a dense start in a short run)."""
+    pre = sae.pre_activations(x.to(sae.W_enc.device))
+    m = max(1, min(pre.shape[0], round(pre.shape[0] * l0 / sae.cfg.d_sae)))
+    sae.threshold.copy_(pre.topk(m, dim=0).values[-1].clamp_min(0.0))
+
+
+@torch.no_grad()
+def update_batchtopk_threshold(sae: SAE, min_kept: Tensor, step: int, rate: float) -> None:
+    """θ ← θ + max(rate, 1/(step + 1))·(m − θ), m = the smallest positive code BatchTopK kept in this batch: the
+    running mean of m for the first 1/rate steps, then an EMA (dictionary_learning and SAELens track the same m).
+    At inference codes = relu(pre)·[relu(pre) > θ], which keeps about k per row."""
+    sae.threshold.add_((min_kept.to(sae.threshold.dtype) - sae.threshold) * max(rate, 1.0 / (step + 1)))
 
 
 def _rank_batches(source: Any, start_step: int, ctx: Any) -> Iterator[Tensor]:
@@ -606,6 +716,21 @@ def _rank_batches(source: Any, start_step: int, ctx: Any) -> Iterator[Tensor]:
             yield b[rank_rows(b.shape[0], ctx.rank, ctx.world_size)]
 
 
+def keep_freed_memory() -> bool:
+    """glibc hands every freed block above its mmap threshold (≤ 32 MiB) back to the OS, so each step's
+    (batch × d_sae) buffers (50 MB at 4096 × 3072) are page-faulted in again: ~15 % of a CPU training step,
+    measured. Raise the mmap threshold to 1 GiB and the trim threshold to 2 GiB so the heap keeps and reuses
+    them (mallopt M_MMAP_THRESHOLD = −3, M_TRIM_THRESHOLD = −1; process-wide; the same effect as the
+    environment variables MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_). False where libc is not glibc."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(-3, 1 << 30)) and bool(libc.mallopt(-1, 1 << 31))
+    except (OSError, AttributeError):
+        return False
+
+
 def train_sae(
     cfg: TrainConfig,
     data: Any,
@@ -629,14 +754,21 @@ def train_sae(
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     device = torch.device(cfg.device)
+    if device.type == "cpu":
+        keep_freed_memory()
     ctx = distributed.init_from_env()
     if ctx is not None:
         device = ctx.device if device.type == "cuda" else device
         if cfg.batch_size % ctx.world_size:
             raise BadInputError(f"batch_size {cfg.batch_size} is not divisible by the {ctx.world_size} ranks")
     source = make_source(data, cfg)
+    unit_decoder = cfg.decoder_norm == "unit" or cfg.arch != "relu"
     sae = SAE(_sae_config(cfg, source.d), device=device)
-    opt = torch.optim.Adam(sae.parameters(), lr=cfg.lr, betas=cfg.adam_betas)
+    groups: list[dict] = [{"params": [p for n, p in sae.named_parameters() if n != "threshold"], "lr_scale": 1.0}]
+    if cfg.arch == "jumprelu":
+        sae.threshold.requires_grad_(True)
+        groups.append({"params": [sae.threshold], "lr_scale": cfg.threshold_lr_scale})
+    opt = torch.optim.Adam(groups, lr=cfg.lr, betas=cfg.adam_betas)
     aux_k = cfg.aux_k if cfg.aux_k is not None else source.d // 2
 
     ckpt = distributed.from_main(lambda: _open_checkpoint(cfg, source, sae.cfg.d_sae, resume), "reading the checkpoint")
@@ -662,6 +794,11 @@ def train_sae(
         else:
             b_dec = torch.zeros(source.d)
         sae.init_weights(torch.Generator().manual_seed(cfg.seed), b_dec=b_dec.float())
+        if not unit_decoder:  # SAELens' start: decoder rows of norm 0.1, encoder W_decᵀ (same x̂ as encoder_scale 0.01)
+            sae.W_dec.data.mul_(0.1)
+            sae.W_enc.data.copy_(sae.W_dec.data.T)
+        if cfg.arch == "jumprelu":
+            init_jumprelu_threshold(sae, next(iter(source.init_rows(min(cfg.b_dec_init_tokens, 16_384)))), cfg.k)
         since_fired = torch.zeros(sae.cfg.d_sae, dtype=torch.long, device=device)
 
     b_dec_rows = source.init_description(
@@ -708,16 +845,26 @@ def train_sae(
     for step in range(start_step, cfg.total_steps):
         x = next(batches).to(device, non_blocking=True)
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg)
+            g["lr"] = lr_at(step, cfg) * g["lr_scale"]
         out = forward_train(
             x, dead_mask=since_fired > cfg.dead_window_tokens, aux_k=aux_k,
-            l1_coefficient=cfg.l1_coefficient, aux_coefficient=cfg.aux_coefficient, centred_ss_fn=centred_ss_fn,
+            l1_coefficient=cfg.l1_coefficient * l1_ramp(step, cfg), aux_coefficient=cfg.aux_coefficient, centred_ss_fn=centred_ss_fn,
+            l0_target=cfg.k, l0_coefficient=cfg.l0_coefficient, bandwidth=cfg.bandwidth,
         )
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
-        sae.remove_parallel_decoder_grad()
+        if unit_decoder:
+            sae.remove_parallel_decoder_grad()
+        if cfg.grad_clip_norm:
+            torch.nn.utils.clip_grad_norm_(sae.parameters(), cfg.grad_clip_norm)
         opt.step()
-        sae.normalize_decoder()
+        if unit_decoder:
+            sae.normalize_decoder()
+        if cfg.arch == "batchtopk":
+            update_batchtopk_threshold(sae, out.min_kept if ctx is None else
+                                       distributed.sum_across_ranks(out.min_kept) / world, step, cfg.threshold_ema)
+        elif cfg.arch == "jumprelu":
+            sae.threshold.data.clamp_(min=0.0)  # codes pre·H(pre − θ) stay ≥ 0
 
         since_fired += x.shape[0] * world
         since_fired.masked_fill_(out.fired if ctx is None else distributed.sum_across_ranks(out.fire_count) > 0, 0)
@@ -766,6 +913,8 @@ def train_sae(
     if bar is not None:
         bar.close()
     sae.eval()
+    if not unit_decoder:
+        sae.fold_decoder_norms()  # same codes·rows, unit rows: what saegeo's readers and the report expect
 
     heldout = distributed.from_main(lambda: evaluate(sae, source.heldout_batches(), activation_mean,
                                                      first_row=source.heldout_first_row,
