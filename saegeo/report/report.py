@@ -129,6 +129,8 @@ class SAEGeometry:
     amplification: dict[str, float | None]
     config: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # the SAE spliced into the model (saegeo.sae.splice): CE loss clean/spliced/ablated, recovered, KL
+    splice: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe(asdict(self))
@@ -162,6 +164,9 @@ class GeometryReport:
     tokens_per_second: float | None = None
     saegeo_version: str = ""
     notes: list[str] = field(default_factory=list)
+    # a store cached with exclusions: its manifest's rule and sums (what the excluded rows and the
+    # first position carried: saegeo.activations.cache.exclusion_shares)
+    exclusions: dict[str, Any] | None = None
 
     @property
     def sae(self) -> SAEGeometry | None:
@@ -609,8 +614,24 @@ def geometry_report(
         config=json_safe(dict(config)) if config else None, whitening_cost=whitening_cost,
         seconds=seconds, tokens_per_second=acc.n / seconds if seconds > 0 else None,
         saegeo_version=__version__, notes=list(geo.get("notes", [])),
+        exclusions=_store_exclusions(rows.store),
     )
     report.flags = compute_flags(report, opts.thresholds)
+    return report
+
+
+def _store_exclusions(store: Any) -> dict[str, Any] | None:
+    extra = getattr(store, "manifest", {}).get("extra", {}) if store is not None else {}
+    if not extra.get("exclusion_rule") or not extra.get("excluded"):
+        return None
+    return json_safe({"exclusion_rule": extra["exclusion_rule"], "excluded": extra["excluded"]})
+
+
+def add_splice(report: GeometryReport, results: Mapping[str, Mapping[str, Any]]) -> GeometryReport:
+    """Attach `splice_eval_many` results (name -> result) to the report's SAE columns."""
+    for s in report.saes:
+        if s.name in results:
+            s.splice = json_safe(dict(results[s.name]))
     return report
 
 
