@@ -230,3 +230,30 @@ def test_killed_smollm2_cache_with_bos_excluded_resumes_identically(smol, corpus
     assert extra["excluded"]["excluded_special"]["n"] == windows == extra["excluded"]["first_position"]["n"]
     lines = describe_exclusions(extra)
     assert any("first position" in line and "% of ‖μ‖²" in line for line in lines)
+
+
+def test_report_with_model_has_one_splice_column_per_sae(smol, corpus, tmp_path, monkeypatch):
+    from saegeo import cli
+    from saegeo.activations.store import write_store
+    from saegeo.sae import splice
+
+    acts = write_store(tmp_path / "acts", torch.randn(600, 576, generator=torch.Generator().manual_seed(0)) * 3)
+    dirs = {}
+    for name, seed in (("one", 0), ("two", 1)):
+        dirs[name] = save_sae(random_topk(seed=seed), tmp_path / name, provenance={"data": {"model": smol.name, "hook": HOOK}})
+    import dataclasses
+
+    many = splice.splice_eval_many  # the loaded model, the module's short document instead of the default corpus
+    monkeypatch.setattr(splice, "splice_eval_many", lambda cfg, saes, loaded=None: many(
+        dataclasses.replace(cfg, corpus=str(corpus), context=CONTEXT), saes, smol))
+    rc = cli.main(["report", "--acts", str(acts.path), "--sae", f"one={dirs['one']}", "--sae", f"two={dirs['two']}",
+                   "--out", str(tmp_path / "rep"), "--format", "terminal,json", "--model", "smollm2",
+                   "--eval-tokens", "40", "--no-progress"])
+    assert rc == 0
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    spl = {s["name"]: s["splice"] for s in rep["saes"]}
+    assert spl["one"]["ce_loss_clean"] == spl["two"]["ce_loss_clean"]  # the same tokens, shared clean pass
+    assert spl["one"]["ce_loss_spliced"] != spl["two"]["ce_loss_spliced"]
+    text = (tmp_path / "rep" / "summary.txt").read_text()
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("CE loss recovered"))
+    assert f"{spl['one']['ce_loss_recovered']:.4f}" in line and f"{spl['two']['ce_loss_recovered']:.4f}" in line

@@ -62,7 +62,7 @@ class EvalConfig:
     hook: str | None = None  # default: the SAE's hook_name
     corpus: str = "default"
     context: int | None = None  # default: the SAE's training context, else 128
-    max_tokens: int = 16384  # tokens (window positions) evaluated
+    max_tokens: int = 4096  # tokens (window positions) evaluated
     skip_tokens: int | None = None  # held-out text: skip whole windows until this many tokens (default: the
     #                                 SAE's training-store size when it was trained on this corpus, else 0)
     batch_size: int = 4  # windows per batch (logits of 4 variants × batch × context × vocab are held)
