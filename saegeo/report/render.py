@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from saegeo.activations.cache import describe_exclusions
 from saegeo.errors import BadInputError
 from saegeo.geometry.nulls import anisotropy_null_sd
 from saegeo.io import atomic_write
@@ -104,6 +105,7 @@ def activation_lines(report: GeometryReport) -> list[tuple[str, str]]:
         ("rogue dims", f"{rogue['n_for_50']} coordinate(s) carry 50% of the offset, {rogue['n_for_90']} carry 90%"
                        + (f"; top: {top_rogue}" if top_rogue else "")),
     ]
+    lines += [("excluded" if i == 0 else "", line) for i, line in enumerate(describe_exclusions(report.exclusions or {}))]
     if report.artifact:
         lines.append(("artifact", artifact_text(report.artifact)))
     return lines
@@ -174,14 +176,47 @@ SAE_ROWS: list[tuple[str, Callable[[SAEGeometry], str]]] = [
     ("  law: one rate, exact-moment", lambda s: fmt_num(s.amplification.get("exact_moment"))),
     ("  law: one rate, textbook", lambda s: fmt_num(s.amplification.get("textbook"))),
     ("A of x − b_dec", lambda s: fmt_num(s.amplification.get("measured_x_minus_b_dec"))),
+    ("CE loss recovered", lambda s: fmt_num(_splice(s, "ce_loss_recovered"), 4)),
+    ("KL(clean ‖ spliced)", lambda s: fmt_num(_splice(s, "kl_div_spliced"), 4)),
+    ("CE clean / spliced", lambda s: f"{fmt_num(_splice(s, 'ce_loss_clean'), 4)} / {fmt_num(_splice(s, 'ce_loss_spliced'), 4)}"),
+    ("CE zero / mean abl.", lambda s: f"{fmt_num(_splice(s, 'ce_loss_zero_ablation'), 4)} / "
+                                      f"{fmt_num(_splice(s, 'ce_loss_mean_ablation'), 4)}"),
+    ("KL(clean ‖ zero)", lambda s: fmt_num(_splice(s, "kl_div_zero_ablation"), 4)),
+    ("spliced FVE / L0", lambda s: f"{fmt_num(_splice(s, 'fve'))} / {fmt_num(_splice(s, 'l0'), 1)}"),
+    ("embedding cos (spliced)", lambda s: fmt_num(_splice(s, "embedding_cosine_spliced"), 4)),
+    ("spliced on", lambda s: _splice_on(s)),
     ("flags", lambda s: "—"),  # filled per report below
 ]
+# rows shown only when some SAE was spliced into the model (saegeo report --model, the run's [eval])
+SPLICE_ROWS = {"CE loss recovered", "KL(clean ‖ spliced)", "CE clean / spliced", "CE zero / mean abl.",
+               "KL(clean ‖ zero)", "spliced FVE / L0", "spliced on"}
+ENCODER_SPLICE_ROWS = {"embedding cos (spliced)", "spliced FVE / L0", "spliced on"}
+
+
+def _splice(s: SAEGeometry, key: str) -> Any:
+    return (s.splice or {}).get(key)
+
+
+def _splice_on(s: SAEGeometry) -> str:
+    if not s.splice:
+        return "—"
+    passed = s.splice["passed_through"]
+    special = ",".join(passed["special_positions"]) or "none passed"
+    return f"{s.splice['tokens']:,} tok, {passed['positions']:,} passed ({special})"
 
 
 def _sae_table(report: GeometryReport) -> tuple[list[str], list[list[str]]]:
     header = ["", *[s.name for s in report.saes]]
     rows = []
+    spliced = [s.splice for s in report.saes if s.splice]
+    shown = set()
+    if any("ce_loss_clean" in r for r in spliced):
+        shown |= SPLICE_ROWS
+    if any("embedding_cosine_spliced" in r for r in spliced):
+        shown |= ENCODER_SPLICE_ROWS
     for label, fn in SAE_ROWS:
+        if label in SPLICE_ROWS | ENCODER_SPLICE_ROWS and label not in shown:
+            continue
         if label == "flags":
             cells = [flag_counts([f for f in report.flags if f.subject == s.name]) for s in report.saes]
         else:

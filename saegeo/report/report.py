@@ -144,6 +144,8 @@ class SAEGeometry:
     notes: list[str] = field(default_factory=list)
     # the latent pairs that make the co-firing term, largest share first: {i, j, share, joint_rate, cos}
     cofiring_pairs: list[dict[str, float]] | None = None
+    # the SAE spliced into the model (saegeo.sae.splice): CE loss clean/spliced/ablated, recovered, KL
+    splice: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe(asdict(self))
@@ -182,6 +184,9 @@ class GeometryReport:
     sample_diagnostics: dict[str, Any] | None = None
     # offset → shape → artifact → fix: [{step, finding, read: {name: number}}] (flags.activation_diagnosis)
     diagnosis: list[dict[str, Any]] = field(default_factory=list)
+    # a store cached with exclusions: its manifest's rule and sums (what the excluded rows and the
+    # first position carried: saegeo.activations.cache.exclusion_shares)
+    exclusions: dict[str, Any] | None = None
 
     @property
     def sae(self) -> SAEGeometry | None:
@@ -585,6 +590,7 @@ def geometry_report(
         seconds=seconds, tokens_per_second=acc.n / seconds if seconds > 0 else None,
         saegeo_version=__version__, notes=list(geo.get("notes", [])) + ([artifact_note] if artifact_note else []),
         artifact=artifact, sample_diagnostics=sampled,
+        exclusions=_store_exclusions(rows.store),
     )
     report.flags = compute_flags(report, opts.thresholds)
     report.diagnosis = activation_diagnosis({**geo, "sample_diagnostics": sampled}, report.flags, opts.thresholds)
@@ -613,6 +619,19 @@ def _artifact_test(rows: Any, geometry: Any, opts: ReportOptions, *, distributed
         part = artifact_accumulator(rows.store, geometry, k=opts.artifact_components, batch_size=opts.batch_size,
                                     shard_indices=block)
     return artifact_result(dist.merge_across_ranks(part)), None
+def _store_exclusions(store: Any) -> dict[str, Any] | None:
+    extra = getattr(store, "manifest", {}).get("extra", {}) if store is not None else {}
+    if not extra.get("exclusion_rule") or not extra.get("excluded"):
+        return None
+    return json_safe({"exclusion_rule": extra["exclusion_rule"], "excluded": extra["excluded"]})
+
+
+def add_splice(report: GeometryReport, results: Mapping[str, Mapping[str, Any]]) -> GeometryReport:
+    """Attach `splice_eval_many` results (name -> result) to the report's SAE columns."""
+    for s in report.saes:
+        if s.name in results:
+            s.splice = json_safe(dict(results[s.name]))
+    return report
 
 
 def compute_flags(report: GeometryReport, thresholds: FlagThresholds | None = None) -> list[Flag]:

@@ -1,0 +1,143 @@
+"""Spliced-evaluation throughput: `saegeo eval` (splice_eval) vs a plain transformer-lens run_with_hooks loop.
+
+Same model (SmolLM2-135M, bundled), same SAE, same windows (default corpus, context 64, BOS passed through),
+methods interleaved over rounds (median reported) so machine load hits both alike; wall and CPU seconds.
+
+  saegeo   splice_eval: blocks ≤ L once per batch, then the suffix from the hook on for clean, spliced,
+           zero and mean (4 suffixes, one prefix)
+  plain    what an evaluation loop written against transformer-lens does (the shape of SAELens'
+           get_recons_loss): four full `model.run_with_hooks(tokens, fwd_hooks=[(hook, replace)])` forwards
+           per batch (clean, spliced, zero, mean), the same CE sums
+  saegeo×2 / plain×2   two SAEs on the same tokens (a report's two columns): saegeo shares the prefix and
+           the clean/zero/mean suffixes, the loop runs 2 × 4 full forwards
+
+SAELens' own `run_evals` cannot run offline here: it loads its model through HookedSAETransformer.from_pretrained
+(a hub download) and caps transformer-lens below 4 in its own venv; so the baseline is the plain loop.
+The CE numbers of both methods are printed side by side (they must agree).
+
+Usage: python benchmarks/eval_bench.py [--tokens 1024] [--layer 15] [--rounds 2] [--sae DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from saegeo.activations.cache import _batches, _pad
+from saegeo.activations.corpus import CorpusSpec, iter_windows
+from saegeo.activations.models import load_model
+from saegeo.sae.formats import load_dictionary
+from saegeo.sae.model import SAE, SAEConfig
+from saegeo.sae.splice import EvalConfig, splice_eval_many
+
+
+def random_topk(d: int, seed: int) -> SAE:
+    sae = SAE(SAEConfig(d_in=d, d_sae=8 * d, activation="topk", k=32))
+    with torch.no_grad():
+        sae.init_weights(torch.Generator().manual_seed(seed))
+    return sae.eval()
+
+
+def plain_loop(model, saes, hook, batches):
+    """Four full run_with_hooks forwards per batch and SAE; CE sums over the same predictions."""
+    ce = {n: {v: 0.0 for v in ("clean", "spliced", "zero", "mean")} for n in saes}
+    n_pred = 0
+    for tokens, attend, store in batches:
+        valid = attend[:, 1:]
+        target = tokens[:, 1:][valid]
+        n_pred += int(valid.sum())
+        replace = store & attend
+        for name, sae in saes.items():
+            grabbed = {}
+
+            def grab(act, hook):
+                grabbed["x"] = act[replace]
+
+            def setter(fn):
+                def hook_fn(act, hook):
+                    act = act.clone()
+                    act[replace] = fn(act[replace])
+                    return act
+                return hook_fn
+
+            variants = {"clean": grab, "spliced": setter(lambda x: sae(x)), "zero": setter(torch.zeros_like),
+                        "mean": setter(lambda x: x.mean(0).expand_as(x))}
+            for v, fn in variants.items():
+                logits = model.run_with_hooks(tokens, fwd_hooks=[(hook, fn)])
+                logp = F.log_softmax(logits[:, :-1][valid].float(), dim=-1)
+                ce[name][v] -= float(logp.gather(1, target[:, None]).double().sum())
+    return {n: {v: s / n_pred for v, s in d.items()} for n, d in ce.items()}, n_pred
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=1024, help="tokens per method per round (whole windows)")
+    ap.add_argument("--layer", type=int, default=15, help="splice at blocks.LAYER.hook_resid_post")
+    ap.add_argument("--context", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=8, help="windows per batch")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--sae", default=None, help="an SAE for this hook (default: a random TopK k=32, 8× expansion)")
+    ap.add_argument("--threads", type=int, default=0)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    loaded = load_model("smollm2")
+    hook = f"blocks.{args.layer}.hook_resid_post"
+    sae = load_dictionary(args.sae).eval() if args.sae else random_topk(loaded.d_model, 0)
+    saes = {"a": sae, "b": random_topk(loaded.d_model, 1)}
+    spec = CorpusSpec(context=args.context, exclude_special=True)
+    windows, n = [], 0
+    for w in iter_windows(spec, loaded.tokenizer, "decoder"):
+        windows.append(w)
+        n += len(w.input_ids)
+        if n >= args.tokens:
+            break
+    pad = loaded.tokenizer.pad_token_id
+    batches = [_pad(b, pad) for b in _batches(iter(windows), args.batch_size)]
+    n_tokens = sum(int(a.sum()) for _, a, _ in batches)
+    print(f"SmolLM2-135M, {hook}, default corpus, context {args.context}, {len(windows)} windows = {n_tokens} tokens "
+          f"in batches of {args.batch_size}, {args.rounds} rounds, torch threads {torch.get_num_threads()}")
+    cfg = EvalConfig(corpus="default", hook=hook, context=args.context, max_tokens=n_tokens, skip_tokens=0,
+                     batch_size=args.batch_size, pass_special=True, progress=False)
+
+    def timed(fn):
+        w0, c0 = time.perf_counter(), time.process_time()
+        out = fn()
+        return out, time.perf_counter() - w0, time.process_time() - c0
+
+    methods = {
+        "saegeo": lambda: splice_eval_many(cfg, {"a": saes["a"]}, loaded),
+        "plain": lambda: plain_loop(loaded.model, {"a": saes["a"]}, hook, batches),
+        "saegeo×2": lambda: splice_eval_many(cfg, saes, loaded),
+        "plain×2": lambda: plain_loop(loaded.model, saes, hook, batches),
+    }
+    times = {m: [] for m in methods}
+    outs = {}
+    with torch.inference_mode():
+        for _ in range(args.rounds):
+            for m, fn in methods.items():
+                outs[m], wall, cpu = timed(fn)
+                times[m].append((wall, cpu))
+    print(f"{'method':<10} {'wall s':>8} {'CPU s':>8} {'tok/s':>8}   CE clean / spliced / zero / mean (SAE a)")
+    for m, ts in times.items():
+        wall = statistics.median(t[0] for t in ts)
+        cpu = statistics.median(t[1] for t in ts)
+        o = outs[m]
+        if m.startswith("saegeo"):
+            r = o["a"]
+            ce = (r["ce_loss_clean"], r["ce_loss_spliced"], r["ce_loss_zero_ablation"], r["ce_loss_mean_ablation"])
+        else:
+            r = o[0]["a"]
+            ce = (r["clean"], r["spliced"], r["zero"], r["mean"])
+        print(f"{m:<10} {wall:>8.1f} {cpu:>8.1f} {n_tokens / wall:>8.1f}   " + " / ".join(f"{c:.4f}" for c in ce))
+    med = {m: (statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts)) for m, ts in times.items()}
+    for a, b in (("saegeo", "plain"), ("saegeo×2", "plain×2")):
+        print(f"{a} vs {b}: {med[b][0] / med[a][0]:.2f}× tokens/s (wall), {med[b][1] / med[a][1]:.2f}× in CPU seconds")
+
+
+if __name__ == "__main__":
+    main()

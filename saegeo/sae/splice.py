@@ -1,0 +1,452 @@
+"""The SAE spliced into the model at its hook: CE loss and KL against the clean model and two ablations.
+
+For a decoder LM, per batch of windows (right-padded; causal attention, so padding never reaches a real
+position), the prefix up to the hook runs once and the suffix from the hook on runs four times, with the
+hook's activation x at every *replaced* position set to
+
+  clean     x                        spliced   x̂ = SAE(x)
+  zero      0                        mean      μ_batch (the hook's mean over the batch's replaced positions)
+
+Positions the SAE never saw in training (the special positions such as BOS, and rows above m × the
+window's median norm when its store excluded them) are passed through unreplaced in every variant.
+Over the N next-token predictions of the windows (targets t ≥ 1, padding excluded):
+
+  CE_v               = −(1/N) Σ log p_v(token_{t+1} | ≤ t)
+  ce_loss_recovered  = (CE_zero − CE_spliced) / (CE_zero − CE_clean)      (SAELens' ce_loss_score)
+  KL_v               = (1/N) Σ_t Σ_vocab p_clean (log p_clean − log p_v)   (KL(clean ‖ v), nats per token)
+  fve                = 1 − Σ‖x − x̂‖² / Σ‖x − x̄‖²  over the replaced rows (x̄ their mean; about the mean,
+                       not about 0)
+  l0                 = mean number of active latents per replaced row
+
+For an encoder (MiniLM: no trained LM head) the same splice is measured by the cosine between the clean
+and the spliced mean-pooled final-layer sentence embeddings (sentence-transformers' pooling: the mean
+over the window's tokens), averaged over windows, with the zero and mean ablations as baselines.
+
+``hook`` efficiency: ``blocks.L.hook_resid_post`` runs blocks ≤ L once and blocks > L four times
+(HookedTransformer's stop_at_layer / start_at_layer); ``blocks.L.hook_resid_pre`` likewise from block
+L; any other per-token hook of block L runs blocks < L once and blocks ≥ L four times, with a hook that
+replaces the activation.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from saegeo.activations.cache import BLOCK_HOOK, NOT_PER_TOKEN, _batches, _pad
+from saegeo.activations.corpus import CorpusSpec, iter_windows
+from saegeo.activations.models import LoadedModel, load_model
+from saegeo.errors import BadInputError
+from saegeo.io import refuse_unknown_keys
+from saegeo.sae.model import SAE
+
+VARIANTS = ("clean", "spliced", "zero", "mean")
+ENCODER_MEASURE = ("cosine between the clean and the spliced mean-pooled final-layer sentence embeddings "
+                   "(the encoder has no trained LM head, so no CE loss or KL is measured)")
+
+
+@dataclass
+class EvalConfig:
+    """`saegeo eval`: which model, SAE, hook and text; None fields come from the SAE's own metadata."""
+
+    model: str = "smollm2"
+    sae: str = ""  # any load_dictionary path (native or published)
+    hook: str | None = None  # default: the SAE's hook_name
+    corpus: str = "default"
+    context: int | None = None  # default: the SAE's training context, else 128
+    max_tokens: int = 4096  # tokens (window positions) evaluated
+    skip_tokens: int | None = None  # held-out text: skip whole windows until this many tokens (default: the
+    #                                 SAE's training-store size when it was trained on this corpus, else 0)
+    batch_size: int = 4  # windows per batch (logits of 4 variants × batch × context × vocab are held)
+    pass_special: bool | None = None  # pass BOS/[CLS]/[SEP] through unreplaced (default: as the SAE's
+    #                                   training store, else True for decoders, False for encoders)
+    pass_norm_ratio: float | None = None  # also pass rows with ‖x‖ > m × window median (default: as the store)
+    text_field: str = "text"
+    progress: bool = True
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "EvalConfig":
+        return cls(**refuse_unknown_keys(cls, d, "eval option"))
+
+
+@dataclass
+class _Sums:
+    """float64 running sums over a whole evaluation."""
+
+    n_pred: int = 0
+    n_windows: int = 0
+    n_tokens: int = 0
+    n_replaced: int = 0
+    n_passed: int = 0
+    sse: float = 0.0
+    sum_sq: float = 0.0
+    l0: float = 0.0
+    sum_x: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        self.ce = {v: 0.0 for v in VARIANTS}
+        self.kl = {v: 0.0 for v in VARIANTS}
+        self.cos = {v: 0.0 for v in VARIANTS}
+
+
+def _sae_training_data(sae: SAE) -> dict[str, Any]:
+    """The saegeo provenance of the SAE's training data (store identity), {} for published SAEs."""
+    src = sae.format_info.source
+    if not src or not (Path(src) / "cfg.json").is_file():
+        return {}
+    try:
+        raw = json.loads((Path(src) / "cfg.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    meta = raw.get("metadata") or {}
+    data = dict((raw.get("saegeo") or {}).get("data") or {})
+    if "exclude_special_tokens" in meta and "corpus" not in data:  # a SAELens config
+        data["corpus"] = {"exclude_special": bool(meta["exclude_special_tokens"]), "context": meta.get("context_size")}
+    return data
+
+
+def _resolve(cfg: EvalConfig, sae: SAE, loaded: LoadedModel) -> dict[str, Any]:
+    """Hook, context, held-out offset and pass-through rules, from cfg or else the SAE's metadata."""
+    data = _sae_training_data(sae)
+    corpus = data.get("corpus") or {}
+    hook = cfg.hook or sae.format_info.hook_name
+    if not hook:
+        raise BadInputError(f"SAE {sae.format_info.source or '(in memory)'}: its files name no hook; pass --hook NAME")
+    if hook not in loaded.model.hook_dict:
+        close = [n for n in loaded.model.hook_dict if n.split(".")[-1] == hook.split(".")[-1]][:4]
+        raise BadInputError(f"hook {hook!r} (from {'--hook' if cfg.hook else 'the SAE metadata'}) does not exist in "
+                            f"{loaded.name}; e.g. {', '.join(close) or list(loaded.model.hook_dict)[:4]}; pass --hook NAME")
+    if hook.endswith(NOT_PER_TOKEN) or not BLOCK_HOOK.match(hook):
+        raise BadInputError(f"hook {hook!r}: saegeo eval splices per-token hooks inside a block (blocks.L.…)")
+    context = cfg.context or corpus.get("context") or 128
+    pass_special = cfg.pass_special
+    if pass_special is None:
+        pass_special = bool(corpus["exclude_special"]) if "exclude_special" in corpus else loaded.kind == "decoder"
+    ratio = cfg.pass_norm_ratio if cfg.pass_norm_ratio is not None else corpus.get("exclude_norm_ratio")
+    skip = cfg.skip_tokens
+    if skip is None:
+        same = str(corpus.get("source", "")).split(" ")[0] == cfg.corpus
+        skip = int(data.get("n_tokens") or 0) if same and data.get("model") == loaded.name else 0
+    return {"hook": hook, "layer": int(BLOCK_HOOK.match(hook).group(1)), "context": int(context),
+            "pass_special": pass_special, "pass_norm_ratio": ratio, "skip_tokens": skip}
+
+
+def _hook_width(loaded: LoadedModel, hook: str) -> int:
+    from saegeo.activations.cache import _hook_widths, hook_layer
+
+    return _hook_widths(loaded, (hook,), hook_layer(hook), 0)[hook]
+
+
+def _reconstruct(sae: SAE, x: Float[Tensor, "n d"]) -> tuple[Float[Tensor, "n d"], Tensor]:
+    """(x̂, Σ active latents) with the SAE's own encode/decode (sparse decode for TopK)."""
+    _, state = sae.normalize_input(x)
+    if sae.cfg.activation == "topk":
+        values, idx = sae.encode_topk(x)
+        return sae.decode_sparse(values, idx, state), (values != 0).sum()
+    codes = sae.encode(x)
+    return sae.decode(codes, state), (codes != 0).sum()
+
+
+class _Splicer:
+    """One model + SAE + hook: the prefix once, the suffix per variant (see the module docstring)."""
+
+    def __init__(self, loaded: LoadedModel, sae: SAE, hook: str, layer: int):
+        self.loaded, self.sae, self.hook, self.layer = loaded, sae, hook, layer
+        model = loaded.model
+        self.mode = {f"blocks.{layer}.hook_resid_post": "post", f"blocks.{layer}.hook_resid_pre": "pre"}.get(hook, "hook")
+        if loaded.kind == "encoder":  # post-LN BERT: resid_post is not the block output
+            self.mode = "pre" if self.mode == "pre" else "hook"
+        self.start = layer + 1 if self.mode == "post" else layer
+        self.model = model
+
+    # -- prefix / suffix
+    def prefix(self, tokens: Int[Tensor, "b p"], additive: Tensor | None) -> Tensor:
+        if self.loaded.kind == "decoder":
+            return self.model(tokens, stop_at_layer=self.start)
+        resid = self.model.hook_full_embed(self.model.embed(tokens, None))
+        for block in self.model.blocks[: self.start]:
+            resid = block(resid, additive)
+        return resid
+
+    def suffix(self, resid: Tensor, additive: Tensor | None, fn: Callable[[Tensor], Tensor] | None) -> Tensor:
+        """Logits (decoder) or the final block's output (encoder), with the hook's activation set by fn."""
+        hooks = []
+        if fn is not None and self.mode == "hook":
+            def patch(act: Tensor, hook: Any) -> Tensor:
+                return fn(act.reshape(act.shape[0], act.shape[1], -1)).reshape(act.shape)
+            hooks = [(self.hook, patch)]
+        elif fn is not None:
+            resid = fn(resid)
+        with self.model.hooks(fwd_hooks=hooks):
+            if self.loaded.kind == "decoder":
+                return self.model(resid, start_at_layer=self.start)
+            for block in self.model.blocks[self.start:]:
+                resid = block(resid, additive)
+            return resid
+
+    def capture(self, resid: Tensor, additive: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Clean output and the hook's clean activation (b, p, d)."""
+        got: list[Tensor] = []
+
+        def keep(act: Tensor) -> Tensor:
+            got.append(act)
+            return act
+
+        out = self.suffix(resid, additive, keep if self.mode == "hook" else None)
+        return out, (got[0] if got else resid)
+
+
+def _pass_mask(acts: Tensor, store: Bool[Tensor, "b p"], attend: Bool[Tensor, "b p"], ratio: float | None) -> Tensor:
+    """Positions replaced by the SAE: stored-kind positions, minus rows above ratio × window median norm."""
+    replace = store & attend
+    if ratio is not None:
+        norms = acts.float().norm(dim=-1)
+        for i in range(acts.shape[0]):
+            cand = norms[i][replace[i]]
+            if cand.numel():
+                replace[i] &= ~(norms[i] > ratio * cand.median())
+    return replace
+
+
+def splice_eval(cfg: EvalConfig, loaded: LoadedModel | None = None, sae: SAE | None = None) -> dict[str, Any]:
+    """Evaluate cfg.sae spliced into cfg.model at its hook; the JSON-ready result (see module docstring)."""
+    from saegeo.sae.formats import load_dictionary
+
+    sae = sae if sae is not None else load_dictionary(cfg.sae)
+    return splice_eval_many(cfg, {cfg.sae or "sae": sae}, loaded)[cfg.sae or "sae"]
+
+
+def splice_eval_many(
+    cfg: EvalConfig, saes: Mapping[str, SAE | str], loaded: LoadedModel | None = None
+) -> dict[str, dict[str, Any]]:
+    """Several SAEs on the same tokens: SAEs that share a hook and pass-through rules share the prefix and
+    the clean, zero and mean suffixes of every batch; each adds only its spliced suffix."""
+    from saegeo.sae.formats import load_dictionary
+
+    if cfg.max_tokens < 2:
+        raise BadInputError(f"max_tokens must be at least 2, got {cfg.max_tokens}")
+    saes = {name: (load_dictionary(s) if isinstance(s, (str, Path)) else s) for name, s in saes.items()}
+    loaded = loaded or load_model(cfg.model)
+    groups: dict[str, list[str]] = {}
+    resolved = {}
+    for name, sae in saes.items():
+        r = _resolve(cfg, sae, loaded)
+        width = _hook_width(loaded, r["hook"])
+        if width != sae.cfg.d_in:
+            raise BadInputError(
+                f"SAE {name} ({sae.format_info.source}) has d_in={sae.cfg.d_in} but hook {r['hook']!r} of {loaded.name} "
+                f"has width {width}; pick the SAE's hook (--hook) or an SAE trained on this hook")
+        if r["context"] > loaded.n_ctx:
+            raise BadInputError(f"context {r['context']} exceeds the model's n_ctx={loaded.n_ctx}; pass a smaller --context")
+        resolved[name] = r
+        groups.setdefault(json.dumps(r, sort_keys=True), []).append(name)
+    out = {}
+    for key, names in groups.items():
+        out.update(_evaluate(cfg, loaded, {n: saes[n].eval() for n in names}, json.loads(key)))
+    return {name: out[name] for name in saes}
+
+
+def _evaluate(cfg: EvalConfig, loaded: LoadedModel, saes: dict[str, SAE], r: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    t0 = time.perf_counter()
+    hook, layer = r["hook"], r["layer"]
+    width = next(iter(saes.values())).cfg.d_in
+    splicers = {n: _Splicer(loaded, sae, hook, layer) for n, sae in saes.items()}
+    spec = CorpusSpec(source=cfg.corpus, context=r["context"], exclude_special=r["pass_special"], text_field=cfg.text_field)
+    tok = loaded.tokenizer
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+    sums = {n: _Sums(sum_x=torch.zeros(width, dtype=torch.float64)) for n in saes}
+
+    def windows():
+        skipped, used = 0, 0
+        for w in iter_windows(spec, tok, loaded.kind):
+            if skipped < r["skip_tokens"]:
+                skipped += w.n_stored
+                continue
+            if used >= cfg.max_tokens:
+                return
+            used += len(w.input_ids)
+            yield w
+
+    bar = None
+    if cfg.progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.max_tokens, unit="tok", unit_scale=True, desc="eval", smoothing=0.1)
+    with torch.inference_mode():
+        for batch in _batches(windows(), cfg.batch_size):
+            _eval_batch(splicers, batch, pad_id, r["pass_norm_ratio"], sums)
+            if bar is not None:
+                bar.update(sum(len(w.input_ids) for w in batch))
+    if bar is not None:
+        bar.close()
+    seconds = time.perf_counter() - t0
+    return {n: _result(cfg, loaded, saes[n], n, r, s, seconds) for n, s in sums.items()}
+
+
+def _result(cfg: EvalConfig, loaded: LoadedModel, sae: SAE, name: str, r: dict[str, Any], s: _Sums,
+            seconds: float) -> dict[str, Any]:
+    if s.n_windows == 0:
+        raise BadInputError(f"corpus {cfg.corpus!r} has no windows left after skipping {r['skip_tokens']} tokens; "
+                            "pass --skip-tokens 0 or a larger corpus")
+    mean = s.sum_x / max(s.n_replaced, 1)
+    total_var = s.sum_sq - s.n_replaced * float(mean @ mean)
+    out: dict[str, Any] = {}
+    if loaded.kind == "decoder":
+        ce = {v: s.ce[v] / s.n_pred for v in VARIANTS}
+        out.update({
+            "ce_loss_clean": ce["clean"], "ce_loss_spliced": ce["spliced"], "ce_loss_zero_ablation": ce["zero"],
+            "ce_loss_mean_ablation": ce["mean"],
+            "ce_loss_recovered": (ce["zero"] - ce["spliced"]) / (ce["zero"] - ce["clean"]),
+            "kl_div_spliced": s.kl["spliced"] / s.n_pred, "kl_div_zero_ablation": s.kl["zero"] / s.n_pred,
+            "kl_div_mean_ablation": s.kl["mean"] / s.n_pred,
+        })
+    else:
+        out.update({
+            "measured": ENCODER_MEASURE,
+            "embedding_cosine_spliced": s.cos["spliced"] / s.n_windows,
+            "embedding_cosine_zero_ablation": s.cos["zero"] / s.n_windows,
+            "embedding_cosine_mean_ablation": s.cos["mean"] / s.n_windows,
+        })
+    tok = loaded.tokenizer
+    out.update({
+        "fve": 1.0 - s.sse / total_var if total_var > 0 else float("nan"),
+        "l0": s.l0 / max(s.n_replaced, 1),
+        "tokens": s.n_pred if loaded.kind == "decoder" else s.n_tokens,
+        "tokens_replaced": s.n_replaced,
+        "passed_through": {
+            "positions": s.n_passed,
+            "special_positions": _special_names(tok, loaded.kind) if r["pass_special"] else [],
+            "norm_rule": None if r["pass_norm_ratio"] is None else
+            f"‖x‖ > {r['pass_norm_ratio']:g} × the window's median ‖x‖",
+            "why": "positions excluded from the SAE's training keep the model's own activation in every variant",
+        },
+        "mean_ablation": "the hook's mean over each batch's replaced positions",
+        "model": loaded.name, "sae": name, "sae_source": sae.format_info.source,
+        "hook": r["hook"], "sae_model_name": sae.format_info.model_name, "corpus": cfg.corpus, "context": r["context"],
+        "windows": s.n_windows, "skipped_tokens": r["skip_tokens"],
+        "seconds": seconds, "tokens_per_second": s.n_tokens / seconds if seconds > 0 else float("nan"),
+    })
+    return out
+
+
+def _special_names(tok: Any, kind: str) -> list[str]:
+    from saegeo.activations.corpus import special_template
+
+    prefix, suffix = special_template(tok, kind)
+    return [tok.convert_ids_to_tokens(i) for i in prefix + suffix]
+
+
+def _eval_batch(splicers: dict[str, _Splicer], batch: list, pad_id: int, ratio: float | None,
+                sums: dict[str, _Sums]) -> None:
+    """One batch: prefix once; clean, zero and mean suffixes once; one spliced suffix per SAE."""
+    sp = next(iter(splicers.values()))
+    tokens, attend, store = _pad(batch, pad_id)
+    additive = None
+    if sp.loaded.kind == "encoder" and not bool(attend.all()):
+        additive = torch.where(attend[:, None, None, :], 0.0, -torch.inf).to(sp.model.cfg.dtype)
+    resid = sp.prefix(tokens, additive)
+    clean_out, act = sp.capture(resid, additive)
+    flat = act.reshape(act.shape[0], act.shape[1], -1)
+    replace = _pass_mask(flat, store, attend, ratio)
+    x = flat[replace]
+    mu = x.mean(0) if x.shape[0] else torch.zeros_like(flat[0, 0])
+
+    def setter(value: Tensor) -> Callable[[Tensor], Tensor]:
+        def fn(a: Tensor) -> Tensor:
+            shape = a.shape
+            a = a.reshape(shape[0], shape[1], -1).clone()
+            a[replace] = value
+            return a.reshape(shape)
+        return fn
+
+    ref = _Reference(sp.loaded.kind, clean_out, tokens, attend)
+    shared = {"clean": ref.score(clean_out), "zero": ref.score(sp.suffix(resid, additive, setter(torch.zeros_like(x)))),
+              "mean": ref.score(sp.suffix(resid, additive, setter(mu.expand_as(x))))}
+    x64 = x.double()
+    for name, s in sums.items():
+        x_hat, active = _reconstruct(splicers[name].sae, x)
+        scores = {**shared, "spliced": ref.score(sp.suffix(resid, additive, setter(x_hat.to(flat.dtype))))}
+        for v, (ce, kl, cos) in scores.items():
+            s.ce[v] += ce
+            s.kl[v] += kl
+            s.cos[v] += cos
+        s.sse += float(((x64 - x_hat.double()) ** 2).sum())
+        s.sum_sq += float((x64 * x64).sum())
+        s.sum_x += x64.sum(0)
+        s.l0 += float(active)
+        s.n_replaced += int(replace.sum())
+        s.n_passed += int((attend & ~replace).sum())
+        s.n_tokens += int(attend.sum())
+        s.n_windows += len(batch)
+        s.n_pred += ref.n_pred
+
+
+class _Reference:
+    """The clean pass of one batch, against which each variant's output is scored (batch sums).
+
+    Decoder, over the n valid predictions (logits z at t, target token_{t+1}), with lse = logsumexp:
+      CE_v  = Σ_t lse(z_v) − z_v[target]
+      KL_v  = Σ_t Σ_V p_c (log p_c − log p_v) = Σ_t Σ_V p_c (log p_c − z_v) + lse(z_v)·Σ_V p_c
+    (log p_c, p_c and the targets computed once per batch; no log-softmax of z_v is formed; the sums over
+    V are torch's pairwise sums: a float32 matmul there loses ~1e-5 relative, visible as KL ≈ 1e-3).
+    Encoder: Σ over windows of cos(mean-pooled clean output, mean-pooled v output).
+    """
+
+    def __init__(self, kind: str, clean: Tensor, tokens: Int[Tensor, "b p"], attend: Bool[Tensor, "b p"]):
+        self.kind = kind
+        if kind == "decoder":
+            self.valid = attend[:, 1:]
+            self.target = tokens[:, 1:][self.valid][:, None]
+            self.n_pred = int(self.valid.sum())
+            self.logp = F.log_softmax(clean[:, :-1][self.valid].float(), dim=-1)
+            self.p = self.logp.exp()
+            self.p_sum = self.p.sum(-1)
+        else:
+            self.mask = attend[..., None].to(clean.dtype)
+            self.n_pred = 0
+            self.pooled = self.pool(clean)
+
+    def pool(self, out: Tensor) -> Tensor:
+        return (out * self.mask).sum(1) / self.mask.sum(1)
+
+    def score(self, out: Tensor) -> tuple[float, float, float]:
+        """(Σ CE, Σ KL(clean ‖ this), Σ cos) over the batch."""
+        if self.kind != "decoder":
+            return 0.0, 0.0, float(F.cosine_similarity(self.pooled, self.pool(out), dim=-1).double().sum())
+        z = out[:, :-1][self.valid].float()
+        lse = torch.logsumexp(z, dim=-1)
+        ce = float((lse - z.gather(1, self.target)[:, 0]).double().sum())
+        kl = float(((self.p * (self.logp - z)).sum(-1) + lse * self.p_sum).double().sum())
+        return ce, kl, 0.0
+
+
+def render_eval(result: Mapping[str, Any]) -> str:
+    """The terminal summary of one `splice_eval` result."""
+    lines = [f"saegeo eval: {result['sae']} spliced into {result['model']} at {result['hook']}",
+             f"  {result['tokens']:,} tokens ({result['windows']} windows of ≤ {result['context']}, "
+             f"{result['skipped_tokens']:,} corpus tokens skipped as training data), "
+             f"{result['tokens_per_second']:,.0f} tok/s"]
+    if "ce_loss_clean" in result:
+        rows = [("CE loss clean", "ce_loss_clean"), ("CE loss spliced", "ce_loss_spliced"),
+                ("CE loss zero ablation", "ce_loss_zero_ablation"), ("CE loss mean ablation", "ce_loss_mean_ablation"),
+                ("CE loss recovered", "ce_loss_recovered"), ("KL(clean ‖ spliced)", "kl_div_spliced"),
+                ("KL(clean ‖ zero)", "kl_div_zero_ablation")]
+    else:
+        lines.append(f"  measured: {result['measured']}")
+        rows = [("cosine spliced", "embedding_cosine_spliced"), ("cosine zero ablation", "embedding_cosine_zero_ablation"),
+                ("cosine mean ablation", "embedding_cosine_mean_ablation")]
+    rows += [("FVE (about the mean)", "fve"), ("L0", "l0")]
+    lines += [f"  {label:<24} {result[key]:.4f}" for label, key in rows]
+    pt = result["passed_through"]
+    what = ", ".join(pt["special_positions"]) or "none"
+    lines.append(f"  passed through unreplaced: {pt['positions']:,} positions (special: {what}"
+                 + (f"; {pt['norm_rule']}" if pt["norm_rule"] else "") + ")")
+    return "\n".join(lines)
