@@ -536,7 +536,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _add_eval(sub: argparse._SubParsersAction) -> None:
     from saegeo.sae.splice import EvalConfig
 
-    d = EvalConfig()
     p = sub.add_parser(
         "eval", help="splice an SAE into the model at its hook: CE loss recovered, KL, FVE, L0 on held-out text",
         description="Replace the hook's activations by the SAE's reconstruction and run the rest of the model: "
@@ -544,20 +543,10 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
         "KL(clean || spliced) per token. Positions the SAE never saw in training (BOS) are passed through. "
         "For an encoder (MiniLM) the cosine of clean and spliced mean-pooled sentence embeddings is measured instead.",
     )
-    p.add_argument("--model", default=d.model, help="'smollm2' (bundled decoder), 'minilm', a local HF dir, ... (default: %(default)s)")
-    p.add_argument("--sae", required=True, help="SAE directory or file in any supported format (native or published)")
-    p.add_argument("--hook", default=None, help="hook to splice at (default: the hook named in the SAE's metadata)")
-    p.add_argument("--corpus", default=d.corpus, help="text to evaluate on, as for `saegeo cache` (default: %(default)s)")
-    p.add_argument("--context", type=int, default=None, help="tokens per window (default: the SAE's training context, else 128)")
-    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="tokens evaluated (default: %(default)s)")
-    p.add_argument("--skip-tokens", type=int, default=None,
-                   help="skip this many corpus tokens first (default: the SAE's training-store size when it was trained on this corpus)")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="windows per batch (default: %(default)s)")
-    p.add_argument("--replace-special", action="store_true", help="splice at BOS/[CLS]/[SEP] too (default: as in the SAE's training)")
-    p.add_argument("--pass-norm-ratio", type=float, default=None, metavar="M",
-                   help="also pass through rows with norm > M x the window's median (default: as in the SAE's training store)")
+    _add_config_options(p, EvalConfig)
+    p.add_argument("--replace-special", action="store_true",
+                   help="splice at BOS/[CLS]/[SEP] too (sets pass_special false; default: as in the SAE's training)")
     p.add_argument("--json", dest="json_out", default=None, help="write the result as JSON here")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
 
 
@@ -565,10 +554,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from saegeo.io import dump_json
     from saegeo.sae.splice import EvalConfig, render_eval, splice_eval
 
-    cfg = EvalConfig(model=args.model, sae=args.sae, hook=args.hook, corpus=args.corpus, context=args.context,
-                     max_tokens=args.max_tokens, skip_tokens=args.skip_tokens, batch_size=args.batch_size,
-                     pass_special=False if args.replace_special else None, pass_norm_ratio=args.pass_norm_ratio,
-                     progress=not args.no_progress)
+    options = _passed(args, EvalConfig)
+    if args.replace_special:
+        options["pass_special"] = False
+    cfg = EvalConfig.from_dict(options)
+    if not cfg.sae:
+        raise CLIError("saegeo eval needs --sae DIR (an SAE directory or file in any supported format, or a hub id)")
     result = splice_eval(cfg)
     print(render_eval(result))
     if args.json_out:

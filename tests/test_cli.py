@@ -17,6 +17,7 @@ from saegeo.io import config_from_dict
 from saegeo.report.check import CheckOptions
 from saegeo.report.flags import FlagThresholds
 from saegeo.report.report import ReportOptions
+from saegeo.sae.splice import EvalConfig
 from saegeo.sae.train import TrainConfig
 
 # command, its config dataclass, the arguments the command requires
@@ -25,6 +26,7 @@ COMMANDS = [
     ("train", TrainConfig, []),
     ("report", ReportOptions, ["--acts", "A", "--out", "O"]),
     ("check", CheckOptions, ["DICT"]),
+    ("eval", EvalConfig, []),
 ]
 
 

@@ -45,7 +45,7 @@ from saegeo.activations.cache import BLOCK_HOOK, NOT_PER_TOKEN, _batches, _pad
 from saegeo.activations.corpus import CorpusSpec, iter_windows
 from saegeo.activations.models import LoadedModel, load_model
 from saegeo.errors import BadInputError
-from saegeo.io import refuse_unknown_keys
+from saegeo.io import config_from_dict
 from saegeo.sae.model import SAE
 
 VARIANTS = ("clean", "spliced", "zero", "mean")
@@ -57,24 +57,22 @@ ENCODER_MEASURE = ("cosine between the clean and the spliced mean-pooled final-l
 class EvalConfig:
     """`saegeo eval`: which model, SAE, hook and text; None fields come from the SAE's own metadata."""
 
-    model: str = "smollm2"
-    sae: str = ""  # any load_dictionary path (native or published)
+    model: str = "smollm2"  # 'smollm2' (bundled decoder), 'minilm', a local HF dir, ...
+    sae: str = ""  # the SAE: any load_dictionary path or hub id (native or published); required
     hook: str | None = None  # default: the SAE's hook_name
-    corpus: str = "default"
+    corpus: str = "default"  # text to evaluate on, as for `saegeo cache`
     context: int | None = None  # default: the SAE's training context, else 128
     max_tokens: int = 4096  # tokens (window positions) evaluated
-    skip_tokens: int | None = None  # held-out text: skip whole windows until this many tokens (default: the
-    #                                 SAE's training-store size when it was trained on this corpus, else 0)
+    skip_tokens: int | None = None  # skip whole windows until this many tokens; default: the SAE's training-store size (held-out text)
     batch_size: int = 4  # windows per batch (logits of 4 variants × batch × context × vocab are held)
-    pass_special: bool | None = None  # pass BOS/[CLS]/[SEP] through unreplaced (default: as the SAE's
-    #                                   training store, else True for decoders, False for encoders)
+    pass_special: bool | None = None  # pass BOS/[CLS]/[SEP] through unreplaced; default: as the SAE's training store (decoders: yes)
     pass_norm_ratio: float | None = None  # also pass rows with ‖x‖ > m × window median (default: as the store)
-    text_field: str = "text"
-    progress: bool = True
+    text_field: str = "text"  # JSONL field holding the text
+    progress: bool = True  # progress bar
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "EvalConfig":
-        return cls(**refuse_unknown_keys(cls, d, "eval option"))
+    def from_dict(cls, d: Mapping[str, Any], where: str | None = None) -> "EvalConfig":
+        return config_from_dict(cls, d, "eval option", where)
 
 
 @dataclass
