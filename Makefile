@@ -21,7 +21,8 @@ setup: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-# The main job, then the layer sweep of MiniLM's residual stream (7 hooks cached in one forward pass).
+# The main job, the layer sweep of MiniLM's residual stream (7 hooks cached in one forward pass), then the same
+# job on SmolLM2-135M with both SAEs spliced into the model (CE loss recovered, KL).
 demo: $(STAMP)
 	$(BIN)/saegeo run configs/demo.toml
 	$(BIN)/saegeo sweep --model minilm --hooks all-resid --max-tokens 24576 --cache-dir artifacts/acts/minilm-sweep \
