@@ -40,6 +40,7 @@ from saegeo.activations.corpus import CorpusSpec, Window, corpus_identity, count
 from saegeo.activations.models import LoadedModel, load_model
 from saegeo.activations.store import ActivationStore, StorageDtype, StoreWriter
 from saegeo.errors import BadInputError
+from saegeo.geometry.tokens import group_shares
 from saegeo.io import config_from_dict, require_at_least
 
 EMBED_HOOK = re.compile(r"^(hook_embed|hook_pos_embed|hook_full_embed|hook_tokens|embed\..*|pos_embed\..*)$")
@@ -358,36 +359,14 @@ class _ExclusionSums:
 
 
 def exclusion_shares(excluded: Mapping[str, Any]) -> dict[str, dict[str, float]]:
-    """Share of ‖μ‖² and of tr Σ that the excluded rows / the first position carry among all rows.
-
-    Over all N rows (stored + excluded) with mean μ, a group G (n_G rows, sums Σ_G x, Σ_G ‖x‖²) carries
-      mu_share    = (Σ_G x)·μ / (N‖μ‖²)                          (the groups' shares of ‖μ‖² sum to 1)
-      trace_share = Σ_G ‖x − μ‖² / Σ_all ‖x − μ‖²,  Σ_G‖x − μ‖² = Σ_G‖x‖² − 2μ·Σ_G x + n_G‖μ‖²
-      norm_ratio  = sqrt(mean_G ‖x‖² / mean_all ‖x‖²)
-    and row_share = n_G / N.
-    """
+    """Share of ‖μ‖² and of tr Σ that the excluded rows / the first position carry among all N rows
+    (stored + excluded): ``saegeo.geometry.tokens.group_shares`` of each group's float64 sums."""
     a = excluded["all"]
-    n = a["n"]
-    if not n:
+    if not a["n"]:
         return {}
-    s_all = torch.tensor(a["sum"], dtype=torch.float64)
-    mu = s_all / n
-    mu2 = float(mu @ mu)
-    spread_all = a["sum_sq"] - 2 * float(mu @ s_all) + n * mu2
-    out = {}
-    for g in ("excluded", "excluded_special", "excluded_norm", "first_position"):
-        e = excluded.get(g)
-        if not e or not e["n"]:
-            continue
-        s = torch.tensor(e["sum"], dtype=torch.float64)
-        spread = e["sum_sq"] - 2 * float(mu @ s) + e["n"] * mu2
-        out[g] = {
-            "rows": e["n"], "row_share": e["n"] / n,
-            "mu_share": float(s @ mu) / (n * mu2) if mu2 > 0 else float("nan"),
-            "trace_share": spread / spread_all if spread_all > 0 else float("nan"),
-            "norm_ratio": (e["sum_sq"] / e["n"] / (a["sum_sq"] / n)) ** 0.5 if a["sum_sq"] > 0 else float("nan"),
-        }
-    return out
+    return {g: group_shares(a["n"], a["sum"], a["sum_sq"], e["n"], e["sum"], e["sum_sq"])
+            for g in ("excluded", "excluded_special", "excluded_norm", "first_position")
+            if (e := excluded.get(g)) and e["n"]}
 
 
 def describe_exclusions(manifest_extra: Mapping[str, Any]) -> list[str]:

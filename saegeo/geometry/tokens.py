@@ -528,6 +528,23 @@ class WindowSimilarityAccumulator:
 COVARIATES = ("log_frequency", "position", "norm")
 
 
+def group_shares(n: int, total_sum: Tensor, total_sq: float, n_g: int, sum_g: Tensor, sq_g: float) -> dict[str, float]:
+    """What a group G of rows carries among all N rows (mean μ), from float64 sums:
+      mu_share    = (Σ_G x)·μ / (N‖μ‖²)                          (the groups of a partition sum to 1)
+      trace_share = Σ_G ‖x − μ‖² / Σ_all ‖x − μ‖²,  Σ_G‖x − μ‖² = Σ_G‖x‖² − 2μ·Σ_G x + n_G‖μ‖²
+      norm_ratio  = sqrt(mean_G ‖x‖² / mean_all ‖x‖²),   row_share = n_G / N.
+    Undefined shares (‖μ‖ = 0, no spread) are NaN."""
+    total_sum, sum_g = torch.as_tensor(total_sum, dtype=torch.float64), torch.as_tensor(sum_g, dtype=torch.float64)
+    mu = total_sum / n
+    mu2 = float(mu @ mu)
+    spread_all = total_sq - 2 * float(mu @ total_sum) + n * mu2
+    spread = sq_g - 2 * float(mu @ sum_g) + n_g * mu2
+    return {"rows": n_g, "row_share": n_g / n,
+            "mu_share": float(sum_g @ mu) / (n * mu2) if mu2 > 0 else float("nan"),
+            "trace_share": spread / spread_all if spread_all > 0 else float("nan"),
+            "norm_ratio": (sq_g / n_g / (total_sq / n)) ** 0.5 if total_sq > 0 and n_g else float("nan")}
+
+
 class ArtifactAccumulator:
     """Second pass of the artifact test: P = (x − μ)V_k against log token frequency, position and ‖x‖.
 
@@ -546,6 +563,10 @@ class ArtifactAccumulator:
         self.id_projection = torch.zeros(0, self.k, dtype=torch.float64)
         self.rows = GeometryAccumulator(self.k + 2, gram_dtype=torch.float64)
         self.has = {"log_frequency": True, "position": True}
+        # what the first position of each window (BOS / attention sinks) carries: float64 sums, all rows and position 0
+        d = self.mean.numel()
+        self.all_sum, self.all_sq = torch.zeros(d, dtype=torch.float64), 0.0
+        self.first_n, self.first_sum, self.first_sq = 0, torch.zeros(d, dtype=torch.float64), 0.0
 
     def add(self, x: Any, ids: Any = None, positions: Any = None) -> "ArtifactAccumulator":
         x = as_rows(x, self.mean.numel()).to("cpu", torch.float64)
@@ -565,6 +586,12 @@ class ArtifactAccumulator:
             pos = torch.zeros(m, dtype=torch.float64)
         else:
             pos = _as_ids(positions, m, "positions").to(torch.float64)
+            first = pos == 0
+            self.first_n += int(first.sum())
+            self.first_sum += x[first].sum(0)
+            self.first_sq += float(norm[first].square().sum())
+        self.all_sum += x.sum(0)
+        self.all_sq += float(norm.square().sum())
         self.rows.add(torch.cat([proj, pos[:, None], norm[:, None]], dim=1))
         return self
 
@@ -596,8 +623,11 @@ class ArtifactAccumulator:
             r["log_frequency"] = [None] * k
         r["position"] = corr(cov[:k, k], float(var[k])) if self.has["position"] else [None] * k
         r["norm"] = corr(cov[:k, k + 1], float(var[k + 1]))
+        first = (group_shares(n, self.all_sum, self.all_sq, self.first_n, self.first_sum, self.first_sq)
+                 if self.has["position"] and self.first_n else None)
         return {"n": n, "k": k, "covariates": list(COVARIATES), "r": r,
-                "abs": {name: [None if v is None else abs(v) for v in vals] for name, vals in r.items()}}
+                "abs": {name: [None if v is None else abs(v) for v in vals] for name, vals in r.items()},
+                "first_position": first}
 
     def _grow_ids(self, size: int) -> None:
         if size > self.id_count.numel():
@@ -614,11 +644,18 @@ class ArtifactAccumulator:
         self.id_projection[: other.id_projection.shape[0]] += other.id_projection
         self.rows.merge(other.rows)
         self.has = {name: self.has[name] and other.has[name] for name in self.has}
+        self.all_sum += other.all_sum
+        self.all_sq += other.all_sq
+        self.first_n += other.first_n
+        self.first_sum += other.first_sum
+        self.first_sq += other.first_sq
         return self
 
     def state_dict(self) -> dict[str, Any]:
         return {"mean": self.mean.clone(), "components": self.components.clone(), "id_count": self.id_count.clone(),
-                "id_projection": self.id_projection.clone(), "rows": self.rows.state_dict(), "has": dict(self.has)}
+                "id_projection": self.id_projection.clone(), "rows": self.rows.state_dict(), "has": dict(self.has),
+                "all_sum": self.all_sum.clone(), "all_sq": self.all_sq, "first_n": self.first_n,
+                "first_sum": self.first_sum.clone(), "first_sq": self.first_sq}
 
     @classmethod
     def from_state_dict(cls, sd: dict[str, Any]) -> "ArtifactAccumulator":
@@ -626,4 +663,6 @@ class ArtifactAccumulator:
         acc.id_count, acc.id_projection = sd["id_count"].clone(), sd["id_projection"].clone()
         acc.rows = GeometryAccumulator.from_state_dict(sd["rows"], gram_dtype=torch.float64)
         acc.has = dict(sd["has"])
+        acc.all_sum, acc.all_sq = sd["all_sum"].clone(), float(sd["all_sq"])
+        acc.first_n, acc.first_sum, acc.first_sq = int(sd["first_n"]), sd["first_sum"].clone(), float(sd["first_sq"])
         return acc

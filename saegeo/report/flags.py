@@ -157,6 +157,10 @@ class FlagThresholds:
     massive_row_ratio: float = 10.0
     massive_min_share: float = 0.25
     massive_coordinate_ratio: float = 20.0
+    # ... or the first position of each window (BOS / attention sinks; measured in the artifact pass over a store)
+    # carrying ≥ massive_first_position_share of tr Σ while it is at most massive_first_position_rows of the rows
+    massive_first_position_share: float = 0.5
+    massive_first_position_rows: float = 0.1
     # mixed populations (on the row sample): the 2-means split of the PC1 projections explains ≥ mixed_min_split_share
     # of their variance (Gaussian: 2/π = 0.64, uniform: 0.75) with ≥ mixed_min_cluster_fraction of rows on the
     # smaller side, or 2-means on the rows (smaller cluster also ≥ mixed_min_cluster_fraction: a few massive rows
@@ -354,12 +358,19 @@ def _massive_evidence(geo: Mapping[str, Any], t: FlagThresholds) -> dict[str, An
         r = torch.tensor(rms, dtype=torch.float64)
         ratio = float(r.max() / r.mean()) if float(r.mean()) > 0 else 0.0
         evidence.update(top_coordinate=int(r.argmax()), coordinate_rms_over_mean=rounded(ratio, 1))
+    first = geo.get("first_position") or {}
+    if first:
+        evidence.update(first_position_rows=first.get("rows"), first_position_row_share=rounded(first.get("row_share")),
+                        first_position_mu_share=rounded(first.get("mu_share")),
+                        first_position_trace_share=rounded(first.get("trace_share")))
     rows_fire = (evidence.get("massive_share_of_sum_sq") or 0) >= t.massive_min_share and evidence.get("massive_rows", 0) > 0
     coords_fire = (evidence.get("coordinate_rms_over_mean") or 0) > t.massive_coordinate_ratio
-    if not (rows_fire or coords_fire):
+    first_fire = bool(first) and (first.get("trace_share") or 0) >= t.massive_first_position_share \
+        and (first.get("row_share") or 1) <= t.massive_first_position_rows
+    if not (rows_fire or coords_fire or first_fire):
         return None
-    evidence.update(by_rows=rows_fire, by_coordinates=coords_fire, top1_share=rounded(geo.get("top1_share")),
-                    effective_rank=rounded(geo.get("effective_rank"), 1))
+    evidence.update(by_rows=rows_fire, by_coordinates=coords_fire, by_first_position=first_fire,
+                    top1_share=rounded(geo.get("top1_share")), effective_rank=rounded(geo.get("effective_rank"), 1))
     return evidence
 
 
@@ -371,6 +382,10 @@ def _massive_flag(ev: dict[str, Any], rank: int, n: int, d: int) -> Flag:
                      f"{ev['max_over_median']:g}× the median carry {100 * ev['massive_share_of_sum_sq']:.1f}% of Σ‖x‖²")
     if ev["by_coordinates"]:
         parts.append(f"coordinate {ev['top_coordinate']} has {ev['coordinate_rms_over_mean']:g}× the mean coordinate RMS")
+    if ev.get("first_position_rows"):
+        parts.append(f"the first position ({ev['first_position_rows']:,} rows, {100 * ev['first_position_row_share']:.2f}%) "
+                     f"carries {100 * (ev['first_position_mu_share'] or 0):.1f}% of ‖μ‖² and "
+                     f"{100 * (ev['first_position_trace_share'] or 0):.1f}% of tr Σ")
     rank_note = f"; the numerical rank {rank} < d reflects this dynamic range, not singular data" if rank < d < n else ""
     return Flag(
         MASSIVE, "warning", ev,

@@ -108,6 +108,11 @@ def activation_lines(report: GeometryReport) -> list[tuple[str, str]]:
     lines += [("excluded" if i == 0 else "", line) for i, line in enumerate(describe_exclusions(report.exclusions or {}))]
     if report.artifact:
         lines.append(("artifact", artifact_text(report.artifact)))
+        first = report.artifact.get("first_position")
+        if first:
+            lines.append(("position 0", f"{first['rows']:,} rows ({fmt_pct(first['row_share'])}) carry "
+                                        f"{fmt_pct(first['mu_share'])} of ‖μ‖² and {fmt_pct(first['trace_share'])} of tr Σ, "
+                                        f"RMS norm {fmt_num(first['norm_ratio'], 1)}× the average"))
     return lines
 
 
