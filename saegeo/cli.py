@@ -207,7 +207,12 @@ def cmd_geometry(args: argparse.Namespace) -> int:
         for line in describe_exclusions(extra):
             print(f"{path}: {line}")
     # the activation flags a report would raise from these numbers (without the report's row sample)
-    print("\n".join(terminal_flags(sort_flags(activation_flags(geo.to_dict()) + artifact_flags(artifact)))))
+    first = (artifact or {}).get("first_position")  # what position 0 (BOS / attention sinks) carries
+    if first:
+        print(f"position 0: {first['rows']:,} rows ({100 * first['row_share']:.2f}%) carry {100 * first['mu_share']:.1f}% of "
+              f"|mu|^2 and {100 * first['trace_share']:.1f}% of tr Sigma")
+    flags = activation_flags({**geo.to_dict(), "first_position": first}) + artifact_flags(artifact)
+    print("\n".join(terminal_flags(sort_flags(flags))))
     if args.json_out:
         out = {"files": list(args.files), **geo.to_dict(), "artifact": artifact}
         dump_json(out, args.json_out)
