@@ -178,3 +178,21 @@ def test_killed_writer_resumes_identically(tmp_path, crash_at):
     np.testing.assert_array_equal(
         torch.cat(list(ActivationStore(victim).iter_batches(1000))).numpy(), rows(1000, seed=5).numpy()
     )
+
+
+def test_batches_with_metadata_cut_and_shuffle_ids_and_positions_with_their_rows(tmp_path):
+    """metadata=True yields (rows, token_ids, positions) in the same batches as the rows alone, in store order
+    and shuffled: each row keeps its own id and position (row r holds r in every column here)."""
+    n = 1000
+    x = torch.arange(n, dtype=torch.float32)[:, None].repeat(1, 3)
+    with StoreWriter(tmp_path / "s", d=3, shard_rows=128) as w:
+        w.append(x, token_ids=torch.arange(n), positions=torch.arange(n) % 64)
+    s = ActivationStore(tmp_path / "s")
+    assert s.columns == ("positions", "token_ids")
+    for kw in ({}, {"shuffle_buffer": 300, "seed": 1}, {"stop_row": 700, "shard_indices": [1, 2, 5, 6]}):
+        plain = list(s.iter_batches(100, **kw))
+        with_meta = list(s.iter_batches(100, metadata=True, **kw))
+        assert [b.shape[0] for b in plain] == [b[0].shape[0] for b in with_meta]
+        for rows, (rows_m, ids, pos) in zip(plain, with_meta):
+            assert torch.equal(rows, rows_m)
+            assert torch.equal(ids, rows[:, 0].long()) and torch.equal(pos, rows[:, 0].long() % 64)

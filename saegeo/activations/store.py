@@ -388,6 +388,16 @@ class ActivationStore:
     corpus = property(lambda self: self.manifest.get("corpus", {}))
     complete = property(lambda self: bool(self.manifest.get("complete", False)))
 
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The optional per-row columns the shards hold (token_ids, positions); stores whose manifest predates
+        the "columns" key are read from their first shard."""
+        if "columns" in self.manifest:
+            return tuple(self.manifest["columns"])
+        if not self.shards:
+            return ()
+        return tuple(k for k in ("positions", "token_ids") if k in self._load_shard_tensors(0))
+
     def __len__(self) -> int:
         return self.n_tokens
 
@@ -442,49 +452,6 @@ class ActivationStore:
         """Shard i's positions in their context window (int64), or None if the store has none."""
         pos = self._load_shard_tensors(i).get("positions")
         return None if pos is None else pos.long()
-
-    def iter_rows_with_metadata(
-        self,
-        batch_size: int,
-        *,
-        stop_row: int | None = None,
-        shard_indices: Sequence[int] | None = None,
-        dtype: torch.dtype = torch.float32,
-    ) -> Iterator[tuple[Float[Tensor, "b d"], Int[Tensor, " b"] | None, Int[Tensor, " b"] | None]]:
-        """(activations, token_ids, positions) in store order, cut into the same batches as
-        ``iter_batches(batch_size, stop_row=stop_row, shard_indices=shard_indices)`` (so sums over them match
-        to the bit); ids/positions are None when the store has none. Each shard is read once."""
-        if batch_size < 1:
-            raise BadInputError(f"batch_size must be >= 1, got {batch_size}")
-        stop_row = self.n_tokens if stop_row is None else min(int(stop_row), self.n_tokens)
-        pending: list[Tensor] = []  # activations, then token_ids and positions when the store has them
-        n_cols = 0
-        tensors: dict[str, Tensor] = {}
-        for i in range(len(self.shards)) if shard_indices is None else [int(j) for j in shard_indices]:
-            if self.offsets[i] >= stop_row:
-                continue
-            tensors = self._load_shard_tensors(i)
-            keep = stop_row - int(self.offsets[i])
-            cols = [tensors["activations"].to(dtype)[:keep]]
-            cols += [tensors[k].long()[:keep] for k in ("token_ids", "positions") if k in tensors]
-            if not pending:
-                n_cols, pending = len(cols), cols
-            else:
-                if len(cols) != n_cols:
-                    raise StoreError(f"{self.path}: shard {i} lacks token_ids/positions that earlier shards have")
-                pending = [torch.cat([p, c]) for p, c in zip(pending, cols)]
-            n_emit = pending[0].shape[0] // batch_size * batch_size
-            for lo in range(0, n_emit, batch_size):
-                yield self._with_metadata([c[lo : lo + batch_size] for c in pending], tensors)
-            pending = [c[n_emit:] for c in pending]
-        if pending and pending[0].shape[0]:
-            yield self._with_metadata(pending, tensors)
-
-    @staticmethod
-    def _with_metadata(cols: list[Tensor], tensors: dict[str, Tensor]) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        names = ["activations"] + [k for k in ("token_ids", "positions") if k in tensors]
-        by_name = dict(zip(names, cols))
-        return by_name["activations"], by_name.get("token_ids"), by_name.get("positions")
 
     def read_rows(self, start: int, stop: int, dtype: torch.dtype = torch.float32) -> Float[Tensor, "rows d"]:
         """Rows [start, stop) in store order, reading only the shards they touch."""
@@ -547,7 +514,8 @@ class ActivationStore:
         dtype: torch.dtype = torch.float32,
         progress: bool = False,
         drop_last: bool = False,
-    ) -> Iterator[Float[Tensor, "b d"]]:
+        metadata: bool = False,
+    ) -> Iterator[Float[Tensor, "b d"]] | Iterator[tuple[Tensor, Tensor | None, Tensor | None]]:
         """Batches of `batch_size` rows (the last may be short unless drop_last), each row exactly once.
 
         shuffle (default: shuffle_buffer > 0): shards in a seeded random order, rows mixed through a buffer of
@@ -555,6 +523,8 @@ class ActivationStore:
         shard_indices restricts to those shards (e.g. a rank's contiguous block); shard_stride = (r, w) then
         keeps every w-th shard of the (shuffled) order from the r-th (a DDP rank's share of an epoch);
         stop_row drops every row at or after that global index (e.g. the held-out tail).
+        metadata: yield (activations, token_ids, positions) instead, the ids and positions (int64) cut and
+        shuffled with their rows; None for a column the store does not have.
         """
         if batch_size < 1:
             raise BadInputError(f"batch_size must be >= 1, got {batch_size}")
@@ -573,31 +543,47 @@ class ActivationStore:
 
             total = sum(min(self.shards[i].rows, stop_row - int(self.offsets[i])) for i in order)
             bar = tqdm(total=total, unit="tok", unit_scale=True, desc=self.hook)
-        pending = torch.empty(0, self.d, dtype=dtype)
+        columns = ("activations", *(k for k in ("token_ids", "positions") if metadata and k in self.columns))
+        # the columns travel together: one row permutation, one cut, for all of them
+        pending = [torch.empty(0, self.d, dtype=dtype)] + [torch.empty(0, dtype=torch.long) for _ in columns[1:]]
+
+        def emit(cols: list[Tensor]) -> Any:
+            if not metadata:
+                return cols[0]
+            named = dict(zip(columns, cols))
+            return named["activations"], named.get("token_ids"), named.get("positions")
+
         for i in order:
-            rows = self.read_shard(i, dtype)[: stop_row - int(self.offsets[i])]
-            pending = torch.cat([pending, rows])
-            if shuffle:
-                if pending.shape[0] < shuffle_buffer + batch_size:
-                    continue
-                pending = pending[torch.randperm(pending.shape[0], generator=gen)]
-                # emit all but half a buffer, so rows from later shards mix with these
-                n_emit = (pending.shape[0] - shuffle_buffer // 2) // batch_size * batch_size
+            keep = stop_row - int(self.offsets[i])
+            if metadata:
+                tensors = self._load_shard_tensors(i)
+                rows = [tensors["activations"].to(dtype)[:keep]] + [tensors[k].long()[:keep] for k in columns[1:]]
             else:
-                n_emit = pending.shape[0] // batch_size * batch_size
+                rows = [self.read_shard(i, dtype)[:keep]]
+            pending = [torch.cat([p_, r]) for p_, r in zip(pending, rows)]
+            if shuffle:
+                if pending[0].shape[0] < shuffle_buffer + batch_size:
+                    continue
+                perm = torch.randperm(pending[0].shape[0], generator=gen)
+                pending = [c[perm] for c in pending]
+                # emit all but half a buffer, so rows from later shards mix with these
+                n_emit = (pending[0].shape[0] - shuffle_buffer // 2) // batch_size * batch_size
+            else:
+                n_emit = pending[0].shape[0] // batch_size * batch_size
             for lo in range(0, n_emit, batch_size):
-                yield pending[lo : lo + batch_size]
+                yield emit([c[lo : lo + batch_size] for c in pending])
                 if bar is not None:
                     bar.update(batch_size)
-            pending = pending[n_emit:]
-        if shuffle and pending.shape[0] > 1:
-            pending = pending[torch.randperm(pending.shape[0], generator=gen)]
-        stop = pending.shape[0] // batch_size * batch_size if drop_last else pending.shape[0]
+            pending = [c[n_emit:] for c in pending]
+        if shuffle and pending[0].shape[0] > 1:
+            perm = torch.randperm(pending[0].shape[0], generator=gen)
+            pending = [c[perm] for c in pending]
+        stop = pending[0].shape[0] // batch_size * batch_size if drop_last else pending[0].shape[0]
         for lo in range(0, stop, batch_size):
-            batch = pending[lo : lo + batch_size]
-            yield batch
+            batch = [c[lo : lo + batch_size] for c in pending]
+            yield emit(batch)
             if bar is not None:
-                bar.update(batch.shape[0])
+                bar.update(batch[0].shape[0])
         if bar is not None:
             bar.close()
 

@@ -87,7 +87,7 @@ def artifact_accumulator(
     art = ArtifactAccumulator(geometry.mean_tensor, geometry.top_eigenvector_tensor[:, :k])
     left = max_tokens
     for store in stores:
-        for x, ids, pos in store.iter_rows_with_metadata(batch_size, stop_row=left, shard_indices=shard_indices):
+        for x, ids, pos in store.iter_batches(batch_size, stop_row=left, shard_indices=shard_indices, metadata=True):
             art.add(x, ids, pos)
         if left is not None:
             left -= min(left, store.n_tokens)
@@ -124,7 +124,7 @@ def measure_store(
     types = TokenTypeAccumulator(store.d, max_types=max_types)
     windows = WindowSimilarityAccumulator(store.d)
     has_ids = has_pos = True
-    for x, ids, pos in store.iter_rows_with_metadata(batch_size, stop_row=max_tokens):
+    for x, ids, pos in store.iter_batches(batch_size, stop_row=max_tokens, metadata=True):
         acc.add(x, source=str(store.path))
         if ids is None:
             has_ids = False
