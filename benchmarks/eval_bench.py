@@ -3,11 +3,16 @@
 Same model (SmolLM2-135M, bundled), same SAE, same windows (default corpus, context 64, BOS passed through),
 methods interleaved over rounds (median reported) so machine load hits both alike; wall and CPU seconds.
 
-  saegeo   splice_eval: blocks ≤ L once per batch, then the suffix from the hook on for clean, spliced,
-           zero and mean (4 suffixes, one prefix)
+  saegeo   splice_eval: blocks ≤ L once per batch, then the suffix from the hook on for clean and spliced;
+           the zero and mean ablations for one window per batch (BOS passed through, every other position
+           set to one vector: every window's ablated output is a prefix of that one's), the zero one once
+           per evaluation; CE and KL
   plain    what an evaluation loop written against transformer-lens does (the shape of SAELens'
            get_recons_loss): four full `model.run_with_hooks(tokens, fwd_hooks=[(hook, replace)])` forwards
-           per batch (clean, spliced, zero, mean), the same CE sums
+           per batch (clean, spliced, zero, mean), the same CE sums, on the model as transformer-lens lays
+           it out (every weight contiguous: 3.9 copies W.T of the MLP and unembedding weights per forward)
+  plain/fast  the same loop on saegeo's loaded model (weights stored so those copies are views): the
+           splice's own share of the gain
   saegeo×2 / plain×2   two SAEs on the same tokens (a report's two columns): saegeo shares the prefix and
            the clean/zero/mean suffixes, the loop runs 2 × 4 full forwards
 
@@ -21,6 +26,7 @@ Usage: python benchmarks/eval_bench.py [--tokens 1024] [--layer 15] [--rounds 2]
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 
@@ -109,11 +115,15 @@ def main() -> None:
         out = fn()
         return out, time.perf_counter() - w0, time.process_time() - c0
 
+    stock = copy.deepcopy(loaded.model)
+    for param in stock.parameters():  # transformer-lens' own layout
+        param.data = param.data.contiguous()
     methods = {
         "saegeo": lambda: splice_eval_many(cfg, {"a": saes["a"]}, loaded),
-        "plain": lambda: plain_loop(loaded.model, {"a": saes["a"]}, hook, batches),
+        "plain": lambda: plain_loop(stock, {"a": saes["a"]}, hook, batches),
+        "plain/fast": lambda: plain_loop(loaded.model, {"a": saes["a"]}, hook, batches),
         "saegeo×2": lambda: splice_eval_many(cfg, saes, loaded),
-        "plain×2": lambda: plain_loop(loaded.model, saes, hook, batches),
+        "plain×2": lambda: plain_loop(stock, saes, hook, batches),
     }
     times = {m: [] for m in methods}
     outs = {}
@@ -122,7 +132,7 @@ def main() -> None:
             for m, fn in methods.items():
                 outs[m], wall, cpu = timed(fn)
                 times[m].append((wall, cpu))
-    print(f"{'method':<10} {'wall s':>8} {'CPU s':>8} {'tok/s':>8}   CE clean / spliced / zero / mean (SAE a)")
+    print(f"{'method':<11} {'wall s':>8} {'CPU s':>8} {'tok/s':>8}   CE clean / spliced / zero / mean (SAE a)")
     for m, ts in times.items():
         wall = statistics.median(t[0] for t in ts)
         cpu = statistics.median(t[1] for t in ts)
@@ -133,9 +143,9 @@ def main() -> None:
         else:
             r = o[0]["a"]
             ce = (r["clean"], r["spliced"], r["zero"], r["mean"])
-        print(f"{m:<10} {wall:>8.1f} {cpu:>8.1f} {n_tokens / wall:>8.1f}   " + " / ".join(f"{c:.4f}" for c in ce))
+        print(f"{m:<11} {wall:>8.1f} {cpu:>8.1f} {n_tokens / wall:>8.1f}   " + " / ".join(f"{c:.4f}" for c in ce))
     med = {m: (statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts)) for m, ts in times.items()}
-    for a, b in (("saegeo", "plain"), ("saegeo×2", "plain×2")):
+    for a, b in (("saegeo", "plain"), ("saegeo", "plain/fast"), ("saegeo×2", "plain×2")):
         print(f"{a} vs {b}: {med[b][0] / med[a][0]:.2f}× tokens/s (wall), {med[b][1] / med[a][1]:.2f}× in CPU seconds")
 
 

