@@ -1,4 +1,4 @@
-"""Helpers shared by the SmolLM2 / splice / exclusion tests (not a test module)."""
+"""Helpers shared by several test modules (not a test module itself)."""
 
 import multiprocessing as mp
 

@@ -3,7 +3,6 @@ values against run_with_cache on independently built windows, resume after kills
 
 import hashlib
 import json
-import multiprocessing as mp
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from saegeo.activations.cache import CacheConfig, cache_activations
 from saegeo.activations.models import from_config
 from saegeo.activations.store import ActivationStore
 from saegeo.errors import BadInputError, StoreError
+from splice_helpers import run_forked
 
 CLS, SEP = 101, 102
 TINY = dict(d_model=32, n_layers=3, n_heads=4, d_head=8, d_mlp=64, n_ctx=64, d_vocab=30522, act_fn="gelu",
@@ -109,13 +109,9 @@ _TINY_IN_PARENT: list = []  # handed to forked children (fork copies the loaded 
 @pytest.mark.parametrize("crash_at", ["before_shard:2", "mid_shard:3", "after_shard:3", "after_manifest:3"])
 def test_killed_cache_resumes_identically(tiny, text_file, tmp_path, crash_at):
     _TINY_IN_PARENT[:] = [tiny]
-    ctx = mp.get_context("fork")
 
     def run(out, crash):
-        p = ctx.Process(target=_child, args=(str(out), str(text_file), crash))
-        p.start()
-        p.join(120)
-        return p.exitcode
+        return run_forked(_child, str(out), str(text_file), crash, timeout=120)
 
     assert run(tmp_path / "ref", None) == 0
     assert run(tmp_path / "victim", crash_at) == 137

@@ -72,7 +72,7 @@ class EvalConfig:
     corpus: str = "default"  # text to evaluate on, as for `saegeo cache`
     context: int | None = None  # default: the SAE's training context, else 128
     max_tokens: int = 4096  # tokens (window positions) evaluated
-    skip_tokens: int | None = None  # skip whole windows until this many tokens; default: the SAE's training-store size (held-out text)
+    skip_tokens: int | None = None  # skip whole windows until this many tokens; default: the positions the SAE's training store read (held-out text)
     batch_size: int = 4  # windows per batch (logits of 4 variants × batch × context × vocab are held)
     pass_special: bool | None = None  # pass BOS/[CLS]/[SEP] through unreplaced; default: as the SAE's training store (decoders: yes)
     pass_norm_ratio: float | None = None  # also pass rows with ‖x‖ > m × window median (default: as the store)
@@ -141,7 +141,7 @@ def _resolve(cfg: EvalConfig, sae: SAE, loaded: LoadedModel) -> dict[str, Any]:
     skip = cfg.skip_tokens
     if skip is None:
         same = str(corpus.get("source", "")).split(" ")[0] == cfg.corpus
-        skip = int(data.get("n_tokens") or 0) if same and data.get("model") == loaded.name else 0
+        skip = int(data.get("n_positions_read") or data.get("n_tokens") or 0) if same and data.get("model") == loaded.name else 0
     return {"hook": hook, "layer": int(BLOCK_HOOK.match(hook).group(1)), "context": int(context),
             "pass_special": pass_special, "pass_norm_ratio": ratio, "skip_tokens": skip}
 

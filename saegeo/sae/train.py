@@ -213,6 +213,10 @@ class _StoreSource:
         self.identity = {
             "source": "store", "path": str(store.path), "model": store.model, "hook": store.hook,
             "n_tokens": store.n_tokens, "corpus": store.corpus,
+            # the stored kind of positions the cache read: its rows plus those the norm rule dropped
+            # (`saegeo eval` skips this many to reach held-out text)
+            "n_positions_read": store.n_tokens + int(
+                ((store.manifest.get("extra") or {}).get("excluded") or {}).get("excluded_norm", {}).get("n", 0)),
             "shard_sha256": [s.sha256 for s in store.shards],
             "heldout": f"last {store.n_tokens - self.n_train} rows in store order",
         }
