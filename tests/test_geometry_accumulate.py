@@ -241,3 +241,45 @@ def test_state_dict_round_trips_through_torch_save(tmp_path):
     back.add(more)  # resume: continues exactly
     assert torch.equal(acc.covariance(), back.covariance()) and torch.equal(acc.unit_mean, back.unit_mean)
     assert acc.n_batches == back.n_batches == 2
+
+
+def _frexp_bins(x: np.ndarray) -> np.ndarray:
+    """The histogram's bins from their definition: |x| = f·2^e, f ∈ [0.5, 1) (numpy frexp), magnitude bin
+    (clamp(e) − e_min)·16 + ⌊(2f − 1)·16⌋, signed around the zero bin."""
+    from saegeo.geometry.accumulate import _N_MAG_BINS, HIST_MAX_EXP, HIST_MIN_EXP, HIST_SUB
+
+    f, e = np.frexp(np.abs(x).astype(np.float64))
+    mag = (np.clip(e, HIST_MIN_EXP, HIST_MAX_EXP) - HIST_MIN_EXP) * HIST_SUB + np.floor((2 * f - 1) * HIST_SUB).astype(int)
+    return np.where(x == 0, _N_MAG_BINS, np.where(x > 0, _N_MAG_BINS + 1 + mag, _N_MAG_BINS - 1 - mag))
+
+
+@pytest.mark.parametrize("dtype, span", [(np.float32, 100), (np.float64, 200)])
+def test_entry_histogram_equals_frexp_binning(dtype, span):
+    """The bit-key histogram against frexp: every scale (float64 beyond the clamped ±160 octaves), both signs,
+    zeros and −0.0, and the sub-bin edges (1 + k/16)·2^e exactly."""
+    from saegeo.geometry.accumulate import N_ENTRY_BINS, entry_bin_sums
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=40_000) * np.exp2(rng.uniform(-span, span, size=40_000))
+    edges = np.array([s * (1 + k / 16) * 2.0**e for k in range(16) for e in (-100, -3, 0, 7, 90) for s in (1, -1)])
+    x = np.concatenate([[0.0, -0.0, 0.0], edges, x]).astype(dtype)
+    rows = x[: len(x) // 7 * 7].reshape(-1, 7)
+    acc = GeometryAccumulator(7, chunk_rows=1000).add(rows)
+    flat = rows.reshape(-1)
+    bins = _frexp_bins(flat)
+    want_count = np.bincount(bins, minlength=N_ENTRY_BINS)
+    want_sum = np.bincount(bins, weights=flat.astype(np.float64), minlength=N_ENTRY_BINS)
+    occupied = want_count > 0
+    count, centroid = acc.entry_histogram()
+    np.testing.assert_array_equal(entry_bin_sums(torch.from_numpy(flat))[0].numpy(), want_count)  # the bins themselves
+    np.testing.assert_array_equal(count.numpy(), want_count[occupied])
+    np.testing.assert_allclose(centroid.numpy(), want_sum[occupied] / want_count[occupied], rtol=1e-12, atol=0)
+    assert (flat == 0).sum() == 3 and len(count) > 500
+
+
+def test_entry_histogram_puts_float32_subnormals_low():
+    """Subnormals (|x| < 2^−126) have no exponent of their own in the bits: those below 2^−130 go to the zero
+    bin (its centroid reported 0), the rest to the lowest normal octave."""
+    tiny = np.array([[1e-45, -1e-45, 1e-39, 0.0]], dtype=np.float32)
+    count, centroid = GeometryAccumulator(4).add(tiny).entry_histogram()
+    assert count.tolist() == [3, 1] and centroid[0] == 0 and float(centroid[1]) == pytest.approx(1e-39, rel=1e-6)

@@ -70,12 +70,44 @@ def log2_bin(values: Tensor) -> Tensor:
     return (exponent.long().clamp(HIST_MIN_EXP, HIST_MAX_EXP) - HIST_MIN_EXP) * HIST_SUB + sub
 
 
-def _entry_bins(x: Tensor) -> Tensor:
-    """Signed bin of every entry: zero → _N_MAG_BINS, x > 0 → _N_MAG_BINS + 1 + mag, x < 0 → _N_MAG_BINS − 1 − mag."""
-    mantissa, exponent = torch.frexp(x.abs())  # 0 → (0, 0): its magnitude bin is multiplied by sign 0 below
-    sub = ((2 * mantissa - 1) * HIST_SUB).to(torch.int32).clamp_(0, HIST_SUB - 1)
-    mag = (exponent.clamp(HIST_MIN_EXP, HIST_MAX_EXP) - HIST_MIN_EXP) * HIST_SUB + sub
-    return (_N_MAG_BINS + torch.sign(x).to(torch.int32) * (1 + mag)).to(torch.int64)
+# The entry histogram is read off the IEEE bits: key = sign | biased exponent E | top 4 mantissa bits, which
+# is the frexp bin above (|x| = (1 + M/2^p)·2^(E−bias) = f·2^e with e = E − bias + 1, ⌊(2f − 1)·16⌋ = top 4
+# bits of M) for every normal number; a bincount over the 2^13 (float32) or 2^16 (float64) keys and a fixed
+# key → bin table replace frexp and a scatter over all n·d entries (6× faster). E = 0 keys (zero and the
+# subnormals, |x| < 2^−126 in float32) go to the zero bin when their top mantissa bits are 0, else to the
+# lowest normal octave.
+_INT_VIEW = {torch.float32: (torch.int32, 8, 23), torch.float64: (torch.int64, 11, 52)}  # int dtype, E bits, M bits
+_KEY_TABLES: dict[tuple[torch.dtype, str], Tensor] = {}
+
+
+def _key_table(dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Signed histogram bin (zero → _N_MAG_BINS, x > 0 → _N_MAG_BINS + 1 + mag, x < 0 → _N_MAG_BINS − 1 − mag)
+    of every bit key of ``dtype`` (see above)."""
+    cached = _KEY_TABLES.get((dtype, str(device)))
+    if cached is None:
+        _, exp_bits, _ = _INT_VIEW[dtype]
+        bias = 2 ** (exp_bits - 1) - 1
+        key = torch.arange(2 ** (exp_bits + 5), dtype=torch.int64)
+        negative, biased, sub = key >> (exp_bits + 4), (key >> 4) & (2**exp_bits - 1), key & (HIST_SUB - 1)
+        exponent = torch.where(biased == 0, 2 - bias, biased - bias + 1).clamp(HIST_MIN_EXP, HIST_MAX_EXP)
+        mag = (exponent - HIST_MIN_EXP) * HIST_SUB + sub
+        signed = torch.where(negative == 1, _N_MAG_BINS - 1 - mag, _N_MAG_BINS + 1 + mag)
+        cached = torch.where((biased == 0) & (sub == 0), _N_MAG_BINS, signed).to(device)
+        _KEY_TABLES[(dtype, str(device))] = cached
+    return cached
+
+
+def entry_bin_sums(flat: Float[Tensor, " m"]) -> tuple[Tensor, Tensor]:
+    """(count, Σx) per signed log₂ bin (N_ENTRY_BINS, float64) of a float32 / float64 vector of finite entries."""
+    int_dtype, exp_bits, mantissa_bits = _INT_VIEW[flat.dtype]
+    keys = (flat.contiguous().view(int_dtype) >> (mantissa_bits - 4)) & (2 ** (exp_bits + 5) - 1)
+    n_keys = 2 ** (exp_bits + 5)
+    table = _key_table(flat.dtype, flat.device)
+    count = torch.zeros(N_ENTRY_BINS, dtype=torch.float64, device=flat.device)
+    total = torch.zeros_like(count)
+    count.index_add_(0, table, torch.bincount(keys, minlength=n_keys).to(torch.float64))
+    total.index_add_(0, table, torch.bincount(keys, weights=flat.to(torch.float64), minlength=n_keys))
+    return count, total
 
 
 def as_rows(batch: Any, d: int | None = None) -> Float[Tensor, "n d"]:
@@ -314,13 +346,11 @@ class GeometryAccumulator:
         powers = torch.stack([x.sum(dim=1).to(torch.float64), sq_norms], dim=1)
         self._row_power_sum += powers.sum(dim=0)
         self._row_power_outer += powers.T @ powers
-        self._unit_by_row_power += unit.T.to(torch.float64) @ powers
+        self._unit_by_row_power += (unit.T @ powers.to(unit.dtype)).to(torch.float64)  # per-chunk sums, like the grams
         del unit
-        flat = x.reshape(-1)
-        bins = _entry_bins(flat)
-        self._entry_hist_count += torch.bincount(bins, minlength=N_ENTRY_BINS).to(torch.float64)
-        self._entry_hist_sum.index_add_(0, bins, flat.to(torch.float64))
-        del bins
+        count, total = entry_bin_sums(x.reshape(-1))
+        self._entry_hist_count += count
+        self._entry_hist_sum += total
         norm_bins = torch.where(nonzero, 1 + log2_bin(torch.where(nonzero, norms, 1.0)), 0)
         self._norm_hist_count += torch.bincount(norm_bins, minlength=N_NORM_BINS).to(torch.float64)
         self._norm_hist_sq_sum.index_add_(0, norm_bins, sq_norms)
@@ -494,10 +524,12 @@ class GeometryAccumulator:
 
     def entry_histogram(self) -> tuple[Tensor, Tensor]:
         """(count, centroid) of the occupied signed log₂ bins of all n·d entries (zero rows' entries included);
-        centroid = Σx/count in the bin (exactly 0 for the zero bin)."""
+        centroid = Σx/count in the bin (exactly 0 for the zero bin, which also holds the subnormals below
+        2^−130 in float32)."""
+        centroid = self._entry_hist_sum / self._entry_hist_count.clamp(min=1)
+        centroid[_N_MAG_BINS] = 0.0
         occupied = self._entry_hist_count > 0
-        count = self._entry_hist_count[occupied]
-        return count.clone(), self._entry_hist_sum[occupied] / count
+        return self._entry_hist_count[occupied].clone(), centroid[occupied]
 
     def row_norm_histogram(self) -> tuple[Tensor, Tensor, Tensor]:
         """(lower bin edge of ‖x‖, count, Σ‖x‖²) for each occupied row-norm bin, ascending (zero rows: edge 0)."""
