@@ -188,7 +188,7 @@ def cmd_geometry(args: argparse.Namespace) -> int:
     geo = activation_geometry(acc, top_k_eigvecs=args.top_k)
     print(f"saegeo geometry: {len(sources)} file(s)")
     print(geo.summary())
-    from saegeo.report.flags import activation_flags, artifact_flags, sort_flags
+    from saegeo.report.flags import activation_flags, artifact_flags, flag_inputs, sort_flags
     from saegeo.report.render import artifact_text, terminal_flags
 
     artifact = None
@@ -211,7 +211,7 @@ def cmd_geometry(args: argparse.Namespace) -> int:
     if first:
         print(f"position 0: {first['rows']:,} rows ({100 * first['row_share']:.2f}%) carry {100 * first['mu_share']:.1f}% of "
               f"|mu|^2 and {100 * first['trace_share']:.1f}% of tr Sigma")
-    flags = activation_flags({**geo.to_dict(), "first_position": first}) + artifact_flags(artifact)
+    flags = activation_flags(flag_inputs(geo.to_dict(), artifact)) + artifact_flags(artifact)
     print("\n".join(terminal_flags(sort_flags(flags))))
     if args.json_out:
         out = {"files": list(args.files), **geo.to_dict(), "artifact": artifact}

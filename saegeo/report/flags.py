@@ -195,6 +195,14 @@ def rounded(x: float | None, digits: int = 4) -> float | None:
 
 
 # =========================================================================== activations
+def flag_inputs(activations: Mapping[str, Any], artifact: Mapping[str, Any] | None,
+                sample_diagnostics: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The ``geo`` mapping the activation / SAE / config flags read: the activation geometry, the row sample's
+    diagnostics (when a report drew one) and what position 0 carries (from the artifact pass over a store)."""
+    return {**activations, "sample_diagnostics": sample_diagnostics,
+            "first_position": (artifact or {}).get("first_position")}
+
+
 def activation_flags(
     geo: Mapping[str, Any],
     *,

@@ -22,7 +22,7 @@ import io
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from saegeo.activations.cache import describe_exclusions
 from saegeo.errors import BadInputError
@@ -582,11 +582,7 @@ def write_report(
 ) -> dict[str, Path]:
     """Write the requested renderings of a report (summary.txt, report.md + figures/, report.json, report.html)
     or of a dictionary check (summary.txt, check.md, check.json, check.html) into ``out_dir``; returns {format: path}."""
-    unknown = [f for f in formats if f not in FORMATS]
-    if unknown:
-        raise BadInputError(f"unknown report format(s) {unknown}; choose from {list(FORMATS)}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = _output_dir(out_dir, formats, FORMATS, "report")
     is_report = isinstance(page, GeometryReport)
     pngs = figures(page) if is_report and ("html" in formats or "md" in formats) else {}
     stem = "report" if is_report else "check"
@@ -601,4 +597,19 @@ def write_report(
         "md": (f"{stem}.md", lambda: render_markdown(page, figure_dir="figures") if is_report else render_check_markdown(page)),
         "html": (f"{stem}.html", lambda: render_html(page, pngs) if is_report else render_check_html(page)),
     }
+    return write_renderings(out, formats, writers)
+
+
+def _output_dir(out_dir: str | os.PathLike, formats: Sequence[str], known: Sequence[str], what: str) -> Path:
+    """out_dir, created, once every requested format is known (else one clear error naming the choices)."""
+    unknown = [f for f in formats if f not in known]
+    if unknown:
+        raise BadInputError(f"unknown {what} format(s) {unknown}; choose from {list(known)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def write_renderings(out: Path, formats: Sequence[str], writers: Mapping[str, tuple[str, Callable[[], str | bytes]]]) -> dict[str, Path]:
+    """Each requested format's rendering, atomically, as out/<file name>: {format: path}."""
     return {fmt: atomic_write(out / name, render()) for fmt, (name, render) in writers.items() if fmt in formats}

@@ -66,6 +66,7 @@ from saegeo.report.flags import (
     artifact_flags,
     config_flags,
     config_whitens,
+    flag_inputs,
     sae_flags,
     sort_flags,
 )
@@ -638,8 +639,7 @@ def compute_flags(report: GeometryReport, thresholds: FlagThresholds | None = No
     """All flags of a report, from its numbers alone (so a saved report can be re-flagged), most severe first."""
     t = thresholds or FlagThresholds.from_dict(report.options.get("thresholds"))
     assumed = float(report.options.get("assumed_null", 0.0))
-    geo = {**report.activations, "sample_diagnostics": report.sample_diagnostics,
-           "first_position": (report.artifact or {}).get("first_position")}  # from the artifact pass over a store
+    geo = flag_inputs(report.activations, report.artifact, report.sample_diagnostics)
     flags = activation_flags(geo, thresholds=t, assumed_null=assumed, feeds_dictionary=bool(report.saes))
     flags += artifact_flags(report.artifact, thresholds=t)
     for s in report.saes:

@@ -27,7 +27,9 @@ from saegeo.errors import BadInputError
 from saegeo.io import atomic_write, dump_json, json_safe
 from saegeo.report.flags import Flag, FlagThresholds, artifact_flags, sort_flags
 from saegeo.report.layers import StoreMeasures, measure_store
-from saegeo.report.render import _html_page, _png, fmt_num, fmt_pct, html_flags, md_flags, md_table, terminal_flags
+from saegeo.report.render import (
+    _html_page, _output_dir, _png, fmt_num, fmt_pct, html_flags, md_flags, md_table, terminal_flags, write_renderings,
+)
 
 SWEEP_SCHEMA_VERSION = 1
 SWEEP_FORMATS = ("terminal", "md", "json", "html")
@@ -286,11 +288,7 @@ def render_sweep_html(sweep: LayerSweep, png: bytes | None = None) -> str:
 
 def write_sweep(sweep: LayerSweep, out_dir: str | os.PathLike, formats: Sequence[str] = SWEEP_FORMATS) -> dict[str, Path]:
     """summary.txt, sweep.json, sweep.md (+ sweep.png beside it), sweep.html in ``out_dir``; returns {format: path}."""
-    unknown = [f for f in formats if f not in SWEEP_FORMATS]
-    if unknown:
-        raise BadInputError(f"unknown sweep format(s) {unknown}; choose from {list(SWEEP_FORMATS)}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = _output_dir(out_dir, formats, SWEEP_FORMATS, "sweep")
     png = sweep_figure(sweep) if {"md", "html"} & set(formats) else None
     if "md" in formats:
         atomic_write(out / "sweep.png", png)
@@ -300,4 +298,4 @@ def write_sweep(sweep: LayerSweep, out_dir: str | os.PathLike, formats: Sequence
         "md": ("sweep.md", lambda: render_sweep_markdown(sweep, figure="sweep.png")),
         "html": ("sweep.html", lambda: render_sweep_html(sweep, png)),
     }
-    return {fmt: atomic_write(out / name, render()) for fmt, (name, render) in writers.items() if fmt in formats}
+    return write_renderings(out, formats, writers)
