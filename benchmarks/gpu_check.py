@@ -1,6 +1,6 @@
 """GPU checks, one line each (run by benchmarks/gpu_check.sh): cache on the GPU vs the CPU, TopK training
-tokens/s on the GPU vs the same machine's CPU, a report with its accumulators on the GPU, and saegeo's DDP
-path under `torchrun --nproc_per_node 1` on NCCL.
+tokens/s on the GPU vs the same machine's CPU, a report with its accumulators on the GPU, the SAE spliced into
+the model on the GPU (saegeo eval) vs the CPU, and saegeo's DDP path under `torchrun --nproc_per_node 1` on NCCL.
 
 No network and no MiniLM weights there: the model is a tiny random HookedTransformer from a config (with
 MiniLM's tokenizer files, carried), the corpus is CPython's bundled pydoc topics, training data is synthetic.
@@ -109,7 +109,28 @@ def main() -> None:
     ok &= check("report", diff < 1e-5, f"{r_gpu.source['n_tokens']:,} tokens: A {r_gpu.activations['anisotropy']:.4f}, "
                 f"SAE FVE {r_gpu.saes[0].fve:.4f}; max |{gpu} − cpu| {diff:.1e}; {r_gpu.seconds:.1f} s on {gpu}")
 
-    # 4. torchrun --nproc_per_node 1: saegeo's DDP path on a process group of one (NCCL on the GPU)
+    # 4. the SAE spliced into the model on the device (saegeo eval) against the CPU
+    from saegeo.sae.formats import load_dictionary
+    from saegeo.sae.splice import EvalConfig, splice_eval_many
+
+    evals, secs = {}, {}
+    for side, dev in sides:
+        ecfg = EvalConfig(hook=HOOK, context=64, max_tokens=512 if dry else 8_192, skip_tokens=0, batch_size=8,
+                          device=dev, progress=False)
+        t0 = time.perf_counter()
+        evals[side] = splice_eval_many(ecfg, {"sae": load_dictionary(sae_dir)}, loaded)["sae"]
+        secs[side] = time.perf_counter() - t0
+    keys = ("ce_loss_clean", "ce_loss_spliced", "ce_loss_zero_ablation", "ce_loss_mean_ablation", "kl_div_spliced")
+    diff = max(abs(evals["cpu"][k] - evals["gpu"][k]) for k in keys)
+    e = evals["gpu"]
+    loaded.to(gpu)
+    layout = loaded.model.unembed.W_U.T.is_contiguous()  # load_model's fast weight layout survives .to(device)
+    ok &= check("eval", diff < 1e-4 and layout, f"fast layout on {gpu}: {layout}; "
+                f"{e['tokens']:,} tokens: CE clean / spliced {e['ce_loss_clean']:.4f} / "
+                f"{e['ce_loss_spliced']:.4f}, recovered {e['ce_loss_recovered']:.4f}; max |{gpu} − cpu| over CE/KL "
+                f"{diff:.1e}; {secs['gpu']:.1f} s on {gpu} vs {secs['cpu']:.1f} s on the CPU")
+
+    # 5. torchrun --nproc_per_node 1: saegeo's DDP path on a process group of one (NCCL on the GPU)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", __file__,
            "--worker", "--store", str(store.path)] + (["--cpu-dry-run"] if dry else [])

@@ -520,7 +520,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         from saegeo.report.report import add_splice, compute_flags
         from saegeo.sae.splice import EvalConfig, splice_eval_many
 
-        ecfg = EvalConfig(model=args.model, progress=opts.progress)
+        ecfg = EvalConfig(model=args.model, device=opts.device, progress=opts.progress)
         if args.eval_tokens:
             ecfg.max_tokens = args.eval_tokens
         add_splice(report, splice_eval_many(ecfg, saes))

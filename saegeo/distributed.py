@@ -25,6 +25,7 @@ Public API
 ``barrier()``, ``wrap_ddp(module, method) -> callable``   DistributedDataParallel around module.<method>.
 ``centred_sum_of_squares(x) -> Tensor``   Σ‖x − x̄‖² of the rows of all ranks' batches together (Chan).
 ``DistributedError``             a SaegeoError: another rank failed, or the ranks disagree.
+``resolve_device(spec, what) -> torch.device``   a --device value checked against this torch build and machine.
 
 Reductions are exact to float64 rounding: each rank's state dict is broadcast in turn and merged in
 rank order with the accumulators' own (Chan) merge, so every rank holds the same numbers a single
@@ -104,6 +105,27 @@ def env_rank_world() -> tuple[int, int, int]:
     if world < 1 or not 0 <= rank < world:
         raise DistributedError(f"inconsistent launch: RANK={rank}, WORLD_SIZE={world}; use torchrun to launch")
     return rank, world, local
+
+
+def resolve_device(spec: str | torch.device, what: str = "--device") -> torch.device:
+    """torch.device(spec), or one clear BadInputError when it is not a device name or this machine lacks it
+    (a CPU-only torch build asked for cuda, cuda:N beyond the visible GPUs, mps off a Mac)."""
+    from saegeo.errors import BadInputError
+
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, TypeError):
+        raise BadInputError(f"{what} {spec!r} is not a torch device; use cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only torch build" if torch.version.cuda is None else "no visible GPU"
+            raise BadInputError(f"{what} {spec!r}: this machine has {build} (torch {torch.__version__}); use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise BadInputError(f"{what} {spec!r}: only {torch.cuda.device_count()} GPU(s) are visible "
+                                f"(cuda:0 … cuda:{torch.cuda.device_count() - 1})")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise BadInputError(f"{what} {spec!r}: MPS is not available on this machine; use --device cpu")
+    return device
 
 
 def _timeout() -> timedelta:

@@ -166,7 +166,7 @@ def _spliced_eval(cfg: RunConfig, sae_dirs: dict[str, str], saes: dict[str, Any]
     import hashlib
 
     ecfg = EvalConfig.from_dict({"model": cfg.cache.get("model", "minilm"), **cfg.eval, "progress": True})
-    wanted = asdict(ecfg) | {"progress": None}
+    wanted = {k: v for k, v in asdict(ecfg).items() if k != "device"} | {"progress": None}  # where it ran is not what
     results, todo = {}, {}
     for name, path in sae_dirs.items():
         sha = hashlib.sha256((Path(path) / WEIGHTS_FILENAME).read_bytes()).hexdigest()

@@ -214,3 +214,21 @@ def test_bad_sizes_are_refused(fx, tmp_path, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert what in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_bad_devices_are_refused_before_any_work(fx, tmp_path, capsys):
+    """A device that is not a torch device, or one this machine lacks, is one line and exit 2 in every command
+    that takes --device (it used to be a RuntimeError / AssertionError traceback from torch)."""
+    missing = "cuda:64" if torch.cuda.is_available() else "cuda"  # more GPUs than any machine has / no CUDA build
+    commands = [
+        ["cache", "--model", str(fx / "model.json"), "--corpus", str(fx / "docs.txt"), "--out", str(tmp_path / "c")],
+        ["train", "--acts", str(fx / "store"), "--d-sae", "16", "--k", "2", "--out", str(tmp_path / "t")],
+        ["report", "--acts", str(fx / "store"), "--out", str(tmp_path / "r")],
+        ["eval", "--model", str(fx / "model.json"), "--sae", str(fx / "sae"), "--corpus", str(fx / "docs.txt")],
+    ]
+    for argv in commands:
+        for device, what in (("bogus", "is not a torch device"), (missing, "use --device cpu" if missing == "cuda" else "GPU(s) are visible")):
+            assert main([*argv, "--device", device, "--no-progress"]) == 2, argv
+            err = capsys.readouterr().err
+            assert what in err and device in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "c").exists() and not (tmp_path / "t").exists() and not (tmp_path / "r").exists()

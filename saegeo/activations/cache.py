@@ -39,6 +39,7 @@ import saegeo
 from saegeo.activations.corpus import CorpusSpec, Window, corpus_identity, count_tokens, iter_windows
 from saegeo.activations.models import LoadedModel, load_model
 from saegeo.activations.store import ActivationStore, StorageDtype, StoreWriter
+from saegeo.distributed import resolve_device
 from saegeo.errors import BadInputError
 from saegeo.geometry.tokens import group_shares
 from saegeo.io import config_from_dict, require_at_least
@@ -198,9 +199,9 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
         raise BadInputError(f"exclude_norm_ratio must be > 1 (a multiple of the median norm), got {cfg.exclude_norm_ratio}")
     if cfg.max_tokens is not None and cfg.max_tokens < 1:
         raise BadInputError(f"max_tokens must be positive, got {cfg.max_tokens}")
+    device = resolve_device(cfg.device)  # before loading the model: a bad device fails fast
     loaded = loaded or load_model(cfg.model)
-    device = torch.device(cfg.device)
-    loaded.model.to(device)
+    loaded.to(device)
     hooks = tuple(cfg.hooks)
     stop_layer = _validate_hooks(loaded, hooks)
     if cfg.context > loaded.n_ctx:

@@ -56,6 +56,13 @@ class LoadedModel:
     def n_ctx(self) -> int:
         return self.model.cfg.n_ctx
 
+    def to(self, device: torch.device | str) -> "LoadedModel":
+        """Move the model (and its cfg.device) to device, silently; the weights keep their strides (the
+        fast layout: `Tensor.to` preserves a dense tensor's strides)."""
+        if next(self.model.parameters()).device != torch.device(device):
+            self.model.to(device, print_details=False)
+        return self
+
 
 def _quiet_transformers() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -300,6 +307,7 @@ def from_config(
     if weights is not None:
         model.load_state_dict(load_file(str(weights)), strict=True)
     model.eval()
+    fast_weight_layout(model)
     ident = name or "config:" + hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
     return LoadedModel(model, tokenizer, ident, "decoder")
 
@@ -355,7 +363,9 @@ _FAST_MODULES = ("GatedMLP", "Unembed", "Attention", "GroupedQueryAttention")
 def fast_weight_layout(model: torch.nn.Module) -> torch.nn.Module:
     """Give each weight that transformer-lens permutes per forward the strides of its permuted form, so
     that permute(·).contiguous() is free: W.data := W.permute(π).contiguous().permute(π⁻¹) (same values,
-    bitwise-identical outputs; full SmolLM2 forwards ≈1.5× faster on CPU). Plain MLPs (addmm) are left alone."""
+    bitwise-identical outputs; full SmolLM2 forwards ≈1.5× faster on CPU). Plain MLPs (addmm) are left alone.
+    These parameters are then non-contiguous views: `safetensors.torch.save_file` wants
+    `{k: v.contiguous() for k, v in model.state_dict().items()}`."""
     for module in model.modules():
         if type(module).__name__ not in _FAST_MODULES:
             continue

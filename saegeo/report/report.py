@@ -506,7 +506,7 @@ def geometry_report(
         batches, first_row = rows.batches(opts.batch_size, *((ctx.rank, ctx.world_size) if ctx else ()))
     source = dict(rows.describe)
     total = opts.max_tokens if opts.max_tokens is not None else rows.n_rows
-    device = torch.device(opts.device)
+    device = distributed.resolve_device(opts.device)
     passes: list[_SAEPass] = []
     for name, obj in _named_saes(sae):
         module, cfg, default_name = _resolve_sae(obj)

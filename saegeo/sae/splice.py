@@ -52,6 +52,7 @@ from torch import Tensor
 from saegeo.activations.cache import BLOCK_HOOK, NOT_PER_TOKEN, _batches, _pad
 from saegeo.activations.corpus import CorpusSpec, iter_windows
 from saegeo.activations.models import LoadedModel, load_model
+from saegeo.distributed import resolve_device
 from saegeo.errors import BadInputError
 from saegeo.io import config_from_dict
 from saegeo.sae.model import SAE
@@ -77,6 +78,7 @@ class EvalConfig:
     pass_special: bool | None = None  # pass BOS/[CLS]/[SEP] through unreplaced; default: as the SAE's training store (decoders: yes)
     pass_norm_ratio: float | None = None  # also pass rows with ‖x‖ > m × window median (default: as the store)
     text_field: str = "text"  # JSONL field holding the text
+    device: str = "cpu"  # torch device the model and SAEs run on (e.g. cuda); the sums stay float64 on the host
     progress: bool = True  # progress bar
 
     @classmethod
@@ -245,6 +247,7 @@ def splice_eval_many(
 
     if cfg.max_tokens < 2:
         raise BadInputError(f"max_tokens must be at least 2, got {cfg.max_tokens}")
+    device = resolve_device(cfg.device)  # before loading anything: a bad device fails fast
     saes = {name: (load_dictionary(s) if isinstance(s, (str, Path)) else s) for name, s in saes.items()}
     loaded = loaded or load_model(cfg.model)
     groups: dict[str, list[str]] = {}
@@ -260,9 +263,10 @@ def splice_eval_many(
             raise BadInputError(f"context {r['context']} exceeds the model's n_ctx={loaded.n_ctx}; pass a smaller --context")
         resolved[name] = r
         groups.setdefault(json.dumps(r, sort_keys=True), []).append(name)
+    loaded.to(device)
     out = {}
     for key, names in groups.items():
-        out.update(_evaluate(cfg, loaded, {n: saes[n].eval() for n in names}, json.loads(key)))
+        out.update(_evaluate(cfg, loaded, {n: saes[n].eval().to(device) for n in names}, json.loads(key)))
     return {name: out[name] for name in saes}
 
 
@@ -375,7 +379,7 @@ def _common_passed_prefix(acts: Float[Tensor, "b p d"], replace: Bool[Tensor, "b
     attention being causal, window i's ablated output is the first n_i positions of one sequence's output.
     """
     k = int((~replace[0]).long().cumprod(0).sum())
-    expected = (torch.arange(replace.shape[1]) >= k)[None] & attend
+    expected = (torch.arange(replace.shape[1], device=replace.device) >= k)[None] & attend
     if not torch.equal(replace, expected):
         return None
     if k and not _same_rows(acts[:, :k], acts[:1, :k]):
@@ -395,7 +399,8 @@ def _eval_batch(splicers: dict[str, _Splicer], batch: list, pad_id: int, ratio: 
     """One batch: prefix once; clean, zero and mean suffixes once (the zero and mean ones for one window
     when `_common_passed_prefix` allows); one spliced suffix per SAE."""
     sp = next(iter(splicers.values()))
-    tokens, attend, store = _pad(batch, pad_id)
+    device = next(sp.model.parameters()).device
+    tokens, attend, store = (t.to(device) for t in _pad(batch, pad_id))
     additive = None
     if sp.loaded.kind == "encoder" and not bool(attend.all()):
         additive = torch.where(attend[:, None, None, :], 0.0, -torch.inf).to(sp.model.cfg.dtype)
@@ -438,7 +443,7 @@ def _eval_batch(splicers: dict[str, _Splicer], batch: list, pad_id: int, ratio: 
             s.cos[v] += cos
         s.sse += float(((x64 - x_hat.double()) ** 2).sum())
         s.sum_sq += float((x64 * x64).sum())
-        s.sum_x += x64.sum(0)
+        s.sum_x += x64.sum(0).cpu()
         s.l0 += float(active)
         s.n_replaced += int(replace.sum())
         s.n_passed += int((attend & ~replace).sum())

@@ -757,7 +757,7 @@ def train_sae(
 
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
-    device = torch.device(cfg.device)
+    device = distributed.resolve_device(cfg.device)
     if device.type == "cpu":
         keep_freed_memory()
     ctx = distributed.init_from_env()
