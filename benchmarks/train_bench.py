@@ -283,9 +283,9 @@ def main() -> None:
                      floor_s=r["floor"])
         if "theirs" in r:
             print(f"[{arch}] SAELens: {r['tps_sl']:8,.0f} tok/s  {r['cpu_sl']:6.1f} CPU s  {fmt(r['theirs'])}")
-            target = {"topk": "2", "relu": "1.5"}.get(arch, "-")
+            target = {"topk": "2", "relu": "1.5"}.get(arch)
             print(f"[{arch}] ratio saegeo/SAELens tokens/s: {r['tps_ours'] / r['tps_sl']:.2f}x wall, "
-                  f"{r['cpu_sl'] / r['cpu_ours']:.2f}x in CPU seconds (target {target}x)")
+                  f"{r['cpu_sl'] / r['cpu_ours']:.2f}x in CPU seconds" + (f" (target {target}x)" if target else ""))
             entry.update(saelens=dict(tok_s=r["tps_sl"], cpu_seconds=r["cpu_sl"], step_s=r["step_sl"], **r["theirs"]),
                          speed_ratio=r["tps_ours"] / r["tps_sl"], cpu_ratio=r["cpu_sl"] / r["cpu_ours"])
             if arch == "relu":

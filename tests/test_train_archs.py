@@ -216,3 +216,79 @@ def test_report_names_a_batchtopk_sae_saved_as_jumprelu(tmp_path):
     # the pipeline passes loaded SAE objects: the loader carries what the saegeo block says
     rep = geometry_report(x, {"b": load_sae(tmp_path / "b")}, options=ReportOptions(progress=False))
     assert rep.saes[0].architecture == "batchtopk (saved as jumprelu)" and rep.saes[0].k == 6
+
+
+# ---------------------------------------------------------------- sparse steps against the dense objective
+def _dense_objective(sae: SAE, x: torch.Tensor, arch: str, eps: float, l0_target: float, l0_coefficient: float):
+    """The BatchTopK / JumpReLU training loss written densely with plain autograd on (n, d_sae) tensors.
+    JumpReLU's straight-through estimator as a zero-valued surrogate: (θ − θ.detach())·g has value 0 and
+    gradient g wrt θ, with g = −(θ/ε)·K for the codes and −K/ε for the L0 (K = 1[|pre − θ| < ε/2])."""
+    n = x.shape[0]
+    pre = (x - sae.b_dec) @ sae.W_enc + sae.b_enc
+    if arch == "batchtopk":
+        post = torch.relu(pre).flatten()
+        keep = post.detach().topk(sae.cfg.k * n).indices
+        codes = torch.zeros_like(post).scatter(0, keep, post[keep]).view_as(pre)
+    else:
+        theta = sae.threshold
+        step = (pre.detach() > theta).to(pre.dtype)
+        window = ((pre.detach() - theta.detach()).abs() < eps / 2).to(pre.dtype)
+        codes = pre * step + (theta - theta.detach()) * (-(theta.detach() / eps) * window)
+        l0 = (step + (theta - theta.detach()) * (-window / eps)).sum() / n
+    x_hat = codes @ sae.W_dec + sae.b_dec
+    loss = ((x - x_hat) ** 2).sum() / ((x - x.mean(0)) ** 2).sum()
+    if arch == "jumprelu":
+        loss = loss + l0_coefficient * (l0 / l0_target - 1) ** 2
+    return loss, codes
+
+
+@pytest.mark.parametrize("arch, quantile", [("batchtopk", None), ("jumprelu", 0.95), ("jumprelu", 0.5)],
+                         ids=["batchtopk", "jumprelu-sparse", "jumprelu-dense"])
+def test_sparse_step_equals_the_dense_objective(arch, quantile, monkeypatch):
+    """forward_train's sparse path (the entries with a gradient only) gives the dense objective's loss, codes
+    and the gradient of every parameter, θ included; so does JumpReLU's dense fallback (thresholds at the
+    median: half the entries active)."""
+    sae = _sae(arch, d_in=16, d_sae=64, k=6, dtype="float64")
+    x = torch.randn(300, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3)) * 2 + 1
+    eps, target, coefficient = 0.2, 6.0, 0.7
+    dense_calls = []
+    if arch == "jumprelu":
+        with torch.no_grad():  # thresholds at a percentile of each latent; many entries in the window
+            pre = sae.pre_activations(x)
+            sae.threshold.copy_(pre.quantile(quantile, dim=0).clamp_min(0.0))  # θ ≥ 0, as the trainer keeps it
+        sae.threshold.requires_grad_(True)  # as the trainer sets it
+        dense = SAE._jumprelu_dense_step
+        monkeypatch.setattr(SAE, "_jumprelu_dense_step", lambda self, *a: dense_calls.append(1) or dense(self, *a))
+    out = sae.forward_train(x, l0_target=target, l0_coefficient=coefficient, bandwidth=eps)
+    assert len(dense_calls) == (quantile == 0.5)
+    params = [p for p in (sae.W_enc, sae.b_enc, sae.W_dec, sae.b_dec, getattr(sae, "threshold", None))
+              if p is not None and p.requires_grad]
+    got = torch.autograd.grad(out.loss, params)
+    loss, codes = _dense_objective(sae, x, arch, eps, target, coefficient)
+    want = torch.autograd.grad(loss, params)
+    torch.testing.assert_close(out.loss, loss, rtol=1e-10, atol=1e-12)
+    assert out.l0_sum == int((codes > 0).sum()) and torch.equal(out.fire_count, (codes > 0).sum(0).float())
+    if arch == "jumprelu":
+        assert out.aux_loss > 0 and 0 < int((codes > 0).sum()) < codes.numel() * (1 - quantile + 0.02)
+    assert len(params) == 4 + (arch == "jumprelu")
+    for p, g, w in zip(params, got, want):
+        assert w.abs().max() > 0
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-11)
+
+
+def test_batch_topk_selection_equals_the_flat_topk_also_when_rows_overflow():
+    """The candidate-based selection returns the flat topk's entry set, also when some rows hold many more than
+    their share (rows scaled up: they overflow the per-row candidates and join whole) and with ties at 0."""
+    from saegeo.sae.model import _batch_topk_entries
+
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(200, 300, generator=g).relu_()
+    values[[3, 77, 150]] *= 50  # these rows alone hold more than 2·count/n of the largest entries
+    for count in (1, 600, 2000, 30_000):
+        want = set(values.view(-1).topk(count).indices.tolist())
+        got = _batch_topk_entries(values, count)
+        assert got.numel() == count and set(got.tolist()) == want, count
+    sparse = torch.zeros(50, 40)
+    sparse[0, :3] = torch.tensor([3.0, 2.0, 1.0])  # fewer positives than count: the rest are ties at 0
+    got = _batch_topk_entries(sparse, 100)
+    assert got.numel() == 100 and {0, 1, 2} <= set(got.tolist())

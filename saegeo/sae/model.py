@@ -155,6 +155,12 @@ def _window(pre: Tensor, threshold: Tensor, bandwidth: float) -> Tensor:
     return ((pre - threshold).abs() < bandwidth / 2).to(pre.dtype)
 
 
+def _sum_to(grad: Tensor, like: Tensor) -> Tensor:
+    """grad summed over the leading dimensions that `like` was broadcast along ((n, d_sae) → (d_sae,)), or
+    as it is when `like` has grad's shape (one θ per entry of a sparse set, gathered from the θ vector)."""
+    return grad if grad.shape == like.shape else grad.sum(dim=0)
+
+
 class _JumpReLUFn(torch.autograd.Function):
     """codes = pre·H(pre − θ) with a straight-through estimator for θ (Rajamanoharan et al. 2024).
 
@@ -175,7 +181,7 @@ class _JumpReLUFn(torch.autograd.Function):
         grad_pre = grad * (pre > threshold) if ctx.needs_input_grad[0] else None
         grad_thr = None
         if ctx.needs_input_grad[1]:
-            grad_thr = -(threshold / eps) * (grad * _window(pre, threshold, eps)).sum(dim=0)
+            grad_thr = _sum_to(-(threshold / eps) * grad * _window(pre, threshold, eps), threshold)
         return grad_pre, grad_thr, None
 
 
@@ -196,7 +202,7 @@ class _StepFn(torch.autograd.Function):
     def backward(ctx, grad):
         pre, threshold = ctx.saved_tensors
         eps = ctx.bandwidth
-        grad_thr = -(grad * _window(pre, threshold, eps)).sum(dim=0) / eps if ctx.needs_input_grad[1] else None
+        grad_thr = _sum_to(-(grad * _window(pre, threshold, eps)) / eps, threshold) if ctx.needs_input_grad[1] else None
         return None, grad_thr, None
 
 
@@ -245,36 +251,67 @@ class _ReLUStep(torch.autograd.Function):
 
 
 class _GatheredLinear(torch.autograd.Function):
-    """v[r, j] = x[r] · W_enc[:, idx[r, j]] + b_enc[idx[r, j]] with a sparse backward.
+    """v_j = x[r_j] · W_enc[:, c_j] + b_enc[c_j] over a sparse set of entries (r_j, c_j), with a sparse backward.
 
-    The forward takes the already-computed entries (`gathered`, from the no-grad dense pre-activations);
-    the backward scatters the n·k upstream gradients: ∂W_enc[:, i] = Σ_{(r,j): idx=i} g[r,j]·x[r] (a sparse
-    (d_sae × n) @ (n × d_in) product), ∂b_enc = scatter-add of g, ∂x[r] = Σ_j g[r,j]·W_enc[:, idx[r,j]]
-    (an embedding_bag over W_encᵀ). Cost O(n·k·d_in) instead of O(n·d_sae·d_in). Same idea as sparsify's
-    fused encoder.
+    The entries are either k per row (`cols` (n, k), rows implied) or a flat list sorted by row (`cols` (m,),
+    `rows` (m,) and the bag `offsets` (n,) of each row's first entry: BatchTopK, JumpReLU). The forward takes
+    the already-computed values (`gathered`, from the no-grad dense pre-activations); the backward scatters
+    the upstream gradients g: ∂W_enc[:, i] = Σ_{j: c_j = i} g_j·x[r_j] (a sparse (d_sae × n) @ (n × d_in)
+    product), ∂b_enc = scatter-add of g, ∂x[r] = Σ_{j: r_j = r} g_j·W_enc[:, c_j] (an embedding_bag over
+    W_encᵀ). Cost O(m·d_in) instead of O(n·d_sae·d_in). Same idea as sparsify's fused encoder.
     """
 
     @staticmethod
-    def forward(ctx, x, W_enc, b_enc, indices, gathered):
-        ctx.save_for_backward(x, W_enc, indices)
+    def forward(ctx, x, W_enc, b_enc, cols, gathered, rows=None, offsets=None):
+        ctx.save_for_backward(x, W_enc, cols, rows, offsets)
         return gathered.clone()
 
     @staticmethod
     def backward(ctx, grad):
-        x, W_enc, indices = ctx.saved_tensors
-        n, k = indices.shape
-        d_sae = W_enc.shape[1]
+        x, W_enc, cols, rows, offsets = ctx.saved_tensors
+        n, d_sae = x.shape[0], W_enc.shape[1]
         grad_x = grad_w = grad_b = None
-        flat_idx, flat_g = indices.reshape(-1), grad.reshape(-1).to(W_enc.dtype)
+        flat_idx, flat_g = cols.reshape(-1), grad.reshape(-1).to(W_enc.dtype)
         if ctx.needs_input_grad[0]:
-            grad_x = F.embedding_bag(indices, W_enc.t().contiguous(), per_sample_weights=grad.to(W_enc.dtype), mode="sum")
+            grad_x = F.embedding_bag(cols, W_enc.t().contiguous(), offsets, per_sample_weights=grad.to(W_enc.dtype),
+                                     mode="sum")
         if ctx.needs_input_grad[1]:
-            rows = torch.arange(n, device=x.device).repeat_interleave(k)
+            if rows is None:
+                rows = torch.arange(n, device=x.device).repeat_interleave(cols.shape[1])
             g_sparse = torch.sparse_coo_tensor(torch.stack([flat_idx, rows]), flat_g, (d_sae, n), check_invariants=False)
             grad_w = torch.sparse.mm(g_sparse, x.to(W_enc.dtype)).t().contiguous()
         if ctx.needs_input_grad[2]:
             grad_b = torch.zeros(d_sae, device=x.device, dtype=W_enc.dtype).index_add_(0, flat_idx, flat_g)
-        return grad_x, grad_w, grad_b, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None
+
+
+def _batch_topk_entries(values: Float[Tensor, "n d_sae"], count: int, per_row: int | None = None) -> Int[Tensor, " count"]:
+    """Flat indices r·d_sae + c of the `count` largest entries of `values` (BatchTopK's selection), exactly as
+    a topk over the flattened matrix, but from each row's top `per_row` (default 2·count/n) candidates: the
+    global set lies inside them unless a row's smallest candidate exceeds the count-th largest candidate τ;
+    such rows join with all their entries (τ only rises, so the rest stay complete). ≈2.5× faster on CPU."""
+    n, d_sae = values.shape
+    per_row = min(d_sae, per_row or max(1, 2 * -(-count // n)))
+    if per_row * n <= count or per_row == d_sae:
+        return values.view(-1).topk(count, sorted=False).indices
+    cand_values, cand_cols = values.topk(per_row, dim=1, sorted=False)
+    tau = cand_values.view(-1).topk(count, sorted=False).values.min()
+    truncated = (cand_values.min(dim=1).values > tau).nonzero()[:, 0]
+    cand_flat = (torch.arange(n, device=values.device)[:, None] * d_sae + cand_cols)
+    keep = ~torch.isin(torch.arange(n, device=values.device), truncated)
+    flat = torch.cat([cand_flat[keep].view(-1), (truncated[:, None] * d_sae + torch.arange(d_sae, device=values.device)).view(-1)])
+    pool = torch.cat([cand_values[keep].view(-1), values[truncated].view(-1)])
+    return flat[pool.topk(count, sorted=False).indices]
+
+
+def _row_sorted_entries(flat_index: Int[Tensor, " m"], n: int, d_sae: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(rows, cols, offsets) of entries given by their row-major flat indices r·d_sae + c, sorted by row
+    (then column); offsets[r] = the first entry of row r (embedding_bag's bags, empty rows allowed)."""
+    flat_index = flat_index.sort().values
+    rows, cols = flat_index // d_sae, flat_index % d_sae
+    offsets = torch.zeros(n, dtype=torch.long, device=flat_index.device)
+    offsets[1:] = torch.bincount(rows, minlength=n).cumsum(0)[:-1]
+    return rows, cols, offsets
 
 
 class SAE(nn.Module):
@@ -390,16 +427,18 @@ class SAE(nn.Module):
         return self.denormalize(torch.addmm(self.b_dec, self._codes_for_decode(codes), self.W_dec), norm_state)
 
     def decode_sparse(
-        self, values: Float[Tensor, "n k"], indices: Int[Tensor, "n k"], norm_state: tuple | None = None
+        self, values: Float[Tensor, "n k"], indices: Int[Tensor, "n k"], norm_state: tuple | None = None,
+        offsets: Int[Tensor, " n"] | None = None,
     ) -> Float[Tensor, "n d_in"]:
-        """x̂ = Σ_j values[:, j] · W_dec[indices[:, j]] + b_dec, gathering only the k active rows.
+        """x̂ = Σ_j values[:, j] · W_dec[indices[:, j]] + b_dec, gathering only the k active rows (or, with
+        `offsets`, flat row-sorted entries: row r sums entries offsets[r] … offsets[r + 1] − 1).
 
         embedding_bag(mode="sum", per_sample_weights) is a gather-and-sum whose backward scatters into
-        the k rows used: no dense (n, d_sae) matmul in the forward or the backward.
+        the rows used: no dense (n, d_sae) matmul in the forward or the backward.
         """
         if self.cfg.rescale_acts_by_decoder_norm:
             values = values / self.W_dec.norm(dim=-1)[indices]
-        out = F.embedding_bag(indices, self.W_dec, per_sample_weights=values.to(self.W_dec.dtype), mode="sum")
+        out = F.embedding_bag(indices, self.W_dec, offsets, per_sample_weights=values.to(self.W_dec.dtype), mode="sum")
         return self.denormalize(out + self.b_dec, norm_state)
 
     def forward(self, x: Float[Tensor, "n d_in"]) -> Float[Tensor, "n d_in"]:
@@ -480,36 +519,58 @@ class SAE(nn.Module):
             loss = sse / n + l1_coefficient * aux
             l0_sum = fire_count.sum()
         else:
-            # (x − b_dec) W_enc + b_enc = x W_enc + (b_enc − b_dec W_enc): x needs no gradient, so the backward
-            # skips the dense (n × d_sae) @ (d_sae × d_in) product that ∂b_dec through the input would cost.
-            bias = self.b_enc - self.b_dec @ self.W_enc if self.cfg.apply_b_dec_to_input else self.b_enc
-            pre = torch.addmm(bias, x, self.W_enc)
+            # BatchTopK and JumpReLU: dense pre-activations without autograd, then the sparse set of entries
+            # that carry a gradient (flat, sorted by row) through _GatheredLinear and a bagged decode.
+            xc = x - self.b_dec if self.cfg.apply_b_dec_to_input else x
+            d_sae = self.cfg.d_sae
+            with torch.no_grad():
+                pre = torch.addmm(self.b_enc, xc, self.W_enc)
+                if act == "batchtopk":  # the k·n largest entries of relu(pre) over the batch
+                    entries = _batch_topk_entries(pre.relu_(), min(int(self.cfg.k) * n, pre.numel()))
+                else:  # active (pre > θ) or inside the threshold's window: every entry with a gradient
+                    entries = ((pre > self.threshold) | (_window(pre, self.threshold, bandwidth) > 0)).view(-1).nonzero()[:, 0]
+            if act == "jumprelu" and entries.numel() > pre.numel() // 8:  # far from sparse (thresholds too low)
+                return self._jumprelu_dense_step(x, centred_ss, l0_target, l0_coefficient, bandwidth)
+            rows, cols, offsets = _row_sorted_entries(entries, n, d_sae)
+            gathered = _GatheredLinear.apply(xc, self.W_enc, self.b_enc, cols, pre[rows, cols], rows, offsets)
             if act == "batchtopk":
-                post = F.relu(pre)
-                flat = post.flatten()
+                values = F.relu(gathered)
                 with torch.no_grad():
-                    keep = flat.topk(min(int(self.cfg.k) * n, flat.numel()), sorted=False).indices
-                kept = flat[keep]
-                codes = torch.zeros_like(flat).scatter(0, keep, kept).view_as(post)
-                with torch.no_grad():
-                    positive = kept[kept > 0]
-                    min_kept = positive.min() if positive.numel() else kept.new_zeros(())
-            else:  # jumprelu
-                codes = _JumpReLUFn.apply(pre, self.threshold, bandwidth)
-            x_hat = torch.addmm(self.b_dec, codes, self.W_dec)
+                    positive = values[values > 0]
+                    min_kept = positive.min() if positive.numel() else values.new_zeros(())
+            else:
+                threshold = self.threshold[cols]  # one θ per entry: its gradient scatters back per latent
+                values = _JumpReLUFn.apply(gathered, threshold, bandwidth)
+            x_hat = self.decode_sparse(values, cols, offsets=offsets)
             err = x - x_hat
             sse = err.pow(2).sum()
-            fire_count = torch.count_nonzero(codes.detach(), dim=0).to(torch.float32)  # codes ≥ 0: active = nonzero
-            l0_sum = fire_count.sum()
+            active = values.detach() > 0
+            fire_count = torch.zeros(d_sae, device=x.device, dtype=torch.float32).index_add_(0, cols, active.float())
+            l0_sum = active.sum()
             if act == "batchtopk":
-                aux = self._auxk(err, pre.detach(), dead_mask, aux_k, aux_coefficient, centred_ss_fn,
-                                 lambda idx: pre.gather(1, idx))
+                aux = self._auxk(err, pre, dead_mask, aux_k, aux_coefficient, centred_ss_fn,
+                                 lambda idx: _GatheredLinear.apply(xc, self.W_enc, self.b_enc, idx, pre.gather(1, idx)))
                 loss = sse / centred_ss + aux_coefficient * aux
-            else:
-                l0 = _StepFn.apply(pre, self.threshold, bandwidth).sum() / n
+            else:  # entries outside the set add H = 0 and no gradient: the L0 of the whole batch
+                l0 = _StepFn.apply(gathered, threshold, bandwidth).sum() / n
                 aux = (l0 / l0_target - 1).pow(2) if l0_target else l0
                 loss = sse / centred_ss + l0_coefficient * aux
         return TrainOutput(loss, sse.detach(), centred_ss, l0_sum, aux.detach(), fire_count > 0, fire_count, min_kept)
+
+    def _jumprelu_dense_step(self, x: Tensor, centred_ss: Tensor, l0_target: float | None, l0_coefficient: float,
+                             bandwidth: float) -> TrainOutput:
+        """JumpReLU's objective on dense (n, d_sae) tensors: cheaper than the sparse path when more than an
+        eighth of the entries are active or near θ. (x − b_dec) W_enc + b_enc = x W_enc + (b_enc − b_dec W_enc):
+        x needs no gradient, so the backward skips the (n × d_sae) @ (d_sae × d_in) product of ∂x."""
+        bias = self.b_enc - self.b_dec @ self.W_enc if self.cfg.apply_b_dec_to_input else self.b_enc
+        pre = torch.addmm(bias, x, self.W_enc)
+        codes = _JumpReLUFn.apply(pre, self.threshold, bandwidth)
+        sse = (x - torch.addmm(self.b_dec, codes, self.W_dec)).pow(2).sum()
+        fire_count = torch.count_nonzero(codes.detach(), dim=0).to(torch.float32)
+        l0 = _StepFn.apply(pre, self.threshold, bandwidth).sum() / x.shape[0]
+        aux = (l0 / l0_target - 1).pow(2) if l0_target else l0
+        loss = sse / centred_ss + l0_coefficient * aux
+        return TrainOutput(loss, sse.detach(), centred_ss, fire_count.sum(), aux.detach(), fire_count > 0, fire_count)
 
     def _auxk(self, err: Tensor, pre: Tensor, dead_mask: Tensor | None, aux_k: int, aux_coefficient: float,
               centred_ss_fn: Callable[[Tensor], Tensor], gathered_pre: Callable[[Tensor], Tensor]) -> Tensor:
