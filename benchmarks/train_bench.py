@@ -13,7 +13,8 @@ also scored by SAELens' own encode/decode, and the two must agree (note SAELens'
 to rescale_acts_by_decoder_norm=True, which saegeo's SAEConfig expresses). Timing: wall seconds of the
 whole training call (saegeo's includes b_dec init, held-out eval and saving) and process CPU seconds;
 on a shared machine the CPU-seconds ratio is the steadier one. Finally a saegeo-saved SAE is loaded
-by SAELens (`SAE.load_from_disk`) and its encode/decode compared with saegeo's.
+by SAELens (`SAE.load_from_disk`) and its encode/decode compared with saegeo's. SAELens' trained SAEs are left
+in OUT/saelens_<arch>/ as SAELens writes them for inference (`save_inference_model`), e.g. for `saegeo report`.
 
 The floor: before each run, the same process times a bare dense encoder matmul (B·d·N) + a top-k of k per
 row + a sparse (embedding_bag) decode of one batch, and prints each side's mean step time as a share of it
@@ -117,6 +118,8 @@ if job.get("arch"):
     out["rescale_acts_by_decoder_norm"] = bool(getattr(trained.cfg, "rescale_acts_by_decoder_norm", False))
     sd = {k: v.detach().contiguous() for k, v in trained.state_dict().items() if k in ("W_enc", "W_dec", "b_enc", "b_dec", "threshold", "topk_threshold")}
     save_file(sd, job["weights_out"])
+    if job.get("save_dir"):  # the SAE as SAELens itself writes it for inference (cfg.json + sae_weights.safetensors)
+        trained.save_inference_model(job["save_dir"])
 print("JSON" + json.dumps(out))
 '''
 
@@ -227,7 +230,8 @@ def main() -> None:
         cfg = TrainConfig(arch=arch, d_sae=d_sae, k=args.k, l1_coefficient=args.l1, batch_size=BATCH,
                           lr=RELU_LR if arch == "relu" else LR,
                           total_tokens=args.tokens, heldout_fraction=HELDOUT, b_dec_init="mean", progress=False,
-                          out_dir=str(out_dir / f"saegeo_{arch}"), log_every=20, num_threads=args.threads)
+                          out_dir=str(out_dir / f"saegeo_{arch}"), log_every=20, num_threads=args.threads,
+                          overwrite=True)  # the benchmark's own scratch output, rewritten on every run
         t0, c0 = time.perf_counter(), time.process_time()
         res = train_sae(cfg, x, resume=False)
         sec, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -239,7 +243,7 @@ def main() -> None:
         if arch in args.saelens_arch:
             job = dict(data=str(data_file), arch=arch, d_sae=d_sae, k=args.k, l1=args.l1, batch=BATCH, lr=LR,
                        tokens=args.tokens, seed=0, threads=args.threads,
-                       weights_out=str(tmp / f"saelens_{arch}.safetensors"))
+                       weights_out=str(tmp / f"saelens_{arch}.safetensors"), save_dir=str(out_dir / f"saelens_{arch}"))
             sl = run_saelens(job)
             sl_sae = saelens_as_saegeo(load_file(job["weights_out"]), arch, args.k, sl["apply_b_dec_to_input"],
                                        sl["rescale_acts_by_decoder_norm"])
