@@ -16,9 +16,17 @@ methods interleaved over rounds (median reported) so machine load hits both alik
   saegeo×2 / plain×2   two SAEs on the same tokens (a report's two columns): saegeo shares the prefix and
            the clean/zero/mean suffixes, the loop runs 2 × 4 full forwards
 
-SAELens' own `run_evals` cannot run offline here: it loads its model through HookedSAETransformer.from_pretrained
-(a hub download) and caps transformer-lens below 4 in its own venv; so the baseline is the plain loop.
-The CE numbers of both methods are printed side by side (they must agree).
+  SAELens  (when .venv-saelens exists: `make .venv-saelens/.installed`) SAELens 6.54.12's own evaluation core,
+           `sae_lens.evals.get_recons_loss` (what `run_evals` runs per batch for CE and KL: clean, spliced and
+           zero-ablated forwards through `run_with_hooks`), in its own venv on the same SmolLM2 weights (built
+           there by saegeo's loader, then given transformer-lens' own layout), the same SAE (saved by saegeo,
+           loaded by `SAE.load_from_disk`) and the same token batches, BOS as `ignore_tokens`.
+           `run_evals` itself wants an ActivationsStore over a hub dataset; its CE/KL part is this function.
+
+The CE numbers are printed side by side. saegeo and the plain loop agree exactly; SAELens differs by definition
+(it zero-ablates BOS too, which makes SmolLM2's logits uniform: CE = log 49,152 = 10.80, and it drops the
+prediction made at BOS from its means). SAELens' loss has no attention mask, so each padded batch reaches it as
+groups of equal-length windows (the few short windows at document ends in batches of their own).
 
 Usage: python benchmarks/eval_bench.py [--tokens 1024] [--layer 15] [--rounds 2] [--sae DIR]
 """
@@ -27,8 +35,13 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
+import os
 import statistics
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +52,75 @@ from saegeo.activations.models import load_model
 from saegeo.sae.formats import load_dictionary
 from saegeo.sae.model import SAE, SAEConfig
 from saegeo.sae.splice import EvalConfig, splice_eval_many
+
+
+ROOT = Path(__file__).resolve().parents[1]
+SAELENS_PY = ROOT / ".venv-saelens/bin/python"
+SAELENS_SCRIPT = r'''
+import json, statistics, sys, time
+job = json.loads(sys.argv[1])
+sys.path.insert(0, job["root"])
+import torch
+from safetensors.torch import load_file
+import sae_lens
+from sae_lens import SAE
+from sae_lens.evals import get_recons_loss
+from sae_lens.training.activation_scaler import ActivationScaler
+from saegeo.activations.models import load_model
+
+torch.set_num_threads(job["threads"])
+model = load_model(job["model_dir"]).model
+for param in model.parameters():  # transformer-lens' own layout, as a SAELens user has it
+    param.data = param.data.contiguous()
+sae = SAE.load_from_disk(job["sae_dir"], device="cpu")
+batches = [t for _, t in sorted(load_file(job["tokens"]).items())]
+times, sums = [], {}
+with torch.inference_mode():
+    for _ in range(job["rounds"]):
+        w0, c0 = time.perf_counter(), time.process_time()
+        sums = {}
+        for tokens in batches:
+            metrics = get_recons_loss(sae, model, ActivationScaler(), tokens, compute_kl=True, compute_ce_loss=True,
+                                      ignore_tokens=[job["bos"]], hook_name=job["hook"])
+            keep = tokens[:, :-1] != job["bos"]  # run_evals' mask: predictions made at BOS are dropped
+            for name, value in metrics.items():
+                value = value[keep] if value.shape[1] == keep.shape[1] else value[:, :-1][keep]
+                total, n = sums.get(name, (0.0, 0))
+                sums[name] = (total + float(value.double().sum()), n + value.numel())
+        times.append((time.perf_counter() - w0, time.process_time() - c0))
+out = {name: total / n for name, (total, n) in sums.items()}
+out.update(wall=statistics.median(t[0] for t in times), cpu=statistics.median(t[1] for t in times),
+           version=sae_lens.__version__)
+print("JSON" + json.dumps(out))
+'''
+
+
+def saelens_recons_loss(sae: SAE, hook: str, batches, model_dir: Path, bos: int, rounds: int) -> dict | None:
+    """SAELens' get_recons_loss over the same token batches in .venv-saelens (None when it is missing)."""
+    if not SAELENS_PY.exists():
+        print(f"{SAELENS_PY} missing: no SAELens row (make .venv-saelens/.installed)")
+        return None
+    from safetensors.torch import save_file
+
+    from saegeo.sae.formats import save_sae
+
+    with tempfile.TemporaryDirectory() as tmp:
+        save_sae(sae, Path(tmp) / "sae", provenance={"data": {"hook": hook}})
+        # SAELens' loss has no attention mask: each padded batch goes in as groups of equal-length windows
+        groups = []
+        for tokens, attend, _ in batches:
+            lengths = attend.sum(1)
+            groups += [tokens[lengths == n, :n] for n in lengths.unique(sorted=True).tolist()]
+        save_file({f"{i:05d}": t.contiguous() for i, t in enumerate(groups)}, str(Path(tmp) / "tokens.safetensors"))
+        (Path(tmp) / "run.py").write_text(SAELENS_SCRIPT)
+        job = dict(root=str(ROOT), model_dir=str(model_dir), sae_dir=str(Path(tmp) / "sae"), hook=hook, bos=bos,
+                   tokens=str(Path(tmp) / "tokens.safetensors"), rounds=rounds, threads=torch.get_num_threads())
+        env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
+        proc = subprocess.run([str(SAELENS_PY), str(Path(tmp) / "run.py"), json.dumps(job)], capture_output=True,
+                              text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"SAELens subprocess failed:\n{proc.stderr[-3000:]}")
+    return json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("JSON")][-1][4:])
 
 
 def random_topk(d: int, seed: int) -> SAE:
@@ -145,7 +227,18 @@ def main() -> None:
             ce = (r["clean"], r["spliced"], r["zero"], r["mean"])
         print(f"{m:<11} {wall:>8.1f} {cpu:>8.1f} {n_tokens / wall:>8.1f}   " + " / ".join(f"{c:.4f}" for c in ce))
     med = {m: (statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts)) for m, ts in times.items()}
-    for a, b in (("saegeo", "plain"), ("saegeo", "plain/fast"), ("saegeo×2", "plain×2")):
+    from saegeo.activations.models import smollm2_path
+
+    sl = saelens_recons_loss(saes["a"], hook, batches, smollm2_path(), loaded.tokenizer.bos_token_id, args.rounds)
+    pairs = [("saegeo", "plain"), ("saegeo", "plain/fast"), ("saegeo×2", "plain×2")]
+    if sl is not None:
+        med["SAELens"] = (sl["wall"], sl["cpu"])
+        print(f"{'SAELens':<11} {sl['wall']:>8.1f} {sl['cpu']:>8.1f} {n_tokens / sl['wall']:>8.1f}   "
+              f"{sl['ce_loss_without_sae']:.4f} / {sl['ce_loss_with_sae']:.4f} / {sl['ce_loss_with_ablation']:.4f} / —"
+              f"   (sae-lens {sl['version']} get_recons_loss: CE and KL, 3 forwards per batch; "
+              f"KL spliced {sl['kl_div_with_sae']:.4f}, saegeo's {outs['saegeo']['a']['kl_div_spliced']:.4f})")
+        pairs.insert(0, ("saegeo", "SAELens"))
+    for a, b in pairs:
         print(f"{a} vs {b}: {med[b][0] / med[a][0]:.2f}× tokens/s (wall), {med[b][1] / med[a][1]:.2f}× in CPU seconds")
 
 
