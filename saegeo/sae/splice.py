@@ -346,6 +346,8 @@ def _result(cfg: EvalConfig, loaded: LoadedModel, sae: SAE, name: str, r: dict[s
             "why": "positions excluded from the SAE's training keep the model's own activation in every variant",
         },
         "mean_ablation": "the hook's mean over each batch's replaced positions",
+        "zero_ablation": "the replaced positions set to 0, passed-through positions kept (SAELens' get_recons_loss "
+                         "zeroes every position, BOS included: for a Llama that is uniform logits, CE = log vocab)",
         "model": loaded.name, "sae": name, "sae_source": sae.format_info.source,
         "hook": r["hook"], "sae_model_name": sae.format_info.model_name, "corpus": cfg.corpus, "context": r["context"],
         "windows": s.n_windows, "skipped_tokens": r["skip_tokens"],
