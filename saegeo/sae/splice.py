@@ -413,19 +413,15 @@ def _eval_batch(splicers: dict[str, _Splicer], batch: list, pad_id: int, ratio: 
     x = flat[replace]
     mu = x.mean(0) if x.shape[0] else torch.zeros_like(flat[0, 0])
 
-    def setter(value: Tensor) -> Callable[[Tensor], Tensor]:
-        return _setter(replace, value)
-
     ref = _Reference(sp.loaded.kind, clean_out, tokens, attend)
     shared = {"clean": ref.score_clean()}
     k = _common_passed_prefix(flat, replace, attend) if sp.shares_ablations else None
     if k is None:  # the general path: each window's own ablated suffix
-        shared["zero"] = ref.score(sp.suffix(resid, additive, setter(torch.zeros_like(x))))
-        shared["mean"] = ref.score(sp.suffix(resid, additive, setter(mu.expand_as(x))))
+        shared["zero"] = ref.score(sp.suffix(resid, additive, _setter(replace, torch.zeros_like(x))))
+        shared["mean"] = ref.score(sp.suffix(resid, additive, _setter(replace, mu.expand_as(x))))
     else:  # one representative window (the longest) stands for all; the zero one for the whole evaluation
         j = int(attend.sum(1).argmax())
         rep_resid, rep_replace = resid[j : j + 1], replace[j : j + 1]
-
         n_rep, width = int(rep_replace.sum()), tokens.shape[1]
         passed = flat[j, :k].clone()
         cached = ablation_cache.get("zero")  # (passed rows, logits): valid for any batch with the same passed rows
@@ -438,7 +434,7 @@ def _eval_batch(splicers: dict[str, _Splicer], batch: list, pad_id: int, ratio: 
     x64 = x.double()
     for name, s in sums.items():
         x_hat, active = _reconstruct(splicers[name].sae, x)
-        scores = {**shared, "spliced": ref.score(sp.suffix(resid, additive, setter(x_hat.to(flat.dtype))))}
+        scores = {**shared, "spliced": ref.score(sp.suffix(resid, additive, _setter(replace, x_hat.to(flat.dtype))))}
         for v, (ce, kl, cos) in scores.items():
             s.ce[v] += ce
             s.kl[v] += kl
