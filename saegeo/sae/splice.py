@@ -74,7 +74,7 @@ class EvalConfig:
     context: int | None = None  # default: the SAE's training context, else 128
     max_tokens: int = 4096  # tokens (window positions) evaluated
     skip_tokens: int | None = None  # skip whole windows until this many tokens; default: the positions the SAE's training store read (held-out text)
-    batch_size: int = 4  # windows per batch (the clean probabilities and one variant's logits, batch × context × vocab each, are held; the mean ablation uses the batch's mean)
+    batch_size: int = 4  # windows per batch (the clean logits and probabilities and one variant's logits, batch × context × vocab each, are held; the mean ablation uses the batch's mean)
     pass_special: bool | None = None  # pass BOS/[CLS]/[SEP] through unreplaced; default: as the SAE's training store (decoders: yes)
     pass_norm_ratio: float | None = None  # also pass rows with ‖x‖ > m × window median (default: as the store)
     text_field: str = "text"  # JSONL field holding the text
