@@ -26,7 +26,7 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/saegeo run configs/demo.toml
 	$(BIN)/saegeo sweep --model minilm --hooks all-resid --max-tokens 24576 --cache-dir artifacts/acts/minilm-sweep \
-		--out artifacts/runs/demo/sweep
+		--out artifacts/runs/demo/sweep --overwrite  # a rerun reuses the stores and re-renders the sweep
 	$(BIN)/saegeo run configs/demo_smollm2.toml
 
 # SAELens caps transformer-lens below 4 and pins its own deps: it gets its own venv, for the training benchmark.

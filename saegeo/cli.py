@@ -123,6 +123,10 @@ def _passed(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
 
 
+def _add_overwrite(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--overwrite", action="store_true", help="replace output files that exist already (refused otherwise)")
+
+
 # --------------------------------------------------------------------------- geometry
 def _add_geometry(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -135,6 +139,7 @@ def _add_geometry(sub: argparse._SubParsersAction) -> None:
     p.add_argument("files", nargs="+", help="files (.safetensors, .npy, .pt) or store directories, streamed in order")
     p.add_argument("--key", default=None, help="tensor name in .safetensors/.pt files (default: 'activations' or the only 2-D tensor)")
     p.add_argument("--json", dest="json_out", default=None, help="write the full result (all eigenvalues, top eigenvectors) as JSON here")
+    _add_overwrite(p)
     p.add_argument("--batch-size", type=int, default=8192, help="rows read per batch (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=10, help="top eigenvectors kept in the JSON (default: %(default)s)")
     p.add_argument("--skip-nonfinite", action="store_true", help="skip and count rows with NaN/inf instead of stopping")
@@ -163,12 +168,13 @@ def cmd_geometry(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from saegeo.activations.sources import open_rows
-    from saegeo.io import dump_json
+    from saegeo.io import dump_json, refuse_overwrite
     from saegeo.geometry.accumulate import GeometryAccumulator
     from saegeo.geometry.measures import activation_geometry
 
     if args.batch_size < 1:
         raise CLIError(f"--batch-size must be ≥ 1, got {args.batch_size}")
+    refuse_overwrite([args.json_out], args.overwrite)
     sources = [(path, open_rows(path, key=args.key, verify=not args.no_verify)) for path in args.files]
     dims = {rows.d for _, rows in sources}
     if len(dims) > 1:
@@ -241,15 +247,19 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=8192, help="rows per batch (default: %(default)s)")
     p.add_argument("--out", default=None, help="directory for summary.txt, sweep.json, sweep.md (+ sweep.png), sweep.html")
     p.add_argument("--json", dest="json_out", default=None, help="write the sweep JSON here")
+    _add_overwrite(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_sweep)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from saegeo.report.sweep import render_sweep_terminal, sweep_stores, write_sweep
+    from saegeo.io import refuse_overwrite
+    from saegeo.report.render import rendering_paths
+    from saegeo.report.sweep import SWEEP_FORMATS, render_sweep_terminal, sweep_stores, write_sweep
 
     if args.batch_size < 1:
         raise CLIError(f"--batch-size must be ≥ 1, got {args.batch_size}")
+    refuse_overwrite([args.json_out, *(rendering_paths(args.out, SWEEP_FORMATS, "sweep") if args.out else [])], args.overwrite)
     stores, cache = list(args.stores), None
     if args.model:
         if stores:
@@ -438,6 +448,7 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
     from saegeo.report.render import FORMATS
 
     p.add_argument("--format", nargs="+", default=list(FORMATS), choices=FORMATS, help="renderings written to --out")
+    _add_overwrite(p)
     p.add_argument("--fail-on", choices=["never", *SEVERITIES[1:]], default="never",  # an info flag never fails
                    help="exit with status 1 when a flag of this severity or worse is raised (for CI)")
     _add_config_options(p, CheckOptions)
@@ -447,9 +458,13 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from saegeo.io import refuse_overwrite
     from saegeo.report.check import CheckOptions, check_dictionary, check_with_activations
-    from saegeo.report.render import render_check_terminal, write_report
+    from saegeo.report.render import render_check_terminal, rendering_paths, write_report
     from saegeo.sae.formats import load_dictionary
+
+    if args.out:
+        refuse_overwrite(rendering_paths(args.out, args.format, "report" if args.acts else "check"), args.overwrite)
 
     sae = load_dictionary(args.path)
     opts = CheckOptions.from_dict(_passed(args, CheckOptions))
@@ -490,6 +505,7 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
                    help="SAE directory (SAELens layout); repeat for several, shown side by side")
     p.add_argument("--out", required=True, help="output directory: summary.txt, report.md, report.json, report.html")
     p.add_argument("--format", default="terminal,md,json,html", help="comma-separated subset of terminal,md,json,html")
+    _add_overwrite(p)
     p.add_argument("--config", default=None, help="JSON/TOML preprocessing config to check (e.g. a SAELens cfg.json)")
     from saegeo.report.report import ReportOptions
 
@@ -503,8 +519,11 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from saegeo.io import read_config
+    from saegeo.io import read_config, refuse_overwrite
     from saegeo.report import ReportOptions, geometry_report, render_terminal, write_report
+    from saegeo.report.render import rendering_paths
+
+    refuse_overwrite(rendering_paths(args.out, [f.strip() for f in args.format.split(",")], "report"), args.overwrite)
 
     saes = {}
     for spec in args.sae:
@@ -552,13 +571,15 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--replace-special", action="store_true",
                    help="splice at BOS/[CLS]/[SEP] too (sets pass_special false; default: as in the SAE's training)")
     p.add_argument("--json", dest="json_out", default=None, help="write the result as JSON here")
+    _add_overwrite(p)
     p.set_defaults(func=cmd_eval)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from saegeo.io import dump_json
+    from saegeo.io import dump_json, refuse_overwrite
     from saegeo.sae.splice import EvalConfig, render_eval, splice_eval
 
+    refuse_overwrite([args.json_out], args.overwrite)
     options = _passed(args, EvalConfig)
     if args.replace_special:
         options["pass_special"] = False

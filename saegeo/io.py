@@ -13,6 +13,7 @@ Public API
 ``config_from_dict(cls, d, what) -> cls``      the one dict -> config-dataclass path: unknown keys refused, values
                                        coerced by the field annotations ("2M" ints, lists as tuples, Literal choices).
 ``require_at_least(cfg, minimums)``    a config's sizes checked in its __post_init__ (``--d-sae 0`` refused).
+``refuse_overwrite(paths, overwrite)``  a command's output files that exist already are refused unless --overwrite.
 """
 
 from __future__ import annotations
@@ -34,6 +35,15 @@ _CRASH_COUNTS: dict[str, int] = {}
 
 
 # =========================================================================== atomic writes
+def refuse_overwrite(paths: Any, overwrite: bool) -> None:
+    """Raise BadInputError naming the first of ``paths`` that exists, unless ``overwrite``: results are never
+    replaced silently. Checked before the work, so a refused command loses nothing."""
+    existing = [Path(p) for p in paths if p is not None and Path(p).exists()]
+    if existing and not overwrite:
+        more = f" (and {len(existing) - 1} more output file(s))" if len(existing) > 1 else ""
+        raise BadInputError(f"{existing[0]} already exists{more}; pass --overwrite to replace it, or write elsewhere")
+
+
 def crash_point(where: str) -> None:
     """Fault injection for the resume tests: SAEGEO_CRASH_AT="<where>:<k>" kills the process
     (os._exit, like SIGKILL: no cleanup runs) the k-th time (1-based) `where` is reached."""

@@ -232,3 +232,32 @@ def test_bad_devices_are_refused_before_any_work(fx, tmp_path, capsys):
             err = capsys.readouterr().err
             assert what in err and device in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "c").exists() and not (tmp_path / "t").exists() and not (tmp_path / "r").exists()
+
+
+def test_existing_outputs_are_refused_before_any_work_without_overwrite(fx, tmp_path, capsys, monkeypatch):
+    """report / check / sweep / geometry / eval never replace output files silently: a second run into the same
+    place is one line and exit 2 naming the file, and leaves it as it was; --overwrite replaces it."""
+    store, sae = str(fx / "store"), str(fx / "sae")
+    runs = {
+        "report": (["report", "--acts", store, "--out", str(tmp_path / "r"), "--no-progress"], tmp_path / "r" / "summary.txt"),
+        "check": (["check", sae, "--out", str(tmp_path / "c")], tmp_path / "c" / "summary.txt"),
+        "sweep": (["sweep", store, "--out", str(tmp_path / "s"), "--no-progress"], tmp_path / "s" / "summary.txt"),
+        "geometry": (["geometry", store, "--json", str(tmp_path / "g.json"), "--no-progress"], tmp_path / "g.json"),
+    }
+    for name, (argv, first) in runs.items():
+        assert main(argv) == 0, name
+        first.write_text("kept")
+        capsys.readouterr()
+        assert main(argv) == 2, name
+        err = capsys.readouterr().err
+        assert str(first) in err and "--overwrite" in err and len(err.strip().splitlines()) == 1, err
+        assert first.read_text() == "kept", name
+        assert main([*argv, "--overwrite"]) == 0, name
+        assert first.read_text() != "kept", name
+    # eval: refused before the model or the SAE is even loaded
+    (tmp_path / "e.json").write_text("kept")
+    from saegeo.sae import splice
+
+    monkeypatch.setattr(splice, "splice_eval", lambda cfg: pytest.fail("eval ran"))
+    assert main(["eval", "--sae", sae, "--json", str(tmp_path / "e.json"), "--no-progress"]) == 2
+    assert "e.json already exists" in capsys.readouterr().err and (tmp_path / "e.json").read_text() == "kept"

@@ -591,13 +591,24 @@ def write_report(
         fig_dir.mkdir(exist_ok=True)
         for name, data in pngs.items():
             atomic_write(fig_dir / f"{name}.png", data)
+    names = rendering_names(stem)
     writers = {
-        "terminal": ("summary.txt", lambda: render_terminal(page) if is_report else render_check_terminal(page)),
-        "json": (f"{stem}.json", lambda: page.to_json()),
-        "md": (f"{stem}.md", lambda: render_markdown(page, figure_dir="figures") if is_report else render_check_markdown(page)),
-        "html": (f"{stem}.html", lambda: render_html(page, pngs) if is_report else render_check_html(page)),
+        "terminal": (names["terminal"], lambda: render_terminal(page) if is_report else render_check_terminal(page)),
+        "json": (names["json"], lambda: page.to_json()),
+        "md": (names["md"], lambda: render_markdown(page, figure_dir="figures") if is_report else render_check_markdown(page)),
+        "html": (names["html"], lambda: render_html(page, pngs) if is_report else render_check_html(page)),
     }
     return write_renderings(out, formats, writers)
+
+
+def rendering_names(stem: str) -> dict[str, str]:
+    """The file each format is written to in an output directory (stem: report, check or sweep)."""
+    return {"terminal": "summary.txt", "json": f"{stem}.json", "md": f"{stem}.md", "html": f"{stem}.html"}
+
+
+def rendering_paths(out_dir: str | os.PathLike, formats: Sequence[str], stem: str) -> list[Path]:
+    """The files `write_report` / `write_sweep` would write for these formats (for `refuse_overwrite`)."""
+    return [Path(out_dir) / name for fmt, name in rendering_names(stem).items() if fmt in formats]
 
 
 def _output_dir(out_dir: str | os.PathLike, formats: Sequence[str], known: Sequence[str], what: str) -> Path:

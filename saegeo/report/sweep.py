@@ -28,7 +28,8 @@ from saegeo.io import atomic_write, dump_json, json_safe
 from saegeo.report.flags import Flag, FlagThresholds, artifact_flags, sort_flags
 from saegeo.report.layers import StoreMeasures, measure_store
 from saegeo.report.render import (
-    _html_page, _output_dir, _png, fmt_num, fmt_pct, html_flags, md_flags, md_table, terminal_flags, write_renderings,
+    _html_page, _output_dir, _png, fmt_num, fmt_pct, html_flags, md_flags, md_table, rendering_names, terminal_flags,
+    write_renderings,
 )
 
 SWEEP_SCHEMA_VERSION = 1
@@ -265,7 +266,7 @@ def sweep_figure(sweep: LayerSweep) -> bytes:
                 ax.plot(*zip(*pts), "o-", ms=4, label=label)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("layer (blocks applied)", fontsize=8)
-        if len(series) > 1:
+        if len(series) > 1 and ax.get_legend_handles_labels()[0]:  # a panel with no measured series has no legend
             ax.legend(fontsize=7)
     fig.suptitle(_title(sweep), fontsize=11)
     fig.tight_layout()
@@ -292,10 +293,11 @@ def write_sweep(sweep: LayerSweep, out_dir: str | os.PathLike, formats: Sequence
     png = sweep_figure(sweep) if {"md", "html"} & set(formats) else None
     if "md" in formats:
         atomic_write(out / "sweep.png", png)
+    names = rendering_names("sweep")
     writers = {
-        "terminal": ("summary.txt", lambda: render_sweep_terminal(sweep)),
-        "json": ("sweep.json", lambda: sweep.to_json()),
-        "md": ("sweep.md", lambda: render_sweep_markdown(sweep, figure="sweep.png")),
-        "html": ("sweep.html", lambda: render_sweep_html(sweep, png)),
+        "terminal": (names["terminal"], lambda: render_sweep_terminal(sweep)),
+        "json": (names["json"], lambda: sweep.to_json()),
+        "md": (names["md"], lambda: render_sweep_markdown(sweep, figure="sweep.png")),
+        "html": (names["html"], lambda: render_sweep_html(sweep, png)),
     }
     return write_renderings(out, formats, writers)
