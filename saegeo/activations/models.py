@@ -276,9 +276,9 @@ def _from_hf_dir(path: Path, dtype: torch.dtype, name: str) -> LoadedModel:
     archs = hf_config.get("architectures") or []
     tokenizer = _load_tokenizer(path)
     if model_type == "bert":
-        return LoadedModel(_bert_encoder(path, dtype), tokenizer, name, "encoder")
+        return LoadedModel(fast_weight_layout(_bert_encoder(path, dtype)), tokenizer, name, "encoder")
     if archs and archs[0] in DECODER_ARCHITECTURES:
-        model = _causal_transformer(path, dtype)
+        model = fast_weight_layout(_causal_transformer(path, dtype))
         model.set_tokenizer(tokenizer, default_padding_side="right")
         return LoadedModel(model, tokenizer, name, "decoder")
     raise FormatError(
@@ -345,7 +345,6 @@ def load_model(spec: str | os.PathLike | Any, *, dtype: torch.dtype = torch.floa
         else:
             loaded = _from_hf_cache(spec_str, dtype)
     loaded.model.eval()
-    fast_weight_layout(loaded.model)
     return loaded
 
 

@@ -296,9 +296,9 @@ def _batch_topk_entries(values: Float[Tensor, "n d_sae"], count: int, per_row: i
         return values.view(-1).topk(count, sorted=False).indices
     cand_values, cand_cols = values.topk(per_row, dim=1, sorted=False)
     tau = cand_values.view(-1).topk(count, sorted=False).values.min()
-    truncated = (cand_values.min(dim=1).values > tau).nonzero()[:, 0]
-    cand_flat = (torch.arange(n, device=values.device)[:, None] * d_sae + cand_cols)
-    keep = ~torch.isin(torch.arange(n, device=values.device), truncated)
+    overflow = cand_values.min(dim=1).values > tau  # rows that may hold more than their candidates
+    truncated, keep = overflow.nonzero()[:, 0], ~overflow
+    cand_flat = torch.arange(n, device=values.device)[:, None] * d_sae + cand_cols
     flat = torch.cat([cand_flat[keep].view(-1), (truncated[:, None] * d_sae + torch.arange(d_sae, device=values.device)).view(-1)])
     pool = torch.cat([cand_values[keep].view(-1), values[truncated].view(-1)])
     return flat[pool.topk(count, sorted=False).indices]
