@@ -29,8 +29,9 @@ def _null_rows(kind: str, n: int, d: int, g: torch.Generator) -> torch.Tensor:
         return z.clamp(min=0)
     if kind == "gelu":
         return torch.nn.functional.gelu(z)
-    if kind == "sparse_exp":  # q = 0.1
-        return torch.empty(n, d).exponential_(generator=g) * (torch.rand(n, d, generator=g) < 0.1)
+    if kind.startswith("sparse_exp"):  # q = 0.1 unless named (sparse_exp_q0.05)
+        q = float(kind.split("_q")[1]) if "_q" in kind else 0.1
+        return torch.empty(n, d).exponential_(generator=g) * (torch.rand(n, d, generator=g) < q)
     raise ValueError(kind)
 
 
@@ -120,16 +121,31 @@ def test_finite_d_bias_has_the_second_order_limit(law, limit):
 
 
 # ---------------------------------------------------------------------- calibration of z by simulation
-@pytest.mark.parametrize("kind", ["relu", "sparse_exp", "gelu"])
-@pytest.mark.parametrize("d, n", [(256, 4000), (1024, 2000)])
-def test_z_vs_null_is_calibrated_on_data_from_the_null(kind, d, n):
-    zs = []
-    for seed in range(20):
-        z, _, _ = _z_and_statistic(_null_rows(kind, n, d, torch.Generator().manual_seed(seed)))
-        zs.append(z)
-    zs = np.array(zs)
-    assert abs(zs.mean()) < 0.5, zs
-    assert 0.6 <= zs.std(ddof=1) <= 1.5, zs
+NULL_FAMILIES = ("relu", "gelu", "sparse_exp_q0.05", "sparse_exp_q0.1", "sparse_exp_q0.2")
+
+
+def _null_zs(kind: str, n: int, d: int, samples: int, seed: int) -> np.ndarray:
+    """z_vs_null of ``samples`` null samples drawn in sequence from one generator (samples from consecutive
+    manual seeds are correlated enough to make the spread of Â − Q ~25 % low over 200 seeds)."""
+    g = torch.Generator().manual_seed(seed)
+    return np.array([_z_and_statistic(_null_rows(kind, n, d, g))[0] for _ in range(samples)])
+
+
+def test_z_vs_null_is_calibrated_on_data_from_the_null():
+    """On data drawn from the null, z has mean 0 and sd 1 — also for sparse codes, where the fluctuation of the
+    estimated finite-d bias β̂ is most of the variance (without it sd(z) was 0.51 at q = 0.05, d = 256).
+    40 samples per family (d = 256, n = 1,000; sparse Exp q = 0.05 also at d = 1,024): each family's sd within
+    [0.7, 1.3] and |mean| ≤ 0.5 (≈ 2.7 se at 40 samples), all 240 together within [0.85, 1.15] and ±0.2 (≈ 3 se).
+    The issue's bounds per family at ≥ 200 samples and n = 2,000: experiments/null_z_calibration.py."""
+    cases = [(kind, 256) for kind in NULL_FAMILIES] + [("sparse_exp_q0.05", 1024)]
+    pooled = []
+    for i, (kind, d) in enumerate(cases):
+        zs = _null_zs(kind, 1000, d, 40, seed=2500 + i)
+        assert abs(zs.mean()) <= 0.5, (kind, d, zs.mean())
+        assert 0.7 <= zs.std(ddof=1) <= 1.3, (kind, d, zs.std(ddof=1))
+        pooled.append(zs)
+    pooled = np.concatenate(pooled)
+    assert abs(pooled.mean()) <= 0.2 and 0.85 <= pooled.std(ddof=1) <= 1.15, (pooled.mean(), pooled.std(ddof=1))
 
 
 def test_isotropic_sd_is_far_too_small_under_a_nonzero_null():
@@ -147,24 +163,32 @@ def test_isotropic_sd_is_far_too_small_under_a_nonzero_null():
     assert geo.unit_top1_share == pytest.approx(m_sq + (1 - m_sq) / 256, rel=0.05)
 
 
-def test_planted_cone_of_five_sd_reads_z_about_five():
-    """ReLU rows plus c·w (w a fixed balanced ±1/√d pattern: the pooled mean is unchanged): the planted
-    excess is measured by brute force as mean/sd over seeds of Â − A_null − bias, and the reported z matches it."""
-    d, n = 256, 4000
+def test_planted_cone_reads_the_effect_measured_under_the_plant():
+    """ReLU rows plus c·w (w a fixed balanced ±1/√d pattern: the pooled mean is unchanged). The reference effect
+    is E[T]/sd(T) with both measured under the plant by brute force over 100 independent samples (the plant
+    raises sd(T) above its null value, so a plant sized in null sds reads fewer sds): the reported z must read
+    it, and the reported sd must be the spread under the plant."""
+    d, n, samples = 256, 1000, 100
     w = torch.ones(d)
     w[1::2] = -1
     w /= math.sqrt(d)
-    c = 0.152  # c²/(d·s̄) ≈ 5 sd of the statistic (s̄ = 1/2, sd ≈ 3.6e-5)
-    zs, stats = [], []
-    for seed in range(20):
-        x = _null_rows("relu", n, d, torch.Generator().manual_seed(100 + seed)) + c * w
-        z, t, _ = _z_and_statistic(x)
+    c = 0.26  # c²/(d·s̄) ≈ 7 null sds (s̄ = 1/2, null sd ≈ 7.2e-5 at n = 1,000); ≈ 5 sds under the plant
+    zs, stats, sds = [], [], []
+    g = torch.Generator().manual_seed(2026)
+    for _ in range(samples):
+        x = _null_rows("relu", n, d, g) + c * w
+        z, t, sd = _z_and_statistic(x)
         zs.append(z)
         stats.append(t)
-    effect = np.mean(stats) / np.std(stats, ddof=1)  # the spread over seeds is the statistic's true sd
-    assert 4.0 <= effect <= 6.0  # the construction plants ≈ 5 sd
-    assert np.mean(zs) == pytest.approx(effect, abs=1.0)
-    assert np.mean(zs) == pytest.approx(5.0, abs=1.2)
+        sds.append(sd)
+    zs, stats = np.array(zs), np.array(stats)
+    sd_under_plant = stats.std(ddof=1)
+    effect = stats.mean() / sd_under_plant
+    rel_se_sd = 1 / math.sqrt(2 * (samples - 1))  # relative se of an sd estimated from 100 samples: 7 %
+    se_effect = math.hypot(effect * rel_se_sd, 1 / math.sqrt(samples))
+    assert 3.5 <= effect <= 7.0
+    assert abs(np.mean(zs) - effect) <= 3 * se_effect, (np.mean(zs), effect, se_effect)
+    assert abs(np.mean(sds) / sd_under_plant - 1) <= 3 * rel_se_sd, np.mean(sds) / sd_under_plant
 
 
 # ---------------------------------------------------------------------- calibrated MP bulk
@@ -232,3 +256,101 @@ def test_geometry_reports_both_sigma2_and_the_calibrated_count():
     assert geo.mp_bulk["n_spikes_trace_edge"] == 1
     text = geo.summary()
     assert "from the bulk" in text and "Tracy-Widom" in text and "vs null" in text
+
+
+# ---------------------------------------------------------------------- issue 25: the exact finite-d bias and its influence
+def _closed_form_relu_bias(d: int) -> float:
+    """b(d) for iid ReLU(N(0,1)) coordinates from closed-form φ(t) = E e^{−tx²} = 1/2 + (1 + 2t)^{−1/2}/2 and
+    ψ(t) = E x e^{−tx²} = 1/(√(2π)(1 + 2t)): Q = d·(π^{−1/2}∫ t^{−1/2}ψφ^{d−1}dt)², b = Q·π − 1 (scipy quad)."""
+    from scipy import integrate
+
+    def integrand(u: float) -> float:  # t = e^u
+        t = math.exp(u)
+        return math.sqrt(t) * (1 / (math.sqrt(2 * math.pi) * (1 + 2 * t))) * (0.5 + 0.5 / math.sqrt(1 + 2 * t)) ** (d - 1)
+
+    pieces = [integrate.quad(integrand, lo, hi, epsabs=0, epsrel=1e-12)[0] for lo, hi in ((-40, -8), (-8, 0), (0, 40))]
+    return d * (sum(pieces) / math.sqrt(math.pi)) ** 2 * math.pi - 1
+
+
+def _fine_bins(x: np.ndarray, sub: int) -> tuple[np.ndarray, np.ndarray]:
+    """(count, centroid) of x in bins of 1/sub octave (frexp), signs apart, zeros in their own bin."""
+    x = x.ravel().astype(np.float64)
+    nonzero = x != 0
+    f, e = np.frexp(np.abs(x[nonzero]))
+    key = (x[nonzero] < 0) * 10**7 + (e + 2000) * sub + np.floor((2 * f - 1) * sub)
+    _, inverse = np.unique(key, return_inverse=True)
+    count = np.bincount(inverse).astype(np.float64)
+    centroid = np.bincount(inverse, weights=x[nonzero]) / count
+    return np.concatenate([[(~nonzero).sum()], count]), np.concatenate([[0.0], centroid])
+
+
+def _accumulated_bias(x: torch.Tensor) -> tuple[float, GeometryAccumulator]:
+    acc = GeometryAccumulator(x.shape[1]).add(x)
+    a = (acc.n_unit * float(acc.unit_mean.square().sum()) - 1) / (acc.n_unit - 1)
+    return null_test(acc, a, sign_null(acc).null).A_null_bias_relative, acc
+
+
+@pytest.mark.parametrize("kind", ["relu", "sparse_exp_q0.05"])
+def test_finite_d_bias_of_the_accumulator_equals_fine_bins(kind):
+    """β̂ from the accumulator (1/16-octave bins, two points per bin) against 1/2048-octave centroids of the same
+    sample: no binning error left (the centroid of a 1/16-octave bin alone is 0.23 % low for ReLU)."""
+    d, n = 256, 1000
+    g = torch.Generator().manual_seed(31)
+    if kind == "relu":
+        x = torch.randn(n, d, generator=g).clamp(min=0)
+    else:
+        x = torch.empty(n, d).exponential_(generator=g) * (torch.rand(n, d, generator=g) < 0.05)
+    got, acc = _accumulated_bias(x)
+    fine = finite_d_null_bias(*_fine_bins(x.numpy(), 2048), d)
+    assert got / fine - 1 == pytest.approx(0, abs=2e-5)
+    if kind == "relu":  # the old read-out, one point per 1/16-octave bin, is visibly low
+        count, centroid = acc.entry_histogram()
+        assert finite_d_null_bias(count.numpy(), centroid.numpy(), d) / fine - 1 < -1.5e-3
+
+
+def test_finite_d_bias_of_the_accumulator_equals_the_closed_form():
+    """Rows whose entries are the ReLU(N(0,1)) law's quantiles (half zeros, n·d/2 equal-mass normal quantiles,
+    shuffled): β̂ from the accumulator against b(d) from the closed-form φ, ψ."""
+    from scipy import stats as sps
+
+    d, n = 256, 2000
+    k = n * d // 2
+    entries = np.concatenate([np.zeros(k), sps.norm.ppf(0.5 + (np.arange(k) + 0.5) / (2 * k))]).astype(np.float32)
+    np.random.default_rng(0).shuffle(entries)
+    got, _ = _accumulated_bias(torch.from_numpy(entries.reshape(n, d)))
+    closed = _closed_form_relu_bias(d)
+    assert closed * d == pytest.approx(0.75, rel=0.02)  # the second-order limit, for orientation
+    assert got / closed - 1 == pytest.approx(0, abs=5e-4)  # the quantile law itself is ~1.4e-4 low
+
+
+def test_pooled_null_influence_is_the_derivative_of_q():
+    """IF(v) of Q = E‖m‖² against central differences of Q along (1 − ε)F + εδ_v, with an atom at 0."""
+    from saegeo.geometry.nulls import iid_unit_mean_sq_norm_influence
+
+    rng = np.random.default_rng(5)
+    values = np.concatenate([[0.0], np.sort(rng.exponential(size=30))])
+    weights = np.concatenate([[0.8], np.full(30, 0.2 / 30)])
+    d, eps = 24, 1e-5
+    got = iid_unit_mean_sq_norm_influence(weights, values, d)
+    assert got.expected == pytest.approx(iid_unit_mean_sq_norm(weights, values, d), rel=1e-12)
+    for k in (0, 4, 30):
+        up, down = (1 - eps) * weights, (1 + eps) * weights
+        up[k] += eps
+        down[k] -= eps
+        numeric = (iid_unit_mean_sq_norm(up, values, d) - iid_unit_mean_sq_norm(down, values, d)) / (2 * eps)
+        assert got.influence[k] == pytest.approx(numeric, rel=1e-6, abs=1e-9)
+
+
+def test_row_sum_kernel_against_monte_carlo():
+    """E[(Σ_k x_k/‖x‖)·f(x₁) | x ≠ 0] = E_F[f·k] for f(x) = x², iid coordinates from a 4-point law, d = 6."""
+    from saegeo.geometry.nulls import iid_unit_mean_sq_norm_influence
+
+    values, weights, d = np.array([0.0, 0.5, 1.0, 3.0]), np.array([0.4, 0.3, 0.2, 0.1]), 6
+    got = iid_unit_mean_sq_norm_influence(weights, values, d)
+    rng = np.random.default_rng(6)
+    x = rng.choice(values, p=weights, size=(400_000, d))
+    x = x[(x != 0).any(axis=1)]
+    sample = x.sum(1) / np.linalg.norm(x, axis=1) * x[:, 0] ** 2
+    assert float(weights @ (values**2 * got.row_sum_kernel)) == pytest.approx(sample.mean(), abs=4 * sample.std() / math.sqrt(len(x)))
+    unit = x[:, 0] / np.linalg.norm(x, axis=1)
+    assert got.coordinate_mean == pytest.approx(unit.mean(), abs=4 * unit.std() / math.sqrt(len(x)))

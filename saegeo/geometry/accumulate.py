@@ -17,7 +17,8 @@ Public API
     ``unit_second_moment()`` C = mean of x̂x̂ᵀ; ``row_power_sums()``: with the row power sums
     p_k = Σ_j x_j^k (k = 1, 2), Σ p_k, Σ p_k p_l and Σ x̂ p_k — what the sd of Â − A_null − bias needs.
     Histograms (fixed, scale-free log₂ bins, mergeable): ``entry_histogram()`` of all entries (count and
-    Σx per bin: the pooled marginal, for the finite-d bias of the sign-aware null) and
+    Σx per bin; Σx² per bin too, read by ``entry_marginal()``: the pooled marginal as a discrete law matching
+    each bin's first two moments, for the finite-d bias of the sign-aware null) and
     ``row_norm_histogram()`` of ‖x‖ (count and Σ‖x‖² per bin: massive rows, median norm).
 ``as_rows(batch, d=None) -> Tensor``  the one place a batch (torch / numpy / list) becomes an (n, d) tensor.
 ``unit_vector_sum(x, norms=None) -> (Σ x/‖x‖, n_nonzero)``  the one unit-vector sum (this accumulator, ``UnitMean``,
@@ -45,12 +46,12 @@ from torch import Tensor
 
 from saegeo.errors import BadInputError
 
-STATE_VERSION = 2  # 2: + unit second moment, null-influence sums, entry and row-norm histograms
+STATE_VERSION = 3  # 2: + unit second moment, null-influence sums, entry and row-norm histograms; 3: + Σx² per entry bin
 _INT_KEYS = ("version", "d", "n", "n_zero", "n_nonfinite_skipped", "n_batches", "n_rows_seen", "n_nonzero_entries")
 _TENSOR_KEYS = ("mean", "scatter", "unit_sum", "norm_sum", "sq_sum", "abs_sum", "neg_sq_sum", "gram_eps")
 # sums added in version 2 (all plain sums: merged by addition)
 _SUM_KEYS = (
-    "unit_outer", "row_power_sum", "row_power_outer", "unit_by_row_power", "entry_hist_count", "entry_hist_sum", "norm_hist_count", "norm_hist_sq_sum",
+    "unit_outer", "row_power_sum", "row_power_outer", "unit_by_row_power", "entry_hist_count", "entry_hist_sum", "entry_hist_sq_sum", "norm_hist_count", "norm_hist_sq_sum",
 )
 
 # Scale-free log₂ bins: |x| = f·2^e with f ∈ [0.5, 1) (frexp); bin = (e, ⌊(2f − 1)·HIST_SUB⌋), e clamped to
@@ -97,17 +98,21 @@ def _key_table(dtype: torch.dtype, device: torch.device) -> Tensor:
     return cached
 
 
-def entry_bin_sums(flat: Float[Tensor, " m"]) -> tuple[Tensor, Tensor]:
-    """(count, Σx) per signed log₂ bin (N_ENTRY_BINS, float64) of a float32 / float64 vector of finite entries."""
+def entry_bin_sums(flat: Float[Tensor, " m"]) -> tuple[Tensor, Tensor, Tensor]:
+    """(count, Σx, Σx²) per signed log₂ bin (N_ENTRY_BINS, float64) of a float32 / float64 vector of finite
+    entries. Σx² lets the finite-d bias see each bin's spread, not only its centroid (``entry_marginal``)."""
     int_dtype, exp_bits, mantissa_bits = _INT_VIEW[flat.dtype]
     keys = (flat.contiguous().view(int_dtype) >> (mantissa_bits - 4)) & (2 ** (exp_bits + 5) - 1)
     n_keys = 2 ** (exp_bits + 5)
     table = _key_table(flat.dtype, flat.device)
     count = torch.zeros(N_ENTRY_BINS, dtype=torch.float64, device=flat.device)
     total = torch.zeros_like(count)
+    sq_total = torch.zeros_like(count)
+    flat64 = flat.to(torch.float64)
     count.index_add_(0, table, torch.bincount(keys, minlength=n_keys).to(torch.float64))
-    total.index_add_(0, table, torch.bincount(keys, weights=flat.to(torch.float64), minlength=n_keys))
-    return count, total
+    total.index_add_(0, table, torch.bincount(keys, weights=flat64, minlength=n_keys))
+    sq_total.index_add_(0, table, torch.bincount(keys, weights=flat64 * flat64, minlength=n_keys))
+    return count, total, sq_total
 
 
 def as_rows(batch: Any, d: int | None = None) -> Float[Tensor, "n d"]:
@@ -252,6 +257,7 @@ class GeometryAccumulator:
         self._unit_by_row_power = torch.zeros(self.d, N_ROW_POWERS, **f64)  # Σ_i x̂_i p_k(i)
         self._entry_hist_count = torch.zeros(N_ENTRY_BINS, **f64)  # entries per signed log₂ bin
         self._entry_hist_sum = torch.zeros(N_ENTRY_BINS, **f64)  # Σ x per bin (bin centroids)
+        self._entry_hist_sq_sum = torch.zeros(N_ENTRY_BINS, **f64)  # Σ x² per bin (spread within each bin)
         self._norm_hist_count = torch.zeros(N_NORM_BINS, **f64)  # rows per log₂ bin of ‖x‖
         self._norm_hist_sq_sum = torch.zeros(N_NORM_BINS, **f64)  # Σ ‖x‖² per bin
 
@@ -348,9 +354,10 @@ class GeometryAccumulator:
         self._row_power_outer += powers.T @ powers
         self._unit_by_row_power += (unit.T @ powers.to(unit.dtype)).to(torch.float64)  # per-chunk sums, like the grams
         del unit
-        count, total = entry_bin_sums(x.reshape(-1))
+        count, total, sq_total = entry_bin_sums(x.reshape(-1))
         self._entry_hist_count += count
         self._entry_hist_sum += total
+        self._entry_hist_sq_sum += sq_total
         norm_bins = torch.where(nonzero, 1 + log2_bin(torch.where(nonzero, norms, 1.0)), 0)
         self._norm_hist_count += torch.bincount(norm_bins, minlength=N_NORM_BINS).to(torch.float64)
         self._norm_hist_sq_sum.index_add_(0, norm_bins, sq_norms)
@@ -402,7 +409,7 @@ class GeometryAccumulator:
         if version != STATE_VERSION:
             raise BadInputError(
                 f"accumulator state version {version} is not supported (expected {STATE_VERSION}; version 1 lacks "
-                "the unit-vector second moment and the histograms): re-accumulate the rows"
+                "the unit-vector second moment and the histograms, version 2 the entry bins' Σx²): re-accumulate the rows"
             )
         missing = [k for k in _INT_KEYS + _TENSOR_KEYS + _SUM_KEYS if k not in sd and k != "version"]
         if missing:
@@ -530,6 +537,25 @@ class GeometryAccumulator:
         centroid[_N_MAG_BINS] = 0.0
         occupied = self._entry_hist_count > 0
         return self._entry_hist_count[occupied].clone(), centroid[occupied]
+
+    def entry_marginal(self) -> tuple[Tensor, Tensor]:
+        """(weights, values) of a discrete law with each occupied entry bin's count, Σx and Σx² exactly: two
+        points c ± s of half its count (c = Σx/count, s² = Σx²/count − c²), one point where s = 0; the zero
+        bin is the point 0. The pooled m̄ and s̄ of this law are those of the entries, and the finite-d bias read
+        off it is exact to third order in the bin width (one point per bin, the centroid, loses the within-bin
+        variance: ~0.2 % of the bias for ReLU at 1/16 octave). Zero rows' entries included, as in
+        ``entry_histogram``."""
+        occupied = self._entry_hist_count > 0
+        count = self._entry_hist_count[occupied]
+        centroid = self._entry_hist_sum[occupied] / count
+        spread = (self._entry_hist_sq_sum[occupied] / count - centroid.square()).clamp(min=0).sqrt()
+        zero = torch.nonzero(occupied).squeeze(1) == _N_MAG_BINS
+        centroid[zero], spread[zero] = 0.0, 0.0
+        spread = torch.where(torch.isfinite(spread) & (spread < centroid.abs()), spread, 0.0)  # rounding, overflow
+        single = spread == 0
+        weights = torch.cat([torch.where(single, count, count / 2), (count / 2)[~single]])
+        values = torch.cat([centroid - spread, (centroid + spread)[~single]])
+        return weights, values
 
     def row_norm_histogram(self) -> tuple[Tensor, Tensor, Tensor]:
         """(lower bin edge of ‖x‖, count, Σ‖x‖²) for each occupied row-norm bin, ascending (zero rows: edge 0)."""

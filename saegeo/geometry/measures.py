@@ -46,7 +46,7 @@ from saegeo.geometry.nulls import (
     anisotropy_null_sd,
     anisotropy_u_statistic_variance,
     calibrated_mp_bulk,
-    finite_d_null_bias,
+    iid_unit_mean_sq_norm_influence,
     isotropic_cosine_sd,
     marchenko_pastur_edges,
     noise_effective_rank,
@@ -242,24 +242,25 @@ def unit_moment_u_statistics(
 def null_test(acc: GeometryAccumulator, anisotropy: float, null: float) -> NullTest:
     """z of Â against the sign-aware null A_null = m̄²/s̄ and its finite-d bias, valid when A_null ≠ 0.
 
-    Statistic: T = Â − N·(1 + β), N = m₁²/m₂ and β = the relative finite-d bias, estimated from the same n
-    nonzero rows (m_k = pooled k-th moment of the entries). β is the exact value for coordinates iid from the
-    pooled marginal (:func:`~saegeo.geometry.nulls.finite_d_null_bias` on the entry histogram).
+    Statistic: T = Â − Q(F̂), Q = N·(1 + β) = E‖E x̂‖² for coordinates iid from the pooled marginal F (N = m₁²/m₂,
+    β the relative finite-d bias, m_k the pooled k-th moment of the entries), F̂ the entries of the n nonzero
+    rows read off the entry histogram (two points per bin: :meth:`GeometryAccumulator.entry_marginal`).
 
-    sd: the influence function of T with β held fixed. Per row, with h = x̂·m and q_k = Σ_j x_j^k/d
-    (so m_k = mean q_k),
-        L = 2h + g₁q₁ + g₂q₂,   g₁ = −(2m₁/m₂)(1 + β),   g₂ = (m₁/m₂)²(1 + β)   (g_k = ∂T/∂m_k),
+    sd: the influence function of T, β̂'s fluctuation included (docs/statistics.md). Per row, with h = x̂·m and
+    q_k = Σ_j x_j^k/d, Q's influence IF(x) on one entry (:func:`~saegeo.geometry.nulls.iid_unit_mean_sq_norm_influence`)
+    is split into its L²(F) projection c₀ + c₁x + c₂x² and a residual IF_res; then
+        L = 2h + g₁q₁ + g₂q₂ − r_res,   g_k = −c_k,   r_res = Σ_j IF_res(x_j)/d,
         Var(T) ≈ Var(L)/n + 2E[(v·v' − uu')²]/(n(n − 1)),
-        Var(L) = 4ζ₁ + gᵀCov(q)g + 4gᵀCov(h, q),
-    v = x̂ − m (Â's degenerate kernel v·v'), u = (q₁ − m₁)/√m₂ − m₁(q₂ − m₂)/m₂^{3/2} (N's quadratic Taylor term
-    is uu'), E[(v·v' − uu')²] = ζ₂ − 2ζ₁ − 2‖E[x̂u]‖² + (E u²)². ζ₁ = Var(x̂·m) = mᵀCm − ‖m‖⁴ and
-    ζ₂ = Var(x̂·ŷ) = tr C² − ‖m‖⁴ are estimated without bias by U-statistics (below); under the null the
-    plug-in m̂ᵀĈm̂ would add ~tr(C·Cov x̂)/n, as large as the variance itself. Under isotropy (m = 0,
-    N = 0) everything reduces to √(2/(n(n−1)d)). ``A_sd`` is the sd of Â alone, exact (Hoeffding):
-    Var(Â) = [4(n−2)ζ₁ + 2ζ₂]/(n(n−1)). Checked by simulation (iid ReLU, q = 0.1 sparse Exp, GELU at
-    d = 256 and 1,024): z has mean within ±0.2 of 0 and sd ≈ 1 (ReLU, GELU) — for heavy-tailed sparse codes
-    sd ≈ 0.7, because the estimated β moves with Â − N (both follow the sample's tail) and its fluctuation
-    is left out of the sd: there the z is conservative.
+        Var(L) = 4ζ₁ + gᵀCov(q)g + 4gᵀCov(h, q) + E_F[IF_res²]/d − 4m₁E_F[IF_res·k],
+    the first three measured across rows, the last two for entries iid within a row (k: the row-sum kernel,
+    m₁ = E[x₁/‖x‖]; Cov(q, r_res) = 0 by the projection). v = x̂ − m (Â's degenerate kernel v·v'),
+    u = (q₁ − m₁)/√m₂ − m₁(q₂ − m₂)/m₂^{3/2} (N's quadratic Taylor term is uu'), E[(v·v' − uu')²] =
+    ζ₂ − 2ζ₁ − 2‖E[x̂u]‖² + (E u²)². ζ₁ = Var(x̂·m) = mᵀCm − ‖m‖⁴ and ζ₂ = Var(x̂·ŷ) = tr C² − ‖m‖⁴ are
+    estimated without bias by U-statistics (below); under the null the plug-in m̂ᵀĈm̂ would add ~tr(C·Cov x̂)/n,
+    as large as the variance itself. Under isotropy (m = 0, N = 0) everything reduces to √(2/(n(n−1)d)).
+    ``A_sd`` is the sd of Â alone, exact (Hoeffding): Var(Â) = [4(n−2)ζ₁ + 2ζ₂]/(n(n−1)). Checked by simulation
+    (experiments/null_z_calibration.py, 200 samples per family): sd(z) 0.93–1.10 and |mean| ≤ 0.16 for ReLU,
+    GELU and sparse Exp at q = 0.05, 0.1, 0.2, d = 256 and 1,024 (without the β̂ term: 0.51 at q = 0.05).
     """
     n, d = acc.n_unit, acc.d
     m = acc.unit_mean
@@ -283,17 +284,35 @@ def null_test(acc: GeometryAccumulator, anisotropy: float, null: float) -> NullT
         cov_hq = r_dot_s / n**2 - m_sq * mk
     m1, m2 = (float(v) for v in mk)
 
-    counts, values = acc.entry_histogram()
-    counts = counts.numpy().copy()
-    values = values.numpy()
+    # the pooled marginal of the nonzero rows' entries, two points per histogram bin (each bin's Σx and Σx²)
+    weights, values = (t.numpy().copy() for t in acc.entry_marginal())
     if acc.n_zero:  # the zero rows' entries are not part of the marginal A is measured on
-        counts[values == 0] -= acc.n_zero * d
-    rel_bias = finite_d_null_bias(counts, values, d) if null > 0 else 0.0
+        weights[values == 0] -= acc.n_zero * d
+    if null > 0:
+        pooled = iid_unit_mean_sq_norm_influence(weights, values, d)
+        influence = pooled.influence
+        w = weights / weights.sum()
+        law_m1, law_m2 = float(w @ values), float(w @ values**2)
+        rel_bias = pooled.expected / (law_m1**2 / law_m2) - 1.0
+        # Q = N(1 + β) = E‖m‖² of the pooled iid law; T = Â − Q(F̂). Split Q's influence on the entries, IF(x),
+        # into its projection c₀ + c₁x + c₂x² (L²(F)) and a residual: the projection acts on the rows through
+        # q₁, q₂ (measured across rows below), the residual enters as Var_F(IF_res)/d (iid entries in a row).
+        powers = values[None, :] ** np.arange(5)[:, None]
+        moments = powers @ w  # E x^k, k = 0..4
+        gram_x = np.array([[moments[i + j] for j in range(3)] for i in range(3)])
+        coef = np.linalg.lstsq(gram_x, powers[:3] @ (w * influence), rcond=None)[0]
+        residual = influence - coef @ powers[:3]
+        # Var(r_res) = E_F[IF_res²]/d and Cov(h, r_res) = m₁·E_F[IF_res·k] for iid entries (h = m₁Σx_k/‖x‖);
+        # Cov(q_k, r_res) = 0 by the projection
+        var_residual = float(w @ residual**2) / d - 4 * pooled.coordinate_mean * float(w @ (residual * pooled.row_sum_kernel))
+        g = -torch.tensor(coef[1:], dtype=torch.float64)  # ∂T/∂m_k through Q, the β̂ fluctuation included
+    else:
+        rel_bias, var_residual = 0.0, 0.0
+        g = torch.zeros(2, dtype=torch.float64)
     bias = rel_bias * null
 
     if m2 > 0:
-        g = torch.tensor([-(2 * m1 / m2), (m1 / m2) ** 2], dtype=torch.float64) * (1 + rel_bias)
-        var_linear = 4 * zeta1 + float(g @ cov_q @ g) + 4 * float(g @ cov_hq)
+        var_linear = 4 * zeta1 + float(g @ cov_q @ g) + 4 * float(g @ cov_hq) + var_residual
         e_xu = ((unit_by_power[:, 0] / (d * n) - m * m1) / math.sqrt(m2)
                 - (m1 / m2**1.5) * (unit_by_power[:, 1] / (d * n) - m * m2))
         e_uu = float(cov_q[0, 0] / m2 - 2 * (m1 / m2**2) * cov_q[0, 1] + (m1**2 / m2**3) * cov_q[1, 1])
