@@ -109,7 +109,7 @@ def run_config(d: Mapping[str, Any], where: str | None = None) -> RunConfig:
 
 
 def run_job(config: RunConfig | Mapping[str, Any], *, log: Any = print) -> RunResult:
-    """cache -> train (one SAE per entry of [train.saes]) -> one report over all of them, side by side.
+    """cache -> train (one SAE per entry of [saes]) -> one report over all of them, side by side.
 
     Idempotent: a complete store with the requested tokens is reused (the cache itself resumes an
     interrupted run), an SAE whose saved training config and data checksums match is not retrained,
