@@ -74,11 +74,18 @@ def cmd_geometry(args: argparse.Namespace) -> int:
     acc = GeometryAccumulator(
         d, skip_nonfinite=opts.skip_nonfinite, gram_dtype=torch.float64 if opts.float64 else None
     )
+    from saegeo.report.report import ReportOptions, RowReservoir
+
+    # the report's row sample (same size and seed): what sums cannot see, e.g. the cone of the centred rows
+    defaults = ReportOptions()
+    reservoir = RowReservoir(defaults.cosine_sample_rows, d, defaults.seed)
     total = sum(rows.n_rows for _, rows in sources)
     with tqdm(total=total, unit="row", unit_scale=True, disable=not opts.progress, desc="geometry") as bar:
         for path, rows in sources:
             for batch in rows.batches(opts.batch_rows)[0]:
                 acc.add(batch, source=path)
+                rows_t = torch.as_tensor(batch)
+                reservoir.add(rows_t[torch.isfinite(rows_t).all(dim=1)])  # as the report: finite rows only
                 bar.update(len(batch))
     geo = activation_geometry(acc, top_k_eigvecs=opts.top_k)
     print(f"saegeo geometry: {len(sources)} file(s)")
@@ -101,12 +108,17 @@ def cmd_geometry(args: argparse.Namespace) -> int:
         extra = rows.store.manifest.get("extra", {}) if rows.store is not None else {}
         for line in describe_exclusions(extra):
             print(f"{path}: {line}")
-    # the activation flags a report would raise from these numbers (without the report's row sample)
+    # the activation flags a report would raise from these numbers and the same row sample
     first = (artifact or {}).get("first_position")  # what position 0 (BOS / attention sinks) carries
     if first:
         print(f"position 0: {first['rows']:,} rows ({100 * first['row_share']:.2f}%) carry {100 * first['mu_share']:.1f}% of "
               f"|mu|^2 and {100 * first['trace_share']:.1f}% of tr Sigma")
-    flags = activation_flags(flag_inputs(geo.to_dict(), artifact)) + artifact_flags(artifact)
+    from saegeo.geometry.diagnosis import sample_diagnostics
+    from saegeo.io import json_safe
+
+    top = torch.tensor(geo.top_eigenvectors[0], dtype=torch.float64) if geo.top_eigenvectors else None
+    sampled = json_safe(sample_diagnostics(reservoir.sample(), acc.mean, top))
+    flags = activation_flags(flag_inputs(geo.to_dict(), artifact, sampled)) + artifact_flags(artifact)
     print("\n".join(terminal_flags(sort_flags(flags))))
     if opts.json:
         out = {"files": list(args.files), **geo.to_dict(), "artifact": artifact}

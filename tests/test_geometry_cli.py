@@ -91,3 +91,29 @@ def test_pickle_that_runs_code_is_refused(tmp_path, capsys, monkeypatch):
     assert main(["geometry", str(tmp_path / "evil.pt"), "--no-progress"]) == 2
     assert "weights_only" in capsys.readouterr().err
     assert not (tmp_path / "PWNED").exists()
+
+
+def test_geometry_and_report_say_the_same_mean_explains_share(tmp_path, capsys):
+    """Issue 25: `saegeo geometry` reads the offset-dominated cone's share as 1 − A_centred/A on the report's row
+    sample (same size, same seed), not the clipped proxy (‖μ‖/E‖x‖)²/A: both commands print one number."""
+    import re
+
+    import numpy as np
+    import torch
+
+    from saegeo.report import ReportOptions, geometry_report
+
+    g = torch.Generator().manual_seed(0)
+    d, n = 64, 4000
+    mu = torch.randn(d, generator=g)
+    mu *= 12 / mu.norm()
+    x = (mu + torch.randn(n, d, generator=g)) * torch.exp(0.5 * torch.randn(n, 1, generator=g))
+    np.save(tmp_path / "x.npy", x.numpy())
+    assert main(["geometry", str(tmp_path / "x.npy"), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    said = re.search(r"the mean explains (\d+)% of it \(centred rows: A = ", printed)
+    assert said, printed
+    report = geometry_report(str(tmp_path / "x.npy"), options=ReportOptions())
+    [flag] = [f for f in report.flags if f.name == "offset_dominated_cone"]
+    assert flag.evidence["explained_by"] == "1 - A(centred sample rows)/A"
+    assert int(said.group(1)) == round(100 * flag.evidence["share_of_A_explained_by_mean"])

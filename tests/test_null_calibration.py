@@ -354,3 +354,70 @@ def test_row_sum_kernel_against_monte_carlo():
     assert float(weights @ (values**2 * got.row_sum_kernel)) == pytest.approx(sample.mean(), abs=4 * sample.std() / math.sqrt(len(x)))
     unit = x[:, 0] / np.linalg.norm(x, axis=1)
     assert got.coordinate_mean == pytest.approx(unit.mean(), abs=4 * unit.std() / math.sqrt(len(x)))
+
+
+# ---------------------------------------------------------------------- issue 25: a bulk must look like MP
+def _case_spectrum(kind: str, n: int, d: int, g: torch.Generator) -> np.ndarray:
+    """Centred spectrum of n × d rows of one case (unit noise variance; see experiments/mp_bulk_shape.py)."""
+    z = torch.randn(n, d, generator=g, dtype=torch.float64)
+    root = math.sqrt(d / (n - 1))
+    if kind.startswith("toeplitz"):
+        rho, idx = float(kind.split("_")[1]), torch.arange(d)
+        z = z @ torch.linalg.cholesky(rho ** (idx[:, None] - idx[None, :]).abs().double()).T
+    elif kind == "window":  # each 64-row window shares one N(0, 0.5·I) component, as rows of a store's window do
+        shared = torch.randn(n // 64 + 1, d, generator=g, dtype=torch.float64) * math.sqrt(0.5)
+        z = z + shared.repeat_interleave(64, 0)[:n]
+    elif kind == "spikes_9":  # population eigenvalues f·(1 + √γ), f = 1.5 … 4: multiples of the critical one
+        z[:, :9] *= torch.tensor(np.sqrt(np.linspace(1.5, 4, 9) * (1 + root)))
+    elif kind == "spikes_3_subcritical":  # 1 + 0.8√γ: 0.8× the critical excess √γ (no outlier in the limit)
+        z[:, :3] *= math.sqrt(1 + 0.8 * root)
+    z = z - z.mean(0)
+    return torch.linalg.eigvalsh(z.T @ z / n).flip(0).numpy()
+
+
+@pytest.mark.parametrize("kind, spikes", [("white", 0), ("spikes_9", 9), ("spikes_3_subcritical", 0),
+                                          ("toeplitz_0.1", None), ("toeplitz_0.3", None), ("window", None)])
+def test_spikes_are_counted_only_on_a_bulk_shaped_like_mp(kind, spikes):
+    """d = 256, n = 5,000, three samples each: white noise keeps its exact counts; correlated noise without any
+    spike (Toeplitz ρ = 0.1 / 0.3, a per-window shared component) used to read 10–14 / ~107 / ~75 spikes and now
+    reads no MP bulk and no count."""
+    from saegeo.geometry.nulls import BULK_NOT_MP, BULK_SPIKES
+
+    n, d = 5000, 256
+    g = torch.Generator().manual_seed(77)
+    for _ in range(3):
+        bulk = calibrated_mp_bulk(_case_spectrum(kind, n, d, g), n, d)
+        assert bulk.n_spikes == spikes, (kind, bulk.n_spikes, bulk.n_spikes_fitted, bulk.mp_distance)
+        assert bulk.verdict == (BULK_SPIKES if spikes is not None else BULK_NOT_MP)
+        if spikes is None:
+            assert bulk.has_flat_bulk and bulk.n_spikes_fitted >= 5  # what the count would have been
+            assert bulk.mp_distance > bulk.mp_distance_threshold and bulk.power_law_alpha is not None
+
+
+def test_white_noise_bulk_distance_stays_below_its_threshold():
+    """The threshold log(m)/m against white-noise spectra from actual Gaussian rows (not the bidiagonal model
+    the calibration used) at three shapes; and the bidiagonal model's spectrum has MP's mean and edge."""
+    from saegeo.geometry.nulls import mp_shape_threshold, white_wishart_spectrum
+
+    g = torch.Generator().manual_seed(78)
+    for n, d in ((400, 64), (3000, 128), (300, 600)):
+        for _ in range(5):
+            bulk = calibrated_mp_bulk(_case_spectrum("white", n, d, g), n, d)
+            assert bulk.mp_distance <= 0.75 * mp_shape_threshold(min(n - 1, d) - bulk.n_spikes_fitted), (n, d)
+    lam = white_wishart_spectrum(20_000, 400, np.random.default_rng(0))
+    assert lam.mean() == pytest.approx(1.0, abs=0.01)
+    assert lam[0] == pytest.approx((1 + math.sqrt(400 / 20_000)) ** 2, abs=0.02)
+
+
+def test_marchenko_pastur_cdf_against_quadrature():
+    from scipy import integrate
+
+    from saegeo.geometry.nulls import marchenko_pastur_cdf
+
+    for gamma, sigma2 in ((0.1, 1.0), (0.5, 2.0), (3.0, 1.0)):
+        a, b = sigma2 * (1 - math.sqrt(gamma)) ** 2, sigma2 * (1 + math.sqrt(gamma)) ** 2
+        dens = lambda t: math.sqrt((b - t) * (t - a)) / (2 * math.pi * gamma * sigma2 * t)  # noqa: E731
+        mass = integrate.quad(dens, a, b)[0]  # min(1, 1/γ)
+        for x in (a + 0.1 * (b - a), (a + b) / 2, a + 0.9 * (b - a)):
+            assert float(marchenko_pastur_cdf(np.array([x]), gamma, sigma2)[0]) == pytest.approx(
+                integrate.quad(dens, a, x)[0] / mass, abs=1e-5)

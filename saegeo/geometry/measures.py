@@ -368,7 +368,7 @@ class ActivationGeometry:
     mp_sigma2: float  # σ² of the bulk (mp_sigma2_trace = tr Σ/d is the naive one)
     mp_lower_edge: float  # σ²(1 − √γ)²
     mp_upper_edge: float  # σ²(1 + √γ)² (a spike must also clear the Tracy–Widom margin in mp_bulk)
-    n_spikes: int | None  # eigenvalues above edge + TW margin; None when the spectrum has no flat bulk
+    n_spikes: int | None  # eigenvalues above edge + TW margin; None: no flat bulk, or a bulk not shaped like MP
     noise_effective_rank: float
     rogue: RogueDimensions
     top_eigenvectors: list[list[float]]  # k rows of length d
@@ -440,13 +440,20 @@ class ActivationGeometry:
             f"PR {self.participation_ratio:.1f}, rank {self.numerical_rank}, IsoScore {f(self.isoscore, '.3f')}"
         )
         bulk = self.mp_bulk or {}
-        if self.n_spikes is None:
+        if self.n_spikes is None and bulk.get("has_flat_bulk"):  # flat but not MP-shaped: correlated noise
+            counted = (f"{bulk.get('verdict')}: KS distance to MP {f(bulk.get('mp_distance'), '.3g')} "
+                       f"> {f(bulk.get('mp_distance_threshold'), '.3g')} (white noise); no spike count "
+                       f"({bulk.get('n_spikes_fitted')} above the edge would be noise); power-law slope alpha = "
+                       f"{f(bulk.get('power_law_alpha'), '.3f')}")
+        elif self.n_spikes is None:
             alpha = bulk.get("power_law_alpha")
             counted = (f"no flat bulk (it would hold {bulk.get('bulk_fraction', 0):.0%} of the eigenvalues, "
                        f"{bulk.get('fraction_below_lower_edge', 0):.0%} of those below its lower edge): "
                        f"power law, slope alpha = {f(alpha, '.3f')} over ranks {bulk.get('power_law_ranks')}")
         else:
-            counted = f"{self.n_spikes} spike(s) above edge + Tracy-Widom {100 * bulk.get('tracy_widom_quantile', 0.99):.0f}% margin"
+            counted = (f"{self.n_spikes} spike(s) above edge + Tracy-Widom {100 * bulk.get('tracy_widom_quantile', 0.99):.0f}% "
+                       f"margin (bulk KS distance to MP {f(bulk.get('mp_distance'), '.3g')}, white-noise threshold "
+                       f"{f(bulk.get('mp_distance_threshold'), '.3g')})")
         lines.append(
             f"MP null:   sigma^2 = {self.mp_sigma2:.4g} from the bulk (trace(Sigma)/d = {f(self.mp_sigma2_trace, '.4g')}), "
             f"bulk [{self.mp_lower_edge:.4g}, {self.mp_upper_edge:.4g}]; {counted}"

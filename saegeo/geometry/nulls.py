@@ -344,6 +344,22 @@ TRACY_WIDOM_QUANTILE = 0.99
 TRACY_WIDOM_1_Q99 = 2.0234  # 99% quantile of the Tracy–Widom (β = 1) law (0.95: 0.9793)
 
 
+# The KS distance of a white-noise bulk to MP is ≈ 0.45–0.6·log(m)/m over d = 32 … 2,048 and γ = 0.01 … 2 (eigenvalue
+# rigidity: the empirical CDF of m eigenvalues sits O(log m / m) from its limit, not O(1/√m));
+# experiments/mp_bulk_shape.py measures it (largest seen: see docs/statistics.md), and the threshold is 1.5× that.
+MP_SHAPE_THRESHOLD_C = 1.0
+BULK_SPIKES = "spikes on a Marchenko–Pastur bulk"
+BULK_NOT_MP = "no MP bulk: correlated noise (or heavy tails)"
+BULK_NARROW = "no MP bulk: narrower than sampling noise (whitened on this sample?)"
+BULK_POWER_LAW = "no flat bulk: power law"
+
+
+def mp_shape_threshold(m: int) -> float:
+    """The largest KS distance to MP a white-noise bulk of m eigenvalues is allowed: MP_SHAPE_THRESHOLD_C·log(m)/m
+    (calibrated by simulation offline, experiments/mp_bulk_shape.py; 1 for m < 2)."""
+    return MP_SHAPE_THRESHOLD_C * math.log(m) / m if m >= 2 else 1.0
+
+
 @dataclass
 class MPBulk:
     """Marchenko–Pastur bulk fitted to a spectrum (see :func:`calibrated_mp_bulk`)."""
@@ -364,6 +380,12 @@ class MPBulk:
     power_law_alpha: float | None  # −slope of log λ_k against log k over the middle ranks
     power_law_r2: float | None
     power_law_ranks: list[int] | None  # [first, last] ranks (1-based) of the fit
+    # the shape test (issue 25): the bulk must look like MP(γ, σ²) before its spikes are counted
+    n_spikes_fitted: int = 0  # eigenvalues above the threshold whatever the bulk's shape (what n_spikes would be)
+    mp_distance: float | None = None  # KS sup|F_bulk − F_MP(γ, σ²)| over the bulk eigenvalues
+    mp_distance_threshold: float | None = None  # MP_SHAPE_THRESHOLD_C·log(m)/m, m = bulk eigenvalues
+    has_mp_shape: bool = True  # mp_distance ≤ its threshold
+    verdict: str = BULK_SPIKES  # BULK_SPIKES | BULK_NOT_MP | BULK_NARROW | BULK_POWER_LAW
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -386,6 +408,46 @@ def power_law_slope(eigenvalues: np.ndarray, lo_frac: float = 0.05, hi_frac: flo
     return -float(slope), r2, [first, last]
 
 
+def _fit_bulk(lam: np.ndarray, n: int, d: int, tw_quantile_value: float, max_iterations: int) -> dict:
+    """The fixed point of calibrated_mp_bulk on a descending, clipped spectrum: σ², edges, margin, spikes, the
+    bulk (non-spike, non-null eigenvalues) and its KS distance to MP(γ, σ²)."""
+    n_eff = n - 1
+    gamma = d / n_eff
+    root = math.sqrt(gamma)
+    n_nonnull = min(d, n_eff)  # n ≤ d: d − (n − 1) eigenvalues are zero by construction
+    scale = (1 + root) ** (4 / 3) * n_eff ** (-2 / 3) * gamma ** (-1 / 6)
+    sigma2 = float(lam.sum()) / d
+    iterations = 0
+    for iterations in range(1, max_iterations + 1):
+        threshold = sigma2 * ((1 + root) ** 2 + tw_quantile_value * scale)
+        rest = lam[lam <= threshold]
+        if rest.size == 0:
+            break
+        new = float(rest.sum()) / rest.size  # the zeros of n ≤ d stay in the mean (MP has an atom at 0)
+        if abs(new - sigma2) <= 1e-12 * sigma2:
+            sigma2 = new
+            break
+        sigma2 = new
+    margin = tw_quantile_value * sigma2 * scale
+    upper = sigma2 * (1 + root) ** 2
+    spikes = int((lam > upper + margin).sum())
+    bulk = lam[spikes:n_nonnull]
+    return dict(gamma=gamma, sigma2=sigma2, iterations=iterations, margin=margin, upper=upper,
+                lower=sigma2 * (1 - root) ** 2, spikes=spikes, bulk=bulk, n_nonnull=n_nonnull,
+                distance=mp_bulk_distance(bulk, gamma, sigma2) if bulk.size else 1.0)
+
+
+def white_noise_bulk_distances(n: int, d: int, n_samples: int = 32, seed: int = 0) -> np.ndarray:
+    """KS distances of the MP bulk fit (:func:`calibrated_mp_bulk`'s own) on ``n_samples`` white-noise spectra of
+    centred n × d Gaussian rows (Wishart with n − 1 degrees of freedom, /n), by :func:`white_wishart_spectrum`."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n_samples):
+        lam = white_wishart_spectrum(n - 1, d, rng) * ((n - 1) / n)
+        out.append(_fit_bulk(lam, n, d, TRACY_WIDOM_1_Q99, 100)["distance"])
+    return np.array(out)
+
+
 def calibrated_mp_bulk(
     eigenvalues: np.ndarray,
     n: int,
@@ -406,44 +468,38 @@ def calibrated_mp_bulk(
     power law's tail always fits some narrow band at large n), or more than ``max_below_lower_edge`` of it
     falls below the lower edge σ²(1 − √γ)² minus the same margin, the spectrum is not spikes on a MP bulk:
     ``n_spikes`` is None and α = −d log λ/d log k is fitted over the middle ranks (:func:`power_law_slope`).
+
+    No MP bulk (issue 25): a flat bulk must also have MP's shape. Correlated noise (a Toeplitz covariance, rows
+    sharing a per-window component) spreads the bulk and the fixed point then "finds" tens of spikes in pure
+    noise. The KS distance D = sup|F_bulk − F_MP(γ, σ²)| of the retained eigenvalues must stay below
+    MP_SHAPE_THRESHOLD_C·log(m)/m (white noise: 0.45–0.6·log(m)/m, :func:`mp_shape_threshold`); otherwise
+    ``verdict`` = "no MP bulk: correlated noise (or heavy tails)", ``n_spikes`` is None, the power-law slope is
+    given and ``n_spikes_fitted`` keeps the count that would have been reported. docs/statistics.md §4.
     """
     lam = np.sort(np.clip(np.asarray(eigenvalues, dtype=np.float64), 0, None))[::-1]
     if n < 2 or lam.size == 0 or lam.sum() <= 0:
         raise BadInputError(f"a Marchenko–Pastur bulk needs n ≥ 2 and a nonzero spectrum (n = {n})")
-    n_eff = n - 1
-    gamma = d / n_eff
-    root = math.sqrt(gamma)
-    n_nonnull = min(d, n_eff)  # n ≤ d: d − (n − 1) eigenvalues are zero by construction
-    scale = (1 + root) ** (4 / 3) * n_eff ** (-2 / 3) * gamma ** (-1 / 6)
-    sigma2_trace = float(lam.sum()) / d
-    sigma2 = sigma2_trace
-    iterations = 0
-    for iterations in range(1, max_iterations + 1):
-        threshold = sigma2 * ((1 + root) ** 2 + tw_quantile_value * scale)
-        rest = lam[lam <= threshold]
-        if rest.size == 0:
-            break
-        new = float(rest.sum()) / rest.size  # the zeros of n ≤ d stay in the mean (MP has an atom at 0)
-        if abs(new - sigma2) <= 1e-12 * sigma2:
-            sigma2 = new
-            break
-        sigma2 = new
-    upper = sigma2 * (1 + root) ** 2
-    lower = sigma2 * (1 - root) ** 2
-    margin = tw_quantile_value * sigma2 * scale
-    threshold = upper + margin
-    spikes = int((lam > threshold).sum())
-    retained = lam[spikes:n_nonnull]
+    fit = _fit_bulk(lam, n, d, tw_quantile_value, max_iterations)
+    sigma2, lower, margin, retained = fit["sigma2"], fit["lower"], fit["margin"], fit["bulk"]
     below = float((retained < lower - margin).mean()) if retained.size else 0.0
-    flat = below <= max_below_lower_edge and retained.size >= min_bulk_fraction * n_nonnull
-    fit = None if flat else power_law_slope(lam[:n_nonnull])
+    flat = below <= max_below_lower_edge and retained.size >= min_bulk_fraction * fit["n_nonnull"]
+    threshold_ks = mp_shape_threshold(retained.size)
+    mp_shape = fit["distance"] <= threshold_ks
+    # MP's bulk has sd σ²√γ; a bulk much narrower than that is not correlated noise but e.g. whitened rows
+    narrow = retained.size > 1 and float(retained.std()) < 0.5 * sigma2 * math.sqrt(fit["gamma"])
+    verdict = BULK_POWER_LAW if not flat else (BULK_SPIKES if mp_shape else (BULK_NARROW if narrow else BULK_NOT_MP))
+    counted = verdict == BULK_SPIKES
+    slope = None if counted else power_law_slope(lam[: fit["n_nonnull"]])
+    sigma2_trace = float(lam.sum()) / d
     return MPBulk(
-        sigma2_trace=sigma2_trace, sigma2_bulk=sigma2, lower_edge=lower, upper_edge=upper,
-        tracy_widom_margin=margin, tracy_widom_quantile=tw_quantile, threshold=threshold,
-        n_spikes=spikes if flat else None,
-        n_spikes_trace_edge=int((lam > sigma2_trace * (1 + root) ** 2).sum()),
-        n_iterations=iterations, has_flat_bulk=flat, fraction_below_lower_edge=below,
-        bulk_fraction=retained.size / n_nonnull,
-        power_law_alpha=fit[0] if fit else None, power_law_r2=fit[1] if fit else None,
-        power_law_ranks=fit[2] if fit else None,
+        sigma2_trace=sigma2_trace, sigma2_bulk=sigma2, lower_edge=lower, upper_edge=fit["upper"],
+        tracy_widom_margin=margin, tracy_widom_quantile=tw_quantile, threshold=fit["upper"] + margin,
+        n_spikes=fit["spikes"] if counted else None,
+        n_spikes_trace_edge=int((lam > sigma2_trace * (1 + math.sqrt(fit["gamma"])) ** 2).sum()),
+        n_iterations=fit["iterations"], has_flat_bulk=flat, fraction_below_lower_edge=below,
+        bulk_fraction=retained.size / fit["n_nonnull"],
+        power_law_alpha=slope[0] if slope else None, power_law_r2=slope[1] if slope else None,
+        power_law_ranks=slope[2] if slope else None,
+        n_spikes_fitted=fit["spikes"], mp_distance=fit["distance"], mp_distance_threshold=threshold_ks,
+        has_mp_shape=mp_shape, verdict=verdict,
     )

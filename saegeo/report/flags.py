@@ -263,7 +263,8 @@ def activation_flags(
         mp_spread = upper / lower if lower > 0 else math.inf
         unit_variance = abs(sigma2 - 1.0) <= t.whitened_unit_variance_tol
         too_even = spread <= 1 + t.whitened_narrow_fraction * (mp_spread - 1)
-        flat_bulk = geo.get("n_spikes", 0) is not None  # a power law is not whitened
+        # a power law is not whitened; a bulk narrower than MP (no MP shape, but flat) may well be
+        flat_bulk = (geo.get("mp_bulk") or {}).get("has_flat_bulk", geo.get("n_spikes", 0) is not None)
         if (mean_share <= t.whitened_max_mean_share and edge_ratio <= t.whitened_max_edge_ratio and flat_bulk
                 and (unit_variance or too_even)):
             flags.append(Flag(
@@ -415,13 +416,14 @@ def _diagnosis_flags(geo: Mapping[str, Any], t: FlagThresholds) -> list[Flag]:
     if a is not None and null is not None:
         excess = float(a) - float(null) - float(bias)
         a_centred = sample.get("centred_anisotropy")
+        # one definition, 1 − A_centred/A, wherever rows are at hand; the proxy only without them, labelled
         if a_centred is not None:
             explained = 1.0 - max(float(a_centred), 0.0) / float(a) if float(a) > 0 else 0.0
             how = "1 - A(centred sample rows)/A"
         else:
             ratio = geo.get("mean_norm_ratio") or 0.0
             explained = min(1.0, ratio**2 / float(a)) if float(a) > 0 else 0.0
-            how = "(|mu|/E|x|)^2 / A"
+            how = "proxy (|mu|/E|x|)^2 / A, no row sample (clipped at 1)"
         if (z is not None and z >= t.offset_cone_min_z and excess >= t.offset_cone_min_excess
                 and explained >= t.offset_cone_min_explained and (mean_share or 0) >= t.offset_cone_min_mean_share):
             rogue = geo.get("rogue") or {}
@@ -435,7 +437,8 @@ def _diagnosis_flags(geo: Mapping[str, Any], t: FlagThresholds) -> list[Flag]:
                 "Cosines on the raw activations mostly measure the shared mean: centre them (or let b_dec absorb the "
                 "mean, b_dec_init = \"mean\") before reading A, cosine similarities or nearest neighbours.",
                 summary=(f"A = {a:.3f} is {z:.0f} null-sds above the sign-aware null {null:.3f}, and the mean explains "
-                         f"{100 * explained:.0f}% of it" + (f" (centred rows: A = {a_centred:.3f})" if a_centred is not None else "")
+                         f"{100 * explained:.0f}% of it" + (f" (centred rows: A = {a_centred:.3f})" if a_centred is not None
+                                                             else " (proxy (‖μ‖/E‖x‖)²/A: no row sample)")
                          + f"; the mean is {100 * (mean_share or 0):.0f}% of E‖x‖², ‖m̂‖ = {geo.get('offset') or 0:.2f}"),
             ))
         within_band = (z is not None and abs(z) < t.invisible_max_abs_z) or abs(excess) < t.invisible_max_excess
@@ -515,6 +518,9 @@ def activation_diagnosis(geo: Mapping[str, Any], flags: list[Flag] | None = None
                   "power_law_alpha": rounded(bulk.get("power_law_alpha"))}
     if INVISIBLE in names:
         finding = "anisotropy invisible to A: a concentrated spectrum with A at its null"
+    elif geo.get("n_spikes") is None and bulk.get("has_flat_bulk"):
+        finding = (f"{bulk.get('verdict', 'no MP bulk')}, KS distance {bulk.get('mp_distance') or 0:.3g} to MP; "
+                   "no spike count")
     elif geo.get("n_spikes") is None:
         finding = f"no flat MP bulk: a power-law spectrum (alpha = {bulk.get('power_law_alpha') or 0:.2f})"
     else:

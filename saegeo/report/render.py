@@ -76,7 +76,11 @@ def activation_lines(report: GeometryReport) -> list[tuple[str, str]]:
     rogue = g["rogue"]
     top_rogue = ", ".join(f"{i} ({fmt_pct(p)})" for i, p in zip(rogue["top_indices"][:3], rogue["top_shares"][:3]))
     bulk = g.get("mp_bulk") or {}
-    if g.get("n_spikes") is None and bulk:
+    if g.get("n_spikes") is None and bulk.get("has_flat_bulk"):
+        spikes = (f"{bulk.get('verdict')}: KS distance {fmt_num(bulk.get('mp_distance'))} to MP "
+                  f"> {fmt_num(bulk.get('mp_distance_threshold'))} (white noise), so no spike count; power-law slope "
+                  f"α = {fmt_num(bulk.get('power_law_alpha'))}")
+    elif g.get("n_spikes") is None and bulk:
         spikes = (f"no flat MP bulk: power law, slope α = {fmt_num(bulk.get('power_law_alpha'))} over ranks "
                   f"{bulk.get('power_law_ranks')}")
     else:

@@ -248,7 +248,7 @@ def _row_priority(seed: int, index: np.ndarray) -> np.ndarray:
         return splitmix(index.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + salt)
 
 
-class _Reservoir:
+class RowReservoir:
     """Uniform sample of k rows from a stream, seeded; memory k·d.
 
     Bottom-k sampling: keep the k rows with the smallest priority h(seed, global row index). A row's
@@ -277,7 +277,7 @@ class _Reservoir:
         order = np.argsort(priority, kind="stable")[: self.k]  # sorted: the k smallest, in priority order
         self.priority, self.rows = priority[order], rows[torch.from_numpy(order)]
 
-    def merge(self, other: "_Reservoir") -> "_Reservoir":
+    def merge(self, other: "RowReservoir") -> "RowReservoir":
         """The sample of both streams together (their rows must have distinct global indices)."""
         self._keep(np.concatenate([self.priority, other.priority]), torch.cat([self.rows, other.rows]))
         self.seen = max(self.seen, other.seen)
@@ -288,13 +288,16 @@ class _Reservoir:
                 "priority": self.priority}
 
     @classmethod
-    def from_state_dict(cls, sd: Mapping[str, Any]) -> "_Reservoir":
+    def from_state_dict(cls, sd: Mapping[str, Any]) -> "RowReservoir":
         res = cls(sd["k"], sd["d"], sd["seed"], sd["seen"])
         res.rows, res.priority = sd["rows"].clone(), np.asarray(sd["priority"], dtype=np.uint64).copy()
         return res
 
     def sample(self) -> Tensor:
         return self.rows
+
+
+_Reservoir = RowReservoir  # the former private name (tests)
 
 
 def cosine_histogram(
@@ -458,8 +461,8 @@ def _nonfinite_rows(x: Tensor) -> Tensor:
 
 
 def _merge_ranks(
-    acc: GeometryAccumulator | None, reservoir: _Reservoir | None, passes: list[_SAEPass], n_skipped: int
-) -> tuple[GeometryAccumulator | None, _Reservoir | None, int]:
+    acc: GeometryAccumulator | None, reservoir: RowReservoir | None, passes: list[_SAEPass], n_skipped: int
+) -> tuple[GeometryAccumulator | None, RowReservoir | None, int]:
     """torch.distributed: combine every rank's partial pass in rank order (Chan's merge for the
     accumulators, float64 sums for the rest); every rank ends with the single-process totals."""
     from saegeo import distributed
@@ -508,7 +511,7 @@ def geometry_report(
         passes.append(_SAEPass(name or default_name or "sae", module, cfg, opts.device))
 
     acc: GeometryAccumulator | None = None
-    reservoir: _Reservoir | None = None
+    reservoir: RowReservoir | None = None
     n_skipped = 0
     bar = None
     if opts.progress and (ctx is None or ctx.is_main):
@@ -529,7 +532,7 @@ def geometry_report(
             if acc is None:
                 d = int(x.shape[1])
                 acc = GeometryAccumulator(d)
-                reservoir = _Reservoir(opts.cosine_sample_rows, d, opts.seed, start=sample_start)
+                reservoir = RowReservoir(opts.cosine_sample_rows, d, opts.seed, start=sample_start)
                 for p in passes:
                     if p.d_in != d:
                         raise BadInputError(f"SAE {p.name!r} has d_in = {p.d_in} but the activations have d = {d}")
