@@ -21,7 +21,7 @@ from saegeo.activations.cache import CacheConfig, cache_activations, store_dir
 from saegeo.activations.store import ActivationStore, write_store
 from saegeo.errors import BadInputError, StoreError
 from saegeo.io import config_from_dict, dump_json, json_safe, read_config, same_json
-from saegeo.report.render import FORMATS, render_terminal, write_report
+from saegeo.render import FORMATS, render_terminal, write_report
 from saegeo.report.report import GeometryReport, ReportOptions, add_splice, compute_flags, geometry_report
 from saegeo.sae.formats import CFG_FILENAME, WEIGHTS_FILENAME, load_sae
 from saegeo.sae.splice import EvalConfig, splice_eval_many

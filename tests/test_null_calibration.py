@@ -20,6 +20,7 @@ from saegeo.geometry.nulls import (
     iid_unit_mean_sq_norm,
     power_law_slope,
 )
+from saegeo.render.text import geometry_summary
 
 
 def _null_rows(kind: str, n: int, d: int, g: torch.Generator) -> torch.Tensor:
@@ -230,5 +231,5 @@ def test_geometry_reports_both_sigma2_and_the_calibrated_count():
     assert geo.mp_sigma2 == pytest.approx(1.0, rel=0.05)
     assert geo.mp_sigma2_trace == pytest.approx((2500 + 27 + 60) / 64, rel=0.1)
     assert geo.mp_bulk["n_spikes_trace_edge"] == 1
-    text = geo.summary()
+    text = geometry_summary(geo)
     assert "from the bulk" in text and "Tracy-Widom" in text and "vs null" in text

@@ -370,28 +370,6 @@ def exclusion_shares(excluded: Mapping[str, Any]) -> dict[str, dict[str, float]]
             if (e := excluded.get(g)) and e["n"]}
 
 
-def describe_exclusions(manifest_extra: Mapping[str, Any]) -> list[str]:
-    """Lines for a summary: what was excluded and the share of ‖μ‖² / tr Σ it carried ([] if nothing)."""
-    rule, excl = manifest_extra.get("exclusion_rule"), manifest_extra.get("excluded")
-    if not rule or not excl:
-        return []
-    lines = []
-    what = []
-    sp = rule["special_positions"]
-    if sp["prefix"] or sp["suffix"]:
-        what.append("special positions " + " … ".join(" ".join(t) for t in (sp["prefix"], sp["suffix"]) if t))
-    if rule.get("norm_rule"):
-        what.append(rule["norm_rule"])
-    lines.append("excluded from the store: " + "; ".join(what))
-    names = {"excluded": "all excluded rows", "excluded_special": "  special positions",
-             "excluded_norm": "  norm outliers", "first_position": "first position (stored or not)"}
-    for g, sh in exclusion_shares(excl).items():
-        lines.append(f"{names[g]:<30} {sh['rows']:>9,} rows ({100 * sh['row_share']:.2f}%): "
-                     f"{100 * sh['mu_share']:.1f}% of ‖μ‖², {100 * sh['trace_share']:.1f}% of tr Σ, "
-                     f"RMS norm {sh['norm_ratio']:.1f}× the average (shares of all {excl['all']['n']:,} rows)")
-    return lines
-
-
 def _excluding_step(
     loaded: LoadedModel, batch: list[Window], pad_id: int, stop_layer: int | None, cfg: CacheConfig,
     captured: dict[str, Tensor], store_mask: list[Tensor], writers: Mapping[str, StoreWriter],

@@ -21,7 +21,8 @@ Summary:
     DESIGN.md "The math" (except the amplification law); ``.to_dict()`` is JSON-safe (no NaN/inf: undefined → None),
     keys as the dataclass fields (A_sd, A_null_sd, A_null_bias, z_vs_null; unit_effective_rank, unit_top1_share;
     mp_sigma2 (bulk) / mp_sigma2_trace, mp_bulk, n_spikes (None: no flat bulk); row_norm_histogram, coordinate_rms),
-    ``ActivationGeometry.from_dict(d)`` inverts it, ``.summary()`` is the few-line terminal text.
+    ``ActivationGeometry.from_dict(d)`` inverts it
+    (its terminal text: ``saegeo.render.text.geometry_summary``).
 Second streaming pass (the artifact test):
 ``project_top_components(batches, geometry_or_acc, k=1) -> Tensor (n, k)``  (x − μ)·v_j for the top-k v_j.
 ``top_projection_correlation(batches, metadata, geometry_or_acc, component=0) -> float``  |corr(projection, metadata)|.
@@ -387,60 +388,6 @@ class ActivationGeometry:
         kwargs["sign"] = SignNull(**data["sign"])
         kwargs["rogue"] = RogueDimensions(**data["rogue"])
         return cls(**kwargs)
-
-    def summary(self) -> str:
-        """A few lines a person reads first (used by `saegeo geometry`)."""
-        f = lambda v, spec=".4f": "n/a" if v is None else format(v, spec)  # noqa: E731
-        s = self.sign
-        lines = [f"{self.n:,} rows x {self.d} dims"]
-        lines.append(
-            f"cone:      A = {f(self.anisotropy)} (mean pairwise cosine) against the sign-aware null {s.null:.4f}; "
-            f"offset |m^| = {f(self.offset)}; one cosine under isotropy has sd {self.isotropic_cosine_sd:.4f}"
-        )
-        if self.z_vs_null is not None:
-            lines.append(
-                f"vs null:   z = {self.z_vs_null:,.1f} = (A - null - finite-d bias {self.A_null_bias:.2g}) / sd {self.A_null_sd:.2g} "
-                f"(sd of A alone {self.A_sd:.2g}; isotropic sd {f(self.anisotropy_null_sd, '.2g')}, isotropic z {f(self.anisotropy_z, ',.1f')})"
-            )
-        if self.unit_effective_rank is not None:
-            lines.append(
-                f"unit x^:   erank of E[x^x^T] {self.unit_effective_rank:.1f} of {self.d}, top-1 {f(self.unit_top1_share, '.1%')} "
-                f"(uniform directions: {self.d}, {1 / self.d:.1%})"
-            )
-        lines.append(
-            f"sign:      {s.regime}, q = {s.fraction_nonzero:.3f}, r = {s.magnitude_ratio:.3f}; null m^2/s = {s.null:.4f} "
-            f"(1/pi = {s.dense_relu_null:.4f}, q/2 = {s.sparse_exp_null:.4f}; matches: {s.canonical})"
-        )
-        lines.append(
-            f"mean:      |mu| = {self.mean_vector_norm:.4g} = {f(self.mean_norm_ratio, '.3f')} of E|x| ({self.mean_row_norm:.4g}); "
-            f"share of E|x|^2 {f(self.mean_share_of_second_moment, '.1%')}; outlier severity {f(self.outlier_severity, '.3g')}"
-        )
-        lines.append(
-            f"spectrum:  top-1 {f(self.top1_share, '.1%')}, top-10 {f(self.top10_share, '.1%')}, "
-            f"erank {self.effective_rank:.1f} (isotropic noise of this n, d: {self.noise_effective_rank:.1f}), "
-            f"PR {self.participation_ratio:.1f}, rank {self.numerical_rank}, IsoScore {f(self.isoscore, '.3f')}"
-        )
-        bulk = self.mp_bulk or {}
-        if self.n_spikes is None:
-            alpha = bulk.get("power_law_alpha")
-            counted = (f"no flat bulk (it would hold {bulk.get('bulk_fraction', 0):.0%} of the eigenvalues, "
-                       f"{bulk.get('fraction_below_lower_edge', 0):.0%} of those below its lower edge): "
-                       f"power law, slope alpha = {f(alpha, '.3f')} over ranks {bulk.get('power_law_ranks')}")
-        else:
-            counted = f"{self.n_spikes} spike(s) above edge + Tracy-Widom {100 * bulk.get('tracy_widom_quantile', 0.99):.0f}% margin"
-        lines.append(
-            f"MP null:   sigma^2 = {self.mp_sigma2:.4g} from the bulk (trace(Sigma)/d = {f(self.mp_sigma2_trace, '.4g')}), "
-            f"bulk [{self.mp_lower_edge:.4g}, {self.mp_upper_edge:.4g}]; {counted}"
-        )
-        if self.median_row_norm:
-            lines.append(f"rows:      median |x| ~ {self.median_row_norm:.4g}, largest ~ {f(self.max_row_norm_bin, '.4g')}")
-        if self.rogue.top_indices:
-            top = ", ".join(f"#{i} {sh:.0%}" for i, sh in zip(self.rogue.top_indices[:3], self.rogue.top_shares[:3]))
-            lines.append(
-                f"rogue:     {self.rogue.n_for_50} coordinate(s) carry 50% of |m^|^2, {self.rogue.n_for_90} carry 90% (top: {top})"
-            )
-        lines += [f"note:      {note}" for note in self.notes]
-        return "\n".join(lines)
 
     @property
     def mean_tensor(self) -> Float[Tensor, " d"]:

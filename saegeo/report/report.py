@@ -591,7 +591,7 @@ def geometry_report(
         seconds=seconds, tokens_per_second=acc.n / seconds if seconds > 0 else None,
         saegeo_version=__version__, notes=list(geo.get("notes", [])) + ([artifact_note] if artifact_note else []),
         artifact=artifact, sample_diagnostics=sampled,
-        exclusions=_store_exclusions(rows.store),
+        exclusions=store_exclusions(rows.store),
     )
     report.flags = compute_flags(report, opts.thresholds)
     report.diagnosis = activation_diagnosis({**geo, "sample_diagnostics": sampled}, report.flags, opts.thresholds)
@@ -620,7 +620,10 @@ def _artifact_test(rows: Any, geometry: Any, opts: ReportOptions, *, distributed
         part = artifact_accumulator(rows.store, geometry, k=opts.artifact_components, batch_size=opts.batch_size,
                                     shard_indices=block)
     return artifact_result(dist.merge_across_ranks(part)), None
-def _store_exclusions(store: Any) -> dict[str, Any] | None:
+
+
+def store_exclusions(store: Any) -> dict[str, Any] | None:
+    """A store cached with exclusions: its manifest's rule and sums (None for any other source)."""
     extra = getattr(store, "manifest", {}).get("extra", {}) if store is not None else {}
     if not extra.get("exclusion_rule") or not extra.get("excluded"):
         return None

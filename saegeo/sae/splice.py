@@ -498,27 +498,3 @@ class _Reference:
         ce = float((lse - z_target)[self.valid].double().sum())
         kl = float((self.neg_entropy - (self.p * z).sum(-1) + lse * self.p_sum)[self.valid].double().sum())
         return ce, kl, 0.0
-
-
-def render_eval(result: Mapping[str, Any]) -> str:
-    """The terminal summary of one `splice_eval` result."""
-    lines = [f"saegeo eval: {result['sae']} spliced into {result['model']} at {result['hook']}",
-             f"  {result['tokens']:,} tokens ({result['windows']} windows of ≤ {result['context']}, "
-             f"{result['skipped_tokens']:,} corpus tokens skipped as training data), "
-             f"{result['tokens_per_second']:,.0f} tok/s"]
-    if "ce_loss_clean" in result:
-        rows = [("CE loss clean", "ce_loss_clean"), ("CE loss spliced", "ce_loss_spliced"),
-                ("CE loss zero ablation", "ce_loss_zero_ablation"), ("CE loss mean ablation", "ce_loss_mean_ablation"),
-                ("CE loss recovered", "ce_loss_recovered"), ("KL(clean ‖ spliced)", "kl_div_spliced"),
-                ("KL(clean ‖ zero)", "kl_div_zero_ablation")]
-    else:
-        lines.append(f"  measured: {result['measured']}")
-        rows = [("cosine spliced", "embedding_cosine_spliced"), ("cosine zero ablation", "embedding_cosine_zero_ablation"),
-                ("cosine mean ablation", "embedding_cosine_mean_ablation")]
-    rows += [("FVE (about the mean)", "fve"), ("L0", "l0")]
-    lines += [f"  {label:<24} {result[key]:.4f}" for label, key in rows]
-    pt = result["passed_through"]
-    what = ", ".join(pt["special_positions"]) or "none"
-    lines.append(f"  passed through unreplaced: {pt['positions']:,} positions (special: {what}"
-                 + (f"; {pt['norm_rule']}" if pt["norm_rule"] else "") + ")")
-    return "\n".join(lines)
