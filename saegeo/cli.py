@@ -441,16 +441,15 @@ def cmd_report(args: argparse.Namespace) -> int:
         saes[name] = path
     config = read_config(args.config) if args.config else None
     opts = ReportOptions.from_dict(_passed(args, ReportOptions))
-    report = geometry_report(args.acts, saes or None, options=opts, config=config)
+    splice = None
     if args.model and saes:
-        from saegeo.report.report import add_splice, compute_flags
         from saegeo.sae.splice import EvalConfig, splice_eval_many
 
         ecfg = EvalConfig(model=args.model, device=opts.device, progress=opts.progress)
         if args.eval_tokens:
             ecfg.max_tokens = args.eval_tokens
-        add_splice(report, splice_eval_many(ecfg, saes))
-        report.flags = compute_flags(report, opts.thresholds)
+        splice = splice_eval_many(ecfg, saes)
+    report = geometry_report(args.acts, saes or None, options=opts, config=config, splice=splice)
     from saegeo.distributed import current
 
     if (ctx := current()) is not None and not ctx.is_main:

@@ -49,6 +49,10 @@ OFFSET_CONE = "offset_dominated_cone"
 INVISIBLE = "anisotropy_invisible_to_A"
 MASSIVE = "massive_activations"
 MIXED = "mixed_populations"
+ACTIVATIONS_MISMATCH = "activations_mismatch"  # raised by saegeo.report.check.activations_match_flags
+# an activations_mismatch error withholds these metrics of the SAE section (None) and the flags computed from them
+WITHHELD_METRICS = ("fve", "amplification", "cone_shares")
+WITHHELD_FLAGS = (AMPLIFICATION, MEAN_DIRECTION)
 
 
 @dataclass

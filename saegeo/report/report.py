@@ -12,14 +12,20 @@ Before the pass: the dictionary geometry of the unit decoder rows u_i (A_dict, �
 ``saegeo.geometry.dictionary.dictionary_geometry``). After it: b_dec against μ, the amplification law beside
 the three measured A's (the per-latent law A_het and its mean-cosine form, the co-firing share of
 E‖x̂ − b_dec‖² and its top pairs from the row sample re-encoded, the one-rate forms as references), cone shares
-c_i = E[a_i](u_i·M)/‖M‖² (M = Σ E[a_i]u_i) and cos(u_i, μ); then the flags.
+c_i = E[a_i](u_i·M)/‖M‖² (M = Σ E[a_i]u_i) and cos(u_i, μ); then, once, the flags and the diagnosis.
+
+The report is assembled once, from everything it shows: the SAEs with their configs (a directory's cfg.json
+is its provenance), their spliced evaluation, a run config, and flags raised elsewhere (``saegeo check``'s
+dictionary-only checks and activations_mismatch: an error there withholds that SAE's WITHHELD_METRICS).
 
 Public API
 ----------
 ``ReportOptions``                 batch size, token cap, cosine sample, thresholds, assumed null, ...
 ``GeometryReport`` / ``SAEGeometry``  dataclasses; ``to_dict``/``from_dict``, ``to_json``/``load`` (schema-versioned).
-``geometry_report(acts, sae=None, *, batch_size=None, options=None, config=None) -> GeometryReport``
-``compute_flags(report, thresholds=None) -> list[Flag]``  (re)flag a report from its numbers alone.
+``geometry_report(acts, sae=None, *, batch_size=None, options=None, config=None, splice=None, flags=(), notes=(),
+closing_notes=()) -> GeometryReport``
+``compute_flags(report, thresholds=None) -> list[Flag]``  (re)flag a report from its numbers alone (the flags given to
+geometry_report from elsewhere are not among them).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -59,6 +65,9 @@ from saegeo.io import config_from_dict, dump_json, json_safe, require_at_least
 from saegeo.sae.formats import CFG_FILENAME, load_dictionary
 from saegeo.sae.metrics import SAEMetrics
 from saegeo.report.flags import (
+    ACTIVATIONS_MISMATCH,
+    WITHHELD_FLAGS,
+    WITHHELD_METRICS,
     Flag,
     FlagThresholds,
     activation_diagnosis,
@@ -147,6 +156,8 @@ class SAEGeometry:
     cofiring_pairs: list[dict[str, float]] | None = None
     # the SAE spliced into the model (saegeo.sae.splice): CE loss clean/spliced/ablated, recovered, KL
     splice: dict[str, Any] | None = None
+    # metrics set to None because the activations are not this SAE's (activations_mismatch error; WITHHELD_METRICS)
+    withheld: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe(asdict(self))
@@ -478,15 +489,25 @@ def geometry_report(
     batch_size: int | None = None,
     options: ReportOptions | None = None,
     config: Mapping[str, Any] | None = None,
+    splice: Mapping[str, Mapping[str, Any]] | None = None,
+    flags: Sequence[Flag] = (),
+    notes: Sequence[str] = (),
+    closing_notes: Sequence[str] = (),
 ) -> GeometryReport:
     """One streaming pass over ``acts`` computing the activation geometry and, for each SAE, its codes,
-    dictionary geometry, b_dec against μ, the amplification law and cone shares; then the flags.
+    dictionary geometry, b_dec against μ, the amplification law and cone shares; then, once, the flags and the
+    activation diagnosis.
 
     acts: (n, d) tensor/array | ActivationStore | store path | iterable of (m, d) batches (or of
     (activations, codes) tuples, e.g. ``SuperpositionGenerator.batches``).
     sae: None | SAE object (saegeo or SAELens-like: encode, decode, W_dec, b_dec) | directory |
     a mapping name -> either (several SAEs measured in the same pass, shown side by side).
     config: a preprocessing / run config; one that whitens before the SAE is flagged with its cost.
+    splice: name -> `splice_eval_many` result, shown in that SAE's column.
+    flags: raised elsewhere about these SAEs (a dictionary check, activations_mismatch), merged with the report's
+    own (which supersede a given flag of the same name and subject); an activations_mismatch error withholds that
+    SAE's WITHHELD_METRICS and the flags computed from them. notes, then the withheld notes, then closing_notes
+    follow the pass's own notes.
     Memory: O(d² + k_sample·d + Σ d_sae + batch), independent of the number of tokens.
     """
     from saegeo import __version__
@@ -574,6 +595,12 @@ def geometry_report(
     top = torch.tensor(geo["top_eigenvectors"][0], dtype=torch.float64) if geo["top_eigenvectors"] else None
     sampled = json_safe(sample_diagnostics(reservoir.sample(), acc.mean, top))
     saes = [p.finish(geo, opts.thresholds, reservoir.sample(), opts.seed) for p in passes]
+    withheld_notes = []
+    for s in saes:
+        s.splice = json_safe(dict(splice[s.name])) if splice and s.name in splice else None
+        mismatch = next((f for f in flags if f.name == ACTIVATIONS_MISMATCH and f.subject == s.name), None)
+        if mismatch is not None and mismatch.severity == "error":
+            withheld_notes.append(_withhold(s, mismatch))
     artifact, artifact_note = _artifact_test(rows, geometry, opts, distributed=ctx is not None)
     source.update(d=acc.d, n_tokens=acc.n)
 
@@ -589,13 +616,30 @@ def geometry_report(
         saes=saes, flags=[], options=json_safe(opts.to_dict()),
         config=json_safe(dict(config)) if config else None, whitening_cost=whitening_cost,
         seconds=seconds, tokens_per_second=acc.n / seconds if seconds > 0 else None,
-        saegeo_version=__version__, notes=list(geo.get("notes", [])) + ([artifact_note] if artifact_note else []),
+        saegeo_version=__version__,
+        notes=[*geo.get("notes", []), *([artifact_note] if artifact_note else []), *notes, *withheld_notes,
+               *closing_notes],
         artifact=artifact, sample_diagnostics=sampled,
         exclusions=store_exclusions(rows.store),
     )
-    report.flags = compute_flags(report, opts.thresholds)
+    own = compute_flags(report, opts.thresholds)
+    have = {(f.name, f.subject) for f in own}
+    report.flags = sort_flags(own + [f for f in flags if (f.name, f.subject) not in have])
     report.diagnosis = activation_diagnosis({**geo, "sample_diagnostics": sampled}, report.flags, opts.thresholds)
     return report
+
+
+def _withhold(section: SAEGeometry, flag: Flag) -> str:
+    """Set the metrics that ``flag`` (an activations_mismatch error) makes meaningless to None in ``section``;
+    returns the note saying so (also added to the section's notes)."""
+    for key in WITHHELD_METRICS:
+        value = getattr(section, key)
+        setattr(section, key, {k: None for k in value} if isinstance(value, dict) else None)
+    section.withheld = list(WITHHELD_METRICS)
+    note = (f"withheld for {section.name}: {', '.join(WITHHELD_METRICS)} "
+            f"({ACTIVATIONS_MISMATCH}: {', '.join(flag.evidence['causes'])})")
+    section.notes.append(note)
+    return note
 
 
 def _artifact_test(rows: Any, geometry: Any, opts: ReportOptions, *, distributed: bool) -> tuple[dict | None, str | None]:
@@ -630,14 +674,6 @@ def store_exclusions(store: Any) -> dict[str, Any] | None:
     return json_safe({"exclusion_rule": extra["exclusion_rule"], "excluded": extra["excluded"]})
 
 
-def add_splice(report: GeometryReport, results: Mapping[str, Mapping[str, Any]]) -> GeometryReport:
-    """Attach `splice_eval_many` results (name -> result) to the report's SAE columns."""
-    for s in report.saes:
-        if s.name in results:
-            s.splice = json_safe(dict(results[s.name]))
-    return report
-
-
 def compute_flags(report: GeometryReport, thresholds: FlagThresholds | None = None) -> list[Flag]:
     """All flags of a report, from its numbers alone (so a saved report can be re-flagged), most severe first."""
     t = thresholds or FlagThresholds.from_dict(report.options.get("thresholds"))
@@ -646,7 +682,8 @@ def compute_flags(report: GeometryReport, thresholds: FlagThresholds | None = No
     flags = activation_flags(geo, thresholds=t, assumed_null=assumed, feeds_dictionary=bool(report.saes))
     flags += artifact_flags(report.artifact, thresholds=t)
     for s in report.saes:
-        flags += sae_flags(s.to_dict(), geo, thresholds=t)
+        own = sae_flags(s.to_dict(), geo, thresholds=t)
+        flags += [f for f in own if not (s.withheld and f.name in WITHHELD_FLAGS)]  # computed from withheld metrics
         flags += config_flags(s.config, geo, report.whitening_cost, thresholds=t, subject=s.name)
     if report.config:
         flags += config_flags(report.config, geo, report.whitening_cost, thresholds=t, subject="config")
