@@ -49,7 +49,8 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from saegeo.activations.cache import BLOCK_HOOK, NOT_PER_TOKEN, _batches, _pad
+from saegeo.activations.cache import BLOCK_HOOK, NOT_PER_TOKEN
+from saegeo.activations.runner import pad_windows, window_batches
 from saegeo.activations.corpus import CorpusSpec, iter_windows
 from saegeo.activations.models import LoadedModel, load_model
 from saegeo.distributed import resolve_device
@@ -149,9 +150,10 @@ def _resolve(cfg: EvalConfig, sae: SAE, loaded: LoadedModel) -> dict[str, Any]:
 
 
 def _hook_width(loaded: LoadedModel, hook: str) -> int:
-    from saegeo.activations.cache import _hook_widths, hook_layer
+    from saegeo.activations.cache import hook_layer
+    from saegeo.activations.runner import hook_widths
 
-    return _hook_widths(loaded, (hook,), hook_layer(hook), 0)[hook]
+    return hook_widths(loaded, (hook,), hook_layer(hook), 0)[hook]
 
 
 def _reconstruct(sae: SAE, x: Float[Tensor, "n d"]) -> tuple[Float[Tensor, "n d"], Tensor]:
@@ -298,7 +300,7 @@ def _evaluate(cfg: EvalConfig, loaded: LoadedModel, saes: dict[str, SAE], r: dic
 
         bar = tqdm(total=cfg.max_tokens, unit="tok", unit_scale=True, desc="eval", smoothing=0.1)
     with torch.inference_mode():
-        for batch in _batches(windows(), cfg.batch_size):
+        for batch in window_batches(windows(), cfg.batch_size):
             _eval_batch(splicers, batch, pad_id, r["pass_norm_ratio"], sums, ablation_cache)
             if bar is not None:
                 bar.update(sum(len(w.input_ids) for w in batch))
@@ -402,7 +404,7 @@ def _eval_batch(splicers: dict[str, _Splicer], batch: list, pad_id: int, ratio: 
     when `_common_passed_prefix` allows); one spliced suffix per SAE."""
     sp = next(iter(splicers.values()))
     device = next(sp.model.parameters()).device
-    tokens, attend, store = (t.to(device) for t in _pad(batch, pad_id))
+    tokens, attend, store = (t.to(device) for t in pad_windows(batch, pad_id))
     additive = None
     if sp.loaded.kind == "encoder" and not bool(attend.all()):
         additive = torch.where(attend[:, None, None, :], 0.0, -torch.inf).to(sp.model.cfg.dtype)
