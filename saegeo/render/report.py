@@ -63,10 +63,10 @@ def activation_lines(report: GeometryReport) -> list[tuple[str, str]]:
                  f"canonical {s['canonical']}); offset ‖m̂‖ = {fmt_num(g['offset'])}; "
                  f"isotropic sd of one cosine 1/√d = {fmt_num(g['isotropic_cosine_sd'])}"),
     ]
-    if g.get("z_vs_null") is not None:
-        lines.append(("vs null", f"z = {fmt_num(g['z_vs_null'], 1)} = (A − null − finite-d bias {fmt_num(g.get('A_null_bias'))}) "
-                                 f"/ sd {fmt_num(g.get('A_null_sd'))}; sd of A alone {fmt_num(g.get('A_sd'))}; "
-                                 f"isotropic sd {fmt_num(g.get('anisotropy_null_sd'))} (isotropic z {fmt_num(g['anisotropy_z'], 1)})"))
+    if g.get("null_z") is not None:
+        lines.append(("vs null", f"z = {fmt_num(g['null_z'], 1)} = (A − null − finite-d bias {fmt_num(g.get('null_bias'))}) "
+                                 f"/ sd {fmt_num(g.get('null_sd'))}; sd of A alone {fmt_num(g.get('A_sd'))}; "
+                                 f"isotropic sd {fmt_num(g.get('isotropic_sd'))} (isotropic z {fmt_num(g['isotropic_z'], 1)})"))
     if g.get("unit_effective_rank") is not None:
         lines.append(("unit x̂", f"E[x̂x̂ᵀ]: erank {fmt_num(g['unit_effective_rank'], 1)} of {g['d']}, "
                                 f"top-1 {fmt_pct(g.get('unit_top1_share'))} (uniform directions: {g['d']}, {fmt_pct(1 / g['d'])})"))
@@ -76,7 +76,7 @@ def activation_lines(report: GeometryReport) -> list[tuple[str, str]]:
         ("spectrum", f"erank {fmt_num(g['effective_rank'], 1)} of {g['d']} (isotropic noise of this n, d: "
                      f"{fmt_num(g['noise_effective_rank'], 1)}), top-1 {fmt_pct(g['top1_share'])}, top-10 {fmt_pct(g['top10_share'])}, "
                      f"{spikes}, numerical rank {g['numerical_rank']}, IsoScore {fmt_num(g['isoscore'])}"),
-        ("MP σ²", f"{fmt_num(g['mp_sigma2'])} from the bulk, {fmt_num(g.get('mp_sigma2_trace'))} as tr Σ/d "
+        ("MP σ²", f"{fmt_num(g['mp_sigma2_bulk'])} from the bulk, {fmt_num(g.get('mp_sigma2_trace'))} as tr Σ/d "
                   f"({bulk.get('n_spikes_trace_edge', '—')} eigenvalue(s) above that naive edge)"),
         ("rogue dims", f"{rogue['n_for_50']} coordinate(s) carry 50% of the offset, {rogue['n_for_90']} carry 90%"
                        + (f"; top: {top_rogue}" if top_rogue else "")),

@@ -29,10 +29,10 @@ def geometry_summary(geo: ActivationGeometry) -> str:
         f"cone:      A = {f(geo.anisotropy)} (mean pairwise cosine) against the sign-aware null {s.null:.4f}; "
         f"offset |m^| = {f(geo.offset)}; one cosine under isotropy has sd {geo.isotropic_cosine_sd:.4f}"
     )
-    if geo.z_vs_null is not None:
+    if geo.null_z is not None:
         lines.append(
-            f"vs null:   z = {geo.z_vs_null:,.1f} = (A - null - finite-d bias {geo.A_null_bias:.2g}) / sd {geo.A_null_sd:.2g} "
-            f"(sd of A alone {geo.A_sd:.2g}; isotropic sd {f(geo.anisotropy_null_sd, '.2g')}, isotropic z {f(geo.anisotropy_z, ',.1f')})"
+            f"vs null:   z = {geo.null_z:,.1f} = (A - null - finite-d bias {geo.null_bias:.2g}) / sd {geo.null_sd:.2g} "
+            f"(sd of A alone {geo.A_sd:.2g}; isotropic sd {f(geo.isotropic_sd, '.2g')}, isotropic z {f(geo.isotropic_z, ',.1f')})"
         )
     if geo.unit_effective_rank is not None:
         lines.append(
@@ -61,7 +61,7 @@ def geometry_summary(geo: ActivationGeometry) -> str:
     else:
         counted = f"{geo.n_spikes} spike(s) above edge + Tracy-Widom {100 * bulk.get('tracy_widom_quantile', 0.99):.0f}% margin"
     lines.append(
-        f"MP null:   sigma^2 = {geo.mp_sigma2:.4g} from the bulk (trace(Sigma)/d = {f(geo.mp_sigma2_trace, '.4g')}), "
+        f"MP null:   sigma^2 = {geo.mp_sigma2_bulk:.4g} from the bulk (trace(Sigma)/d = {f(geo.mp_sigma2_trace, '.4g')}), "
         f"bulk [{geo.mp_lower_edge:.4g}, {geo.mp_upper_edge:.4g}]; {counted}"
     )
     if geo.median_row_norm:

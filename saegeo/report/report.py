@@ -60,6 +60,7 @@ from saegeo.geometry.amplification import (
 )
 from saegeo.geometry.diagnosis import sample_diagnostics
 from saegeo.geometry.dictionary import dictionary_geometry
+from saegeo.geometry.measures import FieldDict, checked_geometry, fields_of
 from saegeo.geometry.transforms import Whitening
 from saegeo.io import config_from_dict, dump_json, json_safe, require_at_least
 from saegeo.sae.formats import CFG_FILENAME, load_dictionary
@@ -80,7 +81,7 @@ from saegeo.report.flags import (
     sort_flags,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: one name per quantity (null_z / isotropic_z, null_sd / isotropic_sd, mp_sigma2_bulk)
 COFIRING_LATENTS = 256  # co-firing pairs are looked for among the latents with the largest E[a_i²]
 
 
@@ -180,7 +181,7 @@ class GeometryReport:
 
     schema_version: int
     source: dict[str, Any]  # what was read: kind, path, model, hook, d, n_tokens
-    activations: dict[str, Any]  # ActivationGeometry.to_dict()
+    activations: dict[str, Any]  # ActivationGeometry.to_dict(), checked against its fields (FieldDict)
     cosine_histogram: dict[str, Any]  # edges, counts, n_rows, n_pairs, sample_mean
     saes: list[SAEGeometry]
     flags: list[Flag]
@@ -199,6 +200,10 @@ class GeometryReport:
     # a store cached with exclusions: its manifest's rule and sums (what the excluded rows and the
     # first position carried: saegeo.activations.cache.exclusion_shares)
     exclusions: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        # read by the flags and the renderers: a name no ActivationGeometry carries is a KeyError, not a None
+        self.activations = checked_geometry(self.activations)
 
     @property
     def sae(self) -> SAEGeometry | None:
@@ -625,7 +630,7 @@ def geometry_report(
     own = compute_flags(report, opts.thresholds)
     have = {(f.name, f.subject) for f in own}
     report.flags = sort_flags(own + [f for f in flags if (f.name, f.subject) not in have])
-    report.diagnosis = activation_diagnosis({**geo, "sample_diagnostics": sampled}, report.flags, opts.thresholds)
+    report.diagnosis = activation_diagnosis(flag_inputs(geo, artifact, sampled), report.flags, opts.thresholds)
     return report
 
 
@@ -682,7 +687,7 @@ def compute_flags(report: GeometryReport, thresholds: FlagThresholds | None = No
     flags = activation_flags(geo, thresholds=t, assumed_null=assumed, feeds_dictionary=bool(report.saes))
     flags += artifact_flags(report.artifact, thresholds=t)
     for s in report.saes:
-        own = sae_flags(s.to_dict(), geo, thresholds=t)
+        own = sae_flags(FieldDict(s.to_dict(), fields_of(SAEGeometry), "SAEGeometry"), geo, thresholds=t)
         flags += [f for f in own if not (s.withheld and f.name in WITHHELD_FLAGS)]  # computed from withheld metrics
         flags += config_flags(s.config, geo, report.whitening_cost, thresholds=t, subject=s.name)
     if report.config:
