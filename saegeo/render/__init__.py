@@ -15,8 +15,12 @@ text.py     the terminal text of geometry, eval, train, cache, store, synth, run
 
 from saegeo.render.base import FORMATS, rendering_paths
 from saegeo.render.check import render_check_html, render_check_markdown, render_check_terminal
-from saegeo.render.report import FIGURE_NAMES, figures, render_html, render_json, render_markdown, render_terminal, write_report
-from saegeo.render.sweep import SWEEP_FORMATS, render_sweep_html, render_sweep_markdown, render_sweep_terminal, write_sweep
+from saegeo.render.report import (
+    FIGURE_NAMES, figures, render_html, render_json, render_markdown, render_terminal, write_report,
+)
+from saegeo.render.sweep import (
+    SWEEP_FORMATS, render_sweep_html, render_sweep_markdown, render_sweep_terminal, write_sweep,
+)
 from saegeo.render.text import (
     exclusion_lines, geometry_summary, render_cache, render_eval, render_geometry, render_run, render_store,
     render_sweep_cache, render_synth, render_train, render_written,

@@ -5,7 +5,9 @@ from __future__ import annotations
 import html
 
 from saegeo.geometry.nulls import anisotropy_null_sd
-from saegeo.render.base import flag_counts, fmt_num, fmt_pct, html_flags, html_page, html_table, md_flags, md_table, terminal_flags
+from saegeo.render.base import (
+    flag_counts, fmt_num, fmt_pct, html_flags, html_page, html_table, md_flags, md_table, terminal_flags,
+)
 from saegeo.report.check import DictionaryCheck
 
 
