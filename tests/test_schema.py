@@ -61,7 +61,7 @@ def test_every_page_and_every_flag_of_a_full_report_reads_only_known_fields(tmp_
     from saegeo.report import geometry_report
     from saegeo.report.flags import activation_diagnosis, flag_inputs
     from saegeo.report.geometry import files_geometry
-    from saegeo.report.sweep import sweep_stores
+    from saegeo.report.sweep import SweepOptions, sweep_stores
 
     g = torch.Generator().manual_seed(0)
     d, n_lat = 12, 40
@@ -80,7 +80,7 @@ def test_every_page_and_every_flag_of_a_full_report_reads_only_known_fields(tmp_
                           "ce_loss_mean_ablation": 3.0, "ce_loss_recovered": 0.75, "kl_div_spliced": 0.1,
                           "kl_div_zero_ablation": 1.0, "fve": 0.5, "l0": 4.0, "tokens": 100,
                           "passed_through": {"positions": 3, "special_positions": ["<bos>"]}}}
-    opts = ReportOptions(progress=False, batch_size=500)
+    opts = ReportOptions(progress=False, batch_rows=500)
     report = geometry_report(store, {"planted": planted, "clean": clean}, options=opts, splice=splice,
                              config={"normalize_activations": "covariance_whitening"})
     assert report.artifact is not None and report.whitening_cost is not None and report.saes[0].splice
@@ -101,8 +101,8 @@ def test_every_page_and_every_flag_of_a_full_report_reads_only_known_fields(tmp_
     render_check_terminal(check), render_check_markdown(check), render_check_html(check)
     render_check_terminal(dcheck)
     # `saegeo geometry` and `saegeo sweep`
-    render_geometry(files_geometry([str(store.path)], progress=False))
+    render_geometry(files_geometry([str(store.path)]))
     other = _store(tmp_path / "t", x[:, torch.randperm(d, generator=g)], hook="blocks.2.hook_resid_post")
-    sweep = sweep_stores([store, other], artifact_k=2)
+    sweep = sweep_stores([store, other], SweepOptions(artifact_k=2, progress=False))
     render_sweep_terminal(sweep), render_sweep_markdown(sweep)
     render_sweep_html(sweep, png=b"")

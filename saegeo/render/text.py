@@ -158,7 +158,7 @@ def render_train(result: Any) -> str:
         ("architecture", f"{cfg.arch}" + (f" k={cfg.k}" if cfg.arch == "topk" else f" l1={cfg.l1_coefficient:g}")),
         ("d_in -> d_sae", f"{result.sae.cfg.d_in} -> {result.sae.cfg.d_sae}"),
         ("b_dec init", cfg.b_dec_init),
-        ("tokens trained", f"{cfg.total_steps * cfg.batch_size:,} ({cfg.total_steps} steps of {cfg.batch_size})"),
+        ("tokens trained", f"{cfg.total_steps * cfg.batch_tokens:,} ({cfg.total_steps} steps of {cfg.batch_tokens})"),
         ("throughput", f"{live.get('tok_s', float('nan')):,.0f} tokens/s"),
         ("held-out tokens", f"{h.get('tokens', 0):,}"
                             + (f" ({h['nonfinite_rows_skipped']:,} non-finite rows skipped)" if "nonfinite_rows_skipped" in h else "")),
@@ -169,7 +169,7 @@ def render_train(result: Any) -> str:
         ("dense latents", f"{h.get('dense_fraction', float('nan')):.2%} (fire on > 50% of held-out)"),
         ("max |cos(W_dec, mean)|", f"{h.get('max_abs_cos_mean', float('nan')):.3f}"),
         ("|b_dec - mean| / |mean|", f"{h.get('b_dec_dist_to_mean', float('nan')):.3f} (|mean| = {h.get('mean_norm', 0):.3g})"),
-        ("saved to", str(cfg.out_dir) if cfg.out_dir else "(not saved: give --out)"),
+        ("saved to", str(cfg.out_dir) if cfg.out_dir else "(not saved: give --out-dir)"),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -1,7 +1,7 @@
 """`saegeo geometry` as a library call: the activation geometry of files or stores, streamed through one
 accumulator, with the artifact test (stores only), what cached exclusions left out, and the activation flags.
 
-``files_geometry(paths, *, key=None, batch_size=8192, top_k=10, ...) -> FilesGeometry``
+``files_geometry(paths, options=GeometryOptions()) -> FilesGeometry``
     one pass over the rows of every path in order (memory does not grow with rows); then, when every path is
     an activation store, the artifact test (a second pass, ``saegeo.report.layers.artifact_pass``); then the
     flags a report would raise from these numbers (without the report's row sample).
@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import torch
 
 from saegeo.activations.sources import open_rows
+from saegeo.config import GeometryOptions
 from saegeo.errors import BadInputError
 from saegeo.geometry.accumulate import GeometryAccumulator
 from saegeo.geometry.measures import ActivationGeometry, activation_geometry
@@ -54,50 +55,39 @@ def refuse_mixed_stores(sources: Sequence[tuple[str, Any]]) -> None:
                             "one row per layer, or pass --pool to pool them anyway")
 
 
-def files_geometry(
-    paths: Sequence[str | os.PathLike],
-    *,
-    key: str | None = None,
-    batch_size: int = 8192,
-    top_k: int = 10,
-    skip_nonfinite: bool = False,
-    float64: bool = False,
-    progress: bool = True,
-    pool: bool = False,
-    verify: bool = True,
-) -> FilesGeometry:
+def files_geometry(paths: Sequence[str | os.PathLike], options: GeometryOptions | None = None) -> FilesGeometry:
     """Stream the rows of ``paths`` (.safetensors/.npy/.pt files or store directories) through one
     GeometryAccumulator and read every measure of ``activation_geometry`` from it (``top_k`` eigenvectors kept).
 
     Stores of different models or hooks are refused unless ``pool``; the grams are float64 with ``float64``
     (default float32 on shifted rows). Flags: ``activation_flags`` and ``artifact_flags`` of these numbers.
+    ``options.json`` / ``overwrite`` are the caller's (``FilesGeometry.to_json`` writes).
     """
     from tqdm import tqdm
 
-    if batch_size < 1:
-        raise BadInputError(f"batch_size must be ≥ 1, got {batch_size}")
+    opts = options or GeometryOptions(progress=False)
     files = [str(p) for p in paths]
-    sources = [(path, open_rows(path, key=key, verify=verify)) for path in files]
+    sources = [(path, open_rows(path, key=opts.key, verify=opts.verify)) for path in files]
     dims = {rows.d for _, rows in sources}
     if len(dims) > 1:
         raise BadInputError("files disagree on d: " + ", ".join(f"{p}: d={rows.d}" for p, rows in sources))
-    if not pool:
+    if not opts.pool:
         refuse_mixed_stores(sources)
-    acc = GeometryAccumulator(dims.pop(), skip_nonfinite=skip_nonfinite,
-                              gram_dtype=torch.float64 if float64 else None)
+    acc = GeometryAccumulator(dims.pop(), skip_nonfinite=opts.skip_nonfinite,
+                              gram_dtype=torch.float64 if opts.float64 else None)
     total = sum(rows.n_rows for _, rows in sources)
-    with tqdm(total=total, unit="row", unit_scale=True, disable=not progress, desc="geometry") as bar:
+    with tqdm(total=total, unit="row", unit_scale=True, disable=not opts.progress, desc="geometry") as bar:
         for path, rows in sources:
-            for batch in rows.batches(batch_size)[0]:
+            for batch in rows.batches(opts.batch_rows)[0]:
                 acc.add(batch, source=path)
                 bar.update(len(batch))
-    geo = activation_geometry(acc, top_k_eigvecs=top_k)
+    geo = activation_geometry(acc, top_k_eigvecs=opts.top_k)
     artifact = None
     if all(rows.store is not None for _, rows in sources) and geo.top_eigenvectors:  # needs ids and positions
         from saegeo.report.layers import artifact_pass
 
         artifact = artifact_pass([rows.store for _, rows in sources], geo, k=min(3, len(geo.top_eigenvectors)),
-                                 batch_size=batch_size)
+                                 batch_rows=opts.batch_rows)
     exclusions = {path: ex for path, rows in sources if (ex := store_exclusions(rows.store)) is not None}
     flags = activation_flags(flag_inputs(geo.to_dict(), artifact)) + artifact_flags(artifact)
     return FilesGeometry(files=files, geometry=geo, artifact=artifact, flags=sort_flags(flags), exclusions=exclusions)

@@ -1,8 +1,8 @@
 """The layer sweep (measuring only): one accumulator per store, one row per layer in the model's layer order;
 JSON ``layers: [{hook, layer, A, ...}]``. Its renderings are ``saegeo.render.sweep``.
 
-``sweep_stores(stores, *, batch_size=8192, max_types=None, artifact_k=3, max_tokens=None, thresholds=None) -> LayerSweep``
-``sweep_model(model, *, hooks="all-resid", corpus="default", ...) -> LayerSweep``   cache every hook in one forward
+``sweep_stores(stores, options=SweepOptions(), *, thresholds=None, cache=None) -> LayerSweep``
+``sweep_model(options, *, thresholds=None) -> LayerSweep``   cache options.hooks of options.model in one forward
                                           pass first, then sweep those stores (token types named by the tokenizer).
 ``layer_row(measures) -> dict``           the row of one store (keys in ROW_DOC).
 
@@ -12,6 +12,7 @@ blocks.0.hook_resid_pre (the embeddings), L + 1 for blocks.L.hook_resid_post.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -20,6 +21,7 @@ from typing import Any, Sequence
 from saegeo.activations.cache import hook_depth
 from saegeo.activations.store import ActivationStore
 from saegeo.errors import BadInputError
+from saegeo.config import BATCH_ROWS, check, option
 from saegeo.io import dump_json, json_safe
 from saegeo.report.flags import Flag, FlagThresholds, artifact_flags, sort_flags
 from saegeo.report.layers import StoreMeasures, measure_store
@@ -115,76 +117,82 @@ def _order(stores: list[ActivationStore]) -> list[ActivationStore]:
     return sorted(stores, key=lambda s: (hook_depth(s.hook) is None, hook_depth(s.hook) or 0.0, s.hook))
 
 
+@dataclass
+class SweepOptions:
+    """`saegeo sweep`: what each store's row measures; with ``model``, which hooks are cached first and where."""
+
+    model: str | None = option(None, "cache first: model to run (as in `saegeo cache --model`)")
+    hooks: str = option("all-resid", "with --model: 'all-resid' (blocks.0.hook_resid_pre + every "
+                                     "blocks.L.hook_resid_post) or a comma list")
+    corpus: str = option("default", "with --model: corpus (as in `saegeo cache`)")
+    context: int = option(128, "with --model: tokens per window", low=2)
+    max_tokens: int | None = option(None, "tokens per layer (with --model: tokens cached)", low=1)
+    cache_dir: str = option("artifacts/acts/sweep", "with --model: where the stores go")
+    max_types: int | None = option(None, "keep the most frequent V token types, pool the rest (default: all)", low=1)
+    artifact_k: int = option(3, "principal directions in the artifact test", low=0)
+    batch_rows: int = option(BATCH_ROWS, "rows per batch", low=1)
+    out: str | None = option(None, "directory for summary.txt, sweep.json, sweep.md (+ sweep.png), sweep.html")
+    json: str | None = option(None, "write the sweep JSON here")
+    overwrite: bool = option(False, "replace output files that exist already (refused otherwise)")
+    progress: bool = option(True, "progress bars")
+
+    def __post_init__(self) -> None:
+        check(self)
+
+
 def sweep_stores(
     stores: Sequence[ActivationStore | str | os.PathLike],
+    options: SweepOptions | None = None,
     *,
-    batch_size: int = 8192,
-    max_types: int | None = None,
-    artifact_k: int = 3,
-    max_tokens: int | None = None,
     thresholds: FlagThresholds | None = None,
-    progress: bool = False,
     cache: dict[str, Any] | None = None,
 ) -> LayerSweep:
     """Measure every store (see saegeo.report.layers.measure_store) and lay the rows out in layer order."""
     from saegeo import __version__
 
+    opts = options or SweepOptions(progress=False)
+    batch_rows, max_types, artifact_k, max_tokens = opts.batch_rows, opts.max_types, opts.artifact_k, opts.max_tokens
     if not stores:
         raise BadInputError("the sweep needs at least one activation store")
-    if batch_size < 1:
-        raise BadInputError(f"batch_size must be ≥ 1, got {batch_size}")
     opened = _order([s if isinstance(s, ActivationStore) else ActivationStore(s) for s in stores])
     t0 = time.perf_counter()
     rows, flags = [], []
     it = opened
-    if progress:
+    if opts.progress:
         from tqdm.auto import tqdm
 
         it = tqdm(opened, desc="sweep", unit="layer")
     for store in it:
-        m = measure_store(store, batch_size=batch_size, max_types=max_types, artifact_k=artifact_k, max_tokens=max_tokens)
+        m = measure_store(store, batch_rows=batch_rows, max_types=max_types, artifact_k=artifact_k, max_tokens=max_tokens)
         rows.append(layer_row(m))
         flags += artifact_flags(m.artifact, thresholds=thresholds, subject=store.hook)
     notes = [f"artifact test: {rows[0]['details']['artifact']['source']}"]
-    options = {"batch_size": batch_size, "max_types": max_types, "artifact_k": artifact_k, "max_tokens": max_tokens}
+    options = {"batch_rows": batch_rows, "max_types": max_types, "artifact_k": artifact_k, "max_tokens": max_tokens}
     return LayerSweep(SWEEP_SCHEMA_VERSION, opened[0].model, rows, sort_flags(flags), time.perf_counter() - t0,
                       options, cache=cache, notes=notes, saegeo_version=__version__)
 
 
-def sweep_model(
-    model: str,
-    *,
-    hooks: str | Sequence[str] = "all-resid",
-    corpus: str = "default",
-    context: int = 128,
-    max_tokens: int | None = None,
-    cache_dir: str | os.PathLike = "artifacts/acts/sweep",
-    batch_size: int = 8192,
-    max_types: int | None = None,
-    artifact_k: int = 3,
-    thresholds: FlagThresholds | None = None,
-    progress: bool = False,
-) -> LayerSweep:
-    """Cache ``hooks`` of ``model`` in one forward pass (``max_tokens`` tokens; "all-resid": blocks.0.hook_resid_pre
-    and every blocks.L.hook_resid_post, or a comma list), sweep those stores, and name the listed token types
-    with the model's tokenizer. ``sweep.cache`` records how the stores were cached."""
+def sweep_model(options: SweepOptions, *, thresholds: FlagThresholds | None = None) -> LayerSweep:
+    """Cache ``options.hooks`` of ``options.model`` in one forward pass (``max_tokens`` tokens; "all-resid":
+    blocks.0.hook_resid_pre and every blocks.L.hook_resid_post, or a comma list) under ``cache_dir``, sweep those
+    stores, and name the listed token types with the model's tokenizer. ``sweep.cache`` records the caching."""
     from saegeo.activations.cache import CacheConfig, cache_activations, residual_hooks
     from saegeo.activations.models import load_model
 
-    if batch_size < 1:  # before the forward pass
-        raise BadInputError(f"batch_size must be ≥ 1, got {batch_size}")
-    loaded = load_model(model)
-    if isinstance(hooks, str):
-        hooks = residual_hooks(loaded.n_layers) if hooks == "all-resid" else tuple(
-            h.strip() for h in hooks.split(",") if h.strip())
-    hooks = tuple(hooks)
-    cfg = CacheConfig(model=model, hooks=hooks, corpus=corpus, context=context, out=str(cache_dir),
-                      max_tokens=max_tokens, progress=progress)
+    opts = options
+    if not opts.model:
+        raise BadInputError("sweep_model needs options.model (the model whose hooks are cached first)")
+    loaded = load_model(opts.model)
+    hooks = residual_hooks(loaded.n_layers) if opts.hooks == "all-resid" else tuple(
+        h.strip() for h in opts.hooks.split(",") if h.strip())
+    cfg = CacheConfig(model=opts.model, hooks=hooks, corpus=opts.corpus, context=opts.context, out=opts.cache_dir,
+                      max_tokens=opts.max_tokens, progress=opts.progress)
     result = cache_activations(cfg, loaded)
-    cache = {"model": model, "hooks": list(hooks), "corpus": corpus, "context": context, "out": cache_dir,
-             "new_tokens": result.new_tokens, "seconds": result.seconds}
-    sweep = sweep_stores([str(result.stores[h]) for h in hooks], batch_size=batch_size, max_types=max_types,
-                         artifact_k=artifact_k, thresholds=thresholds, progress=progress, cache=cache)
+    cache = {"model": opts.model, "hooks": list(hooks), "corpus": opts.corpus, "context": opts.context,
+             "out": opts.cache_dir, "new_tokens": result.new_tokens, "seconds": result.seconds}
+    # the cache already stopped at max_tokens
+    sweep = sweep_stores([str(result.stores[h]) for h in hooks], dataclasses.replace(opts, max_tokens=None),
+                         thresholds=thresholds, cache=cache)
     for row in sweep.layers:  # name the listed token types
         tt = row["details"]["token_types"] or {}
         for entry in tt.get("most_context_specific", []) + tt.get("least_context_specific", []):
