@@ -37,7 +37,7 @@ def null_rows(kind: str, n: int, d: int, g: torch.Generator) -> torch.Tensor:
 def z_of(x: torch.Tensor) -> float:
     acc = GeometryAccumulator(x.shape[1]).add(x)
     a = anisotropy_from_unit_mean(acc.unit_mean, acc.n_unit)
-    return null_test(acc, a, sign_null(acc).null).z_vs_null
+    return null_test(acc, a, sign_null(acc).null).null_z
 
 
 def main() -> None:
