@@ -461,12 +461,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     from saegeo.io import refuse_overwrite
     from saegeo.report.check import CheckOptions, check_dictionary, check_with_activations
     from saegeo.report.render import render_check_terminal, rendering_paths, write_report
-    from saegeo.sae.formats import load_dictionary
+    from saegeo.sae.model import SAE
 
     if args.out:
         refuse_overwrite(rendering_paths(args.out, args.format, "report" if args.acts else "check"), args.overwrite)
 
-    sae = load_dictionary(args.path)
+    sae = SAE.load(args.path)
     opts = CheckOptions.from_dict(_passed(args, CheckOptions))
     name = Path(args.path).resolve().name
     if args.acts:

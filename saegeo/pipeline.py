@@ -23,7 +23,8 @@ from saegeo.errors import BadInputError, StoreError
 from saegeo.io import config_from_dict, dump_json, json_safe, read_config, same_json
 from saegeo.report.render import FORMATS, render_terminal, write_report
 from saegeo.report.report import GeometryReport, ReportOptions, add_splice, compute_flags, geometry_report
-from saegeo.sae.formats import CFG_FILENAME, WEIGHTS_FILENAME, load_sae
+from saegeo.sae.formats import CFG_FILENAME, WEIGHTS_FILENAME
+from saegeo.sae.model import SAE
 from saegeo.sae.splice import EvalConfig, splice_eval_many
 from saegeo.sae.train import NOT_IN_WEIGHTS, TrainConfig, train_sae
 from saegeo.synthetic import SuperpositionGenerator
@@ -75,6 +76,8 @@ def run_job(config: RunConfig | Mapping[str, Any], *, log: Any = print) -> RunRe
     """
     cfg = config if isinstance(config, RunConfig) else RunConfig.from_dict(config)
     out = Path(cfg.out)
+    variants = dict(cfg.train).get("saes") or {"sae": {}}
+    sae_paths = sae_directories(out, variants)  # before anything is written: names that collide are refused
     out.mkdir(parents=True, exist_ok=True)
     seconds: dict[str, float] = {}
     reused: dict[str, bool] = {}
@@ -108,11 +111,11 @@ def run_job(config: RunConfig | Mapping[str, Any], *, log: Any = print) -> RunRe
 
     # ---- 2. SAEs: one per [train.saes] entry (shared [train] options, per-SAE overrides)
     train = dict(cfg.train)
-    variants = train.pop("saes", None) or {"sae": {}}
+    train.pop("saes", None)
     sae_dirs: dict[str, str] = {}
     t0 = time.perf_counter()
     for name, overrides in variants.items():
-        sae_dir = out / "saes" / _slug(name)
+        sae_dir = sae_paths[name]
         tcfg = TrainConfig.from_dict(
             {**train, **dict(overrides), "out_dir": str(sae_dir)}, where=f"[train] of SAE {name!r}"
         )
@@ -130,7 +133,7 @@ def run_job(config: RunConfig | Mapping[str, Any], *, log: Any = print) -> RunRe
         sae_dirs[name] = str(sae_dir)
     seconds["train"] = time.perf_counter() - t0
 
-    saes = {name: load_sae(path) for name, path in sae_dirs.items()}
+    saes = {name: SAE.load(path) for name, path in sae_dirs.items()}
 
     # ---- 3. [eval]: every SAE spliced into the model (shared prefix and ablations), reused when unchanged
     splice: dict[str, dict[str, Any]] = {}
@@ -196,6 +199,23 @@ def _spliced_eval(cfg: RunConfig, sae_dirs: dict[str, str], saes: dict[str, Any]
 
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "sae"
+
+
+def sae_directories(out: str | os.PathLike, names: Any) -> dict[str, Path]:
+    """OUT/saes/<slug> for each SAE name (characters other than letters, digits, "_", "." and "-" become "_").
+    Refused, naming them: two names with one directory ("a=b" and "a_b" would share, and overwrite, one SAE),
+    and a name whose directory is not inside OUT/saes ("." or "..")."""
+    saes = Path(out) / "saes"
+    by_slug: dict[str, str] = {}
+    for name in names:
+        slug = _slug(str(name))
+        if slug in (".", ".."):
+            raise BadInputError(f"SAE name {name!r} would be written to {saes / slug}, outside {saes}; rename it")
+        if slug in by_slug:
+            raise BadInputError(f"SAE names {by_slug[slug]!r} and {name!r} both map to the directory {saes / slug}; "
+                                "rename one of them")
+        by_slug[slug] = str(name)
+    return {name: saes / slug for slug, name in by_slug.items()}
 
 
 def _store_complete(path: Path, max_tokens: int | None) -> bool:

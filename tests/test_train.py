@@ -10,7 +10,7 @@ import torch
 
 from saegeo.activations.store import write_store
 from saegeo.errors import BadInputError
-from saegeo.sae.formats import load_sae
+from saegeo.sae.model import SAE
 from saegeo.sae.train import NonFiniteLossError, TrainConfig, geometric_median, train_sae
 from saegeo.synthetic import SuperpositionGenerator, SyntheticConfig, recovery
 
@@ -147,7 +147,7 @@ def test_resume_after_kill_equals_uninterrupted(tmp_path):
     # a fresh run without the checkpoint would differ if resume were a no-op restart
     assert not torch.equal(full.sae.W_dec, train_sae(_small_cfg(seed=1), x).sae.W_dec)
     # the final SAE was written in the SAELens layout
-    assert torch.equal(load_sae(tmp_path / "resumed").W_dec, full.sae.W_dec.detach())
+    assert torch.equal(SAE.load(tmp_path / "resumed").W_dec, full.sae.W_dec.detach())
 
 
 def test_resume_refuses_a_checkpoint_of_a_different_model(tmp_path):

@@ -56,7 +56,8 @@ from saegeo.geometry.diagnosis import sample_diagnostics
 from saegeo.geometry.dictionary import dictionary_geometry
 from saegeo.geometry.transforms import Whitening
 from saegeo.io import config_from_dict, dump_json, json_safe, require_at_least
-from saegeo.sae.formats import CFG_FILENAME, load_dictionary
+from saegeo.sae.formats import CFG_FILENAME
+from saegeo.sae.model import SAE
 from saegeo.sae.metrics import SAEMetrics
 from saegeo.report.flags import (
     Flag,
@@ -320,7 +321,7 @@ def _resolve_sae(obj: Any) -> tuple[Any, dict[str, Any], str | None]:
     """SAE object or directory -> (module with encode/decode/W_dec/b_dec, its config dict, default name)."""
     if isinstance(obj, (str, os.PathLike)):
         path = Path(obj)
-        module = load_dictionary(path)  # any format; a cfg.json it read is valid JSON
+        module = SAE.load(path)  # any format; a cfg.json it read is valid JSON
         cfg_file = path / CFG_FILENAME
         config: dict[str, Any] = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
         return module, config, path.name

@@ -39,13 +39,12 @@ from torch import Tensor
 
 from saegeo.io import atomic_write, config_from_dict, dump_json, json_safe, require_at_least
 from saegeo.errors import BadInputError, FormatError, SaegeoError
+from saegeo.sae.architectures import architecture_names, get_architecture
 from saegeo.sae.metrics import SAEMetrics
 from saegeo.sae.model import SAE, SAEConfig
 
-Arch = Literal["topk", "relu", "batchtopk", "jumprelu"]
 BDecInit = Literal["mean", "zeros", "geometric_median"]
 DecoderNorm = Literal["unit", "free"]
-ARCHS: tuple[str, ...] = get_args(Arch)
 B_DEC_INITS: tuple[str, ...] = get_args(BDecInit)
 # Options that cannot change the weights: a resume may change them and `saegeo run` ignores them when it
 # decides whether an SAE is already trained. Every other option must match the checkpoint's.
@@ -56,7 +55,6 @@ CHECKPOINT_VERSION = 2  # 2: state.json records the data fingerprint
 # rows of norm 0.1 turn 10× faster at the same lr; 1e-3 measured on MiniLM layer 3 (README "ReLU+L1 recipe";
 # benchmarks/train_bench.py trains ReLU with it).
 RELU_LR = 1e-3
-_K_ARCHS = ("topk", "batchtopk", "jumprelu")  # archs whose k shapes the model (jumprelu: its L0 target)
 
 
 class NonFiniteLossError(SaegeoError):
@@ -68,7 +66,7 @@ class NonFiniteLossError(SaegeoError):
 class TrainConfig:
     """One SAE training run. Token counts are rows (tokens) of activations."""
 
-    arch: Arch = "topk"  # SAE architecture
+    arch: str = "topk"  # SAE architecture: relu, topk, batchtopk, jumprelu or another registered one
     d_sae: int | None = None  # number of latents (overrides expansion); default expansion · d_in
     expansion: int = 8  # d_sae = expansion · d_in
     k: int = 32  # active latents per token (topk; batchtopk: on average over the batch; jumprelu: the L0 target)
@@ -106,8 +104,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check_sizes(self)
-        if self.arch not in ARCHS:
-            raise BadInputError(f"arch={self.arch!r}: the trainer supports {', '.join(map(repr, ARCHS))}")
+        if self.arch not in architecture_names():  # registered at run time: not a Literal
+            raise BadInputError(f"arch = {self.arch!r}: expected one of {list(architecture_names())} (the registered "
+                                "architectures, saegeo.sae.architectures)")
         if self.b_dec_init not in B_DEC_INITS:
             raise BadInputError(f"b_dec_init={self.b_dec_init!r}; expected one of {B_DEC_INITS}")
         if not 0 <= self.heldout_fraction < 1:
@@ -124,7 +123,12 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str | None = None) -> "TrainConfig":
-        return config_from_dict(cls, d, "training option", where)
+        try:
+            return config_from_dict(cls, d, "training option", where)
+        except BadInputError as err:  # a check of __post_init__ (e.g. arch): say which file it came from
+            if where and not str(err).startswith(where):
+                raise BadInputError(f"{where}: {err}") from None
+            raise
 
 
 def _check_sizes(cfg: TrainConfig) -> None:
@@ -595,16 +599,16 @@ def _weight_options(config: Mapping[str, Any], d_sae: int) -> dict[str, Any]:
 def _open_checkpoint(cfg: TrainConfig, source: Any, d_sae: int, resume: bool) -> tuple[dict, dict] | None:
     """The checkpoint to resume (None: a new run), after refusing whatever would overwrite a result or mix
     two runs: a checkpoint of other data or other options, a finished SAE, a checkpoint --no-resume would
-    replace. --overwrite (cfg.overwrite) discards the checkpoint and the SAE and starts a new run."""
+    replace. --overwrite (cfg.overwrite) discards the checkpoint and starts a new run; a finished SAE there
+    stays until the new one is saved over it (SAE.save replaces both files as one), so a run killed before
+    then leaves the old SAE whole."""
     if not cfg.out_dir:
         return None
-    from saegeo.sae.formats import CFG_FILENAME, WEIGHTS_FILENAME
+    from saegeo.sae.formats import CFG_FILENAME
 
     out, ckpt_dir = Path(cfg.out_dir), _ckpt_dir(cfg)
     if cfg.overwrite:
         shutil.rmtree(ckpt_dir, ignore_errors=True)
-        for name in (CFG_FILENAME, WEIGHTS_FILENAME):
-            (out / name).unlink(missing_ok=True)
         return None
     ckpt = load_checkpoint(cfg)
     again = "Rerun with the checkpoint's options, pass --overwrite to start a new run, or use another out_dir."
@@ -667,33 +671,9 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * warm * decay
 
 
-def l1_ramp(step: int, cfg: TrainConfig) -> float:
-    """The L1 warm-up factor min(1, (step + 1)/(l1_warmup_fraction · total_steps)) (1 without warm-up)."""
-    ramp_steps = cfg.l1_warmup_fraction * cfg.total_steps
-    return 1.0 if ramp_steps <= 0 else min(1.0, (step + 1) / ramp_steps)
-
-
 def _sae_config(cfg: TrainConfig, d_in: int) -> SAEConfig:
     d_sae = cfg.d_sae or cfg.expansion * d_in
-    return SAEConfig(d_in=d_in, d_sae=d_sae, activation=cfg.arch, k=cfg.k if cfg.arch in _K_ARCHS else None)
-
-
-@torch.no_grad()
-def init_jumprelu_threshold(sae: SAE, x: Float[Tensor, "n d"], l0: float) -> None:
-    """θ_i := the m-th largest pre-activation of latent i on the rows x, m = max(1, round(n·l0/d_sae)): every
-    latent starts firing on an l0/d_sae share of the rows, so L0 starts at its target (the STE moves θ only
-    by about lr per step, too slowly to come down from a dense start in a short run)."""
-    pre = sae.pre_activations(x.to(sae.W_enc.device))
-    m = max(1, min(pre.shape[0], round(pre.shape[0] * l0 / sae.cfg.d_sae)))
-    sae.threshold.copy_(pre.topk(m, dim=0).values[-1].clamp_min(0.0))
-
-
-@torch.no_grad()
-def update_batchtopk_threshold(sae: SAE, min_kept: Tensor, step: int, rate: float) -> None:
-    """θ ← θ + max(rate, 1/(step + 1))·(m − θ), m = the smallest positive code BatchTopK kept in this batch: the
-    running mean of m for the first 1/rate steps, then an EMA (dictionary_learning and SAELens track the same m).
-    At inference codes = relu(pre)·[relu(pre) > θ], which keeps about k per row."""
-    sae.threshold.add_((min_kept.to(sae.threshold.dtype) - sae.threshold) * max(rate, 1.0 / (step + 1)))
+    return SAEConfig(d_in=d_in, d_sae=d_sae, activation=cfg.arch, **get_architecture(cfg.arch).sae_config_fields(cfg))
 
 
 def _rank_batches(source: Any, start_step: int, ctx: Any) -> Iterator[Tensor]:
@@ -766,14 +746,10 @@ def train_sae(
         if cfg.batch_size % ctx.world_size:
             raise BadInputError(f"batch_size {cfg.batch_size} is not divisible by the {ctx.world_size} ranks")
     source = make_source(data, cfg)
-    unit_decoder = cfg.decoder_norm == "unit" or cfg.arch != "relu"
+    arch = get_architecture(cfg.arch)  # its objective, init, threshold updates: the loop below is the same for all
+    unit_decoder = arch.unit_decoder(cfg)
     sae = SAE(_sae_config(cfg, source.d), device=device)
-    groups: list[dict] = [{"params": [p for n, p in sae.named_parameters() if n != "threshold"], "lr_scale": 1.0}]
-    if cfg.arch == "jumprelu":
-        sae.threshold.requires_grad_(True)
-        groups.append({"params": [sae.threshold], "lr_scale": cfg.threshold_lr_scale})
-    opt = torch.optim.Adam(groups, lr=cfg.lr, betas=cfg.adam_betas)
-    aux_k = cfg.aux_k if cfg.aux_k is not None else source.d // 2
+    opt = torch.optim.Adam(arch.param_groups(sae, cfg), lr=cfg.lr, betas=cfg.adam_betas)
 
     ckpt = distributed.from_main(lambda: _open_checkpoint(cfg, source, sae.cfg.d_sae, resume), "reading the checkpoint")
     if ckpt is not None:
@@ -798,11 +774,7 @@ def train_sae(
         else:
             b_dec = torch.zeros(source.d)
         sae.init_weights(torch.Generator().manual_seed(cfg.seed), b_dec=b_dec.float())
-        if not unit_decoder:  # SAELens' start: decoder rows of norm 0.1, encoder W_decᵀ (same x̂ as encoder_scale 0.01)
-            sae.W_dec.data.mul_(0.1)
-            sae.W_enc.data.copy_(sae.W_dec.data.T)
-        if cfg.arch == "jumprelu":
-            init_jumprelu_threshold(sae, next(iter(source.init_rows(min(cfg.b_dec_init_tokens, 16_384)))), cfg.k)
+        arch.init_training(sae, cfg, lambda n: next(iter(source.init_rows(n))))
         since_fired = torch.zeros(sae.cfg.d_sae, dtype=torch.long, device=device)
 
     b_dec_rows = source.init_description(
@@ -842,6 +814,7 @@ def train_sae(
     world = ctx.world_size if ctx is not None else 1
     # the global batch's centred sums of squares (÷ world: DDP averages the ranks' losses)
     centred_ss_fn = None if ctx is None else (lambda t: distributed.centred_sum_of_squares(t) / world)
+    mean_across_ranks = (lambda t: t) if ctx is None else (lambda t: distributed.sum_across_ranks(t) / world)
     if ctx is not None:
         provenance["world_size"] = world
     t0, tokens_timed = time.perf_counter(), 0
@@ -850,11 +823,8 @@ def train_sae(
         x = next(batches).to(device, non_blocking=True)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg) * g["lr_scale"]
-        out = forward_train(
-            x, dead_mask=since_fired > cfg.dead_window_tokens, aux_k=aux_k,
-            l1_coefficient=cfg.l1_coefficient * l1_ramp(step, cfg), aux_coefficient=cfg.aux_coefficient, centred_ss_fn=centred_ss_fn,
-            l0_target=cfg.k, l0_coefficient=cfg.l0_coefficient, bandwidth=cfg.bandwidth,
-        )
+        out = forward_train(x, dead_mask=since_fired > cfg.dead_window_tokens, centred_ss_fn=centred_ss_fn,
+                            **arch.step_options(cfg, step, source.d))
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         if unit_decoder:
@@ -864,11 +834,7 @@ def train_sae(
         opt.step()
         if unit_decoder:
             sae.normalize_decoder()
-        if cfg.arch == "batchtopk":
-            update_batchtopk_threshold(sae, out.min_kept if ctx is None else
-                                       distributed.sum_across_ranks(out.min_kept) / world, step, cfg.threshold_ema)
-        elif cfg.arch == "jumprelu":
-            sae.threshold.data.clamp_(min=0.0)  # codes pre·H(pre − θ) stay ≥ 0
+        arch.after_step(sae, out, step, cfg, mean_across_ranks)  # thresholds
 
         since_fired += x.shape[0] * world
         since_fired.masked_fill_(out.fired if ctx is None else distributed.sum_across_ranks(out.fire_count) > 0, 0)
@@ -926,9 +892,7 @@ def train_sae(
                                     "evaluating the held-out rows")
     provenance["metrics"] = {"heldout": heldout, "final_live": history[-1] if history else {}}
     if cfg.out_dir and (ctx is None or ctx.is_main):
-        from saegeo.sae.formats import save_sae
-
-        save_sae(sae, cfg.out_dir, provenance)
+        sae.save(cfg.out_dir, provenance)
         if cfg.checkpoint_every:
             save_checkpoint(cfg, sae, opt, cfg.total_steps, ckpt_extra, checkpoint_tensors())
     distributed.barrier()  # under torchrun: the SAE is on disk when any rank returns
