@@ -71,7 +71,7 @@ def _by_formula(sae: SAE, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def test_a_toy_architecture_trains_saves_loads_and_is_reported(toy, tmp_path):
     assert "sqrelu" in architecture_names()
     x = _data()
-    cfg = TrainConfig(arch="sqrelu", d_sae=48, batch_size=250, total_tokens=250 * 80, lr=3e-3, seed=1,
+    cfg = TrainConfig(arch="sqrelu", d_sae=48, batch_tokens=250, total_tokens=250 * 80, lr=3e-3, seed=1,
                       heldout_fraction=0.1, progress=False, out_dir=str(tmp_path / "toy"))
     res = train_sae(cfg, x)
     sae = res.sae
