@@ -342,7 +342,7 @@ def _add_store(sub: argparse._SubParsersAction) -> None:
 def cmd_store(args: argparse.Namespace) -> int:
     from saegeo.activations.store import ActivationStore
 
-    store = ActivationStore(args.path, allow_incomplete=True)
+    store = ActivationStore(args.path, allow_incomplete=True, check_headers=False)
     state = "complete" if store.complete else "INCOMPLETE (interrupted; rerun the cache command to resume)"
     print(f"{store.path}: {store.n_tokens:,} tokens x d={store.d} {store.dtype} in {len(store.shards)} shards, {state}")
     if args.store_command == "info":

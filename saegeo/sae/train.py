@@ -47,11 +47,13 @@ BDecInit = Literal["mean", "zeros", "geometric_median"]
 DecoderNorm = Literal["unit", "free"]
 ARCHS: tuple[str, ...] = get_args(Arch)
 B_DEC_INITS: tuple[str, ...] = get_args(BDecInit)
-# Options that cannot change the weights: a resume may change them and `saegeo run` ignores them when it
-# decides whether an SAE is already trained. Every other option must match the checkpoint's.
+# Options that do not say which SAE is trained: `saegeo run` ignores them when it decides whether an SAE is already
+# trained. Every other option must match the checkpoint's on resume. The thread count and the device do change the
+# weights bitwise (another summation order), so a checkpoint records the ones it ran with and a resume with others
+# is refused (BITWISE_ON_RESUME).
 NOT_IN_WEIGHTS = ("progress", "log_every", "num_threads", "device", "checkpoint_every", "out_dir", "overwrite", "verify",
                   "skip_nonfinite")
-CHECKPOINT_VERSION = 2  # 2: state.json records the data fingerprint
+CHECKPOINT_VERSION = 3  # 2: state.json records the data fingerprint; 3: its digest and the threads and device
 # ReLU+L1 with unit-norm decoder rows: Adam moves a row's direction by about lr·√d_in per step, where SAELens'
 # rows of norm 0.1 turn 10× faster at the same lr; 1e-3 measured on MiniLM layer 3 (README "ReLU+L1 recipe";
 # benchmarks/train_bench.py trains ReLU with it).
@@ -253,7 +255,7 @@ class _StoreSource:
                     yield None
                 else:
                     if rows is None:
-                        rows = self._read_global_rows(idx)
+                        rows = st.read_rows_at(idx)  # verified like every read
                     yield rows[lo : lo + bs]
                 n_batches += 1
 
@@ -274,38 +276,6 @@ class _StoreSource:
             perm = torch.randperm(idx.shape[0], generator=gen)
             idx, rows = idx[perm], (rows[perm] if rows is not None else None)
         yield from emit(idx.shape[0] // bs * bs)
-
-    def _read_global_rows(self, idx: Tensor) -> Tensor:
-        """Rows at global store indices `idx` (in that order). A shard that holds many of them is read whole;
-        from one that holds a few (a resumed buffer keeps a geometrically shrinking tail of every earlier
-        shard) only those rows are read, through a memory map of the safetensors file (pages touched only)."""
-        out = torch.empty(idx.shape[0], self.d, dtype=torch.float32)
-        offsets = self.store.offsets
-        shard = torch.searchsorted(torch.from_numpy(offsets), idx, right=True) - 1
-        for i in shard.unique().tolist():
-            sel = (shard == i).nonzero().squeeze(1)
-            local = idx[sel] - int(offsets[i])
-            if 8 * sel.numel() >= self.store.shards[i].rows:
-                out[sel] = self.store.read_shard(i)[local]
-            else:
-                out[sel] = self._mapped_rows(i, local)
-        return out
-
-    def _mapped_rows(self, i: int, local: Tensor) -> Tensor:
-        import mmap
-
-        info = self.store.shards[i]
-        with open(self.store.path / info.file, "rb") as f:
-            n_header = int.from_bytes(f.read(8), "little")
-            entry = json.loads(f.read(n_header))["activations"]
-            dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[entry["dtype"]]
-            if tuple(entry["shape"]) != (info.rows, self.d):
-                raise BadInputError(f"{self.store.path / info.file}: activations {entry['shape']}, manifest ({info.rows}, {self.d})")
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as mm:
-                acts = torch.frombuffer(mm, dtype=dtype, count=info.rows * self.d, offset=8 + n_header + entry["data_offsets"][0])
-                rows = acts.view(info.rows, self.d)[local].to(torch.float32)
-                del acts
-        return rows
 
     def train_batches(self, start_step: int) -> Iterator[Tensor]:
         skip, epoch = start_step, 0  # resume: the first start_step batches are planned, not read
@@ -541,11 +511,33 @@ def save_checkpoint(cfg: TrainConfig, sae: SAE, opt: torch.optim.Adam, step: int
     data = safetensors_bytes({k: v.cpu() for k, v in out.items()})
     atomic_write(d / fname, data)
     state = {"version": CHECKPOINT_VERSION, "step": step, "tensors": fname,
-             "tensors_sha256": hashlib.sha256(data).hexdigest(), "config": asdict(cfg), **extra}
+             "tensors_sha256": hashlib.sha256(data).hexdigest(), "config": asdict(cfg),
+             "bitwise": bitwise_settings(cfg), **extra}
+    state["state_sha256"] = _state_digest(json_safe(state))
     dump_json(state, d / "state.json")
     for old in d.glob("tensors_*.safetensors"):
         if old.name != fname:
             old.unlink()
+
+
+def _state_digest(state: Mapping[str, Any]) -> str:
+    """sha256 of state.json's content (all but this digest, keys sorted): a hand edit of any field breaks it."""
+    body = {k: v for k, v in state.items() if k != "state_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, allow_nan=False).encode()).hexdigest()
+
+
+BITWISE_NAMES = {"device": "device type", "torch_threads": "torch threads (--num-threads)"}
+
+
+def bitwise_settings(cfg: TrainConfig) -> dict[str, Any]:
+    """What changes the weights bitwise without being a training option's value: the torch threads a CPU run
+    computes with (cfg.num_threads, or torch's default on this machine) and the device type."""
+    from saegeo import distributed
+
+    device = distributed.resolve_device(cfg.device)
+    ctx = distributed.current()
+    return {"device": device.type, "torch_threads": torch.get_num_threads() if device.type == "cpu" else None,
+            "world_size": ctx.world_size if ctx is not None else 1}
 
 
 def load_checkpoint(cfg: TrainConfig) -> tuple[dict, dict] | None:
@@ -564,7 +556,16 @@ def load_checkpoint(cfg: TrainConfig) -> tuple[dict, dict] | None:
                 raise ValueError(f"no {key!r}")
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise FormatError(f"{d / 'state.json'}: corrupt checkpoint state ({err}); {fix}") from None
-    path = d / str(state["tensors"])
+    if "state_sha256" not in state:
+        raise FormatError(f"{d / 'state.json'}: a checkpoint without a digest of its state (written by an older "
+                          f"saegeo, or edited): it cannot be trusted; {fix}")
+    if _state_digest(state) != state["state_sha256"]:
+        raise FormatError(f"{d / 'state.json'}: the checkpoint's state was changed after it was written (its digest "
+                          f"does not match); {fix}")
+    tensors_name = str(state["tensors"])
+    if "/" in tensors_name or tensors_name in ("", ".", ".."):
+        raise FormatError(f"{d / 'state.json'}: tensors file {tensors_name!r} is not inside {d}; {fix}")
+    path = d / tensors_name
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -612,6 +613,11 @@ def _open_checkpoint(cfg: TrainConfig, source: Any, d_sae: int, resume: bool) ->
         state, tensors = ckpt
         saved = _weight_options(state["config"], int(tensors["sae.W_enc"].shape[1]))  # as built
         now = _weight_options(asdict(cfg), d_sae)
+        old_bits, new_bits = state.get("bitwise") or {}, bitwise_settings(cfg)
+        # on another world size a resume is close, not bitwise (a documented choice); on the same one it is bitwise
+        if old_bits.get("world_size") == new_bits["world_size"]:
+            saved |= {BITWISE_NAMES[k]: v for k, v in old_bits.items() if k in BITWISE_NAMES}
+            now |= {BITWISE_NAMES[k]: v for k, v in new_bits.items() if k in BITWISE_NAMES}
         changed = {key: (saved.get(key), now.get(key)) for key in sorted(saved.keys() | now.keys())
                    if saved.get(key) != now.get(key)}
         data = state.get("data_fingerprint")
@@ -830,7 +836,7 @@ def train_sae(
                 "torch_rng": torch.get_rng_state(), **{f"acc.{k}": v.reshape(1).cpu() for k, v in acc.items()}}
 
     nonfinite = torch.zeros((), dtype=torch.bool, device=device)
-    last_good = start_step
+    last_good = last_checked = start_step  # the last checkpoint written; the last step the loss was checked at
     bar = None
     if cfg.progress and (ctx is None or ctx.is_main):
         from tqdm.auto import tqdm
@@ -888,10 +894,11 @@ def train_sae(
                 ckpt_note = (f"the last good checkpoint (step {last_good}) is kept in {_ckpt_dir(cfg)}"
                              if cfg.out_dir and cfg.checkpoint_every and last_good else "no checkpoint was written")
                 raise NonFiniteLossError(
-                    f"non-finite loss between steps {done - cfg.log_every + 1} and {done} "
+                    f"non-finite loss between steps {last_checked + 1} and {done} "
                     f"(lr {lr_at(step, cfg):.3g}); {ckpt_note}. Check the activations for inf/NaN rows "
                     "or lower the learning rate, then resume."
                 )
+            last_checked = done
         if is_log:
             vals = dict(zip(acc, distributed.sum_across_ranks(torch.stack(list(acc.values()))).tolist()))
             vals["aux"] /= world  # each rank's aux is already a mean over the global batch
