@@ -163,6 +163,19 @@ def _refuse_mixed_stores(sources: list) -> None:
                        "row per layer, or pass --pool to pool them anyway")
 
 
+def _refuse_repeated_sources(paths: list[str]) -> None:
+    """One source given twice would count its rows twice: refused, naming both spellings."""
+    from pathlib import Path
+
+    seen: dict[Path, str] = {}
+    for path in paths:
+        key = Path(path).resolve()
+        if key in seen:
+            raise CLIError(f"{seen[key]} and {path} are the same source, given twice: its rows would be counted twice; "
+                           "pass each file or store once")
+        seen[key] = path
+
+
 def cmd_geometry(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
@@ -175,22 +188,31 @@ def cmd_geometry(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise CLIError(f"--batch-size must be ≥ 1, got {args.batch_size}")
     refuse_overwrite([args.json_out], args.overwrite)
-    sources = [(path, open_rows(path, key=args.key, verify=not args.no_verify)) for path in args.files]
+    _refuse_repeated_sources(args.files)
+    sources = [(path, open_rows(path, key=args.key, verify=not args.no_verify, skip_nonfinite=args.skip_nonfinite))
+               for path in args.files]
+    shards: dict[tuple[str, ...], str] = {}
+    for path, rows in sources:  # a copy of a store counts its rows twice as surely as the store given twice
+        key = tuple(s.sha256 for s in rows.store.shards) if rows.store is not None else ()
+        if key and key in shards:
+            raise CLIError(f"{shards[key]} and {path} hold the same shards (one store, copied): its rows would be "
+                           "counted twice; pass it once")
+        shards[key] = path
     dims = {rows.d for _, rows in sources}
     if len(dims) > 1:
         raise CLIError("files disagree on d: " + ", ".join(f"{p}: d={rows.d}" for p, rows in sources))
     d = dims.pop()
     if not args.pool:
         _refuse_mixed_stores(sources)
-    acc = GeometryAccumulator(
-        d, skip_nonfinite=args.skip_nonfinite, gram_dtype=torch.float64 if args.float64 else None
-    )
+    # the reader screens every batch (its NaN policy, --skip-nonfinite); the accumulator sees finite rows only
+    acc = GeometryAccumulator(d, gram_dtype=torch.float64 if args.float64 else None)
     total = sum(rows.n_rows for _, rows in sources)
     with tqdm(total=total, unit="row", unit_scale=True, disable=args.no_progress, desc="geometry") as bar:
         for path, rows in sources:
             for batch in rows.batches(args.batch_size)[0]:
                 acc.add(batch, source=path)
                 bar.update(len(batch))
+    acc.n_nonfinite_skipped += sum(rows.n_nonfinite_skipped for _, rows in sources)
     geo = activation_geometry(acc, top_k_eigvecs=args.top_k)
     print(f"saegeo geometry: {len(sources)} file(s)")
     print(geo.summary())
@@ -201,8 +223,8 @@ def cmd_geometry(args: argparse.Namespace) -> int:
     if all(rows.store is not None for _, rows in sources) and geo.top_eigenvectors:  # needs ids and positions
         from saegeo.report.layers import artifact_pass
 
-        artifact = artifact_pass([rows.store for _, rows in sources], geo, k=min(3, len(geo.top_eigenvectors)),
-                                 batch_size=args.batch_size)
+        artifact = artifact_pass([rows for _, rows in sources], geo, k=min(3, len(geo.top_eigenvectors)),
+                                 batch_size=args.batch_size)  # the same Rows: --skip-nonfinite holds here too
         print(f"artifact:  {artifact_text(artifact)} ({artifact['source']})")
     else:
         print("note:      artifact test not run: it needs activation stores (token ids and positions) and --top-k ≥ 1")
@@ -249,6 +271,8 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", dest="json_out", default=None, help="write the sweep JSON here")
     _add_overwrite(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--skip-nonfinite", action="store_true", help="skip and count rows with NaN/inf instead of stopping")
+    p.add_argument("--no-verify", action="store_true", help="read store shards without checking their sha256")
     p.set_defaults(func=cmd_sweep)
 
 
@@ -280,7 +304,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not stores:
         raise CLIError("saegeo sweep needs activation stores, or --model M (with --hooks all-resid) to cache them first")
     sweep = sweep_stores(stores, batch_size=args.batch_size, max_types=args.max_types, artifact_k=args.artifact_k,
-                         max_tokens=None if args.model else args.max_tokens, progress=not args.no_progress, cache=cache)
+                         max_tokens=None if args.model else args.max_tokens, progress=not args.no_progress, cache=cache,
+                         verify=not args.no_verify, skip_nonfinite=args.skip_nonfinite)
     if args.model:  # name the listed token types
         for row in sweep.layers:
             tt = row["details"]["token_types"] or {}
@@ -475,7 +500,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
         report, _ = check_with_activations(
             sae, args.acts, options=opts, name=name,
-            report_options=ReportOptions(max_tokens=args.max_tokens, progress=opts.progress, verify=opts.verify),
+            report_options=ReportOptions(max_tokens=args.max_tokens, progress=opts.progress, verify=opts.verify,
+                                         skip_nonfinite=opts.skip_nonfinite),
         )
         print(render_terminal(report), end="")
         flags = report.flags

@@ -266,7 +266,7 @@ def test_an_empty_cfg_json_is_refused(tmp_path):
 def test_a_non_finite_held_out_row_is_named_or_skipped_and_counted(tmp_path):
     x = _rows(640)
     x[600, 3] = float("nan")  # held out: the last 64 rows (10%) are rows 576..639
-    with pytest.raises(BadInputError, match=r"row 600 of the data \(held-out row 24\) is not finite"):
+    with pytest.raises(BadInputError, match=r"non-finite value \(NaN or inf\) in the tensor \(global row 600\), a held-out row"):
         train_sae(_cfg(), x)
     res = train_sae(_cfg(tmp_path / "sae", skip_nonfinite=True), x)
     assert res.heldout["nonfinite_rows_skipped"] == 1 and res.heldout["tokens"] == 63

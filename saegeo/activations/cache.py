@@ -38,7 +38,7 @@ from torch import Tensor
 import saegeo
 from saegeo.activations.corpus import CorpusSpec, Window, corpus_identity, count_tokens, iter_windows
 from saegeo.activations.models import LoadedModel, load_model
-from saegeo.activations.store import ActivationStore, StorageDtype, StoreWriter
+from saegeo.activations.store import MANIFEST, ActivationStore, StorageDtype, StoreWriter
 from saegeo.distributed import resolve_device
 from saegeo.errors import BadInputError
 from saegeo.geometry.tokens import group_shares
@@ -193,6 +193,22 @@ def forward_to_layer(
         resid = block(resid, additive)
 
 
+def _refuse_shrinking(cfg: CacheConfig, hooks: tuple[str, ...], total: int) -> None:
+    """A store that already holds more rows than this run would cache is refused before any writer opens it (a
+    resume only appends: it would keep every row and say nothing)."""
+    for h in hooks:
+        path = store_dir(cfg.out, h)
+        if not (path / MANIFEST).exists():
+            continue
+        have = ActivationStore(path, allow_incomplete=True, check_headers=False).n_tokens
+        if have > total:
+            raise BadInputError(
+                f"{path} already holds {have:,} rows, more than this run's {total:,} (--max-tokens "
+                f"{cfg.max_tokens}); a cache run only appends. Pass --overwrite to re-cache {total:,} tokens, or keep "
+                "the store and read fewer rows where it is used (report and check --max-tokens, train --total-tokens)"
+            )
+
+
 def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> CacheResult:
     """Cache cfg.hooks over cfg.corpus into one store per hook under cfg.out (resumes if present)."""
     if cfg.exclude_norm_ratio is not None and not cfg.exclude_norm_ratio > 1:
@@ -221,6 +237,8 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
     if excluding:
         meta["exclusion_rule"] = _exclusion_rule(cfg, tok, loaded.kind)
 
+    if not cfg.overwrite:
+        _refuse_shrinking(cfg, hooks, total)
     t0 = time.perf_counter()
     new_tokens = 0
     with contextlib.ExitStack() as stack:

@@ -72,6 +72,7 @@ class CheckOptions:
     max_pairs_listed: int = 50  # near-duplicate pairs listed in the result
     progress: bool = True  # progress bars
     verify: bool = True  # sha256 check of each --acts store shard as it is read
+    skip_nonfinite: bool = False  # with --acts: skip and count rows with NaN/inf (default: an error naming the row)
     thresholds: FlagThresholds = field(default_factory=FlagThresholds)  # of the flags
     match: "MatchOptions" = field(default_factory=lambda: MatchOptions())  # with activations: activations_match_flags
 
@@ -311,12 +312,16 @@ def check_with_activations(sae: SAE, acts: Any, *, options: CheckOptions | None 
     config) and `activations_match_flags`, merged into one report so the same renderings apply; an
     `activations_mismatch` error withholds the SAE's WITHHELD_METRICS (`withhold_metrics`).
     Returns (GeometryReport, DictionaryCheck)."""
+    from saegeo.activations.sources import open_rows
     from saegeo.report.report import geometry_report
 
     opts = options or CheckOptions()
     dcheck = check_dictionary(sae, options=opts, name=name)
     subject = dcheck.source["name"]
     match_notes: list[str] = []
+    # opened once, so the match pass and the report read alike: --no-verify and the NaN policy for both
+    acts = open_rows(acts, verify=opts.verify and getattr(report_options, "verify", True),
+                     skip_nonfinite=opts.skip_nonfinite or bool(getattr(report_options, "skip_nonfinite", False)))
     mismatch = activations_match_flags(sae, acts, subject=subject, options=opts.match, notes=match_notes)
     report = geometry_report(acts, sae={subject: sae}, options=report_options)
     have = {(f.name, f.subject) for f in report.flags}

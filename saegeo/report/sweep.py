@@ -133,13 +133,16 @@ def sweep_stores(
     thresholds: FlagThresholds | None = None,
     progress: bool = False,
     cache: dict[str, Any] | None = None,
+    verify: bool = True,
+    skip_nonfinite: bool = False,
 ) -> LayerSweep:
-    """Measure every store (see saegeo.report.layers.measure_store) and lay the rows out in layer order."""
+    """Measure every store (see saegeo.report.layers.measure_store) and lay the rows out in layer order.
+    verify=False reads store paths without their sha256; skip_nonfinite skips and counts NaN/inf rows."""
     from saegeo import __version__
 
     if not stores:
         raise BadInputError("the sweep needs at least one activation store")
-    opened = _order([s if isinstance(s, ActivationStore) else ActivationStore(s) for s in stores])
+    opened = _order([s if isinstance(s, ActivationStore) else ActivationStore(s, verify=verify) for s in stores])
     t0 = time.perf_counter()
     rows, flags = [], []
     it = opened
@@ -148,11 +151,13 @@ def sweep_stores(
 
         it = tqdm(opened, desc="sweep", unit="layer")
     for store in it:
-        m = measure_store(store, batch_size=batch_size, max_types=max_types, artifact_k=artifact_k, max_tokens=max_tokens)
+        m = measure_store(store, batch_size=batch_size, max_types=max_types, artifact_k=artifact_k, max_tokens=max_tokens,
+                          skip_nonfinite=skip_nonfinite)
         rows.append(layer_row(m))
         flags += artifact_flags(m.artifact, thresholds=thresholds, subject=store.hook)
     notes = [f"artifact test: {rows[0]['details']['artifact']['source']}"]
-    options = {"batch_size": batch_size, "max_types": max_types, "artifact_k": artifact_k, "max_tokens": max_tokens}
+    options = {"batch_size": batch_size, "max_types": max_types, "artifact_k": artifact_k, "max_tokens": max_tokens,
+               **({"skip_nonfinite": True} if skip_nonfinite else {})}
     return LayerSweep(SWEEP_SCHEMA_VERSION, opened[0].model, rows, sort_flags(flags), time.perf_counter() - t0,
                       options, cache=cache, notes=notes, saegeo_version=__version__)
 
