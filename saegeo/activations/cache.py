@@ -36,7 +36,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 import saegeo
-from saegeo.activations.corpus import CorpusSpec, Window, corpus_identity, count_tokens, iter_windows
+from saegeo.activations.corpus import CorpusSpec, Window, corpus_identity, count_tokens, iter_windows, open_corpus
 from saegeo.activations.models import LoadedModel, load_model
 from saegeo.activations.store import MANIFEST, ActivationStore, StorageDtype, StoreWriter
 from saegeo.distributed import resolve_device
@@ -55,7 +55,7 @@ class CacheConfig:
 
     model: str = "minilm"  # 'minilm' (bundled), a local HF dir, a cached hub name, or a .json HookedTransformerConfig
     hooks: tuple[str, ...] = ("blocks.3.hook_resid_post",)  # hook names, one store each
-    corpus: str = "default"  # 'default' (pydoc topics), files, dirs, globs, .jsonl; comma-separated
+    corpus: str = "default"  # 'default' (pydoc topics), files (.txt .jsonl .json .parquet; token ids .npy .safetensors), dirs, globs, datasets folders or cached names; comma-separated
     context: int = 128  # tokens per window, special tokens included
     out: str = "artifacts/acts/minilm"  # output directory; each hook gets OUT/<hook>/
     max_tokens: int | None = None  # stop after this many stored tokens
@@ -64,7 +64,7 @@ class CacheConfig:
     shard_rows: int = 65536  # rows per shard
     exclude_special: bool = False  # do not store [CLS]/[SEP]/BOS positions (the model still sees them)
     exclude_norm_ratio: float | None = None  # drop rows with norm > m × their window's median norm
-    text_field: str = "text"  # JSONL field holding the text
+    text_field: str = "text"  # the field (JSON) or column (parquet, datasets) holding the text or the token ids
     overwrite: bool = False  # replace existing stores instead of resuming them
     device: str = "cpu"  # torch device the model runs on (e.g. cuda); rows are written from the CPU
     progress: bool = True  # progress bar
@@ -216,13 +216,14 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
     if cfg.max_tokens is not None and cfg.max_tokens < 1:
         raise BadInputError(f"max_tokens must be positive, got {cfg.max_tokens}")
     device = resolve_device(cfg.device)  # before loading the model: a bad device fails fast
+    spec = CorpusSpec(source=cfg.corpus, context=cfg.context, exclude_special=cfg.exclude_special, text_field=cfg.text_field)
+    open_corpus(spec)  # ... and so does a bad corpus or --text-field
     loaded = loaded or load_model(cfg.model)
     loaded.to(device)
     hooks = tuple(cfg.hooks)
     stop_layer = _validate_hooks(loaded, hooks)
     if cfg.context > loaded.n_ctx:
         raise BadInputError(f"context {cfg.context} exceeds the model's n_ctx={loaded.n_ctx}")
-    spec = CorpusSpec(source=cfg.corpus, context=cfg.context, exclude_special=cfg.exclude_special, text_field=cfg.text_field)
     tok = loaded.tokenizer
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     ident = corpus_identity(spec, tok)

@@ -50,7 +50,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from saegeo.activations.cache import BLOCK_HOOK, NOT_PER_TOKEN, _batches, _pad
-from saegeo.activations.corpus import CorpusSpec, iter_windows
+from saegeo.activations.corpus import CorpusSpec, iter_windows, open_corpus
 from saegeo.activations.models import LoadedModel, load_model
 from saegeo.distributed import resolve_device
 from saegeo.errors import BadInputError
@@ -77,7 +77,7 @@ class EvalConfig:
     batch_size: int = 4  # windows per batch (the clean logits and probabilities and one variant's logits, batch × context × vocab each, are held; the mean ablation uses the batch's mean)
     pass_special: bool | None = None  # pass BOS/[CLS]/[SEP] through unreplaced; default: as the SAE's training store (decoders: yes)
     pass_norm_ratio: float | None = None  # also pass rows with ‖x‖ > m × window median (default: as the store)
-    text_field: str = "text"  # JSONL field holding the text
+    text_field: str = "text"  # the field (JSON) or column (parquet, datasets) holding the text or the token ids
     device: str = "cpu"  # torch device the model and SAEs run on (e.g. cuda); the sums stay float64 on the host
     progress: bool = True  # progress bar
 
@@ -248,6 +248,7 @@ def splice_eval_many(
     if cfg.max_tokens < 2:
         raise BadInputError(f"max_tokens must be at least 2, got {cfg.max_tokens}")
     device = resolve_device(cfg.device)  # before loading anything: a bad device fails fast
+    open_corpus(CorpusSpec(source=cfg.corpus, text_field=cfg.text_field))  # ... and so does a bad corpus
     saes = {name: (load_dictionary(s) if isinstance(s, (str, Path)) else s) for name, s in saes.items()}
     loaded = loaded or load_model(cfg.model)
     groups: dict[str, list[str]] = {}
