@@ -278,7 +278,8 @@ def _apply(path: Path, edits) -> None:
         (path / MANIFEST).write_text(json.dumps(manifest))  # NaN / Infinity written as JSON extensions
 
 
-@settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=120, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(edits=_corruptions())
 def test_fuzzed_manifests_give_one_line_errors_and_write_nothing(edits, pristine, tmp_path_factory):
     """Every corruption of manifest.json (any field, any type, missing fields, NaN) or of a shard's header either

@@ -38,7 +38,8 @@ from saegeo.geometry.accumulate import as_rows
 FILE_SUFFIXES = (".safetensors", ".npy", ".pt", ".pth")
 
 
-NONFINITE_ADVICE = "Fix the producer, or pass --skip-nonfinite (Python: skip_nonfinite=True) to skip and count such rows."
+NONFINITE_ADVICE = ("Fix the producer, or pass --skip-nonfinite (Python: skip_nonfinite=True) to skip and count "
+                    "such rows.")
 
 
 @dataclass

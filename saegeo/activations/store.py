@@ -558,8 +558,9 @@ class ActivationStore:
         acts = tensors.get("activations")
         if acts is None or acts.ndim != 2 or acts.shape != (info.rows, self.d) or acts.dtype != self.storage_dtype:
             shape = None if acts is None else tuple(acts.shape)
-            raise StoreError(f"{where}: activations {None if acts is None else acts.dtype} of shape {shape}, manifest says "
-                             f"{self.dtype} ({info.rows}, {self.d}); re-cache this store")
+            found = None if acts is None else acts.dtype
+            raise StoreError(f"{where}: activations {found} of shape {shape}, manifest says {self.dtype} "
+                             f"({info.rows}, {self.d}); re-cache this store")
         return tensors
 
     def read_rows_at(self, index: Int[Tensor, " m"], dtype: torch.dtype = torch.float32) -> Float[Tensor, "m d"]:

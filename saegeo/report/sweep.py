@@ -151,8 +151,8 @@ def sweep_stores(
 
         it = tqdm(opened, desc="sweep", unit="layer")
     for store in it:
-        m = measure_store(store, batch_size=batch_size, max_types=max_types, artifact_k=artifact_k, max_tokens=max_tokens,
-                          skip_nonfinite=skip_nonfinite)
+        m = measure_store(store, batch_size=batch_size, max_types=max_types, artifact_k=artifact_k,
+                          max_tokens=max_tokens, skip_nonfinite=skip_nonfinite)
         rows.append(layer_row(m))
         flags += artifact_flags(m.artifact, thresholds=thresholds, subject=store.hook)
     notes = [f"artifact test: {rows[0]['details']['artifact']['source']}"]
