@@ -56,7 +56,7 @@ def main() -> None:
     def saegeo_cache(layer: int):
         def run(r: int) -> float:
             cfg = CacheConfig(hooks=(f"blocks.{layer}.hook_resid_post",), out=str(tmp / f"s{layer}_{r}"),
-                              max_tokens=n_tokens, batch_size=args.batch_size, progress=False)
+                              max_tokens=n_tokens, batch_windows=args.batch_size, progress=False)
             t0 = time.perf_counter()
             result = cache_activations(cfg, loaded)
             assert result.new_tokens == n_tokens

@@ -190,7 +190,7 @@ def main() -> None:
     print(f"SmolLM2-135M, {hook}, default corpus, context {args.context}, {len(windows)} windows = {n_tokens} tokens "
           f"in batches of {args.batch_size}, {args.rounds} rounds, torch threads {torch.get_num_threads()}")
     cfg = EvalConfig(corpus="default", hook=hook, context=args.context, max_tokens=n_tokens, skip_tokens=0,
-                     batch_size=args.batch_size, pass_special=True, progress=False)
+                     batch_windows=args.batch_size, pass_special=True, progress=False)
 
     def timed(fn):
         w0, c0 = time.perf_counter(), time.process_time()

@@ -42,7 +42,7 @@ def brute(tiny, texts, context):
 
 
 def test_norm_exclusion_and_shares_equal_brute_force(tiny, text_file, tmp_path):
-    cfg = CacheConfig(hooks=HOOKS, corpus=str(text_file), context=24, batch_size=5, out=str(tmp_path / "o"),
+    cfg = CacheConfig(hooks=HOOKS, corpus=str(text_file), context=24, batch_windows=5, out=str(tmp_path / "o"),
                       exclude_special=True, exclude_norm_ratio=M, progress=False)
     cache_activations(cfg, tiny)
     texts = [json.loads(line)["text"] for line in text_file.read_text().splitlines()]
@@ -77,7 +77,7 @@ def _child(out: str, corpus: str, crash_at: str | None) -> None:
     if crash_at:
         os.environ["SAEGEO_CRASH_AT"] = crash_at
     saegeo.io._CRASH_COUNTS.clear()
-    cfg = CacheConfig(hooks=HOOKS, corpus=corpus, context=20, out=out, shard_rows=128, batch_size=4,
+    cfg = CacheConfig(hooks=HOOKS, corpus=corpus, context=20, out=out, shard_rows=128, batch_windows=4,
                       exclude_special=True, exclude_norm_ratio=M, progress=False)
     cache_activations(cfg, _PARENT[0])
     os._exit(0)
@@ -115,7 +115,7 @@ def test_eval_default_skip_counts_the_rows_the_norm_rule_dropped(tiny, text_file
     texts = [json.loads(line)["text"] for line in text_file.read_text().splitlines()]
     positions = sum(len(tiny.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
     assert store.n_tokens < positions  # the norm rule dropped rows
-    identity = _StoreSource(store, TrainConfig(batch_size=16)).identity
+    identity = _StoreSource(store, TrainConfig(batch_tokens=16)).identity
     sae_dir = save_sae(SAE(SAEConfig(d_in=store.d, d_sae=2 * store.d, activation="topk", k=4)), tmp_path / "sae", provenance={"data": identity})
     resolved = _resolve(EvalConfig(corpus=str(text_file)), load_dictionary(sae_dir), tiny)
     assert resolved["skip_tokens"] == positions

@@ -158,21 +158,21 @@ except Stop:
     pass
 
 # ---- training from a store: each rank streams its own shards; weights stay identical across ranks
-store_run = train_sae(TrainConfig(**{**cfg.__dict__, "total_tokens": 3 * cfg.batch_size}), str(out / "store"))
+store_run = train_sae(TrainConfig(**{**cfg.__dict__, "total_tokens": 3 * cfg.batch_tokens}), str(out / "store"))
 w = distributed.gather_objects(store_run.sae.W_dec.detach())
 (out / f"store_{r}.json").write_text(json.dumps({"identical": bool(torch.equal(w[0], w[1])),
                                                  "finite": bool(torch.isfinite(w[r]).all())}))
 
 # ---- the report through the CLI, exactly as `torchrun -m saegeo.cli report ...` runs it
 code = main(["report", "--acts", str(out / "rstore"), "--sae", f"s={out / 'sae'}", "--out", str(out / "report"),
-             "--format", "json", "--batch-size", "128", "--no-progress"])
+             "--format", "json", "--batch-rows", "128", "--no-progress"])
 assert code == 0
 
 # ---- bad launches: every rank must end with a message (caught here so the job goes on)
 errors = {}
 for case, store in (("mismatch", "rstore" if r == 0 else "other"), ("nan", "rstore_bad")):
     try:
-        geometry_report(str(out / store), options=ReportOptions(progress=False, batch_size=128))
+        geometry_report(str(out / store), options=ReportOptions(progress=False, batch_rows=128))
         errors[case] = None
     except SaegeoError as err:
         errors[case] = f"{type(err).__name__}: {err}"
@@ -192,7 +192,7 @@ distributed.barrier()
 
 
 def _train_cfg(**kw) -> dict:
-    base = dict(arch="topk", d_sae=48, k=4, lr=2e-3, batch_size=64, total_tokens=64 * 10, warmup_steps=2,
+    base = dict(arch="topk", d_sae=48, k=4, lr=2e-3, batch_tokens=64, total_tokens=64 * 10, warmup_steps=2,
                 dead_window_tokens=256, b_dec_init_tokens=600, heldout_fraction=0.1, seed=3, progress=False,
                 log_every=1, shuffle_buffer=128)
     base.update(kw)
@@ -320,7 +320,7 @@ def _close(a, b, ref, path="", scale=1.0):
 def test_report_on_two_ranks_equals_the_single_process_report(job):
     dist_report = json.loads((job / "report" / "report.json").read_text())  # written by rank 0 only
     single, rebatched = (geometry_report(job / "rstore", {"s": job / "sae"},
-                                         options=ReportOptions(batch_size=bs, progress=False)).to_dict()
+                                         options=ReportOptions(batch_rows=bs, progress=False)).to_dict()
                          for bs in (128, 100))
     assert dist_report["activations"]["n"] == 1500
     # the sample behind the cosine histogram is the same rows (bottom-k priorities by global row index)

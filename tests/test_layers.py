@@ -2,7 +2,7 @@
 
 Imports run strictly upward, top-level and inside functions alike:
 
-    {saegeo, saegeo.errors, saegeo.io, saegeo.distributed} <- saegeo.geometry
+    {saegeo, saegeo.errors, saegeo.io, saegeo.config, saegeo.distributed} <- saegeo.geometry
         <- {saegeo.activations, saegeo.synthetic} <- saegeo.sae <- saegeo.report
         <- saegeo.pipeline <- saegeo.cli
 
@@ -37,6 +37,7 @@ LEVELS: dict[str, int] = {
     "saegeo": 0,
     "saegeo.errors": 0,
     "saegeo.io": 0,
+    "saegeo.config": 0,
     "saegeo.distributed": 0,
     "saegeo.geometry": 1,
     "saegeo.activations": 2,

@@ -15,7 +15,7 @@ from saegeo.cli import main
 from saegeo.errors import BadInputError, StoreError
 from saegeo.report.check import CheckOptions, check_with_activations
 from saegeo.report.report import ReportOptions, geometry_report
-from saegeo.report.sweep import sweep_stores
+from saegeo.report.sweep import SweepOptions, sweep_stores
 from saegeo.sae.model import SAE, SAEConfig
 from saegeo.sae.train import TrainConfig, train_sae
 
@@ -67,7 +67,7 @@ def test_a_nan_row_is_named_alike_by_every_command(stores, capsys, tmp_path):
     with pytest.raises(BadInputError, match=NAMED):
         sweep_stores([path])
     with pytest.raises(BadInputError, match=NAMED):  # a training row: it used to end as a non-finite loss
-        train_sae(TrainConfig(d_sae=16, k=2, batch_size=64, total_tokens=64 * 17, b_dec_init="zeros",
+        train_sae(TrainConfig(d_sae=16, k=2, batch_tokens=64, total_tokens=64 * 17, b_dec_init="zeros",
                               b_dec_init_tokens=64, progress=False, shuffle_buffer=128), path)  # a whole epoch
 
 
@@ -81,9 +81,9 @@ def test_skip_nonfinite_skips_and_counts_alike_artifact_pass_included(stores, tm
     report = geometry_report(path, options=ReportOptions(progress=False, skip_nonfinite=True))
     assert report.activations["n_nonfinite_skipped"] == 1 and report.activations["n"] == 1199
     assert report.artifact is not None
-    sweep = sweep_stores([path], skip_nonfinite=True)
+    sweep = sweep_stores([path], SweepOptions(progress=False, skip_nonfinite=True))
     assert sweep.layers[0]["n"] == 1199
-    res = train_sae(TrainConfig(d_sae=16, k=2, batch_size=64, total_tokens=64 * 12, b_dec_init_tokens=2000,
+    res = train_sae(TrainConfig(d_sae=16, k=2, batch_tokens=64, total_tokens=64 * 12, b_dec_init_tokens=2000,
                                 progress=False, shuffle_buffer=128, skip_nonfinite=True), path)
     skipped = res.provenance["nonfinite_rows_skipped"]
     assert skipped["b_dec_init"] == 1 and skipped["heldout"] == 0 and skipped["training"] <= 1

@@ -44,7 +44,7 @@ class _Stop(Exception):
 
 
 def _train_cfg(out: Path) -> TrainConfig:
-    return TrainConfig(d_sae=16, k=2, batch_size=64, total_tokens=64 * 40, checkpoint_every=10, log_every=5,
+    return TrainConfig(d_sae=16, k=2, batch_tokens=64, total_tokens=64 * 40, checkpoint_every=10, log_every=5,
                        shuffle_buffer=256, b_dec_init_tokens=64, progress=False, out_dir=str(out))
 
 
@@ -99,7 +99,7 @@ def test_edited_n_tokens_is_refused_by_geometry_train_and_report(tmp_path, capsy
     _edit_manifest(store.path, lambda m: m.update(n_tokens=1500))
     assert "n_tokens" in _geometry_error(store.path, capsys)
     with pytest.raises(StoreError, match="n_tokens is 1500 but the shards list 2048 rows"):
-        train_sae(TrainConfig(d_sae=16, k=2, batch_size=64, total_tokens=128, progress=False), store.path)
+        train_sae(TrainConfig(d_sae=16, k=2, batch_tokens=64, total_tokens=128, progress=False), store.path)
     from saegeo.report.report import geometry_report
 
     with pytest.raises(StoreError, match="n_tokens"):
@@ -160,7 +160,7 @@ def test_float16_overflow_is_refused_at_write_naming_the_row(tmp_path):
 # --------------------------------------------------------------------------- the checkpoint's state
 def _interrupted(tmp_path: Path, step: int, **kw) -> tuple[TrainConfig, ActivationStore]:
     store = write_store(tmp_path / "s", _rows(2048), shard_rows=256)
-    cfg = TrainConfig(d_sae=16, k=2, batch_size=64, total_tokens=64 * 20, checkpoint_every=5, shuffle_buffer=128,
+    cfg = TrainConfig(d_sae=16, k=2, batch_tokens=64, total_tokens=64 * 20, checkpoint_every=5, shuffle_buffer=128,
                       b_dec_init_tokens=64, progress=False, out_dir=str(tmp_path / "run"), **kw)
 
     def stop(s, _):
@@ -202,7 +202,7 @@ def test_resume_with_another_thread_count_is_refused(tmp_path):
 def test_nonfinite_loss_names_the_steps_since_the_last_check(tmp_path):
     """4 steps, log_every 10: the check runs once, after step 4. It used to say 'between steps -5 and 4'."""
     x = _rows(2048) * 1e18  # finite rows, but their squares overflow float32: the loss is inf
-    cfg = TrainConfig(d_sae=16, k=2, batch_size=64, total_tokens=64 * 4, log_every=10, progress=False,
+    cfg = TrainConfig(d_sae=16, k=2, batch_tokens=64, total_tokens=64 * 4, log_every=10, progress=False,
                       b_dec_init="zeros", b_dec_init_tokens=64)
     with pytest.raises(SaegeoError, match="non-finite loss between steps 1 and 4 "):
         train_sae(cfg, x)

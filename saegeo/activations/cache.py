@@ -39,10 +39,10 @@ import saegeo
 from saegeo.activations.corpus import CorpusSpec, Window, corpus_identity, count_tokens, iter_windows, open_corpus
 from saegeo.activations.models import LoadedModel, load_model
 from saegeo.activations.store import MANIFEST, ActivationStore, StorageDtype, StoreWriter
+from saegeo.config import check, option
 from saegeo.distributed import resolve_device
 from saegeo.errors import BadInputError
 from saegeo.geometry.tokens import group_shares
-from saegeo.io import config_from_dict, require_at_least
 
 EMBED_HOOK = re.compile(r"^(hook_embed|hook_pos_embed|hook_full_embed|hook_tokens|embed\..*|pos_embed\..*)$")
 BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
@@ -53,29 +53,28 @@ NOT_PER_TOKEN = ("hook_pattern", "hook_attn_scores")  # (batch, head, q, k): not
 class CacheConfig:
     """One caching run: which model, which hooks, which text, where the stores go."""
 
-    model: str = "minilm"  # 'minilm' (bundled), a local HF dir, a cached hub name, or a .json HookedTransformerConfig
-    hooks: tuple[str, ...] = ("blocks.3.hook_resid_post",)  # hook names, one store each
-    corpus: str = "default"  # 'default' (pydoc topics), files (.txt .jsonl .json .parquet; token ids .npy .safetensors), dirs, globs, datasets folders or cached names; comma-separated
-    context: int = 128  # tokens per window, special tokens included
-    out: str = "artifacts/acts/minilm"  # output directory; each hook gets OUT/<hook>/
-    max_tokens: int | None = None  # stop after this many stored tokens
-    dtype: StorageDtype = "float32"  # storage dtype
-    batch_size: int = 32  # windows per forward pass
-    shard_rows: int = 65536  # rows per shard
-    exclude_special: bool = False  # do not store [CLS]/[SEP]/BOS positions (the model still sees them)
-    exclude_norm_ratio: float | None = None  # drop rows with norm > m × their window's median norm
-    text_field: str = "text"  # the field (JSON) or column (parquet, datasets) holding the text or the token ids
-    overwrite: bool = False  # replace existing stores instead of resuming them
-    device: str = "cpu"  # torch device the model runs on (e.g. cuda); rows are written from the CPU
-    progress: bool = True  # progress bar
+    model: str = option("minilm", "'minilm' (bundled), a local HF dir, a cached hub name, or a .json "
+                        "HookedTransformerConfig")
+    hooks: tuple[str, ...] = option(("blocks.3.hook_resid_post",), "hook names, one store each")
+    corpus: str = option("default", "'default' (pydoc topics), files (.txt .jsonl .json .parquet; token ids .npy "
+                                    ".safetensors), dirs, globs, datasets folders or cached names; comma-separated")
+    context: int = option(128, "tokens per window, special tokens included", low=2)
+    out: str = option("artifacts/acts/minilm", "output directory; each hook gets OUT/<hook>/")
+    max_tokens: int | None = option(None, "stop after this many stored tokens", low=1)
+    dtype: StorageDtype = option("float32", "storage dtype")
+    batch_windows: int = option(32, "windows per forward pass", low=1)
+    shard_rows: int = option(65536, "rows per shard", low=1)
+    exclude_special: bool = option(False, "do not store [CLS]/[SEP]/BOS positions (the model still sees them)")
+    exclude_norm_ratio: float | None = option(None, "drop rows with norm > m × their window's median norm", above=1)
+    text_field: str = option("text", "the field (JSON) or column (parquet, datasets) holding the text or the "
+                                     "token ids")
+    overwrite: bool = option(False, "replace existing stores instead of resuming them")
+    device: str = option("cpu", "torch device the model runs on (e.g. cuda); rows are written from the CPU")
+    progress: bool = option(True, "progress bar")
 
     def __post_init__(self) -> None:
         self.hooks = (self.hooks,) if isinstance(self.hooks, str) else tuple(self.hooks)
-        require_at_least(self, {"batch_size": 1, "shard_rows": 1, "max_tokens": 1, "context": 2})
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], where: str | None = None) -> "CacheConfig":
-        return config_from_dict(cls, d, "cache option", where)
+        check(self)
 
 
 @dataclass
@@ -211,8 +210,6 @@ def _refuse_shrinking(cfg: CacheConfig, hooks: tuple[str, ...], total: int) -> N
 
 def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> CacheResult:
     """Cache cfg.hooks over cfg.corpus into one store per hook under cfg.out (resumes if present)."""
-    if cfg.exclude_norm_ratio is not None and not cfg.exclude_norm_ratio > 1:
-        raise BadInputError(f"exclude_norm_ratio must be > 1 (a multiple of the median norm), got {cfg.exclude_norm_ratio}")
     if cfg.max_tokens is not None and cfg.max_tokens < 1:
         raise BadInputError(f"max_tokens must be positive, got {cfg.max_tokens}")
     device = resolve_device(cfg.device)  # before loading the model: a bad device fails fast
@@ -276,7 +273,7 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
             bar = tqdm(total=total, initial=start, unit="tok", unit_scale=True, desc="cache", smoothing=0.1)
         seen = 0  # stored-token index of the next window's first row
         with torch.inference_mode(), loaded.model.hooks(fwd_hooks=[(h, grab) for h in hooks]):
-            for batch in _batches(iter_windows(spec, tok, loaded.kind), cfg.batch_size):
+            for batch in _batches(iter_windows(spec, tok, loaded.kind), cfg.batch_windows):
                 if already_done:
                     break
                 if excluding:

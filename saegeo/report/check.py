@@ -37,7 +37,8 @@ from saegeo.geometry.dictionary import (
     near_duplicate_pairs,
     summary_stats,
 )
-from saegeo.io import config_from_dict, dump_json, json_safe
+from saegeo.config import BATCH_ROWS, check, option
+from saegeo.io import dump_json, json_safe
 from saegeo.report.flags import (
     AMPLIFICATION, MEAN_DIRECTION, Flag, FlagThresholds, config_flags, dictionary_flags, rounded, sort_flags,
 )
@@ -63,25 +64,29 @@ DICTIONARY_FLAGS = (ZERO_ROWS, DUPLICATES, MISALIGNED, INPUT_SCALING, INPUT_NORM
 class CheckOptions:
     """Thresholds of the dictionary-only checks (the mean-direction one is FlagThresholds.dictionary_min_cos)."""
 
-    duplicate_cos: float = 0.99  # pairs with cos(w_i, w_j) above this are near-duplicates
-    zero_row_rel_norm: float = 1e-6  # ‖w_i‖ ≤ this × median ‖w‖ counts as a zero row
-    misaligned_cos: float = 0.0  # latents with cos(encoder column, decoder row) below this are misaligned
-    misaligned_warn_fraction: float = 0.01  # above this fraction of latents the flag is a warning, else info
-    duplicate_error_fraction: float = 0.01  # latents in duplicate pairs above this fraction: error
-    block_rows: int = DEFAULT_BLOCK_ROWS  # rows per block of the duplicate search (memory ~ block² floats)
-    max_pairs_listed: int = 50  # near-duplicate pairs listed in the result
-    progress: bool = True  # progress bars
-    verify: bool = True  # sha256 check of each --acts store shard as it is read
-    skip_nonfinite: bool = False  # with --acts: skip and count rows with NaN/inf (default: an error naming the row)
-    thresholds: FlagThresholds = field(default_factory=FlagThresholds)  # of the flags
-    match: "MatchOptions" = field(default_factory=lambda: MatchOptions())  # with activations: activations_match_flags
+    duplicate_cos: float = option(0.99, "pairs with cos(w_i, w_j) above this are near-duplicates", low=-1, high=1)
+    zero_row_rel_norm: float = option(1e-6, "‖w_i‖ ≤ this × median ‖w‖ counts as a zero row", low=0)
+    misaligned_cos: float = option(0.0, "latents with cos(encoder column, decoder row) below this are misaligned",
+                                   low=-1, high=1)
+    misaligned_warn_fraction: float = option(0.01, "above this fraction of latents the flag is a warning, else info",
+                                             low=0, high=1)
+    duplicate_error_fraction: float = option(0.01, "latents in duplicate pairs above this fraction: error",
+                                             low=0, high=1)
+    block_rows: int = option(DEFAULT_BLOCK_ROWS, "rows per block of the duplicate search (memory ~ block² floats)",
+                             low=1)
+    max_pairs_listed: int = option(50, "near-duplicate pairs listed in the result", low=0)
+    progress: bool = option(True, "progress bars")
+    verify: bool = option(True, "sha256 check of each --acts store shard as it is read")
+    skip_nonfinite: bool = option(False, "with --acts: skip and count rows with NaN/inf (default: an error naming "
+                                  "the row)")
+    thresholds: FlagThresholds = option(factory=FlagThresholds, help="of the flags")
+    match: MatchOptions = option(factory=lambda: MatchOptions(), help="with activations: activations_match_flags")
+
+    def __post_init__(self) -> None:
+        check(self)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None, where: str | None = None) -> "CheckOptions":
-        return config_from_dict(cls, d, "check option", where)
 
 
 @dataclass
@@ -352,13 +357,20 @@ _SITES = (("resid_post", ("resid_post", "hook_resid_post")), ("resid_pre", ("res
 class MatchOptions:
     """Thresholds of `activations_match_flags`."""
 
-    max_rows: int = 65536  # rows read (from the start) for the scale, offset and special-row measures
-    fve_rows: int = 4096  # rows re-encoded to test the alternative scale
-    scale_error_ratio: float = 2.0  # E‖x‖ vs the SAE's recorded norm off by more than this factor: error
-    scale_hint_ratio: float = 3.0  # ‖μ‖/‖b_dec‖ (no recorded norm) off by more than this factor: a mismatch cause
-    offset_warn: float = 0.5  # ‖b_dec − μ‖/‖μ‖ above this (for an SAE that subtracts b_dec): warning
-    massive_row_factor: float = 10.0  # rows with ‖x‖ > this × median ‖x‖ are massive-activation rows
-    centred_warn: float = 0.05  # E|x·1|/(√d E‖x‖) above this where the SAE expects centred writing weights
+    max_rows: int = option(65536, "rows read (from the start) for the scale, offset and special-row measures", low=1)
+    fve_rows: int = option(4096, "rows re-encoded to test the alternative scale", low=0)
+    scale_error_ratio: float = option(2.0, "E‖x‖ vs the SAE's recorded norm off by more than this factor: error",
+                                      above=1)
+    scale_hint_ratio: float = option(3.0, "‖μ‖/‖b_dec‖ (no recorded norm) off by more than this factor: a mismatch "
+                                     "cause", above=1)
+    offset_warn: float = option(0.5, "‖b_dec − μ‖/‖μ‖ above this (for an SAE that subtracts b_dec): warning", low=0)
+    massive_row_factor: float = option(10.0, "rows with ‖x‖ > this × median ‖x‖ are massive-activation rows",
+                                       above=1)
+    centred_warn: float = option(0.05, "E|x·1|/(√d E‖x‖) above this where the SAE expects centred writing "
+                                 "weights", low=0)
+
+    def __post_init__(self) -> None:
+        check(self)
 
 
 def _hook_parts(name: str | None) -> tuple[int | None, str | None]:
@@ -398,7 +410,7 @@ def _store_measures(acts: Any, opts: MatchOptions) -> dict[str, Any] | None:
     rows = open_rows(acts)
     if rows.kind == "iterator":
         return None  # an iterator can be read once: the report needs it
-    batches, _ = rows.batches(8192)
+    batches, _ = rows.batches(BATCH_ROWS)
     n, d = 0, None
     total, norms, ones, kept = None, [], 0.0, []
     for batch in batches:

@@ -29,7 +29,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from saegeo.io import config_from_dict
+from saegeo.config import check
 
 SEVERITIES = ("info", "warning", "error")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
@@ -178,9 +178,8 @@ class FlagThresholds:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None, where: str | None = None) -> "FlagThresholds":
-        return config_from_dict(cls, d, "flag threshold", where)
+    def __post_init__(self) -> None:
+        check(self)
 
 
 def _f3(x: float | None) -> str:

@@ -1,11 +1,11 @@
 """Measures of one activation store that need its token ids and positions: the token-type decomposition,
 self-similarity, intra-window similarity and the artifact test. The layer sweep runs this per store.
 
-``measure_store(store, *, batch_size=8192, max_types=None, artifact_k=3, ...) -> StoreMeasures``
+``measure_store(store, *, batch_rows=BATCH_ROWS, max_types=None, artifact_k=3, ...) -> StoreMeasures``
     pass 1: GeometryAccumulator, TokenTypeAccumulator, WindowSimilarityAccumulator on the same batches
     (cut as ``saegeo geometry`` cuts them, so the geometry equals its numbers to the bit);
     pass 2: the artifact test against the top-k principal directions of pass 1.
-``artifact_pass(stores, geometry, *, k=3, batch_size=8192, max_tokens=None) -> dict``
+``artifact_pass(stores, geometry, *, k=3, batch_rows=BATCH_ROWS, max_tokens=None) -> dict``
     the artifact test alone (second streamed pass), for `saegeo report` / `saegeo geometry` on stores.
 Every pass reads through the one reader (``open_rows``): shards verified, NaN rows refused naming the row or, with
 skip_nonfinite (``--skip-nonfinite``), skipped and counted, in the artifact pass as in the first pass.
@@ -24,6 +24,7 @@ import torch
 
 from saegeo.activations.sources import Rows, open_rows
 from saegeo.activations.store import ActivationStore
+from saegeo.config import BATCH_ROWS
 from saegeo.errors import BadInputError
 from saegeo.geometry.accumulate import GeometryAccumulator
 from saegeo.geometry.measures import ActivationGeometry, activation_geometry
@@ -64,13 +65,13 @@ def artifact_pass(
     geometry: ActivationGeometry,
     *,
     k: int = 3,
-    batch_size: int = 8192,
+    batch_rows: int = BATCH_ROWS,
     max_tokens: int | None = None,
     skip_nonfinite: bool = False,
 ) -> dict[str, Any]:
     """|corr| of the top-k principal projections (x − μ)·v_j with log token frequency (counted in these
     same stores), position in the window and ‖x‖, streamed over the stores in order (one more pass)."""
-    return artifact_result(artifact_accumulator(stores, geometry, k=k, batch_size=batch_size, max_tokens=max_tokens,
+    return artifact_result(artifact_accumulator(stores, geometry, k=k, batch_rows=batch_rows, max_tokens=max_tokens,
                                                 skip_nonfinite=skip_nonfinite))
 
 
@@ -79,7 +80,7 @@ def artifact_accumulator(
     geometry: ActivationGeometry,
     *,
     k: int = 3,
-    batch_size: int = 8192,
+    batch_rows: int = BATCH_ROWS,
     max_tokens: int | None = None,
     rank: int = 0,
     world_size: int = 1,
@@ -96,7 +97,7 @@ def artifact_accumulator(
     left = max_tokens
     for store in stores:
         rows = store if isinstance(store, Rows) else open_rows(store, skip_nonfinite=skip_nonfinite)
-        for x, ids, pos in rows.batches(batch_size, rank, world_size, stop_row=left, metadata=True)[0]:
+        for x, ids, pos in rows.batches(batch_rows, rank, world_size, stop_row=left, metadata=True)[0]:
             art.add(x, ids, pos)
         if left is not None:
             left -= min(left, rows.n_rows)
@@ -118,7 +119,7 @@ def artifact_result(art: ArtifactAccumulator) -> dict[str, Any]:
 def measure_store(
     store: ActivationStore | str,
     *,
-    batch_size: int = 8192,
+    batch_rows: int = BATCH_ROWS,
     max_types: int | None = None,
     artifact_k: int = 3,
     top_k_eigvecs: int = 10,
@@ -138,7 +139,7 @@ def measure_store(
     types = TokenTypeAccumulator(store.d, max_types=max_types)
     windows = WindowSimilarityAccumulator(store.d)
     has_ids = has_pos = True
-    for x, ids, pos in rows.batches(batch_size, stop_row=max_tokens, metadata=True)[0]:
+    for x, ids, pos in rows.batches(batch_rows, stop_row=max_tokens, metadata=True)[0]:
         acc.add(x, source=str(store.path))
         if ids is None:
             has_ids = False
@@ -159,7 +160,7 @@ def measure_store(
     intra = windows.finish().intra_similarity() if has_pos else None
     if not has_pos:
         notes.append(f"{store.path}: no positions in the store: no intra-window similarity")
-    artifact = artifact_pass(rows, geo, k=artifact_k, batch_size=batch_size, max_tokens=max_tokens)
+    artifact = artifact_pass(rows, geo, k=artifact_k, batch_rows=batch_rows, max_tokens=max_tokens)
     memory = {"geometry_accumulator": _state_bytes(acc.state_dict()), "token_types": _state_bytes(types.state_dict())}
     return StoreMeasures(
         path=str(store.path), model=store.model, hook=store.hook, geometry=geo, token_types=tt, intra_window=intra,

@@ -18,7 +18,7 @@ Public API
 ----------
 ``ReportOptions``                 batch size, token cap, cosine sample, thresholds, assumed null, ...
 ``GeometryReport`` / ``SAEGeometry``  dataclasses; ``to_dict``/``from_dict``, ``to_json``/``load`` (schema-versioned).
-``geometry_report(acts, sae=None, *, batch_size=None, options=None, config=None) -> GeometryReport``
+``geometry_report(acts, sae=None, *, options=None, config=None) -> GeometryReport``
 ``compute_flags(report, thresholds=None) -> list[Flag]``  (re)flag a report from its numbers alone.
 """
 
@@ -55,7 +55,8 @@ from saegeo.geometry.amplification import (
 from saegeo.geometry.diagnosis import sample_diagnostics
 from saegeo.geometry.dictionary import dictionary_geometry
 from saegeo.geometry.transforms import Whitening
-from saegeo.io import config_from_dict, dump_json, json_safe, require_at_least
+from saegeo.config import BATCH_ROWS, check, from_dict, option
+from saegeo.io import dump_json, json_safe
 from saegeo.sae.formats import CFG_FILENAME, load_dictionary
 from saegeo.sae.metrics import SAEMetrics
 from saegeo.report.flags import (
@@ -80,28 +81,27 @@ COFIRING_LATENTS = 256  # co-firing pairs are looked for among the latents with 
 class ReportOptions:
     """How the pass runs and how its numbers are read. All have sane defaults."""
 
-    batch_size: int = 8192  # rows per batch of the pass
-    max_tokens: int | None = None  # stop after this many rows (None: all)
-    cosine_sample_rows: int = 2048  # reservoir of rows for the pairwise-cosine histogram (k(k−1)/2 pairs)
-    histogram_bins: int = 100  # bins of the pairwise-cosine histogram
-    skip_nonfinite: bool = False  # skip and count NaN/inf rows (default: an error naming the batch and row)
-    assumed_null: float = 0.0  # the baseline a reader compares A with unless told (wrong-null flag)
-    seed: int = 0  # seeds the cosine reservoir
-    device: str = "cpu"  # where the SAEs encode and the float64 accumulators live (e.g. cuda)
-    progress: bool = True  # progress bar
-    artifact_components: int = 3  # top-k principal directions in the artifact test (stores only; 0: skip it)
-    verify: bool = True  # sha256 check of each store shard as it is read
-    thresholds: FlagThresholds = field(default_factory=FlagThresholds)  # of every flag ([report.thresholds])
+    batch_rows: int = option(BATCH_ROWS, "rows per batch of the pass", low=1)
+    max_tokens: int | None = option(None, "stop after this many rows (None: all)", low=1)
+    cosine_sample_rows: int = option(2048, "reservoir of rows for the pairwise-cosine histogram (k(k−1)/2 pairs)",
+                                     low=0)
+    histogram_bins: int = option(100, "bins of the pairwise-cosine histogram", low=1, high=10**7)
+    skip_nonfinite: bool = option(False, "skip and count NaN/inf rows (default: an error naming the batch and row)")
+    assumed_null: float = option(0.0, "the baseline a reader compares A with unless told (wrong-null flag)",
+                                 low=-1, high=1)
+    seed: int = option(0, "seeds the cosine reservoir", low=0)
+    device: str = option("cpu", "where the SAEs encode and the float64 accumulators live (e.g. cuda)")
+    progress: bool = option(True, "progress bar")
+    artifact_components: int = option(3, "top-k principal directions in the artifact test (stores only; 0: skip "
+                                       "it)", low=0)
+    verify: bool = option(True, "sha256 check of each store shard as it is read")
+    thresholds: FlagThresholds = option(factory=FlagThresholds, help="of every flag ([report.thresholds])")
 
     def __post_init__(self) -> None:
-        require_at_least(self, {"batch_size": 1, "max_tokens": 1, "cosine_sample_rows": 0, "histogram_bins": 1})
+        check(self)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None, where: str | None = None) -> "ReportOptions":
-        return config_from_dict(cls, d, "report option", where)
 
 
 # =========================================================================== report dataclasses
@@ -467,7 +467,6 @@ def geometry_report(
     acts: Any,
     sae: Any = None,
     *,
-    batch_size: int | None = None,
     options: ReportOptions | None = None,
     config: Mapping[str, Any] | None = None,
 ) -> GeometryReport:
@@ -484,10 +483,6 @@ def geometry_report(
     from saegeo import __version__
 
     opts = options or ReportOptions()
-    if batch_size is not None:
-        opts = ReportOptions.from_dict({**asdict(opts), "thresholds": opts.thresholds, "batch_size": batch_size})
-    if opts.batch_size < 1:
-        raise BadInputError(f"batch_size must be ≥ 1, got {opts.batch_size}")
     from saegeo import distributed
 
     ctx = distributed.init_from_env()  # None unless launched by torchrun with several ranks
@@ -496,7 +491,7 @@ def geometry_report(
         rows = open_rows(acts, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite)
         if ctx is not None and rows.store is not None:
             distributed.check_same_store(rows.store)
-        batches, first_row = rows.batches(opts.batch_size, *((ctx.rank, ctx.world_size) if ctx else ()),
+        batches, first_row = rows.batches(opts.batch_rows, *((ctx.rank, ctx.world_size) if ctx else ()),
                                           stop_row=opts.max_tokens)
         skipped_before = rows.n_nonfinite_skipped  # Rows opened by a caller may have been read before
     source = dict(rows.describe)
@@ -585,7 +580,7 @@ def _artifact_test(rows: Any, geometry: Any, opts: ReportOptions, *, distributed
     from saegeo.report.layers import artifact_accumulator, artifact_pass, artifact_result
 
     if not distributed:
-        return artifact_pass(rows, geometry, k=opts.artifact_components, batch_size=opts.batch_size,
+        return artifact_pass(rows, geometry, k=opts.artifact_components, batch_rows=opts.batch_rows,
                              max_tokens=opts.max_tokens), None
     if opts.max_tokens is not None:
         return None, "artifact test not run: max_tokens under torch.distributed (run it on one process)"
@@ -593,7 +588,7 @@ def _artifact_test(rows: Any, geometry: Any, opts: ReportOptions, *, distributed
 
     ctx = dist.current()
     with dist.all_ranks_or_none("the artifact test"):
-        part = artifact_accumulator(rows, geometry, k=opts.artifact_components, batch_size=opts.batch_size,
+        part = artifact_accumulator(rows, geometry, k=opts.artifact_components, batch_rows=opts.batch_rows,
                                     rank=ctx.rank, world_size=ctx.world_size)
     return artifact_result(dist.merge_across_ranks(part)), None
 def _store_exclusions(store: Any) -> dict[str, Any] | None:
@@ -613,7 +608,7 @@ def add_splice(report: GeometryReport, results: Mapping[str, Mapping[str, Any]])
 
 def compute_flags(report: GeometryReport, thresholds: FlagThresholds | None = None) -> list[Flag]:
     """All flags of a report, from its numbers alone (so a saved report can be re-flagged), most severe first."""
-    t = thresholds or FlagThresholds.from_dict(report.options.get("thresholds"))
+    t = thresholds or from_dict(FlagThresholds, report.options.get("thresholds"))
     assumed = float(report.options.get("assumed_null", 0.0))
     geo = flag_inputs(report.activations, report.artifact, report.sample_diagnostics)
     flags = activation_flags(geo, thresholds=t, assumed_null=assumed, feeds_dictionary=bool(report.saes))

@@ -2,7 +2,7 @@
 terminal table, JSON (``layers: [{hook, layer, A, ...}]``), Markdown and HTML with every quantity plotted
 against depth.
 
-``sweep_stores(stores, *, batch_size=8192, max_types=None, artifact_k=3, max_tokens=None, thresholds=None) -> LayerSweep``
+``sweep_stores(stores, options=SweepOptions(), *, thresholds=None, cache=None) -> LayerSweep``
 ``layer_row(measures) -> dict``           the row of one store (keys in ROW_DOC).
 ``render_sweep_terminal / render_sweep_markdown / render_sweep_html(sweep) -> str``, ``sweep_figure(sweep) -> bytes``
 ``write_sweep(sweep, out_dir, formats) -> dict[str, Path]``   summary.txt, sweep.json, sweep.md (+ sweep.png), sweep.html.
@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 from saegeo.activations.cache import hook_depth
 from saegeo.activations.store import ActivationStore
 from saegeo.errors import BadInputError
+from saegeo.config import BATCH_ROWS, check, option
 from saegeo.io import atomic_write, dump_json, json_safe
 from saegeo.report.flags import Flag, FlagThresholds, artifact_flags, sort_flags
 from saegeo.report.layers import StoreMeasures, measure_store
@@ -123,41 +124,62 @@ def _order(stores: list[ActivationStore]) -> list[ActivationStore]:
     return sorted(stores, key=lambda s: (hook_depth(s.hook) is None, hook_depth(s.hook) or 0.0, s.hook))
 
 
+@dataclass
+class SweepOptions:
+    """`saegeo sweep`: what each store's row measures; with ``model``, which hooks are cached first and where."""
+
+    model: str | None = option(None, "cache first: model to run (as in `saegeo cache --model`)")
+    hooks: str = option("all-resid", "with --model: 'all-resid' (blocks.0.hook_resid_pre + every "
+                                     "blocks.L.hook_resid_post) or a comma list")
+    corpus: str = option("default", "with --model: corpus (as in `saegeo cache`)")
+    context: int = option(128, "with --model: tokens per window", low=2)
+    max_tokens: int | None = option(None, "tokens per layer (with --model: tokens cached)", low=1)
+    cache_dir: str = option("artifacts/acts/sweep", "with --model: where the stores go")
+    max_types: int | None = option(None, "keep the most frequent V token types, pool the rest (default: all)", low=1)
+    artifact_k: int = option(3, "principal directions in the artifact test", low=0)
+    batch_rows: int = option(BATCH_ROWS, "rows per batch", low=1)
+    out: str | None = option(None, "directory for summary.txt, sweep.json, sweep.md (+ sweep.png), sweep.html")
+    json: str | None = option(None, "write the sweep JSON here")
+    overwrite: bool = option(False, "replace output files that exist already (refused otherwise)")
+    progress: bool = option(True, "progress bars")
+    skip_nonfinite: bool = option(False, "skip and count rows with NaN/inf instead of stopping")
+    verify: bool = option(True, "sha256 check of each store shard as it is read")
+
+    def __post_init__(self) -> None:
+        check(self)
+
+
 def sweep_stores(
     stores: Sequence[ActivationStore | str | os.PathLike],
+    options: SweepOptions | None = None,
     *,
-    batch_size: int = 8192,
-    max_types: int | None = None,
-    artifact_k: int = 3,
-    max_tokens: int | None = None,
     thresholds: FlagThresholds | None = None,
-    progress: bool = False,
     cache: dict[str, Any] | None = None,
-    verify: bool = True,
-    skip_nonfinite: bool = False,
 ) -> LayerSweep:
     """Measure every store (see saegeo.report.layers.measure_store) and lay the rows out in layer order.
-    verify=False reads store paths without their sha256; skip_nonfinite skips and counts NaN/inf rows."""
+    opts.verify=False reads store paths without their sha256; opts.skip_nonfinite skips and counts NaN/inf rows."""
     from saegeo import __version__
 
+    opts = options or SweepOptions(progress=False)
+    batch_rows, max_types, artifact_k, max_tokens = opts.batch_rows, opts.max_types, opts.artifact_k, opts.max_tokens
     if not stores:
         raise BadInputError("the sweep needs at least one activation store")
-    opened = _order([s if isinstance(s, ActivationStore) else ActivationStore(s, verify=verify) for s in stores])
+    opened = _order([s if isinstance(s, ActivationStore) else ActivationStore(s, verify=opts.verify) for s in stores])
     t0 = time.perf_counter()
     rows, flags = [], []
     it = opened
-    if progress:
+    if opts.progress:
         from tqdm.auto import tqdm
 
         it = tqdm(opened, desc="sweep", unit="layer")
     for store in it:
-        m = measure_store(store, batch_size=batch_size, max_types=max_types, artifact_k=artifact_k,
-                          max_tokens=max_tokens, skip_nonfinite=skip_nonfinite)
+        m = measure_store(store, batch_rows=batch_rows, max_types=max_types, artifact_k=artifact_k,
+                          max_tokens=max_tokens, skip_nonfinite=opts.skip_nonfinite)
         rows.append(layer_row(m))
         flags += artifact_flags(m.artifact, thresholds=thresholds, subject=store.hook)
     notes = [f"artifact test: {rows[0]['details']['artifact']['source']}"]
-    options = {"batch_size": batch_size, "max_types": max_types, "artifact_k": artifact_k, "max_tokens": max_tokens,
-               **({"skip_nonfinite": True} if skip_nonfinite else {})}
+    options = {"batch_rows": batch_rows, "max_types": max_types, "artifact_k": artifact_k, "max_tokens": max_tokens,
+               **({"skip_nonfinite": True} if opts.skip_nonfinite else {})}
     return LayerSweep(SWEEP_SCHEMA_VERSION, opened[0].model, rows, sort_flags(flags), time.perf_counter() - t0,
                       options, cache=cache, notes=notes, saegeo_version=__version__)
 

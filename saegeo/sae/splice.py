@@ -54,7 +54,7 @@ from saegeo.activations.corpus import CorpusSpec, iter_windows, open_corpus
 from saegeo.activations.models import LoadedModel, load_model
 from saegeo.distributed import resolve_device
 from saegeo.errors import BadInputError
-from saegeo.io import config_from_dict
+from saegeo.config import check, option
 from saegeo.sae.model import SAE
 
 VARIANTS = ("clean", "spliced", "zero", "mean")
@@ -67,23 +67,29 @@ ENCODER_MEASURE = ("cosine between the clean and the spliced mean-pooled final-l
 class EvalConfig:
     """`saegeo eval`: which model, SAE, hook and text; None fields come from the SAE's own metadata."""
 
-    model: str = "smollm2"  # 'smollm2' (bundled decoder), 'minilm', a local HF dir, ...
-    sae: str = ""  # the SAE: any load_dictionary path or hub id (native or published); required
-    hook: str | None = None  # default: the SAE's hook_name
-    corpus: str = "default"  # text to evaluate on, as for `saegeo cache`
-    context: int | None = None  # default: the SAE's training context, else 128
-    max_tokens: int = 4096  # tokens (window positions) evaluated
-    skip_tokens: int | None = None  # skip whole windows until this many tokens; default: the positions the SAE's training store read (held-out text)
-    batch_size: int = 4  # windows per batch (the clean logits and probabilities and one variant's logits, batch × context × vocab each, are held; the mean ablation uses the batch's mean)
-    pass_special: bool | None = None  # pass BOS/[CLS]/[SEP] through unreplaced; default: as the SAE's training store (decoders: yes)
-    pass_norm_ratio: float | None = None  # also pass rows with ‖x‖ > m × window median (default: as the store)
-    text_field: str = "text"  # the field (JSON) or column (parquet, datasets) holding the text or the token ids
-    device: str = "cpu"  # torch device the model and SAEs run on (e.g. cuda); the sums stay float64 on the host
-    progress: bool = True  # progress bar
+    model: str = option("smollm2", "'smollm2' (bundled decoder), 'minilm', a local HF dir, ...")
+    sae: str = option("", "the SAE: any load_dictionary path or hub id (native or published); required")
+    hook: str | None = option(None, "default: the SAE's hook_name")
+    corpus: str = option("default", "text to evaluate on, as for `saegeo cache`")
+    context: int | None = option(None, "default: the SAE's training context, else 128", low=2)
+    max_tokens: int = option(4096, "tokens (window positions) evaluated", low=1)
+    skip_tokens: int | None = option(None, "skip whole windows until this many tokens; default: the positions the "
+                                     "SAE's training store read (held-out text)", low=0)
+    batch_windows: int = option(4, "windows per batch (the clean logits and probabilities and one variant's "
+                                "logits, batch × context × vocab each, are held; the mean ablation uses the batch's "
+                                "mean)", low=1)
+    pass_special: bool | None = option(None, "pass BOS/[CLS]/[SEP] through unreplaced; default: as the SAE's "
+                                       "training store (decoders: yes)")
+    pass_norm_ratio: float | None = option(None, "also pass rows with ‖x‖ > m × window median (default: as the "
+                                           "store)", above=1)
+    text_field: str = option("text", "the field (JSON) or column (parquet, datasets) holding the text or the "
+                                     "token ids")
+    device: str = option("cpu", "torch device the model and SAEs run on (e.g. cuda); the sums stay float64 on the "
+                         "host")
+    progress: bool = option(True, "progress bar")
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], where: str | None = None) -> "EvalConfig":
-        return config_from_dict(cls, d, "eval option", where)
+    def __post_init__(self) -> None:
+        check(self)
 
 
 @dataclass
@@ -299,7 +305,7 @@ def _evaluate(cfg: EvalConfig, loaded: LoadedModel, saes: dict[str, SAE], r: dic
 
         bar = tqdm(total=cfg.max_tokens, unit="tok", unit_scale=True, desc="eval", smoothing=0.1)
     with torch.inference_mode():
-        for batch in _batches(windows(), cfg.batch_size):
+        for batch in _batches(windows(), cfg.batch_windows):
             _eval_batch(splicers, batch, pad_id, r["pass_norm_ratio"], sums, ablation_cache)
             if bar is not None:
                 bar.update(sum(len(w.input_ids) for w in batch))
