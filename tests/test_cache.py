@@ -143,6 +143,7 @@ def test_rerun_is_a_no_op_and_mismatch_refused(tiny, text_file, tmp_path, monkey
     assert more.new_tokens == 250
     cache_activations(CacheConfig(**{**cfg.__dict__, "max_tokens": 700, "out": str(tmp_path / "p")}), tiny)
     assert hashes(tmp_path / "o") == hashes(tmp_path / "p")
+    cfg = CacheConfig(**{**cfg.__dict__, "max_tokens": 700})  # the store holds 700 rows now
     with pytest.raises(StoreError, match="refusing to append.*corpus"):
         cache_activations(CacheConfig(**{**cfg.__dict__, "context": 24}), tiny)
     with pytest.raises(StoreError, match="refusing to append.*dtype"):

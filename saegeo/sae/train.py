@@ -52,7 +52,7 @@ B_DEC_INITS: tuple[str, ...] = get_args(BDecInit)
 # Options that do not say which SAE is trained: `saegeo run` ignores them when it decides whether an SAE is already
 # trained. Every other option must match the checkpoint's on resume. The thread count and the device do change the
 # weights bitwise (another summation order), so a checkpoint records the ones it ran with and a resume with others
-# is refused (BITWISE_ON_RESUME).
+# is refused (bitwise_settings).
 NOT_IN_WEIGHTS = ("progress", "log_every", "num_threads", "device", "checkpoint_every", "out_dir", "overwrite", "verify",
                   "skip_nonfinite")
 CHECKPOINT_VERSION = 3  # 2: state.json records the data fingerprint; 3: its digest and the threads and device
