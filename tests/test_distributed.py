@@ -309,10 +309,10 @@ def test_store_training_keeps_ranks_identical(job):
 #     |ΔΣ_ab| ≤ ε·√(Σ_aa·Σ_bb), so ‖ΔΣ‖₂ ≤ ‖ΔΣ‖_F ≤ ε·tr Σ. Eigenvalues move by ≤ ε·tr Σ (Weyl), eigenvectors and
 #     what is computed from them (shares, ranks, MP fits, projections, split thresholds) by ≤ ε·tr Σ/gap
 #     (Davis–Kahan, gap = the smallest eigengap): |a − b| ≤ ε·κ·max(1, |b|), κ = tr Σ / min(gap, λ_min).
-# Before the float64 unit sums, z_vs_null differed by ~2e-3 relative between the two (4e4 × the null family's bound).
+# Before the float64 unit sums, null_z differed by ~2e-3 relative between the two (4e4 × the null family's bound).
 U32 = 2.0**-24
-NULL_FAMILY = {"anisotropy", "A", "A_sd", "A_null_sd", "A_null_bias", "A_null_bias_relative", "anisotropy_null_sd",
-               "anisotropy_z", "isotropic_cosine_sd", "z_vs_null", "offset", "sign_null", "finite_d_bias",
+NULL_FAMILY = {"anisotropy", "A", "A_sd", "null_sd", "null_bias", "null_bias_relative", "isotropic_sd",
+               "isotropic_z", "isotropic_cosine_sd", "null_z", "z_vs_null", "offset", "sign_null", "finite_d_bias",
                "excess_over_sign_null", "share_explained_by_sign", "z_vs_sign_null", "z_vs_assumed"}
 
 

@@ -292,7 +292,7 @@ def _near_one_cone() -> torch.Tensor:
 
 def test_unit_moments_of_float32_rows_are_float64_exact_whatever_the_chunking():
     """Where A is near 1 the null test's sd is a difference of nearly equal sums (ζ₁ = mᵀCm − ‖m‖⁴ ≈ 3e-4 of
-    ‖m‖⁴ ≈ 0.88): float32 sums over a chunk moved A_null_sd by ~1 % with the chunk size. The sums against numpy in
+    ‖m‖⁴ ≈ 0.88): float32 sums over a chunk moved null_sd by ~1 % with the chunk size. The sums against numpy in
     float64 over the same float32 rows, and ζ₁, ζ₂ (brute force over all pairs) at every chunking."""
     from saegeo.geometry.measures import null_test
 
@@ -325,5 +325,5 @@ def test_unit_moments_of_float32_rows_are_float64_exact_whatever_the_chunking():
         np.testing.assert_allclose(total.numpy(), powers.sum(0), rtol=1e-13)
         np.testing.assert_allclose(outer.numpy(), powers.T @ powers, rtol=1e-13)
         np.testing.assert_allclose(by_power.numpy(), unit.T @ powers, rtol=1e-13)
-        sds.append(tested.A_null_sd)
+        sds.append(tested.null_sd)
     assert max(sds) - min(sds) <= bound * min(sds), sds  # all-float32 sums: 1.1e-2
