@@ -12,14 +12,20 @@ Before the pass: the dictionary geometry of the unit decoder rows u_i (A_dict, �
 ``saegeo.geometry.dictionary.dictionary_geometry``). After it: b_dec against μ, the amplification law beside
 the three measured A's (the per-latent law A_het and its mean-cosine form, the co-firing share of
 E‖x̂ − b_dec‖² and its top pairs from the row sample re-encoded, the one-rate forms as references), cone shares
-c_i = E[a_i](u_i·M)/‖M‖² (M = Σ E[a_i]u_i) and cos(u_i, μ); then the flags.
+c_i = E[a_i](u_i·M)/‖M‖² (M = Σ E[a_i]u_i) and cos(u_i, μ); then, once, the flags and the diagnosis.
+
+The report is assembled once, from everything it shows: the SAEs with their configs (a directory's cfg.json
+is its provenance), their spliced evaluation, a run config, and flags raised elsewhere (``saegeo check``'s
+dictionary-only checks and activations_mismatch: an error there withholds that SAE's WITHHELD_METRICS).
 
 Public API
 ----------
 ``ReportOptions``                 batch size, token cap, cosine sample, thresholds, assumed null, ...
 ``GeometryReport`` / ``SAEGeometry``  dataclasses; ``to_dict``/``from_dict``, ``to_json``/``load`` (schema-versioned).
-``geometry_report(acts, sae=None, *, options=None, config=None) -> GeometryReport``
-``compute_flags(report, thresholds=None) -> list[Flag]``  (re)flag a report from its numbers alone.
+``geometry_report(acts, sae=None, *, options=None, config=None, splice=None, flags=(), notes=(), closing_notes=())
+-> GeometryReport``
+``compute_flags(report, thresholds=None) -> list[Flag]``  (re)flag a report from its numbers alone (the flags given to
+geometry_report from elsewhere are not among them).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -54,6 +60,7 @@ from saegeo.geometry.amplification import (
 )
 from saegeo.geometry.diagnosis import sample_diagnostics
 from saegeo.geometry.dictionary import dictionary_geometry
+from saegeo.geometry.measures import FieldDict, checked_geometry, fields_of
 from saegeo.geometry.transforms import Whitening
 from saegeo.config import BATCH_ROWS, check, from_dict, option
 from saegeo.io import dump_json, json_safe
@@ -61,6 +68,9 @@ from saegeo.sae.formats import CFG_FILENAME
 from saegeo.sae.metrics import SAEMetrics
 from saegeo.sae.model import SAE
 from saegeo.report.flags import (
+    ACTIVATIONS_MISMATCH,
+    WITHHELD_FLAGS,
+    WITHHELD_METRICS,
     Flag,
     FlagThresholds,
     activation_diagnosis,
@@ -73,7 +83,7 @@ from saegeo.report.flags import (
     sort_flags,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: one name per quantity (null_z / isotropic_z, null_sd / isotropic_sd, mp_sigma2_bulk)
 COFIRING_LATENTS = 256  # co-firing pairs are looked for among the latents with the largest E[a_i²]
 
 
@@ -148,6 +158,8 @@ class SAEGeometry:
     cofiring_pairs: list[dict[str, float]] | None = None
     # the SAE spliced into the model (saegeo.sae.splice): CE loss clean/spliced/ablated, recovered, KL
     splice: dict[str, Any] | None = None
+    # metrics set to None because the activations are not this SAE's (activations_mismatch error; WITHHELD_METRICS)
+    withheld: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe(asdict(self))
@@ -170,7 +182,7 @@ class GeometryReport:
 
     schema_version: int
     source: dict[str, Any]  # what was read: kind, path, model, hook, d, n_tokens
-    activations: dict[str, Any]  # ActivationGeometry.to_dict()
+    activations: dict[str, Any]  # ActivationGeometry.to_dict(), checked against its fields (FieldDict)
     cosine_histogram: dict[str, Any]  # edges, counts, n_rows, n_pairs, sample_mean
     saes: list[SAEGeometry]
     flags: list[Flag]
@@ -189,6 +201,10 @@ class GeometryReport:
     # a store cached with exclusions: its manifest's rule and sums (what the excluded rows and the
     # first position carried: saegeo.activations.cache.exclusion_shares)
     exclusions: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        # read by the flags and the renderers: a name no ActivationGeometry carries is a KeyError, not a None
+        self.activations = checked_geometry(self.activations)
 
     @property
     def sae(self) -> SAEGeometry | None:
@@ -450,14 +466,6 @@ class _SAEPass:
 
 
 # =========================================================================== the pass
-def _nonfinite_rows(x: Tensor) -> Tensor:
-    """Rows holding a NaN/inf. The row sums screen cheaply; only a non-finite sum is looked at entry-wise."""
-    suspect = ~torch.isfinite(x.sum(dim=1))
-    if not suspect.any():
-        return suspect
-    return (~torch.isfinite(x)).any(dim=1)
-
-
 def _merge_ranks(
     acc: GeometryAccumulator | None, reservoir: _Reservoir | None, passes: list[_SAEPass], n_skipped: int
 ) -> tuple[GeometryAccumulator | None, _Reservoir | None, int]:
@@ -478,15 +486,25 @@ def geometry_report(
     *,
     options: ReportOptions | None = None,
     config: Mapping[str, Any] | None = None,
+    splice: Mapping[str, Mapping[str, Any]] | None = None,
+    flags: Sequence[Flag] = (),
+    notes: Sequence[str] = (),
+    closing_notes: Sequence[str] = (),
 ) -> GeometryReport:
     """One streaming pass over ``acts`` computing the activation geometry and, for each SAE, its codes,
-    dictionary geometry, b_dec against μ, the amplification law and cone shares; then the flags.
+    dictionary geometry, b_dec against μ, the amplification law and cone shares; then, once, the flags and the
+    activation diagnosis.
 
     acts: (n, d) tensor/array | ActivationStore | store path | iterable of (m, d) batches (or of
     (activations, codes) tuples, e.g. ``SuperpositionGenerator.batches``).
     sae: None | SAE object (saegeo or SAELens-like: encode, decode, W_dec, b_dec) | directory |
     a mapping name -> either (several SAEs measured in the same pass, shown side by side).
     config: a preprocessing / run config; one that whitens before the SAE is flagged with its cost.
+    splice: name -> `splice_eval_many` result, shown in that SAE's column.
+    flags: raised elsewhere about these SAEs (a dictionary check, activations_mismatch), merged with the report's
+    own (which supersede a given flag of the same name and subject); an activations_mismatch error withholds that
+    SAE's WITHHELD_METRICS and the flags computed from them. notes, then the withheld notes, then closing_notes
+    follow the pass's own notes.
     Memory: O(d² + k_sample·d + Σ d_sae + batch), independent of the number of tokens.
     """
     from saegeo import __version__
@@ -496,10 +514,13 @@ def geometry_report(
 
     ctx = distributed.init_from_env()  # None unless launched by torchrun with several ranks
     with distributed.all_ranks_or_none("opening the activations"):
-        rows = open_rows(acts, verify=opts.verify)
+        # the one reader: shards verified (unless --no-verify), its NaN policy on every batch (skip_nonfinite)
+        rows = open_rows(acts, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite)
         if ctx is not None and rows.store is not None:
             distributed.check_same_store(rows.store)
-        batches, first_row = rows.batches(opts.batch_rows, *((ctx.rank, ctx.world_size) if ctx else ()))
+        batches, first_row = rows.batches(opts.batch_rows, *((ctx.rank, ctx.world_size) if ctx else ()),
+                                          stop_row=opts.max_tokens)
+        skipped_before = rows.n_nonfinite_skipped  # Rows opened by a caller may have been read before
     source = dict(rows.describe)
     total = opts.max_tokens if opts.max_tokens is not None else rows.n_rows
     device = distributed.resolve_device(opts.device)
@@ -510,53 +531,35 @@ def geometry_report(
 
     acc: GeometryAccumulator | None = None
     reservoir: _Reservoir | None = None
-    n_skipped = 0
     bar = None
     if opts.progress and (ctx is None or ctx.is_main):
         from tqdm.auto import tqdm
 
         bar = tqdm(total=total, unit="tok", unit_scale=True, desc="report", dynamic_ncols=True)
     t0 = time.perf_counter()
-    seen = first_row  # global row index (a rank's share starts at its first row)
     # an iterator under torch.distributed has no global row numbers: keep the ranks' sample indices apart
     sample_start = first_row if ctx is None or source["kind"] != "iterator" else ctx.rank << 40
     with distributed.all_ranks_or_none("streaming the activations"):  # a failing rank ends every rank
-        for index, batch in enumerate(batches):
+        for batch in batches:  # screened by the reader; max_tokens is its stop_row
             x = as_rows(batch).to(device)  # the accumulators follow the batches: float64 sums on the device
-            if opts.max_tokens is not None:
-                x = x[: max(0, opts.max_tokens - seen)]
-            if x.shape[0] == 0:
-                break
             if acc is None:
+                if x.shape[0] == 0:
+                    continue  # every row of the first batch skipped as non-finite
                 d = int(x.shape[1])
                 acc = GeometryAccumulator(d)
                 reservoir = _Reservoir(opts.cosine_sample_rows, d, opts.seed, start=sample_start)
                 for p in passes:
                     if p.d_in != d:
                         raise BadInputError(f"SAE {p.name!r} has d_in = {p.d_in} but the activations have d = {d}")
-            bad = _nonfinite_rows(x)
-            if bad.any():
-                row = int(bad.nonzero()[0])
-                if not opts.skip_nonfinite:
-                    where = f" of {source['path']}" if source.get("path") else ""
-                    raise BadInputError(
-                        f"non-finite value (NaN or inf) in batch {index}{where}, row {row} (global row {seen + row}); "
-                        f"{int(bad.sum())} such row(s) in this batch. Fix the producer, or pass skip_nonfinite=True "
-                        "(CLI: --skip-nonfinite) to skip and count them."
-                    )
-                n_skipped += int(bad.sum())
-                x = x[~bad]
-            seen += int(bad.numel())
             acc.add(x)
             reservoir.add(x)
             for p in passes:
                 p.add(x)
             if bar is not None:
-                bar.update(int(bad.numel()))
-            if opts.max_tokens is not None and seen >= opts.max_tokens:
-                break
+                bar.update(x.shape[0])
     if bar is not None:
         bar.close()
+    n_skipped = rows.n_nonfinite_skipped - skipped_before
     if ctx is not None:
         acc, reservoir, n_skipped = _merge_ranks(acc, reservoir, passes, n_skipped)
     if acc is None or acc.n == 0:
@@ -570,6 +573,12 @@ def geometry_report(
     top = torch.tensor(geo["top_eigenvectors"][0], dtype=torch.float64) if geo["top_eigenvectors"] else None
     sampled = json_safe(sample_diagnostics(reservoir.sample(), acc.mean, top))
     saes = [p.finish(geo, opts.thresholds, reservoir.sample(), opts.seed) for p in passes]
+    withheld_notes = []
+    for s in saes:
+        s.splice = json_safe(dict(splice[s.name])) if splice and s.name in splice else None
+        mismatch = next((f for f in flags if f.name == ACTIVATIONS_MISMATCH and f.subject == s.name), None)
+        if mismatch is not None and mismatch.severity == "error":
+            withheld_notes.append(_withhold(s, mismatch))
     artifact, artifact_note = _artifact_test(rows, geometry, opts, distributed=ctx is not None)
     source.update(d=acc.d, n_tokens=acc.n)
 
@@ -585,13 +594,30 @@ def geometry_report(
         saes=saes, flags=[], options=json_safe(opts.to_dict()),
         config=json_safe(dict(config)) if config else None, whitening_cost=whitening_cost,
         seconds=seconds, tokens_per_second=acc.n / seconds if seconds > 0 else None,
-        saegeo_version=__version__, notes=list(geo.get("notes", [])) + ([artifact_note] if artifact_note else []),
+        saegeo_version=__version__,
+        notes=[*geo.get("notes", []), *([artifact_note] if artifact_note else []), *notes, *withheld_notes,
+               *closing_notes],
         artifact=artifact, sample_diagnostics=sampled,
-        exclusions=_store_exclusions(rows.store),
+        exclusions=store_exclusions(rows.store),
     )
-    report.flags = compute_flags(report, opts.thresholds)
-    report.diagnosis = activation_diagnosis({**geo, "sample_diagnostics": sampled}, report.flags, opts.thresholds)
+    own = compute_flags(report, opts.thresholds)
+    have = {(f.name, f.subject) for f in own}
+    report.flags = sort_flags(own + [f for f in flags if (f.name, f.subject) not in have])
+    report.diagnosis = activation_diagnosis(flag_inputs(geo, artifact, sampled), report.flags, opts.thresholds)
     return report
+
+
+def _withhold(section: SAEGeometry, flag: Flag) -> str:
+    """Set the metrics that ``flag`` (an activations_mismatch error) makes meaningless to None in ``section``;
+    returns the note saying so (also added to the section's notes)."""
+    for key in WITHHELD_METRICS:
+        value = getattr(section, key)
+        setattr(section, key, {k: None for k in value} if isinstance(value, dict) else None)
+    section.withheld = list(WITHHELD_METRICS)
+    note = (f"withheld for {section.name}: {', '.join(WITHHELD_METRICS)} "
+            f"({ACTIVATIONS_MISMATCH}: {', '.join(flag.evidence['causes'])})")
+    section.notes.append(note)
+    return note
 
 
 def _artifact_test(rows: Any, geometry: Any, opts: ReportOptions, *, distributed: bool) -> tuple[dict | None, str | None]:
@@ -604,31 +630,25 @@ def _artifact_test(rows: Any, geometry: Any, opts: ReportOptions, *, distributed
     from saegeo.report.layers import artifact_accumulator, artifact_pass, artifact_result
 
     if not distributed:
-        return artifact_pass(rows.store, geometry, k=opts.artifact_components, batch_rows=opts.batch_rows,
+        return artifact_pass(rows, geometry, k=opts.artifact_components, batch_rows=opts.batch_rows,
                              max_tokens=opts.max_tokens), None
     if opts.max_tokens is not None:
         return None, "artifact test not run: max_tokens under torch.distributed (run it on one process)"
     from saegeo import distributed as dist
 
     ctx = dist.current()
-    block = dist.split_shards([s.rows for s in rows.store.shards], ctx.rank, ctx.world_size)
     with dist.all_ranks_or_none("the artifact test"):
-        part = artifact_accumulator(rows.store, geometry, k=opts.artifact_components, batch_rows=opts.batch_rows,
-                                    shard_indices=block)
+        part = artifact_accumulator(rows, geometry, k=opts.artifact_components, batch_rows=opts.batch_rows,
+                                    rank=ctx.rank, world_size=ctx.world_size)
     return artifact_result(dist.merge_across_ranks(part)), None
-def _store_exclusions(store: Any) -> dict[str, Any] | None:
+
+
+def store_exclusions(store: Any) -> dict[str, Any] | None:
+    """A store cached with exclusions: its manifest's rule and sums (None for any other source)."""
     extra = getattr(store, "manifest", {}).get("extra", {}) if store is not None else {}
     if not extra.get("exclusion_rule") or not extra.get("excluded"):
         return None
     return json_safe({"exclusion_rule": extra["exclusion_rule"], "excluded": extra["excluded"]})
-
-
-def add_splice(report: GeometryReport, results: Mapping[str, Mapping[str, Any]]) -> GeometryReport:
-    """Attach `splice_eval_many` results (name -> result) to the report's SAE columns."""
-    for s in report.saes:
-        if s.name in results:
-            s.splice = json_safe(dict(results[s.name]))
-    return report
 
 
 def compute_flags(report: GeometryReport, thresholds: FlagThresholds | None = None) -> list[Flag]:
@@ -639,7 +659,8 @@ def compute_flags(report: GeometryReport, thresholds: FlagThresholds | None = No
     flags = activation_flags(geo, thresholds=t, assumed_null=assumed, feeds_dictionary=bool(report.saes))
     flags += artifact_flags(report.artifact, thresholds=t)
     for s in report.saes:
-        flags += sae_flags(s.to_dict(), geo, thresholds=t)
+        own = sae_flags(FieldDict(s.to_dict(), fields_of(SAEGeometry), "SAEGeometry"), geo, thresholds=t)
+        flags += [f for f in own if not (s.withheld and f.name in WITHHELD_FLAGS)]  # computed from withheld metrics
         flags += config_flags(s.config, geo, report.whitening_cost, thresholds=t, subject=s.name)
     if report.config:
         flags += config_flags(report.config, geo, report.whitening_cost, thresholds=t, subject="config")
