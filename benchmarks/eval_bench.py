@@ -49,7 +49,6 @@ import torch.nn.functional as F
 from saegeo.activations.runner import pad_windows, window_batches
 from saegeo.activations.corpus import CorpusSpec, iter_windows
 from saegeo.activations.models import load_model
-from saegeo.sae.formats import load_dictionary
 from saegeo.sae.model import SAE, SAEConfig
 from saegeo.sae.splice import EvalConfig, splice_eval_many
 
@@ -102,10 +101,9 @@ def saelens_recons_loss(sae: SAE, hook: str, batches, model_dir: Path, bos: int,
         return None
     from safetensors.torch import save_file
 
-    from saegeo.sae.formats import save_sae
 
     with tempfile.TemporaryDirectory() as tmp:
-        save_sae(sae, Path(tmp) / "sae", provenance={"data": {"hook": hook}})
+        sae.save(Path(tmp) / "sae", provenance={"data": {"hook": hook}})
         # SAELens' loss has no attention mask: each padded batch goes in as groups of equal-length windows
         groups = []
         for tokens, attend, _ in batches:
@@ -175,7 +173,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     loaded = load_model("smollm2")
     hook = f"blocks.{args.layer}.hook_resid_post"
-    sae = load_dictionary(args.sae).eval() if args.sae else random_topk(loaded.d_model, 0)
+    sae = SAE.load(args.sae).eval() if args.sae else random_topk(loaded.d_model, 0)
     saes = {"a": sae, "b": random_topk(loaded.d_model, 1)}
     spec = CorpusSpec(context=args.context, exclude_special=True)
     windows, n = [], 0

@@ -110,7 +110,7 @@ def main() -> None:
                 f"SAE FVE {r_gpu.saes[0].fve:.4f}; max |{gpu} − cpu| {diff:.1e}; {r_gpu.seconds:.1f} s on {gpu}")
 
     # 4. the SAE spliced into the model on the device (saegeo eval) against the CPU
-    from saegeo.sae.formats import load_dictionary
+    from saegeo.sae.model import SAE
     from saegeo.sae.splice import EvalConfig, splice_eval_many
 
     evals, secs = {}, {}
@@ -118,7 +118,7 @@ def main() -> None:
         ecfg = EvalConfig(hook=HOOK, context=64, max_tokens=512 if dry else 8_192, skip_tokens=0, batch_windows=8,
                           device=dev, progress=False)
         t0 = time.perf_counter()
-        evals[side] = splice_eval_many(ecfg, {"sae": load_dictionary(sae_dir)}, loaded)["sae"]
+        evals[side] = splice_eval_many(ecfg, {"sae": SAE.load(sae_dir)}, loaded)["sae"]
         secs[side] = time.perf_counter() - t0
     keys = ("ce_loss_clean", "ce_loss_spliced", "ce_loss_zero_ablation", "ce_loss_mean_ablation", "kl_div_spliced")
     diff = max(abs(evals["cpu"][k] - evals["gpu"][k]) for k in keys)

@@ -41,11 +41,11 @@ def child(mode: str, store_path: str, sae_dir: str, batch_size: int) -> dict:
     import torch
 
     from saegeo.activations.store import ActivationStore
-    from saegeo.sae.formats import load_sae
+    from saegeo.sae.model import SAE
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     store = ActivationStore(store_path)
-    sae = load_sae(sae_dir)
+    sae = SAE.load(sae_dir)
     base = _rss_mb()
     t0 = time.perf_counter()
     if mode == "saegeo":
@@ -96,7 +96,6 @@ def main() -> None:
     import torch
 
     from saegeo.pipeline import write_synthetic_store
-    from saegeo.sae.formats import save_sae
     from saegeo.sae.model import SAE, SAEConfig
     from saegeo.synthetic import SuperpositionGenerator, preset
 
@@ -105,7 +104,7 @@ def main() -> None:
     sae_dir = work / "sae"
     sae = SAE(SAEConfig(d_in=args.d, d_sae=args.d_sae, activation="topk", k=args.k))
     sae.init_weights(torch.Generator().manual_seed(0))
-    save_sae(sae, sae_dir)
+    sae.save(sae_dir)
     sizes = [args.n, 4 * args.n]
     gen = SuperpositionGenerator(preset("tilted", d=args.d, n_features=4 * args.d, offset=1.0, noise=0.1, seed=0))
     stores = {}

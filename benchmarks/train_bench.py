@@ -47,7 +47,6 @@ from safetensors.torch import load_file, save_file
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from saegeo.sae.formats import load_sae  # noqa: E402
 from saegeo.sae.model import SAE, SAEConfig  # noqa: E402
 from saegeo.sae.train import RELU_LR, TrainConfig, evaluate, train_sae  # noqa: E402
 
@@ -262,7 +261,7 @@ def main() -> None:
         check_dir = out_dir / f"saegeo_{arch}"
         chk = run_saelens(dict(data=str(data_file), check_dir=str(check_dir), check_out=str(tmp / "check.safetensors"),
                                threads=args.threads))
-        ref = load_sae(check_dir)
+        ref = SAE.load(check_dir)
         with torch.no_grad():
             codes = ref.encode(held_x)
             recon = ref.decode(codes)

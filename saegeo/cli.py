@@ -125,7 +125,7 @@ def cmd_store(args: argparse.Namespace) -> int:
     from saegeo.activations.store import ActivationStore
     from saegeo.render.text import render_store
 
-    store = ActivationStore(args.path, allow_incomplete=True)
+    store = ActivationStore(args.path, allow_incomplete=True, check_headers=False)
     problems = store.verify() if args.store_command == "verify" else None
     print(render_store(store, problems))
     return 1 if problems else 0
@@ -198,7 +198,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from saegeo.io import refuse_overwrite
     from saegeo.report.check import CheckOptions, check_dictionary, check_with_activations
     from saegeo.render import render_check_terminal, render_terminal, render_written, rendering_paths, write_report
-    from saegeo.sae.formats import load_dictionary
+    from saegeo.sae.model import SAE
 
     if args.out:
         refuse_overwrite(rendering_paths(args.out, args.format, "report" if args.acts else "check"), args.overwrite)
@@ -206,8 +206,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     from saegeo.report.report import ReportOptions
 
     opts = from_dict(CheckOptions, passed(args, CheckOptions))
-    report_options = ReportOptions(max_tokens=args.max_tokens, progress=opts.progress, verify=opts.verify)
-    sae = load_dictionary(args.path)
+    report_options = ReportOptions(max_tokens=args.max_tokens, progress=opts.progress, verify=opts.verify,
+                                   skip_nonfinite=opts.skip_nonfinite)
+    sae = SAE.load(args.path)
     name = Path(args.path).resolve().name
     if args.acts:
         report, _ = check_with_activations(sae, args.acts, options=opts, name=name, report_options=report_options)

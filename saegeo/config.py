@@ -141,7 +141,13 @@ def from_dict(cls: type, d: Mapping[str, Any] | None, where: str | None = None) 
         raise BadInputError(f"{where + ': ' if where else ''}unknown key(s) {unknown} of {cls.__name__}; "
                             f"known: {sorted(known)}")
     hints = _hints(cls)
-    return cls(**{key: _coerce(value, hints[key], key, where) for key, value in d.items()})
+    values = {key: _coerce(value, hints[key], key, where) for key, value in d.items()}
+    try:
+        return cls(**values)
+    except BadInputError as err:  # a check of __post_init__ (e.g. a registered name): say where it came from
+        if where and not str(err).startswith(where):
+            raise BadInputError(f"{where}: {err}") from None
+        raise
 
 
 def _coerce(value: Any, tp: Any, key: str, where: str | None) -> Any:

@@ -54,6 +54,7 @@ class RunConfig:
         check(self)
         if not self.formats or set(self.formats) - set(FORMATS):
             raise BadInputError(f"formats = {list(self.formats)}: name one or more of {list(FORMATS)}")
+        sae_directories(self.out, self.saes)  # names that collide on disk or leave saes/: refused before any work
         for name in self.saes:  # each SAE's config, refused here rather than after caching
             self.sae_config(name)
 
@@ -62,7 +63,7 @@ class RunConfig:
         overrides = self.saes[name]
         if not isinstance(overrides, Mapping):
             raise BadInputError(f"[saes] {name} = {overrides!r}: expected a table of TrainConfig keys")
-        given = {**asdict(self.train), **overrides, "out_dir": str(Path(self.out) / "saes" / _slug(name))}
+        given = {**asdict(self.train), **overrides, "out_dir": str(sae_directories(self.out, self.saes)[name])}
         return from_dict(TrainConfig, given, where=f"[saes] {name}")
 
 
@@ -225,6 +226,23 @@ def _spliced_eval(cfg: RunConfig, sae_dirs: dict[str, str], reused: dict[str, bo
 
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "sae"
+
+
+def sae_directories(out: str | os.PathLike, names: Any) -> dict[str, Path]:
+    """OUT/saes/<slug> for each SAE name (characters other than letters, digits, "_", "." and "-" become "_").
+    Refused, naming them: two names with one directory ("a=b" and "a_b" would share, and overwrite, one SAE),
+    and a name whose directory is not inside OUT/saes ("." or "..")."""
+    saes = Path(out) / "saes"
+    by_slug: dict[str, str] = {}
+    for name in names:
+        slug = _slug(str(name))
+        if slug in (".", ".."):
+            raise BadInputError(f"SAE name {name!r} would be written to {saes / slug}, outside {saes}; rename it")
+        if slug in by_slug:
+            raise BadInputError(f"SAE names {by_slug[slug]!r} and {name!r} both map to the directory {saes / slug}; "
+                                "rename one of them")
+        by_slug[slug] = str(name)
+    return {name: saes / slug for slug, name in by_slug.items()}
 
 
 def _store_complete(path: Path, max_tokens: int | None) -> bool:

@@ -12,7 +12,7 @@ import torch
 from saegeo.activations.store import StoreWriter, write_store
 from saegeo.report.check import ACTIVATIONS_MISMATCH, CheckOptions, activations_match_flags, check_with_activations
 from saegeo.report.report import ReportOptions
-from saegeo.sae.formats import load_dictionary
+from saegeo.sae.model import SAE
 
 FIXTURES = Path(__file__).parent / "fixtures" / "published"
 SAELENS = FIXTURES / "saelens_standard"  # metadata: gpt2, blocks.6.hook_resid_post, exclude_special_tokens true
@@ -44,15 +44,15 @@ def _mismatch(sae, store):
 
 
 def test_matching_store_raises_none(tmp_path):
-    sae = load_dictionary(SAELENS)
+    sae = SAE.load(SAELENS)
     assert _mismatch(sae, _store(tmp_path / "s", _rows(sae))) is None
-    llama = load_dictionary(LLAMA)
+    llama = SAE.load(LLAMA)
     x = torch.randn(N, 32, generator=torch.Generator().manual_seed(3)) * 40 / 32**0.5
     assert _mismatch(llama, write_store(tmp_path / "l", x, hook="blocks.15.hook_resid_post", model="none")) is None
 
 
 def test_different_hook_is_an_error(tmp_path):
-    sae = load_dictionary(SAELENS)
+    sae = SAE.load(SAELENS)
     flag = _mismatch(sae, _store(tmp_path / "s", _rows(sae), hook="blocks.4.hook_resid_post"))
     assert flag.severity == "error" and flag.evidence["causes"] == ["hook"]
     assert flag.evidence["hook"]["store_hook"] == "blocks.4.hook_resid_post" and "blocks.6.hook_resid_post" in flag.summary
@@ -62,13 +62,13 @@ def test_different_hook_is_an_error(tmp_path):
 
 
 def test_different_model_is_an_error(tmp_path):
-    sae = load_dictionary(SAELENS)
+    sae = SAE.load(SAELENS)
     flag = _mismatch(sae, _store(tmp_path / "s", _rows(sae), model="EleutherAI/pythia-70m"))
     assert flag.severity == "error" and flag.evidence["causes"] == ["model"]
 
 
 def test_scale_x10_against_the_recorded_norm_is_an_error(tmp_path):
-    llama = load_dictionary(LLAMA)
+    llama = SAE.load(LLAMA)
     x = torch.randn(N, 32, generator=torch.Generator().manual_seed(3)) * 40 / 32**0.5
     flag = _mismatch(llama, write_store(tmp_path / "l", 10 * x, hook="blocks.15.hook_resid_post"))
     assert flag.severity == "error" and "scale" in flag.evidence["causes"]
@@ -77,7 +77,7 @@ def test_scale_x10_against_the_recorded_norm_is_an_error(tmp_path):
 
 
 def test_scale_x10_without_a_recorded_norm_is_named(tmp_path):
-    sae = load_dictionary(SAELENS)
+    sae = SAE.load(SAELENS)
     flag = _mismatch(sae, _store(tmp_path / "s", 10 * _rows(sae)))
     assert {"scale", "offset"} <= set(flag.evidence["causes"])
     assert flag.evidence["scale"]["ratio"] == pytest.approx(10, rel=0.05)
@@ -85,7 +85,7 @@ def test_scale_x10_without_a_recorded_norm_is_named(tmp_path):
 
 
 def test_bos_rows_the_sae_excludes(tmp_path):
-    sae = load_dictionary(SAELENS)
+    sae = SAE.load(SAELENS)
     flag = _mismatch(sae, _store(tmp_path / "s", _rows(sae), exclude_special=False, bos_scale=50.0))
     assert flag.severity == "error" and flag.evidence["causes"] == ["special_rows"]
     ev = flag.evidence["special_rows"]
@@ -96,7 +96,7 @@ def test_bos_rows_the_sae_excludes(tmp_path):
 
 
 def test_centred_writing_weights(tmp_path):
-    sae = load_dictionary(SAELENS)
+    sae = SAE.load(SAELENS)
     sae.format_info.model_from_pretrained_kwargs = {"center_writing_weights": True}
     x = _rows(sae)
     flag = _mismatch(sae, _store(tmp_path / "u", x + 3.0))  # every row shifted along the all-ones direction
@@ -107,7 +107,7 @@ def test_centred_writing_weights(tmp_path):
 
 
 def test_check_withholds_fve_and_the_law_on_an_error(tmp_path):
-    sae = load_dictionary(SAELENS)
+    sae = SAE.load(SAELENS)
     opts, ropts = CheckOptions(progress=False), ReportOptions(progress=False)
     report, _ = check_with_activations(sae, _store(tmp_path / "bad", _rows(sae), hook="blocks.2.hook_resid_post"),
                                        options=opts, name="sae", report_options=ropts)
@@ -122,7 +122,7 @@ def test_check_withholds_fve_and_the_law_on_an_error(tmp_path):
 def test_cli_check_acts_reports_the_mismatch(tmp_path, capsys):
     from saegeo.cli import main
 
-    sae = load_dictionary(SAELENS)
+    sae = SAE.load(SAELENS)
     store = _store(tmp_path / "s", _rows(sae), exclude_special=False, bos_scale=50.0)
     assert main(["check", str(SAELENS), "--acts", str(store), "--no-progress", "--out", str(tmp_path / "out"),
                  "--format", "json", "--fail-on", "error"]) == 1
@@ -132,7 +132,7 @@ def test_cli_check_acts_reports_the_mismatch(tmp_path, capsys):
 
 
 def test_gemma_embedding_sqrt_d_scale_is_named(tmp_path):
-    sae = load_dictionary(SAELENS)
+    sae = SAE.load(SAELENS)
     sae.format_info.model_name, sae.format_info.hook_name = "google/gemma-2-2b", "hook_embed"
     x = _rows(sae) / 32**0.5  # transformer-lens hook_embed: Gemma's embeddings before the √d the model applies
     flag = _mismatch(sae, _store(tmp_path / "e", x, hook="hook_embed", model="google/gemma-2-2b"))

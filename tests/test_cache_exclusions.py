@@ -104,7 +104,6 @@ def test_eval_default_skip_counts_the_rows_the_norm_rule_dropped(tiny, text_file
     """With the norm rule on, a store holds fewer rows than the positions it read. `saegeo eval` skips the
     positions read (every non-special position of the corpus here, counted by hand), not the rows kept, so
     no training window is evaluated as held-out text."""
-    from saegeo.sae.formats import load_dictionary, save_sae
     from saegeo.sae.model import SAE, SAEConfig
     from saegeo.sae.splice import EvalConfig, _resolve
     from saegeo.sae.train import TrainConfig, _StoreSource
@@ -117,6 +116,6 @@ def test_eval_default_skip_counts_the_rows_the_norm_rule_dropped(tiny, text_file
     positions = sum(len(tiny.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
     assert store.n_tokens < positions  # the norm rule dropped rows
     identity = _StoreSource(store, TrainConfig(batch_tokens=16)).identity
-    sae_dir = save_sae(SAE(SAEConfig(d_in=store.d, d_sae=2 * store.d, activation="topk", k=4)), tmp_path / "sae", provenance={"data": identity})
-    resolved = _resolve(EvalConfig(corpus=str(text_file)), load_dictionary(sae_dir), tiny)
+    sae_dir = SAE(SAEConfig(d_in=store.d, d_sae=2 * store.d, activation="topk", k=4)).save(tmp_path / "sae", provenance={"data": identity})
+    resolved = _resolve(EvalConfig(corpus=str(text_file)), SAE.load(sae_dir), tiny)
     assert resolved["skip_tokens"] == positions

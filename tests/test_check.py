@@ -25,7 +25,7 @@ from saegeo.report.check import (
     DictionaryCheck,
     check_dictionary,
 )
-from saegeo.sae.formats import load_dictionary
+from saegeo.sae.model import SAE
 
 N_LAT, D_IN = 384, 48
 
@@ -88,7 +88,7 @@ def test_planted_mean_direction_row_and_duplicates_flag_exactly_those(tmp_path, 
     for row in (17, 200, 301):
         clean["W_dec"][row] = _unit(rng.standard_normal(D_IN))
     clean["W_enc"] = clean["W_dec"].T.copy()
-    check = check_dictionary(load_dictionary(_write_saelens(tmp_path / "clean", clean)), options=CheckOptions(progress=False))
+    check = check_dictionary(SAE.load(_write_saelens(tmp_path / "clean", clean)), options=CheckOptions(progress=False))
     assert check.flags == []
 
 
@@ -99,7 +99,7 @@ def test_dictionary_numbers_equal_brute_force(tmp_path):
     w[6] = 1e-9 * w[7]
     weights["W_dec"] = w.astype(np.float32)
     weights["W_enc"][:, 9] *= -1  # latent 9 reads against what it writes
-    check = check_dictionary(load_dictionary(_write_saelens(tmp_path / "d", weights)),
+    check = check_dictionary(SAE.load(_write_saelens(tmp_path / "d", weights)),
                              options=CheckOptions(progress=False, block_rows=50))
     alive = np.linalg.norm(w, axis=1) > 1e-6
     cos = _brute_force_cosines(w[alive])
@@ -176,10 +176,10 @@ def test_config_flags_from_each_format(tmp_path):
     weights["W_enc"] = weights["W_dec"].T.copy()
     opts = CheckOptions(progress=False)
     # SAELens expecting a rescaling factor the files do not hold
-    ea = check_dictionary(load_dictionary(_write_saelens(tmp_path / "ea", weights, normalize_activations="expected_average_only_in")), options=opts)
+    ea = check_dictionary(SAE.load(_write_saelens(tmp_path / "ea", weights, normalize_activations="expected_average_only_in")), options=opts)
     assert ea.flag_names() == [INPUT_SCALING]
     # SAELens layer_norm: the input normalisation is reported (info)
-    ln = check_dictionary(load_dictionary(_write_saelens(tmp_path / "ln", weights, normalize_activations="layer_norm")), options=opts)
+    ln = check_dictionary(SAE.load(_write_saelens(tmp_path / "ln", weights, normalize_activations="layer_norm")), options=opts)
     assert ln.flag_names() == [INPUT_NORMALIZATION]
     # dictionary_learning BatchTopK whose threshold was never set
     t = {k: torch.from_numpy(v) for k, v in weights.items()}
@@ -188,7 +188,7 @@ def test_config_flags_from_each_format(tmp_path):
     (tmp_path / "bt").mkdir()
     torch.save(sd, tmp_path / "bt" / "ae.pt")
     (tmp_path / "bt" / "config.json").write_text(json.dumps({"trainer": {"dict_class": "BatchTopKSAE", "k": 8}}))
-    bt = check_dictionary(load_dictionary(tmp_path / "bt"), options=opts)
+    bt = check_dictionary(SAE.load(tmp_path / "bt"), options=opts)
     assert bt.flag_names() == [UNSET_THRESHOLD]
     # JSON round trip
     again = DictionaryCheck.from_dict(json.loads(bt.to_json()))
@@ -211,7 +211,7 @@ def test_check_with_activations_merges_dictionary_flags(tmp_path, capsys):
     dup = [f for f in report["flags"] if f["name"] == DUPLICATES]
     assert len(dup) == 1 and sorted(dup[0]["latents"]) == [100, 200, 300, 301]
     # the report measured the SAE on these activations: FVE equals a direct computation
-    sae = load_dictionary(path)
+    sae = SAE.load(path)
     with torch.no_grad():
         recon = sae(torch.from_numpy(acts)).double().numpy()
     fve = 1 - ((acts - recon) ** 2).sum() / ((acts - acts.mean(0)) ** 2).sum()

@@ -10,7 +10,6 @@ import torch
 
 from saegeo.activations.store import write_store
 from saegeo.cli import main
-from saegeo.sae.formats import save_sae
 from saegeo.sae.model import SAE, SAEConfig
 from saegeo.sae.train import TrainConfig, train_sae
 
@@ -30,7 +29,7 @@ def fx(tmp_path_factory):
     (root / "a_file").write_text("not a directory")
     sae = SAE(SAEConfig(d_in=8, d_sae=16, activation="topk", k=2))
     sae.init_weights(torch.Generator().manual_seed(0))
-    save_sae(sae, root / "sae")
+    sae.save(root / "sae")
 
     class Stop(Exception):
         pass

@@ -24,7 +24,6 @@ from saegeo import distributed
 from saegeo.activations.store import ActivationStore, write_store
 from saegeo.geometry import GeometryAccumulator
 from saegeo.report import ReportOptions, geometry_report
-from saegeo.sae.formats import load_sae, save_sae
 from saegeo.sae.model import SAE, SAEConfig
 from saegeo.sae.train import TrainConfig, train_sae
 
@@ -228,7 +227,7 @@ def job(tmp_path_factory) -> Path:
     sae = SAE(SAEConfig(d_in=10, d_sae=40, activation="topk", k=5)).init_weights(torch.Generator().manual_seed(1))
     with torch.no_grad():
         sae.b_dec.copy_(_report_data().mean(0) * 0.5)  # b_dec halfway to the mean
-    save_sae(sae, tmp / "sae")
+    sae.save(tmp / "sae")
     _torchrun([_script(tmp, "worker.py", WORKER), str(tmp)], tmp)
     return tmp
 
@@ -279,7 +278,7 @@ def test_two_rank_training_equals_one_process_on_the_concatenated_batches_and_re
     assert two["heldout"]["fve"] == pytest.approx(single.heldout["fve"], abs=1e-5)
     # the SAE was written once (rank 0), with the world size in its provenance
     assert json.loads((job / "full" / "cfg.json").read_text())["saegeo"]["world_size"] == 2
-    torch.testing.assert_close(load_sae(job / "full").W_dec, single.sae.W_dec, rtol=1e-5, atol=2e-6)
+    torch.testing.assert_close(SAE.load(job / "full").W_dec, single.sae.W_dec, rtol=1e-5, atol=2e-6)
 
     # a checkpoint written by 2 ranks (step 4) resumes on 1 process to the uninterrupted result
     state = json.loads((job / "cut" / "checkpoint" / "state.json").read_text())

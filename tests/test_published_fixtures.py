@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from saegeo.errors import FormatError
-from saegeo.sae.formats import detect_format, load_dictionary
+from saegeo.sae.formats import detect_format
+from saegeo.sae.model import SAE
 
 FIXTURES = Path(__file__).parent / "fixtures" / "published"
 INDEX = json.loads((FIXTURES / "index.json").read_text())["fixtures"]
@@ -25,7 +26,7 @@ def _expected_format(name: str) -> str:
 
 
 def _load(name: str):
-    return load_dictionary(FIXTURES / name / INDEX[name]["load"])
+    return SAE.load(FIXTURES / name / INDEX[name]["load"])
 
 
 @pytest.mark.parametrize("name", LOADABLE)
@@ -87,7 +88,7 @@ def test_dictionary_learning_training_backup_refused_by_name(tmp_path):
     torch.save(backup, tmp_path / "ae.pt")
     assert detect_format(tmp_path) == "dictionary_learning"
     with pytest.raises(FormatError, match=r"training backup.*'optimizer'.*norm_factor.*scale_biases"):
-        load_dictionary(tmp_path)
+        SAE.load(tmp_path)
 
 
 def test_gemma_scope_2_skip_transcoder_refused(tmp_path):
@@ -99,7 +100,7 @@ def test_gemma_scope_2_skip_transcoder_refused(tmp_path):
     save_file(params, str(tmp_path / "params.safetensors"))
     (tmp_path / "config.json").write_text((src / "config.json").read_text())
     with pytest.raises(FormatError, match="params.safetensors: Gemma Scope 2 skip transcoder.*affine_skip_connection"):
-        load_dictionary(tmp_path)
+        SAE.load(tmp_path)
 
 
 # ============================================================================ hub ids, from an offline cache built here
@@ -133,8 +134,8 @@ def test_gemma_scope_release_id_loads_from_offline_cache(offline_cache):
     sub = "layer_20/width_16k/average_l0_71"
     src = FIXTURES / "gemma_scope_npz" / sub / "params.npz"
     _cache_repo(offline_cache, "google/gemma-scope-2b-pt-res", {f"{sub}/params.npz": src})
-    by_id = load_dictionary(f"gemma-scope-2b-pt-res/{sub}")
-    _same_sae(by_id, load_dictionary(src))
+    by_id = SAE.load(f"gemma-scope-2b-pt-res/{sub}")
+    _same_sae(by_id, SAE.load(src))
     info = by_id.format_info
     assert info.hub_id == f"gemma-scope-2b-pt-res/{sub}" and info.format == "gemma_scope_npz"
     assert info.model_name == "google/gemma-2-2b" and info.hook_name == "blocks.20.hook_resid_post"
@@ -148,26 +149,26 @@ def test_org_repo_subfolder_id_equals_path_load(offline_cache, name):
     files = {f"{sub}/{f.relative_to(root)}" if path.is_dir() else sub: f
              for f in ([q for q in root.rglob("*") if q.is_file()] if path.is_dir() else [path])}
     _cache_repo(offline_cache, "someorg/published-saes", files)
-    _same_sae(load_dictionary(f"someorg/published-saes/{sub}"), load_dictionary(path))
+    _same_sae(SAE.load(f"someorg/published-saes/{sub}"), SAE.load(path))
 
 
 def test_hub_id_offline_not_cached_names_what_it_looked_for(offline_cache):
     with pytest.raises(FormatError, match=r"gemma-scope-2b-pt-res/layer_3/width_16k/average_l0_9: google/gemma-scope-2b-pt-res"
                                           r"/layer_3/width_16k/average_l0_9 is not in .*HF_HUB_OFFLINE.*looked for "
                                           r"models--google--gemma-scope-2b-pt-res/snapshots/\*/layer_3/width_16k/average_l0_9"):
-        load_dictionary("gemma-scope-2b-pt-res/layer_3/width_16k/average_l0_9")
+        SAE.load("gemma-scope-2b-pt-res/layer_3/width_16k/average_l0_9")
 
 
 def test_hub_id_cached_repo_without_that_subfolder(offline_cache):
     sub = "layer_20/width_16k/average_l0_71"
     _cache_repo(offline_cache, "google/gemma-scope-2b-pt-res", {f"{sub}/params.npz": FIXTURES / "gemma_scope_npz" / sub / "params.npz"})
     with pytest.raises(FormatError, match=r"has no layer_21/width_16k/average_l0_71 \(looked for .*snapshots"):
-        load_dictionary("gemma-scope-2b-pt-res/layer_21/width_16k/average_l0_71")
+        SAE.load("gemma-scope-2b-pt-res/layer_21/width_16k/average_l0_71")
 
 
 def test_not_a_path_nor_a_hub_id():
     with pytest.raises(FormatError, match=r"\./missing-sae: does not exist, and is not a hub id"):
-        load_dictionary("./missing-sae")
+        SAE.load("./missing-sae")
 
 
 def test_saegeo_check_accepts_a_hub_id(offline_cache, capsys):

@@ -14,7 +14,8 @@ import torch
 from safetensors.numpy import save_file as save_numpy_safetensors
 
 from saegeo.errors import FormatError
-from saegeo.sae.formats import detect_format, load_dictionary
+from saegeo.sae.formats import detect_format
+from saegeo.sae.model import SAE
 
 D_IN, D_SAE, N_ROWS = 12, 40, 64
 TOL = dict(rtol=2e-4, atol=2e-4)  # float32 model vs float64 reference
@@ -174,7 +175,7 @@ def test_saelens_matches_reference(tmp_path, name, cfg, extra):
     cfg = {**(_V6 if "sae_lens_version" not in cfg else {}), "d_in": D_IN, "d_sae": D_SAE, **cfg}
     path = _write_saelens(tmp_path / name, w, cfg)
     assert detect_format(path) == "saelens"
-    sae = load_dictionary(path)
+    sae = SAE.load(path)
     x = _inputs(1, w["b_dec"])
     _check(sae, x, *_saelens_reference(x, w, cfg))
 
@@ -184,7 +185,7 @@ def test_saelens_expected_average_only_in_is_identity_but_noted(tmp_path):
     outside the files); the loader must match that and record the missing factor for `check`."""
     w = _weights(4)
     cfg = {**_V6, "d_in": D_IN, "d_sae": D_SAE, "architecture": "standard", "normalize_activations": "expected_average_only_in"}
-    sae = load_dictionary(_write_saelens(tmp_path / "ea", w, cfg))
+    sae = SAE.load(_write_saelens(tmp_path / "ea", w, cfg))
     x = _inputs(4, w["b_dec"])
     _check(sae, x, *_saelens_reference(x, w, {**cfg, "normalize_activations": "none"}))
     assert sae.format_info.normalize_activations == "expected_average_only_in"
@@ -221,7 +222,7 @@ def test_sparsify_matches_reference(tmp_path, num_latents, expansion, n_lat):
     path = tmp_path / "layers.3"
     sd, cfg = _sparsify_fixture(path, num_latents=num_latents, expansion=expansion, d_sae=n_lat)
     assert detect_format(path) == "sparsify"
-    sae = load_dictionary(path)
+    sae = SAE.load(path)
     assert sae.cfg.d_sae == n_lat
     x = _inputs(5, sd["b_dec"])
     _check(sae, x, *_sparsify_reference(x, sd, cfg["k"]))
@@ -231,7 +232,7 @@ def test_sparsify_num_latents_inconsistent_with_weights(tmp_path):
     path = tmp_path / "bad"
     _sparsify_fixture(path, num_latents=0, expansion=4, d_sae=36)  # cfg says 4 × 12 = 48 latents, weights hold 36
     with pytest.raises(FormatError, match=r"48.*36|36.*48"):
-        load_dictionary(path)
+        SAE.load(path)
 
 
 def test_sparsify_transposed_decoder_refused(tmp_path):
@@ -241,14 +242,14 @@ def test_sparsify_transposed_decoder_refused(tmp_path):
     sd["W_dec"] = np.ascontiguousarray(sd["W_dec"].T)
     save_numpy_safetensors(sd, str(path / "sae.safetensors"))
     with pytest.raises(FormatError, match=r"W_dec.*\(12, 36\).*\(36, 12\)"):
-        load_dictionary(path)
+        SAE.load(path)
 
 
 def test_sparsify_parent_directory_lists_hookpoints(tmp_path):
     _sparsify_fixture(tmp_path / "run" / "layers.0", num_latents=36, d_sae=36)
     _sparsify_fixture(tmp_path / "run" / "layers.1", num_latents=36, d_sae=36)
     with pytest.raises(FormatError, match=r"layers\.0.*layers\.1"):
-        load_dictionary(tmp_path / "run")
+        SAE.load(tmp_path / "run")
 
 
 # ============================================================================ dictionary_learning
@@ -324,7 +325,7 @@ def test_dictionary_learning_matches_reference(tmp_path, dict_class, with_config
     if not with_config and dict_class in ("AutoEncoderTopK", "BatchTopKSAE"):
         # identical keys, different encodes: the class must come from config.json, never be guessed
         with pytest.raises(FormatError, match="AutoEncoderTopK.*BatchTopKSAE.*config.json"):
-            load_dictionary(path)
+            SAE.load(path)
         return
     if with_config:
         trainer = {"trainer_class": _DL_TRAINERS[dict_class], "dict_class": dict_class, "activation_dim": D_IN,
@@ -333,7 +334,7 @@ def test_dictionary_learning_matches_reference(tmp_path, dict_class, with_config
             trainer["k"] = int(sd["k"])
         (path / "config.json").write_text(json.dumps({"trainer": trainer, "buffer": {"d_submodule": D_IN}}))
     assert detect_format(path) == "dictionary_learning"
-    sae = load_dictionary(path)
+    sae = SAE.load(path)
     sd_np = {k: v.numpy() for k, v in sd.items()}
     bdec = sd_np.get("b_dec", sd_np.get("bias", sd_np.get("decoder.bias")))
     x = _inputs(7, bdec)
@@ -346,7 +347,7 @@ def test_dictionary_learning_batchtopk_threshold_is_global_scalar(tmp_path):
     sd = _dl_state_dict("BatchTopKSAE")
     torch.save(sd, tmp_path / "ae.pt")
     (tmp_path / "config.json").write_text(json.dumps({"trainer": {"dict_class": "BatchTopKSAE", "k": 5}}))
-    sae = load_dictionary(tmp_path / "ae.pt")
+    sae = SAE.load(tmp_path / "ae.pt")
     x = _inputs(9, sd["b_dec"].numpy())
     with torch.no_grad():
         codes = sae.encode(_torch(x)).numpy()
@@ -375,7 +376,7 @@ def test_gemma_scope_npz_matches_reference(tmp_path):
     np.savez(folder / "params.npz", **p)
     for path in (folder, folder / "params.npz"):
         assert detect_format(path) == "gemma_scope_npz"
-        sae = load_dictionary(path)
+        sae = SAE.load(path)
         x = _inputs(11, p["b_dec"])
         _check(sae, x, *_gemma_scope_reference(x, p))
 
@@ -415,7 +416,7 @@ def test_openai_matches_reference(tmp_path, activation, spread):
     path = tmp_path / "v5_32k_layer_8.pt"
     torch.save(sd, path)
     assert detect_format(path) == "openai"
-    sae = load_dictionary(path)
+    sae = SAE.load(path)
     # residual-like rows: a per-row offset and spread that the LayerNorm removes; a tiny spread makes the
     # LayerNorm's eps (added to the std on the way in, not on the way out) visible in the reconstruction
     x = _inputs(13) * spread + (5.0 if spread > 1 else 1e-3)  # (a small offset keeps float32 exact enough)
@@ -426,7 +427,6 @@ def test_openai_matches_reference(tmp_path, activation, spread):
 # ============================================================================ round trip, safety, bad files
 def test_saegeo_sae_saved_in_saelens_layout_loads_through_detection(tmp_path):
     """A few steps of the saegeo trainer write the SAELens layout; auto-detection loads it back identical."""
-    from saegeo.sae.formats import load_sae
     from saegeo.sae.train import TrainConfig, train_sae
 
     data = torch.randn(3000, D_IN, generator=torch.Generator().manual_seed(0)) + 3.0
@@ -434,8 +434,8 @@ def test_saegeo_sae_saved_in_saelens_layout_loads_through_detection(tmp_path):
                       progress=False, b_dec_init_tokens=1000)
     train_sae(cfg, data)
     assert detect_format(tmp_path / "mine") == "saelens"
-    sae = load_sae(tmp_path / "mine")  # the trainer's own reader
-    loaded = load_dictionary(tmp_path / "mine")
+    sae = SAE.load(tmp_path / "mine")  # the trainer's own reader
+    loaded = SAE.load(tmp_path / "mine")
     assert loaded.format_info.format == "saelens" and float(sae.b_dec.detach().norm()) > 5  # b_dec := mean, ‖3·1‖ ≈ 10.4
     x = torch.randn(N_ROWS, D_IN) + sae.b_dec.detach()
     with torch.no_grad():
@@ -463,7 +463,7 @@ def test_pickle_that_runs_code_is_refused(tmp_path, filename):
     path = tmp_path / filename
     torch.save(sd, path)
     with pytest.raises(FormatError, match=r"weights_only|unsafe|refus"):
-        load_dictionary(path)
+        SAE.load(path)
     assert not marker.exists()
     # the fixture is genuinely dangerous: an unrestricted load would have run it
     torch.load(path, weights_only=False)
@@ -502,7 +502,7 @@ def test_truncated_files_get_clear_errors(tmp_path, fmt):
         victim = path
     _truncate(victim)
     with pytest.raises(FormatError) as err:
-        load_dictionary(path)
+        SAE.load(path)
     assert victim.name in str(err.value)
 
 
@@ -511,29 +511,29 @@ def test_wrong_shapes_name_the_tensor(tmp_path):
     w["W_dec"] = np.ascontiguousarray(w["W_dec"].T)  # (d_in, d_sae): transposed
     path = _write_saelens(tmp_path / "s", w, {**_V6, "d_in": D_IN, "d_sae": D_SAE, "architecture": "standard"})
     with pytest.raises(FormatError, match=r"W_dec.*\(12, 40\).*\(40, 12\)"):
-        load_dictionary(path)
+        SAE.load(path)
     # a cfg that disagrees with the weights
     w = _weights(1)
     path = _write_saelens(tmp_path / "s2", w, {**_V6, "d_in": D_IN + 1, "d_sae": D_SAE, "architecture": "standard"})
     with pytest.raises(FormatError, match=r"d_in"):
-        load_dictionary(path)
+        SAE.load(path)
     # a Gemma Scope npz with a missing threshold
     p = _weights(11)
     np.savez(tmp_path / "params.npz", **p)
     with pytest.raises(FormatError, match=r"threshold"):
-        load_dictionary(tmp_path / "params.npz")
+        SAE.load(tmp_path / "params.npz")
 
 
 def test_unknown_directory_says_what_was_found_and_expected(tmp_path):
     (tmp_path / "weights.bin").write_bytes(b"\0" * 16)
     (tmp_path / "notes.txt").write_text("hi")
     with pytest.raises(FormatError) as err:
-        load_dictionary(tmp_path)
+        SAE.load(tmp_path)
     msg = str(err.value)
     assert "weights.bin" in msg and "notes.txt" in msg
     assert "sae_weights.safetensors" in msg and "params.npz" in msg and "ae.pt" in msg
     with pytest.raises(FormatError, match="does not exist"):
-        load_dictionary(tmp_path / "nope")
+        SAE.load(tmp_path / "nope")
 
 
 def test_unsupported_variant_is_named(tmp_path):
@@ -543,4 +543,61 @@ def test_unsupported_variant_is_named(tmp_path):
          "b_mag": w["b_enc"], "r_mag": np.zeros(D_SAE, np.float32)}
     path = _write_saelens(tmp_path / "g", g, {**_V6, "d_in": D_IN, "d_sae": D_SAE, "architecture": "gated"})
     with pytest.raises(FormatError, match="gated"):
-        load_dictionary(path)
+        SAE.load(path)
+
+
+# ============================================================================ bad counts in configs (issue 27)
+def test_openai_topk_with_k_zero_is_refused_not_loaded_as_dense_relu(tmp_path):
+    sd = _openai_state_dict("TopK")
+    sd["activation_state_dict"] = {"k": 0, "postact_fn": "ReLU"}
+    torch.save(sd, tmp_path / "k0.pt")
+    with pytest.raises(FormatError, match=r"k0\.pt: TopK autoencoder needs an integer activation_state_dict\['k'\] "
+                                          r"in \[1, d_sae=40\] \(found 0\)"):
+        SAE.load(tmp_path / "k0.pt")
+
+
+_BAD_COUNTS = [("abc", "'abc'"), (12.5, "12.5"), (True, "True"), ("12", "'12'")]
+
+
+@pytest.mark.parametrize("key", ["d_in", "d_sae", "k"])
+@pytest.mark.parametrize("value, shown", _BAD_COUNTS)
+def test_saelens_config_counts_that_are_not_integers_are_named(tmp_path, key, value, shown):
+    cfg = {**_V6, "d_in": D_IN, "d_sae": D_SAE, "architecture": "topk", "k": 5, key: value}
+    path = _write_saelens(tmp_path / "s", _weights(3), cfg)
+    with pytest.raises(FormatError) as err:
+        SAE.load(path)
+    msg = str(err.value)
+    assert str(path / "cfg.json") in msg and key in msg and shown in msg and "\n" not in msg, msg
+
+
+@pytest.mark.parametrize("key", ["d_in", "num_latents", "expansion_factor", "k"])
+@pytest.mark.parametrize("value, shown", _BAD_COUNTS)
+def test_sparsify_config_counts_that_are_not_integers_are_named(tmp_path, key, value, shown):
+    path = tmp_path / "layers.3"  # expansion_factor is read only when num_latents is 0
+    _, cfg = _sparsify_fixture(path, num_latents=0 if key == "expansion_factor" else 36, expansion=3, d_sae=36)
+    (path / "cfg.json").write_text(json.dumps({**cfg, key: value}))
+    with pytest.raises(FormatError) as err:
+        SAE.load(path)
+    msg = str(err.value)
+    assert str(path / "cfg.json") in msg and key in msg and shown in msg and "\n" not in msg, msg
+
+
+@pytest.mark.parametrize("key", ["activation_dim", "dict_size", "k"])
+@pytest.mark.parametrize("value, shown", _BAD_COUNTS)
+def test_dictionary_learning_config_counts_that_are_not_integers_are_named(tmp_path, key, value, shown):
+    torch.save(_dl_state_dict("AutoEncoderTopK"), tmp_path / "ae.pt")
+    trainer = {"dict_class": "AutoEncoderTopK", "activation_dim": D_IN, "dict_size": D_SAE, "k": 5, key: value}
+    (tmp_path / "config.json").write_text(json.dumps({"trainer": trainer}))
+    with pytest.raises(FormatError) as err:
+        SAE.load(tmp_path / "ae.pt")
+    msg = str(err.value)
+    assert str(tmp_path / "config.json") in msg and f"trainer.{key}" in msg and shown in msg and "\n" not in msg, msg
+
+
+def test_dictionary_learning_k_buffer_that_is_not_a_whole_number_is_named(tmp_path):
+    sd = _dl_state_dict("AutoEncoderTopK")
+    sd["k"] = torch.tensor(5.5)
+    torch.save(sd, tmp_path / "ae.pt")
+    (tmp_path / "config.json").write_text(json.dumps({"trainer": {"dict_class": "AutoEncoderTopK"}}))
+    with pytest.raises(FormatError, match=r"ae\.pt: k must be one integer >= 1, found 5\.5"):
+        SAE.load(tmp_path / "ae.pt")

@@ -14,7 +14,6 @@ from saegeo.activations.store import write_store
 from saegeo.errors import BadInputError, FormatError
 from saegeo.geometry import GeometryAccumulator, activation_geometry
 from saegeo.report import GeometryReport, ReportOptions, geometry_report
-from saegeo.sae.formats import save_sae
 from saegeo.sae.model import SAE, SAEConfig
 from saegeo.sae.train import TrainConfig, train_sae
 from saegeo.synthetic import SuperpositionGenerator, preset
@@ -148,7 +147,7 @@ def test_every_source_gives_the_same_report(data_and_sae, tmp_path):
     by_tensor = geometry_report(x, {"s": sae}, options=QUIET)
     by_iter = geometry_report((x[lo : lo + 1000] for lo in range(0, len(x), 1000)), {"s": sae}, options=QUIET)
     store = write_store(tmp_path / "store", x, shard_rows=2500)
-    save_sae(sae, tmp_path / "sae", {"b_dec_init": "mean"})
+    sae.save(tmp_path / "sae", {"b_dec_init": "mean"})
     by_store = geometry_report(str(store.path), {"s": str(tmp_path / "sae")}, options=QUIET)
     for other in (by_iter, by_store):
         assert other.activations == by_tensor.activations
@@ -230,7 +229,7 @@ def test_cli_report_writes_every_format(data_and_sae, tmp_path, capsys):
 
     x, sae = data_and_sae
     write_store(tmp_path / "store", x[:3000], shard_rows=1000)
-    save_sae(sae, tmp_path / "sae", {"b_dec_init": "mean"})
+    sae.save(tmp_path / "sae", {"b_dec_init": "mean"})
     rc = main(["report", "--acts", str(tmp_path / "store"), "--sae", f"mine={tmp_path / 'sae'}",
                "--out", str(tmp_path / "out"), "--no-progress", "--batch-rows", "1000"])
     assert rc == 0

@@ -15,7 +15,6 @@ import torch
 from saegeo.activations.store import ActivationStore, StoreWriter, write_store
 from saegeo.cli import main
 from saegeo.errors import BadInputError, FormatError, StoreError
-from saegeo.sae.formats import load_sae, save_sae
 from saegeo.sae.model import SAE, SAEConfig
 from saegeo.sae.train import TrainConfig, train_sae
 
@@ -73,7 +72,7 @@ def test_a_flipped_bit_in_any_shard_is_refused_by_every_reader(store, tmp_path, 
     # every command that reads it: one line naming the shard and what to do, exit 2
     sae = SAE(SAEConfig(d_in=D, d_sae=16, activation="topk", k=2))
     sae.init_weights(torch.Generator().manual_seed(0))
-    save_sae(sae, tmp_path / "sae")
+    sae.save(tmp_path / "sae")
     commands = {
         "geometry": ["geometry", str(store.path), "--no-progress"],
         "report": ["report", "--acts", str(store.path), "--out", str(tmp_path / "rep"), "--no-progress"],
@@ -159,7 +158,7 @@ def test_a_finished_sae_is_never_overwritten_without_overwrite(tmp_path, store, 
     assert main(argv) == 2 and "--overwrite" in capsys.readouterr().err
     assert (tmp_path / "sae" / "cfg.json").read_bytes() == cfg_before
     assert main(argv + ["--seed", "1", "--overwrite"]) == 0
-    assert not torch.equal(load_sae(tmp_path / "sae").W_dec, first.sae.W_dec)
+    assert not torch.equal(SAE.load(tmp_path / "sae").W_dec, first.sae.W_dec)
 
 
 def test_no_resume_does_not_silently_replace_a_checkpoint(tmp_path, store):
@@ -169,18 +168,24 @@ def test_no_resume_does_not_silently_replace_a_checkpoint(tmp_path, store):
 
 
 def _train_then_sigkill(out: str, data_path: str, kill_at: int | None) -> None:
-    torch.set_num_threads(1)
-
     def kill(step, _):
         if step == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)  # kill -9: no cleanup, no atexit, no flush
 
-    train_sae(_cfg(out, checkpoint_every=3), data_path, on_step=kill)
+    train_sae(_cfg(out, checkpoint_every=3, num_threads=1), data_path, on_step=kill)
 
 
 def test_sigkill_at_random_steps_then_resume_gives_bit_identical_weights(tmp_path, store):
     ctx = mp.get_context("fork")
-    full = train_sae(_cfg(tmp_path / "full", checkpoint_every=3), store)
+    threads = torch.get_num_threads()
+    try:  # one thread throughout: another thread count changes the weights bitwise (and a resume refuses it)
+        _sigkill_runs(tmp_path, store, ctx)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _sigkill_runs(tmp_path, store, ctx) -> None:
+    full = train_sae(_cfg(tmp_path / "full", checkpoint_every=3, num_threads=1), store)
     steps = sorted({random.Random(seed).randint(1, 12) for seed in range(7)})
     assert len(steps) >= 5
     for kill_at in steps:
@@ -189,38 +194,38 @@ def test_sigkill_at_random_steps_then_resume_gives_bit_identical_weights(tmp_pat
         p.start()
         p.join(120)
         assert p.exitcode == -signal.SIGKILL, kill_at
-        resumed = train_sae(_cfg(out, checkpoint_every=3), store)
+        resumed = train_sae(_cfg(out, checkpoint_every=3, num_threads=1), store)
         for name, w in full.sae.state_dict().items():
             assert torch.equal(w, resumed.sae.state_dict()[name]), (kill_at, name)
         assert len(resumed.history) == len(full.history)
         assert resumed.history == [{**h, "tok_s": r["tok_s"]} for h, r in zip(full.history, resumed.history)]
-        assert torch.equal(load_sae(out).W_dec, full.sae.W_dec.detach())
+        assert torch.equal(SAE.load(out).W_dec, full.sae.W_dec.detach())
 
 
 def _save_and_crash(path: str, seed: int, crash_at: str) -> None:
     os.environ["SAEGEO_CRASH_AT"] = crash_at
     sae = SAE(SAEConfig(d_in=D, d_sae=16, activation="topk", k=2))
     sae.init_weights(torch.Generator().manual_seed(seed))
-    save_sae(sae, path)
+    sae.save(path)
 
 
 @pytest.mark.parametrize("crash_at, survivor", [("sae_before_commit:1", "old"), ("sae_mid_commit:1", "new")])
 def test_a_save_killed_between_the_two_files_leaves_one_whole_sae(tmp_path, crash_at, survivor):
     old = SAE(SAEConfig(d_in=D, d_sae=16, activation="topk", k=2))
     old.init_weights(torch.Generator().manual_seed(0))
-    save_sae(old, tmp_path / "sae")
+    old.save(tmp_path / "sae")
     p = mp.get_context("fork").Process(target=_save_and_crash, args=(str(tmp_path / "sae"), 1, crash_at))
     p.start()
     p.join(60)
     assert p.exitcode == 137  # crash_point's os._exit: killed mid-save
     new = SAE(SAEConfig(d_in=D, d_sae=16, activation="topk", k=2))
     new.init_weights(torch.Generator().manual_seed(1))
-    loaded = load_sae(tmp_path / "sae")
+    loaded = SAE.load(tmp_path / "sae")
     want = old if survivor == "old" else new
     for name, w in want.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], w), name
     assert not (tmp_path / "sae" / "saegeo_commit.json").exists()
-    save_sae(new, tmp_path / "sae")  # the next save clears an interrupted one's debris
+    new.save(tmp_path / "sae")  # the next save clears an interrupted one's debris
     assert sorted(f.name for f in (tmp_path / "sae").iterdir()) == ["cfg.json", "sae_weights.safetensors"]
 
 
@@ -228,10 +233,10 @@ def test_weights_of_another_save_are_refused(tmp_path):
     for seed in (0, 1):
         sae = SAE(SAEConfig(d_in=D, d_sae=16, activation="topk", k=2))
         sae.init_weights(torch.Generator().manual_seed(seed))
-        save_sae(sae, tmp_path / str(seed))
+        sae.save(tmp_path / str(seed))
     (tmp_path / "0" / "sae_weights.safetensors").write_bytes((tmp_path / "1" / "sae_weights.safetensors").read_bytes())
     with pytest.raises(FormatError, match="does not match the sha256 recorded in cfg.json"):
-        load_sae(tmp_path / "0")
+        SAE.load(tmp_path / "0")
 
 
 # =========================================================================== cfg.json consistency
@@ -240,27 +245,27 @@ def test_weights_of_another_save_are_refused(tmp_path):
 def test_saelens_fields_that_disagree_with_the_saegeo_block_are_refused(tmp_path, key, value):
     sae = SAE(SAEConfig(d_in=D, d_sae=16, activation="topk", k=2))
     sae.init_weights(torch.Generator().manual_seed(0))
-    save_sae(sae, tmp_path)
+    sae.save(tmp_path)
     cfg = json.loads((tmp_path / "cfg.json").read_text())
     cfg[key] = value
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
     with pytest.raises(FormatError, match=f"SAELens fields disagree with the saegeo block \\({key}={value!r}"):
-        load_sae(tmp_path)
+        SAE.load(tmp_path)
 
 
 def test_an_empty_cfg_json_is_refused(tmp_path):
     sae = SAE(SAEConfig(d_in=D, d_sae=16, activation="relu"))
-    save_sae(sae, tmp_path)
+    sae.save(tmp_path)
     (tmp_path / "cfg.json").write_text("{}")
     with pytest.raises(FormatError, match=r"lacks \['d_in', 'd_sae'\]"):
-        load_sae(tmp_path)
+        SAE.load(tmp_path)
 
 
 # =========================================================================== held-out rows, strict JSON
 def test_a_non_finite_held_out_row_is_named_or_skipped_and_counted(tmp_path):
     x = _rows(640)
     x[600, 3] = float("nan")  # held out: the last 64 rows (10%) are rows 576..639
-    with pytest.raises(BadInputError, match=r"row 600 of the data \(held-out row 24\) is not finite"):
+    with pytest.raises(BadInputError, match=r"non-finite value \(NaN or inf\) in the tensor \(global row 600\), a held-out row"):
         train_sae(_cfg(), x)
     res = train_sae(_cfg(tmp_path / "sae", skip_nonfinite=True), x)
     assert res.heldout["nonfinite_rows_skipped"] == 1 and res.heldout["tokens"] == 63
@@ -295,3 +300,65 @@ def test_offset_and_a_are_clipped_to_their_ranges_with_a_note():
     assert geo.offset == 1.0 and geo.anisotropy == 1.0  # identical directions: exactly 1 in exact arithmetic
     assert any(n.startswith("‖m̂‖ = 1 from rounding") for n in geo.notes), geo.notes
     assert any(n.startswith("A = 1 from rounding") for n in geo.notes), geo.notes
+
+
+# =========================================================================== commits that cannot lie (issue 27)
+def _overwrite_then_sigkill(out: str, data_path: str, kill_at: int) -> None:
+    torch.set_num_threads(1)
+
+    def kill(step, _):
+        if step == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    train_sae(_cfg(out, seed=1, overwrite=True, checkpoint_every=2), data_path, on_step=kill)
+
+
+def test_overwrite_killed_mid_run_leaves_the_old_sae_and_a_finished_one_replaces_it(tmp_path, store):
+    first = train_sae(_cfg(tmp_path / "sae"), store)
+    p = mp.get_context("fork").Process(target=_overwrite_then_sigkill, args=(str(tmp_path / "sae"), str(store.path), 5))
+    p.start()
+    p.join(120)
+    assert p.exitcode == -signal.SIGKILL
+    assert (tmp_path / "sae" / "checkpoint" / "state.json").is_file()  # the new run got under way
+    old = SAE.load(tmp_path / "sae")
+    for name, w in first.sae.state_dict().items():
+        assert torch.equal(old.state_dict()[name], w), name
+    second = train_sae(_cfg(tmp_path / "sae", seed=1, overwrite=True), store)
+    new = SAE.load(tmp_path / "sae")
+    assert torch.equal(new.W_dec, second.sae.W_dec.detach()) and not torch.equal(new.W_dec, first.sae.W_dec)
+
+
+@pytest.mark.parametrize("tensor", ["W_dec", "b_enc", "threshold"])
+def test_save_refuses_non_finite_weights_and_writes_nothing(tmp_path, tensor):
+    good = SAE(SAEConfig(d_in=D, d_sae=16, activation="jumprelu"))
+    good.init_weights(torch.Generator().manual_seed(0))
+    good.save(tmp_path / "sae")
+    before = {f.name: f.read_bytes() for f in (tmp_path / "sae").iterdir()}
+    bad = SAE(SAEConfig(d_in=D, d_sae=16, activation="jumprelu"))
+    bad.init_weights(torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        getattr(bad, tensor).view(-1)[3] = float("nan")
+        getattr(bad, tensor).view(-1)[5] = float("inf")
+    for path in (tmp_path / "sae", tmp_path / "fresh"):
+        with pytest.raises(BadInputError, match=rf"{path}: not saved: {tensor} has 2 non-finite value\(s\)") as err:
+            bad.save(path)
+        assert "\n" not in str(err.value)
+    assert {f.name: f.read_bytes() for f in (tmp_path / "sae").iterdir()} == before
+    assert not (tmp_path / "fresh").exists()
+
+
+# =========================================================================== SAE names on disk (issue 27)
+@pytest.mark.parametrize("names, message", [
+    (["a=b", "a_b"], r"SAE names 'a=b' and 'a_b' both map to the directory .*saes/a_b; rename one"),
+    (["x y", "x  y"], r"SAE names 'x y' and 'x  y' both map"),
+    ([".."], r"SAE name '\.\.' would be written to .*saes/\.\., outside .*saes; rename it"),
+    (["."], r"SAE name '\.' would be written"),
+])
+def test_sae_names_that_collide_or_leave_saes_are_refused_before_anything_is_written(tmp_path, names, message):
+    from saegeo.pipeline import run_job
+
+    cfg = {"out": str(tmp_path / "run"), "acts": str(tmp_path / "no_store"),
+           "saes": {name: {"seed": i} for i, name in enumerate(names)}}
+    with pytest.raises(BadInputError, match=message):
+        run_job(cfg, log=lambda *a: None)
+    assert not (tmp_path / "run").exists()

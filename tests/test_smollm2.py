@@ -26,7 +26,6 @@ from saegeo.activations.cache import CacheConfig, cache_activations  # noqa: E40
 from saegeo.render.text import exclusion_lines  # noqa: E402
 from saegeo.activations.models import load_model, smollm2_path  # noqa: E402
 from saegeo.activations.store import ActivationStore  # noqa: E402
-from saegeo.sae.formats import save_sae  # noqa: E402
 from saegeo.sae.model import SAE, SAEConfig  # noqa: E402
 from saegeo.sae.splice import EvalConfig, splice_eval, splice_eval_many  # noqa: E402
 from splice_helpers import identity_sae, run_forked  # noqa: E402
@@ -235,7 +234,7 @@ def test_cli_eval_json(smol, corpus, tmp_path, monkeypatch, capsys):
     from saegeo import cli
     from saegeo.sae import splice
 
-    sae_dir = save_sae(random_topk(), tmp_path / "sae", provenance={"data": {"model": smol.name, "hook": HOOK}})
+    sae_dir = random_topk().save(tmp_path / "sae", provenance={"data": {"model": smol.name, "hook": HOOK}})
     monkeypatch.setattr(splice, "load_model", lambda spec: smol)  # the model is already loaded in this module
     out = tmp_path / "eval.json"
     rc = cli.main(["eval", "--model", "smollm2", "--sae", str(sae_dir), "--corpus", str(corpus), "--context", "24",
@@ -293,7 +292,7 @@ def test_report_with_model_has_one_splice_column_per_sae(smol, corpus, tmp_path,
     acts = write_store(tmp_path / "acts", torch.randn(600, 576, generator=torch.Generator().manual_seed(0)) * 3)
     dirs = {}
     for name, seed in (("one", 0), ("two", 1)):
-        dirs[name] = save_sae(random_topk(seed=seed), tmp_path / name, provenance={"data": {"model": smol.name, "hook": HOOK}})
+        dirs[name] = random_topk(seed=seed).save(tmp_path / name, provenance={"data": {"model": smol.name, "hook": HOOK}})
     import dataclasses
 
     many = splice.splice_eval_many  # the loaded model, the module's short document instead of the default corpus

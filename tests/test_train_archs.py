@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from saegeo.activations.store import ActivationStore, write_store
-from saegeo.sae.formats import load_sae, save_sae
-from saegeo.sae.model import SAE, SAEConfig, _JumpReLUFn, _StepFn
+from saegeo.sae.architectures.jumprelu import JumpReLUFn, StepFn
+from saegeo.sae.model import SAE, SAEConfig
 from saegeo.sae.train import TrainConfig, _StoreSource, train_sae
 from saegeo.synthetic import SuperpositionGenerator, SyntheticConfig
 
@@ -63,7 +63,7 @@ def test_batchtopk_saved_as_saelens_jumprelu_round_trips_with_identical_codes(tm
     assert res.sae.cfg.activation == "batchtopk" and float(res.sae.threshold) > 0
     saved = json.loads((tmp_path / "btk" / "cfg.json").read_text())
     assert saved["architecture"] == "jumprelu" and saved["saegeo"]["trained_as"] == "batchtopk"
-    loaded = load_sae(tmp_path / "btk")
+    loaded = SAE.load(tmp_path / "btk")
     assert loaded.cfg.activation == "jumprelu"
     assert torch.equal(loaded.threshold, res.sae.threshold.expand(128))  # broadcast per latent
     with torch.no_grad():
@@ -78,14 +78,14 @@ def test_jumprelu_step_gradient_is_the_central_finite_difference_of_width_bandwi
     pre = torch.rand(5000, 3, dtype=torch.float64) * 2
     theta = torch.tensor([0.3, 0.9, 1.4], dtype=torch.float64, requires_grad=True)
     eps = 0.05
-    (grad,) = torch.autograd.grad(_StepFn.apply(pre, theta, eps).sum(), theta)
+    (grad,) = torch.autograd.grad(StepFn.apply(pre, theta, eps).sum(), theta)
     with torch.no_grad():
         fd = ((pre > theta + eps / 2).double().sum(0) - (pre > theta - eps / 2).double().sum(0)) / eps
     torch.testing.assert_close(grad, fd)
     assert (grad < 0).all()  # raising θ lowers L0
     # the JumpReLU output: ∂/∂θ_i = −(θ_i/ε)·#{|pre − θ_i| < ε/2}, closed form; ∂/∂pre = H(pre − θ)
     pre.requires_grad_(True)
-    g_pre, g_theta = torch.autograd.grad(_JumpReLUFn.apply(pre, theta, eps).sum(), (pre, theta))
+    g_pre, g_theta = torch.autograd.grad(JumpReLUFn.apply(pre, theta, eps).sum(), (pre, theta))
     with torch.no_grad():
         window = ((pre - theta).abs() < eps / 2).double().sum(0)
         torch.testing.assert_close(g_theta, -(theta / eps) * window)
@@ -197,8 +197,8 @@ def test_save_sae_broadcasts_a_batchtopk_threshold(tmp_path):
     sae = _sae("batchtopk", k=3)
     with torch.no_grad():
         sae.threshold.fill_(0.4)
-    save_sae(sae, tmp_path / "b")
-    loaded = load_sae(tmp_path / "b")
+    sae.save(tmp_path / "b")
+    loaded = SAE.load(tmp_path / "b")
     x = torch.randn(100, 16) * 2
     with torch.no_grad():
         assert torch.equal(loaded.encode(x), sae.encode(x))
@@ -214,7 +214,7 @@ def test_report_names_a_batchtopk_sae_saved_as_jumprelu(tmp_path):
     rep = geometry_report(x, str(tmp_path / "b"), options=ReportOptions(progress=False, device="cpu"))
     assert rep.saes[0].architecture == "batchtopk (saved as jumprelu)" and rep.saes[0].k == 6
     # the pipeline passes loaded SAE objects: the loader carries what the saegeo block says
-    rep = geometry_report(x, {"b": load_sae(tmp_path / "b")}, options=ReportOptions(progress=False))
+    rep = geometry_report(x, {"b": SAE.load(tmp_path / "b")}, options=ReportOptions(progress=False))
     assert rep.saes[0].architecture == "batchtopk (saved as jumprelu)" and rep.saes[0].k == 6
 
 
@@ -257,8 +257,10 @@ def test_sparse_step_equals_the_dense_objective(arch, quantile, monkeypatch):
             pre = sae.pre_activations(x)
             sae.threshold.copy_(pre.quantile(quantile, dim=0).clamp_min(0.0))  # θ ≥ 0, as the trainer keeps it
         sae.threshold.requires_grad_(True)  # as the trainer sets it
-        dense = SAE._jumprelu_dense_step
-        monkeypatch.setattr(SAE, "_jumprelu_dense_step", lambda self, *a: dense_calls.append(1) or dense(self, *a))
+        from saegeo.sae.architectures import jumprelu
+
+        dense = jumprelu.dense_step
+        monkeypatch.setattr(jumprelu, "dense_step", lambda *a: dense_calls.append(1) or dense(*a))
     out = sae.forward_train(x, l0_target=target, l0_coefficient=coefficient, bandwidth=eps)
     assert len(dense_calls) == (quantile == 0.5)
     params = [p for p in (sae.W_enc, sae.b_enc, sae.W_dec, sae.b_dec, getattr(sae, "threshold", None))
@@ -279,16 +281,16 @@ def test_sparse_step_equals_the_dense_objective(arch, quantile, monkeypatch):
 def test_batch_topk_selection_equals_the_flat_topk_also_when_rows_overflow():
     """The candidate-based selection returns the flat topk's entry set, also when some rows hold many more than
     their share (rows scaled up: they overflow the per-row candidates and join whole) and with ties at 0."""
-    from saegeo.sae.model import _batch_topk_entries
+    from saegeo.sae.architectures.batchtopk import batch_topk_entries
 
     g = torch.Generator().manual_seed(0)
     values = torch.randn(200, 300, generator=g).relu_()
     values[[3, 77, 150]] *= 50  # these rows alone hold more than 2·count/n of the largest entries
     for count in (1, 600, 2000, 30_000):
         want = set(values.view(-1).topk(count).indices.tolist())
-        got = _batch_topk_entries(values, count)
+        got = batch_topk_entries(values, count)
         assert got.numel() == count and set(got.tolist()) == want, count
     sparse = torch.zeros(50, 40)
     sparse[0, :3] = torch.tensor([3.0, 2.0, 1.0])  # fewer positives than count: the rest are ties at 0
-    got = _batch_topk_entries(sparse, 100)
+    got = batch_topk_entries(sparse, 100)
     assert got.numel() == 100 and {0, 1, 2} <= set(got.tolist())

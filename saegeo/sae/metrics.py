@@ -70,7 +70,7 @@ class SAEMetrics:
             # codes of SAEs that rescale by the decoder norm already carry it
             self._rescaled = bool(getattr(cfg, "rescale_acts_by_decoder_norm", False))
             # saegeo TopK: encode_topk/decode_sparse give the same codes and x̂ without the dense code matrix
-            self._sparse_topk = getattr(cfg, "activation", None) == "topk" and hasattr(sae, "encode_topk") \
+            self._sparse_topk = bool(getattr(getattr(sae, "architecture", None), "topk_codes", False)) \
                 and hasattr(sae, "decode_sparse")
             self._fold = row_norms(sae.W_dec.detach()).to(self.device, torch.float32)
             self._b_dec = sae.b_dec.detach().to(self.device, torch.float32)

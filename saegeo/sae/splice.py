@@ -69,7 +69,7 @@ class EvalConfig:
     """`saegeo eval`: which model, SAE, hook and text; None fields come from the SAE's own metadata."""
 
     model: str = option("smollm2", "'smollm2' (bundled decoder), 'minilm', a local HF dir, ...")
-    sae: str = option("", "the SAE: any load_dictionary path or hub id (native or published); required")
+    sae: str = option("", "the SAE: any SAE.load path or hub id (native or published); required")
     hook: str | None = option(None, "default: the SAE's hook_name")
     corpus: str = option("default", "text to evaluate on, as for `saegeo cache`")
     context: int | None = option(None, "default: the SAE's training context, else 128", low=2)
@@ -165,7 +165,7 @@ def _hook_width(loaded: LoadedModel, hook: str) -> int:
 def _reconstruct(sae: SAE, x: Float[Tensor, "n d"]) -> tuple[Float[Tensor, "n d"], Tensor]:
     """(x̂, Σ active latents) with the SAE's own encode/decode (sparse decode for TopK)."""
     _, state = sae.normalize_input(x)
-    if sae.cfg.activation == "topk":
+    if sae.architecture.topk_codes:
         values, idx = sae.encode_topk(x)
         return sae.decode_sparse(values, idx, state), (values != 0).sum()
     codes = sae.encode(x)
@@ -240,9 +240,7 @@ def _pass_mask(acts: Tensor, store: Bool[Tensor, "b p"], attend: Bool[Tensor, "b
 
 def splice_eval(cfg: EvalConfig, loaded: LoadedModel | None = None, sae: SAE | None = None) -> dict[str, Any]:
     """Evaluate cfg.sae spliced into cfg.model at its hook; the JSON-ready result (see module docstring)."""
-    from saegeo.sae.formats import load_dictionary
-
-    sae = sae if sae is not None else load_dictionary(cfg.sae)
+    sae = sae if sae is not None else SAE.load(cfg.sae)
     return splice_eval_many(cfg, {cfg.sae or "sae": sae}, loaded)[cfg.sae or "sae"]
 
 
@@ -251,13 +249,11 @@ def splice_eval_many(
 ) -> dict[str, dict[str, Any]]:
     """Several SAEs on the same tokens: SAEs that share a hook and pass-through rules share the prefix and
     the clean, zero and mean suffixes of every batch; each adds only its spliced suffix."""
-    from saegeo.sae.formats import load_dictionary
-
     if cfg.max_tokens < 2:
         raise BadInputError(f"max_tokens must be at least 2, got {cfg.max_tokens}")
     device = resolve_device(cfg.device)  # before loading anything: a bad device fails fast
     open_corpus(CorpusSpec(source=cfg.corpus, text_field=cfg.text_field))  # ... and so does a bad corpus
-    saes = {name: (load_dictionary(s) if isinstance(s, (str, Path)) else s) for name, s in saes.items()}
+    saes = {name: (SAE.load(s) if isinstance(s, (str, Path)) else s) for name, s in saes.items()}
     loaded = loaded or load_model(cfg.model)
     groups: dict[str, list[str]] = {}
     resolved = {}

@@ -1,0 +1,206 @@
+"""What an SAE architecture is to saegeo, and the one registry of them.
+
+An architecture turns pre-activations into codes (inference), defines its training objective and auxiliary
+terms, its init and threshold updates, and what it saves. `SAE` (encode, forward, persistence), the trainer,
+the format loaders and the report ask the registry; none of them branches on an architecture's name. A new
+architecture is one module: subclass `Architecture`, then `register_architecture("name", Cls)`.
+`SAEConfig` lives here too: the format readers build it without the model (saegeo.sae.model re-exports it).
+The `sae` the methods take is a saegeo.sae.model.SAE.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, NamedTuple
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from saegeo.errors import BadInputError, FormatError
+
+TOPK_ORDERS = ("relu_then_topk", "topk_then_relu")
+INPUT_NORMALIZATIONS = ("none", "layer_norm", "constant_norm_rescale")
+
+
+@dataclass
+class SAEConfig:
+    """Everything needed to rebuild the encode/decode of an SAE (shapes come from d_in, d_sae)."""
+
+    d_in: int
+    d_sae: int
+    activation: str = "topk"  # a registered architecture (saegeo.sae.architectures)
+    k: int | None = None  # topk: active latents per row; batchtopk: the training k (inference uses threshold)
+    # topk order. relu_then_topk (sparsify): top-k of relu(pre). topk_then_relu (SAELens, OpenAI):
+    # relu of the top-k of pre. Dense codes are identical; the chosen *indices* differ when a row
+    # has fewer than k positive pre-activations (zeros vs. the least negative latents).
+    topk_order: str = "relu_then_topk"
+    apply_b_dec_to_input: bool = True  # subtract b_dec before encoding (SAELens, sparsify) or not (Gemma Scope npz)
+    # SAELens TopK option: pre-activations scaled by ‖W_dec[i]‖ before TopK, codes divided by it in decode
+    rescale_acts_by_decoder_norm: bool = False
+    input_normalization: str = "none"  # "layer_norm": OpenAI's per-row LayerNorm, inverted after decode
+    layer_norm_eps: float = 1e-5
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        for name in ("d_in", "d_sae", "k"):  # a count: never a bool, a float or a string (one-line error)
+            value = getattr(self, name)
+            if value is None and name == "k":
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise FormatError(f"SAEConfig.{name} must be an integer >= 1, got {value!r}")
+            setattr(self, name, int(value))
+        try:
+            arch = get_architecture(self.activation)
+        except FormatError as err:
+            raise FormatError(f"SAEConfig.activation: {err}") from None
+        arch.check_config(self)
+        if self.topk_order not in TOPK_ORDERS:
+            raise FormatError(f"SAEConfig.topk_order={self.topk_order!r}; expected one of {TOPK_ORDERS}")
+        if self.input_normalization not in INPUT_NORMALIZATIONS:
+            raise FormatError(
+                f"SAEConfig.input_normalization={self.input_normalization!r}; expected one of {INPUT_NORMALIZATIONS}"
+            )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class TrainOutput(NamedTuple):
+    """What one training forward pass returns; losses are scalars, the rest is for metrics."""
+
+    loss: Tensor  # total objective
+    sse: Tensor  # Σ ‖x − x̂‖² over the batch (float32 scalar)
+    centred_ss: Tensor  # Σ ‖x − mean_batch(x)‖²
+    l0_sum: Tensor  # Σ over rows of the number of active latents
+    aux_loss: Tensor  # the architecture's auxiliary term (AuxK, L1, L0 penalty), before its coefficient
+    fired: Tensor  # (d_sae,) bool: latent active on some row of the batch
+    fire_count: Tensor  # (d_sae,) number of rows each latent fired on
+    min_kept: Tensor | None = None  # batchtopk: smallest positive code kept in this batch (threshold estimate)
+
+
+class Architecture:
+    """One SAE architecture. Subclasses implement `encode` and `forward_train`; the rest has defaults that fit
+    an architecture without a threshold, trained with a unit-norm decoder and Adam on every parameter.
+
+    `tcfg` below is a `saegeo.sae.train.TrainConfig`: each architecture reads the training options it uses.
+    """
+
+    name: str = ""  # set by register_architecture
+    saelens_name: str | None = None  # SAELens cfg.json "architecture" it is saved as (None: its own name)
+    uses_k: bool = False  # the training option k is stored in SAEConfig.k (topk, batchtopk; jumprelu: its L0 target)
+    topk_codes: bool = False  # exactly k (values, indices) per row: encode_topk and the sparse decode apply
+    init_encoder_scale: float = 1.0  # SAE.init_weights' tied encoder W_enc = scale · W_decᵀ
+
+    # ------------------------------------------------------------------ the model
+    def check_config(self, cfg: SAEConfig) -> None:
+        """Refuse an SAEConfig this architecture cannot run (FormatError)."""
+
+    def add_threshold(self, sae, cfg: SAEConfig, **tensor_kw: Any) -> None:
+        """Give `sae` its `threshold`: by default a scalar buffer (shape (1,)) that no code reads."""
+        sae.register_buffer("threshold", torch.zeros(1, **tensor_kw))
+
+    # ------------------------------------------------------------------ inference
+    def encode(self, sae, pre: Float[Tensor, "n d_sae"]) -> Float[Tensor, "n d_sae"]:
+        """Dense codes ≥ 0 from the pre-activations."""
+        raise NotImplementedError
+
+    def encode_topk(self, sae, pre: Float[Tensor, "n d_sae"]) -> tuple[Float[Tensor, "n k"], Int[Tensor, "n k"]]:
+        """(values, latent indices), k per row: only for architectures with `topk_codes`."""
+        raise BadInputError(f"encode_topk needs a topk SAE, this one is {self.name!r}")
+
+    def reconstruct(self, sae, pre: Float[Tensor, "n d_sae"], norm_state: tuple | None) -> Float[Tensor, "n d_in"]:
+        """x̂ from the pre-activations of normalised inputs (default: the dense decode of `encode`)."""
+        return sae.decode(self.encode(sae, pre), norm_state=norm_state)
+
+    def scale_latents(self, sae, scale: Float[Tensor, " d_sae"]) -> None:
+        """Multiply each latent's code by scale_i without changing which latents fire (decoder-norm folding);
+        only for positively homogeneous architectures."""
+        raise FormatError(f"cannot fold decoder norms into a {self.name} SAE without changing its codes")
+
+    # ------------------------------------------------------------------ training
+    def forward_train(self, sae, x: Float[Tensor, "n d_in"], *, centred_ss: Tensor,
+                      centred_ss_fn: Callable[[Tensor], Tensor], dead_mask: Tensor | None,
+                      **options: Any) -> TrainOutput:
+        """The training objective on one batch; `options` are those of `step_options` (unknown ones ignored)."""
+        raise NotImplementedError(f"architecture {self.name!r} cannot be trained")
+
+    def sae_config_fields(self, tcfg: Any) -> dict[str, Any]:
+        """SAEConfig fields set from the training options (beyond d_in, d_sae, activation)."""
+        return {"k": tcfg.k} if self.uses_k else {}
+
+    def unit_decoder(self, tcfg: Any) -> bool:
+        """Whether decoder rows are kept at unit norm during training (otherwise folded to unit at the end)."""
+        return True
+
+    def param_groups(self, sae, tcfg: Any) -> list[dict]:
+        """Adam's parameter groups, each with an `lr_scale` (the threshold is not trained by default)."""
+        return [{"params": [p for n, p in sae.named_parameters() if n != "threshold"], "lr_scale": 1.0}]
+
+    def init_training(self, sae, tcfg: Any, sample_rows: Callable[[int], Tensor]) -> None:
+        """After SAE.init_weights of a new run: what else this architecture initialises; `sample_rows(n)` gives
+        up to n training rows."""
+
+    def step_options(self, tcfg: Any, step: int, d_in: int) -> dict[str, Any]:
+        """The keyword options of `forward_train` at this step."""
+        return {}
+
+    def after_step(self, sae, out: TrainOutput, step: int, tcfg: Any,
+                   mean_across_ranks: Callable[[Tensor], Tensor]) -> None:
+        """After each optimiser step (thresholds); `mean_across_ranks` averages a tensor over DDP ranks."""
+
+    # ------------------------------------------------------------------ persistence (SAELens layout)
+    def saved_form(self, cfg: SAEConfig) -> tuple[SAEConfig, dict]:
+        """The SAEConfig written to disk and the provenance to record with it (default: as it is)."""
+        return cfg, {}
+
+    def saved_tensors(self, sae, cfg: SAEConfig) -> dict[str, Tensor]:
+        """The tensors written to sae_weights.safetensors, in the SAELens layout."""
+        return {"W_enc": sae.W_enc.detach(), "W_dec": sae.W_dec.detach(),
+                "b_enc": sae.b_enc.detach(), "b_dec": sae.b_dec.detach()}
+
+    def threshold_shape(self, cfg: SAEConfig) -> tuple[int, ...] | None:
+        """Shape of the threshold a weights file must hold for this architecture (None: none)."""
+        return None
+
+    def saelens_fields(self, cfg: SAEConfig) -> dict[str, Any]:
+        """Architecture-specific SAELens cfg.json keys (e.g. topk's k)."""
+        return {}
+
+
+_REGISTRY: dict[str, Architecture] = {}
+
+
+def register_architecture(name: str, cls: type[Architecture]) -> Architecture:
+    """Make `cls` the architecture called `name` (SAEConfig.activation, TrainConfig.arch); returns its instance.
+    Registering a name again replaces it (a test or a notebook redefining its class)."""
+    if not name.isidentifier():
+        raise BadInputError(f"architecture name {name!r} must be an identifier")
+    arch = cls()
+    arch.name = name
+    _REGISTRY[name] = arch
+    return arch
+
+
+def unregister_architecture(name: str) -> None:
+    """Remove a registered architecture (a test's or a notebook's; SAEs of it can no longer be built)."""
+    _REGISTRY.pop(name, None)
+
+
+def get_architecture(name: str) -> Architecture:
+    """The registered architecture called `name`; FormatError listing the registered ones otherwise."""
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise FormatError(f"unknown SAE architecture {name!r}; registered: {', '.join(architecture_names())}") from None
+
+
+def architecture_names() -> tuple[str, ...]:
+    """The registered architecture names, sorted."""
+    return tuple(sorted(_REGISTRY))
+
+
+def architecture_for_saelens(saelens_name: str) -> Architecture | None:
+    """The registered architecture saved under this SAELens name (standard → relu), or None."""
+    return next((a for a in _REGISTRY.values() if (a.saelens_name or a.name) == saelens_name), None)

@@ -1,0 +1,102 @@
+"""BatchTopK SAE (Bussmann et al. 2024; dictionary_learning, SAELens).
+
+Training: codes = the k·n largest entries of relu(pre) over the whole batch (k per row on average); loss as
+TopK (FVU + AuxK). The inference threshold θ tracks the smallest positive code kept (`update_threshold`).
+Inference: one global scalar threshold, codes = relu(pre)·[relu(pre) > θ] (dictionary_learning's default).
+Saved as SAELens saves its own: architecture "jumprelu" with θ broadcast to every latent, the saegeo block
+keeping trained_as = "batchtopk" and training_k.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from saegeo.sae.architectures.base import Architecture, TrainOutput, register_architecture
+from saegeo.sae.architectures.kernels import GatheredLinear, aux_options, auxk_loss, gathered_pre, row_sorted_entries
+
+
+def batch_topk_entries(values: Float[Tensor, "n d_sae"], count: int,
+                       per_row: int | None = None) -> Int[Tensor, " count"]:
+    """Flat indices r·d_sae + c of the `count` largest entries of `values` (BatchTopK's selection), exactly as
+    a topk over the flattened matrix, but from each row's top `per_row` (default 2·count/n) candidates: the
+    global set lies inside them unless a row's smallest candidate exceeds the count-th largest candidate τ;
+    such rows join with all their entries (τ only rises, so the rest stay complete). ≈2.5× faster on CPU."""
+    n, d_sae = values.shape
+    per_row = min(d_sae, per_row or max(1, 2 * -(-count // n)))
+    if per_row * n <= count or per_row == d_sae:
+        return values.view(-1).topk(count, sorted=False).indices
+    cand_values, cand_cols = values.topk(per_row, dim=1, sorted=False)
+    tau = cand_values.view(-1).topk(count, sorted=False).values.min()
+    overflow = cand_values.min(dim=1).values > tau  # rows that may hold more than their candidates
+    truncated, keep = overflow.nonzero()[:, 0], ~overflow
+    cand_flat = torch.arange(n, device=values.device)[:, None] * d_sae + cand_cols
+    whole_rows = truncated[:, None] * d_sae + torch.arange(d_sae, device=values.device)
+    flat = torch.cat([cand_flat[keep].view(-1), whole_rows.view(-1)])
+    pool = torch.cat([cand_values[keep].view(-1), values[truncated].view(-1)])
+    return flat[pool.topk(count, sorted=False).indices]
+
+
+@torch.no_grad()
+def update_threshold(sae, min_kept: Tensor, step: int, rate: float) -> None:
+    """θ ← θ + max(rate, 1/(step + 1))·(m − θ), m = the smallest positive code BatchTopK kept in this batch: the
+    running mean of m for the first 1/rate steps, then an EMA (dictionary_learning and SAELens track the same m).
+    At inference codes = relu(pre)·[relu(pre) > θ], which keeps about k per row."""
+    sae.threshold.add_((min_kept.to(sae.threshold.dtype) - sae.threshold) * max(rate, 1.0 / (step + 1)))
+
+
+class BatchTopK(Architecture):
+    """k·n codes per batch in training; one scalar threshold at inference."""
+
+    uses_k = True
+
+    def encode(self, sae, pre):
+        # dictionary_learning BatchTopK at inference: one global scalar threshold, not per-row TopK.
+        post = F.relu(pre)
+        return post * (post > sae.threshold.reshape(-1)[0])
+
+    def forward_train(self, sae, x, *, centred_ss, centred_ss_fn, dead_mask, aux_k: int = 0,
+                      aux_coefficient: float = 0.0, **_: Any) -> TrainOutput:
+        # dense pre-activations without autograd, then the k·n entries that carry a gradient (flat, sorted by
+        # row) through GatheredLinear and a bagged decode
+        xc = x - sae.b_dec if sae.cfg.apply_b_dec_to_input else x
+        n, d_sae = x.shape[0], sae.cfg.d_sae
+        with torch.no_grad():
+            pre = torch.addmm(sae.b_enc, xc, sae.W_enc)
+            entries = batch_topk_entries(pre.relu_(), min(int(sae.cfg.k) * n, pre.numel()))
+        rows, cols, offsets = row_sorted_entries(entries, n, d_sae)
+        gathered = GatheredLinear.apply(xc, sae.W_enc, sae.b_enc, cols, pre[rows, cols], rows, offsets)
+        values = F.relu(gathered)
+        with torch.no_grad():
+            positive = values[values > 0]
+            min_kept = positive.min() if positive.numel() else values.new_zeros(())
+        x_hat = sae.decode_sparse(values, cols, offsets=offsets)
+        err = x - x_hat
+        sse = err.pow(2).sum()
+        active = values.detach() > 0
+        fire_count = torch.zeros(d_sae, device=x.device, dtype=torch.float32).index_add_(0, cols, active.float())
+        aux = auxk_loss(sae, err, pre, dead_mask, aux_k, aux_coefficient, centred_ss_fn, gathered_pre(xc, sae, pre))
+        loss = sse / centred_ss + aux_coefficient * aux
+        return TrainOutput(loss, sse.detach(), centred_ss, active.sum(), aux.detach(), fire_count > 0, fire_count,
+                           min_kept)
+
+    def step_options(self, tcfg, step: int, d_in: int) -> dict:
+        return aux_options(tcfg, d_in)
+
+    def after_step(self, sae, out, step, tcfg, mean_across_ranks) -> None:
+        update_threshold(sae, mean_across_ranks(out.min_kept), step, tcfg.threshold_ema)
+
+    def threshold_shape(self, cfg) -> tuple[int, ...]:
+        return (1,)
+
+    def saved_form(self, cfg):
+        # relu(pre)·[relu(pre) > θ] = relu(pre)·[pre > θ_i] with θ_i = θ: a JumpReLU with θ broadcast
+        return dataclasses.replace(cfg, activation="jumprelu", k=None), {"trained_as": "batchtopk", "training_k": cfg.k}
+
+
+register_architecture("batchtopk", BatchTopK)

@@ -1,0 +1,160 @@
+"""JumpReLU SAE (Rajamanoharan et al. 2024; SAELens, Gemma Scope): codes = relu(pre)·[pre > θ_i].
+
+Training: codes = pre·H(pre − θ) (`JumpReLUFn`); loss = FVU + l0_coefficient·(L0/l0_target − 1)² with
+L0 = mean_rows Σ_i H(pre − θ_i) (`StepFn`: straight-through for θ, rectangle kernel of width `bandwidth`);
+without l0_target the penalty is l0_coefficient·L0 (the paper's form). The thresholds train at
+lr · threshold_lr_scale, start where each latent fires on an l0/d_sae share of the rows, and stay ≥ 0.
+Only the entries that are active or inside θ's window carry a gradient: they go through
+`kernels.GatheredLinear` and a bagged decode, unless more than an eighth of the batch does (`dense_step`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from saegeo.sae.architectures.base import Architecture, TrainOutput, register_architecture
+from saegeo.sae.architectures.kernels import GatheredLinear, rectangle_window, row_sorted_entries, sum_to
+
+
+class JumpReLUFn(torch.autograd.Function):
+    """codes = pre·H(pre − θ) with a straight-through estimator for θ (Rajamanoharan et al. 2024).
+
+    ∂codes/∂pre = H(pre − θ) (exact away from the jump); ∂codes/∂θ_i := −(θ_i/ε)·K((pre − θ_i)/ε) with the
+    rectangle kernel K(u) = 1[|u| < ½] and bandwidth ε: the jump of height θ_i spread over a window of width ε.
+    """
+
+    @staticmethod
+    def forward(ctx, pre, threshold, bandwidth):
+        ctx.save_for_backward(pre, threshold)
+        ctx.bandwidth = bandwidth
+        return pre * (pre > threshold)
+
+    @staticmethod
+    def backward(ctx, grad):
+        pre, threshold = ctx.saved_tensors
+        eps = ctx.bandwidth
+        grad_pre = grad * (pre > threshold) if ctx.needs_input_grad[0] else None
+        grad_thr = None
+        if ctx.needs_input_grad[1]:
+            grad_thr = sum_to(-(threshold / eps) * grad * rectangle_window(pre, threshold, eps), threshold)
+        return grad_pre, grad_thr, None
+
+
+class StepFn(torch.autograd.Function):
+    """H(pre − θ) with ∂/∂pre := 0 and ∂/∂θ_i := −(1/ε)·K((pre − θ_i)/ε): the L0 that trains the threshold.
+
+    Summed over rows this is exactly the central finite difference of Σ_r H(pre_r − θ_i) with step ε:
+    −#{r: |pre_r − θ_i| < ε/2}/ε.
+    """
+
+    @staticmethod
+    def forward(ctx, pre, threshold, bandwidth):
+        ctx.save_for_backward(pre, threshold)
+        ctx.bandwidth = bandwidth
+        return (pre > threshold).to(pre.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        pre, threshold = ctx.saved_tensors
+        eps = ctx.bandwidth
+        grad_thr = None
+        if ctx.needs_input_grad[1]:
+            grad_thr = sum_to(-(grad * rectangle_window(pre, threshold, eps)) / eps, threshold)
+        return None, grad_thr, None
+
+
+def dense_step(sae, x: Tensor, centred_ss: Tensor, l0_target: float | None, l0_coefficient: float,
+               bandwidth: float) -> TrainOutput:
+    """JumpReLU's objective on dense (n, d_sae) tensors: cheaper than the sparse path when more than an
+    eighth of the entries are active or near θ. (x − b_dec) W_enc + b_enc = x W_enc + (b_enc − b_dec W_enc):
+    x needs no gradient, so the backward skips the (n × d_sae) @ (d_sae × d_in) product of ∂x."""
+    bias = sae.b_enc - sae.b_dec @ sae.W_enc if sae.cfg.apply_b_dec_to_input else sae.b_enc
+    pre = torch.addmm(bias, x, sae.W_enc)
+    codes = JumpReLUFn.apply(pre, sae.threshold, bandwidth)
+    sse = (x - torch.addmm(sae.b_dec, codes, sae.W_dec)).pow(2).sum()
+    fire_count = torch.count_nonzero(codes.detach(), dim=0).to(torch.float32)
+    l0 = StepFn.apply(pre, sae.threshold, bandwidth).sum() / x.shape[0]
+    aux = (l0 / l0_target - 1).pow(2) if l0_target else l0
+    loss = sse / centred_ss + l0_coefficient * aux
+    return TrainOutput(loss, sse.detach(), centred_ss, fire_count.sum(), aux.detach(), fire_count > 0, fire_count)
+
+
+@torch.no_grad()
+def init_threshold(sae, x: Float[Tensor, "n d"], l0: float) -> None:
+    """θ_i := the m-th largest pre-activation of latent i on the rows x, m = max(1, round(n·l0/d_sae)): every
+    latent starts firing on an l0/d_sae share of the rows, so L0 starts at its target (the STE moves θ only
+    by about lr per step, too slowly to come down from a dense start in a short run)."""
+    pre = sae.pre_activations(x.to(sae.W_enc.device))
+    m = max(1, min(pre.shape[0], round(pre.shape[0] * l0 / sae.cfg.d_sae)))
+    sae.threshold.copy_(pre.topk(m, dim=0).values[-1].clamp_min(0.0))
+
+
+class JumpReLU(Architecture):
+    """codes = relu(pre)·[pre > θ_i], one trained threshold per latent."""
+
+    uses_k = True  # the L0 target, recorded in SAEConfig.k (inference does not read it)
+
+    def add_threshold(self, sae, cfg, **tensor_kw) -> None:
+        # a parameter (the trainer turns its gradient on); SAE.load fills it from the file
+        sae.threshold = nn.Parameter(torch.zeros(cfg.d_sae, **tensor_kw), requires_grad=False)
+
+    def encode(self, sae, pre):
+        return F.relu(pre) * (pre > sae.threshold)
+
+    def scale_latents(self, sae, scale: Tensor) -> None:
+        sae.W_enc.mul_(scale)
+        sae.b_enc.mul_(scale)
+        sae.threshold.mul_(scale)
+
+    def forward_train(self, sae, x, *, centred_ss, centred_ss_fn, dead_mask, l0_target: float | None = None,
+                      l0_coefficient: float = 0.0, bandwidth: float = 0.05, **_: Any) -> TrainOutput:
+        xc = x - sae.b_dec if sae.cfg.apply_b_dec_to_input else x
+        n, d_sae = x.shape[0], sae.cfg.d_sae
+        with torch.no_grad():
+            pre = torch.addmm(sae.b_enc, xc, sae.W_enc)
+            # active (pre > θ) or inside the threshold's window: every entry with a gradient
+            near = rectangle_window(pre, sae.threshold, bandwidth) > 0
+            entries = ((pre > sae.threshold) | near).view(-1).nonzero()[:, 0]
+        if entries.numel() > pre.numel() // 8:  # far from sparse (thresholds too low)
+            return dense_step(sae, x, centred_ss, l0_target, l0_coefficient, bandwidth)
+        rows, cols, offsets = row_sorted_entries(entries, n, d_sae)
+        gathered = GatheredLinear.apply(xc, sae.W_enc, sae.b_enc, cols, pre[rows, cols], rows, offsets)
+        threshold = sae.threshold[cols]  # one θ per entry: its gradient scatters back per latent
+        values = JumpReLUFn.apply(gathered, threshold, bandwidth)
+        x_hat = sae.decode_sparse(values, cols, offsets=offsets)
+        sse = (x - x_hat).pow(2).sum()
+        active = values.detach() > 0
+        fire_count = torch.zeros(d_sae, device=x.device, dtype=torch.float32).index_add_(0, cols, active.float())
+        # entries outside the set add H = 0 and no gradient: the L0 of the whole batch
+        l0 = StepFn.apply(gathered, threshold, bandwidth).sum() / n
+        aux = (l0 / l0_target - 1).pow(2) if l0_target else l0
+        loss = sse / centred_ss + l0_coefficient * aux
+        return TrainOutput(loss, sse.detach(), centred_ss, active.sum(), aux.detach(), fire_count > 0, fire_count)
+
+    def param_groups(self, sae, tcfg) -> list[dict]:
+        sae.threshold.requires_grad_(True)
+        return super().param_groups(sae, tcfg) + [{"params": [sae.threshold], "lr_scale": tcfg.threshold_lr_scale}]
+
+    def init_training(self, sae, tcfg, sample_rows) -> None:
+        init_threshold(sae, sample_rows(min(tcfg.b_dec_init_tokens, 16_384)), tcfg.k)
+
+    def step_options(self, tcfg, step: int, d_in: int) -> dict:
+        return {"l0_target": tcfg.k, "l0_coefficient": tcfg.l0_coefficient, "bandwidth": tcfg.bandwidth}
+
+    def after_step(self, sae, out, step, tcfg, mean_across_ranks) -> None:
+        sae.threshold.data.clamp_(min=0.0)  # codes pre·H(pre − θ) stay ≥ 0
+
+    def threshold_shape(self, cfg) -> tuple[int, ...]:
+        return (cfg.d_sae,)
+
+    def saved_tensors(self, sae, cfg) -> dict[str, Tensor]:
+        # a BatchTopK SAE saved as jumprelu holds one θ: broadcast to every latent
+        return {**super().saved_tensors(sae, cfg), "threshold": sae.threshold.detach().expand(cfg.d_sae)}
+
+
+register_architecture("jumprelu", JumpReLU)

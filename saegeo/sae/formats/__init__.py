@@ -1,0 +1,121 @@
+"""Dictionary files: saegeo's own SAE directories and the published formats, one reader module per library.
+
+  saelens              SAELens layout (any version), also what `SAE.save` writes          saelens.py
+  sparsify             EleutherAI sparsify                                                sparsify.py
+  dictionary_learning  saprmarks/dictionary_learning                                      dictionary_learning.py
+  gemma_scope_npz / _2 Gemma Scope params.npz, Gemma Scope 2 params.safetensors            gemma_scope.py
+  llama_scope          OpenMOSS lm-saes                                                   llama_scope.py
+  goodfire             Goodfire .pth                                                      goodfire.py
+  openai               openai/sparse_autoencoder                                          openai.py
+
+Each reader returns a `Dictionary` (SAEConfig, tensors in the SAELens layout, FormatInfo) with its library's own
+encode/decode (see base.py); `read_dictionary` detects the format of a path (or resolves a hub id, hub.py) and
+reads it; `saegeo.sae.model.SAE.load` and `load_dictionary` build the SAE from it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+from saegeo.errors import FormatError
+from saegeo.sae.formats.base import EXPECTED_LAYOUTS, Dictionary, FormatInfo, read_json, read_pickle
+from saegeo.sae.formats.dictionary_learning import read_dictionary_learning
+from saegeo.sae.formats.gemma_scope import read_gemma_scope_2, read_gemma_scope_npz
+from saegeo.sae.formats.goodfire import read_goodfire
+from saegeo.sae.formats.hub import HUB_RELEASES, HubDictionary, download_hub_dictionary, resolve_hub_id
+from saegeo.sae.formats.llama_scope import read_llama_scope
+from saegeo.sae.formats.openai import read_openai
+from saegeo.sae.formats.saelens import COMMIT_FILENAME, CFG_FILENAME, WEIGHTS_FILENAME, read_saelens
+from saegeo.sae.formats.sparsify import read_sparsify
+
+__all__ = ["CFG_FILENAME", "WEIGHTS_FILENAME", "HUB_RELEASES", "LOADERS", "Dictionary", "FormatInfo", "HubDictionary",
+           "detect_format", "read_dictionary", "resolve_hub_id", "download_hub_dictionary"]
+
+LOADERS: dict[str, Callable[[str | os.PathLike], Dictionary]] = {
+    "saelens": read_saelens, "sparsify": read_sparsify, "dictionary_learning": read_dictionary_learning,
+    "gemma_scope_npz": read_gemma_scope_npz, "gemma_scope_2": read_gemma_scope_2, "llama_scope": read_llama_scope,
+    "goodfire": read_goodfire, "openai": read_openai,
+}
+
+
+def _detect_file(p: Path) -> str:
+    name = p.name
+    if name.endswith(".npz"):
+        return "gemma_scope_npz"
+    if name in (WEIGHTS_FILENAME, "sae.safetensors", CFG_FILENAME, "config.json", "params.safetensors", "hyperparams.json"):
+        return _detect_dir(p.parent)
+    if p.suffix in (".pt", ".pth", ".ckpt"):
+        if (p.parent / "config.json").is_file() and "trainer" in read_json(p.parent / "config.json"):
+            return "dictionary_learning"
+        keys = set(read_pickle(p))
+        if {"pre_bias", "latent_bias"} & keys:
+            return "openai"
+        if "encoder_linear.weight" in keys:
+            return "goodfire"
+        if {"ae", "optimizer"} <= keys:
+            return "dictionary_learning"  # a training backup: refused there by name
+        if keys & {"encoder.weight", "W_enc", "decoder.weight", "W_dec"}:
+            return "dictionary_learning"
+        raise FormatError(f"{p}: a state dict with keys {sorted(keys)[:12]} matches no known dictionary; expected {EXPECTED_LAYOUTS}")
+    raise FormatError(f"{p}: unknown dictionary file type; expected {EXPECTED_LAYOUTS}")
+
+
+def _detect_dir(d: Path) -> str:
+    names = {p.name for p in d.iterdir()}
+    if CFG_FILENAME in names and WEIGHTS_FILENAME in names or COMMIT_FILENAME in names:  # (a save to finish)
+        return "saelens"
+    if CFG_FILENAME in names and "sae.safetensors" in names:
+        return "sparsify"
+    if "ae.pt" in names:
+        return "dictionary_learning"
+    if "params.npz" in names:
+        return "gemma_scope_npz"
+    if "params.safetensors" in names:
+        return "gemma_scope_2"
+    if "hyperparams.json" in names:
+        return "llama_scope"
+    pts = sorted(n for n in names if n.endswith((".pt", ".pth")))
+    if len(pts) == 1:
+        return _detect_file(d / pts[0])
+    nested = []
+    for sub in sorted(p for p in d.iterdir() if p.is_dir()):
+        try:
+            nested.append(f"{sub.name} ({_detect_dir(sub)})")
+        except FormatError:
+            continue
+    if nested:
+        raise FormatError(f"{d} holds {len(nested)} dictionaries: {', '.join(nested[:20])}{' ...' if len(nested) > 20 else ''}; pass one of them")
+    raise FormatError(f"{d}: found {sorted(names)[:30] or 'an empty directory'}, which matches no dictionary layout; expected {EXPECTED_LAYOUTS}")
+
+
+def detect_format(path: str | os.PathLike) -> str:
+    """The published format of a dictionary file or directory, one of the keys of LOADERS, from the file names
+    and (for a lone .pt) its keys; FormatError says what was found and what was expected."""
+    p = Path(path)
+    if not p.exists():
+        raise FormatError(f"{p}: does not exist")
+    return _detect_file(p) if p.is_file() else _detect_dir(p)
+
+
+def read_dictionary(path: str | os.PathLike) -> Dictionary:
+    """The dictionary at `path`, in any supported format (auto-detected): a local file or directory, or a hub id
+    (see `resolve_hub_id`) fetched through the Hugging Face cache. Its `info` records the format, the source and
+    the config facts `saegeo check` reads."""
+    if Path(path).exists():
+        return LOADERS[detect_format(path)](path)
+    hub = resolve_hub_id(str(path))
+    if hub is None:
+        raise FormatError(f"{path}: does not exist, and is not a hub id (org/repo[/subfolder], or RELEASE/sae_id "
+                          "for a release of saegeo.sae.formats.HUB_RELEASES such as gemma-scope-2b-pt-res)")
+    local = download_hub_dictionary(hub)
+    found = LOADERS[detect_format(local)](local)
+    info = found.info
+    info.hub_id = str(path)
+    layer = next((part[len("layer_"):] for part in hub.subfolder.split("/") if part.startswith("layer_")), None)
+    if hub.model_name and not info.model_name:
+        info.model_name = hub.model_name
+    if hub.hook_template and layer is not None and layer.isdigit():
+        info.hook_name = hub.hook_template.format(layer=int(layer))
+    return found

@@ -1,0 +1,188 @@
+"""What every dictionary reader shares: the record a reader returns (`Dictionary`: SAEConfig, tensors in the
+SAELens layout, `FormatInfo`), the safe file readers (JSON, safetensors, pickles with weights_only, npz) and the
+checks whose messages name the file and the field.
+
+Each reader module (saelens, sparsify, dictionary_learning, gemma_scope, llama_scope, goodfire, openai)
+returns a Dictionary with the format's own encode/decode, transcribed from the library's code (not guessed):
+
+  format               files                               x − b_dec first?      activation
+  saelens              cfg.json + sae_weights.safetensors  apply_b_dec_to_input  standard: ReLU; topk: TopK then ReLU;
+                                                                                 jumprelu: ReLU(pre)·[pre > θ]
+  sparsify             cfg.json + sae.safetensors          yes (not transcoders) ReLU then TopK
+  dictionary_learning  ae.pt [+ config.json]               per class             per class
+  gemma_scope_npz      params.npz                          no                    ReLU(pre)·[pre > θ]
+  gemma_scope_2        params.safetensors + config.json    no                    ReLU(pre)·[pre > θ]
+  llama_scope          hyperparams.json +                  no (inputs ·√d/norm)  ReLU(pre)·[pre·‖W_dec,i‖ > θ]
+                       checkpoints/final.safetensors
+  goodfire             one .pth                            no                    ReLU
+  openai               <name>.pt state dict                yes (pre_bias)        TopK then ReLU after a per-row
+                                                                                 LayerNorm (undone after decode) | ReLU
+
+Pickles are only read with torch.load(weights_only=True); anything else in them is refused.
+Variants whose encode is outside the contract (gated, groupmax, skip connections, matching pursuit)
+are refused by name rather than loaded with the wrong semantics.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from saegeo.errors import FormatError
+from saegeo.sae.architectures import SAEConfig
+
+
+@dataclass
+class FormatInfo:
+    """What a loader read from a dictionary's files beyond its encode/decode: provenance, and the facts
+    `saegeo check` needs about how its inputs must be prepared. None: the format does not say."""
+
+    format: str = "saegeo"  # a key of saegeo.sae.formats.LOADERS ("saelens", "sparsify", ...) or "saegeo"
+    source: str | None = None  # the file or directory it was loaded from
+    written_by: str | None = None  # "saegeo" for directories saegeo wrote
+    model_name: str | None = None
+    hook_name: str | None = None
+    source_dtype: str | None = None  # dtype(s) of the stored weights (they are loaded as float32)
+    hub_id: str | None = None  # the hub id it was resolved from (load_dictionary("org/repo[/sub]" or a release id))
+    # what the activations must be (SAELens metadata; `saegeo check --acts` compares them with the store)
+    hook_head_index: int | None = None  # one attention head of a hook_z activation
+    model_from_pretrained_kwargs: dict | None = None  # e.g. {"center_writing_weights": false}
+    exclude_special_tokens: bool | list | None = None  # BOS / special-token rows left out of training
+    prepend_bos: bool | None = None
+    context_size: int | None = None
+    expected_input_norm: float | None = None  # E‖x‖ of the training inputs (Llama Scope dataset_average_activation_norm.in)
+    input_scale_folded: float | None = None  # Llama Scope: √d / norm_in folded into W_enc (and 1/it into W_dec, b_dec)
+    # SAELens
+    sae_lens_version: str | None = None
+    architecture: str | None = None
+    normalize_activations: str | None = None  # inputs must be scaled by a factor the files may not hold
+    folded_scaling_factor: dict[str, float] | None = None  # {min, max} of a finetuning factor folded into W_dec
+    # sparsify
+    transcoder: bool = False  # reconstructs another activation than it reads (no b_dec subtraction)
+    normalize_decoder: bool | None = None
+    signed: bool = False  # top k of |pre|, negative codes kept (sparsify signed: true)
+    # dictionary_learning
+    dict_class: str | None = None
+    trainer_class: str | None = None
+    threshold: float | None = None  # BatchTopK / Matryoshka global threshold
+    threshold_unset: bool = False  # BatchTopK threshold -1: never set in training, codes are dense
+    stored_threshold_ignored: float | None = None  # AutoEncoderTopK keeps a threshold it does not use
+    group_sizes: list[int] | None = None  # Matryoshka
+    training_k: int | None = None  # BatchTopK k used in training (inference uses the threshold)
+    # OpenAI
+    openai_activation: str | None = None
+
+    def to_dict(self) -> dict:
+        """The fields that are set (not None / False), for reports."""
+        return {k: v for k, v in asdict(self).items() if v is not None and v is not False}
+
+
+@dataclass
+class Dictionary:
+    """What a reader returns: the SAEConfig, its tensors by SAE attribute name (W_enc (d_in, d_sae), W_dec
+    (d_sae, d_in), b_enc, b_dec[, threshold]; any float dtype, checked finite) and what the files said.
+    `saegeo.sae.model.SAE.load` builds the SAE from it."""
+
+    cfg: SAEConfig
+    tensors: dict[str, torch.Tensor]
+    info: FormatInfo
+
+
+EXPECTED_LAYOUTS = (
+    "saelens: cfg.json + sae_weights.safetensors; sparsify: cfg.json + sae.safetensors; "
+    "dictionary_learning: ae.pt [+ config.json]; Gemma Scope: params.npz; Gemma Scope 2: params.safetensors + config.json; "
+    "Llama Scope: hyperparams.json + checkpoints/final.safetensors; Goodfire: one .pth (encoder_linear.*, decoder_linear.*); "
+    "OpenAI sparse_autoencoder: one .pt state dict"
+)
+
+
+def read_json(file: Path) -> dict:
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise FormatError(f"{file}: cannot read JSON ({err}); the file is truncated or not a config") from None
+    if not isinstance(raw, dict):
+        raise FormatError(f"{file}: expected a JSON object, found {type(raw).__name__}")
+    return raw
+
+
+def read_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(file))
+    except Exception as err:  # SafetensorError, OSError, ... : all mean "not a readable safetensors file"
+        raise FormatError(f"{file}: cannot read safetensors ({err}); the file is truncated or not safetensors, download it again") from None
+
+
+def read_pickle(file: Path) -> dict:
+    """torch.load with weights_only=True: tensors and plain containers only, never code."""
+    try:
+        obj = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()] or [type(err).__name__]
+        first = next((ln for ln in lines if "Unsupported" in ln or "GLOBAL" in ln), lines[-1])  # names the offending object
+        raise FormatError(
+            f"{file}: refused: the pickle holds objects other than tensors and plain containers, which could run code "
+            f"on load (torch.load weights_only=True rejected it: {first[:200]}). If you trust its author, re-save it "
+            "as a plain state dict or as safetensors."
+        ) from None
+    except Exception as err:  # truncated zip, EOF, not a torch file
+        raise FormatError(f"{file}: cannot read ({type(err).__name__}: {str(err)[:200]}); the file is truncated or not a torch checkpoint, download it again") from None
+    if not isinstance(obj, dict):
+        raise FormatError(f"{file}: expected a state dict (a dict of tensors), found {type(obj).__name__}")
+    # torch.compile'd modules save keys as "_orig_mod.<name>"
+    return {k.removeprefix("_orig_mod."): v for k, v in obj.items()}
+
+
+def read_npz(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        with np.load(file, allow_pickle=False) as data:
+            return {key: torch.from_numpy(np.ascontiguousarray(data[key])) for key in data.files}  # each read is a fresh array
+    except Exception as err:  # BadZipFile, ValueError (pickled arrays), EOFError, OSError
+        raise FormatError(f"{file}: cannot read npz ({type(err).__name__}: {err}); the file is truncated or not an npz archive, download it again") from None
+
+
+def expect_shape(where: object, name: str, tensor: torch.Tensor, shape: tuple, implied_by: str) -> None:
+    got = tuple(tensor.shape)
+    if got != tuple(shape):
+        hint = " (it looks transposed)" if len(shape) == 2 and got == tuple(reversed(shape)) else ""
+        raise FormatError(f"{where}: {name} has shape {got}, expected {tuple(shape)} from {implied_by}{hint}")
+
+
+def require_keys(where: object, tensors: dict, names: tuple[str, ...], what: str) -> None:
+    missing = [n for n in names if n not in tensors]
+    if missing:
+        raise FormatError(f"{where}: missing {missing} for {what}; found keys {sorted(tensors)}")
+
+
+def make_dictionary(cfg: SAEConfig, tensors: dict[str, torch.Tensor], where: object, info: FormatInfo) -> Dictionary:
+    """The tensors (already in the SAELens orientation) as a Dictionary, refusing non-finite weights."""
+    for name, value in tensors.items():
+        value = value.detach()
+        if value.is_floating_point() and not torch.isfinite(value).all():
+            bad = (~torch.isfinite(value)).reshape(value.shape[0], -1).any(1).nonzero()[:, 0] if value.ndim else [0]
+            raise FormatError(f"{where}: {name} has non-finite values (first at index {int(bad[0])}, {len(bad)} in all)")
+    return Dictionary(cfg, {name: value.detach() for name, value in tensors.items()}, info)
+
+
+def count_field(where: object, raw: dict, key: str, default: object = None, *, minimum: int = 1,
+                label: str | None = None) -> int:
+    """raw[key] (or `default` when absent) as an integer >= minimum: a count read from a config file. A string,
+    a float with a fraction, a bool or a smaller number is refused in one line naming the file and the key
+    (`label`, e.g. "trainer.dict_size", when the key sits inside the file's JSON)."""
+    value = raw.get(key, default)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise FormatError(f"{where}: {label or key} must be an integer >= {minimum}, found {value!r}")
+    return value
+
+
+def dtype_name(tensors: dict) -> str:
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values() if isinstance(t, torch.Tensor) and t.is_floating_point()})
+    return ",".join(dtypes)

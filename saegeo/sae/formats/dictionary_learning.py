@@ -1,0 +1,143 @@
+"""dictionary_learning (saprmarks): ae.pt [+ config.json whose trainer.dict_class names the class].
+
+nn.Linear layout: decoder.weight is (d_in, d_sae); `bias` is b_dec in AutoEncoder. Its JumpReLU does not
+subtract b_dec; its BatchTopK encodes with one global scalar threshold by default (not per-row TopK); its
+TopK ignores the stored threshold by default.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from saegeo.errors import FormatError
+from saegeo.sae.architectures import SAEConfig
+from saegeo.sae.formats.base import (
+    Dictionary,
+    FormatInfo,
+    count_field,
+    dtype_name,
+    expect_shape,
+    make_dictionary,
+    read_json,
+    read_pickle,
+    require_keys,
+)
+
+
+# dict_class -> (activation, subtracts b_dec before encoding, state-dict keys). From dictionary.py and trainers/.
+_DL_CLASSES = {
+    "AutoEncoder": ("relu", True, ("bias", "encoder.weight", "encoder.bias", "decoder.weight")),
+    "AutoEncoderNew": ("relu", False, ("encoder.weight", "encoder.bias", "decoder.weight", "decoder.bias")),
+    "AutoEncoderTopK": ("topk", True, ("encoder.weight", "encoder.bias", "decoder.weight", "b_dec", "k")),
+    "BatchTopKSAE": ("batchtopk", True, ("encoder.weight", "encoder.bias", "decoder.weight", "b_dec", "k", "threshold")),
+    "MatryoshkaBatchTopKSAE": ("batchtopk", True, ("W_enc", "b_enc", "W_dec", "b_dec", "k", "threshold", "group_sizes")),
+    "JumpReluAutoEncoder": ("jumprelu", False, ("W_enc", "b_enc", "W_dec", "b_dec", "threshold")),
+}
+_DL_UNSUPPORTED = {"GatedAutoEncoder": "gated (separate gate and magnitude paths)", "CrossCoder": "a crosscoder (several layers)"}
+
+
+def _dictionary_learning_class(state: dict, where: Path) -> str:
+    keys = set(state)
+    if {"r_mag", "gate_bias", "mag_bias"} <= keys:
+        return "GatedAutoEncoder"
+    if "group_sizes" in keys:
+        return "MatryoshkaBatchTopKSAE"
+    if {"W_enc", "threshold"} <= keys and "k" not in keys:
+        return "JumpReluAutoEncoder"
+    if "bias" in keys and "decoder.bias" not in keys:
+        return "AutoEncoder"
+    if "decoder.bias" in keys:
+        return "AutoEncoderNew"
+    if {"k", "threshold", "encoder.weight"} <= keys:
+        raise FormatError(
+            f"{where}: these keys fit both AutoEncoderTopK (per-row top-k, stored threshold ignored) and BatchTopKSAE "
+            "(one global threshold), which encode differently; put the training config.json (with trainer.dict_class) next to it"
+        )
+    raise FormatError(f"{where}: keys {sorted(keys)} match no dictionary_learning class; expected one of {sorted(_DL_CLASSES)}")
+
+
+def _tensor_count(where: Path, value: torch.Tensor, name: str) -> int:
+    """A count stored as a one-element tensor (dictionary_learning's k buffer), refused unless an integer >= 1."""
+    if value.numel() != 1 or value.is_complex() or not float(value) == int(value) or int(value) < 1:
+        raise FormatError(f"{where}: {name} must be one integer >= 1, found {value.tolist()!r}")
+    return int(value)
+
+
+def read_dictionary_learning(path: str | os.PathLike) -> Dictionary:
+    """dictionary_learning `ae.pt` (+ `config.json` whose trainer.dict_class names the class). nn.Linear layout:
+    encoder.weight (d_sae, d_in), decoder.weight (d_in, d_sae); `bias` is b_dec in AutoEncoder.
+
+    AutoEncoder: relu(encoder(x − bias)), decoder(f) + bias.  AutoEncoderNew: relu(encoder(x)), decoder(f) + decoder.bias.
+    AutoEncoderTopK: relu(encoder(x − b_dec)) then per-row top-k; the stored threshold is ignored (use_threshold=False).
+    BatchTopKSAE / Matryoshka: relu(pre)·[relu(pre) > threshold], one global scalar (use_threshold=True by default).
+    JumpReluAutoEncoder (0.1.0 and main): f = relu(pre·[pre > θ]), pre = x @ W_enc + b_enc -- no b_dec subtraction,
+    no decoder-norm scaling; decode f @ W_dec + b_dec.
+    A training backup ae.pt ({step, ae, optimizer, config, norm_factor}) is refused by name (see _refuse_dl_backup).
+    """
+    p = Path(path)
+    pt = p / "ae.pt" if p.is_dir() else p
+    if not pt.is_file():
+        raise FormatError(f"{p}: no ae.pt found (dictionary_learning saves ae.pt next to config.json)")
+    config_file = pt.parent / "config.json"
+    trainer = (read_json(config_file).get("trainer") or {}) if config_file.is_file() else {}
+    state = read_pickle(pt)
+    if {"ae", "optimizer"} <= set(state):
+        raise FormatError(
+            f"{pt}: a dictionary_learning training backup (keys 'ae' and 'optimizer'{', norm_factor' if 'norm_factor' in state else ''}, "
+            f"step {state.get('step')}), not a saved dictionary: its weights are for inputs divided by norm_factor. Load it with "
+            "dictionary_learning, call ae.scale_biases(norm_factor) and save ae.state_dict() as ae.pt (what training writes at the end)"
+        )
+    dict_class = trainer.get("dict_class") or _dictionary_learning_class(state, pt)
+    if dict_class in _DL_UNSUPPORTED:
+        raise FormatError(f"{pt}: dictionary_learning {dict_class} is {_DL_UNSUPPORTED[dict_class]}; not in saegeo's encode contract")
+    if dict_class not in _DL_CLASSES:
+        raise FormatError(f"{pt}: dictionary_learning dict_class {dict_class!r} is not supported; expected one of {sorted(_DL_CLASSES)}")
+    activation, subtract_b_dec, keys = _DL_CLASSES[dict_class]
+    require_keys(pt, state, keys, f"dictionary_learning {dict_class}")
+    t = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    if "W_enc" in keys:  # nn.Parameter layout: W_enc (d_in, d_sae), W_dec (d_sae, d_in)
+        d_in, d_sae = t["W_enc"].shape
+        tensors = {"W_enc": t["W_enc"], "b_enc": t["b_enc"], "W_dec": t["W_dec"], "b_dec": t["b_dec"]}
+    else:  # nn.Linear layout: encoder.weight (d_sae, d_in), decoder.weight (d_in, d_sae)
+        d_sae, d_in = t["encoder.weight"].shape
+        b_dec = t["bias"] if dict_class == "AutoEncoder" else t["decoder.bias"] if dict_class == "AutoEncoderNew" else t["b_dec"]
+        tensors = {"W_enc": t["encoder.weight"].T, "b_enc": t["encoder.bias"], "W_dec": t["decoder.weight"].T, "b_dec": b_dec}
+    implied = f"{'W_enc' if 'W_enc' in keys else 'encoder.weight'} (d_in={d_in}, d_sae={d_sae})"
+    for name, expected in (("activation_dim", d_in), ("dict_size", d_sae)):
+        if name in trainer and count_field(config_file, trainer, name, label=f"trainer.{name}") != expected:
+            raise FormatError(f"{config_file}: trainer.{name}={trainer[name]} but {pt.name} holds {implied}")
+    expect_shape(pt, "W_dec" if "W_dec" in keys else "decoder.weight.T", tensors["W_dec"], (d_sae, d_in), implied)
+    expect_shape(pt, "b_enc" if "b_enc" in keys else "encoder.bias", tensors["b_enc"], (d_sae,), implied)
+    expect_shape(pt, "b_dec", tensors["b_dec"], (d_in,), implied)
+    k = _tensor_count(pt, t["k"], "k") if "k" in t else None
+    if k is not None and "k" in trainer and count_field(config_file, trainer, "k", label="trainer.k") != k:
+        raise FormatError(f"{pt}: k={k} in the weights but trainer.k={trainer['k']} in {config_file.name}")
+    info = FormatInfo(format="dictionary_learning", source=str(pt), dict_class=dict_class, source_dtype=dtype_name(t),
+                      trainer_class=trainer.get("trainer_class"), model_name=trainer.get("lm_name"),
+                      hook_name=trainer.get("submodule_name") or (f"layer {trainer['layer']}" if "layer" in trainer else None))
+    if activation == "jumprelu":
+        expect_shape(pt, "threshold", t["threshold"], (d_sae,), implied)
+        tensors["threshold"] = t["threshold"]
+    elif activation == "batchtopk":
+        if t["threshold"].numel() != 1:
+            raise FormatError(f"{pt}: {dict_class} threshold must be one scalar, found shape {tuple(t['threshold'].shape)}")
+        tensors["threshold"] = t["threshold"].reshape(1)
+        info.threshold = float(t["threshold"])
+        info.threshold_unset = info.threshold < 0  # -1 = never updated in training: every ReLU code passes (dense)
+    elif activation == "topk":
+        info.stored_threshold_ignored = float(t["threshold"]) if "threshold" in t else None
+    if dict_class == "MatryoshkaBatchTopKSAE":
+        sizes = [int(s) for s in t["group_sizes"].reshape(-1)]
+        if sum(sizes) != d_sae:
+            raise FormatError(f"{pt}: group_sizes {sizes} sum to {sum(sizes)}, not dict_size {d_sae}")
+        info.group_sizes = sizes
+    cfg = SAEConfig(
+        d_in=int(d_in), d_sae=int(d_sae), activation=activation, k=k if activation == "topk" else None,
+        topk_order="relu_then_topk", apply_b_dec_to_input=subtract_b_dec, dtype="float32",
+    )
+    if k is not None and activation != "topk":
+        info.training_k = k
+    return make_dictionary(cfg, tensors, pt, info)

@@ -1,0 +1,308 @@
+"""SAELens layout, saegeo's own format: DIR/cfg.json + DIR/sae_weights.safetensors.
+
+    DIR/cfg.json                  SAELens keys (architecture, d_in, d_sae, k, apply_b_dec_to_input,
+                                  normalize_activations, dtype, device, metadata{model_name, hook_name, ...})
+                                  + a "saegeo" block: the exact SAEConfig, b_dec init, data identity,
+                                  preprocessing, metrics, the weights' sha256
+    DIR/sae_weights.safetensors   W_enc (d_in, d_sae), W_dec (d_sae, d_in), b_enc (d_sae), b_dec (d_in)
+                                  [+ threshold (d_sae) for jumprelu]
+What an architecture writes (its SAELens name and keys, its tensors, the form it is saved in) is its own
+(saegeo.sae.architectures): a BatchTopK SAE is saved as SAELens saves its own, architecture "jumprelu" with
+the global threshold broadcast to every latent; the saegeo block keeps trained_as = "batchtopk" and training_k.
+
+`SAE.load_from_disk(DIR)` in SAELens gives the same encode/decode as `SAE.load(DIR)` here
+(checked in benchmarks/train_bench.py). Directories of any SAELens version are read too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import save as safetensors_bytes
+
+from saegeo.errors import BadInputError, FormatError
+from saegeo.io import atomic_write, crash_point, dump_json
+from saegeo.sae.architectures import SAEConfig, architecture_for_saelens, get_architecture
+from saegeo.sae.formats.base import (
+    Dictionary,
+    FormatInfo,
+    count_field,
+    dtype_name,
+    expect_shape,
+    make_dictionary,
+    read_json,
+    read_safetensors,
+    require_keys,
+)
+
+CFG_FILENAME = "cfg.json"
+WEIGHTS_FILENAME = "sae_weights.safetensors"
+COMMIT_FILENAME = "saegeo_commit.json"  # present only while a save is renaming its files into place
+SAEGEO_FORMAT_VERSION = 1
+
+
+def write_sae_dir(sae, path: str | os.PathLike, provenance: dict | None = None) -> Path:
+    """Write `sae` (a saegeo.sae.model.SAE; `SAE.save` calls this) as a SAELens-compatible directory.
+
+    provenance (b_dec init, data identity, preprocessing, metrics, ...) goes under cfg["saegeo"];
+    `model`/`hook` found in provenance["data"] fill SAELens' metadata.model_name / hook_name.
+    Non-finite weights are refused before anything is written (BadInputError naming the tensor).
+    The two files are replaced as one (`_commit_files`): a crash leaves the previous SAE or the new one,
+    never one's weights with the other's config; cfg.json also records the weights' sha256, so a mix made
+    any other way is refused when loaded.
+    """
+    provenance = dict(provenance or {})
+    cfg, saved_as = sae.architecture.saved_form(sae.cfg)  # batchtopk: saved as jumprelu
+    provenance.update(saved_as)
+    arch = get_architecture(cfg.activation)
+    if cfg.input_normalization != "none":
+        raise FormatError(
+            f"input_normalization={cfg.input_normalization!r} has no SAELens equivalent with identical "
+            "semantics; save this SAE in its original format"
+        )
+    data = provenance.get("data", {}) or {}
+    tensors = arch.saved_tensors(sae, cfg)
+    out = Path(path)
+    for name, value in tensors.items():  # a NaN threshold or decoder row must never become a trusted SAE
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            n_bad = int((~torch.isfinite(value)).sum())
+            raise BadInputError(f"{out}: not saved: {name} has {n_bad} non-finite value(s) (inf/NaN); the training "
+                                "diverged or an option made it degenerate (check lr, bandwidth, threshold options)")
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "sae_lens_version": "6.0.0",  # the config layout written here (SAELens >= 6)
+        "sae_lens_training_version": None,
+        "model_name": data.get("model") or None,
+        "hook_name": data.get("hook") or None,
+        "hook_head_index": None,
+        "prepend_bos": True,
+        "context_size": data.get("context_size"),
+        "dataset_path": (data.get("path") or None),
+    }
+    saelens_cfg = {
+        "architecture": arch.saelens_name or arch.name,
+        "d_in": cfg.d_in,
+        "d_sae": cfg.d_sae,
+        "dtype": cfg.dtype,
+        "device": "cpu",
+        "apply_b_dec_to_input": cfg.apply_b_dec_to_input,
+        "normalize_activations": "none",
+        "reshape_activations": "none",
+        # older readers look for these at the top level
+        "model_name": meta["model_name"],
+        "hook_name": meta["hook_name"],
+        "metadata": meta,
+    }
+    saelens_cfg.update(arch.saelens_fields(cfg))
+    weights = safetensors_bytes({k: v.contiguous().cpu() for k, v in tensors.items()})
+    saelens_cfg["saegeo"] = {"format_version": SAEGEO_FORMAT_VERSION, "sae_config": cfg.to_dict(), **provenance,
+                             "weights_sha256": hashlib.sha256(weights).hexdigest()}
+    _commit_files(out, {WEIGHTS_FILENAME: weights, CFG_FILENAME: dump_json(saelens_cfg, indent=2)})
+    return out
+
+
+def _commit_files(out: Path, files: dict[str, bytes | str]) -> None:
+    """Replace several files of a directory as one. Each is written (atomically) as NAME.new, then a commit
+    marker naming them, then each NAME.new is renamed over NAME and the marker removed. A crash before the
+    marker leaves the previous files (the .new ones are debris); after it, `finish_commit` (run by every
+    load and save) completes the renames."""
+    finish_commit(out)
+    for name, data in files.items():
+        atomic_write(out / f"{name}.new", data)
+    crash_point("sae_before_commit")
+    atomic_write(out / COMMIT_FILENAME, json.dumps(list(files)))
+    for i, name in enumerate(files):
+        os.replace(out / f"{name}.new", out / name)
+        if i == 0:
+            crash_point("sae_mid_commit")  # new weights in place, old cfg.json still there: the marker finishes it
+    (out / COMMIT_FILENAME).unlink()
+
+
+def finish_commit(d: Path) -> None:
+    """Complete a save that was killed while renaming (the commit marker exists), else drop its debris."""
+    marker = d / COMMIT_FILENAME
+    if marker.is_file():
+        try:
+            names = json.loads(marker.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:  # atomic_write makes this unlikely
+            raise FormatError(f"{marker}: unreadable commit marker of an interrupted save ({err}); "
+                              "delete the SAE directory and train again") from None
+        for name in names:
+            if (d / f"{name}.new").exists():
+                os.replace(d / f"{name}.new", d / name)
+        marker.unlink()
+    for name in (CFG_FILENAME, WEIGHTS_FILENAME):  # a save killed before its marker: the old files stand
+        (d / f"{name}.new").unlink(missing_ok=True)
+
+
+def read_saelens(path: str | os.PathLike) -> Dictionary:
+    """A SAELens-layout directory (or a file in it): saegeo-written (its saegeo block restores the exact
+    SAEConfig) or written by any SAELens version (see `_saelens_config`: older key names, apply_b_dec_to_input,
+    normalize_activations, JumpReLU threshold / log_threshold, finetuning scaling factors).
+
+    Architectures: standard (ReLU), topk, jumprelu. SAELens' TopK applies ReLU after TopK
+    (topk_order "topk_then_relu").
+    """
+    d = Path(path)
+    d = d.parent if d.is_file() else d
+    cfg_path, w_path = d / CFG_FILENAME, d / WEIGHTS_FILENAME
+    if (d / COMMIT_FILENAME).is_file():
+        finish_commit(d)
+    if not cfg_path.is_file() or not w_path.is_file():
+        found = sorted(p.name for p in d.iterdir()) if d.is_dir() else "no such directory"
+        raise FormatError(f"{d}: expected {CFG_FILENAME} and {WEIGHTS_FILENAME} (SAELens layout); found {found}")
+    raw, weights = read_json(cfg_path), read_safetensors(w_path)
+    missing = [key for key in ("d_in", "d_sae") if key not in raw]
+    if missing:  # `{}` would otherwise load as a ReLU SAE shaped by whatever weights lie beside it
+        raise FormatError(f"{cfg_path}: lacks {missing} (every SAELens cfg.json has them); restore the file or save the SAE again")
+
+    block = raw.get("saegeo")
+    if isinstance(block, dict) and isinstance(block.get("sae_config"), dict):
+        cfg = _saegeo_block_config(block["sae_config"], raw, cfg_path)
+        meta = raw.get("metadata") or {}
+        info = FormatInfo(format="saelens", source=str(d), written_by="saegeo", model_name=meta.get("model_name"),
+                          hook_name=meta.get("hook_name"), architecture=raw["saegeo"].get("trained_as"),
+                          training_k=raw["saegeo"].get("training_k"), **_saelens_activation_facts(raw, meta))
+    else:  # any SAELens version: older key names, normalisation, scaling factors (see _saelens_config)
+        cfg, info = _saelens_config(raw, cfg_path, weights)
+    tensors = _saelens_tensors(cfg, info, weights, w_path, bool(raw.get("finetuning_scaling_factor", False)))
+    expected = block.get("weights_sha256") if isinstance(block, dict) else None
+    if expected and hashlib.sha256(w_path.read_bytes()).hexdigest() != expected:
+        raise FormatError(
+            f"{w_path}: does not match the sha256 recorded in {CFG_FILENAME} (the weights of another save, or "
+            "corrupt); restore both files from one save, or train again"
+        )
+    return make_dictionary(cfg, tensors, w_path, info)
+
+
+def _saegeo_block_config(block: dict, raw: dict, cfg_path: Path) -> SAEConfig:
+    """The exact SAEConfig of a saegeo-written cfg.json, refused unless the SAELens fields beside it say the same
+    (other tools read only those: an edited file must not make saegeo and SAELens run different SAEs)."""
+    # files of saegeo 0.1.0 also hold the since-removed keys unit_norm_decoder and extra
+    kept = {k: v for k, v in block.items() if k not in ("unit_norm_decoder", "extra")}
+    fields = {f.name for f in dataclasses.fields(SAEConfig)}
+    missing = sorted(f.name for f in dataclasses.fields(SAEConfig)
+                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in kept)
+    unknown = sorted(set(kept) - fields)
+    if missing or unknown:
+        what = ", ".join(filter(None, [missing and f"lacks {missing}", unknown and f"has unknown key(s) {unknown}"]))
+        raise FormatError(f"{cfg_path}: the saegeo.sae_config block {what}; restore the file or save the SAE again")
+    try:
+        cfg = SAEConfig(**kept)
+    except (TypeError, FormatError) as err:
+        raise FormatError(f"{cfg_path}: the saegeo.sae_config block is invalid ({err})") from None
+    saelens = {"d_in": raw.get("d_in"), "d_sae": raw.get("d_sae"), "architecture": raw.get("architecture"),
+               "apply_b_dec_to_input": raw.get("apply_b_dec_to_input")}
+    arch = get_architecture(cfg.activation)
+    ours = {"d_in": cfg.d_in, "d_sae": cfg.d_sae, "architecture": arch.saelens_name or arch.name,
+            "apply_b_dec_to_input": cfg.apply_b_dec_to_input, **arch.saelens_fields(cfg)}
+    saelens.update({key: raw.get(key) for key in ours if key not in saelens})
+    differ = {key: (saelens[key], ours[key]) for key in ours if saelens[key] != ours[key]}
+    if differ:
+        raise FormatError(
+            f"{cfg_path}: the SAELens fields disagree with the saegeo block ("
+            + ", ".join(f"{key}={a!r} vs {b!r}" for key, (a, b) in differ.items())
+            + "); SAELens and other tools read the former, so the file was edited: restore it or save the SAE again"
+        )
+    return cfg
+
+
+# --------------------------------------------------------------------------- SAELens
+_SAELENS_NORMALIZATIONS = {  # SAELens normalize_activations -> saegeo input_normalization at inference
+    "none": "none",
+    "expected_average_only_in": "none",  # a constant factor folded at from_pretrained time; not in the files
+    "layer_norm": "layer_norm",
+    "constant_norm_rescale": "constant_norm_rescale",
+}
+
+
+def _saelens_config(raw: dict, where: Path, weights: dict) -> tuple[SAEConfig, FormatInfo]:
+    """SAELens cfg.json (6.x, or < 6: hook_point, activation_fn_str/activation_fn_kwargs, boolean
+    normalize_activations, no architecture) -> SAEConfig, as sae_lens' handle_config_defaulting reads it."""
+    meta = raw.get("metadata") or {}
+    version = raw.get("sae_lens_version") or meta.get("sae_lens_version")
+    arch = raw.get("architecture", "standard")
+    act_fn = raw.get("activation_fn", raw.get("activation_fn_str", "relu"))
+    fn_kwargs = raw.get("activation_fn_kwargs") or {}
+    if arch == "standard" and act_fn == "topk":  # SAELens < 6 kept TopK inside the standard architecture
+        arch = "topk"
+    if arch not in ("standard", "topk", "jumprelu"):
+        raise FormatError(
+            f"{where}: SAELens architecture {arch!r} is not supported: saegeo reproduces standard, topk and jumprelu "
+            "(gated SAEs have a separate gate path; batchtopk/matryoshka training checkpoints are saved by SAELens as jumprelu)"
+        )
+    if arch == "standard" and act_fn != "relu":
+        raise FormatError(f"{where}: activation_fn {act_fn!r} is not supported for a standard SAE (expected relu)")
+    norm = raw.get("normalize_activations", "none")
+    if norm is None or isinstance(norm, bool):  # SAELens < 6: a boolean meant expected_average_only_in
+        norm = "expected_average_only_in" if norm else "none"
+    if norm not in _SAELENS_NORMALIZATIONS:
+        raise FormatError(
+            f"{where}: normalize_activations={norm!r} cannot be reproduced from the files; expected one of {list(_SAELENS_NORMALIZATIONS)}"
+        )
+    w_enc = weights.get("W_enc")
+    if w_enc is None or w_enc.ndim != 2:
+        raise FormatError(f"{where.parent / WEIGHTS_FILENAME}: no 2-D W_enc (d_in, d_sae); found {sorted(weights)}")
+    d_in = count_field(where, raw, "d_in") if raw.get("d_in") is not None else int(w_enc.shape[0])
+    d_sae = count_field(where, raw, "d_sae") if raw.get("d_sae") is not None else int(w_enc.shape[1])
+    k = raw.get("k", fn_kwargs.get("k")) if arch == "topk" else None
+    if arch == "topk" and (isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= d_sae):
+        raise FormatError(f"{where}: a topk SAE needs an integer k in [1, d_sae={d_sae}] (cfg key 'k', or "
+                          f"activation_fn_kwargs.k before SAELens 6); found {k!r}")
+    cfg = SAEConfig(
+        d_in=d_in, d_sae=d_sae, activation=architecture_for_saelens(arch).name, k=k, topk_order="topk_then_relu",
+        apply_b_dec_to_input=bool(raw.get("apply_b_dec_to_input", True)),
+        rescale_acts_by_decoder_norm=bool(raw.get("rescale_acts_by_decoder_norm", False)),
+        input_normalization=_SAELENS_NORMALIZATIONS[norm], dtype="float32",
+    )
+    info = FormatInfo(
+        format="saelens", source=str(where.parent), sae_lens_version=version, architecture=arch,
+        normalize_activations=norm, source_dtype=dtype_name(weights),
+        model_name=raw.get("model_name", meta.get("model_name")),
+        hook_name=raw.get("hook_name", raw.get("hook_point", meta.get("hook_name"))),
+        **_saelens_activation_facts(raw, meta),
+    )
+    return cfg, info
+
+
+def _saelens_activation_facts(raw: dict, meta: dict) -> dict:
+    """The SAELens metadata that says what the activations must be (SAELens >= 6 keeps it under
+    "metadata", older versions at the top level): hook_head_index, model_from_pretrained_kwargs,
+    exclude_special_tokens, prepend_bos, context_size."""
+    def get(key):
+        return meta.get(key, raw.get(key))
+
+    kwargs = get("model_from_pretrained_kwargs")
+    return {"hook_head_index": get("hook_head_index"), "model_from_pretrained_kwargs": kwargs if isinstance(kwargs, dict) else None,
+            "exclude_special_tokens": get("exclude_special_tokens"), "prepend_bos": get("prepend_bos"),
+            "context_size": get("context_size")}
+
+
+def _saelens_tensors(cfg: SAEConfig, info: FormatInfo, weights: dict, where: Path, scaling_factor_on: bool) -> dict[str, torch.Tensor]:
+    """The state dict in the contract's names: log_threshold -> threshold; a finetuning scaling factor
+    s (SAELens < 6 decodes (a·s) @ W_dec) folded into the decoder rows, W_dec[i] ·= s_i."""
+    weights = dict(weights)
+    if "log_threshold" in weights and "threshold" not in weights:
+        weights["threshold"] = weights.pop("log_threshold").exp()
+    implied = f"cfg.json d_in={cfg.d_in}, d_sae={cfg.d_sae}"
+    shapes = {"W_enc": (cfg.d_in, cfg.d_sae), "W_dec": (cfg.d_sae, cfg.d_in), "b_enc": (cfg.d_sae,), "b_dec": (cfg.d_in,)}
+    threshold_shape = get_architecture(cfg.activation).threshold_shape(cfg)
+    if threshold_shape is not None:
+        shapes["threshold"] = threshold_shape
+    require_keys(where, weights, tuple(shapes), f"a SAELens {info.architecture or cfg.activation} SAE")
+    for name, shape in shapes.items():
+        expect_shape(where, name, weights[name], shape, implied)
+    tensors = {name: weights[name] for name in shapes}
+    scale = weights.get("scaling_factor", weights.get("finetuning_scaling_factor"))
+    if scale is not None and not torch.allclose(scale.float(), torch.ones_like(scale.float())):
+        if not scaling_factor_on:
+            raise FormatError(f"{where}: holds a scaling_factor that is not all ones but cfg.json has finetuning_scaling_factor false; SAELens refuses this file too")
+        expect_shape(where, "scaling_factor", scale, (cfg.d_sae,), implied)
+        tensors["W_dec"] = tensors["W_dec"].to(torch.float64) * scale.to(torch.float64)[:, None]
+        info.folded_scaling_factor = {"min": float(scale.min()), "max": float(scale.max())}
+    return tensors

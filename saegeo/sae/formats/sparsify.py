@@ -1,0 +1,77 @@
+"""EleutherAI sparsify: cfg.json + sae.safetensors (`SparseCoder.save_to_disk`).
+
+W_dec and encoder.weight are both (d_sae, d_in); b_dec is subtracted before encoding (not by transcoders),
+ReLU then TopK. (SAELens 6.54's sparsify converter transposes W_dec and drops the b_dec subtraction: not
+copied here.)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from saegeo.errors import FormatError
+from saegeo.sae.architectures import SAEConfig
+from saegeo.sae.formats.base import (
+    Dictionary,
+    FormatInfo,
+    count_field,
+    dtype_name,
+    expect_shape,
+    make_dictionary,
+    read_json,
+    read_safetensors,
+    require_keys,
+)
+
+
+_SPARSIFY_UNSUPPORTED = ("skip_connection", "matching_pursuit", "slice_encoder", "slice_decoder", "encoder_pkm", "encoder_kron", "monet")
+
+
+def read_sparsify(path: str | os.PathLike) -> Dictionary:
+    """sparsify `SparseCoder.load_from_disk` layout: cfg.json + sae.safetensors with encoder.weight (d_sae, d_in),
+    encoder.bias (d_sae), W_dec (d_sae, d_in), b_dec (d_in). Encode: relu(encoder(x − b_dec)) then top-k
+    (transcoders skip the b_dec subtraction); decode: Σ top_acts·W_dec[top_indices] + b_dec.
+    num_latents = 0 in cfg.json means expansion_factor × d_in latents."""
+    d = Path(path)
+    d = d.parent if d.is_file() else d
+    raw = read_json(d / "cfg.json")
+    weights_file = d / "sae.safetensors"
+    weights = read_safetensors(weights_file)
+    if "d_in" not in raw:
+        raise FormatError(f"{d / 'cfg.json'}: missing d_in (sparsify writes it next to the SparseCoderConfig fields)")
+    cfg_file = d / "cfg.json"
+    d_in = count_field(cfg_file, raw, "d_in")
+    if raw.get("activation", "topk") != "topk":
+        raise FormatError(f"{d / 'cfg.json'}: sparsify activation {raw.get('activation')!r} is not supported (saegeo reproduces topk)")
+    if raw.get("signed"):
+        raise FormatError(
+            f"{d / 'cfg.json'}: sparsify signed: true (the decisive key): this SAE takes the top k of |pre| and keeps "
+            "negative codes, outside saegeo's non-negative code contract (and the amplification law's); it is refused "
+            "rather than loaded as unsigned. Use sparsify's own SparseCoder to encode it."
+        )
+    used = [key for key in _SPARSIFY_UNSUPPORTED if raw.get(key)] + (["W_skip"] if "W_skip" in weights else [])
+    if used:
+        raise FormatError(f"{d}: sparsify options {used} change the encode/decode beyond TopK; not supported")
+    num_latents = count_field(cfg_file, raw, "num_latents", 0, minimum=0) if raw.get("num_latents") is not None else 0
+    d_sae = num_latents or count_field(cfg_file, raw, "expansion_factor", 32) * d_in
+    k = count_field(cfg_file, raw, "k", 32)
+    if k > d_sae:
+        raise FormatError(f"{cfg_file}: k={k} exceeds the {d_sae} latents")
+    implied = f"cfg.json (d_in={d_in}, num_latents={raw.get('num_latents', 0)}, expansion_factor={raw.get('expansion_factor', 32)} -> {d_sae} latents)"
+    require_keys(weights_file, weights, ("encoder.weight", "encoder.bias", "W_dec", "b_dec"), "a sparsify SAE")
+    expect_shape(weights_file, "encoder.weight", weights["encoder.weight"], (d_sae, d_in), implied)
+    expect_shape(weights_file, "encoder.bias", weights["encoder.bias"], (d_sae,), implied)
+    expect_shape(weights_file, "W_dec", weights["W_dec"], (d_sae, d_in), implied)
+    expect_shape(weights_file, "b_dec", weights["b_dec"], (d_in,), implied)
+    transcoder = bool(raw.get("transcode", False))
+    cfg = SAEConfig(
+        d_in=d_in, d_sae=d_sae, activation="topk", k=k, topk_order="relu_then_topk",
+        apply_b_dec_to_input=not transcoder, dtype="float32",
+    )
+    info = FormatInfo(format="sparsify", source=str(d), transcoder=transcoder, source_dtype=dtype_name(weights),
+                      normalize_decoder=bool(raw.get("normalize_decoder", True)), hook_name=d.name)
+    tensors = {"W_enc": weights["encoder.weight"].T, "b_enc": weights["encoder.bias"], "W_dec": weights["W_dec"], "b_dec": weights["b_dec"]}
+    return make_dictionary(cfg, tensors, weights_file, info)
