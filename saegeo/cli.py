@@ -40,77 +40,18 @@ def _add_geometry(p: argparse.ArgumentParser) -> None:
     add_options(p, GeometryOptions)
 
 
-def _refuse_mixed_stores(sources: list) -> None:
-    """Stores of different models or hooks pooled into one accumulator give a number of neither: refuse."""
-    stores = [(path, rows.store) for path, rows in sources if rows.store is not None]
-    differ = [what for what in ("model", "hook") if len({getattr(s, what) for _, s in stores}) > 1]
-    if differ:
-        what = differ[-1]  # name the hook when both differ
-        listing = "; ".join(f"{p}: {getattr(s, what)}" for p, s in stores)
-        raise CLIError(f"refusing to pool stores of different {' and '.join(d + 's' for d in differ)} into one "
-                       f"geometry ({listing}): the pooled numbers describe none of them; use `saegeo sweep` for one "
-                       "row per layer, or pass --pool to pool them anyway")
-
-
 def cmd_geometry(args: argparse.Namespace) -> int:
-    import torch
-    from tqdm import tqdm
-
-    from saegeo.activations.sources import open_rows
-    from saegeo.io import dump_json, refuse_overwrite
-    from saegeo.geometry.accumulate import GeometryAccumulator
     from saegeo.config import GeometryOptions
-    from saegeo.geometry.measures import activation_geometry
+    from saegeo.io import refuse_overwrite
+    from saegeo.render.text import render_geometry
+    from saegeo.report.geometry import files_geometry
 
     opts = from_dict(GeometryOptions, passed(args, GeometryOptions))
     refuse_overwrite([opts.json], opts.overwrite)
-    sources = [(path, open_rows(path, key=opts.key, verify=opts.verify)) for path in args.files]
-    dims = {rows.d for _, rows in sources}
-    if len(dims) > 1:
-        raise CLIError("files disagree on d: " + ", ".join(f"{p}: d={rows.d}" for p, rows in sources))
-    d = dims.pop()
-    if not opts.pool:
-        _refuse_mixed_stores(sources)
-    acc = GeometryAccumulator(
-        d, skip_nonfinite=opts.skip_nonfinite, gram_dtype=torch.float64 if opts.float64 else None
-    )
-    total = sum(rows.n_rows for _, rows in sources)
-    with tqdm(total=total, unit="row", unit_scale=True, disable=not opts.progress, desc="geometry") as bar:
-        for path, rows in sources:
-            for batch in rows.batches(opts.batch_rows)[0]:
-                acc.add(batch, source=path)
-                bar.update(len(batch))
-    geo = activation_geometry(acc, top_k_eigvecs=opts.top_k)
-    print(f"saegeo geometry: {len(sources)} file(s)")
-    print(geo.summary())
-    from saegeo.report.flags import activation_flags, artifact_flags, flag_inputs, sort_flags
-    from saegeo.report.render import artifact_text, terminal_flags
-
-    artifact = None
-    if all(rows.store is not None for _, rows in sources) and geo.top_eigenvectors:  # needs ids and positions
-        from saegeo.report.layers import artifact_pass
-
-        artifact = artifact_pass([rows.store for _, rows in sources], geo, k=min(3, len(geo.top_eigenvectors)),
-                                 batch_rows=opts.batch_rows)
-        print(f"artifact:  {artifact_text(artifact)} ({artifact['source']})")
-    else:
-        print("note:      artifact test not run: it needs activation stores (token ids and positions) and --top-k ≥ 1")
-    from saegeo.activations.cache import describe_exclusions
-
-    for path, rows in sources:  # stores cached with exclusions: what the left-out rows carried
-        extra = rows.store.manifest.get("extra", {}) if rows.store is not None else {}
-        for line in describe_exclusions(extra):
-            print(f"{path}: {line}")
-    # the activation flags a report would raise from these numbers (without the report's row sample)
-    first = (artifact or {}).get("first_position")  # what position 0 (BOS / attention sinks) carries
-    if first:
-        print(f"position 0: {first['rows']:,} rows ({100 * first['row_share']:.2f}%) carry {100 * first['mu_share']:.1f}% of "
-              f"|mu|^2 and {100 * first['trace_share']:.1f}% of tr Sigma")
-    flags = activation_flags(flag_inputs(geo.to_dict(), artifact)) + artifact_flags(artifact)
-    print("\n".join(terminal_flags(sort_flags(flags))))
+    result = files_geometry(args.files, opts)
+    print(render_geometry(result))
     if opts.json:
-        out = {"files": list(args.files), **geo.to_dict(), "artifact": artifact}
-        dump_json(out, opts.json)
+        result.to_json(opts.json)
         print(f"wrote {opts.json}")
     return 0
 
@@ -124,47 +65,28 @@ def _add_sweep(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    import dataclasses
-
     from saegeo.io import refuse_overwrite
-    from saegeo.report.render import rendering_paths
-    from saegeo.report.sweep import SWEEP_FORMATS, SweepOptions, render_sweep_terminal, sweep_stores, write_sweep
+    from saegeo.render import SWEEP_FORMATS, render_sweep_cache, render_sweep_terminal, render_written, rendering_paths
+    from saegeo.render import write_sweep
+    from saegeo.report.sweep import SweepOptions, sweep_model, sweep_stores
 
     opts = from_dict(SweepOptions, passed(args, SweepOptions))
     refuse_overwrite([opts.json, *(rendering_paths(opts.out, SWEEP_FORMATS, "sweep") if opts.out else [])], opts.overwrite)
-    stores, cache = list(args.stores), None
-    if opts.model:
-        if stores:
-            raise CLIError("give stores or --model, not both")
-        from saegeo.activations.cache import CacheConfig, cache_activations, residual_hooks
-        from saegeo.activations.models import load_model
-
-        loaded = load_model(opts.model)
-        hooks = residual_hooks(loaded.n_layers) if opts.hooks == "all-resid" else tuple(
-            h.strip() for h in opts.hooks.split(",") if h.strip())
-        cfg = CacheConfig(model=opts.model, hooks=hooks, corpus=opts.corpus, context=opts.context, out=opts.cache_dir,
-                          max_tokens=opts.max_tokens, progress=opts.progress)
-        result = cache_activations(cfg, loaded)
-        cache = {"model": opts.model, "hooks": list(hooks), "corpus": opts.corpus, "context": opts.context,
-                 "out": opts.cache_dir, "new_tokens": result.new_tokens, "seconds": result.seconds}
-        print(f"cached {len(hooks)} hook(s) in one pass: {result.new_tokens:,} new tokens in {result.seconds:.1f} s")
-        stores = [str(result.stores[h]) for h in hooks]
-    if not stores:
+    if opts.model and args.stores:
+        raise CLIError("give stores or --model, not both")
+    if not opts.model and not args.stores:
         raise CLIError("saegeo sweep needs activation stores, or --model M (with --hooks all-resid) to cache them first")
-    # with --model the cache already stopped at max_tokens
-    sweep = sweep_stores(stores, dataclasses.replace(opts, max_tokens=None) if opts.model else opts, cache=cache)
-    if opts.model:  # name the listed token types
-        for row in sweep.layers:
-            tt = row["details"]["token_types"] or {}
-            for entry in tt.get("most_context_specific", []) + tt.get("least_context_specific", []):
-                entry["token"] = loaded.tokenizer.convert_ids_to_tokens(int(entry["id"]))
+    if opts.model:
+        sweep = sweep_model(opts)
+        print(render_sweep_cache(sweep.cache))
+    else:
+        sweep = sweep_stores(args.stores, opts)
     print(render_sweep_terminal(sweep), end="")
     if opts.json:
         sweep.to_json(opts.json)
         print(f"wrote {opts.json}")
     if opts.out:
-        paths = write_sweep(sweep, opts.out)
-        print("wrote " + ", ".join(str(p) for p in paths.values()))
+        print(render_written(write_sweep(sweep, opts.out)))
     return 0
 
 
@@ -184,11 +106,9 @@ def cmd_cache(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("saegeo cache: interrupted; whole shards are kept. Rerun the same command to resume.", file=sys.stderr)
         raise
-    stop = "whole model" if result.stop_layer is None else f"stopped after block {result.stop_layer}"
-    print(f"cached {result.new_tokens:,} new tokens in {result.seconds:.1f} s "
-          f"({result.tokens_per_second:,.0f} tokens/s, {stop})")
-    for hook, path in result.stores.items():
-        print(f"  {hook:<32} {result.n_tokens[hook]:>12,} tokens  {result.bytes[hook] / 2**20:>9.1f} MiB  {path}")
+    from saegeo.render.text import render_cache
+
+    print(render_cache(result))
     return 0
 
 
@@ -203,21 +123,11 @@ def _add_store(p: argparse.ArgumentParser) -> None:
 
 def cmd_store(args: argparse.Namespace) -> int:
     from saegeo.activations.store import ActivationStore
+    from saegeo.render.text import render_store
 
     store = ActivationStore(args.path, allow_incomplete=True)
-    state = "complete" if store.complete else "INCOMPLETE (interrupted; rerun the cache command to resume)"
-    print(f"{store.path}: {store.n_tokens:,} tokens x d={store.d} {store.dtype} in {len(store.shards)} shards, {state}")
-    if args.store_command == "info":
-        print(f"  model:  {store.model}\n  hook:   {store.hook}")
-        for key, value in store.corpus.items():
-            if key != "files":
-                print(f"  corpus.{key}: {value}")
-        print(f"  bytes:  {sum(s.bytes for s in store.shards):,}")
-        return 0
-    problems = store.verify()
-    for problem in problems:
-        print(f"  BAD {problem}")
-    print(f"{len(problems)} problem(s)" if problems else "OK: all shards match their sha256 and row counts")
+    problems = store.verify() if args.store_command == "verify" else None
+    print(render_store(store, problems))
     return 1 if problems else 0
 
 
@@ -255,15 +165,11 @@ def cmd_synth(args: argparse.Namespace) -> int:
             mode="overwrite" if opts.overwrite else "create", progress=sys.stderr.isatty(),
         )
         truth_path = out / "truth.safetensors"
+    from saegeo.render.text import render_synth
+
     t = gen.truth
     predicted = exact_moment_prediction(t.K, t.q, t.r, t.mean_sq_norm)
-    print(f"saegeo synth: preset {opts.preset}, {opts.n:,} rows × d={cfg.d}, N={cfg.n_features} features, seed {cfg.seed}")
-    print(f"  dictionary: tilt {t.tilt:.4f}, A_dict {t.a_dict:.5f}, ‖ū‖² {t.mean_sq_norm:.5f}")
-    print(f"  codes:      {cfg.magnitude} magnitudes, r {t.r:.4f}, q {t.q:.4f}, K {t.K:.2f}")
-    print(f"  offset ‖b‖ {float(t.offset.norm()):.4f}, noise sd {t.noise_std:.4g}, RMS signal norm {t.signal_rms:.4f}"
-          + (", whitened" if t.whitening is not None else ""))
-    print(f"  law: A of Σ a_i u_i ≈ {predicted:.4f} (exact-moment form)")
-    print(f"  wrote {opts.out} and {truth_path}")
+    print(render_synth(opts.preset, opts.n, cfg, t, predicted, [opts.out, str(truth_path)]))
     return 0
 
 
@@ -271,8 +177,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
 def _add_check(p: argparse.ArgumentParser) -> None:
     from saegeo.config import int_arg
     from saegeo.report.check import CheckOptions
+    from saegeo.render import FORMATS
     from saegeo.report.flags import SEVERITIES
-    from saegeo.report.render import FORMATS
 
     p.add_argument("path", help="dictionary file or directory, or a hub id read through the Hugging Face cache "
                                 "(gemma-scope-2b-pt-res/layer_20/width_16k/average_l0_71, org/repo[/subfolder])")
@@ -291,7 +197,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     from saegeo.io import refuse_overwrite
     from saegeo.report.check import CheckOptions, check_dictionary, check_with_activations
-    from saegeo.report.render import render_check_terminal, rendering_paths, write_report
+    from saegeo.render import render_check_terminal, render_terminal, render_written, rendering_paths, write_report
     from saegeo.sae.formats import load_dictionary
 
     if args.out:
@@ -304,21 +210,17 @@ def cmd_check(args: argparse.Namespace) -> int:
     sae = load_dictionary(args.path)
     name = Path(args.path).resolve().name
     if args.acts:
-        from saegeo.report.render import render_terminal
-
         report, _ = check_with_activations(sae, args.acts, options=opts, name=name, report_options=report_options)
         print(render_terminal(report), end="")
         flags = report.flags
         if args.out:
-            paths = write_report(report, args.out, formats=tuple(args.format))
-            print(f"wrote {', '.join(str(p) for p in paths.values())}")
+            print(render_written(write_report(report, args.out, formats=tuple(args.format))))
     else:
         check = check_dictionary(sae, options=opts, name=name)
         print(render_check_terminal(check), end="")
         flags = check.flags
         if args.out:
-            paths = write_report(check, args.out, formats=tuple(args.format))
-            print(f"wrote {', '.join(str(p) for p in paths.values())}")
+            print(render_written(write_report(check, args.out, formats=tuple(args.format))))
     if args.fail_on == "never":
         return 0
     from saegeo.report.flags import SEVERITIES
@@ -350,8 +252,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from saegeo.io import read_config, refuse_overwrite
-    from saegeo.report import ReportOptions, geometry_report, render_terminal, write_report
-    from saegeo.report.render import FORMATS, rendering_paths
+    from saegeo.render import FORMATS, render_terminal, rendering_paths, write_report
+    from saegeo.render.text import render_files
+    from saegeo.report import ReportOptions, geometry_report
     from saegeo.sae.splice import EvalConfig
 
     formats = [f.strip() for f in args.format.split(",") if f.strip()]
@@ -374,21 +277,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     except SaegeoError as err:  # name the flag: --eval-tokens sets EvalConfig.max_tokens
         raise CLIError(f"--eval-tokens: {err}") from None
     config = read_config(args.config) if args.config else None
-    report = geometry_report(args.acts, saes or None, options=opts, config=config)
+    splice = None
     if args.model and saes:
-        from saegeo.report.report import add_splice, compute_flags
         from saegeo.sae.splice import splice_eval_many
 
-        add_splice(report, splice_eval_many(ecfg, saes))
-        report.flags = compute_flags(report, opts.thresholds)
+        splice = splice_eval_many(ecfg, saes)
+    report = geometry_report(args.acts, saes or None, options=opts, config=config, splice=splice)
     from saegeo.distributed import current
 
     if (ctx := current()) is not None and not ctx.is_main:
         return 0  # under torchrun every rank holds the merged report; rank 0 renders it
     paths = write_report(report, args.out, formats)
     print(render_terminal(report))
-    for fmt, path in paths.items():
-        print(f"{fmt:>8}: {path}")
+    if paths:
+        print(render_files(paths))
     return 0
 
 
@@ -405,7 +307,8 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from saegeo.io import dump_json, refuse_overwrite
-    from saegeo.sae.splice import EvalConfig, render_eval, splice_eval
+    from saegeo.render.text import render_eval
+    from saegeo.sae.splice import EvalConfig, splice_eval
 
     refuse_overwrite([args.json], args.overwrite)
     options = passed(args, EvalConfig)
@@ -431,16 +334,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     import time
 
     from saegeo.pipeline import load_run_config, run_job
+    from saegeo.render.text import render_run
 
     t0 = time.perf_counter()
     result = run_job(load_run_config(args.config))
-    stages = ", ".join(f"{k} {v:.0f} s" for k, v in result.seconds.items())
-    print(f"done in {time.perf_counter() - t0:.0f} s ({stages})")
-    if "html" in result.files:
-        print(f"HTML report: {result.files['html']}")
-    for fmt, path in result.files.items():
-        if fmt != "html":
-            print(f"{fmt:>8}: {path}")
+    print(render_run(result, time.perf_counter() - t0))
     return 0
 
 
@@ -468,26 +366,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if (ctx := current()) is not None and not ctx.is_main:
         return 0  # under torchrun rank 0 prints the summary (every rank holds the same SAE)
-    h, live = result.heldout, (result.history[-1] if result.history else {})
-    rows = [
-        ("architecture", f"{cfg.arch}" + (f" k={cfg.k}" if cfg.arch == "topk" else f" l1={cfg.l1_coefficient:g}")),
-        ("d_in -> d_sae", f"{result.sae.cfg.d_in} -> {result.sae.cfg.d_sae}"),
-        ("b_dec init", cfg.b_dec_init),
-        ("tokens trained", f"{cfg.total_steps * cfg.batch_tokens:,} ({cfg.total_steps} steps of {cfg.batch_tokens})"),
-        ("throughput", f"{live.get('tok_s', float('nan')):,.0f} tokens/s"),
-        ("held-out tokens", f"{h.get('tokens', 0):,}"
-                            + (f" ({h['nonfinite_rows_skipped']:,} non-finite rows skipped)" if "nonfinite_rows_skipped" in h else "")),
-        ("held-out FVE", f"{h.get('fve', float('nan')):.4f}"),
-        ("held-out MSE", f"{h.get('mse', float('nan')):.5g}"),
-        ("held-out L0", f"{h.get('l0', float('nan')):.1f}"),
-        ("dead latents", f"{h.get('dead_fraction', float('nan')):.2%} (never fire on held-out)"),
-        ("dense latents", f"{h.get('dense_fraction', float('nan')):.2%} (fire on > 50% of held-out)"),
-        ("max |cos(W_dec, mean)|", f"{h.get('max_abs_cos_mean', float('nan')):.3f}"),
-        ("|b_dec - mean| / |mean|", f"{h.get('b_dec_dist_to_mean', float('nan')):.3f} (|mean| = {h.get('mean_norm', 0):.3g})"),
-        ("saved to", str(cfg.out_dir) if cfg.out_dir else "(not saved: give --out-dir)"),
-    ]
-    width = max(len(k) for k, _ in rows)
-    print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
+    from saegeo.render.text import render_train
+
+    print(render_train(result))
     return 0
 
 

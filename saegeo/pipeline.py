@@ -22,9 +22,9 @@ from saegeo.activations.store import ActivationStore, StorageDtype, write_store
 from saegeo.errors import BadInputError, StoreError
 from saegeo.config import BATCH_ROWS, check, from_dict, option
 from saegeo.io import dump_json, json_safe, read_config, same_json
-from saegeo.report.render import FORMATS, render_terminal, write_report
-from saegeo.report.report import GeometryReport, ReportOptions, add_splice, compute_flags, geometry_report
-from saegeo.sae.formats import CFG_FILENAME, WEIGHTS_FILENAME, load_sae
+from saegeo.render import FORMATS, render_terminal, write_report
+from saegeo.report.report import GeometryReport, ReportOptions, geometry_report
+from saegeo.sae.formats import CFG_FILENAME, WEIGHTS_FILENAME
 from saegeo.sae.splice import EvalConfig, splice_eval_many
 from saegeo.sae.train import NOT_IN_WEIGHTS, TrainConfig, train_sae
 from saegeo.synthetic import SuperpositionGenerator
@@ -168,27 +168,20 @@ def run_job(config: RunConfig | Mapping[str, Any], *, log: Any = print) -> RunRe
         sae_dirs[name] = str(sae_dir)
     seconds["train"] = time.perf_counter() - t0
 
-    saes = {name: load_sae(path) for name, path in sae_dirs.items()}
-
     # ---- 3. [eval]: every SAE spliced into the model (shared prefix and ablations), reused when unchanged
     splice: dict[str, dict[str, Any]] = {}
     if cfg.eval is not None:
         t0 = time.perf_counter()
-        splice = _spliced_eval(cfg, sae_dirs, saes, reused, log)
+        splice = _spliced_eval(cfg, sae_dirs, reused, log)
         seconds["eval"] = time.perf_counter() - t0
 
     # ---- 4. the report: one pass over the store with every SAE side by side
     t0 = time.perf_counter()
     opts = cfg.report
-    configs = {name: json.loads((Path(p) / CFG_FILENAME).read_text()) for name, p in sae_dirs.items()}
-    report = geometry_report(store, saes, options=opts)
-    for s in report.saes:  # provenance (b_dec init, data) from the saved config
-        s.config = json_safe(configs[s.name])
-        s.b_dec_init = configs[s.name].get("saegeo", {}).get("b_dec_init")
-    report.config = json_safe({"cache": cfg.cache, "train": cfg.train, "saes": cfg.saes, "report": cfg.report,
-                               "acts": cfg.acts, "hook": cfg.hook, "eval": cfg.eval})
-    add_splice(report, splice)
-    report.flags = compute_flags(report, opts.thresholds)
+    job = json_safe({"cache": cfg.cache, "train": cfg.train, "saes": cfg.saes, "report": cfg.report,
+                     "acts": cfg.acts, "hook": cfg.hook, "eval": cfg.eval})
+    # the SAE directories, not the loaded SAEs: each one's cfg.json is its provenance (b_dec init, data)
+    report = geometry_report(store, sae_dirs, options=opts, config=job, splice=splice)
     files = {k: str(v) for k, v in write_report(report, out / "report", cfg.formats).items()}
     seconds["report"] = time.perf_counter() - t0
     log("")
@@ -196,7 +189,7 @@ def run_job(config: RunConfig | Mapping[str, Any], *, log: Any = print) -> RunRe
     return RunResult(store=str(store_path), saes=sae_dirs, report=report, files=files, seconds=seconds, reused=reused)
 
 
-def _spliced_eval(cfg: RunConfig, sae_dirs: dict[str, str], saes: dict[str, Any], reused: dict[str, bool],
+def _spliced_eval(cfg: RunConfig, sae_dirs: dict[str, str], reused: dict[str, bool],
                   log: Any) -> dict[str, dict[str, Any]]:
     """splice_eval_many over the SAEs whose OUT/saes/<name>/eval.json does not match (config + weights)."""
     import hashlib
@@ -219,7 +212,7 @@ def _spliced_eval(cfg: RunConfig, sae_dirs: dict[str, str], saes: dict[str, Any]
             todo[name] = (sha, stamp)
     if todo:
         log(f"eval: splicing {', '.join(todo)} into {ecfg.model} ({ecfg.max_tokens:,} tokens)")
-        fresh = splice_eval_many(ecfg, {name: saes[name] for name in todo})
+        fresh = splice_eval_many(ecfg, {name: sae_dirs[name] for name in todo})
         for name, (sha, stamp) in todo.items():
             r = fresh[name]
             log(f"eval {name}: CE loss recovered {r.get('ce_loss_recovered', float('nan')):.4f}, "

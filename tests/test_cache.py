@@ -125,15 +125,15 @@ def test_killed_cache_resumes_identically(tiny, text_file, tmp_path, crash_at):
 
 
 def test_rerun_is_a_no_op_and_mismatch_refused(tiny, text_file, tmp_path, monkeypatch):
-    from saegeo.activations import cache as cache_mod
+    from saegeo.activations import runner as runner_mod
 
     cfg = CacheConfig(hooks=HOOKS[:1], corpus=str(text_file), context=20, out=str(tmp_path / "o"), shard_rows=100,
                       max_tokens=450, progress=False)
     cache_activations(cfg, tiny)
     before = hashes(tmp_path / "o")
     calls = []
-    forward = cache_mod.forward_to_layer
-    monkeypatch.setattr(cache_mod, "forward_to_layer", lambda *a: calls.append(a[1].shape) or forward(*a))
+    forward = runner_mod.forward_to_layer
+    monkeypatch.setattr(runner_mod, "forward_to_layer", lambda *a: calls.append(a[1].shape) or forward(*a))
     assert cache_activations(cfg, tiny).new_tokens == 0
     assert calls == [(1, 2)]  # only the hook-width probe: no batch is recomputed
     monkeypatch.undo()

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import saegeo.io
-from saegeo.activations.cache import CacheConfig, cache_activations, describe_exclusions, exclusion_shares
+from saegeo.activations.cache import CacheConfig, cache_activations, exclusion_shares
+from saegeo.render.text import exclusion_lines
 from saegeo.activations.store import ActivationStore
 from saegeo.errors import BadInputError, StoreError
 from splice_helpers import run_forked
@@ -63,7 +64,7 @@ def test_norm_exclusion_and_shares_equal_brute_force(tiny, text_file, tmp_path):
             rows = g[name]
             assert shares[name]["mu_share"] == pytest.approx(float(rows.sum(0) @ mu / (len(g["all"]) * mu @ mu)), rel=1e-6)
             assert shares[name]["trace_share"] == pytest.approx(float(((rows - mu) ** 2).sum() / spread), rel=1e-6)
-        assert "norm outliers" in "\n".join(describe_exclusions(s.manifest["extra"]))
+        assert "norm outliers" in "\n".join(exclusion_lines(s.manifest["extra"]))
     with pytest.raises(StoreError, match="exclude_norm_ratio"):  # another m: not the same store
         cache_activations(CacheConfig(**{**cfg.__dict__, "exclude_norm_ratio": 2.0}), tiny)
     with pytest.raises(BadInputError, match="must be > 1"):

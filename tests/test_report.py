@@ -303,3 +303,46 @@ def test_fve_of_input_normalised_saes_uses_the_denormalised_reconstruction(norma
     fve = 1 - ((xn - recon) ** 2).sum() / ((xn - xn.mean(0)) ** 2).sum()
     report = geometry_report(x, sae, options=QUIET)
     assert report.sae.fve == pytest.approx(fve, abs=1e-4)
+
+
+def test_the_report_is_assembled_once_from_all_its_inputs(data_and_sae):
+    """Splice results, flags raised elsewhere and an activations_mismatch error are inputs of geometry_report:
+    the flags and the diagnosis come out of the one call, and re-flagging the saved report reproduces its own."""
+    from saegeo.report import Flag, FlagThresholds, compute_flags
+    from saegeo.report.flags import (
+        ACTIVATIONS_MISMATCH, MEAN_DIRECTION, WITHHELD_FLAGS, WITHHELD_METRICS, activation_diagnosis,
+    )
+
+    x, sae = data_and_sae
+    # every latent counts as mean-aligned: the mean-direction flag is raised from numbers that are not withheld
+    opts = ReportOptions(progress=False, batch_rows=1000,
+                         thresholds=FlagThresholds(mean_direction_min_frequency=0.0, mean_direction_min_cos=0.0))
+    splice = {"s": {"ce_loss_recovered": 0.75, "tokens": 10}}
+    mismatch = Flag(ACTIVATIONS_MISMATCH, "error", {"causes": ["hook"]}, "cache the SAE's hook", summary="hook differs",
+                    subject="s")
+    given = Flag("zero_decoder_rows", "warning", {"n_zero_rows": 1}, "drop them", summary="1 zero row", subject="s")
+    plain = geometry_report(x, {"s": sae}, options=opts)
+    assert (MEAN_DIRECTION, "s") in {(f.name, f.subject) for f in plain.flags}
+    report = geometry_report(x, {"s": sae}, options=opts, splice=splice, flags=[given, mismatch],
+                             notes=["first"], closing_notes=["last"])
+    s = report.sae
+    assert s.splice == splice["s"] and plain.sae.splice is None
+    assert s.withheld == list(WITHHELD_METRICS) and s.fve is None and s.cone_shares is None
+    assert s.amplification and all(v is None for v in s.amplification.values())
+    assert plain.sae.fve is not None and plain.sae.withheld == []
+    assert report.notes[-3:] == ["first", s.notes[-1], "last"] and s.notes[-1].startswith("withheld for s")
+    assert {(f.name, f.subject) for f in report.flags} >= {(ACTIVATIONS_MISMATCH, "s"), ("zero_decoder_rows", "s")}
+    assert not [f for f in report.flags if f.subject == "s" and f.name in WITHHELD_FLAGS]
+    assert [f.severity for f in report.flags] == sorted((f.severity for f in report.flags),
+                                                        key=("error", "warning", "info").index)
+    # the report's own flags, re-computed from its saved numbers, are the flags it holds less the given ones
+    again = compute_flags(GeometryReport.from_dict(json.loads(report.to_json())))
+    assert [f.to_dict() for f in again] == [f.to_dict() for f in report.flags if f not in (given, mismatch)]
+    assert report.diagnosis == activation_diagnosis({**report.activations, "sample_diagnostics":
+                                                     report.sample_diagnostics}, report.flags,
+                                                    opts.thresholds)
+    # a given flag the report raises itself is superseded by the report's own
+    own = next(f for f in plain.flags)
+    dup = Flag(own.name, own.severity, {}, "elsewhere", summary="elsewhere", subject=own.subject)
+    merged = geometry_report(x, {"s": sae}, options=opts, flags=[dup])
+    assert [f.to_dict() for f in merged.flags] == [f.to_dict() for f in plain.flags]

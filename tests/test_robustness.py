@@ -283,11 +283,15 @@ def test_offset_and_a_are_clipped_to_their_ranges_with_a_note():
     from saegeo.geometry.accumulate import GeometryAccumulator, anisotropy_from_unit_mean
     from saegeo.geometry.measures import activation_geometry
 
-    acc = GeometryAccumulator(16)
-    # two equal rows: their sum is exact, so only the float32 normalisation rounds (‖x̂‖ = 1 + 8e-8 for this row)
-    acc.add(torch.randn(1, 16, generator=torch.Generator().manual_seed(3)).repeat(2, 1))
+    # two equal rows: their sum is exact, so only the (float64) normalisation rounds; take the first row whose
+    # ‖x̂‖ rounds above 1 (by one unit in the last place)
+    for seed in range(100):
+        acc = GeometryAccumulator(16)
+        acc.add(torch.randn(1, 16, generator=torch.Generator().manual_seed(seed)).repeat(2, 1))
+        if float(acc.unit_mean.norm()) > 1:
+            break
     assert float(acc.unit_mean.norm()) > 1 and anisotropy_from_unit_mean(acc.unit_mean, acc.n_unit) > 1  # rounding
     geo = activation_geometry(acc)
     assert geo.offset == 1.0 and geo.anisotropy == 1.0  # identical directions: exactly 1 in exact arithmetic
-    assert any(n.startswith("‖m̂‖ = 1.00000008") for n in geo.notes), geo.notes
-    assert any(n.startswith("A = 1.00000033") for n in geo.notes), geo.notes
+    assert any(n.startswith("‖m̂‖ = 1 from rounding") for n in geo.notes), geo.notes
+    assert any(n.startswith("A = 1 from rounding") for n in geo.notes), geo.notes

