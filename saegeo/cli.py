@@ -125,7 +125,7 @@ def cmd_store(args: argparse.Namespace) -> int:
     from saegeo.activations.store import ActivationStore
     from saegeo.render.text import render_store
 
-    store = ActivationStore(args.path, allow_incomplete=True)
+    store = ActivationStore(args.path, allow_incomplete=True, check_headers=False)
     problems = store.verify() if args.store_command == "verify" else None
     print(render_store(store, problems))
     return 1 if problems else 0
@@ -206,7 +206,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     from saegeo.report.report import ReportOptions
 
     opts = from_dict(CheckOptions, passed(args, CheckOptions))
-    report_options = ReportOptions(max_tokens=args.max_tokens, progress=opts.progress, verify=opts.verify)
+    report_options = ReportOptions(max_tokens=args.max_tokens, progress=opts.progress, verify=opts.verify,
+                                   skip_nonfinite=opts.skip_nonfinite)
     sae = load_dictionary(args.path)
     name = Path(args.path).resolve().name
     if args.acts:

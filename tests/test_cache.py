@@ -143,12 +143,26 @@ def test_rerun_is_a_no_op_and_mismatch_refused(tiny, text_file, tmp_path, monkey
     assert more.new_tokens == 250
     cache_activations(CacheConfig(**{**cfg.__dict__, "max_tokens": 700, "out": str(tmp_path / "p")}), tiny)
     assert hashes(tmp_path / "o") == hashes(tmp_path / "p")
+    cfg = CacheConfig(**{**cfg.__dict__, "max_tokens": 700})  # the store holds 700 rows now
     with pytest.raises(StoreError, match="refusing to append.*corpus"):
         cache_activations(CacheConfig(**{**cfg.__dict__, "context": 24}), tiny)
     with pytest.raises(StoreError, match="refusing to append.*dtype"):
         cache_activations(CacheConfig(**{**cfg.__dict__, "dtype": "float16"}), tiny)
     with pytest.raises(BadInputError, match="does not exist"):
         cache_activations(CacheConfig(**{**cfg.__dict__, "hooks": ("blocks.9.hook_resid_post",)}), tiny)
+
+
+def test_a_smaller_max_tokens_onto_a_larger_store_is_refused_before_any_write(tiny, text_file, tmp_path):
+    """It used to keep every row, say nothing and exit 0 (issue 27): --max-tokens 300 on a 450-row store."""
+    cfg = CacheConfig(hooks=HOOKS[:1], corpus=str(text_file), context=20, out=str(tmp_path / "o"), shard_rows=100,
+                      max_tokens=450, progress=False)
+    cache_activations(cfg, tiny)
+    before = hashes(tmp_path / "o")
+    with pytest.raises(BadInputError, match=r"already holds 450 rows, more than this run's 300 .*--overwrite"):
+        cache_activations(CacheConfig(**{**cfg.__dict__, "max_tokens": 300}), tiny)
+    assert hashes(tmp_path / "o") == before  # still complete, nothing rewritten
+    assert cache_activations(CacheConfig(**{**cfg.__dict__, "max_tokens": 300, "overwrite": True}), tiny).n_tokens == {
+        HOOKS[0]: 300}
 
 
 def test_cli_cache_with_config_model(text_file, tmp_path, capsys):

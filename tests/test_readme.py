@@ -2,13 +2,18 @@
 
 Commands are read from fenced blocks (```bash lines that start with `saegeo` or `torchrun ... -m saegeo.cli`, and
 `$ `-prefixed lines of output blocks) and from inline code spans; they are parsed by the CLI's own argparse parser
-(parse only, nothing runs). Flags in prose are checked against the commands of their section's heading.
+(parse only, nothing runs). Flags in prose are checked against the commands of their section's heading. The
+```python blocks are checked statically: their saegeo imports, the attributes used on them and the fields of the
+dataclasses they construct must exist.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
+import dataclasses
+import importlib
 import io
 import re
 import shlex
@@ -151,6 +156,55 @@ def drift(text: str) -> list[str]:
     return sorted(set(problems))
 
 
+def python_blocks(text: str) -> list[tuple[int, str]]:
+    """(first line number, source) of every ```python block."""
+    blocks, lang, start, lines = [], None, 0, []
+    for number, raw in enumerate(text.splitlines(), 1):
+        fence = FENCE.match(raw.strip())
+        if fence and lang is None:
+            lang, start, lines = fence.group(1), number + 1, []
+        elif fence:
+            if lang == "python":
+                blocks.append((start, "\n".join(lines)))
+            lang = None
+        elif lang is not None:
+            lines.append(raw)
+    return blocks
+
+
+def python_drift(text: str) -> list[str]:
+    """Names the README's Python imports from saegeo that do not exist, attributes of them that do not exist, and
+    keyword arguments that a dataclass it constructs does not have (a static check: nothing runs)."""
+    problems: list[str] = []
+    for start, source in python_blocks(text):
+        tree = ast.parse(source)
+        names: dict[str, object] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("saegeo"):
+                try:
+                    module = importlib.import_module(node.module)
+                except ImportError as exc:
+                    problems.append(f"README line {start + node.lineno - 1}: cannot import {node.module}: {exc}")
+                    continue
+                for alias in node.names:
+                    if not hasattr(module, alias.name):
+                        problems.append(f"README line {start + node.lineno - 1}: {node.module} has no {alias.name}")
+                    else:
+                        names[alias.asname or alias.name] = getattr(module, alias.name)
+        for node in ast.walk(tree):
+            line = f"README line {start + getattr(node, 'lineno', 1) - 1}"
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in names:
+                if not hasattr(names[node.value.id], node.attr):
+                    problems.append(f"{line}: {node.value.id} has no attribute {node.attr}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names:
+                target = names[node.func.id]
+                if dataclasses.is_dataclass(target):
+                    fields = {f.name for f in dataclasses.fields(target)}
+                    problems += [f"{line}: {node.func.id} has no field {kw.arg}"
+                                 for kw in node.keywords if kw.arg is not None and kw.arg not in fields]
+    return problems
+
+
 def test_readme_is_a_short_guide() -> None:
     n = len(README.read_text(encoding="utf-8").splitlines())
     assert n <= MAX_LINES, f"README.md has {n} lines; at most {MAX_LINES} (move detail to docs/ or benchmarks/)"
@@ -163,10 +217,26 @@ def test_readme_commands_and_flags_exist_in_the_cli() -> None:
     assert not problems, "\n".join(problems)
 
 
+def test_readme_python_names_exist() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert python_blocks(text), "the README's Python API block was not found"
+    problems = python_drift(text)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_python_check_catches_a_renamed_name() -> None:
+    broken = ("```python\nfrom saegeo.geometry import GeometryAccumulatr\nfrom saegeo.sae.train import TrainConfig\n"
+              "TrainConfig(k=32, total_tokns=5)\nTrainConfig.no_such_method()\n```\n")
+    problems = python_drift(broken)
+    assert any("has no GeometryAccumulatr" in p for p in problems), problems
+    assert any("has no field total_tokns" in p for p in problems), problems
+    assert any("has no attribute no_such_method" in p for p in problems), problems
+
+
 @pytest.mark.parametrize("broken, expected", [
     ("```bash\nsaegeo report --acts a --out r --no-such-flag\n```\n", "does not parse"),
     ("```text\n$ saegeo trian --acts a\n```\n", "does not parse"),
-    ("```bash\ntorchrun --standalone -m saegeo.cli train --acts a \\\n    --batch-size-typo 4\n```\n", "does not parse"),
+    ("```bash\ntorchrun --standalone -m saegeo.cli train --acts a \\\n    --batch-typo 4\n```\n", "does not parse"),
     ("## Geometry: `saegeo geometry`\n\nUse `--exclude-special` here.\n", "is not an option of `saegeo geometry`"),
     ("Run `saegeo nosuch --x`.\n", "names no saegeo command"),
     ("```bash\nsaegeo train --acts a --no-prog\n```\n", "does not parse"),  # an abbreviation is not the flag

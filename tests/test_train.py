@@ -190,20 +190,27 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     x, _ = _synthetic(4096)
     cfg = _small_cfg(tmp_path, checkpoint_every=5, total_tokens=128 * 30, b_dec_init_tokens=256)
 
-    def batches():  # a replayable stream whose 15th batch holds an inf
+    def batches(poison):  # a replayable stream whose 15th batch is poisoned
         g = torch.Generator().manual_seed(0)
         for i in range(1000):
             b = x[torch.randint(0, x.shape[0], (128,), generator=g)].clone()
             if i == 3 + 11:  # 3 batches are held out first, so this is the 12th training step
-                b[5, 0] = float("inf")
+                poison(b)
             yield b
 
-    with pytest.raises(NonFiniteLossError, match="last good checkpoint \\(step 10\\)"):
-        train_sae(cfg, batches)
+    # an inf row is refused as data, named by its place in the stream, before anything trains on it
+    with pytest.raises(BadInputError, match=r"the stream of batches, batch 14 row 5 \(global row 1797\)"):
+        train_sae(cfg, lambda: batches(lambda b: b[5].fill_(float("inf"))))
+    state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 10
+    # finite rows whose squares overflow: the loss is inf; the run stops and keeps the step-10 checkpoint
+    with pytest.raises(NonFiniteLossError, match=r"between steps 11 and 15 .*last good checkpoint \(step 10\)"):
+        train_sae(_small_cfg(tmp_path, checkpoint_every=5, total_tokens=128 * 30, b_dec_init_tokens=256,
+                             overwrite=True), lambda: batches(lambda b: b.mul_(1e30)))
     state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
     assert state["step"] == 10
     # non-finite rows among those that initialise b_dec are named before training starts
-    with pytest.raises(BadInputError, match="row 5 of the activations used to initialise b_dec"):
+    with pytest.raises(BadInputError, match=r"the tensor \(global row 5\), a row used to initialise b_dec"):
         bad = x.clone()
         bad[5, 3] = float("nan")
         train_sae(_small_cfg(), bad)

@@ -38,7 +38,7 @@ import saegeo
 from saegeo.activations import runner
 from saegeo.activations.corpus import CorpusSpec, Window, corpus_identity, count_tokens, iter_windows, open_corpus
 from saegeo.activations.models import LoadedModel, load_model
-from saegeo.activations.store import ActivationStore, StorageDtype, StoreWriter
+from saegeo.activations.store import MANIFEST, ActivationStore, StorageDtype, StoreWriter
 from saegeo.config import check, option
 from saegeo.distributed import resolve_device
 from saegeo.errors import BadInputError
@@ -142,6 +142,22 @@ def _validate_hooks(loaded: LoadedModel, hooks: tuple[str, ...]) -> int | None:
     return None if any(layer is None for layer in layers) else max(layers)
 
 
+def _refuse_shrinking(cfg: CacheConfig, hooks: tuple[str, ...], total: int) -> None:
+    """A store that already holds more rows than this run would cache is refused before any writer opens it (a
+    resume only appends: it would keep every row and say nothing)."""
+    for h in hooks:
+        path = store_dir(cfg.out, h)
+        if not (path / MANIFEST).exists():
+            continue
+        have = ActivationStore(path, allow_incomplete=True, check_headers=False).n_tokens
+        if have > total:
+            raise BadInputError(
+                f"{path} already holds {have:,} rows, more than this run's {total:,} (--max-tokens "
+                f"{cfg.max_tokens}); a cache run only appends. Pass --overwrite to re-cache {total:,} tokens, or keep "
+                "the store and read fewer rows where it is used (report and check --max-tokens, train --total-tokens)"
+            )
+
+
 def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> CacheResult:
     """Cache cfg.hooks over cfg.corpus into one store per hook under cfg.out (resumes if present)."""
     if cfg.max_tokens is not None and cfg.max_tokens < 1:
@@ -169,6 +185,8 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
     if excluding:
         meta["exclusion_rule"] = _exclusion_rule(cfg, tok, loaded.kind)
 
+    if not cfg.overwrite:
+        _refuse_shrinking(cfg, hooks, total)
     t0 = time.perf_counter()
     new_tokens = 0
     with contextlib.ExitStack() as stack:

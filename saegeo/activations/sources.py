@@ -1,13 +1,20 @@
 """The one reader of activation rows: a store, a file, a tensor or an iterator -> batches of (m, d) rows.
 
-``open_rows(source, *, key=None, verify=True) -> Rows``
+``open_rows(source, *, key=None, verify=True, skip_nonfinite=False) -> Rows``
     source: an ActivationStore or its directory; a ``.safetensors`` file (the tensor ``activations``, the
     only 2-D tensor, or ``key``); a ``.npy`` file (memory-mapped); a ``.pt``/``.pth`` file (read with
     ``torch.load(weights_only=True)``, memory-mapped); an (n, d) tensor or array; an iterable of (m, d)
     batches (or of (activations, codes) tuples, e.g. ``SuperpositionGenerator.batches``); a ``Rows``.
-``Rows.batches(batch_size, rank=0, world_size=1) -> (iterator, first_row)``
+    A store's shards are checked against its manifest on open and hashed on every read (verify=False:
+    ``--no-verify``, skips the hash).
+``Rows.batches(batch_size, rank=0, world_size=1, *, stop_row=None, metadata=False) -> (iterator, first_row)``
     the rows in order, never all in memory; under torch.distributed a store or array yields only this
-    rank's contiguous share (``first_row`` is its global index), an iterator is this rank's own data.
+    rank's contiguous share (``first_row`` is its global index), an iterator is this rank's own data;
+    stop_row: no row at or after that global index; metadata (stores): (activations, token_ids, positions).
+``Rows.read(index) -> (m, d)`` random access by global row index (store, file, tensor), verified like every read.
+``Rows.screen(x, at, ...)`` the one NaN policy, applied to every batch ``batches`` yields and by the trainer to
+    the rows it gathers: a row with NaN/inf is a BadInputError naming the source, the shard and the row, or,
+    with skip_nonfinite, dropped and counted in ``Rows.n_nonfinite_skipped``.
 ``Rows.describe`` is the JSON-safe description a report records (kind, path, model, hook, d, n rows).
 """
 
@@ -20,6 +27,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 import torch
+from jaxtyping import Float
 from torch import Tensor
 
 from saegeo.activations.store import MANIFEST, ActivationStore
@@ -28,6 +36,10 @@ from saegeo.errors import BadInputError, FormatError
 from saegeo.geometry.accumulate import as_rows
 
 FILE_SUFFIXES = (".safetensors", ".npy", ".pt", ".pth")
+
+
+NONFINITE_ADVICE = ("Fix the producer, or pass --skip-nonfinite (Python: skip_nonfinite=True) to skip and count "
+                    "such rows.")
 
 
 @dataclass
@@ -39,28 +51,118 @@ class Rows:
     d: int | None
     describe: dict[str, Any] = field(default_factory=dict)
     store: ActivationStore | None = None
+    skip_nonfinite: bool = False  # the NaN policy: skip and count (True) or refuse naming the row (False)
+    n_nonfinite_skipped: int = 0  # rows dropped by screen() so far
     _array: Any = None  # row-sliceable (n, d): tensor, numpy array / memmap, safetensors slice
     _iterable: Iterable[Any] | None = None
 
-    def batches(self, batch_size: int, rank: int = 0, world_size: int = 1) -> tuple[Iterator[Any], int]:
-        """(batches of at most ``batch_size`` rows, global index of the first row) for this rank."""
+    def batches(self, batch_size: int, rank: int = 0, world_size: int = 1, *, stop_row: int | None = None,
+                metadata: bool = False) -> tuple[Iterator[Any], int]:
+        """(screened batches of at most ``batch_size`` rows, global index of the first row) for this rank."""
         if batch_size < 1:
             raise BadInputError(f"batch_size must be ≥ 1, got {batch_size}")
+        if metadata and self.store is None:
+            raise BadInputError(f"token ids and positions are read from an activation store, not from a {self.kind}")
         if self.store is not None:
-            if world_size == 1:
-                return self.store.iter_batches(batch_size), 0
-            block = split_shards([s.rows for s in self.store.shards], rank, world_size)
-            return self.store.iter_batches(batch_size, shard_indices=block), int(self.store.offsets[block.start])
-        if self._array is not None:
+            block, first = None, 0
+            if world_size > 1:
+                block = split_shards([s.rows for s in self.store.shards], rank, world_size)
+                first = int(self.store.offsets[block.start])
+            raw = self.store.iter_batches(batch_size, shard_indices=block, stop_row=stop_row, metadata=metadata)
+        elif self._array is not None:
             share = rank_rows(self.n_rows, rank, world_size)
+            first, stop = share.start, share.stop if stop_row is None else max(share.start, min(share.stop, stop_row))
             array = self._array
-            return (array[lo : min(lo + batch_size, share.stop)] for lo in range(share.start, share.stop, batch_size)), share.start
+            raw = (array[lo : min(lo + batch_size, stop)] for lo in range(first, stop, batch_size))
+        else:
+            first, raw = 0, self._unwrap(stop_row)
+        return self._screened(raw, first, metadata), first
 
-        def unwrap() -> Iterator[Any]:
-            for b in self._iterable:
-                yield b[0] if isinstance(b, (tuple, list)) else b  # (activations, codes) from the generator
+    def _unwrap(self, stop_row: int | None) -> Iterator[Any]:
+        seen = 0
+        for b in self._iterable:
+            b = b[0] if isinstance(b, (tuple, list)) else b  # (activations, codes) from the generator
+            if stop_row is not None:
+                b = b[: max(0, stop_row - seen)]
+                if len(b) == 0:
+                    return
+            seen += len(b)
+            yield b
 
-        return unwrap(), 0
+    def _screened(self, raw: Iterator[Any], first: int, metadata: bool) -> Iterator[Any]:
+        at = first
+        for index, batch in enumerate(raw):
+            x = as_rows(batch[0] if metadata else batch)
+            keep = self.finite_rows(x, at, batch=index)
+            at += x.shape[0]
+            if metadata:
+                yield batch if keep is None else tuple(c if c is None else c[keep] for c in batch)
+            else:
+                yield x if keep is None else x[keep]
+
+    def row_place(self, g: int) -> str:
+        """Where global row g lives, in words: the store's path, its shard and the row in it; the file; the tensor."""
+        if self.store is not None:
+            st = self.store
+            i = int(np.searchsorted(st.offsets, g, side="right") - 1)
+            if 0 <= i < len(st.shards):
+                return f"{st.path}, shard {i} ({st.shards[i].file}) row {g - int(st.offsets[i])}"
+            return str(st.path)
+        if self.kind == "file":
+            return str(self.describe.get("path"))
+        return "the tensor" if self.kind == "tensor" else "the stream of batches"
+
+    def finite_rows(self, x: Tensor, at: int | Tensor, *, batch: int | None = None, context: str = "") -> Tensor | None:
+        """The NaN policy for one batch ``x`` whose row j is global row ``at + j`` (or ``at[j]``, an index tensor):
+        None when every row is finite; else BadInputError naming the first bad row, or (skip_nonfinite) the mask
+        of the rows to keep, their number counted in n_nonfinite_skipped. ``context`` adds what the rows are for."""
+        bad = _nonfinite_rows(x)
+        if bad is None:
+            return None
+        j = int(bad.nonzero()[0])
+        if not self.skip_nonfinite:
+            g = int(at[j]) if isinstance(at, Tensor) else at + j
+            in_batch = f", batch {batch} row {j}" if batch is not None else ""
+            raise BadInputError(
+                f"non-finite value (NaN or inf) in {self.row_place(g)}{in_batch} (global row {g}){context}; "
+                f"{int(bad.sum())} such row(s) in this batch. {NONFINITE_ADVICE}"
+            )
+        self.n_nonfinite_skipped += int(bad.sum())
+        return ~bad
+
+    def screen(self, x: Tensor, at: int | Tensor, *, context: str = "") -> Tensor:
+        """``x`` under the NaN policy (see finite_rows): unchanged, refused, or without its non-finite rows."""
+        keep = self.finite_rows(x, at, context=context)
+        return x if keep is None else x[keep]
+
+    def read(self, index: Tensor) -> Float[Tensor, "m d"]:
+        """Rows at global indices ``index`` (in that order) as float32, unscreened: a store's shards hashed and
+        checked (ActivationStore.read_rows_at); a tensor, array or file indexed in memory (or its memory map)."""
+        if self.store is not None:
+            return self.store.read_rows_at(index)
+        if self._array is None:
+            raise BadInputError("a stream of batches cannot be read by row index; pass a tensor, a file or a store")
+        return as_rows(self.tensor()[index]).float()
+
+    def tensor(self) -> Float[Tensor, "n d"]:
+        """All rows as one (n, d) tensor without a copy where the source allows it (a tensor, a .npy or .pt
+        memory map); a .safetensors file is read whole. Not for stores (read them by shard or by index)."""
+        if self._array is None:
+            raise BadInputError(f"a {self.kind} is not held as one tensor")
+        array = self._array
+        if isinstance(array, _SafetensorsRows):
+            self._array = array = array[:]
+        return as_rows(array)
+
+
+def _nonfinite_rows(x: Tensor) -> Tensor | None:
+    """Rows holding a NaN/inf, None if there are none. The row sums screen cheaply (one pass, no (n, d) mask);
+    only a non-finite sum, which a huge finite row can give too, is looked at entry-wise."""
+    suspect = ~torch.isfinite(x.sum(dim=1))
+    if not bool(suspect.any()):
+        return None
+    bad = (~torch.isfinite(x)).any(dim=1)
+    return bad if bool(bad.any()) else None
 
 
 def _pick_key(names_shapes: dict[str, tuple], key: str | None, path: Path) -> str:
@@ -133,12 +235,19 @@ def _open_file(path: Path, key: str | None) -> Rows:
     return Rows("file", n, d, {"kind": "file", "path": str(path), "d": d, "n_tokens_in_source": n}, _array=rows)
 
 
-def open_rows(source: Any, *, key: str | None = None, verify: bool = True) -> Rows:
+def open_rows(source: Any, *, key: str | None = None, verify: bool = True, skip_nonfinite: bool = False) -> Rows:
     """Open any source of activation rows (see the module docstring) without reading it whole.
 
-    verify=False reads a store's shards without checking their sha256 (see ActivationStore)."""
+    verify=False reads a store's shards without checking their sha256 (see ActivationStore); skip_nonfinite
+    skips and counts rows with NaN/inf instead of refusing them (Rows.finite_rows)."""
     if isinstance(source, Rows):
         return source
+    rows = _open(source, key, verify)
+    rows.skip_nonfinite = skip_nonfinite
+    return rows
+
+
+def _open(source: Any, key: str | None, verify: bool) -> Rows:
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         if path.is_dir():

@@ -26,6 +26,7 @@ import hashlib
 import json
 import mmap
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,20 +66,84 @@ def _read_manifest(path: Path) -> dict[str, Any]:
             "point at the directory that holds manifest.json, or re-run `saegeo cache`"
         )
     try:
-        manifest = json.loads(mpath.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        manifest = json.loads(mpath.read_text(), parse_constant=_refuse_constant)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError, RecursionError) as err:
         raise StoreError(f"{mpath}: corrupt manifest ({err}); re-run the cache command into a fresh directory")
-    missing = [k for k in ("format_version", "d", "dtype", "shards") if k not in manifest]
+    check_manifest(manifest, mpath)
+    return manifest
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")  # NaN / Infinity: the writer never writes them
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+# a shard's file: a plain name inside the store directory (no separators, no "..", no absolute path)
+_SHARD_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def check_manifest(manifest: Any, mpath: Path) -> None:
+    """StoreError naming ``mpath`` and the field unless the manifest is one the writer could have written:
+    every field of the right type and range, shard files inside the store, the rows adding up to n_tokens."""
+
+    def bad(field: str, why: str) -> StoreError:
+        return StoreError(f"{mpath}: manifest field {field} {why}; this store cannot be trusted, re-cache it")
+
+    if not isinstance(manifest, dict):
+        raise StoreError(f"{mpath}: manifest is a JSON {type(manifest).__name__}, not an object; re-cache the store")
+    missing = [k for k in ("format_version", "d", "dtype", "shards", "n_tokens") if k not in manifest]
     if missing:
         raise StoreError(f"{mpath}: manifest lacks {missing}; this is not a saegeo activation store")
-    if manifest["format_version"] > FORMAT_VERSION:
+    version = manifest["format_version"]
+    if not _is_int(version) or version < 1:
+        raise bad("format_version", f"is {version!r}, not a positive integer")
+    if version > FORMAT_VERSION:
         raise StoreError(
-            f"{mpath}: store format version {manifest['format_version']} is newer than this saegeo "
+            f"{mpath}: store format version {version} is newer than this saegeo "
             f"understands ({FORMAT_VERSION}); upgrade saegeo"
         )
-    if manifest["dtype"] not in STORAGE_DTYPES:
+    if not _is_int(manifest["d"]) or manifest["d"] < 1:
+        raise bad("d", f"is {manifest['d']!r}, not a positive integer")
+    if not isinstance(manifest["dtype"], str) or manifest["dtype"] not in STORAGE_DTYPES:
         raise StoreError(f"{mpath}: unknown storage dtype {manifest['dtype']!r}; expected one of {list(STORAGE_DTYPES)}")
-    return manifest
+    for key, kind, what in (("shard_rows", int, "a positive integer"), ("complete", bool, "true or false"),
+                            ("hook", str, "a string"), ("model", str, "a string"), ("corpus", dict, "an object"),
+                            ("extra", dict, "an object"), ("columns", list, "a list")):
+        value = manifest.get(key)
+        if key in manifest and not (_is_int(value) and value >= 1 if kind is int else isinstance(value, kind)):
+            raise bad(key, f"is {value!r}, not {what}")
+    if "columns" in manifest and not set(manifest["columns"]) <= {"token_ids", "positions"}:
+        raise bad("columns", f"is {manifest['columns']!r}; expected a subset of ['positions', 'token_ids']")
+    shards = manifest["shards"]
+    if not isinstance(shards, list):
+        raise bad("shards", f"is a JSON {type(shards).__name__}, not a list")
+    files = set()
+    for i, entry in enumerate(shards):
+        field = f"shards[{i}]"
+        if not isinstance(entry, dict):
+            raise bad(field, f"is {entry!r}, not an object")
+        for key in ShardInfo.__dataclass_fields__:
+            if key not in entry:
+                raise bad(field, f"has no {key!r}")
+        name = entry["file"]
+        if not isinstance(name, str) or not _SHARD_FILE.fullmatch(name) or name in files:
+            raise bad(f"{field}.file", f"is {name!r}: a shard must be a file directly inside the store "
+                      "(a plain, unique name: no '/', no '..', no absolute path)")
+        files.add(name)
+        if not _is_int(entry["rows"]) or entry["rows"] < 1:
+            raise bad(f"{field}.rows", f"is {entry['rows']!r}, not a positive integer")
+        if not _is_int(entry["bytes"]) or entry["bytes"] < 8:
+            raise bad(f"{field}.bytes", f"is {entry['bytes']!r}, not a file size")
+        if not isinstance(entry["sha256"], str) or not _SHA256.fullmatch(entry["sha256"]):
+            raise bad(f"{field}.sha256", f"is {entry['sha256']!r}, not a sha256 hex digest")
+    n_tokens = manifest["n_tokens"]
+    total = sum(entry["rows"] for entry in shards)
+    if not _is_int(n_tokens) or n_tokens != total:
+        raise bad("n_tokens", f"is {n_tokens!r} but the shards list {total} rows")
 
 
 def _sha256(data: bytes) -> str:
@@ -102,17 +167,34 @@ def _sha256_mapped(path: Path) -> str:
         raise StoreError(f"{path}: cannot be read ({err}); check the file, or re-cache the store") from None
 
 
-def _header_shapes(path: Path) -> dict[str, list[int]]:
-    """Tensor name -> shape from a safetensors file's header (8-byte little-endian length + JSON), no data read."""
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise ValueError("shorter than a safetensors header")
-        (n,) = struct.unpack("<Q", head)
-        if n > 100_000_000:
-            raise ValueError(f"header length {n} is not plausible")
-        header = json.loads(f.read(n))
-    return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+def _read_header(head: bytes | mmap.mmap | Any) -> tuple[dict[str, dict[str, Any]], int]:
+    """(tensor name -> {dtype, shape, data_offsets}, byte offset of the data) from a safetensors file's header
+    (8-byte little-endian length + JSON); ``head`` is an open binary file or a buffer. ValueError if malformed."""
+    if hasattr(head, "read"):
+        prefix = head.read(8)
+    else:
+        prefix = bytes(head[:8])
+    if len(prefix) < 8:
+        raise ValueError("shorter than a safetensors header")
+    (n,) = struct.unpack("<Q", prefix)
+    if n > 100_000_000:
+        raise ValueError(f"header length {n} is not plausible")
+    text = head.read(n) if hasattr(head, "read") else bytes(head[8 : 8 + n])
+    if len(text) < n:
+        raise ValueError("header cut short")
+    header = json.loads(text)
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+    for k, v in tensors.items():
+        if not (isinstance(v, dict) and isinstance(v.get("shape"), list) and isinstance(v.get("dtype"), str)
+                and isinstance(v.get("data_offsets"), list) and len(v["data_offsets"]) == 2):
+            raise ValueError(f"tensor {k!r} has a malformed entry")
+    return tensors, 8 + n
+
+
+# the safetensors dtype code of each storage dtype (and torch's dtype for it)
+SAFETENSORS_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 
 
 def _take_lock(path: Path):
@@ -231,7 +313,7 @@ class StoreWriter:
     def _check_shards_for_resume(self) -> None:
         """Shards must be intact before we build on them; a short last shard (from an earlier
         completed run) is pulled back into the buffer so later shards stay full-sized."""
-        store = ActivationStore(self.path, allow_incomplete=True)
+        store = ActivationStore(self.path, allow_incomplete=True, check_headers=False)
         # sizes of all shards (cheap); content of the last one, the only one a crash could have touched
         bad = store.verify(full=False)
         if store.shards and not bad:
@@ -290,7 +372,18 @@ class StoreWriter:
                 if col.shape[0] != n:
                     raise BadInputError(f"{self.path}: {name} has {col.shape[0]} entries for {n} rows")
                 self._buffers[name].append(col.to(torch.int32).cpu())
-        self._buffers["activations"].append(batch.detach().to("cpu", self.torch_dtype))
+        stored = batch.detach().to("cpu", self.torch_dtype)
+        if batch.dtype != self.torch_dtype:  # a finite value the storage dtype cannot hold would become inf
+            overflow = torch.isinf(stored).any(dim=1) & torch.isfinite(batch.detach().cpu()).all(dim=1)
+            if bool(overflow.any()):
+                r = int(overflow.nonzero()[0])
+                raise BadInputError(
+                    f"{self.path}: row {self.n_tokens + r} (row {r} of this batch) holds a value of magnitude "
+                    f"{float(batch[r].abs().max()):.4g}, beyond {self.manifest['dtype']}'s range "
+                    f"(max {torch.finfo(self.torch_dtype).max:.4g}); {int(overflow.sum())} such row(s) in this batch. "
+                    "Store as float32 (--dtype float32), or scale the activations"
+                )
+        self._buffers["activations"].append(stored)
         self._buffered += n
         while self._buffered >= self.manifest["shard_rows"]:
             self._flush(self.manifest["shard_rows"])
@@ -364,21 +457,54 @@ class ActivationStore:
     one flipped bit would otherwise flow silently into every mean, spectrum and SAE.
     """
 
-    def __init__(self, path: str | os.PathLike, *, allow_incomplete: bool = False, verify: bool = True):
+    def __init__(self, path: str | os.PathLike, *, allow_incomplete: bool = False, verify: bool = True,
+                 check_headers: bool = True):
         self.path = Path(path)
         self.verify_reads = verify
-        self.manifest = _read_manifest(self.path)
+        self.manifest = _read_manifest(self.path)  # fields typed and consistent (check_manifest)
         if not self.manifest.get("complete", False) and not allow_incomplete:
             raise StoreError(
                 f"{self.path}: store is incomplete ({self.manifest.get('n_tokens', 0)} tokens in "
                 f"{len(self.manifest['shards'])} shards; the cache run was interrupted). Re-run the same "
                 "`saegeo cache` command to resume it, or open with allow_incomplete=True"
             )
-        self.shards = [ShardInfo(**s) for s in self.manifest["shards"]]
+        self.shards = [ShardInfo(**{k: s[k] for k in ShardInfo.__dataclass_fields__}) for s in self.manifest["shards"]]
         self.storage_dtype = STORAGE_DTYPES[self.manifest["dtype"]]
         # row offset of each shard, for random access by global row index
         self.offsets = np.concatenate([[0], np.cumsum([s.rows for s in self.shards])]).astype(np.int64)
         self._last_read: tuple[int, torch.dtype, Tensor] | None = None
+        if check_headers:  # the manifest's rows, d and dtype against what each shard says it holds (headers only)
+            for i in range(len(self.shards)):
+                self._check_header(i)
+
+    def _where(self, i: int) -> str:
+        return f"{self.path}: shard {i} ({self.shards[i].file})"
+
+    def _check_header(self, i: int) -> None:
+        """StoreError unless shard i's safetensors header declares activations of the manifest's (rows, d) and
+        dtype (and per-row columns of its rows). A missing or resized file is refused when it is read (and named
+        by verify()), so that `store verify` can still list every problem."""
+        info, where = self.shards[i], self._where(i)
+        try:
+            with open(self.path / info.file, "rb") as f:
+                if os.fstat(f.fileno()).st_size != info.bytes:
+                    return
+                header, _ = _read_header(f)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, UnicodeDecodeError) as err:
+            raise StoreError(f"{where}: unreadable safetensors header ({err}); re-cache this store") from None
+        acts = header.get("activations") or {}
+        want = SAFETENSORS_DTYPES[self.dtype]
+        if acts.get("shape") != [info.rows, self.d] or acts.get("dtype") != want:
+            raise StoreError(
+                f"{where} holds activations {acts.get('dtype')} of shape {acts.get('shape')}, but the manifest says "
+                f"{want} ({info.rows}, {self.d}); the manifest or the shard was changed: re-cache this store"
+            )
+        for column in ("token_ids", "positions"):
+            if column in header and header[column].get("shape") != [info.rows]:
+                raise StoreError(f"{where}: {column} of shape {header[column].get('shape')} for {info.rows} rows; "
+                                 "re-cache this store")
 
     d = property(lambda self: int(self.manifest["d"]))
     n_tokens = property(lambda self: int(self.manifest["n_tokens"]))
@@ -424,20 +550,65 @@ class ActivationStore:
         # hashed through a memory map (no copy), then parsed from the same pages: the check costs one sha256
         # pass over bytes the reader loads anyway (benchmarks/verify_bench.py measures its share)
         if self.verify_reads and _sha256_mapped(fpath) != info.sha256:
-            raise StoreError(
-                f"{where} fails its sha256 check (the file is corrupt or was changed after caching); run "
-                f"`saegeo store verify {self.path}` to list the damaged shards and re-cache the store, or pass "
-                "--no-verify to read it anyway"
-            )
+            raise StoreError(self._checksum_message(i))
         try:
             tensors = st_load_file(str(fpath))
         except (SafetensorError, OSError, RuntimeError) as err:
             raise StoreError(f"{where} cannot be parsed ({err}); re-cache this store") from None
         acts = tensors.get("activations")
-        if acts is None or acts.ndim != 2 or acts.shape != (info.rows, self.d):
+        if acts is None or acts.ndim != 2 or acts.shape != (info.rows, self.d) or acts.dtype != self.storage_dtype:
             shape = None if acts is None else tuple(acts.shape)
-            raise StoreError(f"{where}: activations have shape {shape}, manifest says ({info.rows}, {self.d})")
+            found = None if acts is None else acts.dtype
+            raise StoreError(f"{where}: activations {found} of shape {shape}, manifest says {self.dtype} "
+                             f"({info.rows}, {self.d}); re-cache this store")
         return tensors
+
+    def read_rows_at(self, index: Int[Tensor, " m"], dtype: torch.dtype = torch.float32) -> Float[Tensor, "m d"]:
+        """Rows at global store indices ``index`` (in that order), out[j] = row index[j]. Each shard they touch is
+        hashed and checked against the manifest like every read (unless verify=False), then only the rows asked
+        for are copied out of its memory map (a resumed shuffle buffer holds a few rows of many shards)."""
+        out = torch.empty(index.shape[0], self.d, dtype=dtype)
+        if index.numel() == 0:
+            return out
+        if int(index.min()) < 0 or int(index.max()) >= self.n_tokens:
+            raise StoreError(f"{self.path}: row index out of range [0, {self.n_tokens})")
+        shard = torch.searchsorted(torch.from_numpy(self.offsets), index, right=True) - 1
+        for i in shard.unique().tolist():
+            sel = (shard == i).nonzero().squeeze(1)
+            out[sel] = self._mapped_rows(i, index[sel] - int(self.offsets[i]), dtype)
+        return out
+
+    def _mapped_rows(self, i: int, local: Tensor, dtype: torch.dtype) -> Tensor:
+        """Rows ``local`` of shard i from a private memory map of its file: the sha256 is taken over the same
+        mapped pages (no copy into Python) and the header checked, before any row is used."""
+        info, where = self.shards[i], self._where(i)
+        fpath = self.path / info.file
+        try:
+            with open(fpath, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as mm:
+                if len(mm) != info.bytes:
+                    raise StoreError(f"{where} is truncated or damaged: {len(mm)} bytes, manifest says {info.bytes}; "
+                                     "re-cache this store")
+                if self.verify_reads and hashlib.sha256(mm).hexdigest() != info.sha256:
+                    raise StoreError(self._checksum_message(i))
+                header, start = _read_header(mm)
+                entry = header.get("activations") or {}
+                if entry.get("shape") != [info.rows, self.d] or entry.get("dtype") != SAFETENSORS_DTYPES[self.dtype]:
+                    raise StoreError(f"{where}: activations {entry.get('dtype')} {entry.get('shape')}, manifest says "
+                                     f"{SAFETENSORS_DTYPES[self.dtype]} ({info.rows}, {self.d}); re-cache this store")
+                acts = torch.frombuffer(mm, dtype=self.storage_dtype, count=info.rows * self.d,
+                                        offset=start + int(entry["data_offsets"][0]))
+                rows = acts.view(info.rows, self.d)[local].to(dtype)
+                del acts  # the map closes only once no tensor views it
+        except FileNotFoundError:
+            raise StoreError(f"{where} is missing; run `saegeo store verify {self.path}` and re-cache") from None
+        except (OSError, ValueError) as err:  # ValueError: an empty file cannot be mapped; a malformed header
+            raise StoreError(f"{where} cannot be read ({err}); re-cache this store") from None
+        return rows
+
+    def _checksum_message(self, i: int) -> str:
+        return (f"{self._where(i)} fails its sha256 check (the file is corrupt or was changed after caching); run "
+                f"`saegeo store verify {self.path}` to list the damaged shards and re-cache the store, or pass "
+                "--no-verify to read it anyway")
 
     def read_shard(self, i: int, dtype: torch.dtype = torch.float32) -> Float[Tensor, "rows d"]:
         """Shard i's activations, upcast to `dtype` (float32 by default)."""
@@ -490,12 +661,16 @@ class ActivationStore:
                 problems.append(f"{where}: checksum mismatch (content changed or corrupt)")
             else:  # the rows the shard itself holds, from its header: a consistently edited manifest is caught
                 try:
-                    shape = _header_shapes(fpath).get("activations")
-                except (OSError, ValueError, KeyError, TypeError) as err:
+                    with open(fpath, "rb") as f:
+                        entry = _read_header(f)[0].get("activations") or {}
+                except (OSError, ValueError, UnicodeDecodeError) as err:
                     problems.append(f"{where}: unreadable safetensors header ({err})")
                     continue
+                shape, dtype = entry.get("shape"), entry.get("dtype")
                 if shape != [info.rows, self.d]:
                     problems.append(f"{where}: holds activations of shape {shape}, manifest says ({info.rows}, {self.d})")
+                elif dtype != SAFETENSORS_DTYPES[self.dtype]:
+                    problems.append(f"{where}: holds {dtype} activations, manifest says {self.dtype}")
         total = sum(info.rows for info in self.shards)
         if shard_indices is None and total != self.n_tokens:
             problems.append(f"manifest: shards hold {total} rows but n_tokens says {self.n_tokens}")

@@ -77,6 +77,8 @@ class CheckOptions:
     max_pairs_listed: int = option(50, "near-duplicate pairs listed in the result", low=0)
     progress: bool = option(True, "progress bars")
     verify: bool = option(True, "sha256 check of each --acts store shard as it is read")
+    skip_nonfinite: bool = option(False, "with --acts: skip and count rows with NaN/inf (default: an error naming "
+                                  "the row)")
     thresholds: FlagThresholds = option(factory=FlagThresholds, help="of the flags")
     match: MatchOptions = option(factory=lambda: MatchOptions(), help="with activations: activations_match_flags")
 
@@ -315,12 +317,16 @@ def check_with_activations(sae: SAE, acts: Any, *, options: CheckOptions | None 
     config) and `activations_match_flags`, merged into one report so the same renderings apply; an
     `activations_mismatch` error withholds the SAE's WITHHELD_METRICS (geometry_report does, given the flag).
     Returns (GeometryReport, DictionaryCheck)."""
+    from saegeo.activations.sources import open_rows
     from saegeo.report.report import geometry_report
 
     opts = options or CheckOptions()
     dcheck = check_dictionary(sae, options=opts, name=name)
     subject = dcheck.source["name"]
     match_notes: list[str] = []
+    # opened once, so the match pass and the report read alike: --no-verify and the NaN policy for both
+    acts = open_rows(acts, verify=opts.verify and getattr(report_options, "verify", True),
+                     skip_nonfinite=opts.skip_nonfinite or bool(getattr(report_options, "skip_nonfinite", False)))
     mismatch = activations_match_flags(sae, acts, subject=subject, options=opts.match, notes=match_notes)
     # the activation-based mean-direction flag supersedes the dictionary-only guess; keep the rest
     dictionary_only = [f for f in dcheck.flags if f.name in DICTIONARY_FLAGS]

@@ -55,6 +55,19 @@ def refuse_mixed_stores(sources: Sequence[tuple[str, Any]]) -> None:
                             "one row per layer, or pass --pool to pool them anyway")
 
 
+def refuse_repeated_sources(paths: Sequence[str]) -> None:
+    """One source given twice would count its rows twice: refused, naming both spellings."""
+    from pathlib import Path
+
+    seen: dict[Path, str] = {}
+    for path in paths:
+        key = Path(path).resolve()
+        if key in seen:
+            raise BadInputError(f"{seen[key]} and {path} are the same source, given twice: its rows would be counted "
+                                "twice; pass each file or store once")
+        seen[key] = path
+
+
 def files_geometry(paths: Sequence[str | os.PathLike], options: GeometryOptions | None = None) -> FilesGeometry:
     """Stream the rows of ``paths`` (.safetensors/.npy/.pt files or store directories) through one
     GeometryAccumulator and read every measure of ``activation_geometry`` from it (``top_k`` eigenvectors kept).
@@ -67,27 +80,37 @@ def files_geometry(paths: Sequence[str | os.PathLike], options: GeometryOptions 
 
     opts = options or GeometryOptions(progress=False)
     files = [str(p) for p in paths]
-    sources = [(path, open_rows(path, key=opts.key, verify=opts.verify)) for path in files]
+    refuse_repeated_sources(files)
+    sources = [(path, open_rows(path, key=opts.key, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite))
+               for path in files]
+    shards: dict[tuple[str, ...], str] = {}
+    for path, rows in sources:  # a copy of a store counts its rows twice as surely as the store given twice
+        key = tuple(s.sha256 for s in rows.store.shards) if rows.store is not None else ()
+        if key and key in shards:
+            raise BadInputError(f"{shards[key]} and {path} hold the same shards (one store, copied): its rows would be "
+                                "counted twice; pass it once")
+        shards[key] = path
     dims = {rows.d for _, rows in sources}
     if len(dims) > 1:
         raise BadInputError("files disagree on d: " + ", ".join(f"{p}: d={rows.d}" for p, rows in sources))
     if not opts.pool:
         refuse_mixed_stores(sources)
-    acc = GeometryAccumulator(dims.pop(), skip_nonfinite=opts.skip_nonfinite,
-                              gram_dtype=torch.float64 if opts.float64 else None)
+    # the reader screens every batch (its NaN policy, skip_nonfinite); the accumulator sees finite rows only
+    acc = GeometryAccumulator(dims.pop(), gram_dtype=torch.float64 if opts.float64 else None)
     total = sum(rows.n_rows for _, rows in sources)
     with tqdm(total=total, unit="row", unit_scale=True, disable=not opts.progress, desc="geometry") as bar:
         for path, rows in sources:
             for batch in rows.batches(opts.batch_rows)[0]:
                 acc.add(batch, source=path)
                 bar.update(len(batch))
+    acc.n_nonfinite_skipped += sum(rows.n_nonfinite_skipped for _, rows in sources)
     geo = activation_geometry(acc, top_k_eigvecs=opts.top_k)
     artifact = None
     if all(rows.store is not None for _, rows in sources) and geo.top_eigenvectors:  # needs ids and positions
         from saegeo.report.layers import artifact_pass
 
-        artifact = artifact_pass([rows.store for _, rows in sources], geo, k=min(3, len(geo.top_eigenvectors)),
-                                 batch_rows=opts.batch_rows)
+        artifact = artifact_pass([rows for _, rows in sources], geo, k=min(3, len(geo.top_eigenvectors)),
+                                 batch_rows=opts.batch_rows)  # the same Rows: skip_nonfinite holds here too
     exclusions = {path: ex for path, rows in sources if (ex := store_exclusions(rows.store)) is not None}
     flags = activation_flags(flag_inputs(geo.to_dict(), artifact)) + artifact_flags(artifact)
     return FilesGeometry(files=files, geometry=geo, artifact=artifact, flags=sort_flags(flags), exclusions=exclusions)

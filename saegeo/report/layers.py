@@ -7,6 +7,8 @@ self-similarity, intra-window similarity and the artifact test. The layer sweep 
     pass 2: the artifact test against the top-k principal directions of pass 1.
 ``artifact_pass(stores, geometry, *, k=3, batch_rows=BATCH_ROWS, max_tokens=None) -> dict``
     the artifact test alone (second streamed pass), for `saegeo report` / `saegeo geometry` on stores.
+Every pass reads through the one reader (``open_rows``): shards verified, NaN rows refused naming the row or, with
+skip_nonfinite (``--skip-nonfinite``), skipped and counted, in the artifact pass as in the first pass.
 
 Memory per store: O(d²) for the accumulator plus O(T·d) for the type table (T ≤ V types, or
 ≤ 2·max_types), O(context·d) for the open window and O(V·k) for the artifact pass.
@@ -20,6 +22,7 @@ from typing import Any, Sequence
 
 import torch
 
+from saegeo.activations.sources import Rows, open_rows
 from saegeo.activations.store import ActivationStore
 from saegeo.config import BATCH_ROWS
 from saegeo.errors import BadInputError
@@ -58,40 +61,46 @@ def _state_bytes(sd: dict[str, Any]) -> int:
 
 
 def artifact_pass(
-    stores: Sequence[ActivationStore] | ActivationStore,
+    stores: Sequence[ActivationStore | Rows] | ActivationStore | Rows,
     geometry: ActivationGeometry,
     *,
     k: int = 3,
     batch_rows: int = BATCH_ROWS,
     max_tokens: int | None = None,
+    skip_nonfinite: bool = False,
 ) -> dict[str, Any]:
     """|corr| of the top-k principal projections (x − μ)·v_j with log token frequency (counted in these
     same stores), position in the window and ‖x‖, streamed over the stores in order (one more pass)."""
-    return artifact_result(artifact_accumulator(stores, geometry, k=k, batch_rows=batch_rows, max_tokens=max_tokens))
+    return artifact_result(artifact_accumulator(stores, geometry, k=k, batch_rows=batch_rows, max_tokens=max_tokens,
+                                                skip_nonfinite=skip_nonfinite))
 
 
 def artifact_accumulator(
-    stores: Sequence[ActivationStore] | ActivationStore,
+    stores: Sequence[ActivationStore | Rows] | ActivationStore | Rows,
     geometry: ActivationGeometry,
     *,
     k: int = 3,
     batch_rows: int = BATCH_ROWS,
     max_tokens: int | None = None,
-    shard_indices: Sequence[int] | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    skip_nonfinite: bool = False,
 ) -> ArtifactAccumulator:
-    """The streamed part of :func:`artifact_pass`; ``shard_indices`` restricts it to those shards (a
-    torch.distributed rank's block; merge the parts with ``distributed.merge_across_ranks``)."""
-    stores = [stores] if isinstance(stores, ActivationStore) else list(stores)
+    """The streamed part of :func:`artifact_pass`; ``rank``/``world_size`` restrict it to that rank's block of
+    shards (merge the parts with ``distributed.merge_across_ranks``). Stores given as ``Rows`` keep their own NaN
+    policy; stores given as such get skip_nonfinite's."""
+    stores = [stores] if isinstance(stores, (ActivationStore, Rows)) else list(stores)
     k = min(k, len(geometry.top_eigenvectors))
     if k < 1:
         raise BadInputError("the artifact test needs at least one stored principal direction (top_k_eigvecs ≥ 1)")
     art = ArtifactAccumulator(geometry.mean_tensor, geometry.top_eigenvector_tensor[:, :k])
     left = max_tokens
     for store in stores:
-        for x, ids, pos in store.iter_batches(batch_rows, stop_row=left, shard_indices=shard_indices, metadata=True):
+        rows = store if isinstance(store, Rows) else open_rows(store, skip_nonfinite=skip_nonfinite)
+        for x, ids, pos in rows.batches(batch_rows, rank, world_size, stop_row=left, metadata=True)[0]:
             art.add(x, ids, pos)
         if left is not None:
-            left -= min(left, store.n_tokens)
+            left -= min(left, rows.n_rows)
             if left == 0:
                 break
     return art
@@ -117,15 +126,20 @@ def measure_store(
     max_tokens: int | None = None,
     n_list: int = 10,
     min_count: int = 5,
+    verify: bool = True,
+    skip_nonfinite: bool = False,
 ) -> StoreMeasures:
-    """Two streamed passes over one store (see the module docstring); nothing grows with the tokens."""
+    """Two streamed passes over one store (see the module docstring); nothing grows with the tokens.
+    verify=False reads a store path's shards without their sha256 (an opened store keeps its own setting)."""
     t0 = time.perf_counter()
-    store = store if isinstance(store, ActivationStore) else ActivationStore(store)
+    rows = open_rows(store if isinstance(store, ActivationStore) else ActivationStore(store, verify=verify),
+                     skip_nonfinite=skip_nonfinite)
+    store = rows.store
     acc = GeometryAccumulator(store.d)
     types = TokenTypeAccumulator(store.d, max_types=max_types)
     windows = WindowSimilarityAccumulator(store.d)
     has_ids = has_pos = True
-    for x, ids, pos in store.iter_batches(batch_rows, stop_row=max_tokens, metadata=True):
+    for x, ids, pos in rows.batches(batch_rows, stop_row=max_tokens, metadata=True)[0]:
         acc.add(x, source=str(store.path))
         if ids is None:
             has_ids = False
@@ -135,6 +149,7 @@ def measure_store(
             has_pos = False
         elif has_pos:
             windows.add(x, pos)
+    acc.n_nonfinite_skipped += rows.n_nonfinite_skipped  # dropped by the reader, before the accumulator saw them
     if acc.n == 0:
         raise BadInputError(f"{store.path}: the store holds no rows")
     geo = activation_geometry(acc, top_k_eigvecs=max(top_k_eigvecs, artifact_k))
@@ -145,7 +160,7 @@ def measure_store(
     intra = windows.finish().intra_similarity() if has_pos else None
     if not has_pos:
         notes.append(f"{store.path}: no positions in the store: no intra-window similarity")
-    artifact = artifact_pass(store, geo, k=artifact_k, batch_rows=batch_rows, max_tokens=max_tokens)
+    artifact = artifact_pass(rows, geo, k=artifact_k, batch_rows=batch_rows, max_tokens=max_tokens)
     memory = {"geometry_accumulator": _state_bytes(acc.state_dict()), "token_types": _state_bytes(types.state_dict())}
     return StoreMeasures(
         path=str(store.path), model=store.model, hook=store.hook, geometry=geo, token_types=tt, intra_window=intra,

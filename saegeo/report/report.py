@@ -465,14 +465,6 @@ class _SAEPass:
 
 
 # =========================================================================== the pass
-def _nonfinite_rows(x: Tensor) -> Tensor:
-    """Rows holding a NaN/inf. The row sums screen cheaply; only a non-finite sum is looked at entry-wise."""
-    suspect = ~torch.isfinite(x.sum(dim=1))
-    if not suspect.any():
-        return suspect
-    return (~torch.isfinite(x)).any(dim=1)
-
-
 def _merge_ranks(
     acc: GeometryAccumulator | None, reservoir: _Reservoir | None, passes: list[_SAEPass], n_skipped: int
 ) -> tuple[GeometryAccumulator | None, _Reservoir | None, int]:
@@ -521,10 +513,13 @@ def geometry_report(
 
     ctx = distributed.init_from_env()  # None unless launched by torchrun with several ranks
     with distributed.all_ranks_or_none("opening the activations"):
-        rows = open_rows(acts, verify=opts.verify)
+        # the one reader: shards verified (unless --no-verify), its NaN policy on every batch (skip_nonfinite)
+        rows = open_rows(acts, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite)
         if ctx is not None and rows.store is not None:
             distributed.check_same_store(rows.store)
-        batches, first_row = rows.batches(opts.batch_rows, *((ctx.rank, ctx.world_size) if ctx else ()))
+        batches, first_row = rows.batches(opts.batch_rows, *((ctx.rank, ctx.world_size) if ctx else ()),
+                                          stop_row=opts.max_tokens)
+        skipped_before = rows.n_nonfinite_skipped  # Rows opened by a caller may have been read before
     source = dict(rows.describe)
     total = opts.max_tokens if opts.max_tokens is not None else rows.n_rows
     device = distributed.resolve_device(opts.device)
@@ -535,53 +530,35 @@ def geometry_report(
 
     acc: GeometryAccumulator | None = None
     reservoir: _Reservoir | None = None
-    n_skipped = 0
     bar = None
     if opts.progress and (ctx is None or ctx.is_main):
         from tqdm.auto import tqdm
 
         bar = tqdm(total=total, unit="tok", unit_scale=True, desc="report", dynamic_ncols=True)
     t0 = time.perf_counter()
-    seen = first_row  # global row index (a rank's share starts at its first row)
     # an iterator under torch.distributed has no global row numbers: keep the ranks' sample indices apart
     sample_start = first_row if ctx is None or source["kind"] != "iterator" else ctx.rank << 40
     with distributed.all_ranks_or_none("streaming the activations"):  # a failing rank ends every rank
-        for index, batch in enumerate(batches):
+        for batch in batches:  # screened by the reader; max_tokens is its stop_row
             x = as_rows(batch).to(device)  # the accumulators follow the batches: float64 sums on the device
-            if opts.max_tokens is not None:
-                x = x[: max(0, opts.max_tokens - seen)]
-            if x.shape[0] == 0:
-                break
             if acc is None:
+                if x.shape[0] == 0:
+                    continue  # every row of the first batch skipped as non-finite
                 d = int(x.shape[1])
                 acc = GeometryAccumulator(d)
                 reservoir = _Reservoir(opts.cosine_sample_rows, d, opts.seed, start=sample_start)
                 for p in passes:
                     if p.d_in != d:
                         raise BadInputError(f"SAE {p.name!r} has d_in = {p.d_in} but the activations have d = {d}")
-            bad = _nonfinite_rows(x)
-            if bad.any():
-                row = int(bad.nonzero()[0])
-                if not opts.skip_nonfinite:
-                    where = f" of {source['path']}" if source.get("path") else ""
-                    raise BadInputError(
-                        f"non-finite value (NaN or inf) in batch {index}{where}, row {row} (global row {seen + row}); "
-                        f"{int(bad.sum())} such row(s) in this batch. Fix the producer, or pass skip_nonfinite=True "
-                        "(CLI: --skip-nonfinite) to skip and count them."
-                    )
-                n_skipped += int(bad.sum())
-                x = x[~bad]
-            seen += int(bad.numel())
             acc.add(x)
             reservoir.add(x)
             for p in passes:
                 p.add(x)
             if bar is not None:
-                bar.update(int(bad.numel()))
-            if opts.max_tokens is not None and seen >= opts.max_tokens:
-                break
+                bar.update(x.shape[0])
     if bar is not None:
         bar.close()
+    n_skipped = rows.n_nonfinite_skipped - skipped_before
     if ctx is not None:
         acc, reservoir, n_skipped = _merge_ranks(acc, reservoir, passes, n_skipped)
     if acc is None or acc.n == 0:
@@ -652,17 +629,16 @@ def _artifact_test(rows: Any, geometry: Any, opts: ReportOptions, *, distributed
     from saegeo.report.layers import artifact_accumulator, artifact_pass, artifact_result
 
     if not distributed:
-        return artifact_pass(rows.store, geometry, k=opts.artifact_components, batch_rows=opts.batch_rows,
+        return artifact_pass(rows, geometry, k=opts.artifact_components, batch_rows=opts.batch_rows,
                              max_tokens=opts.max_tokens), None
     if opts.max_tokens is not None:
         return None, "artifact test not run: max_tokens under torch.distributed (run it on one process)"
     from saegeo import distributed as dist
 
     ctx = dist.current()
-    block = dist.split_shards([s.rows for s in rows.store.shards], ctx.rank, ctx.world_size)
     with dist.all_ranks_or_none("the artifact test"):
-        part = artifact_accumulator(rows.store, geometry, k=opts.artifact_components, batch_rows=opts.batch_rows,
-                                    shard_indices=block)
+        part = artifact_accumulator(rows, geometry, k=opts.artifact_components, batch_rows=opts.batch_rows,
+                                    rank=ctx.rank, world_size=ctx.world_size)
     return artifact_result(dist.merge_across_ranks(part)), None
 
 

@@ -135,6 +135,8 @@ class SweepOptions:
     json: str | None = option(None, "write the sweep JSON here")
     overwrite: bool = option(False, "replace output files that exist already (refused otherwise)")
     progress: bool = option(True, "progress bars")
+    skip_nonfinite: bool = option(False, "skip and count rows with NaN/inf instead of stopping")
+    verify: bool = option(True, "sha256 check of each store shard as it is read")
 
     def __post_init__(self) -> None:
         check(self)
@@ -147,14 +149,15 @@ def sweep_stores(
     thresholds: FlagThresholds | None = None,
     cache: dict[str, Any] | None = None,
 ) -> LayerSweep:
-    """Measure every store (see saegeo.report.layers.measure_store) and lay the rows out in layer order."""
+    """Measure every store (see saegeo.report.layers.measure_store) and lay the rows out in layer order.
+    opts.verify=False reads store paths without their sha256; opts.skip_nonfinite skips and counts NaN/inf rows."""
     from saegeo import __version__
 
     opts = options or SweepOptions(progress=False)
     batch_rows, max_types, artifact_k, max_tokens = opts.batch_rows, opts.max_types, opts.artifact_k, opts.max_tokens
     if not stores:
         raise BadInputError("the sweep needs at least one activation store")
-    opened = _order([s if isinstance(s, ActivationStore) else ActivationStore(s) for s in stores])
+    opened = _order([s if isinstance(s, ActivationStore) else ActivationStore(s, verify=opts.verify) for s in stores])
     t0 = time.perf_counter()
     rows, flags = [], []
     it = opened
@@ -163,11 +166,13 @@ def sweep_stores(
 
         it = tqdm(opened, desc="sweep", unit="layer")
     for store in it:
-        m = measure_store(store, batch_rows=batch_rows, max_types=max_types, artifact_k=artifact_k, max_tokens=max_tokens)
+        m = measure_store(store, batch_rows=batch_rows, max_types=max_types, artifact_k=artifact_k,
+                          max_tokens=max_tokens, skip_nonfinite=opts.skip_nonfinite)
         rows.append(layer_row(m))
         flags += artifact_flags(m.artifact, thresholds=thresholds, subject=store.hook)
     notes = [f"artifact test: {rows[0]['details']['artifact']['source']}"]
-    options = {"batch_rows": batch_rows, "max_types": max_types, "artifact_k": artifact_k, "max_tokens": max_tokens}
+    options = {"batch_rows": batch_rows, "max_types": max_types, "artifact_k": artifact_k, "max_tokens": max_tokens,
+               **({"skip_nonfinite": True} if opts.skip_nonfinite else {})}
     return LayerSweep(SWEEP_SCHEMA_VERSION, opened[0].model, rows, sort_flags(flags), time.perf_counter() - t0,
                       options, cache=cache, notes=notes, saegeo_version=__version__)
 

@@ -37,6 +37,7 @@ from safetensors.torch import load as safetensors_load_bytes
 from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
 
+from saegeo.activations.sources import Rows, open_rows
 from saegeo.config import check, option, require_memory
 from saegeo.io import atomic_write, dump_json, json_safe
 from saegeo.errors import BadInputError, FormatError, SaegeoError
@@ -48,11 +49,13 @@ BDecInit = Literal["mean", "zeros", "geometric_median"]
 DecoderNorm = Literal["unit", "free"]
 ARCHS: tuple[str, ...] = get_args(Arch)
 B_DEC_INITS: tuple[str, ...] = get_args(BDecInit)
-# Options that cannot change the weights: a resume may change them and `saegeo run` ignores them when it
-# decides whether an SAE is already trained. Every other option must match the checkpoint's.
+# Options that do not say which SAE is trained: `saegeo run` ignores them when it decides whether an SAE is already
+# trained. Every other option must match the checkpoint's on resume. The thread count and the device do change the
+# weights bitwise (another summation order), so a checkpoint records the ones it ran with and a resume with others
+# is refused (bitwise_settings).
 NOT_IN_WEIGHTS = ("progress", "log_every", "num_threads", "device", "checkpoint_every", "out_dir", "overwrite", "verify",
                   "skip_nonfinite")
-CHECKPOINT_VERSION = 2  # 2: state.json records the data fingerprint
+CHECKPOINT_VERSION = 3  # 2: state.json records the data fingerprint; 3: its digest and the threads and device
 # `saegeo train` takes --overwrite, `saegeo run` and Python take the option: the advice names both
 OVERWRITE = "pass --overwrite (overwrite = true in a config's [train])"
 # ReLU+L1 with unit-norm decoder rows: Adam moves a row's direction by about lr·√d_in per step, where SAELens'
@@ -112,8 +115,7 @@ class TrainConfig:
     progress: bool = option(True, "progress bar")
     overwrite: bool = option(False, "replace a finished SAE and discard a checkpoint in out_dir (start a new run)")
     verify: bool = option(True, "sha256 check of each store shard as it is read")
-    skip_nonfinite: bool = option(False, "skip and count held-out rows with NaN/inf (default: an error naming the "
-                                  "row)")
+    skip_nonfinite: bool = option(False, "skip and count rows with NaN/inf (default: an error naming the row)")
 
     def __post_init__(self) -> None:
         self.adam_betas = tuple(self.adam_betas)
@@ -144,17 +146,29 @@ class TrainResult:
 
 
 # =========================================================================== data sources
-def _rows(batch: Any) -> Tensor:
-    """A batch from any source as a float32 (n, d) tensor; (activations, codes) tuples keep activations."""
-    if isinstance(batch, (tuple, list)):
-        batch = batch[0]
-    return torch.as_tensor(batch).float()
+# Every byte comes from the one reader (saegeo.activations.sources.open_rows: a store's shards hashed on every
+# read, the resume's row gather included); every row the trainer uses (b_dec's rows, each training batch, the
+# held-out rows) passes its NaN policy, Rows.screen: an error naming the row, or skipped and counted
+# (skip_nonfinite). What stays here is the training's own order: the held-out split, the epochs, the shuffle buffer.
+SKIP_PURPOSES = ("b_dec_init", "training", "heldout")
 
 
-class _TensorSource:
-    def __init__(self, x: Tensor, cfg: TrainConfig):
-        if x.ndim != 2:
-            raise BadInputError(f"training tensor must be (n, d), got shape {tuple(x.shape)}")
+class _Source:
+    """What the three sources share: the reader's Rows (the NaN policy) and the skipped rows per purpose."""
+
+    rows: Rows
+
+    def _screen(self, x: Tensor, at: int | Tensor, purpose: str, context: str = "") -> Tensor:
+        before = self.rows.n_nonfinite_skipped
+        x = self.rows.screen(x, at, context=context)
+        self.skipped[purpose] += self.rows.n_nonfinite_skipped - before
+        return x
+
+
+class _TensorSource(_Source):
+    def __init__(self, rows: Rows, cfg: TrainConfig):
+        x = rows.tensor()
+        self.rows, self.skipped = rows, dict.fromkeys(SKIP_PURPOSES, 0)
         n_held = int(round(x.shape[0] * cfg.heldout_fraction))
         self.train_x, self.heldout_x = x[: x.shape[0] - n_held], x[x.shape[0] - n_held :]
         if self.train_x.shape[0] < cfg.batch_tokens:
@@ -164,6 +178,8 @@ class _TensorSource:
             )
         self.d, self.cfg = x.shape[1], cfg
         self.identity = {"source": "tensor", "rows": int(x.shape[0]), "heldout": "last fraction of rows"}
+        if rows.kind == "file":
+            self.identity["path"] = rows.describe.get("path")
         self.fingerprint = "tensor:" + tensor_sha256(x)
         self.heldout_first_row = int(self.train_x.shape[0])
 
@@ -175,27 +191,36 @@ class _TensorSource:
             g = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
             perm = torch.randperm(n, generator=g)
             for j in range(i, per_epoch):
-                yield self.train_x[perm[j * bs : (j + 1) * bs]].float()
+                idx = perm[j * bs : (j + 1) * bs]
+                yield self._screen(self.train_x[idx].float(), idx, "training")
             epoch, i = epoch + 1, 0
 
     def init_rows(self, n: int) -> Iterator[Tensor]:
         """b_dec's rows: all training rows when n covers them, else a seeded uniform sample of n (not a prefix)."""
         n_train = self.train_x.shape[0]
         if n >= n_train:
-            yield self.train_x.float()
+            yield self._screen(self.train_x.float(), 0, "b_dec_init", INIT_CONTEXT)
         else:
-            yield self.train_x[torch.from_numpy(_uniform_row_sample(n_train, n, self.cfg.seed))].float()
+            idx = torch.from_numpy(_uniform_row_sample(n_train, n, self.cfg.seed))
+            yield self._screen(self.train_x[idx].float(), idx, "b_dec_init", INIT_CONTEXT)
 
     def init_description(self, n: int) -> dict:
         return _init_description(self.train_x.shape[0], n, "rows of the training tensor")
 
     def heldout_batches(self) -> Iterator[Tensor]:
         for lo in range(0, self.heldout_x.shape[0], self.cfg.batch_tokens):
-            yield self.heldout_x[lo : lo + self.cfg.batch_tokens].float()
+            yield self._screen(self.heldout_x[lo : lo + self.cfg.batch_tokens].float(), self.heldout_first_row + lo,
+                               "heldout", ", a held-out row")
 
 
-class _StoreSource:
-    def __init__(self, store, cfg: TrainConfig):
+INIT_CONTEXT = ", a row used to initialise b_dec"
+
+
+class _StoreSource(_Source):
+    def __init__(self, rows: Rows | Any, cfg: TrainConfig):
+        rows = rows if isinstance(rows, Rows) else open_rows(rows, verify=cfg.verify, skip_nonfinite=cfg.skip_nonfinite)
+        store = rows.store
+        self.rows, self.skipped = rows, dict.fromkeys(SKIP_PURPOSES, 0)
         self.store, self.cfg, self.d = store, cfg, store.d
         self.n_train = store.n_tokens - int(round(store.n_tokens * cfg.heldout_fraction))
         if self.n_train < cfg.batch_tokens:
@@ -225,7 +250,7 @@ class _StoreSource:
         The first `skip` batches come out as None without reading anything: the shard order and every
         permutation of the buffer depend only on row counts and the seed, so they are replayed on global row
         indices. Rows are read from the first batch on that is yielded, and then only the rows still in the
-        buffer (resume seeks instead of re-reading the shards before the saved position).
+        buffer (resume gathers them by index, each shard hashed as it is read, instead of re-reading the stream).
         """
         st, bs = self.store, self.cfg.batch_tokens // self.world
         buffer, stop = self.cfg.shuffle_buffer // self.world, self.n_train
@@ -243,8 +268,8 @@ class _StoreSource:
                     yield None
                 else:
                     if rows is None:
-                        rows = self._read_global_rows(idx)
-                    yield rows[lo : lo + bs]
+                        rows = self.rows.read(idx)  # verified like every read
+                    yield self._screen(rows[lo : lo + bs], idx[lo : lo + bs], "training")
                 n_batches += 1
 
         for i in order:
@@ -265,38 +290,6 @@ class _StoreSource:
             idx, rows = idx[perm], (rows[perm] if rows is not None else None)
         yield from emit(idx.shape[0] // bs * bs)
 
-    def _read_global_rows(self, idx: Tensor) -> Tensor:
-        """Rows at global store indices `idx` (in that order). A shard that holds many of them is read whole;
-        from one that holds a few (a resumed buffer keeps a geometrically shrinking tail of every earlier
-        shard) only those rows are read, through a memory map of the safetensors file (pages touched only)."""
-        out = torch.empty(idx.shape[0], self.d, dtype=torch.float32)
-        offsets = self.store.offsets
-        shard = torch.searchsorted(torch.from_numpy(offsets), idx, right=True) - 1
-        for i in shard.unique().tolist():
-            sel = (shard == i).nonzero().squeeze(1)
-            local = idx[sel] - int(offsets[i])
-            if 8 * sel.numel() >= self.store.shards[i].rows:
-                out[sel] = self.store.read_shard(i)[local]
-            else:
-                out[sel] = self._mapped_rows(i, local)
-        return out
-
-    def _mapped_rows(self, i: int, local: Tensor) -> Tensor:
-        import mmap
-
-        info = self.store.shards[i]
-        with open(self.store.path / info.file, "rb") as f:
-            n_header = int.from_bytes(f.read(8), "little")
-            entry = json.loads(f.read(n_header))["activations"]
-            dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[entry["dtype"]]
-            if tuple(entry["shape"]) != (info.rows, self.d):
-                raise BadInputError(f"{self.store.path / info.file}: activations {entry['shape']}, manifest ({info.rows}, {self.d})")
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as mm:
-                acts = torch.frombuffer(mm, dtype=dtype, count=info.rows * self.d, offset=8 + n_header + entry["data_offsets"][0])
-                rows = acts.view(info.rows, self.d)[local].to(torch.float32)
-                del acts
-        return rows
-
     def train_batches(self, start_step: int) -> Iterator[Tensor]:
         skip, epoch = start_step, 0  # resume: the first start_step batches are planned, not read
         while True:
@@ -316,28 +309,32 @@ class _StoreSource:
                 lo = int(self.store.offsets[i])
                 if lo >= self.n_train:
                     break
-                yield self.store.read_shard(i)[: self.n_train - lo]
+                yield self._screen(self.store.read_shard(i)[: self.n_train - lo], lo, "b_dec_init", INIT_CONTEXT)
             return
         rows = _uniform_row_sample(self.n_train, n, self.cfg.seed)
         shard_of = np.searchsorted(self.store.offsets, rows, side="right") - 1
         for i in np.unique(shard_of):
-            local = rows[shard_of == i] - self.store.offsets[i]
-            yield self.store.read_shard(int(i))[torch.from_numpy(local)]
+            local = torch.from_numpy(rows[shard_of == i] - self.store.offsets[i])
+            yield self._screen(self.store.read_shard(int(i))[local], local + int(self.store.offsets[i]), "b_dec_init",
+                               INIT_CONTEXT)
 
     def init_description(self, n: int) -> dict:
         return _init_description(self.n_train, n, f"training rows across all {len(self.store.shards)} shard(s)")
 
     def heldout_batches(self) -> Iterator[Tensor]:
         for lo in range(self.n_train, self.store.n_tokens, self.cfg.batch_tokens):
-            yield self.store.read_rows(lo, min(lo + self.cfg.batch_tokens, self.store.n_tokens))
+            yield self._screen(self.store.read_rows(lo, min(lo + self.cfg.batch_tokens, self.store.n_tokens)), lo,
+                               "heldout", ", a held-out row")
 
 
-class _IteratorSource:
-    def __init__(self, data: Iterable | Callable[[], Iterable], cfg: TrainConfig):
-        self.factory = data if callable(data) and not hasattr(data, "__next__") else None
-        self._once = None if self.factory else iter(data)
+class _IteratorSource(_Source):
+    def __init__(self, data: Rows | Callable[[], Iterable], cfg: TrainConfig):
+        self.factory = data if not isinstance(data, Rows) else None
+        self._once = data if isinstance(data, Rows) else None
         self.cfg = cfg
+        self.skipped = dict.fromkeys(SKIP_PURPOSES, 0)  # each stream is one open_rows of the data, screened
         n_held = max(int(cfg.heldout_fraction * cfg.total_tokens), cfg.batch_tokens) if cfg.heldout_fraction else 0
+        self.n_held = n_held
         stream = self._stream()
         self.heldout_x = self._take(stream, n_held) if n_held else torch.empty(0)
         self._stream_after_heldout = stream
@@ -347,21 +344,28 @@ class _IteratorSource:
             self._stream_after_heldout = _chain([first], stream)
             probe = first
         self.d = probe.shape[1]
-        self.n_held = n_held
         self.identity = {"source": "iterator", "heldout": f"first {n_held} rows of the stream"}
         # all a stream offers without consuming it: its first rows (the held-out ones, or the first batch)
         self.fingerprint = f"iterator:{n_held}:" + tensor_sha256(probe)
         self.heldout_first_row = 0
 
-    def _stream(self) -> Iterator[Tensor]:
-        src = iter(self.factory()) if self.factory else self._once
-        for b in src:
-            yield _rows(b)
+    def _stream(self, purpose: str = "training") -> Iterator[Tensor]:
+        """The stream's batches as float32, screened by the reader (rows named by their position in the stream);
+        rows skipped in batches that start within the held-out rows count as held out, the others as `purpose`."""
+        rows = open_rows(self.factory(), skip_nonfinite=self.cfg.skip_nonfinite) if self.factory else self._once
+        if rows.kind != "iterator":
+            raise BadInputError(f"the data callable returned a {rows.kind}, not an iterable of batches")
+        at, n_held = 0, self.n_held
+        for b in rows.batches(1)[0]:  # an iterator's batches come as they are (the size is not used)
+            before = rows.n_nonfinite_skipped  # counted when the batch was screened, just before it came here
+            yield b.float()
+            self.skipped["heldout" if at < n_held else purpose] += rows.n_nonfinite_skipped - before
+            at += b.shape[0]
 
-    def _stream_after_fresh_heldout(self) -> Iterator[Tensor]:
+    def _stream_after_fresh_heldout(self, purpose: str = "training") -> Iterator[Tensor]:
         """A fresh stream (needs the callable) past the held-out rows. No held-out rows: nothing skipped
         (`_take(stream, 0)` would still swallow one batch)."""
-        stream = self._stream()
+        stream = self._stream(purpose)
         if self.n_held:
             self._take(stream, self.n_held)
         return stream
@@ -398,7 +402,7 @@ class _IteratorSource:
         # b_dec init may only look at rows the run trains on: re-read from a fresh stream when possible
         if self.factory is None:
             raise BadInputError("pass a callable returning the iterator, so b_dec can be estimated before training")
-        stream = self._stream_after_fresh_heldout()
+        stream = self._stream_after_fresh_heldout("b_dec_init")
         yield self._take(stream, n, allow_short=True)[:n]  # a short stream: its whole training part
 
     def init_description(self, n: int) -> dict:
@@ -436,41 +440,24 @@ def _chain(first: list, rest: Iterator) -> Iterator:
     yield from rest
 
 
-def make_source(data: Any, cfg: TrainConfig):
-    """Wrap a tensor, an ActivationStore (or a path to one), or an iterator/callable as a data source."""
-    from saegeo.activations.store import ActivationStore
-
-    if isinstance(data, (str, os.PathLike)):
-        data = ActivationStore(data, verify=cfg.verify)
-    if isinstance(data, ActivationStore):
-        return _StoreSource(data, cfg)
-    if isinstance(data, Tensor):
-        return _TensorSource(data, cfg)
-    if hasattr(data, "__array__") and not hasattr(data, "__next__"):
-        return _TensorSource(torch.as_tensor(data), cfg)
-    return _IteratorSource(data, cfg)
+def make_source(data: Any, cfg: TrainConfig) -> _Source:
+    """A tensor or array, a file, an ActivationStore (or its path), an iterator, or a zero-argument callable
+    returning one, as a training source; every one read through ``open_rows`` (verify and skip_nonfinite from cfg)."""
+    if callable(data) and not hasattr(data, "__next__") and not isinstance(data, (Tensor, np.ndarray)):
+        return _IteratorSource(data, cfg)  # a factory: each stream is opened when it is read
+    if hasattr(data, "__array__") and not isinstance(data, (Tensor, np.ndarray)) and not hasattr(data, "__next__"):
+        data = torch.as_tensor(data)
+    if isinstance(data, Tensor) and data.ndim != 2:
+        raise BadInputError(f"training tensor must be (n, d), got shape {tuple(data.shape)}")
+    rows = open_rows(data, verify=cfg.verify, skip_nonfinite=cfg.skip_nonfinite)
+    if rows.store is not None:
+        return _StoreSource(rows, cfg)
+    if rows.kind in ("tensor", "file"):
+        return _TensorSource(rows, cfg)
+    return _IteratorSource(rows, cfg)
 
 
 # =========================================================================== b_dec init
-def _finite_rows(batches: Iterable[Tensor], name: Callable[[int], str], advice: str = "",
-                 skipped: list[int] | None = None) -> Iterator[Tensor]:
-    """The batches, refusing the first inf/NaN row (``name(i)`` words it, i = its position in the stream);
-    with a ``skipped`` list such rows are dropped instead and their count added to skipped[0]."""
-    n = 0
-    for b in batches:
-        finite = torch.isfinite(b).all(dim=1)
-        if not bool(finite.all()):
-            if skipped is None:
-                raise BadInputError(
-                    f"{name(n + int((~finite).nonzero()[0]))} is not finite (inf/NaN); clean or re-cache "
-                    f"the data (`saegeo store verify`){advice}"
-                )
-            skipped[0] += int((~finite).sum())
-            b = b[finite]
-        n += int(finite.numel())
-        yield b
-
-
 def geometric_median(x: Float[Tensor, "n d"], iters: int = 200, tol: float = 1e-7) -> Float[Tensor, " d"]:
     """argmin_m Σ_i ‖x_i − m‖ by Weiszfeld's iteration m ← Σ w_i x_i / Σ w_i, w_i = 1/‖x_i − m‖ (float64)."""
     x = x.double()
@@ -494,18 +481,19 @@ def evaluate(sae: SAE, batches: Iterable[Tensor], activation_mean: Tensor | None
     L0 = mean active latents per row; dead = fraction of latents that never fire on these rows;
     dense = fraction firing on > 50% of rows; max|cos(W_dec, μ)| over decoder rows (μ = activation_mean,
     else the held-out mean); b_dec_dist = ‖b_dec − μ‖/‖μ‖.
-    A row with inf/NaN is an error naming it (its index in the data is first_row + its position here), or,
-    with skip_nonfinite, left out and counted in ``nonfinite_rows_skipped``.
+    The reader's NaN policy applies (Rows.screen): a row with inf/NaN is an error naming it (its index in the data
+    is first_row + its position here), or, with skip_nonfinite, left out and counted in ``nonfinite_rows_skipped``.
     """
     metrics = SAEMetrics(sae)
-    skipped = [0]
-    rows = _finite_rows(batches, lambda i: f"row {first_row + i} of the data (held-out row {i})",
-                        ", or pass --skip-nonfinite to skip and count such rows", skipped if skip_nonfinite else None)
-    for x in rows:
-        metrics.add(x)
+    policy = open_rows([], skip_nonfinite=skip_nonfinite)  # holds the policy and the count
+    at = first_row
+    for x in batches:
+        n = x.shape[0]
+        metrics.add(policy.screen(x, at, context=", a held-out row"))
+        at += n
     summary = metrics.summary(activation_mean)
     if skip_nonfinite:
-        summary["nonfinite_rows_skipped"] = skipped[0]
+        summary["nonfinite_rows_skipped"] = policy.n_nonfinite_skipped
     return summary
 
 
@@ -531,11 +519,33 @@ def save_checkpoint(cfg: TrainConfig, sae: SAE, opt: torch.optim.Adam, step: int
     data = safetensors_bytes({k: v.cpu() for k, v in out.items()})
     atomic_write(d / fname, data)
     state = {"version": CHECKPOINT_VERSION, "step": step, "tensors": fname,
-             "tensors_sha256": hashlib.sha256(data).hexdigest(), "config": asdict(cfg), **extra}
+             "tensors_sha256": hashlib.sha256(data).hexdigest(), "config": asdict(cfg),
+             "bitwise": bitwise_settings(cfg), **extra}
+    state["state_sha256"] = _state_digest(json_safe(state))
     dump_json(state, d / "state.json")
     for old in d.glob("tensors_*.safetensors"):
         if old.name != fname:
             old.unlink()
+
+
+def _state_digest(state: Mapping[str, Any]) -> str:
+    """sha256 of state.json's content (all but this digest, keys sorted): a hand edit of any field breaks it."""
+    body = {k: v for k, v in state.items() if k != "state_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, allow_nan=False).encode()).hexdigest()
+
+
+BITWISE_NAMES = {"device": "device type", "torch_threads": "torch threads (--num-threads)"}
+
+
+def bitwise_settings(cfg: TrainConfig) -> dict[str, Any]:
+    """What changes the weights bitwise without being a training option's value: the torch threads a CPU run
+    computes with (cfg.num_threads, or torch's default on this machine) and the device type."""
+    from saegeo import distributed
+
+    device = distributed.resolve_device(cfg.device)
+    ctx = distributed.current()
+    return {"device": device.type, "torch_threads": torch.get_num_threads() if device.type == "cpu" else None,
+            "world_size": ctx.world_size if ctx is not None else 1}
 
 
 def load_checkpoint(cfg: TrainConfig) -> tuple[dict, dict] | None:
@@ -554,7 +564,16 @@ def load_checkpoint(cfg: TrainConfig) -> tuple[dict, dict] | None:
                 raise ValueError(f"no {key!r}")
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise FormatError(f"{d / 'state.json'}: corrupt checkpoint state ({err}); {fix}") from None
-    path = d / str(state["tensors"])
+    if "state_sha256" not in state:
+        raise FormatError(f"{d / 'state.json'}: a checkpoint without a digest of its state (written by an older "
+                          f"saegeo, or edited): it cannot be trusted; {fix}")
+    if _state_digest(state) != state["state_sha256"]:
+        raise FormatError(f"{d / 'state.json'}: the checkpoint's state was changed after it was written (its digest "
+                          f"does not match); {fix}")
+    tensors_name = str(state["tensors"])
+    if "/" in tensors_name or tensors_name in ("", ".", ".."):
+        raise FormatError(f"{d / 'state.json'}: tensors file {tensors_name!r} is not inside {d}; {fix}")
+    path = d / tensors_name
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -603,6 +622,11 @@ def _open_checkpoint(cfg: TrainConfig, source: Any, d_sae: int, resume: bool) ->
         state, tensors = ckpt
         saved = _weight_options(state["config"], int(tensors["sae.W_enc"].shape[1]))  # as built
         now = _weight_options(asdict(cfg), d_sae)
+        old_bits, new_bits = state.get("bitwise") or {}, bitwise_settings(cfg)
+        # on another world size a resume is close, not bitwise (a documented choice); on the same one it is bitwise
+        if old_bits.get("world_size") == new_bits["world_size"]:
+            saved |= {BITWISE_NAMES[k]: v for k, v in old_bits.items() if k in BITWISE_NAMES}
+            now |= {BITWISE_NAMES[k]: v for k, v in new_bits.items() if k in BITWISE_NAMES}
         changed = {key: (saved.get(key), now.get(key)) for key in sorted(saved.keys() | now.keys())
                    if saved.get(key) != now.get(key)}
         data = state.get("data_fingerprint")
@@ -782,9 +806,7 @@ def train_sae(
         torch.manual_seed(cfg.seed)
         # b_dec init: the streamed float64 mean is computed for every choice, as the metrics need it
         # (mean_across_ranks is the plain streamed mean without torchrun)
-        activation_mean = distributed.mean_across_ranks(_finite_rows(
-            source.init_rows(cfg.b_dec_init_tokens), lambda i: f"row {i} of the activations used to initialise b_dec",
-            ", or skip those rows"))
+        activation_mean = distributed.mean_across_ranks(source.init_rows(cfg.b_dec_init_tokens))
         if cfg.b_dec_init == "mean":
             b_dec = activation_mean
         elif cfg.b_dec_init == "geometric_median":
@@ -824,7 +846,7 @@ def train_sae(
                 "torch_rng": torch.get_rng_state(), **{f"acc.{k}": v.reshape(1).cpu() for k, v in acc.items()}}
 
     nonfinite = torch.zeros((), dtype=torch.bool, device=device)
-    last_good = start_step
+    last_good = last_checked = start_step  # the last checkpoint written; the last step the loss was checked at
     bar = None
     if cfg.progress and (ctx is None or ctx.is_main):
         from tqdm.auto import tqdm
@@ -882,10 +904,12 @@ def train_sae(
                 ckpt_note = (f"the last good checkpoint (step {last_good}) is kept in {_ckpt_dir(cfg)}"
                              if cfg.out_dir and cfg.checkpoint_every and last_good else "no checkpoint was written")
                 raise NonFiniteLossError(
-                    f"non-finite loss between steps {done - cfg.log_every + 1} and {done} "
-                    f"(lr {lr_at(step, cfg):.3g}); {ckpt_note}. Check the activations for inf/NaN rows "
-                    "or lower the learning rate, then resume."
+                    f"non-finite loss between steps {last_checked + 1} and {done} "
+                    f"(lr {lr_at(step, cfg):.3g}); {ckpt_note}. Every training row was finite (each batch is "
+                    "checked as it is read): the optimisation diverged. Lower the learning rate (or check the "
+                    "loss options), then resume."
                 )
+            last_checked = done
         if is_log:
             vals = dict(zip(acc, distributed.sum_across_ranks(torch.stack(list(acc.values()))).tolist()))
             vals["aux"] /= world  # each rank's aux is already a mean over the global batch
@@ -918,6 +942,9 @@ def train_sae(
                                                      first_row=source.heldout_first_row,
                                                      skip_nonfinite=cfg.skip_nonfinite),
                                     "evaluating the held-out rows")
+    if cfg.skip_nonfinite:  # the source screened the rows (and named them by shard); evaluate saw clean ones
+        heldout["nonfinite_rows_skipped"] = distributed.from_main(lambda: source.skipped["heldout"], "counting")
+        provenance["nonfinite_rows_skipped"] = dict(source.skipped)
     provenance["metrics"] = {"heldout": heldout, "final_live": history[-1] if history else {}}
     if cfg.out_dir and (ctx is None or ctx.is_main):
         from saegeo.sae.formats import save_sae
