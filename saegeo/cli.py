@@ -428,6 +428,11 @@ def _user_error(err: BaseException) -> str | None:
     saegeo's own errors already say all three; OSError and decoding errors from any layer are worded here."""
     if isinstance(err, SaegeoError):
         return " ".join(str(err).split())  # one line, whatever the message held
+    if isinstance(err, MemoryError) or (isinstance(err, RuntimeError) and "allocate" in str(err)):
+        # torch's CPU allocator and CUDA say "...can't allocate memory: you tried to allocate N bytes"
+        what = " ".join(str(err).split()[:14]) or type(err).__name__
+        return (f"out of memory ({what}); choose smaller sizes (d_sae, expansion, the batch options) or a machine "
+                "with more memory")
     if isinstance(err, OSError):
         name = err.filename2 if err.filename2 is not None else err.filename  # os.replace(tmp, target): the target
         file = str(name).removesuffix(".tmp") if name is not None else "a file"

@@ -255,3 +255,17 @@ def test_run_config_tables_are_the_dataclasses(tmp_path):
     path.write_text('out = "o"\nformats = []\n')
     with pytest.raises(BadInputError, match="formats"):
         load_run_config(path)
+
+
+@pytest.mark.parametrize("error", [MemoryError(), RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. "
+                                                                "DefaultCPUAllocator: not enough memory: you tried to "
+                                                                "allocate 80000000000000 bytes.")])
+def test_a_failed_allocation_is_one_line(store, monkeypatch, capsys, error):
+    """What no option check foresees (a store or a published SAE too large for this machine) is still one line."""
+    def fail(*a, **kw):
+        raise error
+
+    monkeypatch.setattr("saegeo.activations.store.ActivationStore.verify", fail)
+    assert main(["store", "verify", store]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("saegeo: error: out of memory") and err.count("\n") == 0
