@@ -22,12 +22,13 @@ import math
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
+from saegeo.activations.models import same_model
 from saegeo.errors import BadInputError, FormatError
 from saegeo.geometry.accumulate import as_rows
 from saegeo.geometry.dictionary import (
@@ -72,6 +73,7 @@ class CheckOptions:
     max_pairs_listed: int = 50  # near-duplicate pairs listed in the result
     progress: bool = True  # progress bars
     verify: bool = True  # sha256 check of each --acts store shard as it is read
+    assume_same_model: bool = False  # with --acts: take the store's model as the SAE's, whatever names and fingerprints say
     thresholds: FlagThresholds = field(default_factory=FlagThresholds)  # of the flags
     match: "MatchOptions" = field(default_factory=lambda: MatchOptions())  # with activations: activations_match_flags
 
@@ -317,7 +319,8 @@ def check_with_activations(sae: SAE, acts: Any, *, options: CheckOptions | None 
     dcheck = check_dictionary(sae, options=opts, name=name)
     subject = dcheck.source["name"]
     match_notes: list[str] = []
-    mismatch = activations_match_flags(sae, acts, subject=subject, options=opts.match, notes=match_notes)
+    match = replace(opts.match, assume_same_model=opts.assume_same_model or opts.match.assume_same_model)
+    mismatch = activations_match_flags(sae, acts, subject=subject, options=match, notes=match_notes)
     report = geometry_report(acts, sae={subject: sae}, options=report_options)
     have = {(f.name, f.subject) for f in report.flags}
     # the activation-based mean-direction flag supersedes the dictionary-only guess; keep the rest
@@ -354,6 +357,7 @@ class MatchOptions:
     offset_warn: float = 0.5  # ‖b_dec − μ‖/‖μ‖ above this (for an SAE that subtracts b_dec): warning
     massive_row_factor: float = 10.0  # rows with ‖x‖ > this × median ‖x‖ are massive-activation rows
     centred_warn: float = 0.05  # E|x·1|/(√d E‖x‖) above this where the SAE expects centred writing weights
+    assume_same_model: bool = False  # skip the model comparison (said in the notes)
 
 
 def _hook_parts(name: str | None) -> tuple[int | None, str | None]:
@@ -383,6 +387,41 @@ def _model_key(name: str | None) -> str | None:
     if not name or name.lower() in ("none", "unknown", "synthetic"):
         return None
     return name.lower().rstrip("/").split("/")[-1].replace("_", "-")
+
+
+FINGERPRINT_KEYS = ("architecture", "tokenizer_sha256", "weights_sha256")
+
+
+def _model_identity(info: Any, store_model: str | None, store: Any, opts: MatchOptions, notes: list[str],
+                    cause: Any) -> None:
+    """The model cause of activations_mismatch: fingerprints (`model_fingerprint`: architecture, tokenizer, the
+    weights the hook reads) when the SAE's metadata and the store's manifest both hold one over the same weights,
+    else the names (their last path part); `assume_same_model` skips both. The note says which was used."""
+    names = f"{store_model!r} in the store, {info.model_name!r} in the SAE"
+    store_fp = ((store.manifest.get("extra") or {}).get("model_fingerprint") if store is not None else None)
+    verdict = same_model(info.model_fingerprint, store_fp)
+    if opts.assume_same_model:
+        differ = "" if verdict is None else (" (their fingerprints agree)" if verdict else " (their fingerprints differ)")
+        notes.append(f"model identity: assumed the same (--assume-same-model){differ}; {names}")
+        return
+    if verdict is not None:
+        scope = store_fp["weights_scope"]
+        if verdict:
+            notes.append(f"model identity: by fingerprint (architecture, tokenizer and the sha256 of the {scope}): "
+                         f"the same model; {names}")
+            return
+        differ = [k for k in FINGERPRINT_KEYS if info.model_fingerprint.get(k) != store_fp.get(k)]
+        notes.append(f"model identity: by fingerprint ({scope}): different models ({', '.join(differ)} differ)")
+        cause("model", "error", f"model fingerprints differ ({', '.join(differ)} over the {scope}): {names}",
+              sae_model=info.model_name, store_model=store_model, compared_by="fingerprint", differ=differ)
+        return
+    missing = [w for w, fp in (("the SAE's metadata", info.model_fingerprint), ("the store's manifest", store_fp))
+               if not fp]
+    why = f"no model fingerprint in {' or '.join(missing)}" if missing else "fingerprints over different weights"
+    notes.append(f"model identity: by name ({why}); {names}")
+    if _model_key(info.model_name) and _model_key(store_model) and _model_key(info.model_name) != _model_key(store_model):
+        cause("model", "error", f"model {names}", sae_model=info.model_name, store_model=store_model,
+              compared_by="name")
 
 
 def _store_measures(acts: Any, opts: MatchOptions) -> dict[str, Any] | None:
@@ -479,9 +518,7 @@ def activations_match_flags(sae: SAE, acts: Any, *, subject: str = "dictionary",
                   sae_hook=info.hook_name, store_hook=store_hook)
     if info.hook_head_index is not None:
         notes.append(f"the SAE reads attention head {info.hook_head_index} of {info.hook_name}: the store must hold that head only")
-    if _model_key(info.model_name) and _model_key(store_model) and _model_key(info.model_name) != _model_key(store_model):
-        cause("model", "error", f"model {store_model!r} in the store, {info.model_name!r} in the SAE",
-              sae_model=info.model_name, store_model=store_model)
+    _model_identity(info, store_model, m["store"], opts, notes, cause)
 
     # scale and offset
     mu = m["mean"]
