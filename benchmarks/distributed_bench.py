@@ -44,7 +44,7 @@ def worker(store: str, out: str) -> None:
     geometry_report(torch.randn(512, 8), options=ReportOptions(progress=False))
     distributed.barrier()
     t0 = time.perf_counter()
-    report = geometry_report(store, options=ReportOptions(progress=False, batch_size=8192))
+    report = geometry_report(store, options=ReportOptions(progress=False))
     wall = time.perf_counter() - t0  # open + stream this rank's shards + merge + read-outs
     merges = {}
     for d in (384, 768, 2304):

@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from saegeo.activations.cache import _batches, _pad
+from saegeo.activations.runner import pad_windows, window_batches
 from saegeo.activations.corpus import CorpusSpec, iter_windows
 from saegeo.activations.models import load_model
 from saegeo.sae.formats import load_dictionary
@@ -185,12 +185,12 @@ def main() -> None:
         if n >= args.tokens:
             break
     pad = loaded.tokenizer.pad_token_id
-    batches = [_pad(b, pad) for b in _batches(iter(windows), args.batch_size)]
+    batches = [pad_windows(b, pad) for b in window_batches(iter(windows), args.batch_size)]
     n_tokens = sum(int(a.sum()) for _, a, _ in batches)
     print(f"SmolLM2-135M, {hook}, default corpus, context {args.context}, {len(windows)} windows = {n_tokens} tokens "
           f"in batches of {args.batch_size}, {args.rounds} rounds, torch threads {torch.get_num_threads()}")
     cfg = EvalConfig(corpus="default", hook=hook, context=args.context, max_tokens=n_tokens, skip_tokens=0,
-                     batch_size=args.batch_size, pass_special=True, progress=False)
+                     batch_windows=args.batch_size, pass_special=True, progress=False)
 
     def timed(fn):
         w0, c0 = time.perf_counter(), time.process_time()

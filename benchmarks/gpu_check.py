@@ -87,7 +87,7 @@ def main() -> None:
     x = gen.sample(200_000 if not dry else 20_000)[0]
     tps = {}
     for side, dev in sides:
-        cfg = TrainConfig(arch="topk", d_sae=size["d_sae"], k=32, batch_size=4096, total_tokens=size["train_tokens"],
+        cfg = TrainConfig(arch="topk", d_sae=size["d_sae"], k=32, batch_tokens=4096, total_tokens=size["train_tokens"],
                           device=dev, progress=False, log_every=50)
         t0 = time.perf_counter()
         res = train_sae(cfg, x.to(dev) if dev != "cpu" else x, resume=False)
@@ -100,7 +100,7 @@ def main() -> None:
     # 3. a report with the SAE and the float64 accumulators on the device
     store = stores["gpu"]
     sae_dir = work / "sae"
-    train_sae(TrainConfig(arch="topk", d_sae=4 * store.d, k=16, batch_size=1024, total_tokens=20_480, device=gpu,
+    train_sae(TrainConfig(arch="topk", d_sae=4 * store.d, k=16, batch_tokens=1024, total_tokens=20_480, device=gpu,
                           progress=False, out_dir=str(sae_dir)), store, resume=False)
     r_cpu, r_gpu = (geometry_report(store, str(sae_dir), options=ReportOptions(device=dev, progress=False))
                     for _, dev in sides)
@@ -115,7 +115,7 @@ def main() -> None:
 
     evals, secs = {}, {}
     for side, dev in sides:
-        ecfg = EvalConfig(hook=HOOK, context=64, max_tokens=512 if dry else 8_192, skip_tokens=0, batch_size=8,
+        ecfg = EvalConfig(hook=HOOK, context=64, max_tokens=512 if dry else 8_192, skip_tokens=0, batch_windows=8,
                           device=dev, progress=False)
         t0 = time.perf_counter()
         evals[side] = splice_eval_many(ecfg, {"sae": load_dictionary(sae_dir)}, loaded)["sae"]
@@ -157,7 +157,7 @@ def torchrun_worker(store: str, gpu: str, dry: bool) -> None:
     dist.all_reduce(t)
     assert torch.equal(t.cpu(), torch.arange(4.0) * dist.get_world_size()), t
     with tempfile.TemporaryDirectory() as out:
-        res = train_sae(TrainConfig(arch="topk", d_sae=256, k=8, batch_size=512, total_tokens=10_240, device=gpu,
+        res = train_sae(TrainConfig(arch="topk", d_sae=256, k=8, batch_tokens=512, total_tokens=10_240, device=gpu,
                                     progress=False, out_dir=out, checkpoint_every=10), store, resume=False)
         world = res.provenance.get("world_size")
     print(f"WORKER backend {dist.get_backend()}, world {dist.get_world_size()}: all_reduce of a {gpu} tensor exact; "

@@ -51,7 +51,7 @@ def child(mode: str, store_path: str, sae_dir: str, batch_size: int) -> dict:
     if mode == "saegeo":
         from saegeo.report import ReportOptions, geometry_report
 
-        rep = geometry_report(store, {"sae": sae}, options=ReportOptions(batch_size=batch_size, progress=False))
+        rep = geometry_report(store, {"sae": sae}, options=ReportOptions(batch_rows=batch_size, progress=False))
         check = {"A": rep.activations["anisotropy"], "fve": rep.sae.fve, "K": rep.sae.mean_l0}
     else:
         x = torch.cat([store.read_shard(i) for i in range(len(store.shards))])  # every row in memory

@@ -45,7 +45,7 @@ def main() -> None:
         g = torch.Generator().manual_seed(0)
         batches = (torch.randn(args.rows, args.d, generator=g) for _ in range(args.shards))
         store = write_store(Path(tmp) / "s", batches, shard_rows=args.rows)
-        cfg = TrainConfig(batch_size=args.batch, total_tokens=args.batch, shuffle_buffer=args.buffer, seed=0,
+        cfg = TrainConfig(batch_tokens=args.batch, total_tokens=args.batch, shuffle_buffer=args.buffer, seed=0,
                           heldout_fraction=0.0)
         src = _StoreSource(store, cfg)
         per_epoch = sum(1 for _ in src._epoch(0, skip=10**12))  # planned only: no I/O

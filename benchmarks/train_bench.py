@@ -227,7 +227,7 @@ def main() -> None:
     rows = []
     floor = floor_seconds(train_x[:BATCH].contiguous(), d_sae, args.k)
     for arch in args.arch:
-        cfg = TrainConfig(arch=arch, d_sae=d_sae, k=args.k, l1_coefficient=args.l1, batch_size=BATCH,
+        cfg = TrainConfig(arch=arch, d_sae=d_sae, k=args.k, l1_coefficient=args.l1, batch_tokens=BATCH,
                           lr=RELU_LR if arch == "relu" else LR,
                           total_tokens=args.tokens, heldout_fraction=HELDOUT, b_dec_init="mean", progress=False,
                           out_dir=str(out_dir / f"saegeo_{arch}"), log_every=20, num_threads=args.threads,

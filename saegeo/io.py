@@ -9,10 +9,7 @@ Public API
 ``same_json(a, b) -> bool``            equality after a JSON round trip (tuples = lists, keys as strings).
 ``read_config(path) -> dict``          a TOML or JSON config file; one clear error naming the file otherwise.
 ``parse_size("2M") -> int``            "2M" / "500k" / "1.5e6" / 737280 -> a positive integer count.
-``refuse_unknown_keys(cls, d, what) -> dict``   d as a dict, after naming any key that is not a field of ``cls``.
-``config_from_dict(cls, d, what) -> cls``      the one dict -> config-dataclass path: unknown keys refused, values
-                                       coerced by the field annotations ("2M" ints, lists as tuples, Literal choices).
-``require_at_least(cfg, minimums)``    a config's sizes checked in its __post_init__ (``--d-sae 0`` refused).
+``parse_int("-1") -> int``             whole numbers, including sizes ("2M"); saegeo.config turns configs into flags.
 ``refuse_overwrite(paths, overwrite)``  a command's output files that exist already are refused unless --overwrite.
 """
 
@@ -189,105 +186,6 @@ def parse_size(text: str | int | float, what: str = "count") -> int:
     if not math.isfinite(value) or value < 1 or value != int(value):
         raise BadInputError(f"{what} must be a positive whole number, got {text!r}")
     return int(value)
-
-
-def refuse_unknown_keys(cls: type, d: Mapping[str, Any] | None, what: str, where: str | None = None) -> dict[str, Any]:
-    """``d`` as a dict, after a BadInputError naming any key that is not a field of dataclass ``cls``
-    (``where``, e.g. the config file, starts the message)."""
-    d = dict(d or {})
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        prefix = f"{where}: " if where else ""
-        raise BadInputError(f"{prefix}unknown {what}(s) {unknown}; known: {sorted(known)}")
-    return d
-
-
-def require_at_least(cfg: Any, minimums: Mapping[str, float]) -> None:
-    """BadInputError naming the first field of ``cfg`` below its minimum (None means "unset" and passes)."""
-    for name, low in minimums.items():
-        value = getattr(cfg, name)
-        if value is not None and not value >= low:  # `not >=` also refuses NaN
-            raise BadInputError(f"{name} must be at least {low}, got {value!r}")
-
-
-# =========================================================================== dict -> config dataclass
-@functools.cache
-def _field_types(cls: type) -> dict[str, Any]:
-    # get_type_hints resolves the string annotations that `from __future__ import annotations` leaves
-    return typing.get_type_hints(cls)
-
-
-def config_from_dict(cls: type, d: Mapping[str, Any] | None, what: str, where: str | None = None) -> Any:
-    """``cls(**d)`` for a config dataclass, with every value checked against its field's annotation.
-
-    The one path from a TOML table, a JSON object or a Python dict to a config, so a key means the same
-    wherever it comes from: an unknown key is refused; ints accept "2M"-style sizes (token counts), floats
-    accept ints, tuples accept lists, ``Literal[...]`` fields accept only their choices, nested config
-    dataclasses accept tables. Every failure is one BadInputError naming the key, the value and what fits.
-    """
-    d = refuse_unknown_keys(cls, d, what, where)
-    types_ = _field_types(cls)
-    return cls(**{key: _coerce(value, types_[key], key, where) for key, value in d.items()})
-
-
-def _coerce(value: Any, tp: Any, key: str, where: str | None) -> Any:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-
-    def bad(expected: str) -> BadInputError:
-        return BadInputError(f"{where + ': ' if where else ''}{key} = {value!r}: expected {expected}")
-
-    if origin in (Union, types.UnionType):  # X | None
-        if value is None and type(None) in args:
-            return None
-        options = [a for a in args if a is not type(None)]
-        return _coerce(value, options[0], key, where) if len(options) == 1 else value
-    if origin is Literal:
-        if value not in args:
-            raise bad(f"one of {list(args)}")
-        return value
-    if dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        if not isinstance(value, Mapping):
-            raise bad(f"a table of {tp.__name__} keys")
-        return config_from_dict(tp, value, f"{key} key", where)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise bad("true or false")
-        return value
-    if tp is int:
-        if isinstance(value, bool):
-            raise bad("a whole number")
-        if isinstance(value, int):
-            return value
-        try:
-            return parse_int(value, key)
-        except BadInputError:
-            raise bad("a whole number such as 0, 4096, 500k or 2M") from None
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise bad("a number")
-        return float(value)
-    if tp is str:
-        if isinstance(value, os.PathLike):
-            return os.fspath(value)
-        if not isinstance(value, str):
-            raise bad("a string")
-        return value
-    if origin is tuple:
-        if isinstance(value, str):  # a single name where a list is expected: hooks = "blocks.3.hook_resid_post"
-            value = [value]
-        if not isinstance(value, (list, tuple)):
-            raise bad("a list")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_coerce(v, args[0], key, where) for v in value)
-        if args and len(value) != len(args):
-            raise bad(f"a list of {len(args)}")
-        return tuple(_coerce(v, a, key, where) for v, a in zip(value, args)) if args else tuple(value)
-    if origin is dict and not isinstance(value, Mapping):
-        raise bad("a table")
-    return value  # Any, dict[str, Any], ...: taken as given
 
 
 def parse_int(text: str | int | float, what: str = "count") -> int:

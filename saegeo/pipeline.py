@@ -13,40 +13,72 @@ import json
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 from saegeo.activations.cache import CacheConfig, cache_activations, store_dir
-from saegeo.activations.store import ActivationStore, write_store
+from saegeo.activations.store import ActivationStore, StorageDtype, write_store
 from saegeo.errors import BadInputError, StoreError
-from saegeo.io import config_from_dict, dump_json, json_safe, read_config, same_json
-from saegeo.report.render import FORMATS, render_terminal, write_report
-from saegeo.report.report import GeometryReport, ReportOptions, add_splice, compute_flags, geometry_report
-from saegeo.sae.formats import CFG_FILENAME, WEIGHTS_FILENAME, load_sae
+from saegeo.config import BATCH_ROWS, check, from_dict, option
+from saegeo.io import dump_json, json_safe, read_config, same_json
+from saegeo.render import FORMATS, render_terminal, write_report
+from saegeo.report.report import GeometryReport, ReportOptions, geometry_report
+from saegeo.sae.formats import CFG_FILENAME, WEIGHTS_FILENAME
 from saegeo.sae.splice import EvalConfig, splice_eval_many
 from saegeo.sae.train import NOT_IN_WEIGHTS, TrainConfig, train_sae
 from saegeo.synthetic import SuperpositionGenerator
+from saegeo.synthetic.superposition import Preset
 
 
 @dataclass
 class RunConfig:
-    """One main job. Relative paths stay relative to the working directory."""
+    """One main job: each table of its TOML is one config dataclass. Relative paths stay relative to the
+    working directory."""
 
-    out: str = "artifacts/runs/run"  # SAEs go to OUT/saes/<name>, the report to OUT/report
-    acts: str | None = None  # an existing activation store: skip caching
-    hook: str | None = None  # which cached hook the SAEs are trained on (default: the first of cache.hooks)
-    cache: dict[str, Any] = field(default_factory=dict)  # CacheConfig keys
-    train: dict[str, Any] = field(default_factory=dict)  # TrainConfig keys shared by every SAE; saes = {name: overrides}
-    report: dict[str, Any] = field(default_factory=dict)  # ReportOptions keys, plus formats = [...]
-    eval: dict[str, Any] = field(default_factory=dict)  # EvalConfig keys: splice every SAE into the model (model
-    #                                                     defaults to cache.model); empty: no spliced evaluation
-    name: str = ""  # a label for this run (free text)
-    description: str = ""  # what this run is for (free text)
+    out: str = option("artifacts/runs/run", "SAEs go to OUT/saes/<name>, the report to OUT/report")
+    acts: str | None = option(None, "an existing activation store: skip caching")
+    hook: str | None = option(None, "which cached hook the SAEs are trained on (default: the first of cache.hooks)")
+    cache: CacheConfig = option(factory=CacheConfig, help="[cache]: how the activations are cached")
+    train: TrainConfig = option(factory=TrainConfig, help="[train]: the training options every SAE shares")
+    saes: dict[str, dict[str, Any]] = option(factory=lambda: {"sae": {}},
+                                             help="[saes]: one SAE per entry, name = {TrainConfig overrides}")
+    report: ReportOptions = option(factory=ReportOptions, help="[report]: the report's pass")
+    formats: tuple[str, ...] = option(FORMATS, "renderings of the report written to OUT/report")
+    eval: EvalConfig | None = option(None, "[eval]: splice every SAE into the model (model: cache.model unless "
+                                     "given); absent: no spliced evaluation")
+    name: str = option("", "a label for this run (free text)")
+    description: str = option("", "what this run is for (free text)")
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], where: str | None = None) -> "RunConfig":
-        return config_from_dict(cls, d, "top-level key", where)
+    def __post_init__(self) -> None:
+        check(self)
+        if not self.formats or set(self.formats) - set(FORMATS):
+            raise BadInputError(f"formats = {list(self.formats)}: name one or more of {list(FORMATS)}")
+        for name in self.saes:  # each SAE's config, refused here rather than after caching
+            self.sae_config(name)
+
+    def sae_config(self, name: str) -> TrainConfig:
+        """The TrainConfig of SAE ``name``: [train] with its [saes] overrides, saved under OUT/saes/<name>."""
+        overrides = self.saes[name]
+        if not isinstance(overrides, Mapping):
+            raise BadInputError(f"[saes] {name} = {overrides!r}: expected a table of TrainConfig keys")
+        given = {**asdict(self.train), **overrides, "out_dir": str(Path(self.out) / "saes" / _slug(name))}
+        return from_dict(TrainConfig, given, where=f"[saes] {name}")
+
+
+@dataclass
+class SynthOptions:
+    """`saegeo synth`: the rows written and where; the generator's fields come from the preset (SyntheticConfig)."""
+
+    n: int = option(help="number of rows (tokens)", low=1)
+    out: str = option(help="store directory to create, or FILE.safetensors for one file (rows held in memory)")
+    preset: Preset = option("isotropic", "regime; the SyntheticConfig options override it")
+    dtype: StorageDtype = option("float32", "storage dtype")
+    shard_rows: int = option(65536, "rows per shard", low=1)
+    overwrite: bool = option(False, "replace an existing store at --out")
+
+    def __post_init__(self) -> None:
+        check(self)
 
 
 @dataclass
@@ -62,18 +94,28 @@ class RunResult:
 
 
 def load_run_config(path: str | os.PathLike) -> RunConfig:
-    """Read a TOML (or JSON) run config; an unknown top-level key is an error naming it."""
-    return RunConfig.from_dict(read_config(path), where=str(path))
+    """Read a TOML (or JSON) run config; an unknown key is an error naming it and the file."""
+    return run_config(read_config(path), where=str(path))
+
+
+def run_config(d: Mapping[str, Any], where: str | None = None) -> RunConfig:
+    """A RunConfig from its tables; [eval] runs on cache.model unless it names a model."""
+    d = dict(d)
+    if isinstance(d.get("eval"), Mapping) and "model" not in d["eval"]:
+        cache = d.get("cache")
+        model = cache.get("model", CacheConfig.model) if isinstance(cache, Mapping) else CacheConfig.model
+        d["eval"] = {"model": model, **d["eval"]}
+    return from_dict(RunConfig, d, where)
 
 
 def run_job(config: RunConfig | Mapping[str, Any], *, log: Any = print) -> RunResult:
-    """cache -> train (one SAE per entry of [train.saes]) -> one report over all of them, side by side.
+    """cache -> train (one SAE per entry of [saes]) -> one report over all of them, side by side.
 
     Idempotent: a complete store with the requested tokens is reused (the cache itself resumes an
     interrupted run), an SAE whose saved training config and data checksums match is not retrained,
     and the report is recomputed (one pass). Every stage's time is returned and logged.
     """
-    cfg = config if isinstance(config, RunConfig) else RunConfig.from_dict(config)
+    cfg = config if isinstance(config, RunConfig) else run_config(config)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     seconds: dict[str, float] = {}
@@ -85,7 +127,7 @@ def run_job(config: RunConfig | Mapping[str, Any], *, log: Any = print) -> RunRe
         store_path = Path(cfg.acts)
         reused["cache"] = True
     else:
-        cache_cfg = CacheConfig.from_dict({**cfg.cache, "progress": True}, where="[cache]")
+        cache_cfg = replace(cfg.cache, progress=True)
         hook = cfg.hook or cache_cfg.hooks[0]
         if hook not in cache_cfg.hooks:
             raise BadInputError(f"hook {hook!r} is not among the cached hooks {list(cache_cfg.hooks)}")
@@ -106,16 +148,12 @@ def run_job(config: RunConfig | Mapping[str, Any], *, log: Any = print) -> RunRe
     store = ActivationStore(store_path)
     seconds["cache"] = time.perf_counter() - t0
 
-    # ---- 2. SAEs: one per [train.saes] entry (shared [train] options, per-SAE overrides)
-    train = dict(cfg.train)
-    variants = train.pop("saes", None) or {"sae": {}}
+    # ---- 2. SAEs: one per [saes] entry (shared [train] options, per-SAE overrides)
     sae_dirs: dict[str, str] = {}
     t0 = time.perf_counter()
-    for name, overrides in variants.items():
-        sae_dir = out / "saes" / _slug(name)
-        tcfg = TrainConfig.from_dict(
-            {**train, **dict(overrides), "out_dir": str(sae_dir)}, where=f"[train] of SAE {name!r}"
-        )
+    for name in cfg.saes:
+        tcfg = cfg.sae_config(name)
+        sae_dir = Path(tcfg.out_dir)
         if _trained(sae_dir, tcfg, store):
             log(f"train {name}: reusing {sae_dir} (same config and data; delete it to retrain)")
             reused[f"train:{name}"] = True
@@ -130,42 +168,33 @@ def run_job(config: RunConfig | Mapping[str, Any], *, log: Any = print) -> RunRe
         sae_dirs[name] = str(sae_dir)
     seconds["train"] = time.perf_counter() - t0
 
-    saes = {name: load_sae(path) for name, path in sae_dirs.items()}
-
     # ---- 3. [eval]: every SAE spliced into the model (shared prefix and ablations), reused when unchanged
     splice: dict[str, dict[str, Any]] = {}
-    if cfg.eval:
+    if cfg.eval is not None:
         t0 = time.perf_counter()
-        splice = _spliced_eval(cfg, sae_dirs, saes, reused, log)
+        splice = _spliced_eval(cfg, sae_dirs, reused, log)
         seconds["eval"] = time.perf_counter() - t0
 
     # ---- 4. the report: one pass over the store with every SAE side by side
     t0 = time.perf_counter()
-    rep_cfg = dict(cfg.report)
-    formats = tuple(rep_cfg.pop("formats", FORMATS))
-    opts = ReportOptions.from_dict(rep_cfg, where="[report]")
-    configs = {name: json.loads((Path(p) / CFG_FILENAME).read_text()) for name, p in sae_dirs.items()}
-    report = geometry_report(store, saes, options=opts)
-    for s in report.saes:  # provenance (b_dec init, data) from the saved config
-        s.config = json_safe(configs[s.name])
-        s.b_dec_init = configs[s.name].get("saegeo", {}).get("b_dec_init")
-    report.config = json_safe({"cache": cfg.cache, "train": cfg.train, "report": cfg.report, "acts": cfg.acts,
-                               "hook": cfg.hook, "eval": cfg.eval})
-    add_splice(report, splice)
-    report.flags = compute_flags(report, opts.thresholds)
-    files = {k: str(v) for k, v in write_report(report, out / "report", formats).items()}
+    opts = cfg.report
+    job = json_safe({"cache": cfg.cache, "train": cfg.train, "saes": cfg.saes, "report": cfg.report,
+                     "acts": cfg.acts, "hook": cfg.hook, "eval": cfg.eval})
+    # the SAE directories, not the loaded SAEs: each one's cfg.json is its provenance (b_dec init, data)
+    report = geometry_report(store, sae_dirs, options=opts, config=job, splice=splice)
+    files = {k: str(v) for k, v in write_report(report, out / "report", cfg.formats).items()}
     seconds["report"] = time.perf_counter() - t0
     log("")
     log(render_terminal(report))
     return RunResult(store=str(store_path), saes=sae_dirs, report=report, files=files, seconds=seconds, reused=reused)
 
 
-def _spliced_eval(cfg: RunConfig, sae_dirs: dict[str, str], saes: dict[str, Any], reused: dict[str, bool],
+def _spliced_eval(cfg: RunConfig, sae_dirs: dict[str, str], reused: dict[str, bool],
                   log: Any) -> dict[str, dict[str, Any]]:
     """splice_eval_many over the SAEs whose OUT/saes/<name>/eval.json does not match (config + weights)."""
     import hashlib
 
-    ecfg = EvalConfig.from_dict({"model": cfg.cache.get("model", "minilm"), **cfg.eval, "progress": True})
+    ecfg = replace(cfg.eval, progress=True)
     wanted = {k: v for k, v in asdict(ecfg).items() if k != "device"} | {"progress": None}  # where it ran is not what
     results, todo = {}, {}
     for name, path in sae_dirs.items():
@@ -183,7 +212,7 @@ def _spliced_eval(cfg: RunConfig, sae_dirs: dict[str, str], saes: dict[str, Any]
             todo[name] = (sha, stamp)
     if todo:
         log(f"eval: splicing {', '.join(todo)} into {ecfg.model} ({ecfg.max_tokens:,} tokens)")
-        fresh = splice_eval_many(ecfg, {name: saes[name] for name in todo})
+        fresh = splice_eval_many(ecfg, {name: sae_dirs[name] for name in todo})
         for name, (sha, stamp) in todo.items():
             r = fresh[name]
             log(f"eval {name}: CE loss recovered {r.get('ce_loss_recovered', float('nan')):.4f}, "
@@ -227,7 +256,7 @@ def write_synthetic_store(
     path: str | os.PathLike,
     n: int,
     *,
-    batch_size: int = 8192,
+    batch_rows: int = BATCH_ROWS,
     shard_rows: int = 65536,
     dtype: str = "float32",
     mode: str = "create",
@@ -240,7 +269,7 @@ def write_synthetic_store(
     path = Path(path)
     config = asdict(gen.config)
     store = write_store(
-        path, gen.activations(n, batch_size, progress=progress), hook="synthetic",
+        path, gen.activations(n, batch_rows, progress=progress), hook="synthetic",
         model=f"saegeo.synthetic(seed={gen.config.seed})", dtype=dtype, corpus={"synthetic": config},
         shard_rows=shard_rows, extra_meta={"synthetic": config, "truth": "truth.safetensors"}, mode=mode,
     )

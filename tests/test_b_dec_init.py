@@ -17,7 +17,7 @@ def _drifting_rows(n: int = 40_000, d: int = 32, seed: int = 0) -> torch.Tensor:
 
 
 def _cfg(**kw) -> TrainConfig:
-    base = dict(arch="topk", d_sae=64, k=4, lr=1e-3, batch_size=128, total_tokens=128, heldout_fraction=0.1,
+    base = dict(arch="topk", d_sae=64, k=4, lr=1e-3, batch_tokens=128, total_tokens=128, heldout_fraction=0.1,
                 seed=0, progress=False, b_dec_init_tokens=2000)
     base.update(kw)
     return TrainConfig(**base)

@@ -62,7 +62,7 @@ def hashes(out: Path) -> dict[str, str]:
 def test_values_match_run_with_cache(tiny, text_file, tmp_path):
     hooks = HOOKS + ("blocks.1.attn.hook_z",)  # (batch, pos, head, d_head): flattened to 32 columns
     cfg = CacheConfig(hooks=hooks, corpus=str(text_file), context=24, out=str(tmp_path / "o"), shard_rows=300,
-                      batch_size=5, max_tokens=1000, progress=False)
+                      batch_windows=5, max_tokens=1000, progress=False)
     result = cache_activations(cfg, tiny)
     assert result.stop_layer == 1 and result.new_tokens == 1000
     texts = [json.loads(line)["text"] for line in text_file.read_text().splitlines()]
@@ -79,7 +79,7 @@ def test_values_match_run_with_cache(tiny, text_file, tmp_path):
 
 
 def test_exclude_special_and_padding_never_stored(tiny, text_file, tmp_path):
-    cfg = CacheConfig(hooks=("blocks.2.hook_resid_post",), corpus=str(text_file), context=40, batch_size=7,
+    cfg = CacheConfig(hooks=("blocks.2.hook_resid_post",), corpus=str(text_file), context=40, batch_windows=7,
                       out=str(tmp_path / "o"), exclude_special=True, progress=False)
     cache_activations(cfg, tiny)
     s = ActivationStore(tmp_path / "o" / "blocks.2.hook_resid_post")
@@ -98,7 +98,7 @@ def _child(out: str, corpus: str, crash_at: str | None) -> None:
     if crash_at:
         os.environ["SAEGEO_CRASH_AT"] = crash_at
     saegeo.io._CRASH_COUNTS.clear()
-    cfg = CacheConfig(hooks=HOOKS, corpus=corpus, context=20, out=out, shard_rows=128, batch_size=4, progress=False)
+    cfg = CacheConfig(hooks=HOOKS, corpus=corpus, context=20, out=out, shard_rows=128, batch_windows=4, progress=False)
     cache_activations(cfg, _TINY_IN_PARENT[0])
     os._exit(0)
 
@@ -125,15 +125,15 @@ def test_killed_cache_resumes_identically(tiny, text_file, tmp_path, crash_at):
 
 
 def test_rerun_is_a_no_op_and_mismatch_refused(tiny, text_file, tmp_path, monkeypatch):
-    from saegeo.activations import cache as cache_mod
+    from saegeo.activations import runner as runner_mod
 
     cfg = CacheConfig(hooks=HOOKS[:1], corpus=str(text_file), context=20, out=str(tmp_path / "o"), shard_rows=100,
                       max_tokens=450, progress=False)
     cache_activations(cfg, tiny)
     before = hashes(tmp_path / "o")
     calls = []
-    forward = cache_mod.forward_to_layer
-    monkeypatch.setattr(cache_mod, "forward_to_layer", lambda *a: calls.append(a[1].shape) or forward(*a))
+    forward = runner_mod.forward_to_layer
+    monkeypatch.setattr(runner_mod, "forward_to_layer", lambda *a: calls.append(a[1].shape) or forward(*a))
     assert cache_activations(cfg, tiny).new_tokens == 0
     assert calls == [(1, 2)]  # only the hook-width probe: no batch is recomputed
     monkeypatch.undo()

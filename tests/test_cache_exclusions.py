@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import saegeo.io
-from saegeo.activations.cache import CacheConfig, cache_activations, describe_exclusions, exclusion_shares
+from saegeo.activations.cache import CacheConfig, cache_activations, exclusion_shares
+from saegeo.render.text import exclusion_lines
 from saegeo.activations.store import ActivationStore
 from saegeo.errors import BadInputError, StoreError
 from splice_helpers import run_forked
@@ -42,7 +43,7 @@ def brute(tiny, texts, context):
 
 
 def test_norm_exclusion_and_shares_equal_brute_force(tiny, text_file, tmp_path):
-    cfg = CacheConfig(hooks=HOOKS, corpus=str(text_file), context=24, batch_size=5, out=str(tmp_path / "o"),
+    cfg = CacheConfig(hooks=HOOKS, corpus=str(text_file), context=24, batch_windows=5, out=str(tmp_path / "o"),
                       exclude_special=True, exclude_norm_ratio=M, progress=False)
     cache_activations(cfg, tiny)
     texts = [json.loads(line)["text"] for line in text_file.read_text().splitlines()]
@@ -63,7 +64,7 @@ def test_norm_exclusion_and_shares_equal_brute_force(tiny, text_file, tmp_path):
             rows = g[name]
             assert shares[name]["mu_share"] == pytest.approx(float(rows.sum(0) @ mu / (len(g["all"]) * mu @ mu)), rel=1e-6)
             assert shares[name]["trace_share"] == pytest.approx(float(((rows - mu) ** 2).sum() / spread), rel=1e-6)
-        assert "norm outliers" in "\n".join(describe_exclusions(s.manifest["extra"]))
+        assert "norm outliers" in "\n".join(exclusion_lines(s.manifest["extra"]))
     with pytest.raises(StoreError, match="exclude_norm_ratio"):  # another m: not the same store
         cache_activations(CacheConfig(**{**cfg.__dict__, "exclude_norm_ratio": 2.0}), tiny)
     with pytest.raises(BadInputError, match="must be > 1"):
@@ -77,7 +78,7 @@ def _child(out: str, corpus: str, crash_at: str | None) -> None:
     if crash_at:
         os.environ["SAEGEO_CRASH_AT"] = crash_at
     saegeo.io._CRASH_COUNTS.clear()
-    cfg = CacheConfig(hooks=HOOKS, corpus=corpus, context=20, out=out, shard_rows=128, batch_size=4,
+    cfg = CacheConfig(hooks=HOOKS, corpus=corpus, context=20, out=out, shard_rows=128, batch_windows=4,
                       exclude_special=True, exclude_norm_ratio=M, progress=False)
     cache_activations(cfg, _PARENT[0])
     os._exit(0)
@@ -115,7 +116,7 @@ def test_eval_default_skip_counts_the_rows_the_norm_rule_dropped(tiny, text_file
     texts = [json.loads(line)["text"] for line in text_file.read_text().splitlines()]
     positions = sum(len(tiny.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
     assert store.n_tokens < positions  # the norm rule dropped rows
-    identity = _StoreSource(store, TrainConfig(batch_size=16)).identity
+    identity = _StoreSource(store, TrainConfig(batch_tokens=16)).identity
     sae_dir = save_sae(SAE(SAEConfig(d_in=store.d, d_sae=2 * store.d, activation="topk", k=4)), tmp_path / "sae", provenance={"data": identity})
     resolved = _resolve(EvalConfig(corpus=str(text_file)), load_dictionary(sae_dir), tiny)
     assert resolved["skip_tokens"] == positions

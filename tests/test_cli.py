@@ -11,9 +11,9 @@ import torch
 
 from saegeo.activations.cache import CacheConfig
 from saegeo.activations.store import write_store
-from saegeo.cli import _passed, _shown, build_parser, main
+from saegeo.cli import build_parser, main
+from saegeo.config import from_dict, passed, shown
 from saegeo.errors import BadInputError, SaegeoError
-from saegeo.io import config_from_dict
 from saegeo.report.check import CheckOptions
 from saegeo.report.flags import FlagThresholds
 from saegeo.report.report import ReportOptions
@@ -41,7 +41,7 @@ def test_every_config_field_is_an_option_with_the_dataclass_default(command, cls
     actions = {a.dest: a for a in parser._actions}
     hints = typing.get_type_hints(cls)
     # nothing given: exactly the dataclass defaults
-    assert cls.from_dict(_passed(parser.parse_args(required), cls)) == cls()
+    assert from_dict(cls, passed(parser.parse_args(required), cls)) == cls()
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(hints[f.name]):
             continue  # thresholds: a [report.thresholds] table, not flags
@@ -58,25 +58,25 @@ def test_every_config_field_is_an_option_with_the_dataclass_default(command, cls
         if typing.get_origin(hints[f.name]) is typing.Literal:
             assert tuple(action.choices) == typing.get_args(hints[f.name])
         if default is not None:
-            assert f"(default: {_shown(default)})" in action.help
+            assert f"(default: {shown(default)})" in action.help
             # the default, written as a user would, parses back to the default
-            assert getattr(parser.parse_args([*required, flag, _shown(default)]), f.name) == default
+            assert getattr(parser.parse_args([*required, flag, shown(default)]), f.name) == default
 
 
-def test_existing_flag_names_still_parse():
+def test_flag_names_are_the_field_names():
     parser = build_parser()
-    a = parser.parse_args(["train", "--acts", "S", "--config", "c.toml", "--out", "o", "--arch", "relu", "--k", "4",
-                           "--expansion", "2", "--d-sae", "64", "--tokens", "2M", "--batch-size", "8", "--lr", "1e-3",
-                           "--l1", "0.5", "--b-dec-init", "zeros", "--heldout-fraction", "0.2",
+    a = parser.parse_args(["train", "--acts", "S", "--config", "c.toml", "--out-dir", "o", "--arch", "relu", "--k",
+                           "4", "--expansion", "2", "--d-sae", "64", "--total-tokens", "2M", "--batch-tokens", "8",
+                           "--lr", "1e-3", "--l1-coefficient", "0.5", "--b-dec-init", "zeros", "--heldout-fraction", "0.2",
                            "--checkpoint-every", "5", "--seed", "3", "--device", "cpu", "--no-resume", "--no-progress"])
     assert (a.total_tokens, a.l1_coefficient, a.out_dir, a.no_resume, a.progress) == (2_000_000, 0.5, "o", True, False)
     a = parser.parse_args(["cache", "--model", "m", "--hooks", "blocks.0.hook_resid_post, blocks.1.hook_resid_post",
                            "--corpus", "c", "--context", "32", "--out", "o", "--max-tokens", "300", "--dtype",
-                           "bfloat16", "--batch-size", "4", "--shard-rows", "100", "--exclude-special",
+                           "bfloat16", "--batch-windows", "4", "--shard-rows", "100", "--exclude-special",
                            "--text-field", "t", "--overwrite", "--no-progress"])
     assert a.hooks == ("blocks.0.hook_resid_post", "blocks.1.hook_resid_post") and a.max_tokens == 300
     a = parser.parse_args(["report", "--acts", "A", "--out", "O", "--sae", "x=D", "--sae", "E", "--format", "json",
-                           "--batch-size", "64", "--max-tokens", "1k", "--skip-nonfinite", "--assumed-null", "0.3",
+                           "--batch-rows", "64", "--max-tokens", "1k", "--skip-nonfinite", "--assumed-null", "0.3",
                            "--config", "c.json", "--device", "cpu", "--no-progress"])
     assert (a.sae, a.max_tokens, a.assumed_null, a.skip_nonfinite) == (["x=D", "E"], 1000, 0.3, True)
     a = parser.parse_args(["check", "D", "--acts", "A", "--out", "O", "--duplicate-cos", "0.9", "--block-rows", "128",
@@ -110,23 +110,23 @@ def store(tmp_path):
 
 def test_token_counts_read_the_same_from_run_train_config_flag_and_python(tmp_path, store, captured_train, capsys):
     (tmp_path / "run.toml").write_text(f'out = "{tmp_path / "run"}"\nacts = "{store}"\n'
-                                       '[train]\ntotal_tokens = "2M"\nbatch_size = 256\nk = 8\n')
+                                       '[train]\ntotal_tokens = "2M"\nbatch_tokens = 256\nk = 8\n')
     assert main(["run", str(tmp_path / "run.toml")]) == 2  # the fake trainer stops the job
-    (tmp_path / "train.toml").write_text('[train]\ntotal_tokens = "2M"\nbatch_size = 256\nk = 8\n')
+    (tmp_path / "train.toml").write_text('[train]\ntotal_tokens = "2M"\nbatch_tokens = 256\nk = 8\n')
     assert main(["train", "--acts", store, "--config", str(tmp_path / "train.toml")]) == 2
-    assert main(["train", "--acts", store, "--tokens", "2M", "--batch-size", "256", "--k", "8"]) == 2
+    assert main(["train", "--acts", store, "--total-tokens", "2M", "--batch-tokens", "256", "--k", "8"]) == 2
     assert "Traceback" not in capsys.readouterr().err
     via_run, via_config, via_flag = captured_train
-    python = TrainConfig.from_dict({"total_tokens": "2M", "batch_size": 256, "k": 8})
+    python = from_dict(TrainConfig, {"total_tokens": "2M", "batch_tokens": 256, "k": 8})
     assert python.total_tokens == 2_000_000
     assert dataclasses.replace(via_run, out_dir=None) == via_config == via_flag == python
 
 
 def test_flags_override_the_config_file_which_overrides_the_defaults(tmp_path, store, captured_train):
-    (tmp_path / "t.toml").write_text(f'acts = "{store}"\n[train]\nk = 8\nbatch_size = 256\ntokens = "5k"\n')
+    (tmp_path / "t.toml").write_text(f'acts = "{store}"\n[train]\nk = 8\nbatch_tokens = 256\ntotal_tokens = "5k"\n')
     assert main(["train", "--config", str(tmp_path / "t.toml"), "--k", "4", "--no-progress"]) == 2
     (cfg,) = captured_train
-    assert (cfg.k, cfg.batch_size, cfg.total_tokens, cfg.progress) == (4, 256, 5000, False)
+    assert (cfg.k, cfg.batch_tokens, cfg.total_tokens, cfg.progress) == (4, 256, 5000, False)
     assert (cfg.lr, cfg.arch) == (TrainConfig.lr, TrainConfig.arch)
 
 
@@ -149,30 +149,30 @@ def test_train_config_reads_without_tomllib_as_on_python_310(tmp_path, store, ca
     parser = pytest.importorskip("tomllib") if tomli == "installed" else None  # tomli has tomllib's API
     monkeypatch.setitem(sys.modules, "tomllib", None)  # `import tomllib` fails, as on Python 3.10
     monkeypatch.setitem(sys.modules, "tomli", parser)
-    (tmp_path / "t.toml").write_text('[train]\nbatch_size = 256\ntotal_tokens = "5k"\n')
+    (tmp_path / "t.toml").write_text('[train]\nbatch_tokens = 256\ntotal_tokens = "5k"\n')
     assert main(["train", "--acts", store, "--config", str(tmp_path / "t.toml")]) == 2
     if tomli == "installed":
         (cfg,) = captured_train
-        assert (cfg.batch_size, cfg.total_tokens) == (256, 5000)
+        assert (cfg.batch_tokens, cfg.total_tokens) == (256, 5000)
     else:
         err = capsys.readouterr().err
         assert not captured_train and "pip install tomli" in err and "Traceback" not in err
 
 
 def test_config_from_dict_coerces_by_annotation():
-    cfg = TrainConfig.from_dict({"total_tokens": "500k", "adam_betas": [0.8, 0.9], "lr": 1, "d_sae": None})
+    cfg = from_dict(TrainConfig, {"total_tokens": "500k", "adam_betas": [0.8, 0.9], "lr": 1, "d_sae": None})
     assert (cfg.total_tokens, cfg.adam_betas, cfg.lr, cfg.d_sae) == (500_000, (0.8, 0.9), 1.0, None)
     assert isinstance(cfg.lr, float)
-    assert CacheConfig.from_dict({"hooks": ["a", "b"]}).hooks == ("a", "b")
-    opts = ReportOptions.from_dict({"thresholds": {"dead_max_fraction": 0.5}, "max_tokens": "1M"})
+    assert from_dict(CacheConfig, {"hooks": ["a", "b"]}).hooks == ("a", "b")
+    opts = from_dict(ReportOptions, {"thresholds": {"dead_max_fraction": 0.5}, "max_tokens": "1M"})
     assert opts.thresholds == FlagThresholds(dead_max_fraction=0.5) and opts.max_tokens == 10**6
     with pytest.raises(BadInputError, match=r"x\.toml: arch = 'gated': expected one of \['topk', 'relu', 'batchtopk', 'jumprelu'\]"):
-        TrainConfig.from_dict({"arch": "gated"}, where="x.toml")
+        from_dict(TrainConfig, {"arch": "gated"}, where="x.toml")
     with pytest.raises(BadInputError, match="progress = 'no': expected true or false"):
-        CheckOptions.from_dict({"progress": "no"})
-    with pytest.raises(BadInputError, match="batch_size = 'big': expected a whole number"):
-        config_from_dict(ReportOptions, {"batch_size": "big"}, "report option")
-    with pytest.raises(BadInputError, match=r"unknown thresholds key\(s\) \['nope'\]"):
-        ReportOptions.from_dict({"thresholds": {"nope": 1}})
-    with pytest.raises(BadInputError, match=r"unknown training option\(s\) \['tokenz'\]"):
-        TrainConfig.from_dict({"tokenz": 5})
+        from_dict(CheckOptions, {"progress": "no"})
+    with pytest.raises(BadInputError, match="batch_rows = 'big': expected a whole number"):
+        from_dict(ReportOptions, {"batch_rows": "big"})
+    with pytest.raises(BadInputError, match=r"\[thresholds\]: unknown key\(s\) \['nope'\] of FlagThresholds"):
+        from_dict(ReportOptions, {"thresholds": {"nope": 1}})
+    with pytest.raises(BadInputError, match=r"unknown key\(s\) \['tokenz'\] of TrainConfig"):
+        from_dict(TrainConfig, {"tokenz": 5})

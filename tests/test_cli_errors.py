@@ -39,7 +39,7 @@ def fx(tmp_path_factory):
         if step == 2:
             raise Stop
 
-    cfg = TrainConfig(d_sae=16, k=2, batch_size=64, total_tokens=64 * 6, checkpoint_every=2, progress=False,
+    cfg = TrainConfig(d_sae=16, k=2, batch_tokens=64, total_tokens=64 * 6, checkpoint_every=2, progress=False,
                       out_dir=str(root / "ckpt_run"), b_dec_init_tokens=64)
     with pytest.raises(Stop):
         train_sae(cfg, store, on_step=stop)
@@ -126,8 +126,8 @@ def _config_bad_toml(tmp, fx):
 def _train_resume(tmp, fx, damage) -> list[str]:
     run = _copy(fx / "ckpt_run", tmp / "run")
     damage(run / "checkpoint")
-    return ["train", "--acts", str(fx / "store"), "--out", str(run), "--d-sae", "16", "--k", "2",
-            "--batch-size", "64", "--tokens", str(64 * 6), "--checkpoint-every", "2", "--b-dec-init-tokens", "64",
+    return ["train", "--acts", str(fx / "store"), "--out-dir", str(run), "--d-sae", "16", "--k", "2",
+            "--batch-tokens", "64", "--total-tokens", str(64 * 6), "--checkpoint-every", "2", "--b-dec-init-tokens", "64",
             "--no-progress"]
 
 
@@ -207,9 +207,9 @@ def test_bad_sizes_are_refused(fx, tmp_path, capsys):
     for argv, what in [
         (["train", "--acts", str(fx / "store"), "--d-sae", "0"], "d_sae"),
         (["train", "--acts", str(fx / "store"), "--k", "0"], "k must"),
-        (["cache", "--batch-size", "0", "--out", str(tmp_path / "c")], "batch_size"),
+        (["cache", "--batch-windows", "0", "--out", str(tmp_path / "c")], "batch_windows"),
         (["cache", "--shard-rows", "0", "--out", str(tmp_path / "c")], "shard_rows"),
-        (["report", "--acts", str(fx / "store"), "--out", str(tmp_path / "r"), "--batch-size", "0"], "batch_size"),
+        (["report", "--acts", str(fx / "store"), "--out", str(tmp_path / "r"), "--batch-rows", "0"], "batch_rows"),
     ]:
         assert main(argv) == 2
         err = capsys.readouterr().err
@@ -222,7 +222,7 @@ def test_bad_devices_are_refused_before_any_work(fx, tmp_path, capsys):
     missing = "cuda:64" if torch.cuda.is_available() else "cuda"  # more GPUs than any machine has / no CUDA build
     commands = [
         ["cache", "--model", str(fx / "model.json"), "--corpus", str(fx / "docs.txt"), "--out", str(tmp_path / "c")],
-        ["train", "--acts", str(fx / "store"), "--d-sae", "16", "--k", "2", "--out", str(tmp_path / "t")],
+        ["train", "--acts", str(fx / "store"), "--d-sae", "16", "--k", "2", "--out-dir", str(tmp_path / "t")],
         ["report", "--acts", str(fx / "store"), "--out", str(tmp_path / "r")],
         ["eval", "--model", str(fx / "model.json"), "--sae", str(fx / "sae"), "--corpus", str(fx / "docs.txt")],
     ]

@@ -10,7 +10,7 @@ from saegeo.geometry.diagnosis import kmeans_between_share, two_means_1d
 from saegeo.geometry.measures import effective_rank
 from saegeo.geometry.transforms import AllButTheTop, Whitening
 from saegeo.report import flags as F
-from saegeo.report.render import render_html, render_markdown, render_terminal
+from saegeo.render import render_html, render_markdown, render_terminal
 from saegeo.report.report import GeometryReport, ReportOptions, geometry_report
 
 DIAGNOSIS_FLAGS = {F.OFFSET_CONE, F.INVISIBLE, F.MASSIVE, F.MIXED}

@@ -34,7 +34,7 @@ def _brute_shares(x: np.ndarray, first: np.ndarray) -> tuple[float, float]:
 
 def test_first_position_shares_equal_numpy_and_raise_massive_activations(tmp_path):
     path, x, pos = _store(tmp_path, first_scale=60.0)
-    report = geometry_report(str(path), options=ReportOptions(progress=False, batch_size=300))
+    report = geometry_report(str(path), options=ReportOptions(progress=False, batch_rows=300))
     first = report.artifact["first_position"]
     mu_share, trace_share = _brute_shares(x, pos == 0)
     assert first["rows"] == 20 and first["row_share"] == pytest.approx(20 / len(x))
@@ -47,7 +47,7 @@ def test_first_position_shares_equal_numpy_and_raise_massive_activations(tmp_pat
 
 def test_an_ordinary_first_position_raises_nothing(tmp_path):
     path, x, pos = _store(tmp_path, first_scale=1.0)
-    report = geometry_report(str(path), options=ReportOptions(progress=False, batch_size=300))
+    report = geometry_report(str(path), options=ReportOptions(progress=False, batch_rows=300))
     assert report.artifact["first_position"]["trace_share"] == pytest.approx(_brute_shares(x, pos == 0)[1], rel=1e-9)
     assert MASSIVE not in report.flag_names()
 
@@ -56,7 +56,7 @@ def test_a_first_position_below_the_row_rule_still_raises_massive_activations_by
     """Position 0 at 8× the other rows: under massive_row_ratio (10× the median norm), but 1.6 % of the rows
     carry over half of tr Σ, so the flag is raised by the first-position rule alone."""
     path, x, pos = _store(tmp_path, first_scale=8.0)
-    report = geometry_report(str(path), options=ReportOptions(progress=False, batch_size=300))
+    report = geometry_report(str(path), options=ReportOptions(progress=False, batch_rows=300))
     trace_share = _brute_shares(x, pos == 0)[1]
     assert trace_share > 0.5
     [flag] = [f for f in report.flags if f.name == MASSIVE]

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from saegeo.errors import BadInputError
+from saegeo.config import from_dict
 from saegeo.report import FlagThresholds, ReportOptions, compute_flags, dictionary_flags, geometry_report
 from saegeo.report import flags as F
 from saegeo.sae.model import SAE, SAEConfig
@@ -36,7 +37,7 @@ def offset_case():
     x = torch.cat(list(gen.activations(16384, 8192)))
     saes = {}
     for init, name in (("zeros", "b_dec=0"), ("mean", "b_dec=mean")):
-        cfg = TrainConfig(arch="topk", k=4, d_sae=128, total_tokens=40_960, batch_size=512, lr=3e-3, b_dec_init=init,
+        cfg = TrainConfig(arch="topk", k=4, d_sae=128, total_tokens=40_960, batch_tokens=512, lr=3e-3, b_dec_init=init,
                           progress=False, dead_window_tokens=8192, heldout_fraction=0.0, seed=0)
         saes[name] = train_sae(cfg, x).sae
     report = geometry_report(x, saes, options=QUIET)
@@ -227,7 +228,7 @@ def test_bad_rows_counted_or_refused_with_location():
     assert f.evidence["n_zero_rows"] == 2
     x[500, 3] = float("nan")
     with pytest.raises(BadInputError, match=r"batch 1.*row 0 \(global row 500\)"):
-        geometry_report(x, batch_size=500, options=QUIET)
+        geometry_report(x, options=ReportOptions(progress=False, batch_rows=500))
     opts = ReportOptions(progress=False, skip_nonfinite=True)
     report = geometry_report(x, options=opts)
     [f] = _flags(report, F.BAD_ROWS)
@@ -276,8 +277,8 @@ def test_flag_round_trip_and_severity_validation():
     # a programming error rather than bad user input (ValueError; a SaegeoError would do too), naming the severity
     with pytest.raises(ValueError, match=r"severity 'fatal' not in"):
         F.Flag("x", "fatal", {}, "")
-    with pytest.raises(BadInputError, match="unknown flag threshold"):
-        FlagThresholds.from_dict({"no_such": 1})
+    with pytest.raises(BadInputError, match=r"unknown key\(s\) \['no_such'\] of FlagThresholds"):
+        from_dict(FlagThresholds, {"no_such": 1})
 
 
 # ------------------------------------------------------------------ the amplification law's verdict

@@ -283,3 +283,47 @@ def test_entry_histogram_puts_float32_subnormals_low():
     tiny = np.array([[1e-45, -1e-45, 1e-39, 0.0]], dtype=np.float32)
     count, centroid = GeometryAccumulator(4).add(tiny).entry_histogram()
     assert count.tolist() == [3, 1] and centroid[0] == 0 and float(centroid[1]) == pytest.approx(1e-39, rel=1e-6)
+
+
+def _near_one_cone() -> torch.Tensor:
+    """tests/test_distributed.py's report data: 1,500 × 10 float32 rows, a large mean, A ≈ 0.94."""
+    return torch.randn(1500, 10, generator=torch.Generator().manual_seed(7)) * torch.linspace(0.5, 2.0, 10) + 5.0
+
+
+def test_unit_moments_of_float32_rows_are_float64_exact_whatever_the_chunking():
+    """Where A is near 1 the null test's sd is a difference of nearly equal sums (ζ₁ = mᵀCm − ‖m‖⁴ ≈ 3e-4 of
+    ‖m‖⁴ ≈ 0.88): float32 sums over a chunk moved null_sd by ~1 % with the chunk size. The sums against numpy in
+    float64 over the same float32 rows, and ζ₁, ζ₂ (brute force over all pairs) at every chunking."""
+    from saegeo.geometry.measures import null_test
+
+    x32 = _near_one_cone()
+    x = x32.double().numpy()
+    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+    powers = np.stack([x.sum(1), (x**2).sum(1)], axis=1)
+    n = len(x)
+    dots = unit @ unit.T
+    off = dots - np.eye(n)  # x̂_i·x̂_j, i ≠ j
+    row = off.sum(1)
+    p = off.sum()  # Σ_{i≠j}; ζ₁ = Σ_{i,j,k distinct}/n₃ − Σ_{i,j,k,l distinct}/n₄
+    t2 = (off**2).sum()
+    t3 = (row**2).sum() - t2
+    t4 = p**2 - 2 * t2 - 4 * t3
+    m4 = t4 / (n * (n - 1) * (n - 2) * (n - 3))
+    zeta1, zeta2 = t3 / (n * (n - 1) * (n - 2)) - m4, t2 / (n * (n - 1)) - m4
+    sds = []
+    for chunk in (100, 128, 200, 750, 1500):
+        acc = GeometryAccumulator(10, chunk_rows=chunk).add(x32)
+        total, outer, by_power = acc.row_power_sums()
+        a = activation_geometry(acc).anisotropy
+        tested = null_test(acc, a, acc.pooled_mean**2 / acc.pooled_mean_square)
+        # the one float32 sum left, the gram of x̂'s part ⊥ r, errs by ≤ 2√m·u·(1 − A) relative (m = chunk rows,
+        # u = 2⁻²⁴; tests/test_distributed.py derives it); all-float32 sums were off by 8e-5 here
+        bound = 2 * chunk**0.5 * 2.0**-24 * (1 - a)
+        assert tested.zeta1 == pytest.approx(zeta1, rel=bound), chunk
+        assert tested.zeta2 == pytest.approx(zeta2, rel=bound), chunk
+        np.testing.assert_allclose(acc.unit_mean.numpy(), unit.mean(0), rtol=1e-13)
+        np.testing.assert_allclose(total.numpy(), powers.sum(0), rtol=1e-13)
+        np.testing.assert_allclose(outer.numpy(), powers.T @ powers, rtol=1e-13)
+        np.testing.assert_allclose(by_power.numpy(), unit.T @ powers, rtol=1e-13)
+        sds.append(tested.null_sd)
+    assert max(sds) - min(sds) <= bound * min(sds), sds  # all-float32 sums: 1.1e-2

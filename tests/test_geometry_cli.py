@@ -24,7 +24,7 @@ def three_files(tmp_path):
 def test_streams_several_formats_and_writes_json(three_files, tmp_path, capsys, brute_mean_cosine):
     x, files = three_files
     out = tmp_path / "geo.json"
-    assert main(["geometry", *files, "--json", str(out), "--batch-size", "128", "--no-progress"]) == 0
+    assert main(["geometry", *files, "--json", str(out), "--batch-rows", "128", "--no-progress"]) == 0
     printed = capsys.readouterr().out
     assert "900 rows x 16 dims" in printed and "A = " in printed and "IsoScore" in printed
     result = json.loads(out.read_text())
@@ -53,7 +53,7 @@ def test_errors_name_the_file_and_what_to_do(tmp_path, capsys):
     x = rng.normal(size=(50, 4)).astype(np.float32)
     x[17, 2] = np.nan
     np.save(tmp_path / "nan.npy", x)
-    assert main(["geometry", str(tmp_path / "nan.npy"), "--batch-size", "10", "--no-progress"]) == 2
+    assert main(["geometry", str(tmp_path / "nan.npy"), "--batch-rows", "10", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "nan.npy" in err and "batch 1" in err and "row 7" in err and "--skip-nonfinite" in err
     assert "Traceback" not in err

@@ -221,8 +221,8 @@ def test_summary_is_json_safe_and_consistent():
     assert d["mean_share_of_second_moment"] == pytest.approx(mu @ mu / (mu @ mu + np.trace(cov)))
     assert d["outlier_severity"] == pytest.approx(np.linalg.norm(mu) / math.sqrt(np.trace(cov)))
     assert d["isotropic_cosine_sd"] == pytest.approx(1 / math.sqrt(40))
-    assert d["anisotropy_null_sd"] == pytest.approx(math.sqrt(2 / (500 * 499 * 40)))
-    assert d["anisotropy_z"] == pytest.approx((d["anisotropy"] - d["sign"]["null"]) / d["anisotropy_null_sd"])
+    assert d["isotropic_sd"] == pytest.approx(math.sqrt(2 / (500 * 499 * 40)))
+    assert d["isotropic_z"] == pytest.approx((d["anisotropy"] - d["sign"]["null"]) / d["isotropic_sd"])
     assert d["sign"]["regime"] == "non-negative"
     assert len(d["eigenvalues"]) == 40 and len(d["top_eigenvectors"]) == 10
     back = ActivationGeometry.from_dict(d)

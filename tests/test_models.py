@@ -50,7 +50,7 @@ def test_minilm_equals_transformers_at_every_layer(minilm, hf_minilm, tmp_path):
         "blocks.3.hook_resid_post", "blocks.3.mlp.hook_post", "blocks.5.hook_resid_post",
     )
     # both texts in one batch: the short one is padded, so the attention mask path is exercised
-    cfg = CacheConfig(hooks=hooks, corpus=str(corpus), context=128, out=str(tmp_path / "o"), batch_size=2, progress=False)
+    cfg = CacheConfig(hooks=hooks, corpus=str(corpus), context=128, out=str(tmp_path / "o"), batch_windows=2, progress=False)
     cache_activations(cfg, minilm)
     windows = [[101] + minilm.tokenizer(t, add_special_tokens=False)["input_ids"] + [102] for t in TEXTS]
     refs = [hf_reference(hf_minilm, ids) for ids in windows]

@@ -20,6 +20,7 @@ from saegeo.geometry.nulls import (
     iid_unit_mean_sq_norm,
     power_law_slope,
 )
+from saegeo.render.text import geometry_summary
 
 
 def _null_rows(kind: str, n: int, d: int, g: torch.Generator) -> torch.Tensor:
@@ -35,13 +36,13 @@ def _null_rows(kind: str, n: int, d: int, g: torch.Generator) -> torch.Tensor:
 
 
 def _z_and_statistic(x: torch.Tensor) -> tuple[float, float, float]:
-    """(reported z_vs_null, Â − A_null − bias, reported sd) of one sample."""
+    """(reported null_z, Â − A_null − bias, reported sd) of one sample."""
     acc = GeometryAccumulator(x.shape[1])
     acc.add(x)
     null = sign_null(acc).null
     a = (acc.n_unit * float(acc.unit_mean.square().sum()) - 1) / (acc.n_unit - 1)
     t = null_test(acc, a, null)
-    return t.z_vs_null, a - null - t.A_null_bias, t.A_null_sd
+    return t.null_z, a - null - t.null_bias, t.null_sd
 
 
 # ---------------------------------------------------------------------- the U-statistics, by brute force
@@ -138,10 +139,10 @@ def test_isotropic_sd_is_far_too_small_under_a_nonzero_null():
     acc = GeometryAccumulator(256)
     acc.add(x)
     geo = activation_geometry(acc, top_k_eigvecs=0)
-    assert geo.anisotropy_null_sd == pytest.approx(math.sqrt(2 / (4000 * 3999 * 256)))
-    assert abs(geo.anisotropy_z) > 20  # includes the finite-d bias and ignores ζ₁
-    assert abs(geo.z_vs_null) < 3
-    assert geo.A_sd > 5 * geo.anisotropy_null_sd  # the sd of Â alone: ζ₁ ≠ 0
+    assert geo.isotropic_sd == pytest.approx(math.sqrt(2 / (4000 * 3999 * 256)))
+    assert abs(geo.isotropic_z) > 20  # includes the finite-d bias and ignores ζ₁
+    assert abs(geo.null_z) < 3
+    assert geo.A_sd > 5 * geo.isotropic_sd  # the sd of Â alone: ζ₁ ≠ 0
     # the unit-vector spectrum: C = E x̂x̂ᵀ is mmᵀ + (nearly) isotropic rest, top-1 ≈ ‖m‖² + (1 − ‖m‖²)/d
     m_sq = geo.anisotropy
     assert geo.unit_top1_share == pytest.approx(m_sq + (1 - m_sq) / 256, rel=0.05)
@@ -227,8 +228,8 @@ def test_geometry_reports_both_sigma2_and_the_calibrated_count():
     acc.add(x)
     geo = activation_geometry(acc)
     assert geo.n_spikes == 4
-    assert geo.mp_sigma2 == pytest.approx(1.0, rel=0.05)
+    assert geo.mp_sigma2_bulk == pytest.approx(1.0, rel=0.05)
     assert geo.mp_sigma2_trace == pytest.approx((2500 + 27 + 60) / 64, rel=0.1)
     assert geo.mp_bulk["n_spikes_trace_edge"] == 1
-    text = geo.summary()
+    text = geometry_summary(geo)
     assert "from the bulk" in text and "Tracy-Widom" in text and "vs null" in text

@@ -430,7 +430,7 @@ def test_saegeo_sae_saved_in_saelens_layout_loads_through_detection(tmp_path):
     from saegeo.sae.train import TrainConfig, train_sae
 
     data = torch.randn(3000, D_IN, generator=torch.Generator().manual_seed(0)) + 3.0
-    cfg = TrainConfig(arch="topk", k=5, d_sae=D_SAE, batch_size=256, total_tokens=2048, out_dir=str(tmp_path / "mine"),
+    cfg = TrainConfig(arch="topk", k=5, d_sae=D_SAE, batch_tokens=256, total_tokens=2048, out_dir=str(tmp_path / "mine"),
                       progress=False, b_dec_init_tokens=1000)
     train_sae(cfg, data)
     assert detect_format(tmp_path / "mine") == "saelens"

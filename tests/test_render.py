@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from saegeo.errors import BadInputError
-from saegeo.report import GeometryReport, ReportOptions, geometry_report, render_markdown, render_terminal, write_report
-from saegeo.report.render import FIGURE_NAMES, render_html
+from saegeo.render import FIGURE_NAMES, render_html, render_markdown, render_terminal, write_report
+from saegeo.report import GeometryReport, ReportOptions, geometry_report
 from saegeo.sae.model import SAE, SAEConfig
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

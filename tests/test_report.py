@@ -19,7 +19,7 @@ from saegeo.sae.model import SAE, SAEConfig
 from saegeo.sae.train import TrainConfig, train_sae
 from saegeo.synthetic import SuperpositionGenerator, preset
 
-QUIET = ReportOptions(progress=False, batch_size=1000)
+QUIET = ReportOptions(progress=False, batch_rows=1000)
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def data_and_sae():
     torch.set_num_threads(1)
     gen = SuperpositionGenerator(preset("tilted", d=24, n_features=96, rate=0.04, offset=0.5, noise=0.05, seed=3))
     x = torch.cat(list(gen.activations(6000, 4096)))
-    cfg = TrainConfig(arch="topk", k=4, d_sae=96, total_tokens=20_480, batch_size=512, lr=3e-3, progress=False,
+    cfg = TrainConfig(arch="topk", k=4, d_sae=96, total_tokens=20_480, batch_tokens=512, lr=3e-3, progress=False,
                       heldout_fraction=0.0, dead_window_tokens=4096, seed=1)
     sae = train_sae(cfg, x).sae
     return x, sae
@@ -159,7 +159,7 @@ def test_every_source_gives_the_same_report(data_and_sae, tmp_path):
     assert by_store.sae.b_dec_init == "mean"  # provenance read from the SAE directory
     assert by_store.source["kind"] == "store" and by_store.source["n_tokens"] == len(x)
     # batch size changes nothing beyond float32 rounding of the SAE matmuls
-    other = geometry_report(x, {"s": sae}, options=ReportOptions(progress=False, batch_size=777))
+    other = geometry_report(x, {"s": sae}, options=ReportOptions(progress=False, batch_rows=777))
     assert other.sae.fve == pytest.approx(by_tensor.sae.fve, rel=1e-6)
     assert other.activations["anisotropy"] == pytest.approx(by_tensor.activations["anisotropy"], rel=1e-6)
 
@@ -183,7 +183,7 @@ def test_json_round_trip_and_schema_version(data_and_sae, tmp_path):
 def test_cosine_histogram_is_the_all_pairs_histogram_when_the_sample_holds_every_row():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((300, 10)) + 0.5
-    report = geometry_report(torch.from_numpy(x), options=ReportOptions(progress=False, batch_size=64,
+    report = geometry_report(torch.from_numpy(x), options=ReportOptions(progress=False, batch_rows=64,
                                                                         cosine_sample_rows=1000, histogram_bins=40))
     h = report.cosine_histogram
     u = x / np.linalg.norm(x, axis=1, keepdims=True)
@@ -215,7 +215,7 @@ def test_reservoir_sample_is_uniform():
 
 def test_max_tokens_and_bad_inputs(data_and_sae):
     x, sae = data_and_sae
-    report = geometry_report(x, options=ReportOptions(progress=False, batch_size=700, max_tokens=1500))
+    report = geometry_report(x, options=ReportOptions(progress=False, batch_rows=700, max_tokens=1500))
     assert report.activations["n"] == 1500
     with pytest.raises(BadInputError, match="d_in = 24 but the activations have d = 5"):
         geometry_report(torch.randn(100, 5), {"s": sae}, options=QUIET)
@@ -232,7 +232,7 @@ def test_cli_report_writes_every_format(data_and_sae, tmp_path, capsys):
     write_store(tmp_path / "store", x[:3000], shard_rows=1000)
     save_sae(sae, tmp_path / "sae", {"b_dec_init": "mean"})
     rc = main(["report", "--acts", str(tmp_path / "store"), "--sae", f"mine={tmp_path / 'sae'}",
-               "--out", str(tmp_path / "out"), "--no-progress", "--batch-size", "1000"])
+               "--out", str(tmp_path / "out"), "--no-progress", "--batch-rows", "1000"])
     assert rc == 0
     printed = capsys.readouterr().out
     assert printed.startswith("saegeo report") and "mine" in printed
@@ -249,7 +249,7 @@ def test_cli_report_writes_every_format(data_and_sae, tmp_path, capsys):
 
 def test_cosine_sample_does_not_depend_on_batching():
     x = torch.from_numpy(np.random.default_rng(2).standard_normal((3000, 6)) + 0.3)
-    hists = [geometry_report(x, options=ReportOptions(progress=False, batch_size=bs, cosine_sample_rows=200))
+    hists = [geometry_report(x, options=ReportOptions(progress=False, batch_rows=bs, cosine_sample_rows=200))
              .cosine_histogram for bs in (64, 1000, 3000)]
     assert hists[0] == hists[1] == hists[2]
     assert hists[0]["n_rows"] == 200
@@ -262,15 +262,10 @@ def test_demo_config_is_valid():
     from saegeo.pipeline import load_run_config
 
     cfg = load_run_config(Path(__file__).parent.parent / "configs" / "demo.toml")
-    CacheConfig.from_dict(cfg.cache)
-    train = dict(cfg.train)
-    variants = train.pop("saes")
-    assert {v["b_dec_init"] for v in variants.values()} == {"mean", "zeros"}  # the comparison the demo exists for
-    for overrides in variants.values():
-        TrainConfig.from_dict({**train, **overrides})
-    report = dict(cfg.report)
-    report.pop("formats")
-    ReportOptions.from_dict(report)
+    assert isinstance(cfg.cache, CacheConfig) and isinstance(cfg.report, ReportOptions)
+    # the comparison the demo exists for
+    assert {cfg.sae_config(name).b_dec_init for name in cfg.saes} == {"mean", "zeros"}
+    assert all(isinstance(cfg.sae_config(name), TrainConfig) for name in cfg.saes)
 
 
 @pytest.mark.parametrize("normalization,activation", [("layer_norm", "topk"), ("constant_norm_rescale", "relu")])
@@ -308,3 +303,46 @@ def test_fve_of_input_normalised_saes_uses_the_denormalised_reconstruction(norma
     fve = 1 - ((xn - recon) ** 2).sum() / ((xn - xn.mean(0)) ** 2).sum()
     report = geometry_report(x, sae, options=QUIET)
     assert report.sae.fve == pytest.approx(fve, abs=1e-4)
+
+
+def test_the_report_is_assembled_once_from_all_its_inputs(data_and_sae):
+    """Splice results, flags raised elsewhere and an activations_mismatch error are inputs of geometry_report:
+    the flags and the diagnosis come out of the one call, and re-flagging the saved report reproduces its own."""
+    from saegeo.report import Flag, FlagThresholds, compute_flags
+    from saegeo.report.flags import (
+        ACTIVATIONS_MISMATCH, MEAN_DIRECTION, WITHHELD_FLAGS, WITHHELD_METRICS, activation_diagnosis,
+    )
+
+    x, sae = data_and_sae
+    # every latent counts as mean-aligned: the mean-direction flag is raised from numbers that are not withheld
+    opts = ReportOptions(progress=False, batch_rows=1000,
+                         thresholds=FlagThresholds(mean_direction_min_frequency=0.0, mean_direction_min_cos=0.0))
+    splice = {"s": {"ce_loss_recovered": 0.75, "tokens": 10}}
+    mismatch = Flag(ACTIVATIONS_MISMATCH, "error", {"causes": ["hook"]}, "cache the SAE's hook", summary="hook differs",
+                    subject="s")
+    given = Flag("zero_decoder_rows", "warning", {"n_zero_rows": 1}, "drop them", summary="1 zero row", subject="s")
+    plain = geometry_report(x, {"s": sae}, options=opts)
+    assert (MEAN_DIRECTION, "s") in {(f.name, f.subject) for f in plain.flags}
+    report = geometry_report(x, {"s": sae}, options=opts, splice=splice, flags=[given, mismatch],
+                             notes=["first"], closing_notes=["last"])
+    s = report.sae
+    assert s.splice == splice["s"] and plain.sae.splice is None
+    assert s.withheld == list(WITHHELD_METRICS) and s.fve is None and s.cone_shares is None
+    assert s.amplification and all(v is None for v in s.amplification.values())
+    assert plain.sae.fve is not None and plain.sae.withheld == []
+    assert report.notes[-3:] == ["first", s.notes[-1], "last"] and s.notes[-1].startswith("withheld for s")
+    assert {(f.name, f.subject) for f in report.flags} >= {(ACTIVATIONS_MISMATCH, "s"), ("zero_decoder_rows", "s")}
+    assert not [f for f in report.flags if f.subject == "s" and f.name in WITHHELD_FLAGS]
+    assert [f.severity for f in report.flags] == sorted((f.severity for f in report.flags),
+                                                        key=("error", "warning", "info").index)
+    # the report's own flags, re-computed from its saved numbers, are the flags it holds less the given ones
+    again = compute_flags(GeometryReport.from_dict(json.loads(report.to_json())))
+    assert [f.to_dict() for f in again] == [f.to_dict() for f in report.flags if f not in (given, mismatch)]
+    assert report.diagnosis == activation_diagnosis({**report.activations, "sample_diagnostics":
+                                                     report.sample_diagnostics}, report.flags,
+                                                    opts.thresholds)
+    # a given flag the report raises itself is superseded by the report's own
+    own = next(f for f in plain.flags)
+    dup = Flag(own.name, own.severity, {}, "elsewhere", summary="elsewhere", subject=own.subject)
+    merged = geometry_report(x, {"s": sae}, options=opts, flags=[dup])
+    assert [f.to_dict() for f in merged.flags] == [f.to_dict() for f in plain.flags]

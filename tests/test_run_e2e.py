@@ -21,26 +21,26 @@ hooks = ["blocks.3.hook_resid_post"]
 corpus = "default"
 context = 64
 max_tokens = 3000
-batch_size = 16
+batch_windows = 16
 out = "{acts}"
 
 [train]
 arch = "topk"
 k = 8
 expansion = 2
-batch_size = 256
+batch_tokens = 256
 total_tokens = 2560
 lr = 1e-3
 b_dec_init_tokens = 2048
 heldout_fraction = 0.1
 progress = false
 
-[train.saes]
+[saes]
 "b_dec=mean" = {{ b_dec_init = "mean" }}
 "b_dec=0" = {{ b_dec_init = "zeros" }}
 
 [report]
-batch_size = 1024
+batch_rows = 1024
 progress = false
 """
 
@@ -105,4 +105,4 @@ def test_saegeo_run_bad_config(tmp_path, capsys):
     bad = tmp_path / "bad.toml"
     bad.write_text('out = "x"\n[trian]\nk = 3\n')
     assert main(["run", str(bad)]) == 2
-    assert "unknown top-level key(s) ['trian']" in capsys.readouterr().err
+    assert "unknown key(s) ['trian'] of RunConfig" in capsys.readouterr().err

@@ -89,9 +89,9 @@ def test_cli_train_writes_a_loadable_sae_and_a_summary(tmp_path, capsys):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3000, 16, generator=g) + 5.0  # a large mean: b_dec := mean must find it
     write_store(tmp_path / "acts", x, shard_rows=1000)
-    (tmp_path / "t.toml").write_text('[train]\narch = "topk"\nbatch_size = 256\nlr = 3e-3\n')
+    (tmp_path / "t.toml").write_text('[train]\narch = "topk"\nbatch_tokens = 256\nlr = 3e-3\n')
     rc = main(["train", "--acts", str(tmp_path / "acts"), "--config", str(tmp_path / "t.toml"), "--k", "4",
-               "--expansion", "4", "--tokens", "5k", "--out", str(tmp_path / "sae"), "--no-progress"])
+               "--expansion", "4", "--total-tokens", "5k", "--out-dir", str(tmp_path / "sae"), "--no-progress"])
     assert rc == 0
     out = capsys.readouterr().out
     assert "held-out FVE" in out and "dead latents" in out
@@ -99,8 +99,8 @@ def test_cli_train_writes_a_loadable_sae_and_a_summary(tmp_path, capsys):
     assert sae.cfg.d_sae == 64 and sae.cfg.k == 4
     cfg = json.loads((tmp_path / "sae" / "cfg.json").read_text())
     assert cfg["saegeo"]["train_config"]["total_tokens"] == 5000
-    assert cfg["saegeo"]["train_config"]["batch_size"] == 256  # from the TOML file
+    assert cfg["saegeo"]["train_config"]["batch_tokens"] == 256  # from the TOML file
     torch.testing.assert_close(sae.b_dec.detach(), x[:2700].mean(0), atol=0.05, rtol=0)
-    with pytest.raises(SystemExit) as exit_info:  # argparse reports the bad --tokens value and exits 2
-        main(["train", "--acts", str(tmp_path / "acts"), "--tokens", "lots"])
+    with pytest.raises(SystemExit) as exit_info:  # argparse reports the bad --total-tokens value and exits 2
+        main(["train", "--acts", str(tmp_path / "acts"), "--total-tokens", "lots"])
     assert exit_info.value.code == 2

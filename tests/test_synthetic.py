@@ -185,7 +185,7 @@ def test_truth_round_trip_and_store(tmp_path):
     from saegeo.pipeline import write_synthetic_store
 
     gen = SuperpositionGenerator(SyntheticConfig(**SMALL, tilt=0.2, seed=1))
-    store = write_synthetic_store(gen, tmp_path / "store", 2500, batch_size=600, shard_rows=1000)
+    store = write_synthetic_store(gen, tmp_path / "store", 2500, batch_rows=600, shard_rows=1000)
     assert len(store) == 2500
     assert torch.equal(ActivationStore(tmp_path / "store").read_rows(0, 2500), gen.sample(2500)[0])
     assert SyntheticTruth.load(tmp_path / "store" / "truth.safetensors").a_dict == gen.truth.a_dict

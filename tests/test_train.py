@@ -50,7 +50,7 @@ def test_topk_recovers_ground_truth_features(one_thread, monkeypatch):
             return out
 
     monkeypatch.setattr(train_mod, "SAE", Spy)
-    cfg = TrainConfig(arch="topk", d_sae=512, k=5, lr=1e-2, batch_size=512, total_tokens=200 * 512,
+    cfg = TrainConfig(arch="topk", d_sae=512, k=5, lr=1e-2, batch_tokens=512, total_tokens=200 * 512,
                       dead_window_tokens=10_240, heldout_fraction=0.05, seed=7, progress=False)
     result = train_sae(cfg, x)
     at_init = recovery(truth.dictionary, init["W_dec"], threshold=0.9, match=False)
@@ -70,7 +70,7 @@ def test_b_dec_mean_absorbs_a_large_offset_and_zero_init_does_worse(one_thread):
     assert offset.norm() > 3 * (x - x.mean(0)).norm(dim=1).mean()  # the offset dominates the rows
     out = {}
     for init in ("mean", "zeros"):
-        cfg = TrainConfig(arch="topk", d_sae=512, k=10, lr=1e-2, batch_size=512, total_tokens=40 * 512,
+        cfg = TrainConfig(arch="topk", d_sae=512, k=10, lr=1e-2, batch_tokens=512, total_tokens=40 * 512,
                           dead_window_tokens=10_240, heldout_fraction=0.05, seed=3, b_dec_init=init, progress=False)
         r = train_sae(cfg, x)
         w = r.sae.W_dec.detach()
@@ -89,7 +89,7 @@ def test_b_dec_mean_absorbs_a_large_offset_and_zero_init_does_worse(one_thread):
 
 
 def _small_cfg(tmp_path=None, **kw) -> TrainConfig:
-    base = dict(arch="topk", d_sae=64, k=4, lr=3e-3, batch_size=128, total_tokens=128 * 20, dead_window_tokens=512,
+    base = dict(arch="topk", d_sae=64, k=4, lr=3e-3, batch_tokens=128, total_tokens=128 * 20, dead_window_tokens=512,
                 heldout_fraction=0.1, seed=0, progress=False, log_every=5)
     base.update(kw)
     if tmp_path is not None:

@@ -57,7 +57,7 @@ def test_batchtopk_keeps_exactly_k_times_batch_entries_the_largest_of_the_batch(
 
 def test_batchtopk_saved_as_saelens_jumprelu_round_trips_with_identical_codes(tmp_path):
     x = _synthetic(6000)
-    cfg = TrainConfig(arch="batchtopk", d_sae=128, k=8, batch_size=500, total_tokens=20_000, lr=1e-3,
+    cfg = TrainConfig(arch="batchtopk", d_sae=128, k=8, batch_tokens=500, total_tokens=20_000, lr=1e-3,
                       progress=False, out_dir=str(tmp_path / "btk"))
     res = train_sae(cfg, x)
     assert res.sae.cfg.activation == "batchtopk" and float(res.sae.threshold) > 0
@@ -97,7 +97,7 @@ def test_jumprelu_step_gradient_is_the_central_finite_difference_of_width_bandwi
 
 def test_jumprelu_reaches_its_l0_target_on_synthetic_data():
     x = _synthetic(30_000)
-    cfg = TrainConfig(arch="jumprelu", d_sae=256, k=8, batch_size=1000, total_tokens=250_000, lr=1e-3,
+    cfg = TrainConfig(arch="jumprelu", d_sae=256, k=8, batch_tokens=1000, total_tokens=250_000, lr=1e-3,
                       progress=False)
     res = train_sae(cfg, x)
     assert abs(res.heldout["l0"] / 8 - 1) < 0.2, res.heldout["l0"]
@@ -131,7 +131,7 @@ def test_relu_hand_written_backward_equals_autograd_of_the_objective(apply_b_dec
 
 def test_relu_free_decoder_norms_end_folded_to_unit_rows():
     x = _synthetic(6000)
-    res = train_sae(TrainConfig(arch="relu", d_sae=128, batch_size=500, total_tokens=20_000, decoder_norm="free",
+    res = train_sae(TrainConfig(arch="relu", d_sae=128, batch_tokens=500, total_tokens=20_000, decoder_norm="free",
                                 l1_warmup_fraction=0.5, progress=False), x)
     torch.testing.assert_close(res.sae.W_dec.norm(dim=1), torch.ones(128), rtol=0, atol=1e-5)
 
@@ -139,7 +139,7 @@ def test_relu_free_decoder_norms_end_folded_to_unit_rows():
 # ---------------------------------------------------------------- resume seeks in a store
 def test_store_source_seeks_to_a_batch_without_reading_the_shards_before_it(tmp_path, monkeypatch):
     store = write_store(tmp_path / "s", torch.randn(30_000, 8), shard_rows=2_000)
-    cfg = TrainConfig(batch_size=256, total_tokens=256 * 300, shuffle_buffer=3_000, seed=3)
+    cfg = TrainConfig(batch_tokens=256, total_tokens=256 * 300, shuffle_buffer=3_000, seed=3)
     src = _StoreSource(store, cfg)
     # reference: the store's own shuffled epochs, read in full
     ref = list(itertools.islice(
@@ -166,7 +166,7 @@ def test_resume_from_a_store_checkpoint_equals_uninterrupted(tmp_path):
     store = write_store(tmp_path / "s", _synthetic(8_000), shard_rows=1_000)
 
     def cfg(out):
-        return TrainConfig(arch="topk", d_sae=64, k=4, batch_size=256, total_tokens=256 * 16, shuffle_buffer=1_500,
+        return TrainConfig(arch="topk", d_sae=64, k=4, batch_tokens=256, total_tokens=256 * 16, shuffle_buffer=1_500,
                            checkpoint_every=5, out_dir=str(out), progress=False, log_every=4)
 
     full = train_sae(cfg(tmp_path / "full"), store)
@@ -185,7 +185,7 @@ def test_batchtopk_and_jumprelu_resume_refuses_another_k(tmp_path):
     from saegeo.errors import BadInputError
 
     x = _synthetic(3000)
-    base = dict(arch="jumprelu", d_sae=64, batch_size=256, total_tokens=256 * 4, checkpoint_every=2,
+    base = dict(arch="jumprelu", d_sae=64, batch_tokens=256, total_tokens=256 * 4, checkpoint_every=2,
                 out_dir=str(tmp_path / "j"), progress=False)
     with pytest.raises(KeyboardInterrupt):  # stopped after the checkpoint at step 2: a run to resume
         train_sae(TrainConfig(k=4, **base), x, on_step=lambda step, _: _interrupt_at(step, 3))
@@ -209,7 +209,7 @@ def test_report_names_a_batchtopk_sae_saved_as_jumprelu(tmp_path):
     from saegeo.report.report import ReportOptions, geometry_report
 
     x = _synthetic(3000)
-    train_sae(TrainConfig(arch="batchtopk", d_sae=128, k=6, batch_size=500, total_tokens=5_000, progress=False,
+    train_sae(TrainConfig(arch="batchtopk", d_sae=128, k=6, batch_tokens=500, total_tokens=5_000, progress=False,
                           out_dir=str(tmp_path / "b")), x)
     rep = geometry_report(x, str(tmp_path / "b"), options=ReportOptions(progress=False, device="cpu"))
     assert rep.saes[0].architecture == "batchtopk (saved as jumprelu)" and rep.saes[0].k == 6

@@ -29,21 +29,21 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import torch
-from jaxtyping import Bool, Int
 from torch import Tensor
 
 import saegeo
+from saegeo.activations import runner
 from saegeo.activations.corpus import (CorpusSpec, Window, corpus_identity, count_tokens, iter_windows, open_corpus,
                                        special_template)
 from saegeo.activations.models import LoadedModel, load_model, model_fingerprint
 from saegeo.activations.store import ActivationStore, StorageDtype, StoreWriter
+from saegeo.config import check, option
 from saegeo.distributed import resolve_device
 from saegeo.errors import BadInputError
 from saegeo.geometry.tokens import group_shares
-from saegeo.io import config_from_dict, require_at_least
 
 EMBED_HOOK = re.compile(r"^(hook_embed|hook_pos_embed|hook_full_embed|hook_tokens|embed\..*|pos_embed\..*)$")
 BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
@@ -54,29 +54,28 @@ NOT_PER_TOKEN = ("hook_pattern", "hook_attn_scores")  # (batch, head, q, k): not
 class CacheConfig:
     """One caching run: which model, which hooks, which text, where the stores go."""
 
-    model: str = "minilm"  # 'minilm' (bundled), a local HF dir, a cached hub name, or a .json HookedTransformerConfig
-    hooks: tuple[str, ...] = ("blocks.3.hook_resid_post",)  # hook names, one store each
-    corpus: str = "default"  # 'default' (pydoc topics), files (.txt .jsonl .json .parquet; token ids .npy .safetensors), dirs, globs, datasets folders or cached names; comma-separated
-    context: int = 128  # tokens per window, special tokens included
-    out: str = "artifacts/acts/minilm"  # output directory; each hook gets OUT/<hook>/
-    max_tokens: int | None = None  # stop after this many stored tokens
-    dtype: StorageDtype = "float32"  # storage dtype
-    batch_size: int = 32  # windows per forward pass
-    shard_rows: int = 65536  # rows per shard
-    exclude_special: bool = False  # do not store [CLS]/[SEP]/BOS positions (the model still sees them)
-    exclude_norm_ratio: float | None = None  # drop rows with norm > m × their window's median norm
-    text_field: str = "text"  # the field (JSON) or column (parquet, datasets) holding the text or the token ids
-    overwrite: bool = False  # replace existing stores instead of resuming them
-    device: str = "cpu"  # torch device the model runs on (e.g. cuda); rows are written from the CPU
-    progress: bool = True  # progress bar
+    model: str = option("minilm", "'minilm' (bundled), a local HF dir, a cached hub name, or a .json "
+                        "HookedTransformerConfig")
+    hooks: tuple[str, ...] = option(("blocks.3.hook_resid_post",), "hook names, one store each")
+    corpus: str = option("default", "'default' (pydoc topics), files (.txt .jsonl .json .parquet; token ids .npy "
+                                    ".safetensors), dirs, globs, datasets folders or cached names; comma-separated")
+    context: int = option(128, "tokens per window, special tokens included", low=2)
+    out: str = option("artifacts/acts/minilm", "output directory; each hook gets OUT/<hook>/")
+    max_tokens: int | None = option(None, "stop after this many stored tokens", low=1)
+    dtype: StorageDtype = option("float32", "storage dtype")
+    batch_windows: int = option(32, "windows per forward pass", low=1)
+    shard_rows: int = option(65536, "rows per shard", low=1)
+    exclude_special: bool = option(False, "do not store [CLS]/[SEP]/BOS positions (the model still sees them)")
+    exclude_norm_ratio: float | None = option(None, "drop rows with norm > m × their window's median norm", above=1)
+    text_field: str = option("text", "the field (JSON) or column (parquet, datasets) holding the text or the "
+                                     "token ids")
+    overwrite: bool = option(False, "replace existing stores instead of resuming them")
+    device: str = option("cpu", "torch device the model runs on (e.g. cuda); rows are written from the CPU")
+    progress: bool = option(True, "progress bar")
 
     def __post_init__(self) -> None:
         self.hooks = (self.hooks,) if isinstance(self.hooks, str) else tuple(self.hooks)
-        require_at_least(self, {"batch_size": 1, "shard_rows": 1, "max_tokens": 1, "context": 2})
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], where: str | None = None) -> "CacheConfig":
-        return config_from_dict(cls, d, "cache option", where)
+        check(self)
 
 
 @dataclass
@@ -144,60 +143,8 @@ def _validate_hooks(loaded: LoadedModel, hooks: tuple[str, ...]) -> int | None:
     return None if any(layer is None for layer in layers) else max(layers)
 
 
-def _batches(windows: Iterator[Window], batch_size: int) -> Iterator[list[Window]]:
-    batch: list[Window] = []
-    for window in windows:
-        batch.append(window)
-        if len(batch) == batch_size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
-def _pad(batch: list[Window], pad_id: int) -> tuple[Int[Tensor, "b p"], Bool[Tensor, "b p"], Bool[Tensor, "b p"]]:
-    """Right-pad to the longest window: (tokens, attention mask, store mask)."""
-    width = max(len(w.input_ids) for w in batch)
-    tokens = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    attend = torch.zeros(len(batch), width, dtype=torch.bool)
-    store = torch.zeros(len(batch), width, dtype=torch.bool)
-    for i, w in enumerate(batch):
-        n = len(w.input_ids)
-        tokens[i, :n] = torch.tensor(w.input_ids)
-        attend[i, :n] = True
-        store[i, :n] = torch.tensor(w.store)
-    return tokens, attend, store
-
-
-def forward_to_layer(
-    loaded: LoadedModel, tokens: Int[Tensor, "b p"], attend: Bool[Tensor, "b p"], stop_layer: int | None
-) -> None:
-    """Run the model only as far as block `stop_layer` (hooks see their usual values)."""
-    model = loaded.model
-    if loaded.kind == "decoder":
-        # causal attention + right padding: padded positions never influence real ones
-        if stop_layer is None:
-            model(tokens, return_type=None)
-        else:
-            model(tokens, stop_at_layer=stop_layer + 1, return_type="logits")
-        return
-    mask = None if bool(attend.all()) else attend.long()
-    if stop_layer is None:
-        model(tokens, return_type=None, one_zero_attention_mask=mask)
-        return
-    # HookedEncoder.encoder_output, but only blocks[:stop_layer + 1]
-    resid = model.hook_full_embed(model.embed(tokens, None))
-    additive = None
-    if mask is not None:
-        additive = torch.where(mask[:, None, None, :] == 0, -torch.inf, 0.0).to(resid.dtype)
-    for block in model.blocks[: stop_layer + 1]:
-        resid = block(resid, additive)
-
-
 def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> CacheResult:
     """Cache cfg.hooks over cfg.corpus into one store per hook under cfg.out (resumes if present)."""
-    if cfg.exclude_norm_ratio is not None and not cfg.exclude_norm_ratio > 1:
-        raise BadInputError(f"exclude_norm_ratio must be > 1 (a multiple of the median norm), got {cfg.exclude_norm_ratio}")
     if cfg.max_tokens is not None and cfg.max_tokens < 1:
         raise BadInputError(f"max_tokens must be positive, got {cfg.max_tokens}")
     device = resolve_device(cfg.device)  # before loading the model: a bad device fails fast
@@ -217,7 +164,7 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
     total = count_tokens(spec, tok, loaded.kind, limit=cfg.max_tokens)  # for the bar's ETA
     if total == 0:
         raise BadInputError(f"corpus {cfg.corpus!r} yields no tokens")
-    d_of = _hook_widths(loaded, hooks, stop_layer, pad_id)
+    d_of = runner.hook_widths(loaded, hooks, stop_layer, pad_id)
     excluding = cfg.exclude_special or cfg.exclude_norm_ratio is not None
     prefix, suffix = special_template(tok, loaded.kind)
     meta: dict[str, Any] = {"saegeo_version": saegeo.__version__,  # the special ids each text window starts/ends with
@@ -264,7 +211,7 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
             bar = tqdm(total=total, initial=start, unit="tok", unit_scale=True, desc="cache", smoothing=0.1)
         seen = 0  # stored-token index of the next window's first row
         with torch.inference_mode(), loaded.model.hooks(fwd_hooks=[(h, grab) for h in hooks]):
-            for batch in _batches(iter_windows(spec, tok, loaded.kind), cfg.batch_size):
+            for batch in runner.window_batches(iter_windows(spec, tok, loaded.kind), cfg.batch_windows):
                 if already_done:
                     break
                 if excluding:
@@ -294,9 +241,9 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
                 if all(w.n_tokens >= min(upto, total) for w in writers.values()):  # e.g. a straddling window
                     seen = upto
                     continue
-                tokens, attend, store = _pad(batch, pad_id)
+                tokens, attend, store = runner.pad_windows(batch, pad_id)
                 store_mask[:] = [store.to(device)]
-                forward_to_layer(loaded, tokens.to(device), attend.to(device), stop_layer)
+                runner.forward_to_layer(loaded, tokens.to(device), attend.to(device), stop_layer)
                 n = int(store.sum())
                 ids, pos = tokens[store], torch.nonzero(store)[:, 1]
                 for h, w in writers.items():
@@ -377,28 +324,6 @@ def exclusion_shares(excluded: Mapping[str, Any]) -> dict[str, dict[str, float]]
             if (e := excluded.get(g)) and e["n"]}
 
 
-def describe_exclusions(manifest_extra: Mapping[str, Any]) -> list[str]:
-    """Lines for a summary: what was excluded and the share of ‖μ‖² / tr Σ it carried ([] if nothing)."""
-    rule, excl = manifest_extra.get("exclusion_rule"), manifest_extra.get("excluded")
-    if not rule or not excl:
-        return []
-    lines = []
-    what = []
-    sp = rule["special_positions"]
-    if sp["prefix"] or sp["suffix"]:
-        what.append("special positions " + " … ".join(" ".join(t) for t in (sp["prefix"], sp["suffix"]) if t))
-    if rule.get("norm_rule"):
-        what.append(rule["norm_rule"])
-    lines.append("excluded from the store: " + "; ".join(what))
-    names = {"excluded": "all excluded rows", "excluded_special": "  special positions",
-             "excluded_norm": "  norm outliers", "first_position": "first position (stored or not)"}
-    for g, sh in exclusion_shares(excl).items():
-        lines.append(f"{names[g]:<30} {sh['rows']:>9,} rows ({100 * sh['row_share']:.2f}%): "
-                     f"{100 * sh['mu_share']:.1f}% of ‖μ‖², {100 * sh['trace_share']:.1f}% of tr Σ, "
-                     f"RMS norm {sh['norm_ratio']:.1f}× the average (shares of all {excl['all']['n']:,} rows)")
-    return lines
-
-
 def _excluding_step(
     loaded: LoadedModel, batch: list[Window], pad_id: int, stop_layer: int | None, cfg: CacheConfig,
     captured: dict[str, Tensor], store_mask: list[Tensor], writers: Mapping[str, StoreWriter],
@@ -409,9 +334,9 @@ def _excluding_step(
     Returns (new rows stored, the stored-token index after this batch). Windows at or past the token
     budget are not counted; rows every store already has are dropped (a resumed run).
     """
-    tokens, attend, store = _pad(batch, pad_id)
+    tokens, attend, store = runner.pad_windows(batch, pad_id)
     store_mask[:] = [store]
-    forward_to_layer(loaded, tokens, attend, stop_layer)
+    runner.forward_to_layer(loaded, tokens, attend, stop_layer)
     keep = store.clone()
     if cfg.exclude_norm_ratio is not None:
         for act in captured.values():
@@ -441,16 +366,3 @@ def _excluding_step(
         done += max(min(seen + n_i, total) - max(seen, start), 0)
         seen += n_i
     return done, seen
-
-
-def _hook_widths(loaded: LoadedModel, hooks: tuple[str, ...], stop_layer: int | None, pad_id: int) -> dict[str, int]:
-    """Row width of each hook, from one tiny forward pass (hooks such as attn.hook_z are flattened)."""
-    widths: dict[str, int] = {}
-
-    def probe(act: Tensor, hook: Any) -> None:
-        widths[hook.name] = int(act[0, 0].numel())
-
-    tokens = torch.full((1, 2), pad_id, dtype=torch.long, device=next(loaded.model.parameters()).device)
-    with torch.inference_mode(), loaded.model.hooks(fwd_hooks=[(h, probe) for h in hooks]):
-        forward_to_layer(loaded, tokens, torch.ones_like(tokens, dtype=torch.bool), stop_layer)
-    return widths

@@ -30,7 +30,10 @@ mean c, the gram of the shifted rows is formed (float32 matmul for ≤ 32-bit in
 input) and converted to the centred scatter M₂ = Σ(x−c)(x−c)ᵀ − n(x̄−c)(x̄−c)ᵀ in float64; chunks and
 accumulators are combined with Chan's parallel update
     M₂ = M₂ᵃ + M₂ᵇ + δδᵀ·nₐn_b/n,   μ = μₐ + δ·n_b/n,   δ = μ_b − μₐ,
-so the mean never cancels against the spread.
+so the mean never cancels against the spread. Every other sum over rows (Σx, the norms, Σx̂, the row power sums,
+Σx̂p_k) is taken in float64 from a float64 copy of the chunk, and Σx̂x̂ᵀ leaves only x̂'s part orthogonal to the
+running unit mean to the compute dtype (see ``_add_unit_moments``): the null test's sd, a small difference of
+these sums when A is near 1, is then the same to ~1e-9 whatever the chunking or the split across ranks.
 """
 
 from __future__ import annotations
@@ -277,7 +280,11 @@ class GeometryAccumulator:
             x = x.to(torch.float32)  # half / bfloat16: compute in float32
         if self.gram_dtype is not None and x.dtype != self.gram_dtype:
             x = x.to(self.gram_dtype)
-        sq_norms = torch.linalg.vector_norm(x, dim=1).to(torch.float64).square()
+        # The chunk in float64 (a copy of ≤ 32-bit rows): the norms and every sum over rows but the covariance gram
+        # are taken from it (see _row_sums); a float32 sum over rows is what made the null test's sd depend on the
+        # chunking.
+        x64 = x.to(torch.float64)
+        sq_norms = torch.linalg.vector_norm(x64, dim=1).square()
         bad = ~torch.isfinite(sq_norms)
         if bad.any():
             nonfinite = ~torch.isfinite(x[bad]).all(dim=1)
@@ -294,25 +301,29 @@ class GeometryAccumulator:
                 keep = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
                 keep[bad_rows] = False
                 self.n_nonfinite_skipped += len(bad_rows)
-                x = x[keep]
-            if not torch.isfinite(torch.linalg.vector_norm(x, dim=1)).all():
-                x = x.to(torch.float64)  # finite rows whose float32 norm overflowed
-            sq_norms = torch.linalg.vector_norm(x, dim=1).to(torch.float64).square()
+                x, x64, sq_norms = x[keep], x64[keep], sq_norms[keep]
+        if x.dtype != torch.float64 and x.shape[0] and float(sq_norms.max()) > torch.finfo(x.dtype).max:
+            x = x64  # finite rows whose norm overflows the compute dtype: their grams in float64
         m = x.shape[0]
         if m == 0:
             return
+        norms = sq_norms.sqrt()
+        nonzero = norms > 0
+        row_sum, r, t, t_unit = self._row_sums(x, x64, sq_norms, norms, nonzero)
+        del x64
         # Shift by the running mean (the chunk's own mean for the first chunk), rounded to the compute dtype:
-        # the gram then sees only the spread, whatever the size of the mean. Reductions stay in the compute
-        # dtype (torch sums float32 by cascade summation); only d-sized and d²-sized results go to float64.
-        shift = (self._mean if self.n > 0 else x.mean(dim=0)).to(x.dtype, copy=True)
+        # the gram then sees only the spread, whatever the size of the mean. Σ(x − c) is exact (c is a
+        # compute-dtype number, Σx is float64): the gram is the one sum over rows left in the compute dtype.
+        shift = (self._mean if self.n > 0 else row_sum / m).to(x.dtype, copy=True)
+        shift64 = shift.to(torch.float64)
         xc = x - shift
-        centred_sum = xc.sum(dim=0).to(torch.float64)
         gram = xc.T @ xc
         del xc
+        centred_sum = row_sum - m * shift64
         self._gram_eps = torch.maximum(self._gram_eps, torch.tensor(torch.finfo(x.dtype).eps, dtype=torch.float64))
         # Chan's update with a block of m rows: mean_b = c + s/m, M₂ᵇ = G − s sᵀ/m, δ = mean_b − mean_a.
         n_a, n = self.n, self.n + m
-        delta = (shift.to(torch.float64) - self._mean) + centred_sum / m
+        delta = (shift64 - self._mean) + centred_sum / m
         self._scatter.add_(gram)
         # both rank-one terms in one pass: [s δ] diag(−1/m, nₐm/n) [s δ]ᵀ
         left = torch.stack([centred_sum, delta], dim=1)
@@ -321,33 +332,71 @@ class GeometryAccumulator:
         self._mean.add_(delta, alpha=m / n)
         self.n = n
 
-        norms = sq_norms.sqrt()
-        unit_sum, n_nonzero = unit_vector_sum(x, norms)
-        self.n_zero += m - n_nonzero
-        self._unit_sum += unit_sum
+        self.n_zero += m - int(nonzero.sum())
         self._norm_sum += norms.sum()
         self._sq_sum += sq_norms.sum()
         # sign statistics: Σ|x| = Σx − 2Σx₋ and Σx₋², from one clamped copy
         negative = x.clamp(max=0)
         neg_sum = float(negative.sum())
-        self._abs_sum += float(centred_sum.sum()) + float(shift.to(torch.float64).sum()) * m - 2 * neg_sum
+        self._abs_sum += float(row_sum.sum()) - 2 * neg_sum
         self._neg_sq_sum += float(torch.linalg.vector_norm(negative)) ** 2
         del negative
         self.n_nonzero_entries += int(torch.count_nonzero(x))
-        nonzero = norms > 0
-        inv_norm = torch.where(nonzero, 1.0 / torch.where(nonzero, norms, 1.0), 0.0)
-        self._add_unit_moments(x, inv_norm, sq_norms, norms, nonzero)
+        self._add_histograms(x, sq_norms, norms, nonzero)
+        self._add_unit_gram(x, norms, nonzero, r, t, t_unit)
 
-    def _add_unit_moments(self, x: Tensor, inv_norm: Tensor, sq_norms: Tensor, norms: Tensor, nonzero: Tensor) -> None:
-        """Version-2 sums: Σx̂x̂ᵀ (gram of the unit rows, in the compute dtype: |entries| ≤ 1), the null's
-        influence sums, and the entry / row-norm histograms."""
-        unit = x * inv_norm.to(x.dtype)[:, None]
-        self._unit_outer += (unit.T @ unit).to(torch.float64)
-        powers = torch.stack([x.sum(dim=1).to(torch.float64), sq_norms], dim=1)
+    def _row_sums(
+        self, x: Tensor, x64: Tensor, sq_norms: Tensor, norms: Tensor, nonzero: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Add Σx̂, the row power sums Σp_k, Σp_kp_l and Σx̂p_k, and return (Σx, r, t, Σt·x̂): the O(m·d) sums, all in
+        float64, from two float64 products with the chunk.
+
+        Why float64: the null test's sd is a small difference of these sums (ζ₁ = mᵀCm − ‖m‖⁴ ≈ 3e-4 where
+        ‖m‖⁴ ≈ 0.88 when A is near 1), and float32 sums over a chunk (relative error ~1e-7) moved it by ~1 % with
+        the chunk size. r is the reference direction of the unit gram (:meth:`_add_unit_gram`): the running
+        Σx̂, normalised (for the first chunk a compute-dtype estimate of its own: any r near the mean direction
+        serves, the decomposition is exact for every r); t = x̂·r per row.
+        """
+        inv_norm = torch.where(nonzero, 1.0 / torch.where(nonzero, norms, 1.0), 0.0)  # zero rows: no direction
+        reference = self._unit_sum if bool(self._unit_sum.any()) else (inv_norm.to(x.dtype) @ x).to(torch.float64)
+        ref_norm = torch.linalg.vector_norm(reference)
+        r = reference / ref_norm if ref_norm > 0 else torch.zeros_like(reference)
+        by_row = x64 @ torch.stack([torch.ones_like(r), r], dim=1)  # (m, 2): p₁ = Σ_j x_j and x·r
+        p1, t = by_row[:, 0], by_row[:, 1] * inv_norm
+        weights = torch.stack([torch.ones_like(p1), inv_norm, inv_norm * p1, inv_norm * sq_norms, t * inv_norm])
+        col = weights @ x64  # (5, d): Σx, Σx̂, Σx̂p₁, Σx̂p₂, Σt·x̂
+        powers = torch.stack([p1, sq_norms], dim=1)
         self._row_power_sum += powers.sum(dim=0)
         self._row_power_outer += powers.T @ powers
-        self._unit_by_row_power += (unit.T @ powers.to(unit.dtype)).to(torch.float64)  # per-chunk sums, like the grams
-        del unit
+        self._unit_sum += col[1]
+        self._unit_by_row_power += col[2:4].T
+        return col[0], r, t, col[4]
+
+    def _add_unit_gram(
+        self, x: Tensor, norms: Tensor, nonzero: Tensor, r: Tensor, t: Tensor, t_unit: Tensor
+    ) -> None:
+        """Add Σx̂x̂ᵀ with only the part of each x̂ orthogonal to r summed in the compute dtype:
+
+            x̂ = t·r + w,  t = x̂·r,  w ⊥ r,   Σx̂x̂ᵀ = Σwwᵀ + r(Σtw)ᵀ + (Σtw)rᵀ + (Σt²)·rrᵀ,
+
+        Σtw = Σt·x̂ − (Σt²)·r and Σt² in float64. The gram's rounding (≲ √m·ε·Σ|w_a w_b|, ‖w‖² ≈ 1 − A) is
+        projected onto r^⊥ (the exact Σwwᵀ has Σwwᵀr = 0), so it reaches ζ₁ ∝ SᵀGS (S = Σx̂) only through S's
+        part ⊥ r: scaled by sin²∠(S, r) on top of 1 − A. w itself is formed in the compute dtype: its rounding
+        (≲ ε·|x̂| per entry) enters the same way, through the projected gram only.
+        """
+        inv_norm = torch.where(nonzero, 1.0 / torch.where(nonzero, norms, 1.0), 0.0).to(x.dtype)
+        w = (x * inv_norm[:, None]).addr_(t.to(x.dtype), r.to(x.dtype), alpha=-1)
+        gram_w = (w.T @ w).to(torch.float64)
+        del w
+        along_r = gram_w @ r  # exactly 0 without rounding
+        gram_w.addr_(r, along_r, alpha=-1).addr_(along_r, r, alpha=-1).addr_(r, r, alpha=float(r @ along_r))
+        t_sq = t @ t
+        t_w = t_unit - t_sq * r
+        self._unit_outer += gram_w
+        self._unit_outer += torch.outer(r, t_w) + torch.outer(t_w, r) + t_sq * torch.outer(r, r)
+
+    def _add_histograms(self, x: Tensor, sq_norms: Tensor, norms: Tensor, nonzero: Tensor) -> None:
+        """The entry and row-norm histograms (fixed log₂ bins)."""
         count, total = entry_bin_sums(x.reshape(-1))
         self._entry_hist_count += count
         self._entry_hist_sum += total

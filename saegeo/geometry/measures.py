@@ -15,13 +15,14 @@ Scalar measures (pure functions, reusable by the report and other modules):
 ``sign_null(acc) -> SignNull``                          the sign-aware null, regime, q, r and canonical forms.
 ``unit_moment_u_statistics(Σx̂, Σx̂x̂ᵀ, n) -> (‖m‖², tr C², mᵀCm, ‖m‖⁴)``   unbiased, over distinct rows.
 ``null_test(acc, A, A_null) -> NullTest``              sd of Â − A_null (non-degenerate U-statistic + the null's
-    influence), the finite-d bias of the pooled null, z_vs_null = (A − A_null − bias)/sd.
+    influence), the finite-d bias of the pooled null, null_z = (A − A_null − bias)/sd.
 Summary:
 ``activation_geometry(acc, *, top_k_eigvecs=10, n_rogue=10, rank_rel_tol=None) -> ActivationGeometry``  every number of
     DESIGN.md "The math" (except the amplification law); ``.to_dict()`` is JSON-safe (no NaN/inf: undefined → None),
-    keys as the dataclass fields (A_sd, A_null_sd, A_null_bias, z_vs_null; unit_effective_rank, unit_top1_share;
-    mp_sigma2 (bulk) / mp_sigma2_trace, mp_bulk, n_spikes (None: no flat bulk); row_norm_histogram, coordinate_rms),
-    ``ActivationGeometry.from_dict(d)`` inverts it, ``.summary()`` is the few-line terminal text.
+    keys as the dataclass fields (A_sd, null_sd, null_bias, null_z; unit_effective_rank, unit_top1_share;
+    mp_sigma2_bulk (bulk) / mp_sigma2_trace, mp_bulk, n_spikes (None: no flat bulk); row_norm_histogram, coordinate_rms),
+    ``ActivationGeometry.from_dict(d)`` inverts it
+    (its terminal text: ``saegeo.render.text.geometry_summary``).
 Second streaming pass (the artifact test):
 ``project_top_components(batches, geometry_or_acc, k=1) -> Tensor (n, k)``  (x − μ)·v_j for the top-k v_j.
 ``top_projection_correlation(batches, metadata, geometry_or_acc, component=0) -> float``  |corr(projection, metadata)|.
@@ -30,8 +31,9 @@ Second streaming pass (the artifact test):
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -42,6 +44,7 @@ from saegeo.errors import BadInputError
 from saegeo.geometry.accumulate import GeometryAccumulator, anisotropy_from_unit_mean, as_rows
 from saegeo.io import json_safe
 from saegeo.geometry.nulls import (
+    MPBulk,
     SignNull,
     anisotropy_null_sd,
     anisotropy_u_statistic_variance,
@@ -200,10 +203,10 @@ class NullTest:
     """Â against the sign-aware null with a valid sd (see :func:`null_test`)."""
 
     A_sd: float  # sd of Â itself, √Var(Â) (exact U-statistic form)
-    A_null_sd: float  # sd of Â − Â_null (the null is estimated from the same rows)
-    A_null_bias: float  # finite-d bias b·A_null of Â for coordinates iid from the pooled marginal
-    A_null_bias_relative: float  # b
-    z_vs_null: float | None  # (Â − A_null − bias)/A_null_sd
+    null_sd: float  # sd of Â − Â_null (the null is estimated from the same rows)
+    null_bias: float  # finite-d bias b·A_null of Â for coordinates iid from the pooled marginal
+    null_bias_relative: float  # b
+    null_z: float | None  # (Â − A_null − bias)/null_sd
     zeta1: float  # Var(x̂·m)
     zeta2: float  # Var(x̂·ŷ)
 
@@ -304,16 +307,55 @@ def null_test(acc: GeometryAccumulator, anisotropy: float, null: float) -> NullT
     sd_t = math.sqrt(var_t)
     return NullTest(
         A_sd=math.sqrt(anisotropy_u_statistic_variance(zeta1, zeta2, n)),
-        A_null_sd=sd_t,
-        A_null_bias=bias,
-        A_null_bias_relative=rel_bias,
-        z_vs_null=(anisotropy - null - bias) / sd_t if sd_t > 0 else None,
+        null_sd=sd_t,
+        null_bias=bias,
+        null_bias_relative=rel_bias,
+        null_z=(anisotropy - null - bias) / sd_t if sd_t > 0 else None,
         zeta1=zeta1,
         zeta2=zeta2,
     )
 
 
 # ---------------------------------------------------------------------- the summary
+class FieldDict(dict):
+    """A result's dict (``to_dict()``) that refuses to read a key outside its schema (the dataclass fields):
+    a reader asking for a name no result carries -- a renamed or misspelt quantity -- fails instead of reading None.
+    ``get`` of a field that is absent still returns the default (an old or partial result)."""
+
+    def __init__(self, data: Mapping[str, Any], fields: Iterable[str], name: str):
+        super().__init__(data)
+        self.fields, self.name = frozenset(fields), name
+
+    def _check(self, key: Any) -> None:
+        if key not in self.fields:
+            raise KeyError(f"{self.name} has no field {key!r} (its fields: {', '.join(sorted(self.fields))})")
+
+    def __getitem__(self, key: Any) -> Any:
+        self._check(key)
+        return super().__getitem__(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._check(key)
+        return super().get(key, default)
+
+
+def checked_geometry(data: Mapping[str, Any], extra: Iterable[str] = ()) -> FieldDict:
+    """``ActivationGeometry.to_dict()`` (or its JSON) as a FieldDict over the dataclass fields plus ``extra``;
+    ``sign``, ``rogue`` and ``mp_bulk`` are checked against SignNull, RogueDimensions and MPBulk."""
+    if isinstance(data, FieldDict) and not extra:
+        return data
+    out = dict(data)
+    for key, cls in (("sign", SignNull), ("rogue", RogueDimensions), ("mp_bulk", MPBulk)):
+        if isinstance(out.get(key), Mapping):
+            out[key] = FieldDict(out[key], fields_of(cls), f"{cls.__name__}")
+    return FieldDict(out, [*fields_of(ActivationGeometry), *extra], "ActivationGeometry")
+
+
+def fields_of(cls: type) -> list[str]:
+    """The field names of a dataclass: the schema of its ``to_dict()``."""
+    return [f.name for f in dataclasses.fields(cls)]
+
+
 @dataclass
 class ActivationGeometry:
     """Everything DESIGN.md "The math" asks of one set of rows. Undefined values are None, never NaN."""
@@ -326,8 +368,8 @@ class ActivationGeometry:
     offset: float | None  # ‖m̂‖
     anisotropy: float | None  # A, mean pairwise cosine (i ≠ j, nonzero rows)
     isotropic_cosine_sd: float  # 1/√d
-    anisotropy_null_sd: float | None  # √(2/(n(n−1)d))
-    anisotropy_z: float | None  # (A − A_null)/sd against the sign-aware null
+    isotropic_sd: float | None  # √(2/(n(n−1)d)): the sd of Â under isotropy (not the sd null_z divides by)
+    isotropic_z: float | None  # (A − A_null)/isotropic_sd: the isotropic z against the sign-aware null
     sign: SignNull
     # mean against spread
     mean_vector_norm: float  # ‖μ‖
@@ -346,7 +388,7 @@ class ActivationGeometry:
     numerical_rank_rel_tol: float
     isoscore: float | None
     # Marchenko–Pastur null for isotropic noise of the same (n, d), σ² fitted to the bulk (calibrated_mp_bulk)
-    mp_sigma2: float  # σ² of the bulk (mp_sigma2_trace = tr Σ/d is the naive one)
+    mp_sigma2_bulk: float  # σ² of the bulk (mp_sigma2_trace = tr Σ/d is the naive one)
     mp_lower_edge: float  # σ²(1 − √γ)²
     mp_upper_edge: float  # σ²(1 + √γ)² (a spike must also clear the Tracy–Widom margin in mp_bulk)
     n_spikes: int | None  # eigenvalues above edge + TW margin; None when the spectrum has no flat bulk
@@ -356,16 +398,16 @@ class ActivationGeometry:
     eigenvector_sign_convention: str
     mean: list[float]
     notes: list[str] = field(default_factory=list)
-    # ---- the test against the sign-aware null (None when undefined, e.g. n < 2)
+    # ---- the test against the sign-aware null with a valid sd (None when undefined, e.g. n < 2): the null z
     A_sd: float | None = None  # sd of Â alone, exact U-statistic variance (Hoeffding)
-    A_null_sd: float | None = None  # sd of Â − Â_null: the sd z_vs_null divides by
-    A_null_bias: float | None = None  # finite-d bias of Â for coordinates iid from the pooled marginal
-    A_null_bias_relative: float | None = None  # the same, relative to A_null
-    z_vs_null: float | None = None  # (A − A_null − bias)/A_null_sd
+    null_sd: float | None = None  # sd of Â − Â_null: the sd null_z divides by
+    null_bias: float | None = None  # finite-d bias of Â for coordinates iid from the pooled marginal
+    null_bias_relative: float | None = None  # the same, relative to A_null
+    null_z: float | None = None  # (A − A_null − bias)/null_sd
     # ---- the unit vectors' second moment C = E x̂x̂ᵀ ("uniformity of normalised directions")
     unit_effective_rank: float | None = None  # erank of C (d for uniform directions)
     unit_top1_share: float | None = None  # λ_max(C)/tr C (1/d for uniform directions)
-    # ---- calibrated MP bulk (mp_sigma2 / edges above are the bulk ones; see MPBulk)
+    # ---- calibrated MP bulk (mp_sigma2_bulk / edges above are the bulk ones; see MPBulk)
     mp_sigma2_trace: float | None = None  # tr Σ/d, the naive scale
     mp_bulk: dict[str, Any] | None = None  # MPBulk.to_dict(): TW margin, threshold, flat bulk?, power-law α
     # ---- rows and coordinates
@@ -387,60 +429,6 @@ class ActivationGeometry:
         kwargs["sign"] = SignNull(**data["sign"])
         kwargs["rogue"] = RogueDimensions(**data["rogue"])
         return cls(**kwargs)
-
-    def summary(self) -> str:
-        """A few lines a person reads first (used by `saegeo geometry`)."""
-        f = lambda v, spec=".4f": "n/a" if v is None else format(v, spec)  # noqa: E731
-        s = self.sign
-        lines = [f"{self.n:,} rows x {self.d} dims"]
-        lines.append(
-            f"cone:      A = {f(self.anisotropy)} (mean pairwise cosine) against the sign-aware null {s.null:.4f}; "
-            f"offset |m^| = {f(self.offset)}; one cosine under isotropy has sd {self.isotropic_cosine_sd:.4f}"
-        )
-        if self.z_vs_null is not None:
-            lines.append(
-                f"vs null:   z = {self.z_vs_null:,.1f} = (A - null - finite-d bias {self.A_null_bias:.2g}) / sd {self.A_null_sd:.2g} "
-                f"(sd of A alone {self.A_sd:.2g}; isotropic sd {f(self.anisotropy_null_sd, '.2g')}, isotropic z {f(self.anisotropy_z, ',.1f')})"
-            )
-        if self.unit_effective_rank is not None:
-            lines.append(
-                f"unit x^:   erank of E[x^x^T] {self.unit_effective_rank:.1f} of {self.d}, top-1 {f(self.unit_top1_share, '.1%')} "
-                f"(uniform directions: {self.d}, {1 / self.d:.1%})"
-            )
-        lines.append(
-            f"sign:      {s.regime}, q = {s.fraction_nonzero:.3f}, r = {s.magnitude_ratio:.3f}; null m^2/s = {s.null:.4f} "
-            f"(1/pi = {s.dense_relu_null:.4f}, q/2 = {s.sparse_exp_null:.4f}; matches: {s.canonical})"
-        )
-        lines.append(
-            f"mean:      |mu| = {self.mean_vector_norm:.4g} = {f(self.mean_norm_ratio, '.3f')} of E|x| ({self.mean_row_norm:.4g}); "
-            f"share of E|x|^2 {f(self.mean_share_of_second_moment, '.1%')}; outlier severity {f(self.outlier_severity, '.3g')}"
-        )
-        lines.append(
-            f"spectrum:  top-1 {f(self.top1_share, '.1%')}, top-10 {f(self.top10_share, '.1%')}, "
-            f"erank {self.effective_rank:.1f} (isotropic noise of this n, d: {self.noise_effective_rank:.1f}), "
-            f"PR {self.participation_ratio:.1f}, rank {self.numerical_rank}, IsoScore {f(self.isoscore, '.3f')}"
-        )
-        bulk = self.mp_bulk or {}
-        if self.n_spikes is None:
-            alpha = bulk.get("power_law_alpha")
-            counted = (f"no flat bulk (it would hold {bulk.get('bulk_fraction', 0):.0%} of the eigenvalues, "
-                       f"{bulk.get('fraction_below_lower_edge', 0):.0%} of those below its lower edge): "
-                       f"power law, slope alpha = {f(alpha, '.3f')} over ranks {bulk.get('power_law_ranks')}")
-        else:
-            counted = f"{self.n_spikes} spike(s) above edge + Tracy-Widom {100 * bulk.get('tracy_widom_quantile', 0.99):.0f}% margin"
-        lines.append(
-            f"MP null:   sigma^2 = {self.mp_sigma2:.4g} from the bulk (trace(Sigma)/d = {f(self.mp_sigma2_trace, '.4g')}), "
-            f"bulk [{self.mp_lower_edge:.4g}, {self.mp_upper_edge:.4g}]; {counted}"
-        )
-        if self.median_row_norm:
-            lines.append(f"rows:      median |x| ~ {self.median_row_norm:.4g}, largest ~ {f(self.max_row_norm_bin, '.4g')}")
-        if self.rogue.top_indices:
-            top = ", ".join(f"#{i} {sh:.0%}" for i, sh in zip(self.rogue.top_indices[:3], self.rogue.top_shares[:3]))
-            lines.append(
-                f"rogue:     {self.rogue.n_for_50} coordinate(s) carry 50% of |m^|^2, {self.rogue.n_for_90} carry 90% (top: {top})"
-            )
-        lines += [f"note:      {note}" for note in self.notes]
-        return "\n".join(lines)
 
     @property
     def mean_tensor(self) -> Float[Tensor, " d"]:
@@ -494,7 +482,7 @@ def activation_geometry(
 
     # offset and A over the nonzero rows
     n_unit = acc.n_unit
-    offset = anisotropy = null_sd = z = None
+    offset = anisotropy = isotropic_sd = isotropic_z = None
     if n_unit >= 1:
         unit_mean = acc.unit_mean
         offset = _clip_to_range(float(unit_mean.norm()), 0.0, 1.0, "‖m̂‖", notes)
@@ -508,8 +496,8 @@ def activation_geometry(
     if n_unit >= 2:
         anisotropy = _clip_to_range(anisotropy_from_unit_mean(acc.unit_mean, n_unit), -1.0 / (n_unit - 1), 1.0,
                                     "A", notes)
-        null_sd = anisotropy_null_sd(n_unit, d)
-        z = (anisotropy - sign.null) / null_sd  # the isotropic z (labelled as such)
+        isotropic_sd = anisotropy_null_sd(n_unit, d)
+        isotropic_z = (anisotropy - sign.null) / isotropic_sd
         tested = null_test(acc, anisotropy, sign.null)
     if n_unit >= 1:
         unit_lam = _eigh(acc.unit_second_moment())[0].flip(0).clamp(min=0)
@@ -548,8 +536,8 @@ def activation_geometry(
         offset=offset,
         anisotropy=anisotropy,
         isotropic_cosine_sd=isotropic_cosine_sd(d),
-        anisotropy_null_sd=null_sd,
-        anisotropy_z=z,
+        isotropic_sd=isotropic_sd,
+        isotropic_z=isotropic_z,
         sign=sign,
         mean_vector_norm=mean_vector_norm,
         mean_row_norm=mean_row_norm,
@@ -565,7 +553,7 @@ def activation_geometry(
         numerical_rank=numerical_rank(lam, rel_tol),
         numerical_rank_rel_tol=rel_tol,
         isoscore=iso,
-        mp_sigma2=sigma2,
+        mp_sigma2_bulk=sigma2,
         mp_lower_edge=lower,
         mp_upper_edge=upper,
         n_spikes=(bulk.n_spikes if bulk is not None else 0),
@@ -576,10 +564,10 @@ def activation_geometry(
         mean=mu.tolist(),
         notes=notes,
         A_sd=tested.A_sd if tested else None,
-        A_null_sd=tested.A_null_sd if tested else None,
-        A_null_bias=tested.A_null_bias if tested else None,
-        A_null_bias_relative=tested.A_null_bias_relative if tested else None,
-        z_vs_null=tested.z_vs_null if tested else None,
+        null_sd=tested.null_sd if tested else None,
+        null_bias=tested.null_bias if tested else None,
+        null_bias_relative=tested.null_bias_relative if tested else None,
+        null_z=tested.null_z if tested else None,
         unit_effective_rank=unit_erank,
         unit_top1_share=unit_top1,
         mp_sigma2_trace=sigma2_trace,

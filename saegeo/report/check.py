@@ -13,7 +13,7 @@ With activations (`--acts`), `saegeo check` first asks whether the SAE and the a
 (``activations_match_flags``: hook and model names, scale, ‖b_dec − μ‖/‖μ‖, BOS / special rows the SAE excluded,
 centred writing weights; one flag `activations_mismatch`), then adds these flags to the full `geometry_report`;
 on a mismatch of severity error the report withholds FVE, the amplification law and cone shares (None, with a note).
-Flags are ``saegeo.report.flags.Flag``; ``saegeo.report.render`` renders and writes a ``DictionaryCheck``.
+Flags are ``saegeo.report.flags.Flag``; ``saegeo.render`` renders and writes a ``DictionaryCheck``.
 """
 
 from __future__ import annotations
@@ -38,9 +38,10 @@ from saegeo.geometry.dictionary import (
     near_duplicate_pairs,
     summary_stats,
 )
-from saegeo.io import config_from_dict, dump_json, json_safe
+from saegeo.config import BATCH_ROWS, check, option
+from saegeo.io import dump_json, json_safe
 from saegeo.report.flags import (
-    AMPLIFICATION, MEAN_DIRECTION, Flag, FlagThresholds, config_flags, dictionary_flags, rounded, sort_flags,
+    ACTIVATIONS_MISMATCH, Flag, FlagThresholds, config_flags, dictionary_flags, rounded, sort_flags,
 )
 from saegeo.sae.model import SAE
 
@@ -64,25 +65,29 @@ DICTIONARY_FLAGS = (ZERO_ROWS, DUPLICATES, MISALIGNED, INPUT_SCALING, INPUT_NORM
 class CheckOptions:
     """Thresholds of the dictionary-only checks (the mean-direction one is FlagThresholds.dictionary_min_cos)."""
 
-    duplicate_cos: float = 0.99  # pairs with cos(w_i, w_j) above this are near-duplicates
-    zero_row_rel_norm: float = 1e-6  # ‖w_i‖ ≤ this × median ‖w‖ counts as a zero row
-    misaligned_cos: float = 0.0  # latents with cos(encoder column, decoder row) below this are misaligned
-    misaligned_warn_fraction: float = 0.01  # above this fraction of latents the flag is a warning, else info
-    duplicate_error_fraction: float = 0.01  # latents in duplicate pairs above this fraction: error
-    block_rows: int = DEFAULT_BLOCK_ROWS  # rows per block of the duplicate search (memory ~ block² floats)
-    max_pairs_listed: int = 50  # near-duplicate pairs listed in the result
-    progress: bool = True  # progress bars
-    verify: bool = True  # sha256 check of each --acts store shard as it is read
-    assume_same_model: bool = False  # with --acts: take the store's model as the SAE's, whatever names and fingerprints say
-    thresholds: FlagThresholds = field(default_factory=FlagThresholds)  # of the flags
-    match: "MatchOptions" = field(default_factory=lambda: MatchOptions())  # with activations: activations_match_flags
+    duplicate_cos: float = option(0.99, "pairs with cos(w_i, w_j) above this are near-duplicates", low=-1, high=1)
+    zero_row_rel_norm: float = option(1e-6, "‖w_i‖ ≤ this × median ‖w‖ counts as a zero row", low=0)
+    misaligned_cos: float = option(0.0, "latents with cos(encoder column, decoder row) below this are misaligned",
+                                   low=-1, high=1)
+    misaligned_warn_fraction: float = option(0.01, "above this fraction of latents the flag is a warning, else info",
+                                             low=0, high=1)
+    duplicate_error_fraction: float = option(0.01, "latents in duplicate pairs above this fraction: error",
+                                             low=0, high=1)
+    block_rows: int = option(DEFAULT_BLOCK_ROWS, "rows per block of the duplicate search (memory ~ block² floats)",
+                             low=1)
+    max_pairs_listed: int = option(50, "near-duplicate pairs listed in the result", low=0)
+    progress: bool = option(True, "progress bars")
+    verify: bool = option(True, "sha256 check of each --acts store shard as it is read")
+    assume_same_model: bool = option(False, "with --acts: take the store's model as the SAE's, whatever names and "
+                                     "fingerprints say")
+    thresholds: FlagThresholds = option(factory=FlagThresholds, help="of the flags")
+    match: MatchOptions = option(factory=lambda: MatchOptions(), help="with activations: activations_match_flags")
+
+    def __post_init__(self) -> None:
+        check(self)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None, where: str | None = None) -> "CheckOptions":
-        return config_from_dict(cls, d, "check option", where)
 
 
 @dataclass
@@ -311,7 +316,7 @@ def check_with_activations(sae: SAE, acts: Any, *, options: CheckOptions | None 
                            report_options: Any = None):
     """`geometry_report(acts, sae)` plus the dictionary-only flags above (duplicates, zero rows, alignment,
     config) and `activations_match_flags`, merged into one report so the same renderings apply; an
-    `activations_mismatch` error withholds the SAE's WITHHELD_METRICS (`withhold_metrics`).
+    `activations_mismatch` error withholds the SAE's WITHHELD_METRICS (geometry_report does, given the flag).
     Returns (GeometryReport, DictionaryCheck)."""
     from saegeo.report.report import geometry_report
 
@@ -321,26 +326,17 @@ def check_with_activations(sae: SAE, acts: Any, *, options: CheckOptions | None 
     match_notes: list[str] = []
     match = replace(opts.match, assume_same_model=opts.assume_same_model or opts.match.assume_same_model)
     mismatch = activations_match_flags(sae, acts, subject=subject, options=match, notes=match_notes)
-    report = geometry_report(acts, sae={subject: sae}, options=report_options)
-    have = {(f.name, f.subject) for f in report.flags}
     # the activation-based mean-direction flag supersedes the dictionary-only guess; keep the rest
-    extra_flags = [f for f in dcheck.flags if f.name in DICTIONARY_FLAGS and (f.name, f.subject) not in have]
-    report.flags = sort_flags(report.flags + extra_flags + mismatch)
-    report.notes = list(report.notes) + match_notes
-    if any(f.severity == "error" for f in mismatch):
-        withhold_metrics(report, subject, mismatch[0])
-    report.notes = list(report.notes) + [
-        f"dictionary check: {dcheck.n_duplicate_pairs} near-duplicate pair(s) (cos > {opts.duplicate_cos:g}), "
-        f"{dcheck.n_zero_decoder_rows} zero row(s), median cos(encoder, decoder) {dcheck.encoder_decoder_cos['median']:.3f}"
-    ]
+    dictionary_only = [f for f in dcheck.flags if f.name in DICTIONARY_FLAGS]
+    summary = (f"dictionary check: {dcheck.n_duplicate_pairs} near-duplicate pair(s) (cos > {opts.duplicate_cos:g}), "
+               f"{dcheck.n_zero_decoder_rows} zero row(s), median cos(encoder, decoder) "
+               f"{dcheck.encoder_decoder_cos['median']:.3f}")
+    report = geometry_report(acts, sae={subject: sae}, options=report_options, flags=dictionary_only + mismatch,
+                             notes=match_notes, closing_notes=[summary])
     return report, dcheck
 
 
 # =========================================================================== do the SAE and the activations belong together?
-ACTIVATIONS_MISMATCH = "activations_mismatch"
-# metrics of each SAE section that mean nothing when the activations are not the SAE's (set to None, listed in notes)
-WITHHELD_METRICS = ("fve", "amplification", "cone_shares")
-_WITHHELD_FLAGS = (AMPLIFICATION, MEAN_DIRECTION)  # flags computed from the withheld metrics (the law, cone shares)
 _SITES = (("resid_post", ("resid_post", "hook_resid_post")), ("resid_pre", ("resid_pre",)), ("resid_mid", ("resid_mid",)),
           ("mlp_out", ("mlp_out", "hook_mlp_out")), ("mlp_in", ("mlp_in", "hook_mlp_in")),
           ("attn", ("hook_z", "attn_out", "hook_attn_out", "attn.", "self_attn")), ("embed", ("embed",)))
@@ -350,14 +346,21 @@ _SITES = (("resid_post", ("resid_post", "hook_resid_post")), ("resid_pre", ("res
 class MatchOptions:
     """Thresholds of `activations_match_flags`."""
 
-    max_rows: int = 65536  # rows read (from the start) for the scale, offset and special-row measures
-    fve_rows: int = 4096  # rows re-encoded to test the alternative scale
-    scale_error_ratio: float = 2.0  # E‖x‖ vs the SAE's recorded norm off by more than this factor: error
-    scale_hint_ratio: float = 3.0  # ‖μ‖/‖b_dec‖ (no recorded norm) off by more than this factor: a mismatch cause
-    offset_warn: float = 0.5  # ‖b_dec − μ‖/‖μ‖ above this (for an SAE that subtracts b_dec): warning
-    massive_row_factor: float = 10.0  # rows with ‖x‖ > this × median ‖x‖ are massive-activation rows
-    centred_warn: float = 0.05  # E|x·1|/(√d E‖x‖) above this where the SAE expects centred writing weights
-    assume_same_model: bool = False  # skip the model comparison (said in the notes)
+    max_rows: int = option(65536, "rows read (from the start) for the scale, offset and special-row measures", low=1)
+    fve_rows: int = option(4096, "rows re-encoded to test the alternative scale", low=0)
+    scale_error_ratio: float = option(2.0, "E‖x‖ vs the SAE's recorded norm off by more than this factor: error",
+                                      above=1)
+    scale_hint_ratio: float = option(3.0, "‖μ‖/‖b_dec‖ (no recorded norm) off by more than this factor: a mismatch "
+                                     "cause", above=1)
+    offset_warn: float = option(0.5, "‖b_dec − μ‖/‖μ‖ above this (for an SAE that subtracts b_dec): warning", low=0)
+    massive_row_factor: float = option(10.0, "rows with ‖x‖ > this × median ‖x‖ are massive-activation rows",
+                                       above=1)
+    centred_warn: float = option(0.05, "E|x·1|/(√d E‖x‖) above this where the SAE expects centred writing "
+                                 "weights", low=0)
+    assume_same_model: bool = option(False, "skip the model comparison (said in the notes)")
+
+    def __post_init__(self) -> None:
+        check(self)
 
 
 def _hook_parts(name: str | None) -> tuple[int | None, str | None]:
@@ -432,7 +435,7 @@ def _store_measures(acts: Any, opts: MatchOptions) -> dict[str, Any] | None:
     rows = open_rows(acts)
     if rows.kind == "iterator":
         return None  # an iterator can be read once: the report needs it
-    batches, _ = rows.batches(8192)
+    batches, _ = rows.batches(BATCH_ROWS)
     n, d = 0, None
     total, norms, ones, kept = None, [], 0.0, []
     for batch in batches:
@@ -588,16 +591,3 @@ def activations_match_flags(sae: SAE, acts: Any, *, subject: str = "dictionary",
         summary="SAE and activations do not belong together: " + "; ".join(f"{k}: {c['summary']}" for k, c in sorted(causes.items())),
         subject=subject,
     )]
-
-
-def withhold_metrics(report: Any, subject: str, flag: Flag) -> None:
-    """Set the metrics that `flag` makes meaningless to None in `subject`'s SAE section, drop the flags computed
-    from them, and say so in the notes of the section and of the report."""
-    section = report.sae_named(subject)
-    for key in WITHHELD_METRICS:
-        value = getattr(section, key)
-        setattr(section, key, {k: None for k in value} if isinstance(value, dict) else None)
-    report.flags = [f for f in report.flags if not (f.name in _WITHHELD_FLAGS and f.subject == subject)]
-    note = f"withheld for {subject}: {', '.join(WITHHELD_METRICS)} ({ACTIVATIONS_MISMATCH}: {', '.join(flag.evidence['causes'])})"
-    section.notes.append(note)
-    report.notes = list(report.notes) + [note]

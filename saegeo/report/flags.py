@@ -29,7 +29,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from saegeo.io import config_from_dict
+from saegeo.config import check
+from saegeo.geometry.measures import FieldDict, checked_geometry
 
 SEVERITIES = ("info", "warning", "error")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
@@ -49,6 +50,10 @@ OFFSET_CONE = "offset_dominated_cone"
 INVISIBLE = "anisotropy_invisible_to_A"
 MASSIVE = "massive_activations"
 MIXED = "mixed_populations"
+ACTIVATIONS_MISMATCH = "activations_mismatch"  # raised by saegeo.report.check.activations_match_flags
+# an activations_mismatch error withholds these metrics of the SAE section (None) and the flags computed from them
+WITHHELD_METRICS = ("fve", "amplification", "cone_shares")
+WITHHELD_FLAGS = (AMPLIFICATION, MEAN_DIRECTION)
 
 
 @dataclass
@@ -137,14 +142,14 @@ class FlagThresholds:
     bad_rows_max_fraction: float = 0.0
     # dictionary-only: |cos(u_i, b_dec or ū)| ≥ this
     dictionary_min_cos: float = 0.9
-    # offset-dominated cone: A is ≥ offset_cone_min_z null-sds (z_vs_null) and ≥ offset_cone_min_excess above the
+    # offset-dominated cone: A is ≥ offset_cone_min_z null-sds (null_z) and ≥ offset_cone_min_excess above the
     # sign-aware null, the mean explains ≥ offset_cone_min_explained of A (1 − A_centred/A on the row sample; without
     # a sample (‖μ‖/E‖x‖)²/A), and the mean is material: share ‖μ‖²/tr S ≥ offset_cone_min_mean_share
     offset_cone_min_z: float = 3.0
     offset_cone_min_excess: float = 0.05
     offset_cone_min_explained: float = 0.5
     offset_cone_min_mean_share: float = 0.05
-    # anisotropy invisible to A: A within its null band (|z_vs_null| < invisible_max_abs_z, or |A − null − bias| <
+    # anisotropy invisible to A: A within its null band (|null_z| < invisible_max_abs_z, or |A − null − bias| <
     # invisible_max_excess) but the centred spectrum is concentrated: erank/noise erank < invisible_max_erank_ratio,
     # or top-1 ≥ max(invisible_min_top1_over_uniform/d, invisible_min_top1)
     invisible_max_abs_z: float = 3.0
@@ -178,9 +183,8 @@ class FlagThresholds:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None, where: str | None = None) -> "FlagThresholds":
-        return config_from_dict(cls, d, "flag threshold", where)
+    def __post_init__(self) -> None:
+        check(self)
 
 
 def _f3(x: float | None) -> str:
@@ -195,12 +199,20 @@ def rounded(x: float | None, digits: int = 4) -> float | None:
 
 
 # =========================================================================== activations
+FLAG_INPUT_EXTRAS = ("sample_diagnostics", "first_position")  # what flag_inputs adds to the activation geometry
+
+
+def _checked(geo: Mapping[str, Any] | None) -> FieldDict | None:
+    """The flags read ``geo`` through a FieldDict: a key no ActivationGeometry (or flag_inputs) carries raises."""
+    return None if geo is None else checked_geometry(geo, extra=FLAG_INPUT_EXTRAS)
+
+
 def flag_inputs(activations: Mapping[str, Any], artifact: Mapping[str, Any] | None,
                 sample_diagnostics: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The ``geo`` mapping the activation / SAE / config flags read: the activation geometry, the row sample's
     diagnostics (when a report drew one) and what position 0 carries (from the artifact pass over a store)."""
-    return {**activations, "sample_diagnostics": sample_diagnostics,
-            "first_position": (artifact or {}).get("first_position")}
+    return checked_geometry({**activations, "sample_diagnostics": sample_diagnostics,
+                             "first_position": (artifact or {}).get("first_position")}, extra=FLAG_INPUT_EXTRAS)
 
 
 def activation_flags(
@@ -216,7 +228,7 @@ def activation_flags(
     centre on 0 in an isotropic space"). ``feeds_dictionary``: an SAE is trained on / applied to these
     activations (raises inputs that look whitened from info to warning).
     """
-    t = thresholds or FlagThresholds()
+    geo, t = _checked(geo), thresholds or FlagThresholds()
     flags: list[Flag] = []
     n, d = int(geo["n"]), int(geo["d"])
     rows_seen = n + int(geo.get("n_nonfinite_skipped", 0))
@@ -257,7 +269,7 @@ def activation_flags(
 
     # ---- inputs that look whitened (flat spectrum at the MP null, zero mean, unit or too-even variance)
     mean_share = geo.get("mean_share_of_second_moment")
-    sigma2 = float(geo.get("mp_sigma2_trace") or geo.get("mp_sigma2") or 0.0)  # tr Σ/d: variance per direction
+    sigma2 = float(geo.get("mp_sigma2_trace") or 0.0)  # tr Σ/d: variance per direction
     if eig and mean_share is not None and sigma2 > 0 and n > d and lam_min > 0:
         edge_ratio = lam_max / upper if upper > 0 else math.inf
         spread = lam_max / lam_min
@@ -286,7 +298,7 @@ def activation_flags(
 
     # ---- a cone read against the wrong null
     sign = geo.get("sign") or {}
-    a, null, null_sd = geo.get("anisotropy"), sign.get("null"), geo.get("anisotropy_null_sd")
+    a, null, null_sd = geo.get("anisotropy"), sign.get("null"), geo.get("isotropic_sd")
     if a is not None and null is not None and null_sd:
         gap = float(null) - assumed_null
         z_assumed = (float(a) - assumed_null) / float(null_sd)
@@ -297,7 +309,7 @@ def activation_flags(
                 WRONG_NULL, "warning",
                 {"anisotropy": rounded(a), "sign_null": rounded(null), "assumed_null": assumed_null,
                  "excess_over_sign_null": rounded(excess), "share_explained_by_sign": rounded(explained),
-                 "z_vs_assumed": rounded(z_assumed, 1), "z_vs_sign_null": rounded(geo.get("anisotropy_z"), 1),
+                 "z_vs_assumed": rounded(z_assumed, 1), "z_vs_sign_null": rounded(geo.get("isotropic_z"), 1),
                  "negative_energy_fraction": rounded(sign.get("negative_energy_fraction")),
                  "fraction_nonzero": rounded(sign.get("fraction_nonzero"))},
                 f"Read A against the sign-aware null {null:.3g} ({sign.get('regime')} data), not {assumed_null:g}: "
@@ -409,8 +421,8 @@ def _diagnosis_flags(geo: Mapping[str, Any], t: FlagThresholds) -> list[Flag]:
     n, d = int(geo["n"]), int(geo["d"])
     a, sign = geo.get("anisotropy"), geo.get("sign") or {}
     null = sign.get("null")
-    z = geo.get("z_vs_null")
-    bias = geo.get("A_null_bias") or 0.0
+    z = geo.get("null_z")
+    bias = geo.get("null_bias") or 0.0
     sample = geo.get("sample_diagnostics") or {}
     mean_share = geo.get("mean_share_of_second_moment")
     if a is not None and null is not None:
@@ -491,7 +503,7 @@ def activation_diagnosis(geo: Mapping[str, Any], flags: list[Flag] | None = None
     """The textbook's order — offset → shape → artifact → fix — as steps {step, finding, read: {name: number}}.
 
     ``flags`` are the activation flags already computed (recomputed from ``geo`` when None)."""
-    t = thresholds or FlagThresholds()
+    geo, t = _checked(geo), thresholds or FlagThresholds()
     if flags is None:
         flags = activation_flags(geo, thresholds=t)
     names = {f.name: f for f in flags if f.subject == "activations"}
@@ -499,20 +511,20 @@ def activation_diagnosis(geo: Mapping[str, Any], flags: list[Flag] | None = None
     bulk = geo.get("mp_bulk") or {}
     steps = []
     offset_read = {"A": rounded(geo.get("anisotropy")), "sign_null": rounded(sign.get("null")),
-                   "finite_d_bias": rounded(geo.get("A_null_bias")), "z_vs_null": rounded(geo.get("z_vs_null"), 1),
+                   "finite_d_bias": rounded(geo.get("null_bias")), "z_vs_null": rounded(geo.get("null_z"), 1),
                    "centred_A": rounded(sample.get("centred_anisotropy")),
                    "mean_share": rounded(geo.get("mean_share_of_second_moment")), "offset": rounded(geo.get("offset"))}
     if OFFSET_CONE in names:
         finding = (f"offset-dominated cone: the mean explains "
                    f"{100 * names[OFFSET_CONE].evidence['share_of_A_explained_by_mean']:.0f}% of A")
-    elif geo.get("z_vs_null") is not None and abs(geo["z_vs_null"]) < t.offset_cone_min_z:
+    elif geo.get("null_z") is not None and abs(geo["null_z"]) < t.offset_cone_min_z:
         finding = "A is within the null band of its sign structure"
     else:
         finding = "A is above its sign-aware null, not mainly because of the mean"
     steps.append({"step": "offset", "finding": finding, "read": offset_read})
     shape_read = {"erank": rounded(geo.get("effective_rank"), 1), "noise_erank": rounded(geo.get("noise_effective_rank"), 1),
                   "top1": rounded(geo.get("top1_share")), "unit_erank": rounded(geo.get("unit_effective_rank"), 1),
-                  "n_spikes": geo.get("n_spikes"), "sigma2_bulk": rounded(geo.get("mp_sigma2")),
+                  "n_spikes": geo.get("n_spikes"), "sigma2_bulk": rounded(geo.get("mp_sigma2_bulk")),
                   "power_law_alpha": rounded(bulk.get("power_law_alpha"))}
     if INVISIBLE in names:
         finding = "anisotropy invisible to A: a concentrated spectrum with A at its null"
@@ -549,7 +561,7 @@ def sae_flags(
     thresholds: FlagThresholds | None = None,
 ) -> list[Flag]:
     """Flags on one SAE section of a report (``SAEGeometry.to_dict()``) against the activations' ``geo``."""
-    t = thresholds or FlagThresholds()
+    geo, t = _checked(geo), thresholds or FlagThresholds()
     name = str(sae.get("name") or "sae")
     flags: list[Flag] = []
     freq = torch.tensor(sae["firing_frequency"], dtype=torch.float64)
@@ -743,7 +755,7 @@ def config_flags(
     Whitening is sometimes what the experiment wants, so the severity stays "warning" in every case; n ≤ d
     and an amplification above ``whitening_max_amplification`` are named in the summary as the worst costs.
     """
-    t = thresholds or FlagThresholds()
+    geo, t = _checked(geo), thresholds or FlagThresholds()
     where = config_whitens(config)
     if where is None:
         return []

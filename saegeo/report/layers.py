@@ -1,11 +1,11 @@
 """Measures of one activation store that need its token ids and positions: the token-type decomposition,
 self-similarity, intra-window similarity and the artifact test. The layer sweep runs this per store.
 
-``measure_store(store, *, batch_size=8192, max_types=None, artifact_k=3, ...) -> StoreMeasures``
+``measure_store(store, *, batch_rows=BATCH_ROWS, max_types=None, artifact_k=3, ...) -> StoreMeasures``
     pass 1: GeometryAccumulator, TokenTypeAccumulator, WindowSimilarityAccumulator on the same batches
     (cut as ``saegeo geometry`` cuts them, so the geometry equals its numbers to the bit);
     pass 2: the artifact test against the top-k principal directions of pass 1.
-``artifact_pass(stores, geometry, *, k=3, batch_size=8192, max_tokens=None) -> dict``
+``artifact_pass(stores, geometry, *, k=3, batch_rows=BATCH_ROWS, max_tokens=None) -> dict``
     the artifact test alone (second streamed pass), for `saegeo report` / `saegeo geometry` on stores.
 
 Memory per store: O(d²) for the accumulator plus O(T·d) for the type table (T ≤ V types, or
@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import torch
 
 from saegeo.activations.store import ActivationStore
+from saegeo.config import BATCH_ROWS
 from saegeo.errors import BadInputError
 from saegeo.geometry.accumulate import GeometryAccumulator
 from saegeo.geometry.measures import ActivationGeometry, activation_geometry
@@ -61,12 +62,12 @@ def artifact_pass(
     geometry: ActivationGeometry,
     *,
     k: int = 3,
-    batch_size: int = 8192,
+    batch_rows: int = BATCH_ROWS,
     max_tokens: int | None = None,
 ) -> dict[str, Any]:
     """|corr| of the top-k principal projections (x − μ)·v_j with log token frequency (counted in these
     same stores), position in the window and ‖x‖, streamed over the stores in order (one more pass)."""
-    return artifact_result(artifact_accumulator(stores, geometry, k=k, batch_size=batch_size, max_tokens=max_tokens))
+    return artifact_result(artifact_accumulator(stores, geometry, k=k, batch_rows=batch_rows, max_tokens=max_tokens))
 
 
 def artifact_accumulator(
@@ -74,7 +75,7 @@ def artifact_accumulator(
     geometry: ActivationGeometry,
     *,
     k: int = 3,
-    batch_size: int = 8192,
+    batch_rows: int = BATCH_ROWS,
     max_tokens: int | None = None,
     shard_indices: Sequence[int] | None = None,
 ) -> ArtifactAccumulator:
@@ -87,7 +88,7 @@ def artifact_accumulator(
     art = ArtifactAccumulator(geometry.mean_tensor, geometry.top_eigenvector_tensor[:, :k])
     left = max_tokens
     for store in stores:
-        for x, ids, pos in store.iter_batches(batch_size, stop_row=left, shard_indices=shard_indices, metadata=True):
+        for x, ids, pos in store.iter_batches(batch_rows, stop_row=left, shard_indices=shard_indices, metadata=True):
             art.add(x, ids, pos)
         if left is not None:
             left -= min(left, store.n_tokens)
@@ -109,7 +110,7 @@ def artifact_result(art: ArtifactAccumulator) -> dict[str, Any]:
 def measure_store(
     store: ActivationStore | str,
     *,
-    batch_size: int = 8192,
+    batch_rows: int = BATCH_ROWS,
     max_types: int | None = None,
     artifact_k: int = 3,
     top_k_eigvecs: int = 10,
@@ -124,7 +125,7 @@ def measure_store(
     types = TokenTypeAccumulator(store.d, max_types=max_types)
     windows = WindowSimilarityAccumulator(store.d)
     has_ids = has_pos = True
-    for x, ids, pos in store.iter_batches(batch_size, stop_row=max_tokens, metadata=True):
+    for x, ids, pos in store.iter_batches(batch_rows, stop_row=max_tokens, metadata=True):
         acc.add(x, source=str(store.path))
         if ids is None:
             has_ids = False
@@ -144,7 +145,7 @@ def measure_store(
     intra = windows.finish().intra_similarity() if has_pos else None
     if not has_pos:
         notes.append(f"{store.path}: no positions in the store: no intra-window similarity")
-    artifact = artifact_pass(store, geo, k=artifact_k, batch_size=batch_size, max_tokens=max_tokens)
+    artifact = artifact_pass(store, geo, k=artifact_k, batch_rows=batch_rows, max_tokens=max_tokens)
     memory = {"geometry_accumulator": _state_bytes(acc.state_dict()), "token_types": _state_bytes(types.state_dict())}
     return StoreMeasures(
         path=str(store.path), model=store.model, hook=store.hook, geometry=geo, token_types=tt, intra_window=intra,

@@ -12,14 +12,20 @@ Before the pass: the dictionary geometry of the unit decoder rows u_i (A_dict, �
 ``saegeo.geometry.dictionary.dictionary_geometry``). After it: b_dec against μ, the amplification law beside
 the three measured A's (the per-latent law A_het and its mean-cosine form, the co-firing share of
 E‖x̂ − b_dec‖² and its top pairs from the row sample re-encoded, the one-rate forms as references), cone shares
-c_i = E[a_i](u_i·M)/‖M‖² (M = Σ E[a_i]u_i) and cos(u_i, μ); then the flags.
+c_i = E[a_i](u_i·M)/‖M‖² (M = Σ E[a_i]u_i) and cos(u_i, μ); then, once, the flags and the diagnosis.
+
+The report is assembled once, from everything it shows: the SAEs with their configs (a directory's cfg.json
+is its provenance), their spliced evaluation, a run config, and flags raised elsewhere (``saegeo check``'s
+dictionary-only checks and activations_mismatch: an error there withholds that SAE's WITHHELD_METRICS).
 
 Public API
 ----------
 ``ReportOptions``                 batch size, token cap, cosine sample, thresholds, assumed null, ...
 ``GeometryReport`` / ``SAEGeometry``  dataclasses; ``to_dict``/``from_dict``, ``to_json``/``load`` (schema-versioned).
-``geometry_report(acts, sae=None, *, batch_size=None, options=None, config=None) -> GeometryReport``
-``compute_flags(report, thresholds=None) -> list[Flag]``  (re)flag a report from its numbers alone.
+``geometry_report(acts, sae=None, *, options=None, config=None, splice=None, flags=(), notes=(), closing_notes=())
+-> GeometryReport``
+``compute_flags(report, thresholds=None) -> list[Flag]``  (re)flag a report from its numbers alone (the flags given to
+geometry_report from elsewhere are not among them).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -54,11 +60,16 @@ from saegeo.geometry.amplification import (
 )
 from saegeo.geometry.diagnosis import sample_diagnostics
 from saegeo.geometry.dictionary import dictionary_geometry
+from saegeo.geometry.measures import FieldDict, checked_geometry, fields_of
 from saegeo.geometry.transforms import Whitening
-from saegeo.io import config_from_dict, dump_json, json_safe, require_at_least
+from saegeo.config import BATCH_ROWS, check, from_dict, option
+from saegeo.io import dump_json, json_safe
 from saegeo.sae.formats import CFG_FILENAME, load_dictionary
 from saegeo.sae.metrics import SAEMetrics
 from saegeo.report.flags import (
+    ACTIVATIONS_MISMATCH,
+    WITHHELD_FLAGS,
+    WITHHELD_METRICS,
     Flag,
     FlagThresholds,
     activation_diagnosis,
@@ -71,7 +82,7 @@ from saegeo.report.flags import (
     sort_flags,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: one name per quantity (null_z / isotropic_z, null_sd / isotropic_sd, mp_sigma2_bulk)
 COFIRING_LATENTS = 256  # co-firing pairs are looked for among the latents with the largest E[a_i²]
 
 
@@ -80,28 +91,27 @@ COFIRING_LATENTS = 256  # co-firing pairs are looked for among the latents with 
 class ReportOptions:
     """How the pass runs and how its numbers are read. All have sane defaults."""
 
-    batch_size: int = 8192  # rows per batch of the pass
-    max_tokens: int | None = None  # stop after this many rows (None: all)
-    cosine_sample_rows: int = 2048  # reservoir of rows for the pairwise-cosine histogram (k(k−1)/2 pairs)
-    histogram_bins: int = 100  # bins of the pairwise-cosine histogram
-    skip_nonfinite: bool = False  # skip and count NaN/inf rows (default: an error naming the batch and row)
-    assumed_null: float = 0.0  # the baseline a reader compares A with unless told (wrong-null flag)
-    seed: int = 0  # seeds the cosine reservoir
-    device: str = "cpu"  # where the SAEs encode and the float64 accumulators live (e.g. cuda)
-    progress: bool = True  # progress bar
-    artifact_components: int = 3  # top-k principal directions in the artifact test (stores only; 0: skip it)
-    verify: bool = True  # sha256 check of each store shard as it is read
-    thresholds: FlagThresholds = field(default_factory=FlagThresholds)  # of every flag ([report.thresholds])
+    batch_rows: int = option(BATCH_ROWS, "rows per batch of the pass", low=1)
+    max_tokens: int | None = option(None, "stop after this many rows (None: all)", low=1)
+    cosine_sample_rows: int = option(2048, "reservoir of rows for the pairwise-cosine histogram (k(k−1)/2 pairs)",
+                                     low=0)
+    histogram_bins: int = option(100, "bins of the pairwise-cosine histogram", low=1, high=10**7)
+    skip_nonfinite: bool = option(False, "skip and count NaN/inf rows (default: an error naming the batch and row)")
+    assumed_null: float = option(0.0, "the baseline a reader compares A with unless told (wrong-null flag)",
+                                 low=-1, high=1)
+    seed: int = option(0, "seeds the cosine reservoir", low=0)
+    device: str = option("cpu", "where the SAEs encode and the float64 accumulators live (e.g. cuda)")
+    progress: bool = option(True, "progress bar")
+    artifact_components: int = option(3, "top-k principal directions in the artifact test (stores only; 0: skip "
+                                       "it)", low=0)
+    verify: bool = option(True, "sha256 check of each store shard as it is read")
+    thresholds: FlagThresholds = option(factory=FlagThresholds, help="of every flag ([report.thresholds])")
 
     def __post_init__(self) -> None:
-        require_at_least(self, {"batch_size": 1, "max_tokens": 1, "cosine_sample_rows": 0, "histogram_bins": 1})
+        check(self)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None, where: str | None = None) -> "ReportOptions":
-        return config_from_dict(cls, d, "report option", where)
 
 
 # =========================================================================== report dataclasses
@@ -147,6 +157,8 @@ class SAEGeometry:
     cofiring_pairs: list[dict[str, float]] | None = None
     # the SAE spliced into the model (saegeo.sae.splice): CE loss clean/spliced/ablated, recovered, KL
     splice: dict[str, Any] | None = None
+    # metrics set to None because the activations are not this SAE's (activations_mismatch error; WITHHELD_METRICS)
+    withheld: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe(asdict(self))
@@ -169,7 +181,7 @@ class GeometryReport:
 
     schema_version: int
     source: dict[str, Any]  # what was read: kind, path, model, hook, d, n_tokens
-    activations: dict[str, Any]  # ActivationGeometry.to_dict()
+    activations: dict[str, Any]  # ActivationGeometry.to_dict(), checked against its fields (FieldDict)
     cosine_histogram: dict[str, Any]  # edges, counts, n_rows, n_pairs, sample_mean
     saes: list[SAEGeometry]
     flags: list[Flag]
@@ -188,6 +200,10 @@ class GeometryReport:
     # a store cached with exclusions: its manifest's rule and sums (what the excluded rows and the
     # first position carried: saegeo.activations.cache.exclusion_shares)
     exclusions: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        # read by the flags and the renderers: a name no ActivationGeometry carries is a KeyError, not a None
+        self.activations = checked_geometry(self.activations)
 
     @property
     def sae(self) -> SAEGeometry | None:
@@ -475,27 +491,32 @@ def geometry_report(
     acts: Any,
     sae: Any = None,
     *,
-    batch_size: int | None = None,
     options: ReportOptions | None = None,
     config: Mapping[str, Any] | None = None,
+    splice: Mapping[str, Mapping[str, Any]] | None = None,
+    flags: Sequence[Flag] = (),
+    notes: Sequence[str] = (),
+    closing_notes: Sequence[str] = (),
 ) -> GeometryReport:
     """One streaming pass over ``acts`` computing the activation geometry and, for each SAE, its codes,
-    dictionary geometry, b_dec against μ, the amplification law and cone shares; then the flags.
+    dictionary geometry, b_dec against μ, the amplification law and cone shares; then, once, the flags and the
+    activation diagnosis.
 
     acts: (n, d) tensor/array | ActivationStore | store path | iterable of (m, d) batches (or of
     (activations, codes) tuples, e.g. ``SuperpositionGenerator.batches``).
     sae: None | SAE object (saegeo or SAELens-like: encode, decode, W_dec, b_dec) | directory |
     a mapping name -> either (several SAEs measured in the same pass, shown side by side).
     config: a preprocessing / run config; one that whitens before the SAE is flagged with its cost.
+    splice: name -> `splice_eval_many` result, shown in that SAE's column.
+    flags: raised elsewhere about these SAEs (a dictionary check, activations_mismatch), merged with the report's
+    own (which supersede a given flag of the same name and subject); an activations_mismatch error withholds that
+    SAE's WITHHELD_METRICS and the flags computed from them. notes, then the withheld notes, then closing_notes
+    follow the pass's own notes.
     Memory: O(d² + k_sample·d + Σ d_sae + batch), independent of the number of tokens.
     """
     from saegeo import __version__
 
     opts = options or ReportOptions()
-    if batch_size is not None:
-        opts = ReportOptions.from_dict({**asdict(opts), "thresholds": opts.thresholds, "batch_size": batch_size})
-    if opts.batch_size < 1:
-        raise BadInputError(f"batch_size must be ≥ 1, got {opts.batch_size}")
     from saegeo import distributed
 
     ctx = distributed.init_from_env()  # None unless launched by torchrun with several ranks
@@ -503,7 +524,7 @@ def geometry_report(
         rows = open_rows(acts, verify=opts.verify)
         if ctx is not None and rows.store is not None:
             distributed.check_same_store(rows.store)
-        batches, first_row = rows.batches(opts.batch_size, *((ctx.rank, ctx.world_size) if ctx else ()))
+        batches, first_row = rows.batches(opts.batch_rows, *((ctx.rank, ctx.world_size) if ctx else ()))
     source = dict(rows.describe)
     total = opts.max_tokens if opts.max_tokens is not None else rows.n_rows
     device = distributed.resolve_device(opts.device)
@@ -574,6 +595,12 @@ def geometry_report(
     top = torch.tensor(geo["top_eigenvectors"][0], dtype=torch.float64) if geo["top_eigenvectors"] else None
     sampled = json_safe(sample_diagnostics(reservoir.sample(), acc.mean, top))
     saes = [p.finish(geo, opts.thresholds, reservoir.sample(), opts.seed) for p in passes]
+    withheld_notes = []
+    for s in saes:
+        s.splice = json_safe(dict(splice[s.name])) if splice and s.name in splice else None
+        mismatch = next((f for f in flags if f.name == ACTIVATIONS_MISMATCH and f.subject == s.name), None)
+        if mismatch is not None and mismatch.severity == "error":
+            withheld_notes.append(_withhold(s, mismatch))
     artifact, artifact_note = _artifact_test(rows, geometry, opts, distributed=ctx is not None)
     source.update(d=acc.d, n_tokens=acc.n)
 
@@ -589,13 +616,30 @@ def geometry_report(
         saes=saes, flags=[], options=json_safe(opts.to_dict()),
         config=json_safe(dict(config)) if config else None, whitening_cost=whitening_cost,
         seconds=seconds, tokens_per_second=acc.n / seconds if seconds > 0 else None,
-        saegeo_version=__version__, notes=list(geo.get("notes", [])) + ([artifact_note] if artifact_note else []),
+        saegeo_version=__version__,
+        notes=[*geo.get("notes", []), *([artifact_note] if artifact_note else []), *notes, *withheld_notes,
+               *closing_notes],
         artifact=artifact, sample_diagnostics=sampled,
-        exclusions=_store_exclusions(rows.store),
+        exclusions=store_exclusions(rows.store),
     )
-    report.flags = compute_flags(report, opts.thresholds)
-    report.diagnosis = activation_diagnosis({**geo, "sample_diagnostics": sampled}, report.flags, opts.thresholds)
+    own = compute_flags(report, opts.thresholds)
+    have = {(f.name, f.subject) for f in own}
+    report.flags = sort_flags(own + [f for f in flags if (f.name, f.subject) not in have])
+    report.diagnosis = activation_diagnosis(flag_inputs(geo, artifact, sampled), report.flags, opts.thresholds)
     return report
+
+
+def _withhold(section: SAEGeometry, flag: Flag) -> str:
+    """Set the metrics that ``flag`` (an activations_mismatch error) makes meaningless to None in ``section``;
+    returns the note saying so (also added to the section's notes)."""
+    for key in WITHHELD_METRICS:
+        value = getattr(section, key)
+        setattr(section, key, {k: None for k in value} if isinstance(value, dict) else None)
+    section.withheld = list(WITHHELD_METRICS)
+    note = (f"withheld for {section.name}: {', '.join(WITHHELD_METRICS)} "
+            f"({ACTIVATIONS_MISMATCH}: {', '.join(flag.evidence['causes'])})")
+    section.notes.append(note)
+    return note
 
 
 def _artifact_test(rows: Any, geometry: Any, opts: ReportOptions, *, distributed: bool) -> tuple[dict | None, str | None]:
@@ -608,7 +652,7 @@ def _artifact_test(rows: Any, geometry: Any, opts: ReportOptions, *, distributed
     from saegeo.report.layers import artifact_accumulator, artifact_pass, artifact_result
 
     if not distributed:
-        return artifact_pass(rows.store, geometry, k=opts.artifact_components, batch_size=opts.batch_size,
+        return artifact_pass(rows.store, geometry, k=opts.artifact_components, batch_rows=opts.batch_rows,
                              max_tokens=opts.max_tokens), None
     if opts.max_tokens is not None:
         return None, "artifact test not run: max_tokens under torch.distributed (run it on one process)"
@@ -617,33 +661,29 @@ def _artifact_test(rows: Any, geometry: Any, opts: ReportOptions, *, distributed
     ctx = dist.current()
     block = dist.split_shards([s.rows for s in rows.store.shards], ctx.rank, ctx.world_size)
     with dist.all_ranks_or_none("the artifact test"):
-        part = artifact_accumulator(rows.store, geometry, k=opts.artifact_components, batch_size=opts.batch_size,
+        part = artifact_accumulator(rows.store, geometry, k=opts.artifact_components, batch_rows=opts.batch_rows,
                                     shard_indices=block)
     return artifact_result(dist.merge_across_ranks(part)), None
-def _store_exclusions(store: Any) -> dict[str, Any] | None:
+
+
+def store_exclusions(store: Any) -> dict[str, Any] | None:
+    """A store cached with exclusions: its manifest's rule and sums (None for any other source)."""
     extra = getattr(store, "manifest", {}).get("extra", {}) if store is not None else {}
     if not extra.get("exclusion_rule") or not extra.get("excluded"):
         return None
     return json_safe({"exclusion_rule": extra["exclusion_rule"], "excluded": extra["excluded"]})
 
 
-def add_splice(report: GeometryReport, results: Mapping[str, Mapping[str, Any]]) -> GeometryReport:
-    """Attach `splice_eval_many` results (name -> result) to the report's SAE columns."""
-    for s in report.saes:
-        if s.name in results:
-            s.splice = json_safe(dict(results[s.name]))
-    return report
-
-
 def compute_flags(report: GeometryReport, thresholds: FlagThresholds | None = None) -> list[Flag]:
     """All flags of a report, from its numbers alone (so a saved report can be re-flagged), most severe first."""
-    t = thresholds or FlagThresholds.from_dict(report.options.get("thresholds"))
+    t = thresholds or from_dict(FlagThresholds, report.options.get("thresholds"))
     assumed = float(report.options.get("assumed_null", 0.0))
     geo = flag_inputs(report.activations, report.artifact, report.sample_diagnostics)
     flags = activation_flags(geo, thresholds=t, assumed_null=assumed, feeds_dictionary=bool(report.saes))
     flags += artifact_flags(report.artifact, thresholds=t)
     for s in report.saes:
-        flags += sae_flags(s.to_dict(), geo, thresholds=t)
+        own = sae_flags(FieldDict(s.to_dict(), fields_of(SAEGeometry), "SAEGeometry"), geo, thresholds=t)
+        flags += [f for f in own if not (s.withheld and f.name in WITHHELD_FLAGS)]  # computed from withheld metrics
         flags += config_flags(s.config, geo, report.whitening_cost, thresholds=t, subject=s.name)
     if report.config:
         flags += config_flags(report.config, geo, report.whitening_cost, thresholds=t, subject="config")

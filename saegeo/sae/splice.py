@@ -63,12 +63,13 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from saegeo.activations.cache import BLOCK_HOOK, NOT_PER_TOKEN, _batches, _pad
+from saegeo.activations.cache import BLOCK_HOOK, NOT_PER_TOKEN
 from saegeo.activations.corpus import CorpusSpec, iter_windows, open_corpus
+from saegeo.activations.runner import pad_windows, window_batches
 from saegeo.activations.models import LoadedModel, load_model
 from saegeo.distributed import resolve_device
 from saegeo.errors import BadInputError
-from saegeo.io import config_from_dict
+from saegeo.config import check, option
 from saegeo.sae.model import SAE
 
 VARIANTS = ("clean", "spliced", "zero", "mean", "zero_all")  # zero_all: SAELens' ablation (every position, decoders)
@@ -81,23 +82,29 @@ ENCODER_MEASURE = ("cosine between the clean and the spliced mean-pooled final-l
 class EvalConfig:
     """`saegeo eval`: which model, SAE, hook and text; None fields come from the SAE's own metadata."""
 
-    model: str = "smollm2"  # 'smollm2' (bundled decoder), 'minilm', a local HF dir, ...
-    sae: str = ""  # the SAE: any load_dictionary path or hub id (native or published); required
-    hook: str | None = None  # default: the SAE's hook_name
-    corpus: str = "default"  # text to evaluate on, as for `saegeo cache`
-    context: int | None = None  # default: the SAE's training context, else 128
-    max_tokens: int = 4096  # tokens (window positions) evaluated
-    skip_tokens: int | None = None  # skip whole windows until this many tokens; default: the positions the SAE's training store read (held-out text)
-    batch_size: int = 4  # windows per batch (the clean logits and probabilities and one variant's logits, batch × context × vocab each, are held; the mean ablation uses the batch's mean)
-    pass_special: bool | None = None  # pass BOS/[CLS]/[SEP] through unreplaced; default: as the SAE's training store (decoders: yes)
-    pass_norm_ratio: float | None = None  # also pass rows with ‖x‖ > m × window median (default: as the store)
-    text_field: str = "text"  # the field (JSON) or column (parquet, datasets) holding the text or the token ids
-    device: str = "cpu"  # torch device the model and SAEs run on (e.g. cuda); the sums stay float64 on the host
-    progress: bool = True  # progress bar
+    model: str = option("smollm2", "'smollm2' (bundled decoder), 'minilm', a local HF dir, ...")
+    sae: str = option("", "the SAE: any load_dictionary path or hub id (native or published); required")
+    hook: str | None = option(None, "default: the SAE's hook_name")
+    corpus: str = option("default", "text to evaluate on, as for `saegeo cache`")
+    context: int | None = option(None, "default: the SAE's training context, else 128", low=2)
+    max_tokens: int = option(4096, "tokens (window positions) evaluated", low=1)
+    skip_tokens: int | None = option(None, "skip whole windows until this many tokens; default: the positions the "
+                                     "SAE's training store read (held-out text)", low=0)
+    batch_windows: int = option(4, "windows per batch (the clean logits and probabilities and one variant's "
+                                "logits, batch × context × vocab each, are held; the mean ablation uses the batch's "
+                                "mean)", low=1)
+    pass_special: bool | None = option(None, "pass BOS/[CLS]/[SEP] through unreplaced; default: as the SAE's "
+                                       "training store (decoders: yes)")
+    pass_norm_ratio: float | None = option(None, "also pass rows with ‖x‖ > m × window median (default: as the "
+                                           "store)", above=1)
+    text_field: str = option("text", "the field (JSON) or column (parquet, datasets) holding the text or the "
+                                     "token ids")
+    device: str = option("cpu", "torch device the model and SAEs run on (e.g. cuda); the sums stay float64 on the "
+                         "host")
+    progress: bool = option(True, "progress bar")
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], where: str | None = None) -> "EvalConfig":
-        return config_from_dict(cls, d, "eval option", where)
+    def __post_init__(self) -> None:
+        check(self)
 
 
 @dataclass
@@ -175,9 +182,10 @@ def _resolve(cfg: EvalConfig, sae: SAE, loaded: LoadedModel) -> dict[str, Any]:
 
 
 def _hook_width(loaded: LoadedModel, hook: str) -> int:
-    from saegeo.activations.cache import _hook_widths, hook_layer
+    from saegeo.activations.cache import hook_layer
+    from saegeo.activations.runner import hook_widths
 
-    return _hook_widths(loaded, (hook,), hook_layer(hook), 0)[hook]
+    return hook_widths(loaded, (hook,), hook_layer(hook), 0)[hook]
 
 
 def _reconstruct(sae: SAE, x: Float[Tensor, "n d"]) -> tuple[Float[Tensor, "n d"], Tensor, Tensor]:
@@ -325,7 +333,7 @@ def _evaluate(cfg: EvalConfig, loaded: LoadedModel, saes: dict[str, SAE], r: dic
 
         bar = tqdm(total=cfg.max_tokens, unit="tok", unit_scale=True, desc="eval", smoothing=0.1)
     with torch.inference_mode():
-        for batch in _batches(windows(), cfg.batch_size):
+        for batch in window_batches(windows(), cfg.batch_windows):
             _eval_batch(splicers, batch, pad_id, r["pass_norm_ratio"], sums, ablation_cache)
             if bar is not None:
                 bar.update(sum(len(w.input_ids) for w in batch))
@@ -487,7 +495,7 @@ def _eval_batch(splicers: dict[str, _Splicer], batch: list, pad_id: int, ratio: 
     when `_common_passed_prefix` allows); one spliced suffix per SAE."""
     sp = next(iter(splicers.values()))
     device = next(sp.model.parameters()).device
-    tokens, attend, store = (t.to(device) for t in _pad(batch, pad_id))
+    tokens, attend, store = (t.to(device) for t in pad_windows(batch, pad_id))
     additive = None
     if sp.loaded.kind == "encoder" and not bool(attend.all()):
         additive = torch.where(attend[:, None, None, :], 0.0, -torch.inf).to(sp.model.cfg.dtype)
@@ -644,27 +652,3 @@ class _Reference:
         sl_kl = float(kl_t.expand(self.sl_kl.shape)[self.sl_kl].double().sum()
                       + kl_last.expand(self.sl_last.shape)[self.sl_last].double().sum())
         return ce, kl, 0.0, sl_ce, sl_kl
-
-
-def render_eval(result: Mapping[str, Any]) -> str:
-    """The terminal summary of one `splice_eval` result."""
-    lines = [f"saegeo eval: {result['sae']} spliced into {result['model']} at {result['hook']}",
-             f"  {result['tokens']:,} tokens ({result['windows']} windows of ≤ {result['context']}, "
-             f"{result['skipped_tokens']:,} corpus tokens skipped as training data), "
-             f"{result['tokens_per_second']:,.0f} tok/s"]
-    if "ce_loss_clean" in result:
-        rows = [("CE loss clean", "ce_loss_clean"), ("CE loss spliced", "ce_loss_spliced"),
-                ("CE loss zero ablation", "ce_loss_zero_ablation"), ("CE loss mean ablation", "ce_loss_mean_ablation"),
-                ("CE loss recovered", "ce_loss_recovered"), ("KL(clean ‖ spliced)", "kl_div_spliced"),
-                ("KL(clean ‖ zero)", "kl_div_zero_ablation")]
-    else:
-        lines.append(f"  measured: {result['measured']}")
-        rows = [("cosine spliced", "embedding_cosine_spliced"), ("cosine zero ablation", "embedding_cosine_zero_ablation"),
-                ("cosine mean ablation", "embedding_cosine_mean_ablation")]
-    rows += [("FVE (about the mean)", "fve"), ("L0", "l0")]
-    lines += [f"  {label:<24} {result[key]:.4f}" for label, key in rows]
-    pt = result["passed_through"]
-    what = ", ".join(pt["special_positions"]) or "none"
-    lines.append(f"  passed through unreplaced: {pt['positions']:,} positions (special: {what}"
-                 + (f"; {pt['norm_rule']}" if pt["norm_rule"] else "") + ")")
-    return "\n".join(lines)

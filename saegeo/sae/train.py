@@ -11,7 +11,7 @@ Data sources and their held-out split (the split is always decided before anythi
     order, mixed through a shuffle buffer of `shuffle_buffer` rows.
   * iterator / generator of batches (tensors or (activations, codes) tuples, e.g. the synthetic
     generator) or a zero-argument callable returning one: the FIRST
-    max(heldout_fraction · total_tokens, batch_size) rows are held out, the rest streamed in order.
+    max(heldout_fraction · total_tokens, batch_tokens) rows are held out, the rest streamed in order.
     Pass a callable: b_dec init and resume replay the stream from its start. A bare iterator is
     refused (with that advice) when b_dec is estimated.
 Every source is deterministic given `seed`, so a resumed run sees exactly the batches it would have.
@@ -37,7 +37,8 @@ from safetensors.torch import load as safetensors_load_bytes
 from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
 
-from saegeo.io import atomic_write, config_from_dict, dump_json, json_safe, require_at_least
+from saegeo.config import check, option, require_memory
+from saegeo.io import atomic_write, dump_json, json_safe
 from saegeo.errors import BadInputError, FormatError, SaegeoError
 from saegeo.sae.metrics import SAEMetrics
 from saegeo.sae.model import SAE, SAEConfig
@@ -52,6 +53,8 @@ B_DEC_INITS: tuple[str, ...] = get_args(BDecInit)
 NOT_IN_WEIGHTS = ("progress", "log_every", "num_threads", "device", "checkpoint_every", "out_dir", "overwrite", "verify",
                   "skip_nonfinite")
 CHECKPOINT_VERSION = 2  # 2: state.json records the data fingerprint
+# `saegeo train` takes --overwrite, `saegeo run` and Python take the option: the advice names both
+OVERWRITE = "pass --overwrite (overwrite = true in a config's [train])"
 # ReLU+L1 with unit-norm decoder rows: Adam moves a row's direction by about lr·√d_in per step, where SAELens'
 # rows of norm 0.1 turn 10× faster at the same lr; 1e-3 measured on MiniLM layer 3 (README "ReLU+L1 recipe";
 # benchmarks/train_bench.py trains ReLU with it).
@@ -68,78 +71,65 @@ class NonFiniteLossError(SaegeoError):
 class TrainConfig:
     """One SAE training run. Token counts are rows (tokens) of activations."""
 
-    arch: Arch = "topk"  # SAE architecture
-    d_sae: int | None = None  # number of latents (overrides expansion); default expansion · d_in
-    expansion: int = 8  # d_sae = expansion · d_in
-    k: int = 32  # active latents per token (topk; batchtopk: on average over the batch; jumprelu: the L0 target)
-    l1_coefficient: float = 1.0  # L1 coefficient (relu only); same objective scale as SAELens Standard
-    l1_warmup_fraction: float = 0.0  # relu: the L1 coefficient rises linearly from 0 over this fraction of the steps
-    decoder_norm: DecoderNorm = "unit"  # relu: unit-norm decoder rows, or free norms (penalty Σ a_i‖w_i‖, folded to unit at the end)
-    grad_clip_norm: float | None = None  # clip the gradient to this global norm (SAELens: 1)
-    lr: float = 3e-4  # Adam learning rate (relu: 1e-3 recommended, see RELU_LR)
-    adam_betas: tuple[float, float] = (0.9, 0.999)  # Adam (beta1, beta2)
-    warmup_steps: int = 10  # linear warm-up from lr/warmup_steps to lr
-    decay_fraction: float = 0.2  # linear decay to 0 over the last fraction of steps (0 = constant)
-    batch_size: int = 4096  # tokens per step
-    total_tokens: int = 2_000_000  # training tokens, e.g. 2M or 500k
-    b_dec_init: BDecInit = "mean"  # b_dec at init: activation mean, zeros (SAELens' default) or geometric median
-    b_dec_init_tokens: int = 100_000  # rows used to estimate the mean / geometric median
-    dead_window_tokens: int = 200_000  # a latent that has not fired in this many tokens counts as dead
-    aux_k: int | None = None  # AuxK latents (topk); default d_in // 2
-    aux_coefficient: float = 1 / 32  # weight of the AuxK loss (topk, batchtopk)
-    threshold_ema: float = 0.05  # batchtopk: inference threshold = running mean, then EMA at this rate, of the smallest code kept
-    l0_coefficient: float = 1.0  # jumprelu: weight of the sparsity loss (L0/k − 1)²
-    bandwidth: float = 0.05  # jumprelu: width ε of the rectangle kernel of the threshold's straight-through estimator
-    threshold_lr_scale: float = 10.0  # jumprelu: the thresholds' learning rate is lr times this
-    heldout_fraction: float = 0.1  # fraction of the data held out for the final metrics
-    shuffle_buffer: int = 65_536  # store source: rows mixed across shards
-    seed: int = 0  # seeds the init and the data order
-    log_every: int = 10  # metrics are read back from the device only every log_every steps
-    checkpoint_every: int = 0  # steps between checkpoints; 0 = no intermediate checkpoints
-    out_dir: str | None = None  # checkpoints and the final SAE (SAELens layout) go here
-    device: str = "cpu"  # torch device to train on
-    num_threads: int | None = None  # torch.set_num_threads; None leaves torch's default
-    progress: bool = True  # progress bar
-    overwrite: bool = False  # replace a finished SAE and discard a checkpoint in out_dir (start a new run)
-    verify: bool = True  # sha256 check of each store shard as it is read
-    skip_nonfinite: bool = False  # skip and count held-out rows with NaN/inf (default: an error naming the row)
+    arch: Arch = option("topk", "SAE architecture")
+    d_sae: int | None = option(None, "number of latents (overrides expansion); default expansion · d_in", low=1)
+    expansion: int = option(8, "d_sae = expansion · d_in", low=1)
+    k: int = option(32, "active latents per token (topk; batchtopk: on average over the batch; jumprelu: the L0 "
+                    "target)", low=1)
+    l1_coefficient: float = option(1.0, "L1 coefficient (relu only); same objective scale as SAELens Standard", low=0)
+    l1_warmup_fraction: float = option(0.0, "relu: the L1 coefficient rises linearly from 0 over this fraction of "
+                                       "the steps", low=0, high=1)
+    decoder_norm: DecoderNorm = option("unit", "relu: unit-norm decoder rows, or free norms (penalty Σ a_i‖w_i‖, "
+                                       "folded to unit at the end)")
+    grad_clip_norm: float | None = option(None, "clip the gradient to this global norm (SAELens: 1)", above=0)
+    lr: float = option(3e-4, "Adam learning rate (relu: 1e-3 recommended, see RELU_LR)", low=0, high=1)
+    adam_betas: tuple[float, float] = option((0.9, 0.999), "Adam (beta1, beta2)", low=0, below=1)
+    warmup_steps: int = option(10, "linear warm-up from lr/warmup_steps to lr", low=0)
+    decay_fraction: float = option(0.2, "linear decay to 0 over the last fraction of steps (0 = constant)",
+                                   low=0, high=1)
+    batch_tokens: int = option(4096, "tokens per optimiser step", low=1)
+    total_tokens: int = option(2_000_000, "training tokens, e.g. 2M or 500k", low=1)
+    b_dec_init: BDecInit = option("mean", "b_dec at init: activation mean, zeros (SAELens' default) or geometric "
+                                  "median")
+    b_dec_init_tokens: int = option(100_000, "rows used to estimate the mean / geometric median", low=1)
+    dead_window_tokens: int = option(200_000, "a latent that has not fired in this many tokens counts as dead", low=1)
+    aux_k: int | None = option(None, "AuxK latents (topk); default d_in // 2", low=1)
+    aux_coefficient: float = option(1 / 32, "weight of the AuxK loss (topk, batchtopk)", low=0)
+    threshold_ema: float = option(0.05, "batchtopk: inference threshold = running mean, then EMA at this rate, of "
+                                  "the smallest code kept", above=0, high=1)
+    l0_coefficient: float = option(1.0, "jumprelu: weight of the sparsity loss (L0/k − 1)²", low=0)
+    bandwidth: float = option(0.05, "jumprelu: width ε of the rectangle kernel of the threshold's straight-through "
+                              "estimator", above=0)
+    threshold_lr_scale: float = option(10.0, "jumprelu: the thresholds' learning rate is lr times this", low=0)
+    heldout_fraction: float = option(0.1, "fraction of the data held out for the final metrics", low=0, below=1)
+    shuffle_buffer: int = option(65_536, "store source: rows mixed across shards", low=0)
+    seed: int = option(0, "seeds the init and the data order", low=0)
+    log_every: int = option(10, "metrics are read back from the device only every log_every steps", low=1)
+    checkpoint_every: int = option(0, "steps between checkpoints; 0 = no intermediate checkpoints", low=0)
+    out_dir: str | None = option(None, "checkpoints and the final SAE (SAELens layout) go here")
+    device: str = option("cpu", "torch device to train on")
+    num_threads: int | None = option(None, "torch.set_num_threads; None leaves torch's default", low=1, high=4096)
+    progress: bool = option(True, "progress bar")
+    overwrite: bool = option(False, "replace a finished SAE and discard a checkpoint in out_dir (start a new run)")
+    verify: bool = option(True, "sha256 check of each store shard as it is read")
+    skip_nonfinite: bool = option(False, "skip and count held-out rows with NaN/inf (default: an error naming the "
+                                  "row)")
 
     def __post_init__(self) -> None:
-        _check_sizes(self)
+        self.adam_betas = tuple(self.adam_betas)
+        check(self)
         if self.arch not in ARCHS:
             raise BadInputError(f"arch={self.arch!r}: the trainer supports {', '.join(map(repr, ARCHS))}")
         if self.b_dec_init not in B_DEC_INITS:
             raise BadInputError(f"b_dec_init={self.b_dec_init!r}; expected one of {B_DEC_INITS}")
-        if not 0 <= self.heldout_fraction < 1:
-            raise BadInputError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
-        if self.batch_size < 1 or self.total_tokens < self.batch_size:
+        if self.total_tokens < self.batch_tokens:
             raise BadInputError(
-                f"total_tokens ({self.total_tokens}) must be at least one batch ({self.batch_size})"
+                f"total_tokens ({self.total_tokens}) must be at least one batch ({self.batch_tokens})"
             )
-        self.adam_betas = tuple(self.adam_betas)
 
     @property
     def total_steps(self) -> int:
-        return self.total_tokens // self.batch_size
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], where: str | None = None) -> "TrainConfig":
-        return config_from_dict(cls, d, "training option", where)
-
-
-def _check_sizes(cfg: TrainConfig) -> None:
-    """Refuse sizes that cannot mean what was asked (``--d-sae 0`` used to train expansion·d_in latents)."""
-    require_at_least(cfg, {"expansion": 1, "k": 1, "batch_size": 1, "total_tokens": 1, "b_dec_init_tokens": 1,
-                           "dead_window_tokens": 1, "log_every": 1, "warmup_steps": 0, "shuffle_buffer": 0,
-                           "checkpoint_every": 0, "d_sae": 1, "aux_k": 1, "num_threads": 1})
-    for name in ("lr", "l1_coefficient", "aux_coefficient"):
-        value = getattr(cfg, name)
-        if not 0 <= value < float("inf"):
-            raise BadInputError(f"{name} must be a finite number >= 0, got {value!r}")
-    if not 0 <= cfg.decay_fraction <= 1:
-        raise BadInputError(f"decay_fraction must be in [0, 1], got {cfg.decay_fraction}")
-    if not all(0 <= b < 1 for b in cfg.adam_betas):
-        raise BadInputError(f"adam_betas must be in [0, 1), got {tuple(cfg.adam_betas)}")
+        return self.total_tokens // self.batch_tokens
 
 
 @dataclass
@@ -167,10 +157,10 @@ class _TensorSource:
             raise BadInputError(f"training tensor must be (n, d), got shape {tuple(x.shape)}")
         n_held = int(round(x.shape[0] * cfg.heldout_fraction))
         self.train_x, self.heldout_x = x[: x.shape[0] - n_held], x[x.shape[0] - n_held :]
-        if self.train_x.shape[0] < cfg.batch_size:
+        if self.train_x.shape[0] < cfg.batch_tokens:
             raise BadInputError(
                 f"{self.train_x.shape[0]} training rows after holding out {n_held}; need at least one batch "
-                f"of {cfg.batch_size}"
+                f"of {cfg.batch_tokens}"
             )
         self.d, self.cfg = x.shape[1], cfg
         self.identity = {"source": "tensor", "rows": int(x.shape[0]), "heldout": "last fraction of rows"}
@@ -178,7 +168,7 @@ class _TensorSource:
         self.heldout_first_row = int(self.train_x.shape[0])
 
     def train_batches(self, start_step: int) -> Iterator[Tensor]:
-        n, bs = self.train_x.shape[0], self.cfg.batch_size
+        n, bs = self.train_x.shape[0], self.cfg.batch_tokens
         per_epoch = n // bs  # the ragged tail of each permutation is dropped
         epoch, i = divmod(start_step, per_epoch)
         while True:
@@ -200,16 +190,16 @@ class _TensorSource:
         return _init_description(self.train_x.shape[0], n, "rows of the training tensor")
 
     def heldout_batches(self) -> Iterator[Tensor]:
-        for lo in range(0, self.heldout_x.shape[0], self.cfg.batch_size):
-            yield self.heldout_x[lo : lo + self.cfg.batch_size].float()
+        for lo in range(0, self.heldout_x.shape[0], self.cfg.batch_tokens):
+            yield self.heldout_x[lo : lo + self.cfg.batch_tokens].float()
 
 
 class _StoreSource:
     def __init__(self, store, cfg: TrainConfig):
         self.store, self.cfg, self.d = store, cfg, store.d
         self.n_train = store.n_tokens - int(round(store.n_tokens * cfg.heldout_fraction))
-        if self.n_train < cfg.batch_size:
-            raise BadInputError(f"{store.path}: {self.n_train} training rows, need at least one batch of {cfg.batch_size}")
+        if self.n_train < cfg.batch_tokens:
+            raise BadInputError(f"{store.path}: {self.n_train} training rows, need at least one batch of {cfg.batch_tokens}")
         self.identity = {
             "source": "store", "path": str(store.path), "model": store.model, "hook": store.hook,
             "n_tokens": store.n_tokens, "corpus": store.corpus,
@@ -234,14 +224,14 @@ class _StoreSource:
     def _epoch(self, epoch: int, skip: int = 0) -> Iterator[Tensor | None]:
         """One epoch of the training rows, batch for batch what ``store.iter_batches(shuffle=True,
         drop_last=True)`` gives: a seeded shard order (this rank's every world-th shard), rows mixed through a
-        shuffle buffer, whole batches of batch_size/world rows only.
+        shuffle buffer, whole batches of batch_tokens/world rows only.
 
         The first `skip` batches come out as None without reading anything: the shard order and every
         permutation of the buffer depend only on row counts and the seed, so they are replayed on global row
         indices. Rows are read from the first batch on that is yielded, and then only the rows still in the
         buffer (resume seeks instead of re-reading the shards before the saved position).
         """
-        st, bs = self.store, self.cfg.batch_size // self.world
+        st, bs = self.store, self.cfg.batch_tokens // self.world
         buffer, stop = self.cfg.shuffle_buffer // self.world, self.n_train
         gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
         order = [i for i in range(len(st.shards)) if st.offsets[i] < stop]
@@ -342,8 +332,8 @@ class _StoreSource:
         return _init_description(self.n_train, n, f"training rows across all {len(self.store.shards)} shard(s)")
 
     def heldout_batches(self) -> Iterator[Tensor]:
-        for lo in range(self.n_train, self.store.n_tokens, self.cfg.batch_size):
-            yield self.store.read_rows(lo, min(lo + self.cfg.batch_size, self.store.n_tokens))
+        for lo in range(self.n_train, self.store.n_tokens, self.cfg.batch_tokens):
+            yield self.store.read_rows(lo, min(lo + self.cfg.batch_tokens, self.store.n_tokens))
 
 
 class _IteratorSource:
@@ -351,7 +341,7 @@ class _IteratorSource:
         self.factory = data if callable(data) and not hasattr(data, "__next__") else None
         self._once = None if self.factory else iter(data)
         self.cfg = cfg
-        n_held = max(int(cfg.heldout_fraction * cfg.total_tokens), cfg.batch_size) if cfg.heldout_fraction else 0
+        n_held = max(int(cfg.heldout_fraction * cfg.total_tokens), cfg.batch_tokens) if cfg.heldout_fraction else 0
         stream = self._stream()
         self.heldout_x = self._take(stream, n_held) if n_held else torch.empty(0)
         self._stream_after_heldout = stream
@@ -399,7 +389,7 @@ class _IteratorSource:
         stream = self._stream_after_heldout
         if start_step:  # replay: a fresh stream, skip held-out and consumed rows
             stream = self._stream_after_fresh_heldout()
-        bs, pending, step = self.cfg.batch_size, torch.empty(0, self.d), 0
+        bs, pending, step = self.cfg.batch_tokens, torch.empty(0, self.d), 0
         for b in stream:
             pending = torch.cat([pending, b])
             while pending.shape[0] >= bs:
@@ -419,8 +409,8 @@ class _IteratorSource:
         return {"method": "first rows of the stream (an iterator cannot be sampled without a pass)", "n_rows": n}
 
     def heldout_batches(self) -> Iterator[Tensor]:
-        for lo in range(0, self.heldout_x.shape[0], self.cfg.batch_size):
-            yield self.heldout_x[lo : lo + self.cfg.batch_size]
+        for lo in range(0, self.heldout_x.shape[0], self.cfg.batch_tokens):
+            yield self.heldout_x[lo : lo + self.cfg.batch_tokens]
 
 
 def tensor_sha256(x: Tensor) -> str:
@@ -558,7 +548,7 @@ def load_checkpoint(cfg: TrainConfig) -> tuple[dict, dict] | None:
     d = _ckpt_dir(cfg)
     if d is None or not (d / "state.json").exists():
         return None
-    fix = f"delete {d} (or pass --overwrite) to start a new run"
+    fix = f"delete {d} (or {OVERWRITE}) to start a new run"
     try:
         state = json.loads((d / "state.json").read_bytes())
         if not isinstance(state, dict):
@@ -592,6 +582,7 @@ def _weight_options(config: Mapping[str, Any], d_sae: int) -> dict[str, Any]:
     """The options that fix the weights: all but NOT_IN_WEIGHTS, expansion folded into the built d_sae.
     A key an older checkpoint lacks counts as the option's default."""
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
+    config = {("batch_tokens" if k == "batch_size" else k): v for k, v in config.items()}  # saved before the rename
     merged = json_safe({**defaults, **config})
     return {k: v for k, v in merged.items() if k not in NOT_IN_WEIGHTS and k != "expansion"} | {"d_sae": d_sae}
 
@@ -611,7 +602,7 @@ def _open_checkpoint(cfg: TrainConfig, source: Any, d_sae: int, resume: bool) ->
             (out / name).unlink(missing_ok=True)
         return None
     ckpt = load_checkpoint(cfg)
-    again = "Rerun with the checkpoint's options, pass --overwrite to start a new run, or use another out_dir."
+    again = f"Rerun with the checkpoint's options, {OVERWRITE} to start a new run, or use another out_dir."
     if ckpt is not None and resume:
         state, tensors = ckpt
         saved = _weight_options(state["config"], int(tensors["sae.W_enc"].shape[1]))  # as built
@@ -639,13 +630,13 @@ def _open_checkpoint(cfg: TrainConfig, source: Any, d_sae: int, resume: bool) ->
             )
     if (out / CFG_FILENAME).exists():
         raise BadInputError(
-            f"{out} already holds a trained SAE ({CFG_FILENAME}); pass --overwrite to replace it, or choose "
+            f"{out} already holds a trained SAE ({CFG_FILENAME}); {OVERWRITE} to replace it, or choose "
             "another out_dir"
         )
     if ckpt is not None and not resume:
         raise BadInputError(
             f"{ckpt_dir} holds a checkpoint at step {ckpt[0]['step']} that a run without resume would replace; "
-            "pass --overwrite to discard it, or resume it"
+            f"{OVERWRITE} to discard it, or resume it"
         )
     return ckpt
 
@@ -701,7 +692,7 @@ def update_batchtopk_threshold(sae: SAE, min_kept: Tensor, step: int, rate: floa
 
 
 def _rank_batches(source: Any, start_step: int, ctx: Any) -> Iterator[Tensor]:
-    """torch.distributed: this rank's part (batch_size/world rows) of every global batch.
+    """torch.distributed: this rank's part (batch_tokens/world rows) of every global batch.
 
     Store: the rank streams its own shards (rank::world of each epoch's seeded shard order), so ranks
     read disjoint data and the order depends on the world size. Tensor / iterator: the rank's
@@ -711,10 +702,10 @@ def _rank_batches(source: Any, start_step: int, ctx: Any) -> Iterator[Tensor]:
 
     if isinstance(source, _StoreSource):
         train_rows = sorted(s.rows for s, off in zip(source.store.shards, source.store.offsets) if off < source.n_train)
-        if sum(train_rows[: len(train_rows) // ctx.world_size]) < source.cfg.batch_size // ctx.world_size:
+        if sum(train_rows[: len(train_rows) // ctx.world_size]) < source.cfg.batch_tokens // ctx.world_size:
             raise BadInputError(
                 f"{source.store.path}: {len(train_rows)} training shard(s) cannot give each of {ctx.world_size} "
-                f"ranks a batch of {source.cfg.batch_size // ctx.world_size} rows every epoch; use fewer ranks or "
+                f"ranks a batch of {source.cfg.batch_tokens // ctx.world_size} rows every epoch; use fewer ranks or "
                 "re-cache with more, smaller shards"
             )
         source.rank, source.world = ctx.rank, ctx.world_size
@@ -752,8 +743,8 @@ def train_sae(
     cfg.out_dir in the SAELens layout (see saegeo.sae.formats). `on_step(step, live)` is called after
     every optimiser step (the tests use it to kill a run).
 
-    Under torchrun (WORLD_SIZE > 1) the same call trains with DistributedDataParallel: cfg.batch_size
-    stays the global batch (each rank computes batch_size/world rows), b_dec's mean and the dead-latent
+    Under torchrun (WORLD_SIZE > 1) the same call trains with DistributedDataParallel: cfg.batch_tokens
+    stays the global batch (each rank computes batch_tokens/world rows), b_dec's mean and the dead-latent
     counts are reduced over ranks, rank 0 writes checkpoints and the SAE, and a checkpoint resumes on
     any world size (see saegeo.distributed).
     """
@@ -767,11 +758,14 @@ def train_sae(
     ctx = distributed.init_from_env()
     if ctx is not None:
         device = ctx.device if device.type == "cuda" else device
-        if cfg.batch_size % ctx.world_size:
-            raise BadInputError(f"batch_size {cfg.batch_size} is not divisible by the {ctx.world_size} ranks")
+        if cfg.batch_tokens % ctx.world_size:
+            raise BadInputError(f"batch_tokens {cfg.batch_tokens} is not divisible by the {ctx.world_size} ranks")
     source = make_source(data, cfg)
     unit_decoder = cfg.decoder_norm == "unit" or cfg.arch != "relu"
-    sae = SAE(_sae_config(cfg, source.d), device=device)
+    sae_cfg = _sae_config(cfg, source.d)
+    # W_enc and W_dec in float32, each with its gradient and two Adam moments
+    require_memory(2 * sae_cfg.d_in * sae_cfg.d_sae * 4 * 4, f"an SAE of d_sae={sae_cfg.d_sae} on d_in={sae_cfg.d_in}")
+    sae = SAE(sae_cfg, device=device)
     groups: list[dict] = [{"params": [p for n, p in sae.named_parameters() if n != "threshold"], "lr_scale": 1.0}]
     if cfg.arch == "jumprelu":
         sae.threshold.requires_grad_(True)
@@ -839,7 +833,7 @@ def train_sae(
     if cfg.progress and (ctx is None or ctx.is_main):
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=cfg.total_steps * cfg.batch_size, initial=start_step * cfg.batch_size, unit="tok",
+        bar = tqdm(total=cfg.total_steps * cfg.batch_tokens, initial=start_step * cfg.batch_tokens, unit="tok",
                    unit_scale=True, desc=f"train {cfg.arch}", dynamic_ncols=True)
     batches = source.train_batches(start_step) if ctx is None else _rank_batches(source, start_step, ctx)
     forward_train = distributed.wrap_ddp(sae, "forward_train")  # DDP: gradients averaged over ranks
@@ -900,7 +894,7 @@ def train_sae(
             vals = dict(zip(acc, distributed.sum_across_ranks(torch.stack(list(acc.values()))).tolist()))
             vals["aux"] /= world  # each rank's aux is already a mean over the global batch
             live = {
-                "step": done, "tokens": done * cfg.batch_size,
+                "step": done, "tokens": done * cfg.batch_tokens,
                 "mse": vals["sse"] / (vals["n"] * source.d), "fve": 1 - vals["sse"] / vals["css"],
                 "l0": vals["l0"] / vals["n"], "aux": vals["aux"] / cfg.log_every,
                 "dead": float((since_fired > cfg.dead_window_tokens).float().mean()),
@@ -910,7 +904,7 @@ def train_sae(
             for v in acc.values():
                 v.zero_()
             if bar is not None:
-                bar.update(done * cfg.batch_size - bar.n)
+                bar.update(done * cfg.batch_tokens - bar.n)
                 bar.set_postfix(fve=f"{live['fve']:.3f}", l0=f"{live['l0']:.1f}", dead=f"{live['dead']:.2f}")
         if is_ckpt:
             if ctx is None or ctx.is_main:

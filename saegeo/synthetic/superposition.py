@@ -27,7 +27,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Literal
 
 import numpy as np
 import torch
@@ -35,6 +35,7 @@ from jaxtyping import Float, Int
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from saegeo.config import BATCH_ROWS, check, option, require_memory
 from saegeo.errors import BadInputError
 from saegeo.io import dump_json
 from saegeo.geometry.amplification import dictionary_anisotropy
@@ -48,22 +49,33 @@ _STREAM_DICTIONARY, _STREAM_ROWS = 0, 1
 class SyntheticConfig:
     """Everything that defines a synthetic data set; the same config and seed give the same rows."""
 
-    d: int = 512
-    n_features: int = 4096
-    dictionary: str = "random"  # "random" (tilted toward a common direction) | "identity" (u_i = e_i, N = d)
-    tilt: float = 0.0  # cosine of every u_i with the common direction c; A_dict ≈ tilt²
-    target_a_dict: float | None = None  # solve for the tilt that gives this A_dict (overrides tilt)
-    rate: float = 0.02  # mean firing probability q
-    rate_law: str = "uniform"  # "uniform" | "zipf"
-    zipf_exponent: float = 1.0
-    magnitude: str = "exp"  # "exp" | "half_normal" | "log_normal" | "constant"
-    log_normal_sigma: float = 1.0
-    n_groups: int = 0  # co-firing groups of consecutive features
-    group_size: int = 2
-    offset: float = 0.0  # ‖b‖ relative to the RMS norm of Σ a_i u_i
-    noise: float = 0.0  # RMS norm of ε relative to the RMS norm of Σ a_i u_i
-    whiten: bool = False
-    seed: int = 0
+    d: int = option(512, "activation dimension", low=1)
+    n_features: int = option(4096, "dictionary size N", low=2)
+    dictionary: Literal["random", "identity"] = option("random", "random (tilted toward a common direction) or "
+                                                       "identity (u_i = e_i, N = d)")
+    tilt: float = option(0.0, "cosine of every u_i with the common direction c; A_dict ≈ tilt²", low=0, high=1)
+    target_a_dict: float | None = option(None, "solve the tilt for this dictionary anisotropy A_dict (overrides "
+                                         "tilt)", above=0, below=1)
+    rate: float = option(0.02, "mean firing probability q", above=0, high=1)
+    rate_law: Literal["uniform", "zipf"] = option("uniform", "per-feature firing rates")
+    zipf_exponent: float = option(1.0, "exponent of the zipf rate law", low=0)
+    magnitude: Literal["exp", "half_normal", "log_normal", "constant"] = option("exp", "magnitude law of active "
+                                                                              "codes")
+    log_normal_sigma: float = option(1.0, "σ of the log_normal magnitude law", above=0)
+    n_groups: int = option(0, "co-firing groups of consecutive features", low=0)
+    group_size: int = option(2, "features per co-firing group", low=1)
+    offset: float = option(0.0, "‖b‖ relative to the RMS norm of Σ a_i u_i", low=0)
+    noise: float = option(0.0, "RMS norm of ε relative to the RMS norm of Σ a_i u_i", low=0)
+    whiten: bool = option(False, "whiten the rows (flat spectrum, zero mean)")
+    seed: int = option(0, "seeds the dictionary and the rows", low=0)
+
+    def __post_init__(self) -> None:
+        check(self)
+        # the dictionary is built in float64 and kept in float32 beside it
+        require_memory(12 * self.d * self.n_features, f"a synthetic dictionary of {self.n_features} x {self.d}")
+
+
+Preset = Literal["isotropic", "tilted", "large_offset", "dense_relu", "whitened"]
 
 
 PRESETS: dict[str, dict] = {
@@ -500,6 +512,6 @@ class SuperpositionGenerator:
             raise BadInputError(f"dtype must be one of {sorted(dtypes)}, got {dtype!r}")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        x = torch.cat(list(self.activations(n, 8192))).to(dtypes[dtype])
+        x = torch.cat(list(self.activations(n, BATCH_ROWS))).to(dtypes[dtype])
         save_file({"activations": x}, str(path), metadata={"synthetic": dump_json(asdict(self.config), indent=None)})
         return self.truth.save(path.with_name(path.stem + ".truth.safetensors"))

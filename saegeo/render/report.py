@@ -1,8 +1,6 @@
-"""Renderings of the two pages saegeo writes -- a GeometryReport and a DictionaryCheck (`saegeo check`) --
-as terminal summary, Markdown, JSON and self-contained HTML, and the one writer of their files.
+"""The report page (a GeometryReport) as terminal summary, Markdown, JSON and self-contained HTML, its figures,
+and `write_report`, the one writer of either page's files (a report, or a DictionaryCheck: saegeo.render.check).
 
-Public API
-----------
 ``render_terminal(report) -> str``   a few lines a person reads first, flags on top.
 ``render_markdown(report, figure_dir=None) -> str``   tables to paste into a paper or a bug report.
 ``render_json(report) -> str``       the schema-versioned JSON (``GeometryReport.load`` reads it back).
@@ -10,7 +8,6 @@ Public API
 ``figures(report) -> dict[str, bytes]``   the PNG plots: spectrum (log-log, MP band), cosines (histogram,
                                      null, isotropic band), latents (firing vs cos(u_i, μ), sized by c_i),
                                      amplification (the law's curves, the measured points, the per-latent law), rogue (shares).
-``render_check_terminal / render_check_markdown / render_check_html(check) -> str``   the same for a DictionaryCheck.
 ``write_report(page, out_dir, formats=("terminal", "md", "json", "html")) -> dict[str, Path]``   either page's files.
 """
 
@@ -18,41 +15,20 @@ from __future__ import annotations
 
 import base64
 import html
-import io
-import math
 import os
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable
 
-from saegeo.activations.cache import describe_exclusions
-from saegeo.errors import BadInputError
-from saegeo.geometry.nulls import anisotropy_null_sd
 from saegeo.io import atomic_write
+from saegeo.render.base import (
+    FORMATS, flag_counts, fmt_num, fmt_pct, html_flags, html_page, html_table, md_flags, md_table, output_dir, png,
+    rendering_names, terminal_flags, write_renderings,
+)
+from saegeo.render.check import render_check_html, render_check_markdown, render_check_terminal
+from saegeo.render.text import artifact_text, exclusion_lines
 from saegeo.report.check import DictionaryCheck
-from saegeo.report.flags import SEVERITIES, Flag, FlagThresholds
+from saegeo.report.flags import FlagThresholds
 from saegeo.report.report import GeometryReport, SAEGeometry
-
-FORMATS = ("terminal", "md", "json", "html")
-SEVERITY_MARK = {"error": "✖", "warning": "▲", "info": "·"}
-
-
-# =========================================================================== number formatting
-def fmt_num(x: Any, digits: int = 3) -> str:
-    """Compact number: None -> '—', large/small in scientific notation."""
-    if x is None:
-        return "—"
-    if isinstance(x, bool) or isinstance(x, int):
-        return f"{x:,}" if isinstance(x, int) and not isinstance(x, bool) else str(x)
-    x = float(x)
-    if not math.isfinite(x):
-        return "—"
-    if x != 0 and (abs(x) >= 1e5 or abs(x) < 10 ** (-digits)):
-        return f"{x:.{max(digits - 1, 1)}e}"
-    return f"{x:.{digits}f}"
-
-
-def fmt_pct(x: Any) -> str:
-    return "—" if x is None else f"{100 * float(x):.1f}%"
 
 
 def _title(report: GeometryReport) -> str:
@@ -87,10 +63,10 @@ def activation_lines(report: GeometryReport) -> list[tuple[str, str]]:
                  f"canonical {s['canonical']}); offset ‖m̂‖ = {fmt_num(g['offset'])}; "
                  f"isotropic sd of one cosine 1/√d = {fmt_num(g['isotropic_cosine_sd'])}"),
     ]
-    if g.get("z_vs_null") is not None:
-        lines.append(("vs null", f"z = {fmt_num(g['z_vs_null'], 1)} = (A − null − finite-d bias {fmt_num(g.get('A_null_bias'))}) "
-                                 f"/ sd {fmt_num(g.get('A_null_sd'))}; sd of A alone {fmt_num(g.get('A_sd'))}; "
-                                 f"isotropic sd {fmt_num(g.get('anisotropy_null_sd'))} (isotropic z {fmt_num(g['anisotropy_z'], 1)})"))
+    if g.get("null_z") is not None:
+        lines.append(("vs null", f"z = {fmt_num(g['null_z'], 1)} = (A − null − finite-d bias {fmt_num(g.get('null_bias'))}) "
+                                 f"/ sd {fmt_num(g.get('null_sd'))}; sd of A alone {fmt_num(g.get('A_sd'))}; "
+                                 f"isotropic sd {fmt_num(g.get('isotropic_sd'))} (isotropic z {fmt_num(g['isotropic_z'], 1)})"))
     if g.get("unit_effective_rank") is not None:
         lines.append(("unit x̂", f"E[x̂x̂ᵀ]: erank {fmt_num(g['unit_effective_rank'], 1)} of {g['d']}, "
                                 f"top-1 {fmt_pct(g.get('unit_top1_share'))} (uniform directions: {g['d']}, {fmt_pct(1 / g['d'])})"))
@@ -100,12 +76,12 @@ def activation_lines(report: GeometryReport) -> list[tuple[str, str]]:
         ("spectrum", f"erank {fmt_num(g['effective_rank'], 1)} of {g['d']} (isotropic noise of this n, d: "
                      f"{fmt_num(g['noise_effective_rank'], 1)}), top-1 {fmt_pct(g['top1_share'])}, top-10 {fmt_pct(g['top10_share'])}, "
                      f"{spikes}, numerical rank {g['numerical_rank']}, IsoScore {fmt_num(g['isoscore'])}"),
-        ("MP σ²", f"{fmt_num(g['mp_sigma2'])} from the bulk, {fmt_num(g.get('mp_sigma2_trace'))} as tr Σ/d "
+        ("MP σ²", f"{fmt_num(g['mp_sigma2_bulk'])} from the bulk, {fmt_num(g.get('mp_sigma2_trace'))} as tr Σ/d "
                   f"({bulk.get('n_spikes_trace_edge', '—')} eigenvalue(s) above that naive edge)"),
         ("rogue dims", f"{rogue['n_for_50']} coordinate(s) carry 50% of the offset, {rogue['n_for_90']} carry 90%"
                        + (f"; top: {top_rogue}" if top_rogue else "")),
     ]
-    lines += [("excluded" if i == 0 else "", line) for i, line in enumerate(describe_exclusions(report.exclusions or {}))]
+    lines += [("excluded" if i == 0 else "", line) for i, line in enumerate(exclusion_lines(report.exclusions or {}))]
     if report.artifact:
         lines.append(("artifact", artifact_text(report.artifact)))
         first = report.artifact.get("first_position")
@@ -123,14 +99,6 @@ def diagnosis_lines(report: GeometryReport) -> list[tuple[str, str]]:
         read = ", ".join(f"{k} = {fmt_num(v) if isinstance(v, float) else v}" for k, v in step.get("read", {}).items())
         out.append((step["step"], f"{step['finding']}" + (f" [{read}]" if read else "")))
     return out
-
-
-def artifact_text(artifact: dict[str, Any]) -> str:
-    """'|corr(PC_j, ·)|: log freq a, position b, ‖x‖ c' for each tested principal direction."""
-    absr = artifact["abs"]
-    parts = [f"PC{j + 1}: log freq {fmt_num(absr['log_frequency'][j], 2)}, position {fmt_num(absr['position'][j], 2)}, "
-             f"‖x‖ {fmt_num(absr['norm'][j], 2)}" for j in range(int(artifact["k"]))]
-    return "|corr| " + "; ".join(parts)
 
 
 def _with_sd(amp: dict, key: str) -> str:
@@ -230,27 +198,7 @@ def _sae_table(report: GeometryReport) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def flag_counts(flags: list[Flag]) -> str:
-    counts = {sev: sum(f.severity == sev for f in flags) for sev in reversed(SEVERITIES)}
-    return " · ".join(f"{n} {sev}" for sev, n in counts.items() if n) or "none"
-
-
 # =========================================================================== terminal
-def terminal_flags(flags: list[Flag], *, max_flags: int = 12, show_subject: bool = True) -> list[str]:
-    """The FLAGS block of a terminal summary: counts, then the first ``max_flags`` flags with advice."""
-    out = [f"FLAGS  {flag_counts(flags)}"]
-    for f in flags[:max_flags]:
-        who = f"[{f.subject}] " if show_subject and f.subject != "activations" else ""
-        out.append(f"  {SEVERITY_MARK[f.severity]} {f.severity:<7} {who}{f.name}: {f.summary}")
-        if f.latents:
-            more = "…" if len(f.latents) >= 10 else ""
-            out.append(f"      latents {', '.join(map(str, f.latents[:10]))}{more}")
-        out.append(f"      → {f.advice}")
-    if len(flags) > max_flags:
-        out.append(f"  … {len(flags) - max_flags} more in the full report")
-    return out
-
-
 def render_terminal(report: GeometryReport, *, max_flags: int = 12) -> str:
     """The summary a person reads first: title, flags (most severe first) with advice, then the numbers."""
     out = [_title(report), ""]
@@ -273,26 +221,6 @@ def render_terminal(report: GeometryReport, *, max_flags: int = 12) -> str:
 
 
 # =========================================================================== markdown
-def md_table(header: list[str], rows: list[list[str]]) -> str:
-    esc = lambda c: str(c).replace("|", "\\|")  # noqa: E731
-    lines = ["| " + " | ".join(esc(c) for c in header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def md_flags(flags: list[Flag], *, show_subject: bool = True) -> list[str]:
-    """One bullet per flag (severity, name, summary, advice; evidence and latents beneath), or 'No flags.'."""
-    out = []
-    for f in flags:
-        who = f" — {f.subject}" if show_subject and f.subject != "activations" else ""
-        out.append(f"- **{f.severity}** `{f.name}`{who}: {f.summary}. *{f.advice}*")
-        ev = ", ".join(f"{k} = {fmt_num(v) if isinstance(v, float) else v}" for k, v in f.evidence.items())
-        out.append(f"  - evidence: {ev}")
-        if f.latents:
-            out.append(f"  - latents: {', '.join(map(str, f.latents))}")
-    return out or ["No flags."]
-
-
 def render_markdown(report: GeometryReport, figure_dir: str | None = None) -> str:
     """Markdown: flags with evidence, the activation geometry, the SAE table, links to figures if written."""
     out = [f"# {_title(report)}", "", f"## Flags ({flag_counts(report.flags)})", ""]
@@ -318,15 +246,6 @@ def render_json(report: GeometryReport) -> str:
 
 # =========================================================================== figures
 FIGURE_NAMES = ("spectrum", "cosines", "latents", "amplification", "rogue")
-
-
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return buf.getvalue()
 
 
 def figures(report: GeometryReport) -> dict[str, bytes]:
@@ -357,7 +276,7 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
     ax.set_ylabel("eigenvalue")
     ax.set_title(f"centred spectrum: {'no flat bulk' if g['n_spikes'] is None else str(g['n_spikes']) + ' spikes'}, erank {g['effective_rank']:.1f} of {g['d']}")
     ax.legend(fontsize=7)
-    out["spectrum"] = _png(fig)
+    out["spectrum"] = png(fig)
 
     # sampled pairwise cosines with the sign-aware null and the isotropic ±2/√d band around it
     h = report.cosine_histogram
@@ -379,7 +298,7 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
     ax.set_ylabel("density")
     ax.set_title("pairwise cosines")
     ax.legend(fontsize=7)
-    out["cosines"] = _png(fig)
+    out["cosines"] = png(fig)
 
     # latents: firing frequency against cos(decoder, μ), sized by cone share
     n_sae = max(1, len(report.saes))
@@ -407,7 +326,7 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
         ax.set_title(f"{s.name}: latents " + ("(size ∝ |cone share|)" if has_cone else "(no cone in x̂ − b_dec)"),
                      fontsize=9)
     axes[0][0].set_ylabel("cos(decoder row, activation mean)")
-    out["latents"] = _png(fig)
+    out["latents"] = png(fig)
 
     # the amplification law: A against K·‖ū‖², textbook and exact-moment curves, measured points, per-latent law
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -440,7 +359,7 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
     ax.set_ylabel("mean pairwise cosine A")
     ax.set_title("amplification law")
     ax.legend(fontsize=6)
-    out["amplification"] = _png(fig)
+    out["amplification"] = png(fig)
 
     # rogue dimensions: coordinate shares of the offset
     fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -452,44 +371,11 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
     ax.set_xlabel("coordinate")
     ax.set_ylabel("share m̂_j²/‖m̂‖²")
     ax.set_title(f"rogue dimensions: {rogue['n_for_50']} carry 50% of the offset")
-    out["rogue"] = _png(fig)
+    out["rogue"] = png(fig)
     return out
 
 
 # =========================================================================== html
-HTML_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
-td:first-child,th:first-child{text-align:left}.error{color:#b00}.warning{color:#b60}.info{color:#555}
-.flag{margin:.6em 0}.ev{font-size:.85em;color:#555}img{max-width:100%;margin:.5em 0}
-pre{background:#f6f6f6;padding:.6em;overflow-x:auto}"""
-
-
-def html_flags(flags: list[Flag], *, show_subject: bool = True) -> list[str]:
-    """One <div> per flag (severity, name, summary, advice, evidence, latents), or a 'No flags.' line."""
-    e = html.escape
-    parts = []
-    for f in flags:
-        who = f" — {e(f.subject)}" if show_subject and f.subject != "activations" else ""
-        ev = ", ".join(f"{e(k)} = {e(fmt_num(v) if isinstance(v, float) else str(v))}" for k, v in f.evidence.items())
-        lat = f"<br>latents: {e(', '.join(map(str, f.latents)))}" if f.latents else ""
-        parts.append(f"<div class='flag'><b class='{f.severity}'>{f.severity}</b> <code>{e(f.name)}</code>{who}: "
-                     f"{e(f.summary)}<br><i>{e(f.advice)}</i><div class='ev'>{ev}{lat}</div></div>")
-    return parts or ["<p>No flags.</p>"]
-
-
-def _html_page(title: str, body: list[str]) -> str:
-    """The page skeleton both renderings share: title, the common style sheet, the body parts in order."""
-    e = html.escape
-    head = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>",
-            f"<style>{HTML_CSS}</style></head><body>", f"<h1>{e(title)}</h1>"]
-    return "\n".join(head + body + ["</body></html>"])
-
-
-def _html_table(rows: list[tuple[str, str]]) -> list[str]:
-    e = html.escape
-    return ["<table>"] + [f"<tr><td>{e(a)}</td><td style='text-align:left'>{e(b)}</td></tr>" for a, b in rows] + ["</table>"]
-
-
 def render_html(report: GeometryReport, pngs: dict[str, bytes] | None = None) -> str:
     """One self-contained page: flags, tables and the plots as data: URIs."""
     e = html.escape
@@ -497,10 +383,10 @@ def render_html(report: GeometryReport, pngs: dict[str, bytes] | None = None) ->
     parts = [f"<h2>Flags ({e(flag_counts(report.flags))})</h2>"]
     parts += html_flags(report.flags)
     parts.append("<h2>Activations</h2>")
-    parts += _html_table(activation_lines(report))
+    parts += html_table(activation_lines(report))
     if diagnosis_lines(report):
         parts.append("<h2>Diagnosis</h2>")
-        parts += _html_table(diagnosis_lines(report))
+        parts += html_table(diagnosis_lines(report))
     if report.saes:
         header, rows = _sae_table(report)
         parts.append("<h2>SAE" + ("s side by side" if len(report.saes) > 1 else "") + "</h2><table>")
@@ -517,63 +403,7 @@ def render_html(report: GeometryReport, pngs: dict[str, bytes] | None = None) ->
     parts.append(f"<h2>Terminal summary</h2><pre>{e(render_terminal(report))}</pre>")
     parts.append(f"<p class='ev'>saegeo {e(report.saegeo_version)}, report schema {report.schema_version}; "
                  "the numbers behind this page are in report.json.</p>")
-    return _html_page(_title(report), parts)
-
-
-# =========================================================================== the dictionary check page
-def check_lines(check: DictionaryCheck) -> list[tuple[str, str]]:
-    """(label, text) rows of the dictionary numbers, shared by every rendering of a check."""
-    f = fmt_num
-    s, sp, n, ed, b = check.source, check.dictionary_spectrum, check.decoder_norms, check.encoder_decoder_cos, check.b_dec
-    return [
-        ("format", f"{s['format']}  d_in {s['d_in']:,}  d_sae {s['d_sae']:,}  {s['activation']}"
-                   + (f" k={s['k']}" if s.get("k") else "") + f"  b_dec subtracted: {s['apply_b_dec_to_input']}"
-                   + (f"  input norm: {s['input_normalization']}" if s["input_normalization"] != "none" else "")),
-        ("A_dict", f"{f(check.a_dict, 4)}  (‖ū‖² {f(check.dict_mean_sq_norm, 4)}; isotropic rows: 0 ± {f(anisotropy_null_sd(s['d_sae'], s['d_in']), 2)})"),
-        ("spectrum", f"erank {f(sp.get('effective_rank'), 4)} of {s['d_in']}  top-1 {fmt_pct(sp.get('top1_share'))}  "
-                     f"top-10 {fmt_pct(sp.get('top10_share'))}  IsoScore {f(sp.get('isoscore'))}  spikes {sp.get('n_spikes')}"),
-        ("dec norms", f"min {f(n['min'])}  median {f(n['median'])}  max {f(n['max'])}  cv {f(n['cv'])}  zero rows {check.n_zero_decoder_rows}"),
-        ("duplicates", f"{check.n_duplicate_pairs} pair(s) with cos > {check.options['duplicate_cos']:g}"
-                       + (f"; most similar {check.duplicate_pairs[0][0]}–{check.duplicate_pairs[0][1]} ({check.duplicate_pairs[0][2]:.4f})" if check.duplicate_pairs else "")),
-        ("enc·dec", f"cos(encoder, decoder) median {f(ed['median'])}  min {f(ed['min'])}  below {check.options['misaligned_cos']:g}: {ed['n_below']}"),
-        ("b_dec", f"‖b_dec‖ {f(b['norm'])} ({f(b['norm_over_median_decoder_norm'])}× median ‖w‖)  cos(b_dec, ū) {f(b['cos_mean_direction'])}"),
-    ]
-
-
-def _check_title(check: DictionaryCheck) -> str:
-    return f"saegeo check — {check.source['name']}"
-
-
-def render_check_terminal(check: DictionaryCheck, *, max_flags: int = 12) -> str:
-    """Same layout as `render_terminal`: title, flags with advice on top, then the numbers."""
-    s = check.source
-    out = [f"{_check_title(check)} ({s['format']}, {s['d_sae']:,} latents × {s['d_in']:,}, {check.seconds:.1f} s)", ""]
-    out += terminal_flags(check.flags, max_flags=max_flags, show_subject=False)
-    out += ["", "DICTIONARY"] + [f"  {label:<11}{text}" for label, text in check_lines(check)]
-    out += [f"note: {n}" for n in check.notes]
-    return "\n".join(out) + "\n"
-
-
-def render_check_markdown(check: DictionaryCheck) -> str:
-    out = [f"# {_check_title(check)}", "", f"## Flags ({flag_counts(check.flags)})", ""]
-    out += md_flags(check.flags, show_subject=False)
-    out += ["", "## Dictionary", "", md_table(["", ""], [[a, b] for a, b in check_lines(check)])]
-    if check.duplicate_pairs:
-        out += ["", "## Near-duplicate pairs", "", md_table(["i", "j", "cos"], [[str(i), str(j), f"{c:.6f}"] for i, j, c in check.duplicate_pairs])]
-    if check.notes:
-        out += ["", "## Notes", ""] + [f"- {n}" for n in check.notes]
-    out += ["", f"*saegeo check schema {check.schema_version}.*", ""]
-    return "\n".join(out)
-
-
-def render_check_html(check: DictionaryCheck) -> str:
-    e = html.escape
-    parts = [f"<h2>Flags ({e(flag_counts(check.flags))})</h2>"]
-    parts += html_flags(check.flags, show_subject=False)
-    parts.append("<h2>Dictionary</h2>")
-    parts += _html_table(check_lines(check))
-    parts.append(f"<h2>Terminal summary</h2><pre>{e(render_check_terminal(check))}</pre>")
-    return _html_page(_check_title(check), parts)
+    return html_page(_title(report), parts)
 
 
 # =========================================================================== files
@@ -582,7 +412,7 @@ def write_report(
 ) -> dict[str, Path]:
     """Write the requested renderings of a report (summary.txt, report.md + figures/, report.json, report.html)
     or of a dictionary check (summary.txt, check.md, check.json, check.html) into ``out_dir``; returns {format: path}."""
-    out = _output_dir(out_dir, formats, FORMATS, "report")
+    out = output_dir(out_dir, formats, FORMATS, "report")
     is_report = isinstance(page, GeometryReport)
     pngs = figures(page) if is_report and ("html" in formats or "md" in formats) else {}
     stem = "report" if is_report else "check"
@@ -601,26 +431,3 @@ def write_report(
     return write_renderings(out, formats, writers)
 
 
-def rendering_names(stem: str) -> dict[str, str]:
-    """The file each format is written to in an output directory (stem: report, check or sweep)."""
-    return {"terminal": "summary.txt", "json": f"{stem}.json", "md": f"{stem}.md", "html": f"{stem}.html"}
-
-
-def rendering_paths(out_dir: str | os.PathLike, formats: Sequence[str], stem: str) -> list[Path]:
-    """The files `write_report` / `write_sweep` would write for these formats (for `refuse_overwrite`)."""
-    return [Path(out_dir) / name for fmt, name in rendering_names(stem).items() if fmt in formats]
-
-
-def _output_dir(out_dir: str | os.PathLike, formats: Sequence[str], known: Sequence[str], what: str) -> Path:
-    """out_dir, created, once every requested format is known (else one clear error naming the choices)."""
-    unknown = [f for f in formats if f not in known]
-    if unknown:
-        raise BadInputError(f"unknown {what} format(s) {unknown}; choose from {list(known)}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    return out
-
-
-def write_renderings(out: Path, formats: Sequence[str], writers: Mapping[str, tuple[str, Callable[[], str | bytes]]]) -> dict[str, Path]:
-    """Each requested format's rendering, atomically, as out/<file name>: {format: path}."""
-    return {fmt: atomic_write(out / name, render()) for fmt, (name, render) in writers.items() if fmt in formats}

@@ -1,0 +1,335 @@
+"""The one path from a config dataclass to a TOML table and to command-line flags.
+
+Every option of every command is a field of a config dataclass, declared once with ``option(default, help,
+checks)``: the field's name is its TOML key and (in kebab case) its flag, its metadata holds the help and the
+checks, and ``check(cfg)`` (each config's ``__post_init__``) refuses a bad value wherever it came from — a flag,
+a config file, ``saegeo run`` or Python — with one line naming the field.
+
+Public API
+----------
+``option(default, help, *, low, high, above, below, factory, flag)``   a dataclass field with its help and checks.
+``check(cfg)``                         every field checked: type, finite, range; int fields fit in int64.
+``from_dict(cls, d, where=None)``      dict (TOML table, JSON object) -> ``cls``: unknown keys refused, values
+                                       coerced by annotation ("2M" ints, lists as tuples, Literal choices).
+``resolve(cls, passed, path, table)``  flags > the config file (its ``[table]`` or its top level) > defaults.
+``add_options(parser, cls)`` / ``passed(args, cls)``   the flags of ``cls`` and the fields a user gave.
+``require_memory(n_bytes, what)``      refuse an allocation the machine cannot hold, before it is tried.
+``BATCH_ROWS``                         the default rows per batch of a pass over activations (8192).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import math
+import os
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping, Union
+
+from saegeo.errors import BadInputError
+from saegeo.io import parse_int, read_config
+
+BATCH_ROWS = 8192  # rows per batch of a pass over activations (report, geometry, check, sweep, the artifact pass)
+INT64_MAX = 2**63 - 1  # every count and seed must fit the int64 that torch and numpy hold it in
+
+
+# =========================================================================== declaring a field
+def option(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, low: float | None = None,
+           high: float | None = None, above: float | None = None, below: float | None = None,
+           flag: bool = True) -> Any:
+    """A dataclass field with its help text and its checks: ``low <= value <= high``, ``above < value < below``
+    (None: no bound). Every float must be finite and every int must fit int64 whatever the bounds; None passes
+    (it means "unset"). ``flag=False`` keeps the field out of the command line (a config-file key only)."""
+    meta = {"help": help, "low": low, "high": high, "above": above, "below": below, "flag": flag}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    # get_type_hints resolves the string annotations that `from __future__ import annotations` leaves
+    return typing.get_type_hints(cls)
+
+
+def _bare(tp: Any) -> Any:
+    """X | None -> X."""
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        return options[0] if len(options) == 1 else tp
+    return tp
+
+
+def _num(x: float) -> str:
+    return str(x) if isinstance(x, int) or x == int(x) and abs(x) < 1e6 else f"{x:g}"
+
+
+def _bounds(meta: Mapping[str, Any]) -> str:
+    """The bounds of an option as a reader writes them: ">= 1", "in (0, 1]"."""
+    low, high, above, below = (meta.get(k) for k in ("low", "high", "above", "below"))
+    lo = f"[{_num(low)}" if low is not None else f"({_num(above)}" if above is not None else None
+    hi = f"{_num(high)}]" if high is not None else f"{_num(below)})" if below is not None else None
+    if lo and hi:
+        return f"in {lo}, {hi}"
+    if lo:
+        return (">= " if lo[0] == "[" else "> ") + lo[1:]
+    if hi:
+        return ("<= " if hi[-1] == "]" else "< ") + hi[:-1]
+    return ""
+
+
+def _check_value(name: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> None:
+    if value is None:
+        return
+    if typing.get_origin(tp) is tuple:
+        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        for item, item_tp in zip(value, args * len(value) if len(args) == 1 else args):
+            _check_value(name, item, item_tp, meta)
+        return
+    if tp not in (int, float):
+        return
+    number = "a whole number" if tp is int else "a finite number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (tp is int and not isinstance(value, int)):
+        raise BadInputError(f"{name} must be {number}, got {value!r}")
+    if tp is float and not math.isfinite(value):
+        raise BadInputError(f"{name} must be a finite number, got {value!r}")
+    if tp is int and not -INT64_MAX - 1 <= value <= INT64_MAX:
+        raise BadInputError(f"{name} must fit in 64 bits (at most {INT64_MAX}), got {value!r}")
+    low, high, above, below = (meta.get(k) for k in ("low", "high", "above", "below"))
+    ok = ((low is None or value >= low) and (high is None or value <= high)
+          and (above is None or value > above) and (below is None or value < below))
+    if not ok:
+        raise BadInputError(f"{name} must be {_bounds(meta)}, got {value!r}")
+
+
+def check(cfg: Any) -> None:
+    """BadInputError naming the first field of config dataclass ``cfg`` whose value fails its checks: ints
+    are whole numbers fitting int64, floats are finite, both within their ``option`` bounds (None passes)."""
+    hints = _hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        _check_value(f.name, getattr(cfg, f.name), _bare(hints[f.name]), f.metadata)
+
+
+def require_memory(n_bytes: float, what: str) -> None:
+    """Refuse, with one line, an allocation larger than the machine's memory (instead of a failed-allocation
+    traceback, or the kernel killing the process half-way)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): nothing to compare with
+        return
+    if n_bytes > total:
+        raise BadInputError(f"{what} needs {n_bytes / 2**30:,.1f} GiB, more than this machine's "
+                            f"{total / 2**30:,.1f} GiB of memory; choose a smaller size")
+
+
+# =========================================================================== dict -> config
+def from_dict(cls: type, d: Mapping[str, Any] | None, where: str | None = None) -> Any:
+    """``cls(**d)`` for a config dataclass, with every value checked against its field's annotation.
+
+    The one path from a TOML table, a JSON object or a Python dict to a config, so a key means the same
+    wherever it comes from: an unknown key is refused; ints accept "2M"-style sizes (token counts), floats
+    accept ints, tuples accept lists, ``Literal[...]`` fields accept only their choices, nested config
+    dataclasses accept tables. Every failure is one BadInputError naming the key (and ``where``: the file or table).
+    """
+    d = dict(d or {})
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(d) - set(known))
+    if unknown:
+        raise BadInputError(f"{where + ': ' if where else ''}unknown key(s) {unknown} of {cls.__name__}; "
+                            f"known: {sorted(known)}")
+    hints = _hints(cls)
+    return cls(**{key: _coerce(value, hints[key], key, where) for key, value in d.items()})
+
+
+def _coerce(value: Any, tp: Any, key: str, where: str | None) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+
+    def bad(expected: str) -> BadInputError:
+        return BadInputError(f"{where + ': ' if where else ''}{key} = {value!r}: expected {expected}")
+
+    if origin in (Union, types.UnionType):  # X | None
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        return _coerce(value, options[0], key, where) if len(options) == 1 else value
+    if origin is Literal:
+        if value not in args:
+            raise bad(f"one of {list(args)}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, Mapping):
+            raise bad(f"a table of {tp.__name__} keys")
+        return from_dict(tp, value, f"{where + ' ' if where else ''}[{key}]")
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool):
+            raise bad("a whole number")
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_int(value, key)
+        except BadInputError:
+            raise bad("a whole number such as 0, 4096, 500k or 2M") from None
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad("a number")
+        return float(value)
+    if tp is str:
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        if not isinstance(value, str):
+            raise bad("a string")
+        return value
+    if origin is tuple:
+        if isinstance(value, str):  # a single name where a list is expected: hooks = "blocks.3.hook_resid_post"
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise bad("a list")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(v, args[0], key, where) for v in value)
+        if args and len(value) != len(args):
+            raise bad(f"a list of {len(args)}")
+        return tuple(_coerce(v, a, key, where) for v, a in zip(value, args)) if args else tuple(value)
+    if origin is dict and not isinstance(value, Mapping):
+        raise bad("a table")
+    return value  # Any, dict[str, Any], ...: taken as given
+
+
+def resolve(cls: type, passed: Mapping[str, Any] | None = None, path: str | os.PathLike | None = None, *,
+            table: str | None = None, extra: tuple[str, ...] = ()) -> tuple[Any, dict[str, Any]]:
+    """(config, extras): the fields given on the command line (``passed``) over the config file's over the
+    defaults. The file holds ``cls``'s keys at its top level or, where it has one, in its ``[table]``; keys
+    named in ``extra`` (e.g. ``acts``) may stand at the top level beside it and are returned, not applied.
+    Every other key is refused, naming the key and the file: no key of a config file is ignored."""
+    values: dict[str, Any] = {}
+    extras: dict[str, Any] = {}
+    where = None
+    if path is not None:
+        doc, where = read_config(path), str(path)
+        outer = {k: doc.pop(k) for k in extra if k in doc}
+        if table is not None and isinstance(doc.get(table), Mapping):
+            inner = dict(doc.pop(table))
+            if doc:
+                raise BadInputError(f"{path}: key(s) {sorted(doc)} beside the [{table}] table are not read; move "
+                                    f"{cls.__name__} keys into [{table}]")
+            doc, where = inner, f"{path} [{table}]"
+            outer |= {k: doc.pop(k) for k in extra if k in doc}
+        values, extras = doc, outer
+    return from_dict(cls, {**values, **(passed or {})}, where), extras
+
+
+# =========================================================================== config -> flags
+def int_arg(text: str) -> int:
+    """Whole numbers, size-aware: 4096, 0, -1, 500k, 2M."""
+    try:
+        return parse_int(text)
+    except BadInputError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def float_arg(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"cannot read a number from {text!r}") from None
+
+
+def _list_arg(item: Any) -> Any:
+    """A comma-separated list ("a,b") as a tuple of ``item``."""
+
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(item(part.strip()) for part in text.split(",") if part.strip())
+        except (ValueError, argparse.ArgumentTypeError) as err:
+            raise argparse.ArgumentTypeError(f"cannot read a comma-separated list from {text!r} ({err})") from None
+
+    return parse
+
+
+_ARG_TYPES = {int: int_arg, float: float_arg}
+
+
+def shown(value: Any) -> str:
+    """A default as a user would write it on the command line."""
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_options(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = (),
+                show_defaults: bool = True) -> None:
+    """One ``--kebab-case`` option per field of config dataclass ``cls`` (nested dataclasses, ``flag=False``
+    fields and ``skip`` excepted), its help from the field's ``option`` metadata.
+
+    Options the user does not pass stay out of the namespace (default=SUPPRESS), so ``passed`` returns only
+    what was given: the dataclass default, or a config file's value, holds otherwise. Booleans are flags:
+    ``--overwrite`` where the default is False, ``--no-progress`` where it is True. A field without a default
+    is a required option; ``show_defaults=False`` leaves "(default: ...)" out where another source sets it.
+    """
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = _bare(hints[f.name])
+        if dataclasses.is_dataclass(tp) or f.name in skip or not f.metadata.get("flag", True):
+            continue
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        default = None if required else f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        flag = flag_name(f.name)
+        text = (f.metadata.get("help") or f"{cls.__name__}.{f.name}").replace("%", "%%")
+        kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, **({"required": True} if required else {})}
+        if tp is bool:
+            if default:  # progress -> --no-progress: "no progress bar"
+                parser.add_argument("--no-" + flag[2:], action="store_false", help=f"no {text}", **kw)
+            else:
+                parser.add_argument(flag, action="store_true", help=text, **kw)
+            continue
+        if typing.get_origin(tp) is Literal:
+            kw["choices"] = typing.get_args(tp)
+        elif typing.get_origin(tp) is tuple:
+            item = typing.get_args(tp)[0]
+            kw["type"] = _list_arg(_ARG_TYPES.get(item, item))
+            text += "; comma-separated"
+        else:
+            kw["type"] = _ARG_TYPES.get(tp, tp)
+        if bounds := _bounds(f.metadata):
+            text += f"; {bounds}"
+        if default is not None and show_defaults:  # a None default is explained by the help ("None: all")
+            text += f" (default: {shown(default)})"
+        if "choices" not in kw:  # --total-tokens TOTAL_TOKENS
+            kw["metavar"] = flag[2:].upper().replace("-", "_")
+        parser.add_argument(flag, help=text, **kw)
+
+
+def passed(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The fields of ``cls`` the user gave on the command line."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+
+
+# =========================================================================== options of commands without a library config
+@dataclass
+class GeometryOptions:
+    """`saegeo geometry FILES...`: how the rows are read and what is written."""
+
+    key: str | None = option(None, "tensor name in .safetensors/.pt files (default: 'activations' or the only 2-D "
+                                   "tensor)")
+    json: str | None = option(None, "write the full result (all eigenvalues, top eigenvectors) as JSON here")
+    overwrite: bool = option(False, "replace output files that exist already (refused otherwise)")
+    batch_rows: int = option(BATCH_ROWS, "rows read per batch", low=1)
+    top_k: int = option(10, "top eigenvectors kept in the JSON", low=0)
+    skip_nonfinite: bool = option(False, "skip and count rows with NaN/inf instead of stopping")
+    float64: bool = option(False, "form the batch grams in float64 (slower; default: float32 on shifted rows)")
+    progress: bool = option(True, "progress bar")
+    pool: bool = option(False, "pool stores of different models or hooks into one accumulator (refused without it)")
+    verify: bool = option(True, "sha256 check of each store shard as it is read")
+
+    def __post_init__(self) -> None:
+        check(self)

@@ -1,0 +1,93 @@
+"""`saegeo geometry` as a library call: the activation geometry of files or stores, streamed through one
+accumulator, with the artifact test (stores only), what cached exclusions left out, and the activation flags.
+
+``files_geometry(paths, options=GeometryOptions()) -> FilesGeometry``
+    one pass over the rows of every path in order (memory does not grow with rows); then, when every path is
+    an activation store, the artifact test (a second pass, ``saegeo.report.layers.artifact_pass``); then the
+    flags a report would raise from these numbers (without the report's row sample).
+``FilesGeometry.to_dict()`` is what `saegeo geometry --json` writes: ``{"files": [...], **geometry, "artifact"}``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from saegeo.activations.sources import open_rows
+from saegeo.config import GeometryOptions
+from saegeo.errors import BadInputError
+from saegeo.geometry.accumulate import GeometryAccumulator
+from saegeo.geometry.measures import ActivationGeometry, activation_geometry
+from saegeo.io import dump_json
+from saegeo.report.flags import Flag, activation_flags, artifact_flags, flag_inputs, sort_flags
+from saegeo.report.report import store_exclusions
+
+
+@dataclass
+class FilesGeometry:
+    """What `files_geometry` measured."""
+
+    files: list[str]
+    geometry: ActivationGeometry
+    artifact: dict[str, Any] | None  # None: not every path is a store (no token ids / positions), or top_k = 0
+    flags: list[Flag]  # most severe first
+    exclusions: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> store_exclusions (stores cached so)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"files": list(self.files), **self.geometry.to_dict(), "artifact": self.artifact}
+
+    def to_json(self, path: str | os.PathLike | None = None) -> str:
+        return dump_json(self.to_dict(), path)
+
+
+def refuse_mixed_stores(sources: Sequence[tuple[str, Any]]) -> None:
+    """Stores of different models or hooks pooled into one accumulator give a number of neither: refuse."""
+    stores = [(path, rows.store) for path, rows in sources if rows.store is not None]
+    differ = [what for what in ("model", "hook") if len({getattr(s, what) for _, s in stores}) > 1]
+    if differ:
+        what = differ[-1]  # name the hook when both differ
+        listing = "; ".join(f"{p}: {getattr(s, what)}" for p, s in stores)
+        raise BadInputError(f"refusing to pool stores of different {' and '.join(d + 's' for d in differ)} into one "
+                            f"geometry ({listing}): the pooled numbers describe none of them; use `saegeo sweep` for "
+                            "one row per layer, or pass --pool to pool them anyway")
+
+
+def files_geometry(paths: Sequence[str | os.PathLike], options: GeometryOptions | None = None) -> FilesGeometry:
+    """Stream the rows of ``paths`` (.safetensors/.npy/.pt files or store directories) through one
+    GeometryAccumulator and read every measure of ``activation_geometry`` from it (``top_k`` eigenvectors kept).
+
+    Stores of different models or hooks are refused unless ``pool``; the grams are float64 with ``float64``
+    (default float32 on shifted rows). Flags: ``activation_flags`` and ``artifact_flags`` of these numbers.
+    ``options.json`` / ``overwrite`` are the caller's (``FilesGeometry.to_json`` writes).
+    """
+    from tqdm import tqdm
+
+    opts = options or GeometryOptions(progress=False)
+    files = [str(p) for p in paths]
+    sources = [(path, open_rows(path, key=opts.key, verify=opts.verify)) for path in files]
+    dims = {rows.d for _, rows in sources}
+    if len(dims) > 1:
+        raise BadInputError("files disagree on d: " + ", ".join(f"{p}: d={rows.d}" for p, rows in sources))
+    if not opts.pool:
+        refuse_mixed_stores(sources)
+    acc = GeometryAccumulator(dims.pop(), skip_nonfinite=opts.skip_nonfinite,
+                              gram_dtype=torch.float64 if opts.float64 else None)
+    total = sum(rows.n_rows for _, rows in sources)
+    with tqdm(total=total, unit="row", unit_scale=True, disable=not opts.progress, desc="geometry") as bar:
+        for path, rows in sources:
+            for batch in rows.batches(opts.batch_rows)[0]:
+                acc.add(batch, source=path)
+                bar.update(len(batch))
+    geo = activation_geometry(acc, top_k_eigvecs=opts.top_k)
+    artifact = None
+    if all(rows.store is not None for _, rows in sources) and geo.top_eigenvectors:  # needs ids and positions
+        from saegeo.report.layers import artifact_pass
+
+        artifact = artifact_pass([rows.store for _, rows in sources], geo, k=min(3, len(geo.top_eigenvectors)),
+                                 batch_rows=opts.batch_rows)
+    exclusions = {path: ex for path, rows in sources if (ex := store_exclusions(rows.store)) is not None}
+    flags = activation_flags(flag_inputs(geo.to_dict(), artifact)) + artifact_flags(artifact)
+    return FilesGeometry(files=files, geometry=geo, artifact=artifact, flags=sort_flags(flags), exclusions=exclusions)
