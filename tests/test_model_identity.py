@@ -54,7 +54,7 @@ def setup(tmp_path_factory):
     other = tiny_llama(root / "other" / "SmolLM2-135M-Instruct", seed=1)  # same width and name, other weights
     stores = {"sae": cache(model, root / "acts_sae"), "converted": cache(converted, root / "acts_converted"),
               "other": cache(other, root / "acts_other")}
-    train_sae(TrainConfig(arch="topk", d_sae=32, k=4, batch_size=256, total_tokens=2048, out_dir=str(root / "sae"),
+    train_sae(TrainConfig(arch="topk", d_sae=32, k=4, batch_tokens=256, total_tokens=2048, out_dir=str(root / "sae"),
                           progress=False, dead_window_tokens=1024), ActivationStore(stores["sae"]))
     return root, stores, load_dictionary(root / "sae")
 

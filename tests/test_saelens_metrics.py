@@ -118,7 +118,7 @@ def test_saelens_named_metrics_equal_their_saelens_formulas(tmp_path, tiny, sae,
     windows = [[CLS] + ids[i : i + body] + [SEP] for i in range(0, len(ids), body)]
     assert len(windows[-1]) < CONTEXT  # a short last window: padding is exercised
     cfg = EvalConfig(model="tiny", hook=HOOK, corpus=str(tmp_path / "doc.txt"), context=CONTEXT, max_tokens=10_000,
-                     skip_tokens=0, batch_size=2, pass_special=pass_special, progress=False)
+                     skip_tokens=0, batch_windows=2, pass_special=pass_special, progress=False)
     got = splice_eval_many(cfg, {"s": sae}, tiny)["s"]
     want = brute_force(tiny, sae, windows, ignore={CLS, SEP} if pass_special else set())
     for name in NAMES:
@@ -137,7 +137,7 @@ def test_saelens_metrics_shared_and_per_window_ablations_agree(tmp_path, tiny, s
 
     (tmp_path / "doc.txt").write_text(TEXT)
     cfg = EvalConfig(model="tiny", hook=HOOK, corpus=str(tmp_path / "doc.txt"), context=CONTEXT, max_tokens=10_000,
-                     skip_tokens=0, batch_size=2, pass_special=False, progress=False)
+                     skip_tokens=0, batch_windows=2, pass_special=False, progress=False)
     shared = splice_eval_many(cfg, {"s": sae}, tiny)["s"]
     monkeypatch.setattr(splice, "SHARE_ABLATIONS", False)
     per_window = splice_eval_many(cfg, {"s": sae}, tiny)["s"]
