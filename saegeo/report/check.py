@@ -22,12 +22,13 @@ import math
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
+from saegeo.activations.models import same_model
 from saegeo.errors import BadInputError, FormatError
 from saegeo.geometry.accumulate import as_rows
 from saegeo.geometry.dictionary import (
@@ -79,6 +80,8 @@ class CheckOptions:
     verify: bool = option(True, "sha256 check of each --acts store shard as it is read")
     skip_nonfinite: bool = option(False, "with --acts: skip and count rows with NaN/inf (default: an error naming "
                                   "the row)")
+    assume_same_model: bool = option(False, "with --acts: take the store's model as the SAE's, whatever names and "
+                                     "fingerprints say")
     thresholds: FlagThresholds = option(factory=FlagThresholds, help="of the flags")
     match: MatchOptions = option(factory=lambda: MatchOptions(), help="with activations: activations_match_flags")
 
@@ -327,7 +330,8 @@ def check_with_activations(sae: SAE, acts: Any, *, options: CheckOptions | None 
     # opened once, so the match pass and the report read alike: --no-verify and the NaN policy for both
     acts = open_rows(acts, verify=opts.verify and getattr(report_options, "verify", True),
                      skip_nonfinite=opts.skip_nonfinite or bool(getattr(report_options, "skip_nonfinite", False)))
-    mismatch = activations_match_flags(sae, acts, subject=subject, options=opts.match, notes=match_notes)
+    match = replace(opts.match, assume_same_model=opts.assume_same_model or opts.match.assume_same_model)
+    mismatch = activations_match_flags(sae, acts, subject=subject, options=match, notes=match_notes)
     # the activation-based mean-direction flag supersedes the dictionary-only guess; keep the rest
     dictionary_only = [f for f in dcheck.flags if f.name in DICTIONARY_FLAGS]
     summary = (f"dictionary check: {dcheck.n_duplicate_pairs} near-duplicate pair(s) (cos > {opts.duplicate_cos:g}), "
@@ -359,6 +363,7 @@ class MatchOptions:
                                        above=1)
     centred_warn: float = option(0.05, "E|x·1|/(√d E‖x‖) above this where the SAE expects centred writing "
                                  "weights", low=0)
+    assume_same_model: bool = option(False, "skip the model comparison (said in the notes)")
 
     def __post_init__(self) -> None:
         check(self)
@@ -391,6 +396,41 @@ def _model_key(name: str | None) -> str | None:
     if not name or name.lower() in ("none", "unknown", "synthetic"):
         return None
     return name.lower().rstrip("/").split("/")[-1].replace("_", "-")
+
+
+FINGERPRINT_KEYS = ("architecture", "tokenizer_sha256", "weights_sha256")
+
+
+def _model_identity(info: Any, store_model: str | None, store: Any, opts: MatchOptions, notes: list[str],
+                    cause: Any) -> None:
+    """The model cause of activations_mismatch: fingerprints (`model_fingerprint`: architecture, tokenizer, the
+    weights the hook reads) when the SAE's metadata and the store's manifest both hold one over the same weights,
+    else the names (their last path part); `assume_same_model` skips both. The note says which was used."""
+    names = f"{store_model!r} in the store, {info.model_name!r} in the SAE"
+    store_fp = ((store.manifest.get("extra") or {}).get("model_fingerprint") if store is not None else None)
+    verdict = same_model(info.model_fingerprint, store_fp)
+    if opts.assume_same_model:
+        differ = "" if verdict is None else (" (their fingerprints agree)" if verdict else " (their fingerprints differ)")
+        notes.append(f"model identity: assumed the same (--assume-same-model){differ}; {names}")
+        return
+    if verdict is not None:
+        scope = store_fp["weights_scope"]
+        if verdict:
+            notes.append(f"model identity: by fingerprint (architecture, tokenizer and the sha256 of the {scope}): "
+                         f"the same model; {names}")
+            return
+        differ = [k for k in FINGERPRINT_KEYS if info.model_fingerprint.get(k) != store_fp.get(k)]
+        notes.append(f"model identity: by fingerprint ({scope}): different models ({', '.join(differ)} differ)")
+        cause("model", "error", f"model fingerprints differ ({', '.join(differ)} over the {scope}): {names}",
+              sae_model=info.model_name, store_model=store_model, compared_by="fingerprint", differ=differ)
+        return
+    missing = [w for w, fp in (("the SAE's metadata", info.model_fingerprint), ("the store's manifest", store_fp))
+               if not fp]
+    why = f"no model fingerprint in {' or '.join(missing)}" if missing else "fingerprints over different weights"
+    notes.append(f"model identity: by name ({why}); {names}")
+    if _model_key(info.model_name) and _model_key(store_model) and _model_key(info.model_name) != _model_key(store_model):
+        cause("model", "error", f"model {names}", sae_model=info.model_name, store_model=store_model,
+              compared_by="name")
 
 
 def _store_measures(acts: Any, opts: MatchOptions) -> dict[str, Any] | None:
@@ -487,9 +527,7 @@ def activations_match_flags(sae: SAE, acts: Any, *, subject: str = "dictionary",
                   sae_hook=info.hook_name, store_hook=store_hook)
     if info.hook_head_index is not None:
         notes.append(f"the SAE reads attention head {info.hook_head_index} of {info.hook_name}: the store must hold that head only")
-    if _model_key(info.model_name) and _model_key(store_model) and _model_key(info.model_name) != _model_key(store_model):
-        cause("model", "error", f"model {store_model!r} in the store, {info.model_name!r} in the SAE",
-              sae_model=info.model_name, store_model=store_model)
+    _model_identity(info, store_model, m["store"], opts, notes, cause)
 
     # scale and offset
     mu = m["mean"]

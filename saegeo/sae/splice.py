@@ -18,6 +18,20 @@ Over the N next-token predictions of the windows (targets t ≥ 1, padding exclu
                        not about 0)
   l0                 = mean number of active latents per replaced row
 
+Beside these, SAELens' names (sae_lens/evals.py: get_recons_loss, get_downstream_reconstruction_metrics,
+get_sparsity_and_variance_metrics), by SAELens' definitions. Its mask M is the positions whose token is not
+ignored (the passed special positions when pass_special, else every position):
+  ce_loss_with_sae / _without_sae / _with_ablation   mean CE over predictions made at positions in M; its
+                       ablation zeroes *every* position, BOS included (saegeo's zero ablation keeps the passed
+                       positions: for a Llama an all-zero BOS gives near-uniform logits)
+  ce_loss_score      = (CE_with_ablation − CE_with_sae) / (CE_with_ablation − CE_without_sae)
+  kl_div_with_sae / _with_ablation   mean KL(clean ‖ v) over the positions in M, the last one included
+  kl_div_score       = (KL_with_ablation − KL_with_sae) / KL_with_ablation
+  over the replaced rows x, x̂, codes a: mse = mean ‖x − x̂‖² (summed over d); explained_variance =
+  1 − mse / (mean ‖x‖² − ‖mean x‖²) (= fve); cossim = mean cos(x, x̂); l1 = mean Σ|a|; l2_norm_in/out =
+  mean ‖x‖, ‖x̂‖; l2_ratio = mean ‖x̂‖/‖x‖; relative_reconstruction_bias = mean ‖x̂‖² / mean x·x̂ (SAELens
+  takes this ratio per batch of prompts and averages the batches; here over all rows at once).
+
 For an encoder (MiniLM: no trained LM head) the same splice is measured by the cosine between the clean
 and the spliced mean-pooled final-layer sentence embeddings (sentence-transformers' pooling: the mean
 over the window's tokens), averaged over windows, with the zero and mean ablations as baselines.
@@ -58,7 +72,7 @@ from saegeo.errors import BadInputError
 from saegeo.config import check, option
 from saegeo.sae.model import SAE
 
-VARIANTS = ("clean", "spliced", "zero", "mean")
+VARIANTS = ("clean", "spliced", "zero", "mean", "zero_all")  # zero_all: SAELens' ablation (every position, decoders)
 SHARE_ABLATIONS = True  # False: every window runs its own zero/mean-ablated suffix (the tests compare both)
 ENCODER_MEASURE = ("cosine between the clean and the spliced mean-pooled final-layer sentence embeddings "
                    "(the encoder has no trained LM head, so no CE loss or KL is measured)")
@@ -106,11 +120,23 @@ class _Sums:
     sum_sq: float = 0.0
     l0: float = 0.0
     sum_x: Tensor | None = None
+    # SAELens' names: prediction / KL position counts under its mask, and sums over the replaced rows
+    n_sl_pred: int = 0
+    n_sl_kl: int = 0
+    l1: float = 0.0
+    cossim: float = 0.0
+    norm_in: float = 0.0
+    norm_out: float = 0.0
+    l2_ratio: float = 0.0
+    recon_sq: float = 0.0
+    x_dot_recon: float = 0.0
 
     def __post_init__(self) -> None:
         self.ce = {v: 0.0 for v in VARIANTS}
         self.kl = {v: 0.0 for v in VARIANTS}
         self.cos = {v: 0.0 for v in VARIANTS}
+        self.sl_ce = {v: 0.0 for v in VARIANTS}  # under SAELens' mask
+        self.sl_kl = {v: 0.0 for v in VARIANTS}
 
 
 def _sae_training_data(sae: SAE) -> dict[str, Any]:
@@ -162,14 +188,14 @@ def _hook_width(loaded: LoadedModel, hook: str) -> int:
     return hook_widths(loaded, (hook,), hook_layer(hook), 0)[hook]
 
 
-def _reconstruct(sae: SAE, x: Float[Tensor, "n d"]) -> tuple[Float[Tensor, "n d"], Tensor]:
-    """(x̂, Σ active latents) with the SAE's own encode/decode (sparse decode for TopK)."""
+def _reconstruct(sae: SAE, x: Float[Tensor, "n d"]) -> tuple[Float[Tensor, "n d"], Tensor, Tensor]:
+    """(x̂, Σ active latents, Σ|codes|) with the SAE's own encode/decode (sparse decode for TopK)."""
     _, state = sae.normalize_input(x)
     if sae.architecture.topk_codes:
         values, idx = sae.encode_topk(x)
-        return sae.decode_sparse(values, idx, state), (values != 0).sum()
+        return sae.decode_sparse(values, idx, state), (values != 0).sum(), values.double().abs().sum()
     codes = sae.encode(x)
-    return sae.decode(codes, state), (codes != 0).sum()
+    return sae.decode(codes, state), (codes != 0).sum(), codes.double().abs().sum()
 
 
 class _Splicer:
@@ -330,6 +356,7 @@ def _result(cfg: EvalConfig, loaded: LoadedModel, sae: SAE, name: str, r: dict[s
             "kl_div_spliced": s.kl["spliced"] / s.n_pred, "kl_div_zero_ablation": s.kl["zero"] / s.n_pred,
             "kl_div_mean_ablation": s.kl["mean"] / s.n_pred,
         })
+        out.update(_saelens_downstream(s))
     else:
         out.update({
             "measured": ENCODER_MEASURE,
@@ -338,9 +365,16 @@ def _result(cfg: EvalConfig, loaded: LoadedModel, sae: SAE, name: str, r: dict[s
             "embedding_cosine_mean_ablation": s.cos["mean"] / s.n_windows,
         })
     tok = loaded.tokenizer
+    n = max(s.n_replaced, 1)
     out.update({
         "fve": 1.0 - s.sse / total_var if total_var > 0 else float("nan"),
-        "l0": s.l0 / max(s.n_replaced, 1),
+        "l0": s.l0 / n,
+        # SAELens' reconstruction names (get_sparsity_and_variance_metrics); l0 is the same number as above
+        "explained_variance": 1.0 - s.sse / total_var if total_var > 0 else float("nan"),
+        "mse": s.sse / n, "cossim": s.cossim / n, "l1": s.l1 / n, "l2_norm_in": s.norm_in / n,
+        "l2_norm_out": s.norm_out / n, "l2_ratio": s.l2_ratio / n,
+        "relative_reconstruction_bias": s.recon_sq / s.x_dot_recon if s.x_dot_recon else float("nan"),
+        "sae_lens_definitions": _saelens_definitions(loaded.kind),
         "tokens": s.n_pred if loaded.kind == "decoder" else s.n_tokens,
         "tokens_replaced": s.n_replaced,
         "passed_through": {
@@ -359,6 +393,56 @@ def _result(cfg: EvalConfig, loaded: LoadedModel, sae: SAE, name: str, r: dict[s
         "seconds": seconds, "tokens_per_second": s.n_tokens / seconds if seconds > 0 else float("nan"),
     })
     return out
+
+
+def _saelens_downstream(s: _Sums) -> dict[str, float]:
+    """SAELens' CE and KL names (get_recons_loss), from the sums under its mask."""
+    ce = {v: s.sl_ce[v] / max(s.n_sl_pred, 1) for v in ("clean", "spliced", "zero_all")}
+    kl = {v: s.sl_kl[v] / max(s.n_sl_kl, 1) for v in ("spliced", "zero_all")}
+    ce_gap, kl_abl = ce["zero_all"] - ce["clean"], kl["zero_all"]
+    return {
+        "ce_loss_score": (ce["zero_all"] - ce["spliced"]) / ce_gap if ce_gap else float("nan"),
+        "ce_loss_with_sae": ce["spliced"], "ce_loss_without_sae": ce["clean"], "ce_loss_with_ablation": ce["zero_all"],
+        "kl_div_score": (kl_abl - kl["spliced"]) / kl_abl if kl_abl else float("nan"),
+        "kl_div_with_sae": kl["spliced"], "kl_div_with_ablation": kl_abl,
+    }
+
+
+SAELENS_MASK = ("positions whose token is not a passed special token (SAELens' ignore_tokens; every position when "
+                "nothing is passed)")
+
+
+def _saelens_definitions(kind: str) -> dict[str, str]:
+    """What each SAELens-named number is, and how it differs from saegeo's own (in the eval JSON)."""
+    rows = ("the replaced rows (what the SAE reconstructs; SAELens: the rows at " + SAELENS_MASK + ")")
+    defs = {
+        "explained_variance": f"1 − mse / (mean ‖x‖² − ‖mean x‖²) over {rows}; the same number as saegeo's fve",
+        "mse": f"mean over {rows} of ‖x − x̂‖² summed over d",
+        "cossim": f"mean cos(x, x̂) over {rows}",
+        "l0": f"mean number of nonzero codes per row over {rows} (saegeo's l0 is the same number)",
+        "l1": f"mean Σ|a| of the SAE's codes per row over {rows}",
+        "l2_norm_in": f"mean ‖x‖ over {rows}", "l2_norm_out": f"mean ‖x̂‖ over {rows}",
+        "l2_ratio": f"mean ‖x̂‖/‖x‖ over {rows} (‖x‖ < 1e-4 counted as 1)",
+        "relative_reconstruction_bias": f"mean ‖x̂‖² / mean x·x̂ over {rows} (SAELens averages this ratio over "
+                                        "its batches of prompts; here one ratio over all rows)",
+    }
+    if kind != "decoder":
+        return defs
+    return {
+        "ce_loss_without_sae": f"mean CE of the clean model over next-token predictions made at {SAELENS_MASK}",
+        "ce_loss_with_sae": "as ce_loss_without_sae, with the SAE's x̂ at the replaced positions (= SAELens' "
+                            "replacement; saegeo's ce_loss_spliced averages over every prediction instead)",
+        "ce_loss_with_ablation": "as ce_loss_without_sae, with the hook set to 0 at every position, BOS and the "
+                                 "other passed positions included (SAELens' zero ablation); saegeo's "
+                                 "ce_loss_zero_ablation keeps the passed positions",
+        "ce_loss_score": "(ce_loss_with_ablation − ce_loss_with_sae) / (ce_loss_with_ablation − ce_loss_without_sae); "
+                         "saegeo's ce_loss_recovered is the same ratio with its own zero ablation and positions",
+        "kl_div_with_sae": f"mean KL(clean ‖ spliced) over {SAELENS_MASK}, the last position of each window "
+                           "included (saegeo's kl_div_spliced: over the positions that predict a next token)",
+        "kl_div_with_ablation": "as kl_div_with_sae, against SAELens' zero ablation (every position zeroed)",
+        "kl_div_score": "(kl_div_with_ablation − kl_div_with_sae) / kl_div_with_ablation",
+        **defs,
+    }
 
 
 def _special_names(tok: Any, kind: str) -> list[str]:
@@ -418,8 +502,10 @@ def _eval_batch(splicers: dict[str, _Splicer], batch: list, pad_id: int, ratio: 
     x = flat[replace]
     mu = x.mean(0) if x.shape[0] else torch.zeros_like(flat[0, 0])
 
-    ref = _Reference(sp.loaded.kind, clean_out, tokens, attend)
+    ref = _Reference(sp.loaded.kind, clean_out, tokens, attend, store & attend)
     shared = {"clean": ref.score_clean()}
+    if sp.loaded.kind == "decoder":  # SAELens' zero ablation: every position 0, so one sequence serves all windows
+        shared["zero_all"] = ref.score(_zero_all_output(sp, resid, additive, attend, ablation_cache))
     k = _common_passed_prefix(flat, replace, attend) if sp.shares_ablations else None
     if k is None:  # the general path: each window's own ablated suffix
         shared["zero"] = ref.score(sp.suffix(resid, additive, _setter(replace, torch.zeros_like(x))))
@@ -438,13 +524,18 @@ def _eval_batch(splicers: dict[str, _Splicer], batch: list, pad_id: int, ratio: 
         shared["mean"] = ref.score(mean_out.expand(len(batch), -1, -1))
     x64 = x.double()
     for name, s in sums.items():
-        x_hat, active = _reconstruct(splicers[name].sae, x)
+        x_hat, active, l1 = _reconstruct(splicers[name].sae, x)
         scores = {**shared, "spliced": ref.score(sp.suffix(resid, additive, _setter(replace, x_hat.to(flat.dtype))))}
-        for v, (ce, kl, cos) in scores.items():
+        for v, (ce, kl, cos, sl_ce, sl_kl) in scores.items():
             s.ce[v] += ce
             s.kl[v] += kl
             s.cos[v] += cos
+            s.sl_ce[v] += sl_ce
+            s.sl_kl[v] += sl_kl
         s.sse += float(((x64 - x_hat.double()) ** 2).sum())
+        _add_reconstruction_sums(s, x64, x_hat.double(), l1)
+        s.n_sl_pred += ref.n_sl_pred
+        s.n_sl_kl += ref.n_sl_kl
         s.sum_sq += float((x64 * x64).sum())
         s.sum_x += x64.sum(0).cpu()
         s.l0 += float(active)
@@ -453,6 +544,37 @@ def _eval_batch(splicers: dict[str, _Splicer], batch: list, pad_id: int, ratio: 
         s.n_tokens += int(attend.sum())
         s.n_windows += len(batch)
         s.n_pred += ref.n_pred
+
+
+def _zero_all_output(sp: _Splicer, resid: Tensor, additive: Tensor | None, attend: Tensor,
+                     cache: dict[str, Any]) -> Tensor:
+    """The model's output with the hook 0 at every position (SAELens' zero ablation). At a decoder's residual
+    hook that output depends on the positions only, not on the tokens: one window of the batch's width stands
+    for all, computed once per evaluation (again only for a wider batch)."""
+    def zero(a: Tensor) -> Tensor:
+        return torch.zeros_like(a)
+
+    if not sp.shares_ablations:
+        return sp.suffix(resid, additive, zero)
+    width = resid.shape[1]
+    cached = cache.get("zero_all")
+    if cached is None or cached.shape[1] < width:
+        j = int(attend.sum(1).argmax())
+        cached = cache["zero_all"] = sp.suffix(resid[j : j + 1], additive, zero)
+    return cached[:, :width]
+
+
+def _add_reconstruction_sums(s: _Sums, x: Float[Tensor, "n d"], x_hat: Float[Tensor, "n d"], l1: Tensor) -> None:
+    """float64 row sums for SAELens' reconstruction names (see the module docstring)."""
+    norm_in, norm_out = x.norm(dim=1), x_hat.norm(dim=1)
+    dot = (x * x_hat).sum(1)
+    s.l1 += float(l1)
+    s.cossim += float((dot / (norm_in * norm_out)).sum())  # 0/0 = nan for a zero row, as SAELens' formula gives
+    s.norm_in += float(norm_in.sum())
+    s.norm_out += float(norm_out.sum())
+    s.l2_ratio += float((norm_out / torch.where(norm_in.abs() < 1e-4, torch.ones_like(norm_in), norm_in)).sum())
+    s.recon_sq += float(norm_out.square().sum())
+    s.x_dot_recon += float(dot.sum())
 
 
 class _Reference:
@@ -466,10 +588,15 @@ class _Reference:
     window (1, p, V) (a shared ablation) broadcasts against every window's p_c. The sums over V are torch's
     pairwise sums (a float32 matmul there loses ~1e-5 relative, visible as KL ≈ 1e-3).
     Encoder: Σ over windows of cos(mean-pooled clean output, mean-pooled v output).
+    SAELens' sums use its mask `keep` (the positions whose token is not a passed special one): CE over the
+    predictions made at kept positions, KL over the kept positions including each window's last, whose
+    distribution (column p − 1) is taken separately.
     """
 
-    def __init__(self, kind: str, clean: Tensor, tokens: Int[Tensor, "b p"], attend: Bool[Tensor, "b p"]):
+    def __init__(self, kind: str, clean: Tensor, tokens: Int[Tensor, "b p"], attend: Bool[Tensor, "b p"],
+                 keep: Bool[Tensor, "b p"]):
         self.kind = kind
+        self.n_sl_pred = self.n_sl_kl = 0
         if kind == "decoder":
             self.valid = attend[:, 1:]
             self.target = tokens[:, 1:, None]  # padded targets are masked by valid
@@ -479,6 +606,15 @@ class _Reference:
             self.p_sum = self.p.sum(-1)
             self.neg_entropy = (self.p * logp).sum(-1)
             self.clean_ce = -float(logp.gather(-1, self.target)[..., 0][self.valid].double().sum())
+            per_token = -logp.gather(-1, self.target)[..., 0]
+            self.sl_pred = self.valid & keep[:, :-1]
+            self.sl_kl, self.sl_last = keep[:, :-1], keep[:, -1]
+            self.n_sl_pred, self.n_sl_kl = int(self.sl_pred.sum()), int(keep.sum())
+            self.sl_clean_ce = float(per_token[self.sl_pred].double().sum())
+            logp_last = F.log_softmax(clean[:, -1].float(), dim=-1)
+            self.p_last = logp_last.exp()
+            self.p_last_sum = self.p_last.sum(-1)
+            self.neg_entropy_last = (self.p_last * logp_last).sum(-1)
         else:
             self.mask = attend[..., None].to(clean.dtype)
             self.n_pred = 0
@@ -487,19 +623,28 @@ class _Reference:
     def pool(self, out: Tensor) -> Tensor:
         return (out * self.mask).sum(1) / self.mask.sum(1)
 
-    def score_clean(self) -> tuple[float, float, float]:
-        """(Σ CE, 0, 1 per window) of the clean pass itself."""
+    def score_clean(self) -> tuple[float, float, float, float, float]:
+        """(Σ CE, 0, 1 per window, Σ CE and 0 under SAELens' mask) of the clean pass itself."""
         if self.kind != "decoder":
-            return 0.0, 0.0, float(self.pooled.shape[0])
-        return self.clean_ce, 0.0, 0.0
+            return 0.0, 0.0, float(self.pooled.shape[0]), 0.0, 0.0
+        return self.clean_ce, 0.0, 0.0, self.sl_clean_ce, 0.0
 
-    def score(self, out: Float[Tensor, "b_or_1 p out"]) -> tuple[float, float, float]:
-        """(Σ CE, Σ KL(clean ‖ this), Σ cos) over the batch; out may be one window standing for all."""
+    def score(self, out: Float[Tensor, "b_or_1 p out"]) -> tuple[float, float, float, float, float]:
+        """(Σ CE, Σ KL(clean ‖ this), Σ cos, and Σ CE, Σ KL under SAELens' mask) over the batch; out may be
+        one window standing for all."""
         if self.kind != "decoder":
-            return 0.0, 0.0, float(F.cosine_similarity(self.pooled, self.pool(out), dim=-1).double().sum())
+            return 0.0, 0.0, float(F.cosine_similarity(self.pooled, self.pool(out), dim=-1).double().sum()), 0.0, 0.0
         z = out[:, :-1].float()
         lse = torch.logsumexp(z, dim=-1)
         z_target = z.expand(self.p.shape).gather(-1, self.target)[..., 0]
-        ce = float((lse - z_target)[self.valid].double().sum())
-        kl = float((self.neg_entropy - (self.p * z).sum(-1) + lse * self.p_sum)[self.valid].double().sum())
-        return ce, kl, 0.0
+        ce_t = lse - z_target
+        kl_t = self.neg_entropy - (self.p * z).sum(-1) + lse * self.p_sum
+        ce = float(ce_t[self.valid].double().sum())
+        kl = float(kl_t[self.valid].double().sum())
+        z_last = out[:, -1].float()
+        lse_last = torch.logsumexp(z_last, dim=-1)
+        kl_last = self.neg_entropy_last - (self.p_last * z_last).sum(-1) + lse_last * self.p_last_sum
+        sl_ce = float(ce_t.expand(self.sl_pred.shape)[self.sl_pred].double().sum())
+        sl_kl = float(kl_t.expand(self.sl_kl.shape)[self.sl_kl].double().sum()
+                      + kl_last.expand(self.sl_last.shape)[self.sl_last].double().sum())
+        return ce, kl, 0.0, sl_ce, sl_kl

