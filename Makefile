@@ -27,7 +27,7 @@ test: lint
 # Static checks: the import layering (import-linter contracts in pyproject.toml), and ruff's lint and format check
 # once LINT_RUFF = 1. It is 0 until the tree has been formatted once with `make fmt` (a tree-wide rewrite); then set
 # it to 1 here (or drop the switch) so that `make test` runs all three.
-LINT_RUFF ?= 0
+LINT_RUFF ?= 1
 lint: $(STAMP)
 	$(BIN)/lint-imports --no-cache --no-logo
 ifeq ($(LINT_RUFF),1)

@@ -23,14 +23,16 @@ from pathlib import Path
 import torch
 
 from saegeo.activations.cache import CacheConfig, cache_activations
-from saegeo.activations.runner import pad_windows, window_batches
 from saegeo.activations.corpus import CorpusSpec, iter_windows
 from saegeo.activations.models import load_model
+from saegeo.activations.runner import pad_windows, window_batches
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", type=int, default=8192, help="tokens per method per round (rounded up to whole batches)")
+    ap.add_argument(
+        "--tokens", type=int, default=8192, help="tokens per method per round (rounded up to whole batches)"
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=32, help="windows of 128 tokens per forward")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -49,19 +51,27 @@ def main() -> None:
         if n >= args.tokens:
             break
     n_tokens = n  # whole batches: every method processes exactly these windows
-    print(f"MiniLM, default corpus, context 128, {len(batches)} batches x {args.batch_size} windows, "
-          f"{n_tokens} tokens per method, {args.rounds} rounds, torch threads {torch.get_num_threads()}")
+    print(
+        f"MiniLM, default corpus, context 128, {len(batches)} batches x {args.batch_size} windows, "
+        f"{n_tokens} tokens per method, {args.rounds} rounds, torch threads {torch.get_num_threads()}"
+    )
 
     tmp = Path(tempfile.mkdtemp(prefix="saegeo-cache-bench-"))
 
     def saegeo_cache(layer: int):
         def run(r: int) -> float:
-            cfg = CacheConfig(hooks=(f"blocks.{layer}.hook_resid_post",), out=str(tmp / f"s{layer}_{r}"),
-                              max_tokens=n_tokens, batch_windows=args.batch_size, progress=False)
+            cfg = CacheConfig(
+                hooks=(f"blocks.{layer}.hook_resid_post",),
+                out=str(tmp / f"s{layer}_{r}"),
+                max_tokens=n_tokens,
+                batch_windows=args.batch_size,
+                progress=False,
+            )
             t0 = time.perf_counter()
             result = cache_activations(cfg, loaded)
             assert result.new_tokens == n_tokens
             return time.perf_counter() - t0
+
         return run
 
     def bare(with_logits: bool):
@@ -75,6 +85,7 @@ def main() -> None:
                     else:
                         model.encoder_output(tokens, one_zero_attention_mask=mask)
             return time.perf_counter() - t0
+
         return run
 
     def run_with_cache(layer: int):
@@ -88,6 +99,7 @@ def main() -> None:
                     _, cache = model.run_with_cache(tokens, one_zero_attention_mask=mask)
                     torch.save(cache[f"blocks.{layer}.hook_resid_post"][store].clone(), out / f"batch_{i}.pt")
             return time.perf_counter() - t0
+
         return run
 
     methods = {
@@ -114,9 +126,11 @@ def main() -> None:
     a, a_logits = tps["(a) bare forward, 6 blocks"], tps["(a') HookedEncoder.forward"]
     b = tps["(b) run_with_cache+save L5"]
     c_a, c_b = cpu_tps["(a) bare forward, 6 blocks"], cpu_tps["(b) run_with_cache+save L5"]
-    print("\nratios by CPU time: "
-          f"L5/(a) {cpu_tps['saegeo cache L5'] / c_a:.2f}, L3/(a) {cpu_tps['saegeo cache L3'] / c_a:.2f}, "
-          f"L5/(b) {cpu_tps['saegeo cache L5'] / c_b:.2f}, L3/(b) {cpu_tps['saegeo cache L3'] / c_b:.2f}")
+    print(
+        "\nratios by CPU time: "
+        f"L5/(a) {cpu_tps['saegeo cache L5'] / c_a:.2f}, L3/(a) {cpu_tps['saegeo cache L3'] / c_a:.2f}, "
+        f"L5/(b) {cpu_tps['saegeo cache L5'] / c_b:.2f}, L3/(b) {cpu_tps['saegeo cache L3'] / c_b:.2f}"
+    )
     print("ratios by wall time (higher is better for saegeo):")
     print(f"  saegeo L5 / (a) bare 6-block forward  = {tps['saegeo cache L5'] / a:.2f}   target >= 0.85")
     print(f"  saegeo L3 / (a) bare 6-block forward  = {tps['saegeo cache L3'] / a:.2f}   target > 1")

@@ -59,8 +59,9 @@ print("RESULT " + json.dumps(out))
 
 
 def run_child(mode: str, threads: int, **kw) -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHILD, mode, str(threads), json.dumps(kw)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, mode, str(threads), json.dumps(kw)], capture_output=True, text=True
+    )
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode not in (0, 1) or not line:
         raise SystemExit(f"{mode} child failed (rc {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
@@ -79,8 +80,14 @@ def make_dictionary(path: Path, n: int, d: int, n_dup: int, seed: int) -> None:
         w_dec[j] = w_dec[i] + 0.1 * noise / np.linalg.norm(noise)
     w_dec *= rng.uniform(0.5, 1.5, size=(n, 1)).astype(np.float32)
     w_enc = np.ascontiguousarray(w_dec.T) + np.float32(0.01) * rng.standard_normal((d, n), dtype=np.float32)
-    np.savez(path, W_enc=w_enc, W_dec=w_dec, b_enc=np.zeros(n, np.float32), b_dec=rng.standard_normal(d).astype(np.float32),
-             threshold=np.full(n, 0.05, np.float32))
+    np.savez(
+        path,
+        W_enc=w_enc,
+        W_dec=w_dec,
+        b_enc=np.zeros(n, np.float32),
+        b_dec=rng.standard_normal(d).astype(np.float32),
+        threshold=np.full(n, 0.05, np.float32),
+    )
 
 
 def main() -> None:
@@ -100,8 +107,10 @@ def main() -> None:
     t = time.perf_counter()
     if not npz.exists():
         make_dictionary(npz, a.n, a.d, a.n_dup, seed=0)
-    print(f"dictionary: {a.n:,} × {a.d:,} float32 (W_dec {a.n * a.d * 4 / 1e9:.2f} GB, W_enc the same), "
-          f"{a.n_dup} planted duplicate pairs; written in {time.perf_counter() - t:.1f} s to {npz}")
+    print(
+        f"dictionary: {a.n:,} × {a.d:,} float32 (W_dec {a.n * a.d * 4 / 1e9:.2f} GB, W_enc the same), "
+        f"{a.n_dup} planted duplicate pairs; written in {time.perf_counter() - t:.1f} s to {npz}"
+    )
     print(f"threads: {a.threads}")
 
     check = run_child("check", a.threads, path=str(folder), out=str(work / "out"))
@@ -114,20 +123,36 @@ def main() -> None:
     naive_gram_gb = a.n**2 * 4 / 1e9
     print()
     print(f"{'':38}{'time (s)':>12}{'peak RSS (GB)':>16}{'pairs':>8}")
-    print(f"{'saegeo check (whole command)':38}{check['seconds']:12.1f}{check['peak_rss_gb']:16.2f}{check['n_pairs']:8d}")
-    print(f"{'blockwise duplicate search, N rows':38}{block_full['seconds']:12.1f}{block_full['peak_rss_gb']:16.2f}{block_full['n_pairs']:8d}")
-    print(f"{'blockwise, first n_sub rows':38}{block_sub['seconds']:12.1f}{block_sub['peak_rss_gb']:16.2f}{block_sub['n_pairs']:8d}")
-    print(f"{'naive dense U·Uᵀ, first n_sub rows':38}{naive_sub['seconds']:12.1f}{naive_sub['peak_rss_gb']:16.2f}{naive_sub['n_pairs']:8d}")
-    print(f"{'naive dense, N rows (extrapolated)':38}{naive_full_s:12.1f}{'≥ ' + format(naive_gram_gb, '.1f'):>16}{'':>8}")
+    print(
+        f"{'saegeo check (whole command)':38}{check['seconds']:12.1f}{check['peak_rss_gb']:16.2f}{check['n_pairs']:8d}"
+    )
+    print(
+        f"{'blockwise duplicate search, N rows':38}{block_full['seconds']:12.1f}{block_full['peak_rss_gb']:16.2f}{block_full['n_pairs']:8d}"
+    )
+    print(
+        f"{'blockwise, first n_sub rows':38}{block_sub['seconds']:12.1f}{block_sub['peak_rss_gb']:16.2f}{block_sub['n_pairs']:8d}"
+    )
+    print(
+        f"{'naive dense U·Uᵀ, first n_sub rows':38}{naive_sub['seconds']:12.1f}{naive_sub['peak_rss_gb']:16.2f}{naive_sub['n_pairs']:8d}"
+    )
+    print(
+        f"{'naive dense, N rows (extrapolated)':38}{naive_full_s:12.1f}{'≥ ' + format(naive_gram_gb, '.1f'):>16}{'':>8}"
+    )
     print()
     print("ratios (naive / saegeo; > 1 means saegeo is better):")
-    print(f"  measured, n_sub = {a.n_sub:,}: duplicate search time {naive_sub['seconds'] / block_sub['seconds']:.2f}×, "
-          f"peak RSS {naive_sub['peak_rss_gb'] / block_sub['peak_rss_gb']:.2f}×")
-    print(f"  extrapolated, N = {a.n:,}: naive all-pairs {naive_full_s:.0f} s (×{scale:.0f} of the n_sub run) vs "
-          f"the blockwise search {block_full['seconds']:.0f} s = {naive_full_s / block_full['seconds']:.2f}×, and vs the "
-          f"whole `saegeo check` {check['seconds']:.0f} s = {naive_full_s / check['seconds']:.2f}×")
-    print(f"  memory at N: the naive gram alone needs {naive_gram_gb:.1f} GB (N² float32, not run); saegeo check peaked at "
-          f"{check['peak_rss_gb']:.2f} GB for a dictionary whose two matrices take {2 * a.n * a.d * 4 / 1e9:.2f} GB")
+    print(
+        f"  measured, n_sub = {a.n_sub:,}: duplicate search time {naive_sub['seconds'] / block_sub['seconds']:.2f}×, "
+        f"peak RSS {naive_sub['peak_rss_gb'] / block_sub['peak_rss_gb']:.2f}×"
+    )
+    print(
+        f"  extrapolated, N = {a.n:,}: naive all-pairs {naive_full_s:.0f} s (×{scale:.0f} of the n_sub run) vs "
+        f"the blockwise search {block_full['seconds']:.0f} s = {naive_full_s / block_full['seconds']:.2f}×, and vs the "
+        f"whole `saegeo check` {check['seconds']:.0f} s = {naive_full_s / check['seconds']:.2f}×"
+    )
+    print(
+        f"  memory at N: the naive gram alone needs {naive_gram_gb:.1f} GB (N² float32, not run); saegeo check peaked at "
+        f"{check['peak_rss_gb']:.2f} GB for a dictionary whose two matrices take {2 * a.n * a.d * 4 / 1e9:.2f} GB"
+    )
     print(f"flags raised by saegeo check: {check['flags']}")
     if check["n_pairs"] != a.n_dup:
         print(f"WARNING: expected {a.n_dup} duplicate pairs, check found {check['n_pairs']}")

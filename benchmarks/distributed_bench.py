@@ -57,18 +57,37 @@ def worker(store: str, out: str) -> None:
             times.append(time.perf_counter() - t)
         merges[d] = {"seconds": sorted(times)[1], "state_bytes": len(pickle.dumps(acc.state_dict()))}
     if rank == 0:
-        Path(out).write_text(json.dumps({
-            "world": world, "threads": torch.get_num_threads(), "n": report.activations["n"],
-            "wall_s": wall, "report_seconds": report.seconds, "merges": merges,
-        }))
+        Path(out).write_text(
+            json.dumps(
+                {
+                    "world": world,
+                    "threads": torch.get_num_threads(),
+                    "n": report.activations["n"],
+                    "wall_s": wall,
+                    "report_seconds": report.seconds,
+                    "merges": merges,
+                }
+            )
+        )
 
 
 # =========================================================================== driver
 def launch(store: Path, out: Path, nproc: int, threads: int) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), GLOO_SOCKET_IFNAME="lo", PYTHONPATH=str(ROOT),
-               TQDM_DISABLE="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           __file__, "--worker", str(store), str(out)]
+    env = dict(
+        os.environ, OMP_NUM_THREADS=str(threads), GLOO_SOCKET_IFNAME="lo", PYTHONPATH=str(ROOT), TQDM_DISABLE="1"
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        __file__,
+        "--worker",
+        str(store),
+        str(out),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise SystemExit(f"launch failed ({' '.join(cmd)}):\n{proc.stderr[-3000:]}")
@@ -90,8 +109,10 @@ def main() -> None:
         tmp = Path(tmp)
         g = torch.Generator().manual_seed(0)
         spread = torch.rand(args.d, generator=g) * 2
-        batches = (torch.randn(args.shard_rows, args.d, generator=g) * spread + 3.0
-                   for _ in range(args.rows // args.shard_rows))
+        batches = (
+            torch.randn(args.shard_rows, args.d, generator=g) * spread + 3.0
+            for _ in range(args.rows // args.shard_rows)
+        )
         write_store(tmp / "store", batches, shard_rows=args.shard_rows)
         cores = os.cpu_count() or 1
         launch(tmp / "store", tmp / "warm.json", 1, 1)  # discarded: page cache, .pyc files, first-launch costs
@@ -102,8 +123,10 @@ def main() -> None:
         }
 
     n = args.rows
-    print(f"report over a store of {n:,} rows x d = {args.d} (float32, {n // args.shard_rows} shards), "
-          f"{cores} CPU cores, gloo on loopback\n")
+    print(
+        f"report over a store of {n:,} rows x d = {args.d} (float32, {n // args.shard_rows} shards), "
+        f"{cores} CPU cores, gloo on loopback\n"
+    )
     print(f"{'launch':<22} {'wall s':>8} {'tokens/s':>12} {'vs 1 rank, all threads':>24}")
     base = n / runs[f"1 rank x {cores} threads"]["wall_s"]
     for name, r in runs.items():
@@ -111,11 +134,15 @@ def main() -> None:
         print(f"{name:<22} {r['wall_s']:>8.2f} {tps:>12,.0f} {tps / base:>23.2f}x")
     per_rank = n / runs["1 rank x 1 thread"]["wall_s"]
     two = n / runs["2 ranks x 1 thread"]["wall_s"]
-    print(f"\n2 ranks x 1 thread vs 1 rank x 1 thread: {two / per_rank:.2f}x "
-          f"(ideal 2.00x; {cores} cores shared with whatever else runs here)")
+    print(
+        f"\n2 ranks x 1 thread vs 1 rank x 1 thread: {two / per_rank:.2f}x "
+        f"(ideal 2.00x; {cores} cores shared with whatever else runs here)"
+    )
 
-    print("\nreduction alone (merge_across_ranks, 2 ranks, median of 3): each rank's state broadcast in turn, "
-          "Chan merge in rank order")
+    print(
+        "\nreduction alone (merge_across_ranks, 2 ranks, median of 3): each rank's state broadcast in turn, "
+        "Chan merge in rank order"
+    )
     print(f"{'d':>6} {'state MB':>10} {'seconds':>9}")
     merges = runs["2 ranks x 1 thread"]["merges"]
     for d, m in merges.items():
@@ -142,7 +169,7 @@ estimate for 8 GPUs x 4 nodes (W = 32 ranks), d = 768, 1e9 tokens:
     {31 * state_mb:,.0f} MB; at {ib_gbps} GB/s across nodes ≈ {gather_s:.2f} s, plus 31 Chan merges ≈ {merge_s:.3f} s.
   => communication is {100 * (gather_s + merge_s) / (pass_s + gather_s + merge_s):.3f}% of the job: the report scales
     with the number of ranks until the store's read bandwidth (1e9 x 768 x 2 bytes = 1.5 TB for float16)
-    is the limit. Measured here: the 2-rank merge at d = 768 took {merges['768']['seconds']:.3f} s.""")
+    is the limit. Measured here: the 2-rank merge at d = 768 took {merges["768"]["seconds"]:.3f} s.""")
 
 
 if __name__ == "__main__":

@@ -46,16 +46,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from saegeo.activations.runner import pad_windows, window_batches
 from saegeo.activations.corpus import CorpusSpec, iter_windows
 from saegeo.activations.models import load_model
+from saegeo.activations.runner import pad_windows, window_batches
 from saegeo.sae.model import SAE, SAEConfig
 from saegeo.sae.splice import EvalConfig, splice_eval_many
 
-
 ROOT = Path(__file__).resolve().parents[1]
 SAELENS_PY = ROOT / ".venv-saelens/bin/python"
-SAELENS_SCRIPT = r'''
+SAELENS_SCRIPT = r"""
 import json, statistics, sys, time
 job = json.loads(sys.argv[1])
 sys.path.insert(0, job["root"])
@@ -91,7 +90,7 @@ out = {name: total / n for name, (total, n) in sums.items()}
 out.update(wall=statistics.median(t[0] for t in times), cpu=statistics.median(t[1] for t in times),
            version=sae_lens.__version__)
 print("JSON" + json.dumps(out))
-'''
+"""
 
 
 def saelens_recons_loss(sae: SAE, hook: str, batches, model_dir: Path, bos: int, rounds: int) -> dict | None:
@@ -100,7 +99,6 @@ def saelens_recons_loss(sae: SAE, hook: str, batches, model_dir: Path, bos: int,
         print(f"{SAELENS_PY} missing: no SAELens row (make .venv-saelens/.installed)")
         return None
     from safetensors.torch import save_file
-
 
     with tempfile.TemporaryDirectory() as tmp:
         sae.save(Path(tmp) / "sae", provenance={"data": {"hook": hook}})
@@ -111,11 +109,20 @@ def saelens_recons_loss(sae: SAE, hook: str, batches, model_dir: Path, bos: int,
             groups += [tokens[lengths == n, :n] for n in lengths.unique(sorted=True).tolist()]
         save_file({f"{i:05d}": t.contiguous() for i, t in enumerate(groups)}, str(Path(tmp) / "tokens.safetensors"))
         (Path(tmp) / "run.py").write_text(SAELENS_SCRIPT)
-        job = dict(root=str(ROOT), model_dir=str(model_dir), sae_dir=str(Path(tmp) / "sae"), hook=hook, bos=bos,
-                   tokens=str(Path(tmp) / "tokens.safetensors"), rounds=rounds, threads=torch.get_num_threads())
+        job = dict(
+            root=str(ROOT),
+            model_dir=str(model_dir),
+            sae_dir=str(Path(tmp) / "sae"),
+            hook=hook,
+            bos=bos,
+            tokens=str(Path(tmp) / "tokens.safetensors"),
+            rounds=rounds,
+            threads=torch.get_num_threads(),
+        )
         env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
-        proc = subprocess.run([str(SAELENS_PY), str(Path(tmp) / "run.py"), json.dumps(job)], capture_output=True,
-                              text=True, env=env)
+        proc = subprocess.run(
+            [str(SAELENS_PY), str(Path(tmp) / "run.py"), json.dumps(job)], capture_output=True, text=True, env=env
+        )
     if proc.returncode != 0:
         raise RuntimeError(f"SAELens subprocess failed:\n{proc.stderr[-3000:]}")
     return json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("JSON")][-1][4:])
@@ -148,10 +155,15 @@ def plain_loop(model, saes, hook, batches):
                     act = act.clone()
                     act[replace] = fn(act[replace])
                     return act
+
                 return hook_fn
 
-            variants = {"clean": grab, "spliced": setter(lambda x: sae(x)), "zero": setter(torch.zeros_like),
-                        "mean": setter(lambda x: x.mean(0).expand_as(x))}
+            variants = {
+                "clean": grab,
+                "spliced": setter(lambda x: sae(x)),
+                "zero": setter(torch.zeros_like),
+                "mean": setter(lambda x: x.mean(0).expand_as(x)),
+            }
             for v, fn in variants.items():
                 logits = model.run_with_hooks(tokens, fwd_hooks=[(hook, fn)])
                 logp = F.log_softmax(logits[:, :-1][valid].float(), dim=-1)
@@ -185,10 +197,20 @@ def main() -> None:
     pad = loaded.tokenizer.pad_token_id
     batches = [pad_windows(b, pad) for b in window_batches(iter(windows), args.batch_size)]
     n_tokens = sum(int(a.sum()) for _, a, _ in batches)
-    print(f"SmolLM2-135M, {hook}, default corpus, context {args.context}, {len(windows)} windows = {n_tokens} tokens "
-          f"in batches of {args.batch_size}, {args.rounds} rounds, torch threads {torch.get_num_threads()}")
-    cfg = EvalConfig(corpus="default", hook=hook, context=args.context, max_tokens=n_tokens, skip_tokens=0,
-                     batch_windows=args.batch_size, pass_special=True, progress=False)
+    print(
+        f"SmolLM2-135M, {hook}, default corpus, context {args.context}, {len(windows)} windows = {n_tokens} tokens "
+        f"in batches of {args.batch_size}, {args.rounds} rounds, torch threads {torch.get_num_threads()}"
+    )
+    cfg = EvalConfig(
+        corpus="default",
+        hook=hook,
+        context=args.context,
+        max_tokens=n_tokens,
+        skip_tokens=0,
+        batch_windows=args.batch_size,
+        pass_special=True,
+        progress=False,
+    )
 
     def timed(fn):
         w0, c0 = time.perf_counter(), time.process_time()
@@ -231,10 +253,12 @@ def main() -> None:
     pairs = [("saegeo", "plain"), ("saegeo", "plain/fast"), ("saegeo×2", "plain×2")]
     if sl is not None:
         med["SAELens"] = (sl["wall"], sl["cpu"])
-        print(f"{'SAELens':<11} {sl['wall']:>8.1f} {sl['cpu']:>8.1f} {n_tokens / sl['wall']:>8.1f}   "
-              f"{sl['ce_loss_without_sae']:.4f} / {sl['ce_loss_with_sae']:.4f} / {sl['ce_loss_with_ablation']:.4f} / —"
-              f"   (sae-lens {sl['version']} get_recons_loss: CE and KL, 3 forwards per batch; "
-              f"KL spliced {sl['kl_div_with_sae']:.4f}, saegeo's {outs['saegeo']['a']['kl_div_spliced']:.4f})")
+        print(
+            f"{'SAELens':<11} {sl['wall']:>8.1f} {sl['cpu']:>8.1f} {n_tokens / sl['wall']:>8.1f}   "
+            f"{sl['ce_loss_without_sae']:.4f} / {sl['ce_loss_with_sae']:.4f} / {sl['ce_loss_with_ablation']:.4f} / —"
+            f"   (sae-lens {sl['version']} get_recons_loss: CE and KL, 3 forwards per batch; "
+            f"KL spliced {sl['kl_div_with_sae']:.4f}, saegeo's {outs['saegeo']['a']['kl_div_spliced']:.4f})"
+        )
         pairs.insert(0, ("saegeo", "SAELens"))
     for a, b in pairs:
         print(f"{a} vs {b}: {med[b][0] / med[a][0]:.2f}× tokens/s (wall), {med[b][1] / med[a][1]:.2f}× in CPU seconds")

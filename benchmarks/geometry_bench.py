@@ -101,7 +101,9 @@ def measure_memory(n: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="n = 200,000 rows (the issue's size)")
-    ap.add_argument("--n", type=int, default=None, help="rows for the timing comparison (default 50,000; --full: 200,000)")
+    ap.add_argument(
+        "--n", type=int, default=None, help="rows for the timing comparison (default 50,000; --full: 200,000)"
+    )
     ap.add_argument("--memory-sizes", default="200000,1000000", help="n values for the memory check")
     ap.add_argument("--skip-textbook", action="store_true")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds; the best of each is reported")
@@ -111,8 +113,10 @@ def main() -> None:
         memory_child(args.memory_child)
         return
     n = args.n or (200_000 if args.full else 50_000)
-    print(f"geometry benchmark: n = {n:,} × d = {D} float32 rows in {BATCH:,}-row batches, "
-          f"torch threads = {torch.get_num_threads()}, best of {args.rounds} interleaved rounds")
+    print(
+        f"geometry benchmark: n = {n:,} × d = {D} float32 rows in {BATCH:,}-row batches, "
+        f"torch threads = {torch.get_num_threads()}, best of {args.rounds} interleaved rounds"
+    )
     batches = list(make_batches(n))
 
     # Interleaved rounds, best of each: the machine is shared, and the minimum is the least disturbed run.
@@ -125,24 +129,32 @@ def main() -> None:
     t_floor, t_acc, t_total = min(floors), min(accs), min(totals)
     gflops = 2 * n * D * D / 1e9
     print(f"(b) bare float32 gram, float64 sum : {t_floor:7.2f} s  ({gflops / t_floor:5.1f} GFLOP/s)")
-    print(f"saegeo accumulate                  : {t_acc:7.2f} s  -> {t_floor / t_acc:.0%} of (b)'s throughput (target ≥ 60%)")
+    print(
+        f"saegeo accumulate                  : {t_acc:7.2f} s  -> {t_floor / t_acc:.0%} of (b)'s throughput (target ≥ 60%)"
+    )
     print(f"saegeo accumulate + full report    : {t_total:7.2f} s  -> {t_floor / t_total:.0%} of (b)'s throughput")
     if not args.skip_textbook:
         t_text, eig_text, a_text = run_textbook(batches)
         lam = np.array(geo.eigenvalues)
         rel = np.abs(lam - eig_text).max() / eig_text.max()
-        print(f"(a) textbook numpy SVD + unit mean : {t_text:7.2f} s  -> saegeo is {t_text / t_total:.1f}× faster (target ≥ 5×)")
+        print(
+            f"(a) textbook numpy SVD + unit mean : {t_text:7.2f} s  -> saegeo is {t_text / t_total:.1f}× faster (target ≥ 5×)"
+        )
         print(f"    agreement: max |Δλ|/λ_max = {rel:.1e}, |ΔA| = {abs(a_text - geo.anisotropy):.1e}")
     del batches
     sizes = [int(s) for s in args.memory_sizes.split(",") if s]
     mems = [measure_memory(s) for s in sizes]
     for m in mems:
-        print(f"peak RSS streaming n = {m['n']:>9,} from a generator: {m['peak_mib']:7.1f} MiB "
-              f"(after imports {m['import_mib']:.1f} MiB; {m['seconds']:.1f} s)")
+        print(
+            f"peak RSS streaming n = {m['n']:>9,} from a generator: {m['peak_mib']:7.1f} MiB "
+            f"(after imports {m['import_mib']:.1f} MiB; {m['seconds']:.1f} s)"
+        )
     if len(mems) >= 2:
         growth = mems[-1]["peak_mib"] - mems[0]["peak_mib"]
-        print(f"memory growth {mems[0]['n']:,} -> {mems[-1]['n']:,} rows: {growth:+.1f} MiB "
-              f"({growth / mems[0]['peak_mib']:+.1%}); one batch is {BATCH * D * 4 / 2**20:.0f} MiB")
+        print(
+            f"memory growth {mems[0]['n']:,} -> {mems[-1]['n']:,} rows: {growth:+.1f} MiB "
+            f"({growth / mems[0]['peak_mib']:+.1%}); one batch is {BATCH * D * 4 / 2**20:.0f} MiB"
+        )
 
 
 if __name__ == "__main__":

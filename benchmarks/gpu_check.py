@@ -33,8 +33,18 @@ HOOK = "blocks.1.hook_resid_post"
 
 
 def tiny_model(tokenizer_dir: str | None, d_model: int):
-    cfg = dict(n_layers=2, d_model=d_model, n_ctx=128, d_head=32, n_heads=d_model // 32, d_mlp=4 * d_model,
-               d_vocab=30_522, act_fn="gelu", normalization_type="LN", seed=0)
+    cfg = dict(
+        n_layers=2,
+        d_model=d_model,
+        n_ctx=128,
+        d_head=32,
+        n_heads=d_model // 32,
+        d_mlp=4 * d_model,
+        d_vocab=30_522,
+        act_fn="gelu",
+        normalization_type="LN",
+        seed=0,
+    )
     return from_config(cfg, tokenizer=tokenizer_dir)
 
 
@@ -60,10 +70,16 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False  # the equality checks compare float32 with float32
     torch.backends.cudnn.allow_tf32 = False
     work = Path(args.work or tempfile.mkdtemp(prefix="saegeo_gpu_check_"))
-    size = dict(tokens=4_000, d_model=64, train_tokens=40_960, d_sae=512, d=64) if dry else \
-        dict(tokens=60_000, d_model=256, train_tokens=2_457_600, d_sae=8_192, d=512)
-    print(f"device: {torch.cuda.get_device_name(0) if not dry else 'cpu (dry run)'}; torch {torch.__version__}; "
-          f"CPU threads {torch.get_num_threads()}; work {work}", flush=True)
+    size = (
+        dict(tokens=4_000, d_model=64, train_tokens=40_960, d_sae=512, d=64)
+        if dry
+        else dict(tokens=60_000, d_model=256, train_tokens=2_457_600, d_sae=8_192, d=512)
+    )
+    print(
+        f"device: {torch.cuda.get_device_name(0) if not dry else 'cpu (dry run)'}; torch {torch.__version__}; "
+        f"CPU threads {torch.get_num_threads()}; work {work}",
+        flush=True,
+    )
     ok = True
 
     # 1. cache on the GPU against the CPU
@@ -72,42 +88,86 @@ def main() -> None:
     sides = (("cpu", "cpu"), ("gpu", gpu))  # (label, device): in a dry run both are the CPU
     for side, dev in sides:
         t0 = time.perf_counter()
-        res = cache_activations(CacheConfig(hooks=(HOOK,), out=str(work / f"cache_{side}"), max_tokens=size["tokens"],
-                                            device=dev, progress=False, overwrite=True, shard_rows=8_192), loaded=loaded)
+        res = cache_activations(
+            CacheConfig(
+                hooks=(HOOK,),
+                out=str(work / f"cache_{side}"),
+                max_tokens=size["tokens"],
+                device=dev,
+                progress=False,
+                overwrite=True,
+                shard_rows=8_192,
+            ),
+            loaded=loaded,
+        )
         secs[side], stores[side] = time.perf_counter() - t0, ActivationStore(res.stores[HOOK])
     a, b = (s.read_rows(0, s.n_tokens) for s in stores.values())
     rel = float((a - b).abs().max() / a.abs().max())
-    ok &= check("cache", a.shape == b.shape and rel < 1e-4,
-                f"{a.shape[0]:,} tokens x {a.shape[1]}: max |GPU − CPU| / max |x| = {rel:.1e} (tolerance 1e-4); "
-                f"{secs['cpu']:.1f} s CPU vs {secs['gpu']:.1f} s {gpu}")
+    ok &= check(
+        "cache",
+        a.shape == b.shape and rel < 1e-4,
+        f"{a.shape[0]:,} tokens x {a.shape[1]}: max |GPU − CPU| / max |x| = {rel:.1e} (tolerance 1e-4); "
+        f"{secs['cpu']:.1f} s CPU vs {secs['gpu']:.1f} s {gpu}",
+    )
 
     # 2. TopK training on the GPU against the same machine's CPU
-    gen = SuperpositionGenerator(SyntheticConfig(d=size["d"], n_features=4 * size["d"], rate=16 / (4 * size["d"]),
-                                                 offset=1.0, seed=0))
+    gen = SuperpositionGenerator(
+        SyntheticConfig(d=size["d"], n_features=4 * size["d"], rate=16 / (4 * size["d"]), offset=1.0, seed=0)
+    )
     x = gen.sample(200_000 if not dry else 20_000)[0]
     tps = {}
     for side, dev in sides:
-        cfg = TrainConfig(arch="topk", d_sae=size["d_sae"], k=32, batch_tokens=4096, total_tokens=size["train_tokens"],
-                          device=dev, progress=False, log_every=50)
+        cfg = TrainConfig(
+            arch="topk",
+            d_sae=size["d_sae"],
+            k=32,
+            batch_tokens=4096,
+            total_tokens=size["train_tokens"],
+            device=dev,
+            progress=False,
+            log_every=50,
+        )
         t0 = time.perf_counter()
         res = train_sae(cfg, x.to(dev) if dev != "cpu" else x, resume=False)
         tps[side] = (cfg.total_tokens / (time.perf_counter() - t0), res.heldout["fve"])
     (cpu_tps, cpu_fve), (gpu_tps, gpu_fve) = tps.values()
-    ok &= check("train", abs(cpu_fve - gpu_fve) < 0.02,
-                f"TopK d_sae {size['d_sae']}, {size['train_tokens']:,} tokens: {gpu_tps:,.0f} tok/s on {gpu} vs "
-                f"{cpu_tps:,.0f} on the CPU ({gpu_tps / cpu_tps:.1f}x); held-out FVE {gpu_fve:.3f} vs {cpu_fve:.3f}")
+    ok &= check(
+        "train",
+        abs(cpu_fve - gpu_fve) < 0.02,
+        f"TopK d_sae {size['d_sae']}, {size['train_tokens']:,} tokens: {gpu_tps:,.0f} tok/s on {gpu} vs "
+        f"{cpu_tps:,.0f} on the CPU ({gpu_tps / cpu_tps:.1f}x); held-out FVE {gpu_fve:.3f} vs {cpu_fve:.3f}",
+    )
 
     # 3. a report with the SAE and the float64 accumulators on the device
     store = stores["gpu"]
     sae_dir = work / "sae"
-    train_sae(TrainConfig(arch="topk", d_sae=4 * store.d, k=16, batch_tokens=1024, total_tokens=20_480, device=gpu,
-                          progress=False, out_dir=str(sae_dir)), store, resume=False)
-    r_cpu, r_gpu = (geometry_report(store, str(sae_dir), options=ReportOptions(device=dev, progress=False))
-                    for _, dev in sides)
-    diff = max(abs(r_cpu.activations["anisotropy"] - r_gpu.activations["anisotropy"]),
-               abs(r_cpu.saes[0].fve - r_gpu.saes[0].fve))
-    ok &= check("report", diff < 1e-5, f"{r_gpu.source['n_tokens']:,} tokens: A {r_gpu.activations['anisotropy']:.4f}, "
-                f"SAE FVE {r_gpu.saes[0].fve:.4f}; max |{gpu} − cpu| {diff:.1e}; {r_gpu.seconds:.1f} s on {gpu}")
+    train_sae(
+        TrainConfig(
+            arch="topk",
+            d_sae=4 * store.d,
+            k=16,
+            batch_tokens=1024,
+            total_tokens=20_480,
+            device=gpu,
+            progress=False,
+            out_dir=str(sae_dir),
+        ),
+        store,
+        resume=False,
+    )
+    r_cpu, r_gpu = (
+        geometry_report(store, str(sae_dir), options=ReportOptions(device=dev, progress=False)) for _, dev in sides
+    )
+    diff = max(
+        abs(r_cpu.activations["anisotropy"] - r_gpu.activations["anisotropy"]),
+        abs(r_cpu.saes[0].fve - r_gpu.saes[0].fve),
+    )
+    ok &= check(
+        "report",
+        diff < 1e-5,
+        f"{r_gpu.source['n_tokens']:,} tokens: A {r_gpu.activations['anisotropy']:.4f}, "
+        f"SAE FVE {r_gpu.saes[0].fve:.4f}; max |{gpu} − cpu| {diff:.1e}; {r_gpu.seconds:.1f} s on {gpu}",
+    )
 
     # 4. the SAE spliced into the model on the device (saegeo eval) against the CPU
     from saegeo.sae.model import SAE
@@ -115,8 +175,15 @@ def main() -> None:
 
     evals, secs = {}, {}
     for side, dev in sides:
-        ecfg = EvalConfig(hook=HOOK, context=64, max_tokens=512 if dry else 8_192, skip_tokens=0, batch_windows=8,
-                          device=dev, progress=False)
+        ecfg = EvalConfig(
+            hook=HOOK,
+            context=64,
+            max_tokens=512 if dry else 8_192,
+            skip_tokens=0,
+            batch_windows=8,
+            device=dev,
+            progress=False,
+        )
         t0 = time.perf_counter()
         evals[side] = splice_eval_many(ecfg, {"sae": SAE.load(sae_dir)}, loaded)["sae"]
         secs[side] = time.perf_counter() - t0
@@ -125,20 +192,37 @@ def main() -> None:
     e = evals["gpu"]
     loaded.to(gpu)
     layout = loaded.model.unembed.W_U.T.is_contiguous()  # load_model's fast weight layout survives .to(device)
-    ok &= check("eval", diff < 1e-4 and layout, f"fast layout on {gpu}: {layout}; "
-                f"{e['tokens']:,} tokens: CE clean / spliced {e['ce_loss_clean']:.4f} / "
-                f"{e['ce_loss_spliced']:.4f}, recovered {e['ce_loss_recovered']:.4f}; max |{gpu} − cpu| over CE/KL "
-                f"{diff:.1e}; {secs['gpu']:.1f} s on {gpu} vs {secs['cpu']:.1f} s on the CPU")
+    ok &= check(
+        "eval",
+        diff < 1e-4 and layout,
+        f"fast layout on {gpu}: {layout}; "
+        f"{e['tokens']:,} tokens: CE clean / spliced {e['ce_loss_clean']:.4f} / "
+        f"{e['ce_loss_spliced']:.4f}, recovered {e['ce_loss_recovered']:.4f}; max |{gpu} − cpu| over CE/KL "
+        f"{diff:.1e}; {secs['gpu']:.1f} s on {gpu} vs {secs['cpu']:.1f} s on the CPU",
+    )
 
     # 5. torchrun --nproc_per_node 1: saegeo's DDP path on a process group of one (NCCL on the GPU)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", __file__,
-           "--worker", "--store", str(store.path)] + (["--cpu-dry-run"] if dry else [])
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "1",
+        __file__,
+        "--worker",
+        "--store",
+        str(store.path),
+    ] + (["--cpu-dry-run"] if dry else [])
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("WORKER")]
-    ok &= check("torchrun", proc.returncode == 0 and bool(line),
-                (line[-1][7:] if line else proc.stderr[-400:].replace("\n", " | ")) + f"; {time.perf_counter() - t0:.1f} s")
+    ok &= check(
+        "torchrun",
+        proc.returncode == 0 and bool(line),
+        (line[-1][7:] if line else proc.stderr[-400:].replace("\n", " | ")) + f"; {time.perf_counter() - t0:.1f} s",
+    )
     print("ALL PASS" if ok else "SOME CHECKS FAILED", flush=True)
     sys.exit(0 if ok else 1)
 
@@ -157,11 +241,27 @@ def torchrun_worker(store: str, gpu: str, dry: bool) -> None:
     dist.all_reduce(t)
     assert torch.equal(t.cpu(), torch.arange(4.0) * dist.get_world_size()), t
     with tempfile.TemporaryDirectory() as out:
-        res = train_sae(TrainConfig(arch="topk", d_sae=256, k=8, batch_tokens=512, total_tokens=10_240, device=gpu,
-                                    progress=False, out_dir=out, checkpoint_every=10), store, resume=False)
+        res = train_sae(
+            TrainConfig(
+                arch="topk",
+                d_sae=256,
+                k=8,
+                batch_tokens=512,
+                total_tokens=10_240,
+                device=gpu,
+                progress=False,
+                out_dir=out,
+                checkpoint_every=10,
+            ),
+            store,
+            resume=False,
+        )
         world = res.provenance.get("world_size")
-    print(f"WORKER backend {dist.get_backend()}, world {dist.get_world_size()}: all_reduce of a {gpu} tensor exact; "
-          f"saegeo train under torchrun: held-out FVE {res.heldout['fve']:.3f} (DDP path: {world is not None})", flush=True)
+    print(
+        f"WORKER backend {dist.get_backend()}, world {dist.get_world_size()}: all_reduce of a {gpu} tensor exact; "
+        f"saegeo train under torchrun: held-out FVE {res.heldout['fve']:.3f} (DDP path: {world is not None})",
+        flush=True,
+    )
     dist.destroy_process_group()
 
 

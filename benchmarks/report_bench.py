@@ -72,11 +72,23 @@ def child(mode: str, store_path: str, sae_dir: str, batch_size: int) -> dict:
         y = (recon - sae.b_dec).double()
         yu = y / y.norm(dim=1, keepdim=True).clamp_min(1e-300)
         a_recon = float(yu.mean(0).square().sum())
-        check = {"A": a, "fve": fve, "K": float(active.sum(1).double().mean()),
-                 "_": float(s[0] + freq.sum() + mean_code.sum() + a_recon)}
+        check = {
+            "A": a,
+            "fve": fve,
+            "K": float(active.sum(1).double().mean()),
+            "_": float(s[0] + freq.sum() + mean_code.sum() + a_recon),
+        }
     seconds = time.perf_counter() - t0
-    return {"mode": mode, "n": store.n_tokens, "seconds": seconds, "tokens_per_s": store.n_tokens / seconds,
-            "baseline_mb": base, "peak_mb": _peak_mb(), "growth_mb": _peak_mb() - base, **check}
+    return {
+        "mode": mode,
+        "n": store.n_tokens,
+        "seconds": seconds,
+        "tokens_per_s": store.n_tokens / seconds,
+        "baseline_mb": base,
+        "peak_mb": _peak_mb(),
+        "growth_mb": _peak_mb() - base,
+        **check,
+    }
 
 
 def main() -> None:
@@ -118,29 +130,47 @@ def main() -> None:
     for n in sizes:
         store_mb = sum(f.stat().st_size for f in stores[n].glob("shard_*.safetensors")) / 2**20
         for mode in ("saegeo", "naive"):
-            out = subprocess.run([sys.executable, __file__, "--batch-size", str(args.batch_size), "--child", mode,
-                                  str(stores[n]), str(sae_dir)], capture_output=True, text=True)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--batch-size",
+                    str(args.batch_size),
+                    "--child",
+                    mode,
+                    str(stores[n]),
+                    str(sae_dir),
+                ],
+                capture_output=True,
+                text=True,
+            )
             if out.returncode:
                 raise SystemExit(f"{mode} child failed:\n{out.stderr[-3000:]}")
             r = json.loads(out.stdout.strip().splitlines()[-1])
             r["store_mb"] = store_mb
             rows.append(r)
-            print(f"  {mode:>6}  n={n:>9,}  {r['seconds']:6.1f} s  {r['tokens_per_s']:>9,.0f} tok/s  "
-                  f"peak RSS growth {r['growth_mb']:7.1f} MB (store {store_mb:.0f} MB)  A={r['A']:.6f} FVE={r['fve']:.6f}",
-                  flush=True)
+            print(
+                f"  {mode:>6}  n={n:>9,}  {r['seconds']:6.1f} s  {r['tokens_per_s']:>9,.0f} tok/s  "
+                f"peak RSS growth {r['growth_mb']:7.1f} MB (store {store_mb:.0f} MB)  A={r['A']:.6f} FVE={r['fve']:.6f}",
+                flush=True,
+            )
     by = {(r["mode"], r["n"]): r for r in rows}
     print()
     print(f"d = {args.d}, d_sae = {args.d_sae} (TopK k = {args.k}), batch {args.batch_size}, {os.cpu_count()} CPU(s)")
     for n in sizes:
         s, nv = by[("saegeo", n)], by[("naive", n)]
-        print(f"n = {n:>9,}: saegeo / naive throughput = {s['tokens_per_s'] / nv['tokens_per_s']:.2f}×; "
-              f"memory growth saegeo {s['growth_mb']:.0f} MB vs naive {nv['growth_mb']:.0f} MB "
-              f"(store {s['store_mb']:.0f} MB); |ΔA| = {abs(s['A'] - nv['A']):.1e}, |ΔFVE| = {abs(s['fve'] - nv['fve']):.1e}")
+        print(
+            f"n = {n:>9,}: saegeo / naive throughput = {s['tokens_per_s'] / nv['tokens_per_s']:.2f}×; "
+            f"memory growth saegeo {s['growth_mb']:.0f} MB vs naive {nv['growth_mb']:.0f} MB "
+            f"(store {s['store_mb']:.0f} MB); |ΔA| = {abs(s['A'] - nv['A']):.1e}, |ΔFVE| = {abs(s['fve'] - nv['fve']):.1e}"
+        )
     s1, s2 = by[("saegeo", sizes[0])], by[("saegeo", sizes[1])]
     n1, n2 = by[("naive", sizes[0])], by[("naive", sizes[1])]
-    print(f"memory growth from n = {sizes[0]:,} to {sizes[1]:,} (4× the rows): saegeo {s2['growth_mb'] - s1['growth_mb']:+.0f} MB, "
-          f"naive {n2['growth_mb'] - n1['growth_mb']:+.0f} MB; saegeo's peak growth at {sizes[1]:,} rows is "
-          f"{s2['growth_mb'] / s2['store_mb']:.2f}× the store size")
+    print(
+        f"memory growth from n = {sizes[0]:,} to {sizes[1]:,} (4× the rows): saegeo {s2['growth_mb'] - s1['growth_mb']:+.0f} MB, "
+        f"naive {n2['growth_mb'] - n1['growth_mb']:+.0f} MB; saegeo's peak growth at {sizes[1]:,} rows is "
+        f"{s2['growth_mb'] / s2['store_mb']:.2f}× the store size"
+    )
 
 
 if __name__ == "__main__":

@@ -45,8 +45,9 @@ def main() -> None:
         g = torch.Generator().manual_seed(0)
         batches = (torch.randn(args.rows, args.d, generator=g) for _ in range(args.shards))
         store = write_store(Path(tmp) / "s", batches, shard_rows=args.rows)
-        cfg = TrainConfig(batch_tokens=args.batch, total_tokens=args.batch, shuffle_buffer=args.buffer, seed=0,
-                          heldout_fraction=0.0)
+        cfg = TrainConfig(
+            batch_tokens=args.batch, total_tokens=args.batch, shuffle_buffer=args.buffer, seed=0, heldout_fraction=0.0
+        )
         src = _StoreSource(store, cfg)
         per_epoch = sum(1 for _ in src._epoch(0, skip=10**12))  # planned only: no I/O
         step = int(0.9 * per_epoch)
@@ -55,8 +56,9 @@ def main() -> None:
         ActivationStore.read_shard = lambda self, i, *a, **k: reads.append(i) or orig(self, i, *a, **k)
 
         def before():
-            it = store.iter_batches(args.batch, shuffle=True, shuffle_buffer=args.buffer, seed=0,
-                                    stop_row=src.n_train, drop_last=True)
+            it = store.iter_batches(
+                args.batch, shuffle=True, shuffle_buffer=args.buffer, seed=0, stop_row=src.n_train, drop_last=True
+            )
             return next(itertools.islice(it, step, None))
 
         ref, wall_b, cpu_b = timed(before)
@@ -65,11 +67,15 @@ def main() -> None:
         n_after = len(reads)
         assert torch.equal(ref, got)
     size = args.shards * args.rows * args.d * 4 / 2**20
-    print(f"store: {args.shards} shards x {args.rows:,} rows x d {args.d} (float32, {size:,.0f} MiB), shuffle buffer "
-          f"{args.buffer:,}, batch {args.batch}: resume at step {step} of {per_epoch} (90 % of the epoch)")
+    print(
+        f"store: {args.shards} shards x {args.rows:,} rows x d {args.d} (float32, {size:,.0f} MiB), shuffle buffer "
+        f"{args.buffer:,}, batch {args.batch}: resume at step {step} of {per_epoch} (90 % of the epoch)"
+    )
     print(f"before (re-read): {wall_b:6.2f} s wall, {cpu_b:6.2f} s CPU, {n_before} shard reads")
-    print(f"after  (seek)   : {wall_a:6.2f} s wall, {cpu_a:6.2f} s CPU, {n_after} whole-shard reads "
-          f"(+ memory-mapped rows); same batch")
+    print(
+        f"after  (seek)   : {wall_a:6.2f} s wall, {cpu_a:6.2f} s CPU, {n_after} whole-shard reads "
+        f"(+ memory-mapped rows); same batch"
+    )
     print(f"speed-up: {wall_b / wall_a:.1f}x wall, {cpu_b / max(cpu_a, 1e-9):.1f}x CPU")
 
 

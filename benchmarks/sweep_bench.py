@@ -52,8 +52,21 @@ def main() -> None:
     common = ["--max-tokens", str(args.tokens), "--context", str(args.context), "--no-progress"]
 
     sweep_json = tmp / "sweep.json"
-    sweep_wall, sweep_cpu = _run(saegeo + ["sweep", "--model", "minilm", "--hooks", "all-resid", "--cache-dir",
-                                           str(tmp / "sweep"), "--json", str(sweep_json), *common])
+    sweep_wall, sweep_cpu = _run(
+        saegeo
+        + [
+            "sweep",
+            "--model",
+            "minilm",
+            "--hooks",
+            "all-resid",
+            "--cache-dir",
+            str(tmp / "sweep"),
+            "--json",
+            str(sweep_json),
+            *common,
+        ]
+    )
     base_wall = base_cpu = 0.0
     for hook in hooks:
         w, c = _run(saegeo + ["cache", "--hooks", hook, "--out", str(tmp / "base"), *common])
@@ -66,14 +79,19 @@ def main() -> None:
     print(f"{'':<34}{'wall s':>9}{'CPU s':>9}")
     print(f"{'saegeo sweep (one cache pass)':<34}{sweep_wall:>9.1f}{sweep_cpu:>9.1f}")
     print(f"{'7 x (saegeo cache + geometry)':<34}{base_wall:>9.1f}{base_cpu:>9.1f}")
-    print(f"ratio per-layer / sweep: wall {base_wall / sweep_wall:.2f}x, CPU {base_cpu / sweep_cpu:.2f}x (target >= 3x)")
+    print(
+        f"ratio per-layer / sweep: wall {base_wall / sweep_wall:.2f}x, CPU {base_cpu / sweep_cpu:.2f}x (target >= 3x)"
+    )
     print(f"peak RSS of any child process: {peak_mib:,.0f} MiB")
-    print("accumulator state per layer (bytes): geometry [bound 8·d² = {:,}], token types [bound 8·(2d+3)·V = {:,}]"
-          .format(8 * D * D, 8 * (2 * D + 3) * VOCAB))
+    print(
+        f"accumulator state per layer (bytes): geometry [bound 8·d² = {8 * D * D:,}], token types [bound 8·(2d+3)·V = {8 * (2 * D + 3) * VOCAB:,}]"
+    )
     for r in layers:
         mem = r["details"]["memory_bytes"]
-        print(f"  {r['hook']:<26} geometry {mem['geometry_accumulator']:>11,}  token types {mem['token_types']:>11,}"
-              f"  ({r['n_types']:,} types seen)")
+        print(
+            f"  {r['hook']:<26} geometry {mem['geometry_accumulator']:>11,}  token types {mem['token_types']:>11,}"
+            f"  ({r['n_types']:,} types seen)"
+        )
 
 
 if __name__ == "__main__":

@@ -45,8 +45,10 @@ def main() -> None:
     timings["naive dense"] = time.perf_counter() - t
     for name, seconds in timings.items():
         print(f"{name:12s} {args.n / seconds:10,.0f} rows/s")
-    print(f"ratio saegeo/naive throughput: {timings['naive dense'] / timings['saegeo']:.2f}×  "
-          f"(torch threads: {torch.get_num_threads()})")
+    print(
+        f"ratio saegeo/naive throughput: {timings['naive dense'] / timings['saegeo']:.2f}×  "
+        f"(torch threads: {torch.get_num_threads()})"
+    )
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ D_SAE, BATCH, LR, HELDOUT = 3072, 4096, 3e-4, 0.1
 # SAELens runs at lr 3e-4 (as PEERS.md measured it), saegeo too except ReLU at RELU_LR = 1e-3 (unit-norm
 # decoder rows: README "ReLU+L1 recipe")
 
-SAELENS_SCRIPT = r'''
+SAELENS_SCRIPT = r"""
 import json, os, sys, time
 os.environ["TQDM_DISABLE"] = "1"
 import torch
@@ -120,7 +120,7 @@ if job.get("arch"):
     if job.get("save_dir"):  # the SAE as SAELens itself writes it for inference (cfg.json + sae_weights.safetensors)
         trained.save_inference_model(job["save_dir"])
 print("JSON" + json.dumps(out))
-'''
+"""
 
 
 def run_saelens(job: dict) -> dict:
@@ -142,8 +142,19 @@ def load_activations(path: str | None) -> tuple[torch.Tensor, str]:
     store_dir = Path(path) if path else STORE
     if not (store_dir / "manifest.json").exists():
         print(f"no store at {store_dir}; caching MiniLM layer 3 with `saegeo cache` ...", flush=True)
-        subprocess.run([sys.executable, "-m", "saegeo.cli", "cache", "--hook", "blocks.3.hook_resid_post",
-                        "--out", str(store_dir.parent)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "saegeo.cli",
+                "cache",
+                "--hook",
+                "blocks.3.hook_resid_post",
+                "--out",
+                str(store_dir.parent),
+            ],
+            check=True,
+        )
     store = ActivationStore(store_dir)
     return store.read_rows(0, store.n_tokens), f"{store_dir} ({store.model}, {store.hook})"
 
@@ -153,9 +164,17 @@ def saelens_as_saegeo(weights: dict, arch: str, k: int, apply_b_dec: bool, resca
     BatchTopK as SAELens saves it for inference: jumprelu with its topk_threshold broadcast)."""
     d_in, d_sae = weights["W_enc"].shape
     activation = {"topk": "topk", "relu": "relu"}.get(arch, "jumprelu")
-    sae = SAE(SAEConfig(d_in, d_sae, activation=activation, k=k if arch == "topk" else None,
-                        topk_order="topk_then_relu", apply_b_dec_to_input=apply_b_dec,
-                        rescale_acts_by_decoder_norm=rescale and arch in ("topk", "batchtopk")))
+    sae = SAE(
+        SAEConfig(
+            d_in,
+            d_sae,
+            activation=activation,
+            k=k if arch == "topk" else None,
+            topk_order="topk_then_relu",
+            apply_b_dec_to_input=apply_b_dec,
+            rescale_acts_by_decoder_norm=rescale and arch in ("topk", "batchtopk"),
+        )
+    )
     weights = dict(weights)
     if arch == "batchtopk":
         weights["threshold"] = weights.pop("topk_threshold").reshape(1).expand(d_sae).contiguous()
@@ -202,8 +221,10 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "artifacts/runs/train_bench"))
     args = ap.parse_args()
     if not SAELENS_PY.exists():
-        sys.exit(f"{SAELENS_PY} missing: make .venv-saelens/.installed (python3 -m venv .venv-saelens && "
-                 ".venv-saelens/bin/pip install torch==2.13.0 sae-lens==6.54.12)")
+        sys.exit(
+            f"{SAELENS_PY} missing: make .venv-saelens/.installed (python3 -m venv .venv-saelens && "
+            ".venv-saelens/bin/pip install torch==2.13.0 sae-lens==6.54.12)"
+        )
     torch.set_num_threads(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the SAELens subprocess inherits it
 
@@ -212,11 +233,16 @@ def main() -> None:
     train_x, held_x = x[: x.shape[0] - n_held], x[x.shape[0] - n_held :]
     mean = train_x.double().mean(0)
     d_sae = args.d_sae
-    print(f"data: {source}: {x.shape[0]:,} tokens x {x.shape[1]}, train {train_x.shape[0]:,}, held-out "
-          f"{held_x.shape[0]:,} (last 10%); |mean| {mean.norm():.2f}, mean token norm {x.norm(dim=1).mean():.2f}")
+    print(
+        f"data: {source}: {x.shape[0]:,} tokens x {x.shape[1]}, train {train_x.shape[0]:,}, held-out "
+        f"{held_x.shape[0]:,} (last 10%); |mean| {mean.norm():.2f}, mean token norm {x.norm(dim=1).mean():.2f}"
+    )
     steps = args.tokens // BATCH
-    print(f"budget: {args.tokens:,} tokens = {steps} steps of {BATCH}; d_sae {d_sae}; lr {LR} (saegeo ReLU: "
-          f"{RELU_LR}); torch threads {torch.get_num_threads()} on both sides", flush=True)
+    print(
+        f"budget: {args.tokens:,} tokens = {steps} steps of {BATCH}; d_sae {d_sae}; lr {LR} (saegeo ReLU: "
+        f"{RELU_LR}); torch threads {torch.get_num_threads()} on both sides",
+        flush=True,
+    )
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp())
@@ -226,32 +252,65 @@ def main() -> None:
     rows = []
     floor = floor_seconds(train_x[:BATCH].contiguous(), d_sae, args.k)
     for arch in args.arch:
-        cfg = TrainConfig(arch=arch, d_sae=d_sae, k=args.k, l1_coefficient=args.l1, batch_tokens=BATCH,
-                          lr=RELU_LR if arch == "relu" else LR,
-                          total_tokens=args.tokens, heldout_fraction=HELDOUT, b_dec_init="mean", progress=False,
-                          out_dir=str(out_dir / f"saegeo_{arch}"), log_every=20, num_threads=args.threads,
-                          overwrite=True)  # the benchmark's own scratch output, rewritten on every run
+        cfg = TrainConfig(
+            arch=arch,
+            d_sae=d_sae,
+            k=args.k,
+            l1_coefficient=args.l1,
+            batch_tokens=BATCH,
+            lr=RELU_LR if arch == "relu" else LR,
+            total_tokens=args.tokens,
+            heldout_fraction=HELDOUT,
+            b_dec_init="mean",
+            progress=False,
+            out_dir=str(out_dir / f"saegeo_{arch}"),
+            log_every=20,
+            num_threads=args.threads,
+            overwrite=True,
+        )  # the benchmark's own scratch output, rewritten on every run
         t0, c0 = time.perf_counter(), time.process_time()
         res = train_sae(cfg, x, resume=False)
         sec, cpu = time.perf_counter() - t0, time.process_time() - c0
         ours = evaluate(res.sae, [held_x], mean)
         step = BATCH / res.history[-1]["tok_s"]  # the training loop's own wall time per step
-        print(f"saegeo  {arch}: {sec:.1f} s wall, {cpu:.1f} s CPU; step {step * 1e3:.0f} ms, floor {floor * 1e3:.0f} ms "
-              f"({floor / step:.0%} of the step)", flush=True)
+        print(
+            f"saegeo  {arch}: {sec:.1f} s wall, {cpu:.1f} s CPU; step {step * 1e3:.0f} ms, floor {floor * 1e3:.0f} ms "
+            f"({floor / step:.0%} of the step)",
+            flush=True,
+        )
         row = dict(arch=arch, ours=ours, tps_ours=args.tokens / sec, cpu_ours=cpu, floor=floor, step_ours=step)
         if arch in args.saelens_arch:
-            job = dict(data=str(data_file), arch=arch, d_sae=d_sae, k=args.k, l1=args.l1, batch=BATCH, lr=LR,
-                       tokens=args.tokens, seed=0, threads=args.threads,
-                       weights_out=str(tmp / f"saelens_{arch}.safetensors"), save_dir=str(out_dir / f"saelens_{arch}"))
+            job = dict(
+                data=str(data_file),
+                arch=arch,
+                d_sae=d_sae,
+                k=args.k,
+                l1=args.l1,
+                batch=BATCH,
+                lr=LR,
+                tokens=args.tokens,
+                seed=0,
+                threads=args.threads,
+                weights_out=str(tmp / f"saelens_{arch}.safetensors"),
+                save_dir=str(out_dir / f"saelens_{arch}"),
+            )
             sl = run_saelens(job)
-            sl_sae = saelens_as_saegeo(load_file(job["weights_out"]), arch, args.k, sl["apply_b_dec_to_input"],
-                                       sl["rescale_acts_by_decoder_norm"])
+            sl_sae = saelens_as_saegeo(
+                load_file(job["weights_out"]),
+                arch,
+                args.k,
+                sl["apply_b_dec_to_input"],
+                sl["rescale_acts_by_decoder_norm"],
+            )
             theirs = evaluate(sl_sae, [held_x], mean)
             if arch in ("topk", "relu"):  # same semantics (BatchTopK: SAELens' training encode is batch-level)
                 assert abs(theirs["fve"] - sl["own_fve"]) < 1e-3, (theirs["fve"], sl["own_fve"])
             sl_step = sl["seconds"] / steps
-            print(f"SAELens {arch}: {sl['seconds']:.1f} s wall, {sl['cpu_seconds']:.1f} s CPU; step {sl_step * 1e3:.0f} ms "
-                  f"({floor / sl_step:.0%} of the step) (SAELens {sl['sae_lens_version']})", flush=True)
+            print(
+                f"SAELens {arch}: {sl['seconds']:.1f} s wall, {sl['cpu_seconds']:.1f} s CPU; step {sl_step * 1e3:.0f} ms "
+                f"({floor / sl_step:.0%} of the step) (SAELens {sl['sae_lens_version']})",
+                flush=True,
+            )
             row.update(theirs=theirs, tps_sl=args.tokens / sl["seconds"], cpu_sl=sl["cpu_seconds"], step_sl=sl_step)
         rows.append(row)
 
@@ -259,8 +318,14 @@ def main() -> None:
     checks = []
     for arch in [a for a in ("batchtopk", "topk", "relu", "jumprelu") if a in args.arch]:
         check_dir = out_dir / f"saegeo_{arch}"
-        chk = run_saelens(dict(data=str(data_file), check_dir=str(check_dir), check_out=str(tmp / "check.safetensors"),
-                               threads=args.threads))
+        chk = run_saelens(
+            dict(
+                data=str(data_file),
+                check_dir=str(check_dir),
+                check_out=str(tmp / "check.safetensors"),
+                threads=args.threads,
+            )
+        )
         ref = SAE.load(check_dir)
         with torch.no_grad():
             codes = ref.encode(held_x)
@@ -273,43 +338,59 @@ def main() -> None:
         assert code_err < 1e-3 and recon_err < 1e-5, (arch, code_err, recon_err)
 
     def fmt(m):
-        return (f"FVE {m['fve']:.3f}  L0 {m['l0']:6.1f}  dead {m['dead_fraction']:6.1%}  dense {m['dense_fraction']:5.1%}  "
-                f"max|cos(W_dec,mean)| {m['max_abs_cos_mean']:.3f} (#>0.5: {m['n_latents_cos_mean_gt_0.5']})  "
-                f"|b_dec| {m['b_dec_norm']:.2f}")
+        return (
+            f"FVE {m['fve']:.3f}  L0 {m['l0']:6.1f}  dead {m['dead_fraction']:6.1%}  dense {m['dense_fraction']:5.1%}  "
+            f"max|cos(W_dec,mean)| {m['max_abs_cos_mean']:.3f} (#>0.5: {m['n_latents_cos_mean_gt_0.5']})  "
+            f"|b_dec| {m['b_dec_norm']:.2f}"
+        )
 
     print("\n=== results (held-out, same rows, same metric code) ===")
     summary = {}
     for r in rows:
         arch = r["arch"]
         print(f"[{arch}] saegeo : {r['tps_ours']:8,.0f} tok/s  {r['cpu_ours']:6.1f} CPU s  {fmt(r['ours'])}")
-        entry = dict(saegeo=dict(tok_s=r["tps_ours"], cpu_seconds=r["cpu_ours"], step_s=r["step_ours"], **r["ours"]),
-                     floor_s=r["floor"])
+        entry = dict(
+            saegeo=dict(tok_s=r["tps_ours"], cpu_seconds=r["cpu_ours"], step_s=r["step_ours"], **r["ours"]),
+            floor_s=r["floor"],
+        )
         if "theirs" in r:
             print(f"[{arch}] SAELens: {r['tps_sl']:8,.0f} tok/s  {r['cpu_sl']:6.1f} CPU s  {fmt(r['theirs'])}")
             target = {"topk": "2", "relu": "1.5"}.get(arch)
-            print(f"[{arch}] ratio saegeo/SAELens tokens/s: {r['tps_ours'] / r['tps_sl']:.2f}x wall, "
-                  f"{r['cpu_sl'] / r['cpu_ours']:.2f}x in CPU seconds" + (f" (target {target}x)" if target else ""))
-            entry.update(saelens=dict(tok_s=r["tps_sl"], cpu_seconds=r["cpu_sl"], step_s=r["step_sl"], **r["theirs"]),
-                         speed_ratio=r["tps_ours"] / r["tps_sl"], cpu_ratio=r["cpu_sl"] / r["cpu_ours"])
+            print(
+                f"[{arch}] ratio saegeo/SAELens tokens/s: {r['tps_ours'] / r['tps_sl']:.2f}x wall, "
+                f"{r['cpu_sl'] / r['cpu_ours']:.2f}x in CPU seconds" + (f" (target {target}x)" if target else "")
+            )
+            entry.update(
+                saelens=dict(tok_s=r["tps_sl"], cpu_seconds=r["cpu_sl"], step_s=r["step_sl"], **r["theirs"]),
+                speed_ratio=r["tps_ours"] / r["tps_sl"],
+                cpu_ratio=r["cpu_sl"] / r["cpu_ours"],
+            )
             if arch == "relu":
                 o, t = r["ours"], r["theirs"]
-                print(f"[relu] front: saegeo FVE {o['fve']:.3f} at L0 {o['l0']:.0f} vs SAELens {t['fve']:.3f} at L0 "
-                      f"{t['l0']:.0f}: {'on or beyond' if o['fve'] >= t['fve'] and o['l0'] <= t['l0'] else 'NOT on'} SAELens' front")
+                print(
+                    f"[relu] front: saegeo FVE {o['fve']:.3f} at L0 {o['l0']:.0f} vs SAELens {t['fve']:.3f} at L0 "
+                    f"{t['l0']:.0f}: {'on or beyond' if o['fve'] >= t['fve'] and o['l0'] <= t['l0'] else 'NOT on'} SAELens' front"
+                )
         floor_line = f"[{arch}] floor {r['floor'] * 1e3:.0f} ms = {r['floor'] / r['step_ours']:.0%} of saegeo's step"
         if "step_sl" in r:
             floor_line += f", {r['floor'] / r['step_sl']:.0%} of SAELens'"
         print(floor_line + (" (target >= 50% for topk)" if arch == "topk" else ""))
         if arch == "jumprelu":
-            print(f"[jumprelu] L0 {r['ours']['l0']:.1f} against its target {args.k}: "
-                  f"{abs(r['ours']['l0'] / args.k - 1):.0%} off (bandwidth {TrainConfig.bandwidth}, "
-                  f"L0 coefficient {TrainConfig.l0_coefficient}, threshold lr x{TrainConfig.threshold_lr_scale})")
+            print(
+                f"[jumprelu] L0 {r['ours']['l0']:.1f} against its target {args.k}: "
+                f"{abs(r['ours']['l0'] / args.k - 1):.0%} off (bandwidth {TrainConfig.bandwidth}, "
+                f"L0 coefficient {TrainConfig.l0_coefficient}, threshold lr x{TrainConfig.threshold_lr_scale})"
+            )
         summary[arch] = entry
     print(f"|mean| of training rows: {float(mean.norm()):.2f}")
     for arch, chk, code_err, support, recon_err in checks:
-        print(f"SAELens {chk['sae_lens_version']} loads the saegeo {arch} SAE as {chk['loaded_class']}: max |codes diff| "
-              f"{code_err:.2e} ({support} entries differ in support), max relative recon diff {recon_err:.2e}")
-        summary.setdefault(arch, {})["saelens_load"] = dict(cls=chk["loaded_class"], code_err=code_err, support=support,
-                                                            recon_err=recon_err)
+        print(
+            f"SAELens {chk['sae_lens_version']} loads the saegeo {arch} SAE as {chk['loaded_class']}: max |codes diff| "
+            f"{code_err:.2e} ({support} entries differ in support), max relative recon diff {recon_err:.2e}"
+        )
+        summary.setdefault(arch, {})["saelens_load"] = dict(
+            cls=chk["loaded_class"], code_err=code_err, support=support, recon_err=recon_err
+        )
     (out_dir / "train_bench.json").write_text(json.dumps(summary, indent=1))
 
 

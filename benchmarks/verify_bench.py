@@ -52,8 +52,10 @@ def main() -> None:
         if args.sae:
             sae = SAE(SAEConfig(d_in=args.d, d_sae=4 * args.d, activation="topk", k=32))
             sae.init_weights(torch.Generator().manual_seed(0))
-        print(f"store: {store.n_tokens:,} rows × d={store.d} float32, {len(store.shards)} shards, {size / 2**20:.0f} MiB"
-              + (f"; one SAE d_sae={4 * args.d}" if sae is not None else ""))
+        print(
+            f"store: {store.n_tokens:,} rows × d={store.d} float32, {len(store.shards)} shards, {size / 2**20:.0f} MiB"
+            + (f"; one SAE d_sae={4 * args.d}" if sae is not None else "")
+        )
 
         def report(verify: bool):
             opts = ReportOptions(progress=False, verify=verify)
@@ -65,8 +67,11 @@ def main() -> None:
 
         best = {"verify": (float("inf"), 0.0), "no-verify": (float("inf"), 0.0), "sha256": (float("inf"), 0.0)}
         for _ in range(args.repeats):
-            for name, fn in (("verify", lambda: report(True)), ("no-verify", lambda: report(False)),
-                             ("sha256", hash_all)):
+            for name, fn in (
+                ("verify", lambda: report(True)),
+                ("no-verify", lambda: report(False)),
+                ("sha256", hash_all),
+            ):
                 wall, cpu, _ = timed(fn)
                 if wall < best[name][0]:
                     best[name] = (wall, cpu)
@@ -74,9 +79,11 @@ def main() -> None:
         for name, (wall, cpu) in best.items():
             print(f"{name:<12}{wall:>9.2f}{cpu:>9.2f}{size / 2**20 / wall:>9.0f}")
         (v, vc), (nv, nvc) = best["verify"], best["no-verify"]
-        print(f"verify / no-verify: {v / nv:.3f}× wall, {vc / nvc:.3f}× cpu; the check's share of the report's "
-              f"time: {(v - nv) / v:.1%} wall, {(vc - nvc) / vc:.1%} cpu (hashing alone: {best['sha256'][0] / v:.1%} "
-              "of the verified report's wall time)")
+        print(
+            f"verify / no-verify: {v / nv:.3f}× wall, {vc / nvc:.3f}× cpu; the check's share of the report's "
+            f"time: {(v - nv) / v:.1%} wall, {(vc - nvc) / vc:.1%} cpu (hashing alone: {best['sha256'][0] / v:.1%} "
+            "of the verified report's wall time)"
+        )
 
 
 if __name__ == "__main__":

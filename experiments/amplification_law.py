@@ -19,8 +19,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-
 from _common import parser, save_figure, write_csv
+
 from saegeo.geometry.accumulate import GeometryAccumulator
 from saegeo.geometry.amplification import CodeMomentAccumulator, independent_codes_anisotropy
 from saegeo.geometry.measures import anisotropy_from_unit_mean
@@ -47,12 +47,24 @@ def measure(config: SyntheticConfig, n: int, law: str) -> dict:
     forms["A_het"] = forms.pop("heterogeneous_moment")
     forms["A_het_mean_cosine"], mc_sd = independent_codes_anisotropy(sample, gen.truth.dictionary, seed=config.seed)
     mean = geometry.mean.double()
-    print(f"{law:15s} tilt {config.tilt:4.2f}  A_dict {gen.truth.a_dict:7.4f}  measured {measured:.4f}  "
-          + "  ".join(f"{f} {forms[f]:.4f}" for f in (*PER_LATENT, *FORMS)), flush=True)
-    return dict(law=law, tilt=config.tilt, a_dict=gen.truth.a_dict, mean_sq_norm=gen.truth.mean_sq_norm,
-                K=codes_stats.K, r=codes_stats.r, measured_A=measured, A_het_mean_cosine_sd=mc_sd,
-                moment_ratio=float(mean @ mean) / geometry.mean_sq_norm,  # ‖μ‖²/E‖x‖², what the moment forms predict
-                **forms, **{f"err_{f}": forms[f] - measured for f in forms})
+    print(
+        f"{law:15s} tilt {config.tilt:4.2f}  A_dict {gen.truth.a_dict:7.4f}  measured {measured:.4f}  "
+        + "  ".join(f"{f} {forms[f]:.4f}" for f in (*PER_LATENT, *FORMS)),
+        flush=True,
+    )
+    return dict(
+        law=law,
+        tilt=config.tilt,
+        a_dict=gen.truth.a_dict,
+        mean_sq_norm=gen.truth.mean_sq_norm,
+        K=codes_stats.K,
+        r=codes_stats.r,
+        measured_A=measured,
+        A_het_mean_cosine_sd=mc_sd,
+        moment_ratio=float(mean @ mean) / geometry.mean_sq_norm,  # ‖μ‖²/E‖x‖², what the moment forms predict
+        **forms,
+        **{f"err_{f}": forms[f] - measured for f in forms},
+    )
 
 
 def main() -> None:
@@ -72,8 +84,16 @@ def main() -> None:
     # Heterogeneous rates: Zipf-like firing (q_i ∝ i^-0.5, same mean q), where one q and one r do not
     # describe the codes.
     for tilt in (0.0, 0.1, 0.2):
-        config = SyntheticConfig(d=args.d, n_features=args.N, rate=args.q, rate_law="zipf", zipf_exponent=0.5,
-                                 tilt=tilt, magnitude="exp", seed=args.seed)
+        config = SyntheticConfig(
+            d=args.d,
+            n_features=args.N,
+            rate=args.q,
+            rate_law="zipf",
+            zipf_exponent=0.5,
+            tilt=tilt,
+            magnitude="exp",
+            seed=args.seed,
+        )
         rows.append(measure(config, args.n, "exp, zipf rates"))
     csv_path = write_csv(args.out / "amplification_law.csv", rows)
 
@@ -82,8 +102,13 @@ def main() -> None:
         sub = [r for r in rows if r["law"] == law]
         ax.plot([r["tilt"] for r in sub], [r["measured_A"] for r in sub], "ko", label="measured A")
         for form, style in zip((*FORMS, *PER_LATENT), (":", "--", "-", "-.", "-")):
-            ax.plot([r["tilt"] for r in sub], [r[form] for r in sub], style, lw=2.5 if form == "A_het_mean_cosine" else 1,
-                    label=form.replace("_", " "))
+            ax.plot(
+                [r["tilt"] for r in sub],
+                [r[form] for r in sub],
+                style,
+                lw=2.5 if form == "A_het_mean_cosine" else 1,
+                label=form.replace("_", " "),
+            )
         ax.set_title(f"{law} (r = {sub[0]['r']:.3f})")
         ax.set_xlabel("tilt t (A_dict ≈ t²)")
     axes[0].set_ylabel("mean pairwise cosine A")

@@ -19,8 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
-
 from _common import parser, save_figure, write_csv
+
 from saegeo.geometry.measures import anisotropy_from_unit_mean
 from saegeo.synthetic import SuperpositionGenerator, SyntheticConfig
 
@@ -51,8 +51,15 @@ def main() -> None:
         shared /= shared.norm()  # C = 1
         tokens = shared + torch.randn(args.sequences, length, d, generator=gen) * (g_over_c / math.sqrt(d))
         for m in POOL_SIZES:
-            rows.append(dict(source="gaussian c+g", G_over_C=g_over_c, m=m, measured_A=pooled_anisotropy(tokens, m),
-                             predicted_A=predicted(g_over_c, m)))
+            rows.append(
+                dict(
+                    source="gaussian c+g",
+                    G_over_C=g_over_c,
+                    m=m,
+                    measured_A=pooled_anisotropy(tokens, m),
+                    predicted_A=predicted(g_over_c, m),
+                )
+            )
     cfg = SyntheticConfig(d=256, n_features=1024, rate=0.02, tilt=0.1, offset=0.3, noise=0.3, seed=args.seed)
     synth = SuperpositionGenerator(cfg)
     truth = synth.truth
@@ -61,18 +68,33 @@ def main() -> None:
     x, _ = synth.sample(args.sequences * length)
     tokens = x.reshape(args.sequences, length, cfg.d)
     for m in POOL_SIZES:
-        rows.append(dict(source="synthetic superposition", G_over_C=math.sqrt(g_sq / c_sq), m=m,
-                         measured_A=pooled_anisotropy(tokens, m), predicted_A=predicted(math.sqrt(g_sq / c_sq), m)))
+        rows.append(
+            dict(
+                source="synthetic superposition",
+                G_over_C=math.sqrt(g_sq / c_sq),
+                m=m,
+                measured_A=pooled_anisotropy(tokens, m),
+                predicted_A=predicted(math.sqrt(g_sq / c_sq), m),
+            )
+        )
     for r in rows:
-        print(f"{r['source']:24s} G/C {r['G_over_C']:.3f}  m {r['m']:3d}  measured {r['measured_A']:.4f}  "
-              f"predicted {r['predicted_A']:.4f}  diff {r['measured_A'] - r['predicted_A']:+.4f}")
+        print(
+            f"{r['source']:24s} G/C {r['G_over_C']:.3f}  m {r['m']:3d}  measured {r['measured_A']:.4f}  "
+            f"predicted {r['predicted_A']:.4f}  diff {r['measured_A'] - r['predicted_A']:+.4f}"
+        )
     csv_path = write_csv(args.out / "mean_pooling.csv", rows)
 
     fig, ax = plt.subplots(figsize=(6, 4))
     groups = sorted({(r["source"], r["G_over_C"]) for r in rows})
     for i, (source, ratio) in enumerate(groups):
         sub = [r for r in rows if (r["source"], r["G_over_C"]) == (source, ratio)]
-        ax.semilogx([r["m"] for r in sub], [r["measured_A"] for r in sub], "o", color=f"C{i}", label=f"{source}, G/C={ratio:.2f}")
+        ax.semilogx(
+            [r["m"] for r in sub],
+            [r["measured_A"] for r in sub],
+            "o",
+            color=f"C{i}",
+            label=f"{source}, G/C={ratio:.2f}",
+        )
         ax.semilogx([r["m"] for r in sub], [r["predicted_A"] for r in sub], "-", color=f"C{i}")
     ax.set_xlabel("pool size m (tokens averaged)")
     ax.set_ylabel("A of pooled vectors")

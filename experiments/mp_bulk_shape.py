@@ -17,8 +17,8 @@ import math
 
 import numpy as np
 import torch
-
 from _common import parser, write_csv
+
 from saegeo.geometry.nulls import calibrated_mp_bulk, white_noise_bulk_distances
 
 DIMS = (32, 64, 128, 256, 512, 1024, 2048)
@@ -58,8 +58,17 @@ def main() -> None:
             dist = white_noise_bulk_distances(n, d, max(10, args.samples * 256 // max(d, 256)), seed=args.seed)
             m = min(d, n - 1)
             unit = math.log(m) / m
-            rows.append(dict(d=d, gamma=gamma, n=n, samples=len(dist), median=float(np.median(dist) / unit),
-                             q95=float(np.quantile(dist, 0.95) / unit), max=float(dist.max() / unit)))
+            rows.append(
+                dict(
+                    d=d,
+                    gamma=gamma,
+                    n=n,
+                    samples=len(dist),
+                    median=float(np.median(dist) / unit),
+                    q95=float(np.quantile(dist, 0.95) / unit),
+                    max=float(dist.max() / unit),
+                )
+            )
             print(rows[-1], flush=True)
     print("wrote", write_csv(args.out / "mp_bulk_shape_calibration.csv", rows))
     cases = []
@@ -68,9 +77,20 @@ def main() -> None:
             g = torch.Generator().manual_seed(args.seed + 1)
             for rep in range(5):
                 bulk = calibrated_mp_bulk(spectrum(case_rows(kind, n, d, g)), n, d)
-                cases.append(dict(case=kind, n=n, d=d, rep=rep, n_spikes=bulk.n_spikes,
-                                  spikes_without_shape_test=bulk.n_spikes_fitted, distance=bulk.mp_distance,
-                                  threshold=bulk.mp_distance_threshold, sigma2=bulk.sigma2_bulk, verdict=bulk.verdict))
+                cases.append(
+                    dict(
+                        case=kind,
+                        n=n,
+                        d=d,
+                        rep=rep,
+                        n_spikes=bulk.n_spikes,
+                        spikes_without_shape_test=bulk.n_spikes_fitted,
+                        distance=bulk.mp_distance,
+                        threshold=bulk.mp_distance_threshold,
+                        sigma2=bulk.sigma2_bulk,
+                        verdict=bulk.verdict,
+                    )
+                )
                 print(cases[-1], flush=True)
     print("wrote", write_csv(args.out / "mp_bulk_shape_cases.csv", cases))
 

@@ -19,8 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
-
 from _common import parser, save_figure, write_csv
+
 from saegeo.geometry.accumulate import GeometryAccumulator
 from saegeo.geometry.measures import centred_spectrum, effective_rank
 from saegeo.geometry.nulls import marchenko_pastur_edges, noise_effective_rank
@@ -43,13 +43,28 @@ def main() -> None:
             eig = centred_spectrum(acc).eigenvalues
             sigma2 = float(eig.sum()) / d
             lower, upper = marchenko_pastur_edges(sigma2, n, d)
-            rows.append(dict(d=d, n=n, n_over_d=n / d, spike=spike, lambda_max=float(eig[0]), lambda_min=float(eig[-1]),
-                             mp_upper=upper, mp_lower=lower, spikes_above_edge=int((eig > upper).sum()),
-                             erank=effective_rank(eig), noise_erank=noise_effective_rank(n, d)))
+            rows.append(
+                dict(
+                    d=d,
+                    n=n,
+                    n_over_d=n / d,
+                    spike=spike,
+                    lambda_max=float(eig[0]),
+                    lambda_min=float(eig[-1]),
+                    mp_upper=upper,
+                    mp_lower=lower,
+                    spikes_above_edge=int((eig > upper).sum()),
+                    erank=effective_rank(eig),
+                    noise_erank=noise_effective_rank(n, d),
+                )
+            )
             r = rows[-1]
-            print(f"d={d:4d} n={n:6d} spike×{spike:g}: λmax {r['lambda_max']:.3f} (edge {upper:.3f})  "
-                  f"λmin {r['lambda_min']:.3f} (edge {lower:.3f})  spikes {r['spikes_above_edge']}  "
-                  f"erank {r['erank']:.1f} (noise {r['noise_erank']:.1f})", flush=True)
+            print(
+                f"d={d:4d} n={n:6d} spike×{spike:g}: λmax {r['lambda_max']:.3f} (edge {upper:.3f})  "
+                f"λmin {r['lambda_min']:.3f} (edge {lower:.3f})  spikes {r['spikes_above_edge']}  "
+                f"erank {r['erank']:.1f} (noise {r['noise_erank']:.1f})",
+                flush=True,
+            )
     csv_path = write_csv(args.out / "mp_edges.csv", rows)
 
     noise = [r for r in rows if r["spike"] == 1.0 and r["d"] == args.d]
@@ -70,9 +85,11 @@ def main() -> None:
     ax2.legend()
     png_path = save_figure(fig, args.out / "mp_edges.png")
     worst = max(abs(r["erank"] - r["noise_erank"]) / r["d"] for r in rows if r["spike"] == 1.0)
-    print(f"max |erank − noise erank|/d = {worst:.4f}; noise spikes above the edge: "
-          f"{sum(r['spikes_above_edge'] for r in rows if r['spike'] == 1.0)}; planted spikes found: "
-          f"{sum(r['spikes_above_edge'] for r in rows if r['spike'] > 1.0)}/{len(settings)}")
+    print(
+        f"max |erank − noise erank|/d = {worst:.4f}; noise spikes above the edge: "
+        f"{sum(r['spikes_above_edge'] for r in rows if r['spike'] == 1.0)}; planted spikes found: "
+        f"{sum(r['spikes_above_edge'] for r in rows if r['spike'] > 1.0)}/{len(settings)}"
+    )
     print(f"wrote {csv_path} and {png_path} in {time.time() - started:.0f} s")
 
 

@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 import torch
-
 from _common import parser, write_csv
+
 from saegeo.geometry.accumulate import GeometryAccumulator
 from saegeo.geometry.measures import anisotropy_from_unit_mean, null_test, sign_null
 
@@ -58,9 +58,19 @@ def main() -> None:
             g = torch.Generator().manual_seed(10_000 * (1 + FAMILIES.index(kind)) + 1_000 * (d == 1024) + args.seed)
             zs = np.array([z_of(null_rows(kind, n, d, g)) for _ in range(args.seeds)])
             se_sd = zs.std(ddof=1) / math.sqrt(2 * (args.seeds - 1))
-            rows.append(dict(family=kind, d=d, n=n, seeds=args.seeds, z_mean=float(zs.mean()),
-                             z_mean_se=float(zs.std(ddof=1) / math.sqrt(args.seeds)), z_sd=float(zs.std(ddof=1)),
-                             z_sd_se=float(se_sd), seconds=time.perf_counter() - t0))
+            rows.append(
+                dict(
+                    family=kind,
+                    d=d,
+                    n=n,
+                    seeds=args.seeds,
+                    z_mean=float(zs.mean()),
+                    z_mean_se=float(zs.std(ddof=1) / math.sqrt(args.seeds)),
+                    z_sd=float(zs.std(ddof=1)),
+                    z_sd_se=float(se_sd),
+                    seconds=time.perf_counter() - t0,
+                )
+            )
             print(rows[-1], flush=True)
     print("wrote", write_csv(args.out / "null_z_calibration.csv", rows))
 

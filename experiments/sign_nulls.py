@@ -19,9 +19,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
+from _common import parser, save_figure, write_csv
 from scipy.stats import norm
 
-from _common import parser, save_figure, write_csv
 from saegeo.geometry.measures import anisotropy_from_unit_mean
 from saegeo.geometry.nulls import DENSE_RELU_NULL, sign_aware_null, sparse_exp_null
 from saegeo.synthetic import SuperpositionGenerator, SyntheticConfig
@@ -69,29 +69,52 @@ def main() -> None:
     dims = [int(v) for v in args.dims.split(",")]
     started = time.time()
     gen = torch.Generator().manual_seed(args.seed)
-    cases = [("relu", "dense ReLU", DENSE_RELU_NULL, "1/pi", DENSE_RELU_NULL),
-             ("gelu", "GELU", None, "quadrature", _gelu_closed()),
-             ("jump_relu", f"z·1[z>{THRESHOLD:g}]", None, "closed form", JUMP_RELU_CLOSED),
-             ("shifted_relu", f"ReLU(z−{THRESHOLD:g})", None, "closed form", SHIFTED_RELU_CLOSED),
-             ("gaussian", "N(0,1) sign-symmetric", 0.0, "0", 0.0)]
+    cases = [
+        ("relu", "dense ReLU", DENSE_RELU_NULL, "1/pi", DENSE_RELU_NULL),
+        ("gelu", "GELU", None, "quadrature", _gelu_closed()),
+        ("jump_relu", f"z·1[z>{THRESHOLD:g}]", None, "closed form", JUMP_RELU_CLOSED),
+        ("shifted_relu", f"ReLU(z−{THRESHOLD:g})", None, "closed form", SHIFTED_RELU_CLOSED),
+        ("gaussian", "N(0,1) sign-symmetric", 0.0, "0", 0.0),
+    ]
     rows = []
     for d in dims:
-        for kind, label, canonical, closed_name, closed in cases:
+        for kind, label, canonical, _closed_name, closed in cases:
             simulated, null = measure(_dense_rows(kind, args.n, d, gen))
-            rows.append(dict(case=label, q=float("nan"), d=d, simulated_A=simulated, pooled_null=null,
-                             canonical=canonical if canonical is not None else float("nan"),
-                             population_null=closed, rel_err=(null - simulated) / simulated if simulated > 1e-3 else float("nan")))
+            rows.append(
+                dict(
+                    case=label,
+                    q=float("nan"),
+                    d=d,
+                    simulated_A=simulated,
+                    pooled_null=null,
+                    canonical=canonical if canonical is not None else float("nan"),
+                    population_null=closed,
+                    rel_err=(null - simulated) / simulated if simulated > 1e-3 else float("nan"),
+                )
+            )
         for q in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5):
-            synth = SuperpositionGenerator(SyntheticConfig(d=d, n_features=d, dictionary="identity", rate=q,
-                                                           magnitude="exp", seed=args.seed))
+            synth = SuperpositionGenerator(
+                SyntheticConfig(d=d, n_features=d, dictionary="identity", rate=q, magnitude="exp", seed=args.seed)
+            )
             x, _ = synth.sample(args.n)
             simulated, null = measure(x)
-            rows.append(dict(case="sparse Exp(1)", q=q, d=d, simulated_A=simulated, pooled_null=null,
-                             canonical=sparse_exp_null(q), population_null=q / 2,
-                             rel_err=(null - simulated) / simulated))
+            rows.append(
+                dict(
+                    case="sparse Exp(1)",
+                    q=q,
+                    d=d,
+                    simulated_A=simulated,
+                    pooled_null=null,
+                    canonical=sparse_exp_null(q),
+                    population_null=q / 2,
+                    rel_err=(null - simulated) / simulated,
+                )
+            )
     for r in rows:
-        print(f"d={r['d']:5d} {r['case']:22s} q={r['q']:<5g} simulated {r['simulated_A']:.5f}  null {r['pooled_null']:.5f}"
-              f"  population {r['population_null']:.5f}  rel err {r['rel_err']:+.3f}")
+        print(
+            f"d={r['d']:5d} {r['case']:22s} q={r['q']:<5g} simulated {r['simulated_A']:.5f}  null {r['pooled_null']:.5f}"
+            f"  population {r['population_null']:.5f}  rel err {r['rel_err']:+.3f}"
+        )
     csv_path = write_csv(args.out / "sign_nulls.csv", rows)
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
@@ -114,7 +137,9 @@ def main() -> None:
     png_path = save_figure(fig, args.out / "sign_nulls.png")
     big = [r for r in rows if r["d"] == dims[-1] and r["rel_err"] == r["rel_err"]]
     worst = max(big, key=lambda r: abs(r["rel_err"]))
-    print(f"at d={dims[-1]}: worst |null − simulated|/simulated = {abs(worst['rel_err']):.3f} ({worst['case']} q={worst['q']:g})")
+    print(
+        f"at d={dims[-1]}: worst |null − simulated|/simulated = {abs(worst['rel_err']):.3f} ({worst['case']} q={worst['q']:g})"
+    )
     print(f"wrote {csv_path} and {png_path} in {time.time() - started:.0f} s")
 
 

@@ -29,7 +29,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_overwrite(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--overwrite", action="store_true", help="replace output files that exist already (refused otherwise)")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace output files that exist already (refused otherwise)"
+    )
 
 
 # --------------------------------------------------------------------------- geometry
@@ -66,16 +68,26 @@ def _add_sweep(p: argparse.ArgumentParser) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from saegeo.io import refuse_overwrite
-    from saegeo.render import SWEEP_FORMATS, render_sweep_cache, render_sweep_terminal, render_written, rendering_paths
-    from saegeo.render import write_sweep
+    from saegeo.render import (
+        SWEEP_FORMATS,
+        render_sweep_cache,
+        render_sweep_terminal,
+        render_written,
+        rendering_paths,
+        write_sweep,
+    )
     from saegeo.report.sweep import SweepOptions, sweep_model, sweep_stores
 
     opts = from_dict(SweepOptions, passed(args, SweepOptions))
-    refuse_overwrite([opts.json, *(rendering_paths(opts.out, SWEEP_FORMATS, "sweep") if opts.out else [])], opts.overwrite)
+    refuse_overwrite(
+        [opts.json, *(rendering_paths(opts.out, SWEEP_FORMATS, "sweep") if opts.out else [])], opts.overwrite
+    )
     if opts.model and args.stores:
         raise CLIError("give stores or --model, not both")
     if not opts.model and not args.stores:
-        raise CLIError("saegeo sweep needs activation stores, or --model M (with --hooks all-resid) to cache them first")
+        raise CLIError(
+            "saegeo sweep needs activation stores, or --model M (with --hooks all-resid) to cache them first"
+        )
     if opts.model:
         sweep = sweep_model(opts)
         print(render_sweep_cache(sweep.cache))
@@ -161,8 +173,13 @@ def cmd_synth(args: argparse.Namespace) -> int:
         from saegeo.pipeline import write_synthetic_store
 
         write_synthetic_store(
-            gen, out, opts.n, shard_rows=opts.shard_rows, dtype=opts.dtype,
-            mode="overwrite" if opts.overwrite else "create", progress=sys.stderr.isatty(),
+            gen,
+            out,
+            opts.n,
+            shard_rows=opts.shard_rows,
+            dtype=opts.dtype,
+            mode="overwrite" if opts.overwrite else "create",
+            progress=sys.stderr.isatty(),
         )
         truth_path = out / "truth.safetensors"
     from saegeo.render.text import render_synth
@@ -176,19 +193,28 @@ def cmd_synth(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- check
 def _add_check(p: argparse.ArgumentParser) -> None:
     from saegeo.config import int_arg
-    from saegeo.report.check import CheckOptions
     from saegeo.render import FORMATS
+    from saegeo.report.check import CheckOptions
     from saegeo.report.flags import SEVERITIES
 
-    p.add_argument("path", help="dictionary file or directory, or a hub id read through the Hugging Face cache "
-                                "(gemma-scope-2b-pt-res/layer_20/width_16k/average_l0_71, org/repo[/subfolder])")
-    p.add_argument("--acts", help="activation store (directory) or .safetensors/.npy file: adds the full geometry report")
+    p.add_argument(
+        "path",
+        help="dictionary file or directory, or a hub id read through the Hugging Face cache "
+        "(gemma-scope-2b-pt-res/layer_20/width_16k/average_l0_71, org/repo[/subfolder])",
+    )
+    p.add_argument(
+        "--acts", help="activation store (directory) or .safetensors/.npy file: adds the full geometry report"
+    )
     p.add_argument("--out", help="directory for summary.txt, .md, .json, .html")
     p.add_argument("--max-tokens", type=int_arg, default=None, help="with --acts: stop after this many tokens")
     p.add_argument("--format", nargs="+", default=list(FORMATS), choices=FORMATS, help="renderings written to --out")
     _add_overwrite(p)
-    p.add_argument("--fail-on", choices=["never", *SEVERITIES[1:]], default="never",  # an info flag never fails
-                   help="exit with status 1 when a flag of this severity or worse is raised (for CI)")
+    p.add_argument(
+        "--fail-on",
+        choices=["never", *SEVERITIES[1:]],
+        default="never",  # an info flag never fails
+        help="exit with status 1 when a flag of this severity or worse is raised (for CI)",
+    )
     add_options(p, CheckOptions)
 
 
@@ -196,8 +222,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from saegeo.io import refuse_overwrite
-    from saegeo.report.check import CheckOptions, check_dictionary, check_with_activations
     from saegeo.render import render_check_terminal, render_terminal, render_written, rendering_paths, write_report
+    from saegeo.report.check import CheckOptions, check_dictionary, check_with_activations
     from saegeo.sae.model import SAE
 
     if args.out:
@@ -206,8 +232,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     from saegeo.report.report import ReportOptions
 
     opts = from_dict(CheckOptions, passed(args, CheckOptions))
-    report_options = ReportOptions(max_tokens=args.max_tokens, progress=opts.progress, verify=opts.verify,
-                                   skip_nonfinite=opts.skip_nonfinite)
+    report_options = ReportOptions(
+        max_tokens=args.max_tokens, progress=opts.progress, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite
+    )
     sae = SAE.load(args.path)
     name = Path(args.path).resolve().name
     if args.acts:
@@ -236,17 +263,26 @@ def _add_report(p: argparse.ArgumentParser) -> None:
     from saegeo.report.report import ReportOptions
 
     p.add_argument("--acts", required=True, help="activation store directory (from `saegeo cache`)")
-    p.add_argument("--sae", action="append", default=[], metavar="[NAME=]DIR",
-                   help="SAE directory (SAELens layout); repeat for several, shown side by side")
+    p.add_argument(
+        "--sae",
+        action="append",
+        default=[],
+        metavar="[NAME=]DIR",
+        help="SAE directory (SAELens layout); repeat for several, shown side by side",
+    )
     p.add_argument("--out", required=True, help="output directory: summary.txt, report.md, report.json, report.html")
     p.add_argument("--format", default="terminal,md,json,html", help="comma-separated subset of terminal,md,json,html")
     _add_overwrite(p)
     p.add_argument("--config", default=None, help="JSON/TOML preprocessing config to check (e.g. a SAELens cfg.json)")
     add_options(p, ReportOptions)
-    p.add_argument("--model", default=None,
-                   help="also splice each SAE into this model (as `saegeo eval`): CE loss recovered and KL per SAE column")
-    p.add_argument("--eval-tokens", type=int_arg, default=None,
-                   help="with --model: tokens evaluated (default: as saegeo eval)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="also splice each SAE into this model (as `saegeo eval`): CE loss recovered and KL per SAE column",
+    )
+    p.add_argument(
+        "--eval-tokens", type=int_arg, default=None, help="with --model: tokens evaluated (default: as saegeo eval)"
+    )
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -273,8 +309,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     opts = from_dict(ReportOptions, passed(args, ReportOptions))
     given = {} if args.eval_tokens is None else {"max_tokens": args.eval_tokens}  # checked before the pass
     try:
-        ecfg = from_dict(EvalConfig, {"model": args.model or EvalConfig.model, "device": opts.device,
-                                      "progress": opts.progress, **given})
+        ecfg = from_dict(
+            EvalConfig,
+            {"model": args.model or EvalConfig.model, "device": opts.device, "progress": opts.progress, **given},
+        )
     except SaegeoError as err:  # name the flag: --eval-tokens sets EvalConfig.max_tokens
         raise CLIError(f"--eval-tokens: {err}") from None
     config = read_config(args.config) if args.config else None
@@ -300,8 +338,11 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
     from saegeo.sae.splice import EvalConfig
 
     add_options(p, EvalConfig)
-    p.add_argument("--replace-special", action="store_true",
-                   help="splice at BOS/[CLS]/[SEP] too (sets pass_special false; default: as in the SAE's training)")
+    p.add_argument(
+        "--replace-special",
+        action="store_true",
+        help="splice at BOS/[CLS]/[SEP] too (sets pass_special false; default: as in the SAE's training)",
+    )
     p.add_argument("--json", default=None, help="write the result as JSON here")
     _add_overwrite(p)
 
@@ -348,8 +389,11 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     from saegeo.sae.train import TrainConfig
 
     p.add_argument("--acts", help="activation store directory (or `acts = ...` in the config)")
-    p.add_argument("--config", help="TOML file with TrainConfig keys (top level or a [train] table) and `acts`; "
-                                    "flags override it, any other key is refused")
+    p.add_argument(
+        "--config",
+        help="TOML file with TrainConfig keys (top level or a [train] table) and `acts`; "
+        "flags override it, any other key is refused",
+    )
     p.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint in --out-dir")
     add_options(p, TrainConfig)
 
@@ -361,7 +405,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg, extras = resolve(TrainConfig, passed(args, TrainConfig), args.config, table="train", extra=("acts",))
     acts = args.acts or extras.get("acts")
     if not acts:
-        raise CLIError("saegeo train needs --acts STORE (or `acts = \"...\"` in the --config file)")
+        raise CLIError('saegeo train needs --acts STORE (or `acts = "..."` in the --config file)')
     result = train_sae(cfg, acts, resume=not args.no_resume)
     from saegeo.distributed import current
 
@@ -375,35 +419,69 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 # name, what `saegeo --help` says of it, its description, the function adding its options, the one running it
 _COMMANDS: list[tuple[str, str, str | None, Any, Any]] = [
-    ("geometry", "geometry summary of 2-D tensors in .safetensors/.npy/.pt files or activation stores",
-     "Stream the rows of one or more files (or activation-store directories) through one GeometryAccumulator and "
-     "print the activation geometry: offset, A against the sign-aware null, mean vs spread, spectrum vs "
-     "Marchenko-Pastur, IsoScore, rogue dimensions. Memory does not grow with rows.", _add_geometry, cmd_geometry),
-    ("sweep", "one row per layer: the geometry, token-type decomposition, self-similarity and artifact test of each "
-     "store", "One accumulator per store, one row per layer in the model's layer order. Give stores, or --model M "
-     "--hooks all-resid to cache every residual hook in one forward pass first.", _add_sweep, cmd_sweep),
-    ("cache", "run a model over a corpus and store hook activations (one resumable store per hook)",
-     "Cache activations of one or more hooks from a single forward pass. Rerunning the same command resumes an "
-     "interrupted run; the result is identical to an uninterrupted one.", _add_cache, cmd_cache),
+    (
+        "geometry",
+        "geometry summary of 2-D tensors in .safetensors/.npy/.pt files or activation stores",
+        "Stream the rows of one or more files (or activation-store directories) through one GeometryAccumulator and "
+        "print the activation geometry: offset, A against the sign-aware null, mean vs spread, spectrum vs "
+        "Marchenko-Pastur, IsoScore, rogue dimensions. Memory does not grow with rows.",
+        _add_geometry,
+        cmd_geometry,
+    ),
+    (
+        "sweep",
+        "one row per layer: the geometry, token-type decomposition, self-similarity and artifact test of each store",
+        "One accumulator per store, one row per layer in the model's layer order. Give stores, or --model M "
+        "--hooks all-resid to cache every residual hook in one forward pass first.",
+        _add_sweep,
+        cmd_sweep,
+    ),
+    (
+        "cache",
+        "run a model over a corpus and store hook activations (one resumable store per hook)",
+        "Cache activations of one or more hooks from a single forward pass. Rerunning the same command resumes an "
+        "interrupted run; the result is identical to an uninterrupted one.",
+        _add_cache,
+        cmd_cache,
+    ),
     ("store", "inspect or verify an activation store", None, _add_store, cmd_store),
-    ("synth", "write synthetic superposition activations with known truth (store + truth.safetensors)",
-     "x = b + Σ a_i u_i + ε from a seeded generator; writes an activation store at --out and the ground truth "
-     "(dictionary, offset, rates) to OUT/truth.safetensors. Options override the preset.", _add_synth, cmd_synth),
-    ("check", "checks on a published or trained dictionary (any supported format), optionally with activations",
-     "Load a dictionary (SAELens dir, sparsify dir, dictionary_learning ae.pt, Gemma Scope params.npz, OpenAI .pt; "
-     "auto-detected) and check it: A_dict and spectrum, decoder norms, zero and near-duplicate rows, "
-     "encoder-decoder alignment, b_dec vs the mean direction, config. With --acts, the full geometry report on "
-     "those activations plus these checks.", _add_check, cmd_check),
-    ("report", "geometry report of an activation store, with SAEs side by side and flags", None, _add_report,
-     cmd_report),
+    (
+        "synth",
+        "write synthetic superposition activations with known truth (store + truth.safetensors)",
+        "x = b + Σ a_i u_i + ε from a seeded generator; writes an activation store at --out and the ground truth "
+        "(dictionary, offset, rates) to OUT/truth.safetensors. Options override the preset.",
+        _add_synth,
+        cmd_synth,
+    ),
+    (
+        "check",
+        "checks on a published or trained dictionary (any supported format), optionally with activations",
+        "Load a dictionary (SAELens dir, sparsify dir, dictionary_learning ae.pt, Gemma Scope params.npz, OpenAI .pt; "
+        "auto-detected) and check it: A_dict and spectrum, decoder norms, zero and near-duplicate rows, "
+        "encoder-decoder alignment, b_dec vs the mean direction, config. With --acts, the full geometry report on "
+        "those activations plus these checks.",
+        _add_check,
+        cmd_check,
+    ),
+    (
+        "report",
+        "geometry report of an activation store, with SAEs side by side and flags",
+        None,
+        _add_report,
+        cmd_report,
+    ),
     ("run", "the main job from a TOML config: cache -> train SAEs -> report (idempotent)", None, _add_run, cmd_run),
     ("train", "train an SAE (b_dec := mean, unit-norm decoder) on an activation store", None, _add_train, cmd_train),
-    ("eval", "splice an SAE into the model at its hook: CE loss recovered, KL, FVE, L0 on held-out text",
-     "Replace the hook's activations by the SAE's reconstruction and run the rest of the model: CE loss clean / "
-     "spliced / zero-ablated / mean-ablated, ce_loss_recovered = (zero - spliced)/(zero - clean), KL(clean || "
-     "spliced) per token. Positions the SAE never saw in training (BOS) are passed through. For an encoder "
-     "(MiniLM) the cosine of clean and spliced mean-pooled sentence embeddings is measured instead.",
-     _add_eval, cmd_eval),
+    (
+        "eval",
+        "splice an SAE into the model at its hook: CE loss recovered, KL, FVE, L0 on held-out text",
+        "Replace the hook's activations by the SAE's reconstruction and run the rest of the model: CE loss clean / "
+        "spliced / zero-ablated / mean-ablated, ce_loss_recovered = (zero - spliced)/(zero - clean), KL(clean || "
+        "spliced) per token. Positions the SAE never saw in training (BOS) are passed through. For an encoder "
+        "(MiniLM) the cosine of clean and spliced mean-pooled sentence embeddings is measured instead.",
+        _add_eval,
+        cmd_eval,
+    ),
 ]
 
 
@@ -411,8 +489,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; with ``only``, the options of that command alone (the others are listed, so
     `saegeo --help` and `saegeo X ...` import nothing that the other commands need)."""
     parser = _Parser(prog="saegeo", description=__doc__.splitlines()[0])
-    parser.add_argument("--debug", action="store_true",
-                        help="show the Python traceback of an error (accepted anywhere on the line)")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the Python traceback of an error (accepted anywhere on the line)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_, description, add, func in _COMMANDS:
         p = sub.add_parser(name, help=help_, description=description)
@@ -431,8 +510,10 @@ def _user_error(err: BaseException) -> str | None:
     if isinstance(err, MemoryError) or (isinstance(err, RuntimeError) and "allocate" in str(err)):
         # torch's CPU allocator and CUDA say "...can't allocate memory: you tried to allocate N bytes"
         what = " ".join(str(err).split()[:14]) or type(err).__name__
-        return (f"out of memory ({what}); choose smaller sizes (d_sae, expansion, the batch options) or a machine "
-                "with more memory")
+        return (
+            f"out of memory ({what}); choose smaller sizes (d_sae, expansion, the batch options) or a machine "
+            "with more memory"
+        )
     if isinstance(err, OSError):
         name = err.filename2 if err.filename2 is not None else err.filename  # os.replace(tmp, target): the target
         file = str(name).removesuffix(".tmp") if name is not None else "a file"

@@ -26,8 +26,9 @@ import math
 import os
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Union
+from typing import Any, Literal, Union
 
 from saegeo.errors import BadInputError
 from saegeo.io import parse_int, read_config
@@ -37,9 +38,17 @@ INT64_MAX = 2**63 - 1  # every count and seed must fit the int64 that torch and 
 
 
 # =========================================================================== declaring a field
-def option(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, low: float | None = None,
-           high: float | None = None, above: float | None = None, below: float | None = None,
-           flag: bool = True) -> Any:
+def option(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
+    factory: Any = None,
+    low: float | None = None,
+    high: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
+    flag: bool = True,
+) -> Any:
     """A dataclass field with its help text and its checks: ``low <= value <= high``, ``above < value < below``
     (None: no bound). Every float must be finite and every int must fit int64 whatever the bounds; None passes
     (it means "unset"). ``flag=False`` keeps the field out of the command line (a config-file key only)."""
@@ -99,8 +108,12 @@ def _check_value(name: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> Non
     if tp is int and not -INT64_MAX - 1 <= value <= INT64_MAX:
         raise BadInputError(f"{name} must fit in 64 bits (at most {INT64_MAX}), got {value!r}")
     low, high, above, below = (meta.get(k) for k in ("low", "high", "above", "below"))
-    ok = ((low is None or value >= low) and (high is None or value <= high)
-          and (above is None or value > above) and (below is None or value < below))
+    ok = (
+        (low is None or value >= low)
+        and (high is None or value <= high)
+        and (above is None or value > above)
+        and (below is None or value < below)
+    )
     if not ok:
         raise BadInputError(f"{name} must be {_bounds(meta)}, got {value!r}")
 
@@ -121,8 +134,10 @@ def require_memory(n_bytes: float, what: str) -> None:
     except (ValueError, OSError, AttributeError):  # no sysconf (Windows): nothing to compare with
         return
     if n_bytes > total:
-        raise BadInputError(f"{what} needs {n_bytes / 2**30:,.1f} GiB, more than this machine's "
-                            f"{total / 2**30:,.1f} GiB of memory; choose a smaller size")
+        raise BadInputError(
+            f"{what} needs {n_bytes / 2**30:,.1f} GiB, more than this machine's "
+            f"{total / 2**30:,.1f} GiB of memory; choose a smaller size"
+        )
 
 
 # =========================================================================== dict -> config
@@ -138,8 +153,9 @@ def from_dict(cls: type, d: Mapping[str, Any] | None, where: str | None = None) 
     known = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(d) - set(known))
     if unknown:
-        raise BadInputError(f"{where + ': ' if where else ''}unknown key(s) {unknown} of {cls.__name__}; "
-                            f"known: {sorted(known)}")
+        raise BadInputError(
+            f"{where + ': ' if where else ''}unknown key(s) {unknown} of {cls.__name__}; known: {sorted(known)}"
+        )
     hints = _hints(cls)
     values = {key: _coerce(value, hints[key], key, where) for key, value in d.items()}
     try:
@@ -209,8 +225,14 @@ def _coerce(value: Any, tp: Any, key: str, where: str | None) -> Any:
     return value  # Any, dict[str, Any], ...: taken as given
 
 
-def resolve(cls: type, passed: Mapping[str, Any] | None = None, path: str | os.PathLike | None = None, *,
-            table: str | None = None, extra: tuple[str, ...] = ()) -> tuple[Any, dict[str, Any]]:
+def resolve(
+    cls: type,
+    passed: Mapping[str, Any] | None = None,
+    path: str | os.PathLike | None = None,
+    *,
+    table: str | None = None,
+    extra: tuple[str, ...] = (),
+) -> tuple[Any, dict[str, Any]]:
     """(config, extras): the fields given on the command line (``passed``) over the config file's over the
     defaults. The file holds ``cls``'s keys at its top level or, where it has one, in its ``[table]``; keys
     named in ``extra`` (e.g. ``acts``) may stand at the top level beside it and are returned, not applied.
@@ -224,8 +246,10 @@ def resolve(cls: type, passed: Mapping[str, Any] | None = None, path: str | os.P
         if table is not None and isinstance(doc.get(table), Mapping):
             inner = dict(doc.pop(table))
             if doc:
-                raise BadInputError(f"{path}: key(s) {sorted(doc)} beside the [{table}] table are not read; move "
-                                    f"{cls.__name__} keys into [{table}]")
+                raise BadInputError(
+                    f"{path}: key(s) {sorted(doc)} beside the [{table}] table are not read; move "
+                    f"{cls.__name__} keys into [{table}]"
+                )
             doc, where = inner, f"{path} [{table}]"
             outer |= {k: doc.pop(k) for k in extra if k in doc}
         values, extras = doc, outer
@@ -272,8 +296,9 @@ def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_options(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = (),
-                show_defaults: bool = True) -> None:
+def add_options(
+    parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = (), show_defaults: bool = True
+) -> None:
     """One ``--kebab-case`` option per field of config dataclass ``cls`` (nested dataclasses, ``flag=False``
     fields and ``skip`` excepted), its help from the field's ``option`` metadata.
 
@@ -325,8 +350,9 @@ def passed(args: argparse.Namespace, cls: type) -> dict[str, Any]:
 class GeometryOptions:
     """`saegeo geometry FILES...`: how the rows are read and what is written."""
 
-    key: str | None = option(None, "tensor name in .safetensors/.pt files (default: 'activations' or the only 2-D "
-                                   "tensor)")
+    key: str | None = option(
+        None, "tensor name in .safetensors/.pt files (default: 'activations' or the only 2-D tensor)"
+    )
     json: str | None = option(None, "write the full result (all eigenvalues, top eigenvectors) as JSON here")
     overwrite: bool = option(False, "replace output files that exist already (refused otherwise)")
     batch_rows: int = option(BATCH_ROWS, "rows read per batch", low=1)

@@ -39,10 +39,11 @@ import atexit
 import hashlib
 import json
 import os
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -95,6 +96,7 @@ def local_only() -> Iterator[None]:
 
 def env_rank_world() -> tuple[int, int, int]:
     """(RANK, WORLD_SIZE, LOCAL_RANK) as set by torchrun; (0, 1, 0) when not launched by one."""
+
     def read(name: str, default: int) -> int:
         try:
             return int(os.environ.get(name, default))
@@ -119,10 +121,14 @@ def resolve_device(spec: str | torch.device, what: str = "--device") -> torch.de
     if device.type == "cuda":
         if not torch.cuda.is_available():
             build = "a CPU-only torch build" if torch.version.cuda is None else "no visible GPU"
-            raise BadInputError(f"{what} {spec!r}: this machine has {build} (torch {torch.__version__}); use --device cpu")
+            raise BadInputError(
+                f"{what} {spec!r}: this machine has {build} (torch {torch.__version__}); use --device cpu"
+            )
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise BadInputError(f"{what} {spec!r}: only {torch.cuda.device_count()} GPU(s) are visible "
-                                f"(cuda:0 … cuda:{torch.cuda.device_count() - 1})")
+            raise BadInputError(
+                f"{what} {spec!r}: only {torch.cuda.device_count()} GPU(s) are visible "
+                f"(cuda:0 … cuda:{torch.cuda.device_count() - 1})"
+            )
     elif device.type == "mps" and not torch.backends.mps.is_available():
         raise BadInputError(f"{what} {spec!r}: MPS is not available on this machine; use --device cpu")
     return device
@@ -278,7 +284,7 @@ def sum_across_ranks(value: T) -> T:
     is_int = isinstance(value, int) and not isinstance(value, bool)
     t = torch.tensor([value], dtype=torch.int64 if is_int else torch.float64, device=ctx.device)
     dist.all_reduce(t)
-    return (int(t.item()) if is_int else float(t.item()))  # type: ignore[return-value]
+    return int(t.item()) if is_int else float(t.item())  # type: ignore[return-value]
 
 
 def check_same_across_ranks(value: Any, what: str, describe: Callable[[int, Any], str] | None = None) -> None:
@@ -296,8 +302,12 @@ def check_same_across_ranks(value: Any, what: str, describe: Callable[[int, Any]
 
 def store_fingerprint(store: Any) -> str:
     """sha256 over a store's identity: d, dtype, token count and every shard's file, rows and sha256."""
-    ident = {"d": store.d, "dtype": store.dtype, "n_tokens": store.n_tokens,
-             "shards": [(s.file, s.rows, s.sha256) for s in store.shards]}
+    ident = {
+        "d": store.d,
+        "dtype": store.dtype,
+        "n_tokens": store.n_tokens,
+        "shards": [(s.file, s.rows, s.sha256) for s in store.shards],
+    }
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 
@@ -305,8 +315,9 @@ def check_same_store(store: Any) -> None:
     """Every rank must read the same store (same manifest identity); StoreError naming each rank's otherwise."""
     info = (store_fingerprint(store), str(store.path), store.n_tokens, len(store.shards))
     try:
-        check_same_across_ranks(info, "activation store",
-                                lambda r, v: f"{v[1]} ({v[2]} tokens, {v[3]} shards, manifest hash {v[0][:12]})")
+        check_same_across_ranks(
+            info, "activation store", lambda r, v: f"{v[1]} ({v[2]} tokens, {v[3]} shards, manifest hash {v[0][:12]})"
+        )
     except DistributedError as err:
         raise StoreError(f"{err} (a path on a shared filesystem, or byte-identical copies)") from None
 

@@ -16,14 +16,12 @@ Public API
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import os
-import types
-import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping, Union
+from typing import Any
 
 from saegeo.errors import BadInputError
 

@@ -13,14 +13,15 @@ import json
 import os
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from saegeo.activations.cache import CacheConfig, cache_activations, store_dir
 from saegeo.activations.store import ActivationStore, StorageDtype, write_store
-from saegeo.errors import BadInputError, StoreError
 from saegeo.config import BATCH_ROWS, check, from_dict, option
+from saegeo.errors import BadInputError, StoreError
 from saegeo.io import dump_json, json_safe, read_config, same_json
 from saegeo.render import FORMATS, render_terminal, write_report
 from saegeo.report.report import GeometryReport, ReportOptions, geometry_report
@@ -41,12 +42,14 @@ class RunConfig:
     hook: str | None = option(None, "which cached hook the SAEs are trained on (default: the first of cache.hooks)")
     cache: CacheConfig = option(factory=CacheConfig, help="[cache]: how the activations are cached")
     train: TrainConfig = option(factory=TrainConfig, help="[train]: the training options every SAE shares")
-    saes: dict[str, dict[str, Any]] = option(factory=lambda: {"sae": {}},
-                                             help="[saes]: one SAE per entry, name = {TrainConfig overrides}")
+    saes: dict[str, dict[str, Any]] = option(
+        factory=lambda: {"sae": {}}, help="[saes]: one SAE per entry, name = {TrainConfig overrides}"
+    )
     report: ReportOptions = option(factory=ReportOptions, help="[report]: the report's pass")
     formats: tuple[str, ...] = option(FORMATS, "renderings of the report written to OUT/report")
-    eval: EvalConfig | None = option(None, "[eval]: splice every SAE into the model (model: cache.model unless "
-                                     "given); absent: no spliced evaluation")
+    eval: EvalConfig | None = option(
+        None, "[eval]: splice every SAE into the model (model: cache.model unless given); absent: no spliced evaluation"
+    )
     name: str = option("", "a label for this run (free text)")
     description: str = option("", "what this run is for (free text)")
 
@@ -140,10 +143,14 @@ def run_job(config: RunConfig | Mapping[str, Any], *, log: Any = print) -> RunRe
             log(f"cache: reusing {store_path} (complete; delete it to re-cache)")
             reused["cache"] = True
         else:
-            log(f"cache: {cache_cfg.model} {','.join(cache_cfg.hooks)} on corpus {cache_cfg.corpus!r} -> {cache_cfg.out}")
+            log(
+                f"cache: {cache_cfg.model} {','.join(cache_cfg.hooks)} on corpus {cache_cfg.corpus!r} -> {cache_cfg.out}"
+            )
             result = cache_activations(cache_cfg)
-            log(f"cache: {result.n_tokens[hook]:,} tokens in the store ({result.new_tokens:,} new, "
-                f"{result.tokens_per_second:,.0f} tok/s)")
+            log(
+                f"cache: {result.n_tokens[hook]:,} tokens in the store ({result.new_tokens:,} new, "
+                f"{result.tokens_per_second:,.0f} tok/s)"
+            )
             dump_json(wanted, stamp)
             reused["cache"] = False
     store = ActivationStore(store_path)
@@ -159,12 +166,16 @@ def run_job(config: RunConfig | Mapping[str, Any], *, log: Any = print) -> RunRe
             log(f"train {name}: reusing {sae_dir} (same config and data; delete it to retrain)")
             reused[f"train:{name}"] = True
         else:
-            log(f"train {name}: {tcfg.arch} k={tcfg.k} d_sae={tcfg.d_sae or tcfg.expansion * store.d} "
-                f"b_dec := {tcfg.b_dec_init}, {tcfg.total_tokens:,} tokens")
+            log(
+                f"train {name}: {tcfg.arch} k={tcfg.k} d_sae={tcfg.d_sae or tcfg.expansion * store.d} "
+                f"b_dec := {tcfg.b_dec_init}, {tcfg.total_tokens:,} tokens"
+            )
             res = train_sae(tcfg, store)
             h = res.heldout
-            log(f"train {name}: held-out FVE {h.get('fve', float('nan')):.3f}, L0 {h.get('l0', float('nan')):.1f}, "
-                f"dead {100 * h.get('dead_fraction', float('nan')):.1f}%")
+            log(
+                f"train {name}: held-out FVE {h.get('fve', float('nan')):.3f}, L0 {h.get('l0', float('nan')):.1f}, "
+                f"dead {100 * h.get('dead_fraction', float('nan')):.1f}%"
+            )
             reused[f"train:{name}"] = False
         sae_dirs[name] = str(sae_dir)
     seconds["train"] = time.perf_counter() - t0
@@ -179,8 +190,17 @@ def run_job(config: RunConfig | Mapping[str, Any], *, log: Any = print) -> RunRe
     # ---- 4. the report: one pass over the store with every SAE side by side
     t0 = time.perf_counter()
     opts = cfg.report
-    job = json_safe({"cache": cfg.cache, "train": cfg.train, "saes": cfg.saes, "report": cfg.report,
-                     "acts": cfg.acts, "hook": cfg.hook, "eval": cfg.eval})
+    job = json_safe(
+        {
+            "cache": cfg.cache,
+            "train": cfg.train,
+            "saes": cfg.saes,
+            "report": cfg.report,
+            "acts": cfg.acts,
+            "hook": cfg.hook,
+            "eval": cfg.eval,
+        }
+    )
     # the SAE directories, not the loaded SAEs: each one's cfg.json is its provenance (b_dec init, data)
     report = geometry_report(store, sae_dirs, options=opts, config=job, splice=splice)
     files = {k: str(v) for k, v in write_report(report, out / "report", cfg.formats).items()}
@@ -190,8 +210,9 @@ def run_job(config: RunConfig | Mapping[str, Any], *, log: Any = print) -> RunRe
     return RunResult(store=str(store_path), saes=sae_dirs, report=report, files=files, seconds=seconds, reused=reused)
 
 
-def _spliced_eval(cfg: RunConfig, sae_dirs: dict[str, str], reused: dict[str, bool],
-                  log: Any) -> dict[str, dict[str, Any]]:
+def _spliced_eval(
+    cfg: RunConfig, sae_dirs: dict[str, str], reused: dict[str, bool], log: Any
+) -> dict[str, dict[str, Any]]:
     """splice_eval_many over the SAEs whose OUT/saes/<name>/eval.json does not match (config + weights)."""
     import hashlib
 
@@ -216,8 +237,10 @@ def _spliced_eval(cfg: RunConfig, sae_dirs: dict[str, str], reused: dict[str, bo
         fresh = splice_eval_many(ecfg, {name: sae_dirs[name] for name in todo})
         for name, (sha, stamp) in todo.items():
             r = fresh[name]
-            log(f"eval {name}: CE loss recovered {r.get('ce_loss_recovered', float('nan')):.4f}, "
-                f"KL {r.get('kl_div_spliced', float('nan')):.4f}, spliced FVE {r['fve']:.4f}")
+            log(
+                f"eval {name}: CE loss recovered {r.get('ce_loss_recovered', float('nan')):.4f}, "
+                f"KL {r.get('kl_div_spliced', float('nan')):.4f}, spliced FVE {r['fve']:.4f}"
+            )
             dump_json({"weights_sha256": sha, "eval_config": wanted, "result": r}, stamp)
             results[name] = r
             reused[f"eval:{name}"] = False
@@ -239,8 +262,9 @@ def sae_directories(out: str | os.PathLike, names: Any) -> dict[str, Path]:
         if slug in (".", ".."):
             raise BadInputError(f"SAE name {name!r} would be written to {saes / slug}, outside {saes}; rename it")
         if slug in by_slug:
-            raise BadInputError(f"SAE names {by_slug[slug]!r} and {name!r} both map to the directory {saes / slug}; "
-                                "rename one of them")
+            raise BadInputError(
+                f"SAE names {by_slug[slug]!r} and {name!r} both map to the directory {saes / slug}; rename one of them"
+            )
         by_slug[slug] = str(name)
     return {name: saes / slug for slug, name in by_slug.items()}
 
@@ -287,9 +311,15 @@ def write_synthetic_store(
     path = Path(path)
     config = asdict(gen.config)
     store = write_store(
-        path, gen.activations(n, batch_rows, progress=progress), hook="synthetic",
-        model=f"saegeo.synthetic(seed={gen.config.seed})", dtype=dtype, corpus={"synthetic": config},
-        shard_rows=shard_rows, extra_meta={"synthetic": config, "truth": "truth.safetensors"}, mode=mode,
+        path,
+        gen.activations(n, batch_rows, progress=progress),
+        hook="synthetic",
+        model=f"saegeo.synthetic(seed={gen.config.seed})",
+        dtype=dtype,
+        corpus={"synthetic": config},
+        shard_rows=shard_rows,
+        extra_meta={"synthetic": config, "truth": "truth.safetensors"},
+        mode=mode,
     )
     gen.truth.save(path / "truth.safetensors")
     return store

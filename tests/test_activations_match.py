@@ -32,7 +32,9 @@ def _store(path, x, *, hook="blocks.6.hook_resid_post", model="gpt2", exclude_sp
     if bos_scale is not None:
         x = x.clone()
         x[positions == 0] *= bos_scale
-    with StoreWriter(path, d=x.shape[1], hook=hook, model=model, corpus={"source": "test", "exclude_special": exclude_special}) as w:
+    with StoreWriter(
+        path, d=x.shape[1], hook=hook, model=model, corpus={"source": "test", "exclude_special": exclude_special}
+    ) as w:
         w.append(x, token_ids=torch.zeros(N, dtype=torch.int32), positions=positions.to(torch.int32))
     return path
 
@@ -55,9 +57,13 @@ def test_different_hook_is_an_error(tmp_path):
     sae = SAE.load(SAELENS)
     flag = _mismatch(sae, _store(tmp_path / "s", _rows(sae), hook="blocks.4.hook_resid_post"))
     assert flag.severity == "error" and flag.evidence["causes"] == ["hook"]
-    assert flag.evidence["hook"]["store_hook"] == "blocks.4.hook_resid_post" and "blocks.6.hook_resid_post" in flag.summary
+    assert (
+        flag.evidence["hook"]["store_hook"] == "blocks.4.hook_resid_post" and "blocks.6.hook_resid_post" in flag.summary
+    )
     # same layer, other site; and an HF module name for the same activation is no mismatch
-    assert _mismatch(sae, _store(tmp_path / "m", _rows(sae), hook="blocks.6.hook_mlp_out")).evidence["causes"] == ["hook"]
+    assert _mismatch(sae, _store(tmp_path / "m", _rows(sae), hook="blocks.6.hook_mlp_out")).evidence["causes"] == [
+        "hook"
+    ]
     assert _mismatch(sae, _store(tmp_path / "hf", _rows(sae), hook="transformer.h.6")) is None
 
 
@@ -109,13 +115,22 @@ def test_centred_writing_weights(tmp_path):
 def test_check_withholds_fve_and_the_law_on_an_error(tmp_path):
     sae = SAE.load(SAELENS)
     opts, ropts = CheckOptions(progress=False), ReportOptions(progress=False)
-    report, _ = check_with_activations(sae, _store(tmp_path / "bad", _rows(sae), hook="blocks.2.hook_resid_post"),
-                                       options=opts, name="sae", report_options=ropts)
+    report, _ = check_with_activations(
+        sae,
+        _store(tmp_path / "bad", _rows(sae), hook="blocks.2.hook_resid_post"),
+        options=opts,
+        name="sae",
+        report_options=ropts,
+    )
     section = report.sae_named("sae")
     assert ACTIVATIONS_MISMATCH in report.flag_names()
-    assert section.fve is None and section.cone_shares is None and all(v is None for v in section.amplification.values())
+    assert (
+        section.fve is None and section.cone_shares is None and all(v is None for v in section.amplification.values())
+    )
     assert any("withheld for sae: fve, amplification, cone_shares" in n for n in report.notes)
-    report, _ = check_with_activations(sae, _store(tmp_path / "good", _rows(sae)), options=opts, name="sae", report_options=ropts)
+    report, _ = check_with_activations(
+        sae, _store(tmp_path / "good", _rows(sae)), options=opts, name="sae", report_options=ropts
+    )
     assert ACTIVATIONS_MISMATCH not in report.flag_names() and report.sae_named("sae").fve is not None
 
 
@@ -124,8 +139,24 @@ def test_cli_check_acts_reports_the_mismatch(tmp_path, capsys):
 
     sae = SAE.load(SAELENS)
     store = _store(tmp_path / "s", _rows(sae), exclude_special=False, bos_scale=50.0)
-    assert main(["check", str(SAELENS), "--acts", str(store), "--no-progress", "--out", str(tmp_path / "out"),
-                 "--format", "json", "--fail-on", "error"]) == 1
+    assert (
+        main(
+            [
+                "check",
+                str(SAELENS),
+                "--acts",
+                str(store),
+                "--no-progress",
+                "--out",
+                str(tmp_path / "out"),
+                "--format",
+                "json",
+                "--fail-on",
+                "error",
+            ]
+        )
+        == 1
+    )
     assert ACTIVATIONS_MISMATCH in capsys.readouterr().out
     saved = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
     assert saved["saes"][0]["fve"] is None

@@ -96,7 +96,9 @@ def test_code_accumulator_merge_state_and_sparse_input_agree():
     gen = SuperpositionGenerator(SyntheticConfig(d=32, n_features=200, rate=0.05, tilt=0.2, seed=3))
     x, codes = gen.sample(3000)
     whole = CodeMomentAccumulator(200, gen.truth.mean_sq_norm).add(codes)
-    parts = [CodeMomentAccumulator(200, gen.truth.mean_sq_norm).add(codes.slice(a, b)) for a, b in [(0, 1000), (1000, 3000)]]
+    parts = [
+        CodeMomentAccumulator(200, gen.truth.mean_sq_norm).add(codes.slice(a, b)) for a, b in [(0, 1000), (1000, 3000)]
+    ]
     merged = parts[0] + parts[1]
     dense = CodeMomentAccumulator(200, gen.truth.mean_sq_norm).add(codes.to_dense())
     restored = CodeMomentAccumulator.from_state_dict(merged.state_dict())
@@ -206,15 +208,25 @@ def test_heterogeneous_form_reduces_to_exact_moment_form():
     a_dict, mean_sq_norm = dictionary_anisotropy(rows)
     q, m1, m2 = 0.07, 1.3, 2.9
     homogeneous = exact_moment_prediction(q * 50, q, m1 * m1 / m2, mean_sq_norm)
-    per_latent = heterogeneous_moment_prediction(torch.full((50,), q * m1, dtype=torch.float64), torch.full((50,), q * m2, dtype=torch.float64), rows)
+    per_latent = heterogeneous_moment_prediction(
+        torch.full((50,), q * m1, dtype=torch.float64), torch.full((50,), q * m2, dtype=torch.float64), rows
+    )
     assert per_latent == pytest.approx(homogeneous, rel=1e-12)
 
 
 def test_heterogeneous_form_matches_zipf_data():
     # Zipf rates: one global q and r no longer describe the codes; the per-latent form stays exact.
     gen = SuperpositionGenerator(
-        SyntheticConfig(d=64, n_features=400, rate=0.02, rate_law="zipf", zipf_exponent=0.8, tilt=0.15,
-                        magnitude="half_normal", seed=2)
+        SyntheticConfig(
+            d=64,
+            n_features=400,
+            rate=0.02,
+            rate_law="zipf",
+            zipf_exponent=0.8,
+            tilt=0.15,
+            magnitude="half_normal",
+            seed=2,
+        )
     )
     x, codes = gen.sample(30000)
     x = x.double()
@@ -241,13 +253,29 @@ def _brute_force_law(dense: np.ndarray, unit: np.ndarray) -> dict:
     second = float((x**2).sum(1).mean())
     cov = dense.T @ dense / len(dense) - np.outer(m1, m1)
     pair = {(i, j): 2 * cov[i, j] * gram[i, j] / second for i in range(n_latents) for j in range(i + 1, n_latents)}
-    return {"A_het": signal / (m2.sum() + cross), "independent": m2.sum() + cross, "second": second,
-            "cofiring": (second - m2.sum() - cross) / second, "pairs": pair}
+    return {
+        "A_het": signal / (m2.sum() + cross),
+        "independent": m2.sum() + cross,
+        "second": second,
+        "cofiring": (second - m2.sum() - cross) / second,
+        "pairs": pair,
+    }
 
 
 def test_per_latent_law_and_cofiring_share_equal_the_double_sum():
-    gen = SuperpositionGenerator(SyntheticConfig(d=12, n_features=30, rate=0.15, rate_law="zipf", zipf_exponent=0.6,
-                                                 tilt=0.4, n_groups=3, group_size=3, seed=4))
+    gen = SuperpositionGenerator(
+        SyntheticConfig(
+            d=12,
+            n_features=30,
+            rate=0.15,
+            rate_law="zipf",
+            zipf_exponent=0.6,
+            tilt=0.4,
+            n_groups=3,
+            group_size=3,
+            seed=4,
+        )
+    )
     x, codes = gen.sample(3000)
     dense = codes.to_dense().double()
     unit = gen.truth.dictionary.double().numpy()
@@ -255,15 +283,19 @@ def test_per_latent_law_and_cofiring_share_equal_the_double_sum():
     brute = _brute_force_law(dense.numpy(), unit)
     acc = CodeMomentAccumulator(30).add(codes)
     assert heterogeneous_moment_prediction(acc.mean_code, acc.mean_sq_code, gen.truth.dictionary) == pytest.approx(
-        brute["A_het"], rel=1e-9)
+        brute["A_het"], rel=1e-9
+    )
     assert independent_second_moment(acc.mean_code, acc.mean_sq_code, gen.truth.dictionary) == pytest.approx(
-        brute["independent"], rel=1e-9)
+        brute["independent"], rel=1e-9
+    )
     assert cofiring_share(brute["second"], acc.mean_code, acc.mean_sq_code, gen.truth.dictionary) == pytest.approx(
-        brute["cofiring"], abs=1e-9)
+        brute["cofiring"], abs=1e-9
+    )
     assert brute["cofiring"] > 0.03  # the planted groups make a term worth checking
     # the pairs (the sample is every row here, so they are exact) against the double sum
-    pairs, total = cofiring_pairs(codes, acc.mean_code, acc.mean_sq_code, gen.truth.dictionary, brute["second"],
-                                  n_latents=30, n_pairs=435)
+    pairs, total = cofiring_pairs(
+        codes, acc.mean_code, acc.mean_sq_code, gen.truth.dictionary, brute["second"], n_latents=30, n_pairs=435
+    )
     assert len(pairs) == 435
     for p in pairs:
         assert p["share"] == pytest.approx(brute["pairs"][min(p["i"], p["j"]), max(p["i"], p["j"])], abs=1e-12)
@@ -297,10 +329,18 @@ def _law_on_generated(config: SyntheticConfig, n: int, sample_rows: int = 2048) 
     acc = CodeMomentAccumulator(config.n_features).add(codes)
     second = float(x.square().sum(1).mean()) * len(x) / n  # zero rows count in E‖x‖²
     mc, mc_sd = independent_codes_anisotropy(codes.slice(0, sample_rows), gen.truth.dictionary, seed=1)
-    return {"measured": measured, "sd": anisotropy_sampling_sd(u.sum(0), u.T @ u, len(u)), "mc": mc, "mc_sd": mc_sd,
-            "A_het": heterogeneous_moment_prediction(acc.mean_code, acc.mean_sq_code, gen.truth.dictionary),
-            "cofiring": cofiring_share(second, acc.mean_code, acc.mean_sq_code, gen.truth.dictionary),
-            "truth": gen.truth, "acc": acc, "codes": codes, "second": second}
+    return {
+        "measured": measured,
+        "sd": anisotropy_sampling_sd(u.sum(0), u.T @ u, len(u)),
+        "mc": mc,
+        "mc_sd": mc_sd,
+        "A_het": heterogeneous_moment_prediction(acc.mean_code, acc.mean_sq_code, gen.truth.dictionary),
+        "cofiring": cofiring_share(second, acc.mean_code, acc.mean_sq_code, gen.truth.dictionary),
+        "truth": gen.truth,
+        "acc": acc,
+        "codes": codes,
+        "second": second,
+    }
 
 
 @pytest.mark.parametrize("magnitude", ["exp", "constant"])
@@ -312,8 +352,16 @@ def test_per_latent_law_explains_iid_zipf_codes_from_a_001_to_0p9(magnitude):
     try:
         seen = []
         for tilt in (0.0, 0.1, 0.3, 0.6, 0.9):
-            cfg = SyntheticConfig(d=64, n_features=512, rate=0.02, rate_law="zipf", zipf_exponent=0.7, tilt=tilt,
-                                  magnitude=magnitude, seed=2)
+            cfg = SyntheticConfig(
+                d=64,
+                n_features=512,
+                rate=0.02,
+                rate_law="zipf",
+                zipf_exponent=0.7,
+                tilt=tilt,
+                magnitude=magnitude,
+                seed=2,
+            )
             r = _law_on_generated(cfg, 8192)
             seen.append(r["measured"])
             sd = math.hypot(r["sd"], r["mc_sd"])
@@ -326,8 +374,9 @@ def test_per_latent_law_explains_iid_zipf_codes_from_a_001_to_0p9(magnitude):
 
 def test_per_latent_law_at_small_a_with_an_isotropic_dictionary():
     # A ≈ 0.01: a flat Zipf law (s = 0.3) in a large isotropic dictionary; the moment form is exact here too
-    cfg = SyntheticConfig(d=128, n_features=1024, rate=0.01, rate_law="zipf", zipf_exponent=0.3, magnitude="exp",
-                          seed=5)
+    cfg = SyntheticConfig(
+        d=128, n_features=1024, rate=0.01, rate_law="zipf", zipf_exponent=0.3, magnitude="exp", seed=5
+    )
     r = _law_on_generated(cfg, 16384)
     assert 0.005 < r["measured"] < 0.02
     assert abs(r["measured"] - r["mc"]) < 3 * math.hypot(r["sd"], r["mc_sd"])
@@ -353,12 +402,17 @@ def _planted_cofiring_closed_form(truth) -> tuple[float, set]:
 
 
 def test_planted_cofiring_groups_give_the_closed_form_share_and_the_planted_pairs():
-    cfg = SyntheticConfig(d=256, n_features=60, rate=0.05, tilt=0.5, magnitude="exp", n_groups=10, group_size=3,
-                          seed=6)
+    cfg = SyntheticConfig(d=256, n_features=60, rate=0.05, tilt=0.5, magnitude="exp", n_groups=10, group_size=3, seed=6)
     r = _law_on_generated(cfg, 20000, sample_rows=4096)
     closed, planted = _planted_cofiring_closed_form(r["truth"])
     assert closed > 0.05
     assert r["cofiring"] == pytest.approx(closed, abs=0.01)
-    pairs, _ = cofiring_pairs(r["codes"].slice(0, 4096), r["acc"].mean_code, r["acc"].mean_sq_code,
-                              r["truth"].dictionary, r["second"], n_pairs=len(planted))
+    pairs, _ = cofiring_pairs(
+        r["codes"].slice(0, 4096),
+        r["acc"].mean_code,
+        r["acc"].mean_sq_code,
+        r["truth"].dictionary,
+        r["second"],
+        n_pairs=len(planted),
+    )
     assert {(min(p["i"], p["j"]), max(p["i"], p["j"])) for p in pairs} == planted

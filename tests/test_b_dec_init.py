@@ -17,8 +17,18 @@ def _drifting_rows(n: int = 40_000, d: int = 32, seed: int = 0) -> torch.Tensor:
 
 
 def _cfg(**kw) -> TrainConfig:
-    base = dict(arch="topk", d_sae=64, k=4, lr=1e-3, batch_tokens=128, total_tokens=128, heldout_fraction=0.1,
-                seed=0, progress=False, b_dec_init_tokens=2000)
+    base = dict(
+        arch="topk",
+        d_sae=64,
+        k=4,
+        lr=1e-3,
+        batch_tokens=128,
+        total_tokens=128,
+        heldout_fraction=0.1,
+        seed=0,
+        progress=False,
+        b_dec_init_tokens=2000,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -45,8 +55,10 @@ def test_b_dec_exact_mean_when_the_sample_covers_the_training_rows(tmp_path):
     store = write_store(tmp_path / "store", x, shard_rows=1000)
     result = train_sae(_cfg(b_dec_init_tokens=100_000), store)
     assert torch.allclose(result.activation_mean, x[:5400].double().mean(0), atol=1e-6)
-    assert result.provenance["b_dec_init_rows"] == {"method": "exact mean over all training rows across all 6 shard(s)",
-                                                    "n_rows": 5400}
+    assert result.provenance["b_dec_init_rows"] == {
+        "method": "exact mean over all training rows across all 6 shard(s)",
+        "n_rows": 5400,
+    }
 
 
 def test_b_dec_sample_from_a_tensor_is_not_its_prefix():

@@ -7,17 +7,27 @@ from pathlib import Path
 
 import pytest
 import torch
+from splice_helpers import run_forked
 
 import saegeo.io
 from saegeo.activations.cache import CacheConfig, cache_activations
 from saegeo.activations.models import from_config
 from saegeo.activations.store import ActivationStore
 from saegeo.errors import BadInputError, StoreError
-from splice_helpers import run_forked
 
 CLS, SEP = 101, 102
-TINY = dict(d_model=32, n_layers=3, n_heads=4, d_head=8, d_mlp=64, n_ctx=64, d_vocab=30522, act_fn="gelu",
-            normalization_type="LN", seed=0)
+TINY = dict(
+    d_model=32,
+    n_layers=3,
+    n_heads=4,
+    d_head=8,
+    d_mlp=64,
+    n_ctx=64,
+    d_vocab=30522,
+    act_fn="gelu",
+    normalization_type="LN",
+    seed=0,
+)
 HOOKS = ("blocks.0.hook_resid_post", "blocks.1.mlp.hook_post")
 
 
@@ -56,13 +66,25 @@ def reference_rows(tiny, texts, context, hooks, exclude_special=False):
 
 
 def hashes(out: Path) -> dict[str, str]:
-    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(out.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_values_match_run_with_cache(tiny, text_file, tmp_path):
     hooks = HOOKS + ("blocks.1.attn.hook_z",)  # (batch, pos, head, d_head): flattened to 32 columns
-    cfg = CacheConfig(hooks=hooks, corpus=str(text_file), context=24, out=str(tmp_path / "o"), shard_rows=300,
-                      batch_windows=5, max_tokens=1000, progress=False)
+    cfg = CacheConfig(
+        hooks=hooks,
+        corpus=str(text_file),
+        context=24,
+        out=str(tmp_path / "o"),
+        shard_rows=300,
+        batch_windows=5,
+        max_tokens=1000,
+        progress=False,
+    )
     result = cache_activations(cfg, tiny)
     assert result.stop_layer == 1 and result.new_tokens == 1000
     texts = [json.loads(line)["text"] for line in text_file.read_text().splitlines()]
@@ -79,8 +101,15 @@ def test_values_match_run_with_cache(tiny, text_file, tmp_path):
 
 
 def test_exclude_special_and_padding_never_stored(tiny, text_file, tmp_path):
-    cfg = CacheConfig(hooks=("blocks.2.hook_resid_post",), corpus=str(text_file), context=40, batch_windows=7,
-                      out=str(tmp_path / "o"), exclude_special=True, progress=False)
+    cfg = CacheConfig(
+        hooks=("blocks.2.hook_resid_post",),
+        corpus=str(text_file),
+        context=40,
+        batch_windows=7,
+        out=str(tmp_path / "o"),
+        exclude_special=True,
+        progress=False,
+    )
     cache_activations(cfg, tiny)
     s = ActivationStore(tmp_path / "o" / "blocks.2.hook_resid_post")
     texts = [json.loads(line)["text"] for line in text_file.read_text().splitlines()]
@@ -127,8 +156,15 @@ def test_killed_cache_resumes_identically(tiny, text_file, tmp_path, crash_at):
 def test_rerun_is_a_no_op_and_mismatch_refused(tiny, text_file, tmp_path, monkeypatch):
     from saegeo.activations import runner as runner_mod
 
-    cfg = CacheConfig(hooks=HOOKS[:1], corpus=str(text_file), context=20, out=str(tmp_path / "o"), shard_rows=100,
-                      max_tokens=450, progress=False)
+    cfg = CacheConfig(
+        hooks=HOOKS[:1],
+        corpus=str(text_file),
+        context=20,
+        out=str(tmp_path / "o"),
+        shard_rows=100,
+        max_tokens=450,
+        progress=False,
+    )
     cache_activations(cfg, tiny)
     before = hashes(tmp_path / "o")
     calls = []
@@ -154,15 +190,23 @@ def test_rerun_is_a_no_op_and_mismatch_refused(tiny, text_file, tmp_path, monkey
 
 def test_a_smaller_max_tokens_onto_a_larger_store_is_refused_before_any_write(tiny, text_file, tmp_path):
     """It used to keep every row, say nothing and exit 0 (issue 27): --max-tokens 300 on a 450-row store."""
-    cfg = CacheConfig(hooks=HOOKS[:1], corpus=str(text_file), context=20, out=str(tmp_path / "o"), shard_rows=100,
-                      max_tokens=450, progress=False)
+    cfg = CacheConfig(
+        hooks=HOOKS[:1],
+        corpus=str(text_file),
+        context=20,
+        out=str(tmp_path / "o"),
+        shard_rows=100,
+        max_tokens=450,
+        progress=False,
+    )
     cache_activations(cfg, tiny)
     before = hashes(tmp_path / "o")
     with pytest.raises(BadInputError, match=r"already holds 450 rows, more than this run's 300 .*--overwrite"):
         cache_activations(CacheConfig(**{**cfg.__dict__, "max_tokens": 300}), tiny)
     assert hashes(tmp_path / "o") == before  # still complete, nothing rewritten
     assert cache_activations(CacheConfig(**{**cfg.__dict__, "max_tokens": 300, "overwrite": True}), tiny).n_tokens == {
-        HOOKS[0]: 300}
+        HOOKS[0]: 300
+    }
 
 
 def test_cli_cache_with_config_model(text_file, tmp_path, capsys):
@@ -171,8 +215,24 @@ def test_cli_cache_with_config_model(text_file, tmp_path, capsys):
     cfg_file = tmp_path / "tiny.json"
     cfg_file.write_text(json.dumps({"hooked_transformer_config": TINY}))
     out = tmp_path / "acts"
-    argv = ["cache", "--model", str(cfg_file), "--hooks", "blocks.0.hook_resid_post", "--corpus", str(text_file),
-            "--context", "32", "--out", str(out), "--max-tokens", "300", "--dtype", "bfloat16", "--no-progress"]
+    argv = [
+        "cache",
+        "--model",
+        str(cfg_file),
+        "--hooks",
+        "blocks.0.hook_resid_post",
+        "--corpus",
+        str(text_file),
+        "--context",
+        "32",
+        "--out",
+        str(out),
+        "--max-tokens",
+        "300",
+        "--dtype",
+        "bfloat16",
+        "--no-progress",
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "cached 300 new tokens" in printed and "tokens/s" in printed

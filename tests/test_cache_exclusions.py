@@ -6,14 +6,14 @@ import json
 
 import pytest
 import torch
+from splice_helpers import run_forked
+from test_cache import CLS, HOOKS, SEP, hashes, text_file, tiny  # noqa: F401  (fixtures)
 
 import saegeo.io
 from saegeo.activations.cache import CacheConfig, cache_activations, exclusion_shares
-from saegeo.render.text import exclusion_lines
 from saegeo.activations.store import ActivationStore
 from saegeo.errors import BadInputError, StoreError
-from splice_helpers import run_forked
-from test_cache import CLS, HOOKS, SEP, hashes, text_file, tiny  # noqa: F401  (fixtures)
+from saegeo.render.text import exclusion_lines
 
 M = 1.15
 
@@ -39,12 +39,22 @@ def brute(tiny, texts, context):
                 groups[h]["all"].append(a)
                 groups[h]["excluded"].append(a[out])
                 groups[h]["first_position"].append(a[:1])
-    return {h: torch.cat(v) for h, v in kept.items()}, {h: {g: torch.cat(v).double() for g, v in gs.items()} for h, gs in groups.items()}
+    return {h: torch.cat(v) for h, v in kept.items()}, {
+        h: {g: torch.cat(v).double() for g, v in gs.items()} for h, gs in groups.items()
+    }
 
 
 def test_norm_exclusion_and_shares_equal_brute_force(tiny, text_file, tmp_path):
-    cfg = CacheConfig(hooks=HOOKS, corpus=str(text_file), context=24, batch_windows=5, out=str(tmp_path / "o"),
-                      exclude_special=True, exclude_norm_ratio=M, progress=False)
+    cfg = CacheConfig(
+        hooks=HOOKS,
+        corpus=str(text_file),
+        context=24,
+        batch_windows=5,
+        out=str(tmp_path / "o"),
+        exclude_special=True,
+        exclude_norm_ratio=M,
+        progress=False,
+    )
     cache_activations(cfg, tiny)
     texts = [json.loads(line)["text"] for line in text_file.read_text().splitlines()]
     kept, groups = brute(tiny, texts, 24)
@@ -54,7 +64,10 @@ def test_norm_exclusion_and_shares_equal_brute_force(tiny, text_file, tmp_path):
         ex = s.manifest["extra"]["excluded"]
         assert s.corpus["exclude_norm_ratio"] == M
         g = groups[h]
-        assert ex["all"]["n"] == len(g["all"]) and ex["excluded"]["n"] == len(g["excluded"]) > 2 * ex["first_position"]["n"]
+        assert (
+            ex["all"]["n"] == len(g["all"])
+            and ex["excluded"]["n"] == len(g["excluded"]) > 2 * ex["first_position"]["n"]
+        )
         assert ex["excluded_norm"]["n"] == ex["excluded"]["n"] - ex["excluded_special"]["n"] > 0
         # shares from the sums against the rows themselves
         mu = g["all"].mean(0)
@@ -62,7 +75,9 @@ def test_norm_exclusion_and_shares_equal_brute_force(tiny, text_file, tmp_path):
         shares = exclusion_shares(ex)
         for name in ("excluded", "first_position"):
             rows = g[name]
-            assert shares[name]["mu_share"] == pytest.approx(float(rows.sum(0) @ mu / (len(g["all"]) * mu @ mu)), rel=1e-6)
+            assert shares[name]["mu_share"] == pytest.approx(
+                float(rows.sum(0) @ mu / (len(g["all"]) * mu @ mu)), rel=1e-6
+            )
             assert shares[name]["trace_share"] == pytest.approx(float(((rows - mu) ** 2).sum() / spread), rel=1e-6)
         assert "norm outliers" in "\n".join(exclusion_lines(s.manifest["extra"]))
     with pytest.raises(StoreError, match="exclude_norm_ratio"):  # another m: not the same store
@@ -78,8 +93,17 @@ def _child(out: str, corpus: str, crash_at: str | None) -> None:
     if crash_at:
         os.environ["SAEGEO_CRASH_AT"] = crash_at
     saegeo.io._CRASH_COUNTS.clear()
-    cfg = CacheConfig(hooks=HOOKS, corpus=corpus, context=20, out=out, shard_rows=128, batch_windows=4,
-                      exclude_special=True, exclude_norm_ratio=M, progress=False)
+    cfg = CacheConfig(
+        hooks=HOOKS,
+        corpus=corpus,
+        context=20,
+        out=out,
+        shard_rows=128,
+        batch_windows=4,
+        exclude_special=True,
+        exclude_norm_ratio=M,
+        progress=False,
+    )
     cache_activations(cfg, _PARENT[0])
     os._exit(0)
 
@@ -108,14 +132,23 @@ def test_eval_default_skip_counts_the_rows_the_norm_rule_dropped(tiny, text_file
     from saegeo.sae.splice import EvalConfig, _resolve
     from saegeo.sae.train import TrainConfig, _StoreSource
 
-    cfg = CacheConfig(hooks=HOOKS[:1], corpus=str(text_file), context=24, out=str(tmp_path / "o"),
-                      exclude_special=True, exclude_norm_ratio=M, progress=False)
+    cfg = CacheConfig(
+        hooks=HOOKS[:1],
+        corpus=str(text_file),
+        context=24,
+        out=str(tmp_path / "o"),
+        exclude_special=True,
+        exclude_norm_ratio=M,
+        progress=False,
+    )
     cache_activations(cfg, tiny)
     store = ActivationStore(tmp_path / "o" / HOOKS[0])
     texts = [json.loads(line)["text"] for line in text_file.read_text().splitlines()]
     positions = sum(len(tiny.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
     assert store.n_tokens < positions  # the norm rule dropped rows
     identity = _StoreSource(store, TrainConfig(batch_tokens=16)).identity
-    sae_dir = SAE(SAEConfig(d_in=store.d, d_sae=2 * store.d, activation="topk", k=4)).save(tmp_path / "sae", provenance={"data": identity})
+    sae_dir = SAE(SAEConfig(d_in=store.d, d_sae=2 * store.d, activation="topk", k=4)).save(
+        tmp_path / "sae", provenance={"data": identity}
+    )
     resolved = _resolve(EvalConfig(corpus=str(text_file)), SAE.load(sae_dir), tiny)
     assert resolved["skip_tokens"] == positions

@@ -20,11 +20,31 @@ def trained(tmp_path_factory):
     (root / "doc.txt").write_text("A list is a mutable sequence; a tuple is not. " * 60)
     runs = {}
     for name, exclude in (("excl", True), ("kept", False)):
-        cache_activations(CacheConfig(model="minilm", hooks=(HOOK,), corpus=str(root / "doc.txt"), context=24,
-                                      out=str(root / f"acts_{name}"), exclude_special=exclude, progress=False))
+        cache_activations(
+            CacheConfig(
+                model="minilm",
+                hooks=(HOOK,),
+                corpus=str(root / "doc.txt"),
+                context=24,
+                out=str(root / f"acts_{name}"),
+                exclude_special=exclude,
+                progress=False,
+            )
+        )
         store = ActivationStore(root / f"acts_{name}" / HOOK)
-        train_sae(TrainConfig(arch="topk", d_sae=64, k=4, batch_tokens=128, total_tokens=512, progress=False,
-                              out_dir=str(root / f"sae_{name}"), dead_window_tokens=256), store)
+        train_sae(
+            TrainConfig(
+                arch="topk",
+                d_sae=64,
+                k=4,
+                batch_tokens=128,
+                total_tokens=512,
+                progress=False,
+                out_dir=str(root / f"sae_{name}"),
+                dead_window_tokens=256,
+            ),
+            store,
+        )
         runs[name] = json.loads((root / f"sae_{name}" / "cfg.json").read_text())
     return runs
 

@@ -13,7 +13,6 @@ from safetensors.numpy import save_file as save_numpy_safetensors
 
 from saegeo.cli import main
 from saegeo.geometry.dictionary import encoder_decoder_cosines, near_duplicate_pairs, screen_projection
-from saegeo.report.flags import MEAN_DIRECTION
 from saegeo.report.check import (
     DUPLICATES,
     INPUT_NORMALIZATION,
@@ -25,6 +24,7 @@ from saegeo.report.check import (
     DictionaryCheck,
     check_dictionary,
 )
+from saegeo.report.flags import MEAN_DIRECTION
 from saegeo.sae.model import SAE
 
 N_LAT, D_IN = 384, 48
@@ -52,8 +52,15 @@ def _planted_dictionary(seed: int = 0):
 def _write_saelens(path, weights, **cfg):
     path.mkdir(parents=True, exist_ok=True)
     save_numpy_safetensors(weights, str(path / "sae_weights.safetensors"))
-    base = {"architecture": "standard", "d_in": D_IN, "d_sae": N_LAT, "apply_b_dec_to_input": True,
-            "normalize_activations": "none", "dtype": "float32", "metadata": {"sae_lens_version": "6.5.1"}}
+    base = {
+        "architecture": "standard",
+        "d_in": D_IN,
+        "d_sae": N_LAT,
+        "apply_b_dec_to_input": True,
+        "normalize_activations": "none",
+        "dtype": "float32",
+        "metadata": {"sae_lens_version": "6.5.1"},
+    }
     (path / "cfg.json").write_text(json.dumps({**base, **cfg}))
     return path
 
@@ -99,8 +106,9 @@ def test_dictionary_numbers_equal_brute_force(tmp_path):
     w[6] = 1e-9 * w[7]
     weights["W_dec"] = w.astype(np.float32)
     weights["W_enc"][:, 9] *= -1  # latent 9 reads against what it writes
-    check = check_dictionary(SAE.load(_write_saelens(tmp_path / "d", weights)),
-                             options=CheckOptions(progress=False, block_rows=50))
+    check = check_dictionary(
+        SAE.load(_write_saelens(tmp_path / "d", weights)), options=CheckOptions(progress=False, block_rows=50)
+    )
     alive = np.linalg.norm(w, axis=1) > 1e-6
     cos = _brute_force_cosines(w[alive])
     n = cos.shape[0]
@@ -111,7 +119,9 @@ def test_dictionary_numbers_equal_brute_force(tmp_path):
     p = lam / lam.sum()
     assert check.dictionary_spectrum["effective_rank"] == pytest.approx(math.exp(-(p * np.log(p)).sum()), rel=1e-5)
     norms = np.linalg.norm(w, axis=1)
-    assert check.decoder_norms["median"] == pytest.approx(np.sort(norms)[(len(norms) - 1) // 2], rel=1e-6)  # lower median
+    assert check.decoder_norms["median"] == pytest.approx(
+        np.sort(norms)[(len(norms) - 1) // 2], rel=1e-6
+    )  # lower median
     assert check.decoder_norms["max"] == pytest.approx(norms.max(), rel=1e-6)
     assert check.n_zero_decoder_rows == 2 and check.zero_rows == [5, 6]
     flags = {f.name: f for f in check.flags}
@@ -165,7 +175,9 @@ def test_encoder_decoder_cosines_equal_direct():
         expected = (enc.T * dec).sum(1) / (np.linalg.norm(enc.T, axis=1) * np.linalg.norm(dec, axis=1))
     expected[4] = 0.0
     np.testing.assert_allclose(got, expected, atol=1e-12)
-    got32 = encoder_decoder_cosines(torch.tensor(enc, dtype=torch.float32), torch.tensor(dec, dtype=torch.float32), block_rows=7)
+    got32 = encoder_decoder_cosines(
+        torch.tensor(enc, dtype=torch.float32), torch.tensor(dec, dtype=torch.float32), block_rows=7
+    )
     np.testing.assert_allclose(got32.numpy(), expected, atol=1e-6)
 
 
@@ -176,15 +188,26 @@ def test_config_flags_from_each_format(tmp_path):
     weights["W_enc"] = weights["W_dec"].T.copy()
     opts = CheckOptions(progress=False)
     # SAELens expecting a rescaling factor the files do not hold
-    ea = check_dictionary(SAE.load(_write_saelens(tmp_path / "ea", weights, normalize_activations="expected_average_only_in")), options=opts)
+    ea = check_dictionary(
+        SAE.load(_write_saelens(tmp_path / "ea", weights, normalize_activations="expected_average_only_in")),
+        options=opts,
+    )
     assert ea.flag_names() == [INPUT_SCALING]
     # SAELens layer_norm: the input normalisation is reported (info)
-    ln = check_dictionary(SAE.load(_write_saelens(tmp_path / "ln", weights, normalize_activations="layer_norm")), options=opts)
+    ln = check_dictionary(
+        SAE.load(_write_saelens(tmp_path / "ln", weights, normalize_activations="layer_norm")), options=opts
+    )
     assert ln.flag_names() == [INPUT_NORMALIZATION]
     # dictionary_learning BatchTopK whose threshold was never set
     t = {k: torch.from_numpy(v) for k, v in weights.items()}
-    sd = {"encoder.weight": t["W_enc"].T.contiguous(), "encoder.bias": t["b_enc"], "decoder.weight": t["W_dec"].T.contiguous(),
-          "b_dec": t["b_dec"], "k": torch.tensor(8, dtype=torch.int), "threshold": torch.tensor(-1.0)}
+    sd = {
+        "encoder.weight": t["W_enc"].T.contiguous(),
+        "encoder.bias": t["b_enc"],
+        "decoder.weight": t["W_dec"].T.contiguous(),
+        "b_dec": t["b_dec"],
+        "k": torch.tensor(8, dtype=torch.int),
+        "threshold": torch.tensor(-1.0),
+    }
     (tmp_path / "bt").mkdir()
     torch.save(sd, tmp_path / "bt" / "ae.pt")
     (tmp_path / "bt" / "config.json").write_text(json.dumps({"trainer": {"dict_class": "BatchTopKSAE", "k": 8}}))
@@ -203,8 +226,19 @@ def test_check_with_activations_merges_dictionary_flags(tmp_path, capsys):
     rng = np.random.default_rng(8)
     acts = (rng.standard_normal((2000, D_IN)) + weights["b_dec"]).astype(np.float32)
     np.save(tmp_path / "acts.npy", acts)
-    rc = main(["check", str(path), "--acts", str(tmp_path / "acts.npy"), "--out", str(tmp_path / "o"),
-               "--no-progress", "--fail-on", "warning"])
+    rc = main(
+        [
+            "check",
+            str(path),
+            "--acts",
+            str(tmp_path / "acts.npy"),
+            "--out",
+            str(tmp_path / "o"),
+            "--no-progress",
+            "--fail-on",
+            "warning",
+        ]
+    )
     assert rc == 1
     report = json.loads((tmp_path / "o" / "report.json").read_text())
     assert report["source"]["n_tokens"] == 2000 and report["saes"][0]["d_sae"] == N_LAT

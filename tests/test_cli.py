@@ -65,22 +65,125 @@ def test_every_config_field_is_an_option_with_the_dataclass_default(command, cls
 
 def test_flag_names_are_the_field_names():
     parser = build_parser()
-    a = parser.parse_args(["train", "--acts", "S", "--config", "c.toml", "--out-dir", "o", "--arch", "relu", "--k",
-                           "4", "--expansion", "2", "--d-sae", "64", "--total-tokens", "2M", "--batch-tokens", "8",
-                           "--lr", "1e-3", "--l1-coefficient", "0.5", "--b-dec-init", "zeros", "--heldout-fraction", "0.2",
-                           "--checkpoint-every", "5", "--seed", "3", "--device", "cpu", "--no-resume", "--no-progress"])
+    a = parser.parse_args(
+        [
+            "train",
+            "--acts",
+            "S",
+            "--config",
+            "c.toml",
+            "--out-dir",
+            "o",
+            "--arch",
+            "relu",
+            "--k",
+            "4",
+            "--expansion",
+            "2",
+            "--d-sae",
+            "64",
+            "--total-tokens",
+            "2M",
+            "--batch-tokens",
+            "8",
+            "--lr",
+            "1e-3",
+            "--l1-coefficient",
+            "0.5",
+            "--b-dec-init",
+            "zeros",
+            "--heldout-fraction",
+            "0.2",
+            "--checkpoint-every",
+            "5",
+            "--seed",
+            "3",
+            "--device",
+            "cpu",
+            "--no-resume",
+            "--no-progress",
+        ]
+    )
     assert (a.total_tokens, a.l1_coefficient, a.out_dir, a.no_resume, a.progress) == (2_000_000, 0.5, "o", True, False)
-    a = parser.parse_args(["cache", "--model", "m", "--hooks", "blocks.0.hook_resid_post, blocks.1.hook_resid_post",
-                           "--corpus", "c", "--context", "32", "--out", "o", "--max-tokens", "300", "--dtype",
-                           "bfloat16", "--batch-windows", "4", "--shard-rows", "100", "--exclude-special",
-                           "--text-field", "t", "--overwrite", "--no-progress"])
+    a = parser.parse_args(
+        [
+            "cache",
+            "--model",
+            "m",
+            "--hooks",
+            "blocks.0.hook_resid_post, blocks.1.hook_resid_post",
+            "--corpus",
+            "c",
+            "--context",
+            "32",
+            "--out",
+            "o",
+            "--max-tokens",
+            "300",
+            "--dtype",
+            "bfloat16",
+            "--batch-windows",
+            "4",
+            "--shard-rows",
+            "100",
+            "--exclude-special",
+            "--text-field",
+            "t",
+            "--overwrite",
+            "--no-progress",
+        ]
+    )
     assert a.hooks == ("blocks.0.hook_resid_post", "blocks.1.hook_resid_post") and a.max_tokens == 300
-    a = parser.parse_args(["report", "--acts", "A", "--out", "O", "--sae", "x=D", "--sae", "E", "--format", "json",
-                           "--batch-rows", "64", "--max-tokens", "1k", "--skip-nonfinite", "--assumed-null", "0.3",
-                           "--config", "c.json", "--device", "cpu", "--no-progress"])
+    a = parser.parse_args(
+        [
+            "report",
+            "--acts",
+            "A",
+            "--out",
+            "O",
+            "--sae",
+            "x=D",
+            "--sae",
+            "E",
+            "--format",
+            "json",
+            "--batch-rows",
+            "64",
+            "--max-tokens",
+            "1k",
+            "--skip-nonfinite",
+            "--assumed-null",
+            "0.3",
+            "--config",
+            "c.json",
+            "--device",
+            "cpu",
+            "--no-progress",
+        ]
+    )
     assert (a.sae, a.max_tokens, a.assumed_null, a.skip_nonfinite) == (["x=D", "E"], 1000, 0.3, True)
-    a = parser.parse_args(["check", "D", "--acts", "A", "--out", "O", "--duplicate-cos", "0.9", "--block-rows", "128",
-                           "--max-tokens", "500", "--format", "md", "json", "--fail-on", "warning", "--no-progress"])
+    a = parser.parse_args(
+        [
+            "check",
+            "D",
+            "--acts",
+            "A",
+            "--out",
+            "O",
+            "--duplicate-cos",
+            "0.9",
+            "--block-rows",
+            "128",
+            "--max-tokens",
+            "500",
+            "--format",
+            "md",
+            "json",
+            "--fail-on",
+            "warning",
+            "--no-progress",
+        ]
+    )
     assert (a.duplicate_cos, a.block_rows, a.format, a.fail_on) == (0.9, 128, ["md", "json"], "warning")
 
 
@@ -109,8 +212,9 @@ def store(tmp_path):
 
 
 def test_token_counts_read_the_same_from_run_train_config_flag_and_python(tmp_path, store, captured_train, capsys):
-    (tmp_path / "run.toml").write_text(f'out = "{tmp_path / "run"}"\nacts = "{store}"\n'
-                                       '[train]\ntotal_tokens = "2M"\nbatch_tokens = 256\nk = 8\n')
+    (tmp_path / "run.toml").write_text(
+        f'out = "{tmp_path / "run"}"\nacts = "{store}"\n[train]\ntotal_tokens = "2M"\nbatch_tokens = 256\nk = 8\n'
+    )
     assert main(["run", str(tmp_path / "run.toml")]) == 2  # the fake trainer stops the job
     (tmp_path / "train.toml").write_text('[train]\ntotal_tokens = "2M"\nbatch_tokens = 256\nk = 8\n')
     assert main(["train", "--acts", store, "--config", str(tmp_path / "train.toml")]) == 2
@@ -144,8 +248,9 @@ def test_a_bad_choice_in_a_config_is_one_line_naming_file_key_value_and_choices(
 
 
 @pytest.mark.parametrize("tomli", ["installed", "missing"])
-def test_train_config_reads_without_tomllib_as_on_python_310(tmp_path, store, captured_train, monkeypatch, capsys,
-                                                              tomli):
+def test_train_config_reads_without_tomllib_as_on_python_310(
+    tmp_path, store, captured_train, monkeypatch, capsys, tomli
+):
     parser = pytest.importorskip("tomllib") if tomli == "installed" else None  # tomli has tomllib's API
     monkeypatch.setitem(sys.modules, "tomllib", None)  # `import tomllib` fails, as on Python 3.10
     monkeypatch.setitem(sys.modules, "tomli", parser)
@@ -166,7 +271,9 @@ def test_config_from_dict_coerces_by_annotation():
     assert from_dict(CacheConfig, {"hooks": ["a", "b"]}).hooks == ("a", "b")
     opts = from_dict(ReportOptions, {"thresholds": {"dead_max_fraction": 0.5}, "max_tokens": "1M"})
     assert opts.thresholds == FlagThresholds(dead_max_fraction=0.5) and opts.max_tokens == 10**6
-    with pytest.raises(BadInputError, match=r"x\.toml: arch = 'gated': expected one of \['batchtopk', 'jumprelu', 'relu', 'topk'\]"):
+    with pytest.raises(
+        BadInputError, match=r"x\.toml: arch = 'gated': expected one of \['batchtopk', 'jumprelu', 'relu', 'topk'\]"
+    ):
         from_dict(TrainConfig, {"arch": "gated"}, where="x.toml")
     with pytest.raises(BadInputError, match="progress = 'no': expected true or false"):
         from_dict(CheckOptions, {"progress": "no"})

@@ -13,8 +13,18 @@ from saegeo.cli import main
 from saegeo.sae.model import SAE, SAEConfig
 from saegeo.sae.train import TrainConfig, train_sae
 
-TINY = dict(d_model=16, n_layers=1, n_heads=2, d_head=8, d_mlp=32, n_ctx=32, d_vocab=30522, act_fn="gelu",
-            normalization_type="LN", seed=0)
+TINY = dict(
+    d_model=16,
+    n_layers=1,
+    n_heads=2,
+    d_head=8,
+    d_mlp=32,
+    n_ctx=32,
+    d_vocab=30522,
+    act_fn="gelu",
+    normalization_type="LN",
+    seed=0,
+)
 HOOK = "blocks.0.hook_resid_post"
 
 
@@ -38,8 +48,16 @@ def fx(tmp_path_factory):
         if step == 2:
             raise Stop
 
-    cfg = TrainConfig(d_sae=16, k=2, batch_tokens=64, total_tokens=64 * 6, checkpoint_every=2, progress=False,
-                      out_dir=str(root / "ckpt_run"), b_dec_init_tokens=64)
+    cfg = TrainConfig(
+        d_sae=16,
+        k=2,
+        batch_tokens=64,
+        total_tokens=64 * 6,
+        checkpoint_every=2,
+        progress=False,
+        out_dir=str(root / "ckpt_run"),
+        b_dec_init_tokens=64,
+    )
     with pytest.raises(Stop):
         train_sae(cfg, store, on_step=stop)
     return root
@@ -72,8 +90,22 @@ def _geometry_json_unwritable(tmp, fx):  # tests run as root: a path under a fil
 
 
 def _cache(out: str) -> list[str]:
-    return ["cache", "--model", "MODEL", "--hooks", HOOK, "--corpus", "CORPUS", "--context", "16",
-            "--max-tokens", "64", "--out", out, "--no-progress"]
+    return [
+        "cache",
+        "--model",
+        "MODEL",
+        "--hooks",
+        HOOK,
+        "--corpus",
+        "CORPUS",
+        "--context",
+        "16",
+        "--max-tokens",
+        "64",
+        "--out",
+        out,
+        "--no-progress",
+    ]
 
 
 def _cache_out_is_file(tmp, fx):
@@ -113,8 +145,16 @@ def _config_missing(tmp, fx):
 
 def _config_bad_json(tmp, fx):
     (tmp / "bad.json").write_text('{"k": 4,')
-    return ["report", "--acts", str(fx / "store"), "--out", str(tmp / "r"), "--config", str(tmp / "bad.json"),
-            "--no-progress"], "bad.json"
+    return [
+        "report",
+        "--acts",
+        str(fx / "store"),
+        "--out",
+        str(tmp / "r"),
+        "--config",
+        str(tmp / "bad.json"),
+        "--no-progress",
+    ], "bad.json"
 
 
 def _config_bad_toml(tmp, fx):
@@ -125,9 +165,26 @@ def _config_bad_toml(tmp, fx):
 def _train_resume(tmp, fx, damage) -> list[str]:
     run = _copy(fx / "ckpt_run", tmp / "run")
     damage(run / "checkpoint")
-    return ["train", "--acts", str(fx / "store"), "--out-dir", str(run), "--d-sae", "16", "--k", "2",
-            "--batch-tokens", "64", "--total-tokens", str(64 * 6), "--checkpoint-every", "2", "--b-dec-init-tokens", "64",
-            "--no-progress"]
+    return [
+        "train",
+        "--acts",
+        str(fx / "store"),
+        "--out-dir",
+        str(run),
+        "--d-sae",
+        "16",
+        "--k",
+        "2",
+        "--batch-tokens",
+        "64",
+        "--total-tokens",
+        str(64 * 6),
+        "--checkpoint-every",
+        "2",
+        "--b-dec-init-tokens",
+        "64",
+        "--no-progress",
+    ]
 
 
 def _state_corrupt(tmp, fx):
@@ -167,12 +224,25 @@ def _sae_block_unknown_key(tmp, fx):
 
 
 CASES = [
-    _npy_big_endian, _npy_empty, _geometry_json_dir, _geometry_json_unwritable,
-    _cache_out_is_file, _cache_out_under_file, _cache_store_dir_is_file, _cache_manifest_is_dir,
-    _report_out_is_file, _report_out_under_file,
-    _config_missing, _config_bad_json, _config_bad_toml,
-    _state_corrupt, _tensors_missing, _tensors_truncated,
-    _sae_block_lacks_d_in, _sae_block_lacks_d_sae, _sae_block_unknown_key,
+    _npy_big_endian,
+    _npy_empty,
+    _geometry_json_dir,
+    _geometry_json_unwritable,
+    _cache_out_is_file,
+    _cache_out_under_file,
+    _cache_store_dir_is_file,
+    _cache_manifest_is_dir,
+    _report_out_is_file,
+    _report_out_under_file,
+    _config_missing,
+    _config_bad_json,
+    _config_bad_toml,
+    _state_corrupt,
+    _tensors_missing,
+    _tensors_truncated,
+    _sae_block_lacks_d_in,
+    _sae_block_lacks_d_sae,
+    _sae_block_unknown_key,
 ]
 
 
@@ -226,7 +296,10 @@ def test_bad_devices_are_refused_before_any_work(fx, tmp_path, capsys):
         ["eval", "--model", str(fx / "model.json"), "--sae", str(fx / "sae"), "--corpus", str(fx / "docs.txt")],
     ]
     for argv in commands:
-        for device, what in (("bogus", "is not a torch device"), (missing, "use --device cpu" if missing == "cuda" else "GPU(s) are visible")):
+        for device, what in (
+            ("bogus", "is not a torch device"),
+            (missing, "use --device cpu" if missing == "cuda" else "GPU(s) are visible"),
+        ):
             assert main([*argv, "--device", device, "--no-progress"]) == 2, argv
             err = capsys.readouterr().err
             assert what in err and device in err and len(err.strip().splitlines()) == 1, err
@@ -238,7 +311,10 @@ def test_existing_outputs_are_refused_before_any_work_without_overwrite(fx, tmp_
     place is one line and exit 2 naming the file, and leaves it as it was; --overwrite replaces it."""
     store, sae = str(fx / "store"), str(fx / "sae")
     runs = {
-        "report": (["report", "--acts", store, "--out", str(tmp_path / "r"), "--no-progress"], tmp_path / "r" / "summary.txt"),
+        "report": (
+            ["report", "--acts", store, "--out", str(tmp_path / "r"), "--no-progress"],
+            tmp_path / "r" / "summary.txt",
+        ),
         "check": (["check", sae, "--out", str(tmp_path / "c")], tmp_path / "c" / "summary.txt"),
         "sweep": (["sweep", store, "--out", str(tmp_path / "s"), "--no-progress"], tmp_path / "s" / "summary.txt"),
         "geometry": (["geometry", store, "--json", str(tmp_path / "g.json"), "--no-progress"], tmp_path / "g.json"),

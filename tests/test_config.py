@@ -11,7 +11,7 @@ import torch
 
 from saegeo.activations.store import write_store
 from saegeo.cli import main
-from saegeo.config import BATCH_ROWS, check, from_dict, option, resolve
+from saegeo.config import BATCH_ROWS, check, option, resolve
 from saegeo.errors import BadInputError
 from saegeo.sae.train import TrainConfig, train_sae
 
@@ -36,30 +36,56 @@ def _one_line_exit_2(argv, capsys, *names):
 
 # a run that would train: each bad value must be refused before anything is written
 def _train(store, out, *extra):
-    return ["train", "--acts", store, "--out-dir", str(out), "--d-sae", "16", "--k", "2", "--batch-tokens", "64",
-            "--total-tokens", "128", "--no-progress", *extra]
+    return [
+        "train",
+        "--acts",
+        store,
+        "--out-dir",
+        str(out),
+        "--d-sae",
+        "16",
+        "--k",
+        "2",
+        "--batch-tokens",
+        "64",
+        "--total-tokens",
+        "128",
+        "--no-progress",
+        *extra,
+    ]
 
 
-@pytest.mark.parametrize("extra,field", [
-    (["--arch", "jumprelu", "--bandwidth", "0"], "bandwidth"),  # an all-NaN threshold, L0 0, 100 % dead
-    (["--arch", "jumprelu", "--bandwidth", "-1"], "bandwidth"),
-    (["--grad-clip-norm", "-1"], "grad_clip_norm"),  # reverses the gradients
-    (["--lr", "1e308"], "lr"),
-    (["--seed", "-1"], "seed"),
-    (["--seed", str(2**70)], "seed"),
-    (["--arch", "batchtopk", "--threshold-ema", "nan"], "threshold_ema"),
-    (["--arch", "jumprelu", "--threshold-lr-scale", "nan"], "threshold_lr_scale"),
-    (["--arch", "relu", "--l1-warmup-fraction", "nan"], "l1_warmup_fraction"),
-    (["--adam-betas", "0.9,nan"], "adam_betas"),
-    (["--heldout-fraction", "inf"], "heldout_fraction"),
-])
+@pytest.mark.parametrize(
+    "extra,field",
+    [
+        (["--arch", "jumprelu", "--bandwidth", "0"], "bandwidth"),  # an all-NaN threshold, L0 0, 100 % dead
+        (["--arch", "jumprelu", "--bandwidth", "-1"], "bandwidth"),
+        (["--grad-clip-norm", "-1"], "grad_clip_norm"),  # reverses the gradients
+        (["--lr", "1e308"], "lr"),
+        (["--seed", "-1"], "seed"),
+        (["--seed", str(2**70)], "seed"),
+        (["--arch", "batchtopk", "--threshold-ema", "nan"], "threshold_ema"),
+        (["--arch", "jumprelu", "--threshold-lr-scale", "nan"], "threshold_lr_scale"),
+        (["--arch", "relu", "--l1-warmup-fraction", "nan"], "l1_warmup_fraction"),
+        (["--adam-betas", "0.9,nan"], "adam_betas"),
+        (["--heldout-fraction", "inf"], "heldout_fraction"),
+    ],
+)
 def test_train_refuses_a_poisonous_option_before_writing(store, tmp_path, capsys, extra, field):
     _one_line_exit_2(_train(store, tmp_path / "sae", *extra), capsys, field)
     assert not (tmp_path / "sae").exists()
 
 
-@pytest.mark.parametrize("key,value", [("threshold_ema", "nan"), ("threshold_lr_scale", "nan"),
-                                       ("l1_warmup_fraction", "nan"), ("bandwidth", "0.0"), ("lr", "1e308")])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("threshold_ema", "nan"),
+        ("threshold_lr_scale", "nan"),
+        ("l1_warmup_fraction", "nan"),
+        ("bandwidth", "0.0"),
+        ("lr", "1e308"),
+    ],
+)
 def test_a_config_file_value_is_checked_as_the_flag_is(store, tmp_path, capsys, key, value):
     cfg = tmp_path / "t.toml"
     cfg.write_text(f'acts = "{store}"\n[train]\n{key} = {value}\n')
@@ -68,8 +94,15 @@ def test_a_config_file_value_is_checked_as_the_flag_is(store, tmp_path, capsys, 
 
 
 def test_python_construction_is_checked_too():
-    for bad in (dict(bandwidth=0.0), dict(threshold_ema=math.nan), dict(grad_clip_norm=-1.0), dict(seed=-1),
-                dict(lr=1e308), dict(l1_warmup_fraction=math.nan), dict(seed=2**70)):
+    for bad in (
+        dict(bandwidth=0.0),
+        dict(threshold_ema=math.nan),
+        dict(grad_clip_norm=-1.0),
+        dict(seed=-1),
+        dict(lr=1e308),
+        dict(l1_warmup_fraction=math.nan),
+        dict(seed=2**70),
+    ):
         with pytest.raises(BadInputError, match=next(iter(bad))):
             TrainConfig(**bad)
 
@@ -85,27 +118,33 @@ def test_an_sae_the_machine_cannot_hold_is_one_line_before_any_allocation(store,
     assert not (tmp_path / "sae").exists()
 
 
-@pytest.mark.parametrize("extra,field", [
-    (["--noise", "nan"], "noise"),  # an all-NaN store marked complete
-    (["--noise", "-1"], "noise"),
-    (["--seed", "-1"], "seed"),
-    (["--d", str(10**9), "--n-features", str(10**9)], "synthetic dictionary"),  # 1e18 entries
-    (["--n", "0"], "n"),
-    (["--rate", "inf"], "rate"),
-])
+@pytest.mark.parametrize(
+    "extra,field",
+    [
+        (["--noise", "nan"], "noise"),  # an all-NaN store marked complete
+        (["--noise", "-1"], "noise"),
+        (["--seed", "-1"], "seed"),
+        (["--d", str(10**9), "--n-features", str(10**9)], "synthetic dictionary"),  # 1e18 entries
+        (["--n", "0"], "n"),
+        (["--rate", "inf"], "rate"),
+    ],
+)
 def test_synth_refuses_before_writing(tmp_path, capsys, extra, field):
     argv = ["synth", "--n", "100", "--d", "8", "--n-features", "16", "--out", str(tmp_path / "s"), *extra]
     _one_line_exit_2(argv, capsys, field, "--" + field)
     assert not (tmp_path / "s").exists()
 
 
-@pytest.mark.parametrize("extra,field", [
-    (["--pass-norm-ratio", "-1"], "pass_norm_ratio"),  # passed every position through: cosine 1.0000
-    (["--batch-windows", "0"], "batch_windows"),
-    (["--context", "0"], "context"),
-    (["--skip-tokens", "-5"], "skip_tokens"),  # then evaluated on training text
-    (["--max-tokens", "0"], "max_tokens"),
-])
+@pytest.mark.parametrize(
+    "extra,field",
+    [
+        (["--pass-norm-ratio", "-1"], "pass_norm_ratio"),  # passed every position through: cosine 1.0000
+        (["--batch-windows", "0"], "batch_windows"),
+        (["--context", "0"], "context"),
+        (["--skip-tokens", "-5"], "skip_tokens"),  # then evaluated on training text
+        (["--max-tokens", "0"], "max_tokens"),
+    ],
+)
 def test_eval_refuses_before_loading_anything(tmp_path, capsys, extra, field):
     _one_line_exit_2(["eval", "--sae", str(tmp_path / "no-sae"), *extra], capsys, field, "--" + field.replace("_", "-"))
 
@@ -158,8 +197,9 @@ def test_train_config_top_level_keys_are_honoured(store, tmp_path, captured_trai
     assert (cfg.d_sae, cfg.batch_tokens, data) == (64, 32, store)  # d_sae = 64 trained 3,072 latents before
 
 
-def test_train_config_keys_beside_a_train_table_are_refused_naming_key_and_file(store, tmp_path, capsys,
-                                                                               captured_train):
+def test_train_config_keys_beside_a_train_table_are_refused_naming_key_and_file(
+    store, tmp_path, capsys, captured_train
+):
     path = tmp_path / "t.toml"
     path.write_text(f'acts = "{store}"\nd_sae = 64\n[train]\nk = 4\n')
     err = _one_line_exit_2(["train", "--config", str(path)], capsys, "d_sae")
@@ -180,18 +220,21 @@ def test_resolve_puts_flags_over_the_file_over_the_defaults(tmp_path):
 def test_the_overwrite_advice_names_the_config_key_that_run_accepts(store, tmp_path):
     """`saegeo run` has no --overwrite flag: the refusal must also name `overwrite = true`."""
     out = tmp_path / "sae"
-    small = dict(d_sae=16, k=2, batch_tokens=64, total_tokens=128, b_dec_init_tokens=64, progress=False,
-                 out_dir=str(out))
+    small = dict(
+        d_sae=16, k=2, batch_tokens=64, total_tokens=128, b_dec_init_tokens=64, progress=False, out_dir=str(out)
+    )
     train_sae(TrainConfig(**small), store)
     with pytest.raises(BadInputError, match=r"overwrite = true"):
         train_sae(TrainConfig(**{**small, "k": 3}), store)
     run = tmp_path / "run.toml"
-    run.write_text(f'out = "{tmp_path / "r"}"\nacts = "{store}"\n[train]\nd_sae = 16\nk = 2\nbatch_tokens = 64\n'
-                   'total_tokens = 128\nb_dec_init_tokens = 64\nprogress = false\n')
+    run.write_text(
+        f'out = "{tmp_path / "r"}"\nacts = "{store}"\n[train]\nd_sae = 16\nk = 2\nbatch_tokens = 64\n'
+        "total_tokens = 128\nb_dec_init_tokens = 64\nprogress = false\n"
+    )
     (tmp_path / "r" / "saes" / "sae").mkdir(parents=True)
     (tmp_path / "r" / "saes" / "sae" / "cfg.json").write_text("{}")  # an SAE from elsewhere
     with pytest.raises(BadInputError, match=r"overwrite = true"):
-        from saegeo.pipeline import run_job, load_run_config
+        from saegeo.pipeline import load_run_config, run_job
 
         run_job(load_run_config(run), log=lambda *a: None)
 
@@ -210,10 +253,16 @@ def test_check_covers_every_numeric_type_and_bound():
             check(self)
 
     C()
-    for bad, message in [(dict(a=0), "a must be >= 1, got 0"), (dict(b=1.0), r"b must be in \(0, 1\), got 1.0"),
-                         (dict(b=math.nan), "b must be a finite number, got nan"), (dict(c=1.0), "c must be > 1"),
-                         (dict(d=(0.1, 2.0)), r"d must be in \[0, 1\], got 2.0"), (dict(e=2**63), "e must fit in 64 bits"),
-                         (dict(a=1.5), "a must be a whole number"), (dict(e=True), "e must be a whole number")]:
+    for bad, message in [
+        (dict(a=0), "a must be >= 1, got 0"),
+        (dict(b=1.0), r"b must be in \(0, 1\), got 1.0"),
+        (dict(b=math.nan), "b must be a finite number, got nan"),
+        (dict(c=1.0), "c must be > 1"),
+        (dict(d=(0.1, 2.0)), r"d must be in \[0, 1\], got 2.0"),
+        (dict(e=2**63), "e must fit in 64 bits"),
+        (dict(a=1.5), "a must be a whole number"),
+        (dict(e=True), "e must be a whole number"),
+    ]:
         with pytest.raises(BadInputError, match=message):
             C(**bad)
     assert C(c=None).c is None
@@ -221,11 +270,12 @@ def test_check_covers_every_numeric_type_and_bound():
 
 def test_one_default_literal_for_rows_per_batch():
     """BATCH_ROWS is the default of every rows-per-batch option (report, geometry, sweep, the artifact pass)."""
+    import inspect
+
     from saegeo.config import GeometryOptions
     from saegeo.report.layers import artifact_pass, measure_store
     from saegeo.report.report import ReportOptions
     from saegeo.report.sweep import SweepOptions
-    import inspect
 
     assert ReportOptions().batch_rows == GeometryOptions().batch_rows == SweepOptions().batch_rows == BATCH_ROWS
     for fn in (artifact_pass, measure_store):
@@ -242,8 +292,10 @@ def test_run_config_tables_are_the_dataclasses(tmp_path):
     from saegeo.sae.splice import EvalConfig
 
     path = tmp_path / "run.toml"
-    path.write_text('out = "o"\nformats = ["json"]\n[cache]\nmodel = "smollm2"\nbatch_windows = 3\n[train]\n'
-                    'k = 5\n[saes]\na = { k = 7 }\nb = {}\n[report]\nbatch_rows = 100\n[eval]\nbatch_windows = 2\n')
+    path.write_text(
+        'out = "o"\nformats = ["json"]\n[cache]\nmodel = "smollm2"\nbatch_windows = 3\n[train]\n'
+        "k = 5\n[saes]\na = { k = 7 }\nb = {}\n[report]\nbatch_rows = 100\n[eval]\nbatch_windows = 2\n"
+    )
     cfg = load_run_config(path)
     assert isinstance(cfg.cache, CacheConfig) and cfg.cache.batch_windows == 3
     assert isinstance(cfg.report, ReportOptions) and cfg.report.batch_rows == 100
@@ -257,11 +309,20 @@ def test_run_config_tables_are_the_dataclasses(tmp_path):
         load_run_config(path)
 
 
-@pytest.mark.parametrize("error", [MemoryError(), RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. "
-                                                                "DefaultCPUAllocator: not enough memory: you tried to "
-                                                                "allocate 80000000000000 bytes.")])
+@pytest.mark.parametrize(
+    "error",
+    [
+        MemoryError(),
+        RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:117] data. "
+            "DefaultCPUAllocator: not enough memory: you tried to "
+            "allocate 80000000000000 bytes."
+        ),
+    ],
+)
 def test_a_failed_allocation_is_one_line(store, monkeypatch, capsys, error):
     """What no option check foresees (a store or a published SAE too large for this machine) is still one line."""
+
     def fail(*a, **kw):
         raise error
 

@@ -44,7 +44,9 @@ def test_dirs_and_globs_sorted(tmp_path, tok):
     (tmp_path / "d" / "skip.bin").write_bytes(b"\x00\x01")
     by_dir = [w.input_ids for w in iter_windows(CorpusSpec(source=str(tmp_path / "d"), context=8), tok)]
     assert by_dir == [[CLS] + tok(t, add_special_tokens=False)["input_ids"] + [SEP] for t in ("alpha", "zeta")]
-    by_glob = [w.input_ids for w in iter_windows(CorpusSpec(source=f"{tmp_path}/d/**/*.md,{tmp_path}/d/*.txt", context=8), tok)]
+    by_glob = [
+        w.input_ids for w in iter_windows(CorpusSpec(source=f"{tmp_path}/d/**/*.md,{tmp_path}/d/*.txt", context=8), tok)
+    ]
     assert by_glob == by_dir
 
 

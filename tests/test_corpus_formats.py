@@ -16,8 +16,11 @@ from saegeo.activations.corpus import CorpusSpec, corpus_identity, iter_windows,
 from saegeo.activations.models import _load_tokenizer, _quiet_transformers, minilm_path
 from saegeo.errors import BadInputError
 
-RECORDS = [{"text": "alpha beta gamma " * 12, "id": 1}, {"text": "one two three", "id": 2},
-           {"text": "delta epsilon " * 9, "id": 3}]
+RECORDS = [
+    {"text": "alpha beta gamma " * 12, "id": 1},
+    {"text": "one two three", "id": 2},
+    {"text": "delta epsilon " * 9, "id": 3},
+]
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +56,9 @@ def test_parquet_text_column(tmp_path, tok, jsonl):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"body": [r["text"] for r in RECORDS], "id": [1, 2, 3]}), tmp_path / "a.parquet",
-                   row_group_size=2)
+    pq.write_table(
+        pa.table({"body": [r["text"] for r in RECORDS], "id": [1, 2, 3]}), tmp_path / "a.parquet", row_group_size=2
+    )
     got = ids_of(CorpusSpec(source=str(tmp_path / "a.parquet"), context=16, text_field="body"), tok)
     assert got == ids_of(CorpusSpec(source=str(jsonl), context=16), tok)
 
@@ -91,8 +95,13 @@ for dirpath, _, files in os.walk(target):
         if f.startswith("parquet-"):
             os.rename(os.path.join(dirpath, f), os.path.join(dirpath, short + f[len("parquet"):]))
 """
-    env = {"HF_HOME": str(root / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PATH": "/usr/bin:/bin",
-           "TQDM_DISABLE": "1"}
+    env = {
+        "HF_HOME": str(root / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "PATH": "/usr/bin:/bin",
+        "TQDM_DISABLE": "1",
+    }
     subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True, timeout=300)
     return root / "hf" / "datasets"
 
@@ -134,23 +143,25 @@ def test_pretokenised_arrays_used_as_given(tmp_path, tok):
     spec = CorpusSpec(source=str(tmp_path / "t.npy"), context=8)
     got = list(iter_windows(spec, no_tok))
     # each row is a document cut into windows of `context` ids, nothing added, nothing dropped
-    want = [list(r[lo:lo + 8]) for r in rows for lo in range(0, 20, 8)]
+    want = [list(r[lo : lo + 8]) for r in rows for lo in range(0, 20, 8)]
     assert [w.input_ids for w in got] == want and [w.doc for w in got] == [d for d in range(3) for _ in range(3)]
     assert all(all(w.store) for w in got)
     excl = list(iter_windows(CorpusSpec(source=str(tmp_path / "t.npy"), context=8, exclude_special=True), no_tok))
     assert [w.store for w in excl][0] == [False] + [True] * 7 and sum(w.n_stored for w in excl) == 60 - 3
     save_file({"input_ids": rows.astype(np.int64)}, str(tmp_path / "t.safetensors"))
-    assert [w.input_ids for w in iter_windows(CorpusSpec(source=str(tmp_path / "t.safetensors"), context=8),
-                                              no_tok)] == want
+    assert [
+        w.input_ids for w in iter_windows(CorpusSpec(source=str(tmp_path / "t.safetensors"), context=8), no_tok)
+    ] == want
     np.save(tmp_path / "flat.npy", rows.reshape(-1))  # one stream of ids
     flat = [w.input_ids for w in iter_windows(CorpusSpec(source=str(tmp_path / "flat.npy"), context=8), no_tok)]
-    assert flat == [list(rows.reshape(-1)[lo:lo + 8]) for lo in range(0, 60, 8)]
+    assert flat == [list(rows.reshape(-1)[lo : lo + 8]) for lo in range(0, 60, 8)]
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"input_ids": [list(map(int, r)) for r in rows]}), tmp_path / "t.parquet")
-    assert [w.input_ids for w in iter_windows(CorpusSpec(source=str(tmp_path / "t.parquet"), context=8),
-                                              no_tok)] == want
+    assert [
+        w.input_ids for w in iter_windows(CorpusSpec(source=str(tmp_path / "t.parquet"), context=8), no_tok)
+    ] == want
     np.save(tmp_path / "f.npy", rows.astype(np.float32))
     with pytest.raises(BadInputError, match=r"f\.npy: .*integer token ids"):
         open_corpus(CorpusSpec(source=str(tmp_path / "f.npy")))
@@ -196,9 +207,23 @@ def test_cache_and_eval_refuse_a_bad_field_before_the_model_loads(tmp_path, monk
 
 def test_cli_bad_field_one_line_exit_2(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps([{"body": "x"}]))
-    r = subprocess.run([sys.executable, "-m", "saegeo.cli", "cache", "--model", "smollm2", "--corpus",
-                        str(tmp_path / "a.json"), "--out", str(tmp_path / "o")], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "saegeo.cli",
+            "cache",
+            "--model",
+            "smollm2",
+            "--corpus",
+            str(tmp_path / "a.json"),
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "a.json: record 1: no string field 'text'" in r.stderr
 
@@ -209,8 +234,14 @@ def test_cached_pretokenised_store_holds_the_given_ids(tmp_path):
 
     rows = np.random.default_rng(1).integers(1000, 2000, size=(2, 12))
     np.save(tmp_path / "t.npy", rows)
-    cfg = CacheConfig(model="minilm", hooks=("blocks.0.hook_resid_post",), corpus=str(tmp_path / "t.npy"),
-                      context=12, out=str(tmp_path / "acts"), progress=False)
+    cfg = CacheConfig(
+        model="minilm",
+        hooks=("blocks.0.hook_resid_post",),
+        corpus=str(tmp_path / "t.npy"),
+        context=12,
+        out=str(tmp_path / "acts"),
+        progress=False,
+    )
     cache_activations(cfg)
     store = ActivationStore(tmp_path / "acts" / "blocks.0.hook_resid_post")
     got = torch.cat([store.read_token_ids(i) for i in range(len(store.shards))])

@@ -9,8 +9,8 @@ from saegeo.geometry.accumulate import GeometryAccumulator
 from saegeo.geometry.diagnosis import kmeans_between_share, two_means_1d
 from saegeo.geometry.measures import effective_rank
 from saegeo.geometry.transforms import AllButTheTop, Whitening
-from saegeo.report import flags as F
 from saegeo.render import render_html, render_markdown, render_terminal
+from saegeo.report import flags as F
 from saegeo.report.report import GeometryReport, ReportOptions, geometry_report
 
 DIAGNOSIS_FLAGS = {F.OFFSET_CONE, F.INVISIBLE, F.MASSIVE, F.MIXED}
@@ -135,7 +135,9 @@ def test_massive_activations_raised_and_rank_deficiency_not():
     norms = x.double().norm(dim=1)
     big = norms > 10 * norms.median()
     assert flag.evidence["massive_rows"] == int(big.sum()) == 70
-    assert flag.evidence["massive_share_of_sum_sq"] == pytest.approx(float(norms[big].square().sum() / norms.square().sum()), abs=0.002)
+    assert flag.evidence["massive_share_of_sum_sq"] == pytest.approx(
+        float(norms[big].square().sum() / norms.square().sum()), abs=0.002
+    )
     assert r.activations["numerical_rank"] < 576
     # the same rows without the massive ones: neither flag (the stand-in's real offset remains: a cone)
     clean = _report(x[~big])
@@ -172,7 +174,12 @@ def test_diagnosis_is_in_the_json_and_rendered(tmp_path):
     x = _massive_stand_in()
     r = _report(x)
     back = GeometryReport.from_dict(r.to_dict())
-    assert back.diagnosis == r.diagnosis and [s["step"] for s in back.diagnosis] == ["offset", "shape", "artifact", "fix"]
+    assert back.diagnosis == r.diagnosis and [s["step"] for s in back.diagnosis] == [
+        "offset",
+        "shape",
+        "artifact",
+        "fix",
+    ]
     assert "massive activations" in back.diagnosis[2]["finding"]
     assert "DIAGNOSIS" in render_terminal(back)
     assert "## Diagnosis" in render_markdown(back)
@@ -208,8 +215,11 @@ def test_minilm_layer3_resid_post_is_an_offset_dominated_cone(tmp_path):
     from saegeo.activations.cache import CacheConfig, cache_activations
 
     hook = "blocks.3.hook_resid_post"
-    res = cache_activations(CacheConfig(model="minilm", hooks=(hook,), max_tokens=3000, context=64,
-                                        out=str(tmp_path / "acts"), progress=False))
+    res = cache_activations(
+        CacheConfig(
+            model="minilm", hooks=(hook,), max_tokens=3000, context=64, out=str(tmp_path / "acts"), progress=False
+        )
+    )
     r = _report(res.stores[hook])
     [flag] = [f for f in r.flags if f.name == F.OFFSET_CONE]
     geo = r.activations

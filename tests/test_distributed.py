@@ -32,8 +32,14 @@ LAUNCH_GUARD_S = 120  # a launch that takes longer than this has hung
 
 
 def _torchrun(args: list[str], tmp_path: Path, *, expect_ok: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", SAEGEO_DIST_TIMEOUT="30", OMP_NUM_THREADS="1",
-               PYTHONPATH=str(ROOT), TQDM_DISABLE="1")
+    env = dict(
+        os.environ,
+        GLOO_SOCKET_IFNAME="lo",
+        SAEGEO_DIST_TIMEOUT="30",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(ROOT),
+        TQDM_DISABLE="1",
+    )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=LAUNCH_GUARD_S)
     out = proc.stdout + proc.stderr
@@ -191,9 +197,22 @@ distributed.barrier()
 
 
 def _train_cfg(**kw) -> dict:
-    base = dict(arch="topk", d_sae=48, k=4, lr=2e-3, batch_tokens=64, total_tokens=64 * 10, warmup_steps=2,
-                dead_window_tokens=256, b_dec_init_tokens=600, heldout_fraction=0.1, seed=3, progress=False,
-                log_every=1, shuffle_buffer=128)
+    base = dict(
+        arch="topk",
+        d_sae=48,
+        k=4,
+        lr=2e-3,
+        batch_tokens=64,
+        total_tokens=64 * 10,
+        warmup_steps=2,
+        dead_window_tokens=256,
+        b_dec_init_tokens=600,
+        heldout_fraction=0.1,
+        seed=3,
+        progress=False,
+        log_every=1,
+        shuffle_buffer=128,
+    )
     base.update(kw)
     return base
 
@@ -233,8 +252,14 @@ def job(tmp_path_factory) -> Path:
 
 
 def test_reductions_on_two_ranks_equal_brute_force_over_all_rows(job):
-    xs = [(torch.randn(300 + 77 * r, 6, generator=torch.Generator().manual_seed(100 + r), dtype=torch.float64)
-           * (1 + r) + 1e4).numpy() for r in range(2)]
+    xs = [
+        (
+            torch.randn(300 + 77 * r, 6, generator=torch.Generator().manual_seed(100 + r), dtype=torch.float64)
+            * (1 + r)
+            + 1e4
+        ).numpy()
+        for r in range(2)
+    ]
     allx = np.concatenate(xs)
     ranks = [load_file(str(job / f"reduce_{r}.safetensors")) for r in range(2)]
     for key in ranks[0]:
@@ -310,9 +335,26 @@ def test_store_training_keeps_ranks_identical(job):
 #     (Davis–Kahan, gap = the smallest eigengap): |a − b| ≤ ε·κ·max(1, |b|), κ = tr Σ / min(gap, λ_min).
 # Before the float64 unit sums, null_z differed by ~2e-3 relative between the two (4e4 × the null family's bound).
 U32 = 2.0**-24
-NULL_FAMILY = {"anisotropy", "A", "A_sd", "null_sd", "null_bias", "null_bias_relative", "isotropic_sd",
-               "isotropic_z", "isotropic_cosine_sd", "null_z", "z_vs_null", "offset", "sign_null", "finite_d_bias",
-               "excess_over_sign_null", "share_explained_by_sign", "z_vs_sign_null", "z_vs_assumed"}
+NULL_FAMILY = {
+    "anisotropy",
+    "A",
+    "A_sd",
+    "null_sd",
+    "null_bias",
+    "null_bias_relative",
+    "isotropic_sd",
+    "isotropic_z",
+    "isotropic_cosine_sd",
+    "null_z",
+    "z_vs_null",
+    "offset",
+    "sign_null",
+    "finite_d_bias",
+    "excess_over_sign_null",
+    "share_explained_by_sign",
+    "z_vs_sign_null",
+    "z_vs_assumed",
+}
 
 
 def _close(a, b, path, tol_null, tol_abs):
@@ -338,8 +380,9 @@ def _close(a, b, path, tol_null, tol_abs):
 def test_report_on_two_ranks_equals_the_single_process_report(job):
     dist_report = json.loads((job / "report" / "report.json").read_text())  # written by rank 0 only
     rows = 128  # --batch-rows of both runs: the longest float32 sum
-    single = geometry_report(job / "rstore", {"s": job / "sae"},
-                             options=ReportOptions(batch_rows=rows, progress=False)).to_dict()
+    single = geometry_report(
+        job / "rstore", {"s": job / "sae"}, options=ReportOptions(batch_rows=rows, progress=False)
+    ).to_dict()
     assert dist_report["activations"]["n"] == 1500
     # the sample behind the cosine histogram is the same rows (bottom-k priorities by global row index)
     assert dist_report["cosine_histogram"]["counts"] == single["cosine_histogram"]["counts"]
@@ -363,8 +406,9 @@ def test_a_failing_rank_ends_every_rank_with_its_message(job):
     own = json.loads((job / "errors_1.json").read_text())["nan"]
     assert own.startswith("BadInputError: non-finite value") and "global row 1400" in own, own
     other = json.loads((job / "errors_0.json").read_text())["nan"]
-    assert other.startswith("DistributedError: rank 1 of 2 failed while streaming the activations: "
-                            "BadInputError: non-finite value"), other
+    assert other.startswith(
+        "DistributedError: rank 1 of 2 failed while streaming the activations: BadInputError: non-finite value"
+    ), other
     assert "global row 1400" in other
 
 
@@ -384,7 +428,10 @@ def test_a_rank_that_stops_responding_mid_training_does_not_hang_the_other(tmp_p
     must fail on its own with gloo's timeout error naming the configured timeout. The wall-clock
     bound is only a hang guard (the timeout is 3 s; the guard 90 s)."""
     torch.save(_train_data(), tmp_path / "x.pt")
-    script = _script(tmp_path, "stall.py", f"""
+    script = _script(
+        tmp_path,
+        "stall.py",
+        f"""
         import os, time, torch
         from saegeo.sae.train import TrainConfig, train_sae
         # start together: a slow import on a loaded machine must not eat into the short timeout
@@ -398,17 +445,33 @@ def test_a_rank_that_stops_responding_mid_training_does_not_hang_the_other(tmp_p
         train_sae(TrainConfig(**{_train_cfg(total_tokens=64 * 40)!r}), torch.load("x.pt", weights_only=True),
                   on_step=on_step)
         open(f"finished_{{os.environ['RANK']}}", "w").close()
-    """)
+    """,
+    )
     timeout_s = 3
-    base = dict(os.environ, GLOO_SOCKET_IFNAME="lo", SAEGEO_DIST_TIMEOUT=str(timeout_s), OMP_NUM_THREADS="1",
-                PYTHONPATH=str(ROOT), TQDM_DISABLE="1", MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(_free_loopback_port()), WORLD_SIZE="2")
+    base = dict(
+        os.environ,
+        GLOO_SOCKET_IFNAME="lo",
+        SAEGEO_DIST_TIMEOUT=str(timeout_s),
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(ROOT),
+        TQDM_DISABLE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_loopback_port()),
+        WORLD_SIZE="2",
+    )
     for k in ("TORCHELASTIC_RUN_ID", "GROUP_RANK", "LOCAL_WORLD_SIZE"):
         base.pop(k, None)
-    procs = [subprocess.Popen([sys.executable, script], cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True,
-                              env=dict(base, RANK=str(r), LOCAL_RANK=str(r)))
-             for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, script],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=dict(base, RANK=str(r), LOCAL_RANK=str(r)),
+        )
+        for r in range(2)
+    ]
     try:
         try:
             out0, _ = procs[0].communicate(timeout=90)

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from saegeo.errors import BadInputError
 from saegeo.config import from_dict
+from saegeo.errors import BadInputError
 from saegeo.report import FlagThresholds, ReportOptions, compute_flags, dictionary_flags, geometry_report
 from saegeo.report import flags as F
 from saegeo.sae.model import SAE, SAEConfig
@@ -37,8 +37,19 @@ def offset_case():
     x = torch.cat(list(gen.activations(16384, 8192)))
     saes = {}
     for init, name in (("zeros", "b_dec=0"), ("mean", "b_dec=mean")):
-        cfg = TrainConfig(arch="topk", k=4, d_sae=128, total_tokens=40_960, batch_tokens=512, lr=3e-3, b_dec_init=init,
-                          progress=False, dead_window_tokens=8192, heldout_fraction=0.0, seed=0)
+        cfg = TrainConfig(
+            arch="topk",
+            k=4,
+            d_sae=128,
+            total_tokens=40_960,
+            batch_tokens=512,
+            lr=3e-3,
+            b_dec_init=init,
+            progress=False,
+            dead_window_tokens=8192,
+            heldout_fraction=0.0,
+            seed=0,
+        )
         saes[name] = train_sae(cfg, x).sae
     report = geometry_report(x, saes, options=QUIET)
     return x, saes, report
@@ -301,8 +312,9 @@ class _TruthSAE(torch.nn.Module):
 
 
 def _truth_report(n_groups: int, seed: int = 0):
-    gen = SuperpositionGenerator(d=64, n_features=48, rate=0.05, tilt=0.5, magnitude="exp", n_groups=n_groups,
-                                 group_size=3, seed=seed)
+    gen = SuperpositionGenerator(
+        d=64, n_features=48, rate=0.05, tilt=0.5, magnitude="exp", n_groups=n_groups, group_size=3, seed=seed
+    )
     x, codes = gen.sample(16384)
     sae = _TruthSAE(gen.truth.dictionary)
     assert torch.allclose(sae.encode(x[:500]), codes.slice(0, 500).to_dense(), atol=1e-3)  # the encoder is the truth
@@ -338,11 +350,26 @@ def test_iid_truth_codes_do_not_raise_amplification():
 
 def _amp_section(**amp) -> dict:
     """A hand-made SAE section: 4 latents, latent 2 the high-rate one with the largest cone share."""
-    base = {"measured_recon_minus_b_dec": 0.30, "measured_recon_minus_b_dec_sd": 0.002, "A_het": 0.20,
-            "A_het_mean_cosine": 0.22, "A_het_mean_cosine_sd": 0.003, "cofiring_share": 0.01, "K": 2.0, "a_dict": 0.01}
-    return {"name": "s", "d_sae": 4, "n_tokens": 1000, "firing_frequency": [0.1, 0.2, 0.4, 0.05],
-            "cos_decoder_mean": [0.0, 0.1, 0.2, 0.0], "cone_shares": [0.1, 0.2, 0.6, 0.1],
-            "amplification": {**base, **amp}, "cofiring_pairs": [{"i": 3, "j": 0, "share": 0.004}]}
+    base = {
+        "measured_recon_minus_b_dec": 0.30,
+        "measured_recon_minus_b_dec_sd": 0.002,
+        "A_het": 0.20,
+        "A_het_mean_cosine": 0.22,
+        "A_het_mean_cosine_sd": 0.003,
+        "cofiring_share": 0.01,
+        "K": 2.0,
+        "a_dict": 0.01,
+    }
+    return {
+        "name": "s",
+        "d_sae": 4,
+        "n_tokens": 1000,
+        "firing_frequency": [0.1, 0.2, 0.4, 0.05],
+        "cos_decoder_mean": [0.0, 0.1, 0.2, 0.0],
+        "cone_shares": [0.1, 0.2, 0.6, 0.1],
+        "amplification": {**base, **amp},
+        "cofiring_pairs": [{"i": 3, "j": 0, "share": 0.004}],
+    }
 
 
 def test_amplification_tolerance_and_cause_from_the_numbers():
@@ -358,8 +385,11 @@ def test_amplification_tolerance_and_cause_from_the_numbers():
     assert amp.evidence["cause"] == "co-firing" and amp.latents == [3, 0] and amp.evidence["top_pairs"] == "3&0 +0.004"
     # inside [A_het, A_het_mean_cosine], or within the tolerance of its nearer end: no flag
     for measured in (0.21, 0.22 + 0.03):
-        assert not [f for f in F.sae_flags(_amp_section(measured_recon_minus_b_dec=measured), geo, thresholds=t)
-                    if f.name == F.AMPLIFICATION]
+        assert not [
+            f
+            for f in F.sae_flags(_amp_section(measured_recon_minus_b_dec=measured), geo, thresholds=t)
+            if f.name == F.AMPLIFICATION
+        ]
     loose = FlagThresholds(amplification_model_error=0.5)
     assert not [f for f in F.sae_flags(_amp_section(), geo, thresholds=loose) if f.name == F.AMPLIFICATION]
 
@@ -369,8 +399,13 @@ def test_amplification_on_a_cone_too_small_to_explain_is_info_not_a_warning():
     but neither reaches cone_min_anisotropy (0.1): recorded as info, not raised as a warning."""
     t = FlagThresholds(dead_max_fraction=1.0, dense_max_fraction=1.0)
     geo = {"outlier_severity": 0.0}
-    small = _amp_section(measured_recon_minus_b_dec=0.0065, measured_recon_minus_b_dec_sd=1e-4, A_het=0.0027,
-                         A_het_mean_cosine=0.0038, A_het_mean_cosine_sd=3e-4)
+    small = _amp_section(
+        measured_recon_minus_b_dec=0.0065,
+        measured_recon_minus_b_dec_sd=1e-4,
+        A_het=0.0027,
+        A_het_mean_cosine=0.0038,
+        A_het_mean_cosine_sd=3e-4,
+    )
     [amp] = [f for f in F.sae_flags(small, geo, thresholds=t) if f.name == F.AMPLIFICATION]
     assert amp.severity == "info" and amp.evidence["gap"] == pytest.approx(0.0027)
     # the same disagreement on a material cone (the law's end at the threshold) is a warning

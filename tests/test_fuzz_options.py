@@ -25,8 +25,18 @@ from saegeo.config import float_arg, int_arg
 
 # options that count something: zero (and anything negative) cannot be meant
 COUNTS = {
-    "train": ["--batch-tokens", "--total-tokens", "--k", "--expansion", "--d-sae", "--log-every", "--b-dec-init-tokens",
-              "--dead-window-tokens", "--aux-k", "--num-threads"],
+    "train": [
+        "--batch-tokens",
+        "--total-tokens",
+        "--k",
+        "--expansion",
+        "--d-sae",
+        "--log-every",
+        "--b-dec-init-tokens",
+        "--dead-window-tokens",
+        "--aux-k",
+        "--num-threads",
+    ],
     "report": ["--batch-rows", "--histogram-bins", "--max-tokens", "--eval-tokens"],
     "cache": ["--batch-windows", "--shard-rows", "--context", "--max-tokens"],
     "eval": ["--batch-windows", "--context", "--max-tokens"],
@@ -37,8 +47,17 @@ COUNTS = {
 }
 # options where a negative value cannot be meant (seeds, offsets into the text, how many to list)
 NOT_NEGATIVE = {
-    "train": ["--seed", "--warmup-steps", "--checkpoint-every", "--shuffle-buffer", "--lr", "--bandwidth",
-              "--l1-coefficient", "--threshold-lr-scale", "--grad-clip-norm"],
+    "train": [
+        "--seed",
+        "--warmup-steps",
+        "--checkpoint-every",
+        "--shuffle-buffer",
+        "--lr",
+        "--bandwidth",
+        "--l1-coefficient",
+        "--threshold-lr-scale",
+        "--grad-clip-norm",
+    ],
     "report": ["--seed", "--cosine-sample-rows", "--artifact-components"],
     "eval": ["--skip-tokens", "--pass-norm-ratio"],
     "geometry": ["--top-k"],
@@ -102,7 +121,9 @@ def test_every_command_has_numeric_options_to_fuzz():
         assert set(flags) <= set(_numeric_options(command)), command  # the lists name real options
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(case=bad_option())
 def test_a_bad_numeric_option_is_one_line_exit_2_and_writes_nothing(inputs, case):
     command, flag, value = case

@@ -78,7 +78,10 @@ def test_merge_equals_single_pass(n, d, cuts, offset, seed):
         scale = 1.0 + abs(offset)
         np.testing.assert_allclose(m.mean.numpy(), single.mean.numpy(), rtol=1e-12, atol=1e-12 * scale)
         np.testing.assert_allclose(
-            m.covariance().numpy(), single.covariance().numpy(), rtol=1e-9, atol=1e-9 * (1 + single.covariance().abs().max().item())
+            m.covariance().numpy(),
+            single.covariance().numpy(),
+            rtol=1e-9,
+            atol=1e-9 * (1 + single.covariance().abs().max().item()),
         )
         if single.n_unit:
             np.testing.assert_allclose(m.unit_mean.numpy(), single.unit_mean.numpy(), atol=1e-12)
@@ -249,7 +252,9 @@ def _frexp_bins(x: np.ndarray) -> np.ndarray:
     from saegeo.geometry.accumulate import _N_MAG_BINS, HIST_MAX_EXP, HIST_MIN_EXP, HIST_SUB
 
     f, e = np.frexp(np.abs(x).astype(np.float64))
-    mag = (np.clip(e, HIST_MIN_EXP, HIST_MAX_EXP) - HIST_MIN_EXP) * HIST_SUB + np.floor((2 * f - 1) * HIST_SUB).astype(int)
+    mag = (np.clip(e, HIST_MIN_EXP, HIST_MAX_EXP) - HIST_MIN_EXP) * HIST_SUB + np.floor((2 * f - 1) * HIST_SUB).astype(
+        int
+    )
     return np.where(x == 0, _N_MAG_BINS, np.where(x > 0, _N_MAG_BINS + 1 + mag, _N_MAG_BINS - 1 - mag))
 
 

@@ -146,8 +146,9 @@ def test_noise_effective_rank_other_shapes(n, d):
     e = _mp_quad_e_tlogt(g)
     if g > 1:  # the atom at 0 carries mass 1 − 1/γ and contributes nothing; the continuous part has mass 1/γ
         assert integrate.quad(
-            lambda t: math.sqrt(max(((1 + math.sqrt(g)) ** 2 - t) * (t - (1 - math.sqrt(g)) ** 2), 0))
-            / (2 * math.pi * g * t),
+            lambda t: (
+                math.sqrt(max(((1 + math.sqrt(g)) ** 2 - t) * (t - (1 - math.sqrt(g)) ** 2), 0)) / (2 * math.pi * g * t)
+            ),
             (1 - math.sqrt(g)) ** 2,
             (1 + math.sqrt(g)) ** 2,
         )[0] == pytest.approx(1 / g, rel=1e-6)

@@ -29,8 +29,14 @@ def _lint_imports(root: Path) -> subprocess.CompletedProcess:
     if not LINT_IMPORTS.exists():
         pytest.fail(f"{LINT_IMPORTS} is missing: install the test extra (pip install -e '.[test]')")
     env = dict(os.environ, PYTHONPATH=str(root))
-    return subprocess.run([str(LINT_IMPORTS), "--no-cache", "--no-logo", str(root / "pyproject.toml")], cwd=root,
-                          env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", "--no-logo", str(root / "pyproject.toml")],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_the_import_contracts_hold():
@@ -41,16 +47,25 @@ def test_the_import_contracts_hold():
 
 VIOLATIONS = {
     # an upward import inside a function: geometry -> report
-    "upward": ({"saegeo/geometry/_violation.py": "def f():\n    from saegeo.report import flags\n"},
-               "imports run upward"),
+    "upward": (
+        {"saegeo/geometry/_violation.py": "def f():\n    from saegeo.report import flags\n"},
+        "imports run upward",
+    ),
     # two independent siblings: synthetic -> activations
     "sideways": ({"saegeo/synthetic/_violation.py": "import saegeo.activations.store\n"}, "imports run upward"),
     # a cycle between two modules of one package (each import is allowed by the layers)
-    "cycle": ({"saegeo/report/_cycle_a.py": "from saegeo.report import _cycle_b\n",
-               "saegeo/report/_cycle_b.py": "from saegeo.report import _cycle_a\n"}, "no import cycle"),
+    "cycle": (
+        {
+            "saegeo/report/_cycle_a.py": "from saegeo.report import _cycle_b\n",
+            "saegeo/report/_cycle_b.py": "from saegeo.report import _cycle_a\n",
+        },
+        "no import cycle",
+    ),
     # a progress bar in geometry, behind TYPE_CHECKING
-    "geometry": ({"saegeo/geometry/_violation.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import tqdm\n"},
-                 "pure math"),
+    "geometry": (
+        {"saegeo/geometry/_violation.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import tqdm\n"},
+        "pure math",
+    ),
     # a top-level module the layers do not name
     "unplaced": ({"saegeo/elsewhere.py": "X = 1\n"}, "imports run upward"),
 }

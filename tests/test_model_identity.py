@@ -32,16 +32,32 @@ def tiny_llama(path, seed):
 
     _quiet_transformers()
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=30522, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=30522,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+    )
     LlamaForCausalLM(cfg).save_pretrained(path)
     _load_tokenizer(minilm_path()).save_pretrained(path)
     return path
 
 
 def cache(model, out):
-    cache_activations(CacheConfig(model=str(model), hooks=(HOOK,), context=32, max_tokens=3000, out=str(out),
-                                  exclude_special=True, progress=False))
+    cache_activations(
+        CacheConfig(
+            model=str(model),
+            hooks=(HOOK,),
+            context=32,
+            max_tokens=3000,
+            out=str(out),
+            exclude_special=True,
+            progress=False,
+        )
+    )
     return out / HOOK
 
 
@@ -52,10 +68,24 @@ def setup(tmp_path_factory):
     converted = root / "cache" / "smollm2-b179e5d0a1"  # the same files under the name the user cache gives them
     shutil.copytree(model, converted)
     other = tiny_llama(root / "other" / "SmolLM2-135M-Instruct", seed=1)  # same width and name, other weights
-    stores = {"sae": cache(model, root / "acts_sae"), "converted": cache(converted, root / "acts_converted"),
-              "other": cache(other, root / "acts_other")}
-    train_sae(TrainConfig(arch="topk", d_sae=32, k=4, batch_tokens=256, total_tokens=2048, out_dir=str(root / "sae"),
-                          progress=False, dead_window_tokens=1024), ActivationStore(stores["sae"]))
+    stores = {
+        "sae": cache(model, root / "acts_sae"),
+        "converted": cache(converted, root / "acts_converted"),
+        "other": cache(other, root / "acts_other"),
+    }
+    train_sae(
+        TrainConfig(
+            arch="topk",
+            d_sae=32,
+            k=4,
+            batch_tokens=256,
+            total_tokens=2048,
+            out_dir=str(root / "sae"),
+            progress=False,
+            dead_window_tokens=1024,
+        ),
+        ActivationStore(stores["sae"]),
+    )
     return root, stores, load_dictionary(root / "sae")
 
 
@@ -95,8 +125,9 @@ def test_other_weights_are_refused_even_under_the_same_name(setup):
     assert flag.evidence["model"]["compared_by"] == "fingerprint" and "weights" in flag.evidence["model"]["summary"]
     # --assume-same-model overrides, and the output says it did
     notes = []
-    flags = activations_match_flags(sae, stores["other"], subject="sae", notes=notes,
-                                    options=MatchOptions(assume_same_model=True))
+    flags = activations_match_flags(
+        sae, stores["other"], subject="sae", notes=notes, options=MatchOptions(assume_same_model=True)
+    )
     assert not any("model" in f.evidence["causes"] for f in flags)
     assert any("assumed the same (--assume-same-model)" in n for n in notes)
 
@@ -118,12 +149,35 @@ def test_cli_check_acts_on_the_converted_store(setup, tmp_path, capsys):
     from saegeo.cli import main
 
     root, stores, sae = setup
-    main(["check", str(root / "sae"), "--acts", str(stores["converted"]), "--no-progress", "--out", str(tmp_path / "a"),
-          "--format", "json"])
+    main(
+        [
+            "check",
+            str(root / "sae"),
+            "--acts",
+            str(stores["converted"]),
+            "--no-progress",
+            "--out",
+            str(tmp_path / "a"),
+            "--format",
+            "json",
+        ]
+    )
     saved = json.loads(next((tmp_path / "a").glob("*.json")).read_text())
     assert not any(f["name"] == ACTIVATIONS_MISMATCH and "model" in f["evidence"]["causes"] for f in saved["flags"])
-    main(["check", str(root / "sae"), "--acts", str(stores["other"]), "--no-progress", "--out", str(tmp_path / "b"),
-          "--format", "json", "--assume-same-model"])
+    main(
+        [
+            "check",
+            str(root / "sae"),
+            "--acts",
+            str(stores["other"]),
+            "--no-progress",
+            "--out",
+            str(tmp_path / "b"),
+            "--format",
+            "json",
+            "--assume-same-model",
+        ]
+    )
     saved = json.loads(next((tmp_path / "b").glob("*.json")).read_text())
     assert any("--assume-same-model" in n for n in saved["notes"])
     assert not any(f["name"] == ACTIVATIONS_MISMATCH and "model" in f["evidence"]["causes"] for f in saved["flags"])

@@ -47,10 +47,14 @@ def test_minilm_equals_transformers_at_every_layer(minilm, hf_minilm, tmp_path):
     corpus = tmp_path / "texts.jsonl"
     corpus.write_text("\n".join(json.dumps({"text": t}) for t in TEXTS) + "\n")
     hooks = tuple(f"blocks.{L}.hook_normalized_resid_post" for L in range(6)) + (
-        "blocks.3.hook_resid_post", "blocks.3.mlp.hook_post", "blocks.5.hook_resid_post",
+        "blocks.3.hook_resid_post",
+        "blocks.3.mlp.hook_post",
+        "blocks.5.hook_resid_post",
     )
     # both texts in one batch: the short one is padded, so the attention mask path is exercised
-    cfg = CacheConfig(hooks=hooks, corpus=str(corpus), context=128, out=str(tmp_path / "o"), batch_windows=2, progress=False)
+    cfg = CacheConfig(
+        hooks=hooks, corpus=str(corpus), context=128, out=str(tmp_path / "o"), batch_windows=2, progress=False
+    )
     cache_activations(cfg, minilm)
     windows = [[101] + minilm.tokenizer(t, add_special_tokens=False)["input_ids"] + [102] for t in TEXTS]
     refs = [hf_reference(hf_minilm, ids) for ids in windows]
@@ -72,8 +76,9 @@ def test_early_stop_equals_full_forward(minilm, tmp_path):
     """Stopping after block 3 gives exactly what the full HookedEncoder forward shows at that hook."""
     corpus = tmp_path / "t.txt"
     corpus.write_text(TEXTS[0] * 3)
-    cfg = CacheConfig(hooks=("blocks.3.hook_resid_post",), corpus=str(corpus), context=64, out=str(tmp_path / "o"),
-                      progress=False)
+    cfg = CacheConfig(
+        hooks=("blocks.3.hook_resid_post",), corpus=str(corpus), context=64, out=str(tmp_path / "o"), progress=False
+    )
     assert cache_activations(cfg, minilm).stop_layer == 3
     got = torch.cat(list(ActivationStore(tmp_path / "o" / "blocks.3.hook_resid_post").iter_batches(1000)))
     ids = minilm.tokenizer(TEXTS[0] * 3, add_special_tokens=False)["input_ids"]
@@ -87,10 +92,25 @@ def test_early_stop_equals_full_forward(minilm, tmp_path):
 
 TINY_HF = {
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=32, n_layer=2, n_head=4, n_positions=64)),
-    "neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                                       intermediate_size=64, max_position_embeddings=64)),
-    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                                     num_key_value_heads=4, intermediate_size=64, max_position_embeddings=64)),
+    "neox": (
+        "GPTNeoXConfig",
+        "GPTNeoXForCausalLM",
+        dict(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=64
+        ),
+    ),
+    "llama": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=64,
+        ),
+    ),
 }
 
 
@@ -125,8 +145,15 @@ def test_bad_config_files_are_refused_clearly(tmp_path):
     (tmp_path / "broken.json").write_text('{"d_model": 8,')
     with pytest.raises(FormatError, match=r"broken\.json: cannot read the model config"):
         load_model(tmp_path / "broken.json")
-    bidir = {"d_model": 8, "d_head": 4, "n_layers": 1, "n_ctx": 8, "d_vocab": 40000, "act_fn": "gelu",
-             "attention_dir": "bidirectional"}
+    bidir = {
+        "d_model": 8,
+        "d_head": 4,
+        "n_layers": 1,
+        "n_ctx": 8,
+        "d_vocab": 40000,
+        "act_fn": "gelu",
+        "attention_dir": "bidirectional",
+    }
     (tmp_path / "bidir.json").write_text(json.dumps(bidir))
     with pytest.raises(BadInputError, match="bidirectional config needs a HookedEncoder"):
         load_model(tmp_path / "bidir.json")
@@ -140,8 +167,15 @@ def test_weights_need_no_per_forward_copy(tmp_path):
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64)
+    config = transformers.LlamaConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     transformers.LlamaForCausalLM(config).eval().save_pretrained(tmp_path / "llama")
     transformers.AutoTokenizer.from_pretrained(minilm_path()).save_pretrained(tmp_path / "llama")
     model = load_model(tmp_path / "llama").model
@@ -152,8 +186,10 @@ def test_weights_need_no_per_forward_copy(tmp_path):
         # what transformer-lens 3.9 does per forward (gated_mlp.py, unembed.py, utilities/attention.py,
         # abstract_attention.py), each a view of the parameter's own storage
         rebuilt = {
-            "W_gate": block.mlp.W_gate.T.contiguous(), "W_in": block.mlp.W_in.T.contiguous(),
-            "W_out": block.mlp.W_out.T.contiguous(), "W_U": model.unembed.W_U.T.contiguous(),
+            "W_gate": block.mlp.W_gate.T.contiguous(),
+            "W_in": block.mlp.W_in.T.contiguous(),
+            "W_out": block.mlp.W_out.T.contiguous(),
+            "W_U": model.unembed.W_U.T.contiguous(),
             "W_Q": einops.rearrange(block.attn.W_Q, "h m d -> (h d) m"),
             "_W_K": einops.rearrange(block.attn._W_K, "h m d -> (h d) m"),
             "_W_V": einops.rearrange(block.attn._W_V, "h m d -> (h d) m"),

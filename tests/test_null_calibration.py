@@ -218,9 +218,12 @@ def test_rogue_direction_does_not_hide_the_spikes():
 
 def test_pure_noise_counts_no_spike_in_95_percent_of_seeds():
     d, n = 200, 2000
-    counts = [calibrated_mp_bulk(_sample_spectrum(torch.ones(d, dtype=torch.float64), n,
-                                                  torch.Generator().manual_seed(s)), n, d).n_spikes
-              for s in range(40)]
+    counts = [
+        calibrated_mp_bulk(
+            _sample_spectrum(torch.ones(d, dtype=torch.float64), n, torch.Generator().manual_seed(s)), n, d
+        ).n_spikes
+        for s in range(40)
+    ]
     assert all(c is not None for c in counts)
     assert sum(c == 0 for c in counts) >= 38, counts
 
@@ -267,7 +270,9 @@ def _closed_form_relu_bias(d: int) -> float:
 
     def integrand(u: float) -> float:  # t = e^u
         t = math.exp(u)
-        return math.sqrt(t) * (1 / (math.sqrt(2 * math.pi) * (1 + 2 * t))) * (0.5 + 0.5 / math.sqrt(1 + 2 * t)) ** (d - 1)
+        return (
+            math.sqrt(t) * (1 / (math.sqrt(2 * math.pi) * (1 + 2 * t))) * (0.5 + 0.5 / math.sqrt(1 + 2 * t)) ** (d - 1)
+        )
 
     pieces = [integrate.quad(integrand, lo, hi, epsabs=0, epsrel=1e-12)[0] for lo, hi in ((-40, -8), (-8, 0), (0, 40))]
     return d * (sum(pieces) / math.sqrt(math.pi)) ** 2 * math.pi - 1
@@ -352,7 +357,9 @@ def test_row_sum_kernel_against_monte_carlo():
     x = rng.choice(values, p=weights, size=(400_000, d))
     x = x[(x != 0).any(axis=1)]
     sample = x.sum(1) / np.linalg.norm(x, axis=1) * x[:, 0] ** 2
-    assert float(weights @ (values**2 * got.row_sum_kernel)) == pytest.approx(sample.mean(), abs=4 * sample.std() / math.sqrt(len(x)))
+    assert float(weights @ (values**2 * got.row_sum_kernel)) == pytest.approx(
+        sample.mean(), abs=4 * sample.std() / math.sqrt(len(x))
+    )
     unit = x[:, 0] / np.linalg.norm(x, axis=1)
     assert got.coordinate_mean == pytest.approx(unit.mean(), abs=4 * unit.std() / math.sqrt(len(x)))
 
@@ -376,8 +383,17 @@ def _case_spectrum(kind: str, n: int, d: int, g: torch.Generator) -> np.ndarray:
     return torch.linalg.eigvalsh(z.T @ z / n).flip(0).numpy()
 
 
-@pytest.mark.parametrize("kind, spikes", [("white", 0), ("spikes_9", 9), ("spikes_3_subcritical", 0),
-                                          ("toeplitz_0.1", None), ("toeplitz_0.3", None), ("window", None)])
+@pytest.mark.parametrize(
+    "kind, spikes",
+    [
+        ("white", 0),
+        ("spikes_9", 9),
+        ("spikes_3_subcritical", 0),
+        ("toeplitz_0.1", None),
+        ("toeplitz_0.3", None),
+        ("window", None),
+    ],
+)
 def test_spikes_are_counted_only_on_a_bulk_shaped_like_mp(kind, spikes):
     """d = 256, n = 5,000, three samples each: white noise keeps its exact counts; correlated noise without any
     spike (Toeplitz ρ = 0.1 / 0.3, a per-window shared component) used to read 10–14 / ~107 / ~75 spikes and now
@@ -421,4 +437,5 @@ def test_marchenko_pastur_cdf_against_quadrature():
         mass = integrate.quad(dens, a, b)[0]  # min(1, 1/γ)
         for x in (a + 0.1 * (b - a), (a + b) / 2, a + 0.9 * (b - a)):
             assert float(marchenko_pastur_cdf(np.array([x]), gamma, sigma2)[0]) == pytest.approx(
-                integrate.quad(dens, a, x)[0] / mass, abs=1e-5)
+                integrate.quad(dens, a, x)[0] / mass, abs=1e-5
+            )

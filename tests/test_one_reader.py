@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from saegeo.activations.sources import open_rows
-from saegeo.activations.store import write_store
 from saegeo.cli import main
 from saegeo.errors import BadInputError, StoreError
 from saegeo.report.check import CheckOptions, check_with_activations
@@ -67,8 +66,19 @@ def test_a_nan_row_is_named_alike_by_every_command(stores, capsys, tmp_path):
     with pytest.raises(BadInputError, match=NAMED):
         sweep_stores([path])
     with pytest.raises(BadInputError, match=NAMED):  # a training row: it used to end as a non-finite loss
-        train_sae(TrainConfig(d_sae=16, k=2, batch_tokens=64, total_tokens=64 * 17, b_dec_init="zeros",
-                              b_dec_init_tokens=64, progress=False, shuffle_buffer=128), path)  # a whole epoch
+        train_sae(
+            TrainConfig(
+                d_sae=16,
+                k=2,
+                batch_tokens=64,
+                total_tokens=64 * 17,
+                b_dec_init="zeros",
+                b_dec_init_tokens=64,
+                progress=False,
+                shuffle_buffer=128,
+            ),
+            path,
+        )  # a whole epoch
 
 
 def test_skip_nonfinite_skips_and_counts_alike_artifact_pass_included(stores, tmp_path):
@@ -83,8 +93,19 @@ def test_skip_nonfinite_skips_and_counts_alike_artifact_pass_included(stores, tm
     assert report.artifact is not None
     sweep = sweep_stores([path], SweepOptions(progress=False, skip_nonfinite=True))
     assert sweep.layers[0]["n"] == 1199
-    res = train_sae(TrainConfig(d_sae=16, k=2, batch_tokens=64, total_tokens=64 * 12, b_dec_init_tokens=2000,
-                                progress=False, shuffle_buffer=128, skip_nonfinite=True), path)
+    res = train_sae(
+        TrainConfig(
+            d_sae=16,
+            k=2,
+            batch_tokens=64,
+            total_tokens=64 * 12,
+            b_dec_init_tokens=2000,
+            progress=False,
+            shuffle_buffer=128,
+            skip_nonfinite=True,
+        ),
+        path,
+    )
     skipped = res.provenance["nonfinite_rows_skipped"]
     assert skipped["b_dec_init"] == 1 and skipped["heldout"] == 0 and skipped["training"] <= 1
     # the same numbers as the rows without the NaN row, read from a tensor
@@ -102,10 +123,15 @@ def test_no_verify_is_honoured_by_checks_match_pass(stores, tmp_path):
     sae = SAE(SAEConfig(d_in=D, d_sae=16, activation="topk", k=2))
     sae.init_weights(torch.Generator().manual_seed(0))
     with pytest.raises(StoreError, match="fails its sha256 check"):
-        check_with_activations(sae, path, options=CheckOptions(progress=False),
-                               report_options=ReportOptions(progress=False))
-    report, _ = check_with_activations(sae, path, options=CheckOptions(progress=False, verify=False),
-                                       report_options=ReportOptions(progress=False, verify=False))
+        check_with_activations(
+            sae, path, options=CheckOptions(progress=False), report_options=ReportOptions(progress=False)
+        )
+    report, _ = check_with_activations(
+        sae,
+        path,
+        options=CheckOptions(progress=False, verify=False),
+        report_options=ReportOptions(progress=False, verify=False),
+    )
     assert report.activations["n"] == 1200
 
 

@@ -17,12 +17,17 @@ def private_imports(package_dir: Path) -> list[str]:
             if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("saegeo")):
                 names = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
                 if names:
-                    found.append(f"{path.relative_to(package_dir.parent)}:{node.lineno}: from {'.' * node.level}"
-                                 f"{node.module or ''} import {', '.join(names)}")
+                    found.append(
+                        f"{path.relative_to(package_dir.parent)}:{node.lineno}: from {'.' * node.level}"
+                        f"{node.module or ''} import {', '.join(names)}"
+                    )
             elif isinstance(node, ast.Import):
-                found += [f"{path.relative_to(package_dir.parent)}:{node.lineno}: import {a.name}" for a in node.names
-                          if a.name.startswith("saegeo") and any(p.startswith("_") and not p.startswith("__")
-                                                                 for p in a.name.split("."))]
+                found += [
+                    f"{path.relative_to(package_dir.parent)}:{node.lineno}: import {a.name}"
+                    for a in node.names
+                    if a.name.startswith("saegeo")
+                    and any(p.startswith("_") and not p.startswith("__") for p in a.name.split("."))
+                ]
     return found
 
 
@@ -35,5 +40,7 @@ def test_the_check_sees_a_private_import(tmp_path):
     (pkg / "a").mkdir(parents=True)
     (pkg / "a" / "x.py").write_text("def f():\n    from saegeo.b.y import _hidden, shown\n")
     (pkg / "a" / "z.py").write_text("from .x import _g\nfrom saegeo.b import public\n")
-    assert private_imports(pkg) == ["saegeo/a/x.py:2: from saegeo.b.y import _hidden",
-                                    "saegeo/a/z.py:1: from .x import _g"]
+    assert private_imports(pkg) == [
+        "saegeo/a/x.py:2: from saegeo.b.y import _hidden",
+        "saegeo/a/z.py:1: from .x import _g",
+    ]

@@ -17,8 +17,14 @@ from saegeo.sae.model import SAE
 FIXTURES = Path(__file__).parent / "fixtures" / "published"
 INDEX = json.loads((FIXTURES / "index.json").read_text())["fixtures"]
 LOADABLE = sorted(name for name, entry in INDEX.items() if "refused" not in entry)
-EXPECTED_FORMAT = {"saelens": "saelens", "sparsify": "sparsify", "dl": "dictionary_learning", "gemma": "gemma_scope_npz",
-                   "goodfire": "goodfire", "llama": "llama_scope"}
+EXPECTED_FORMAT = {
+    "saelens": "saelens",
+    "sparsify": "sparsify",
+    "dl": "dictionary_learning",
+    "gemma": "gemma_scope_npz",
+    "goodfire": "goodfire",
+    "llama": "llama_scope",
+}
 
 
 def _expected_format(name: str) -> str:
@@ -45,9 +51,23 @@ def test_fixture_matches_library_outputs(name):
 
 
 def test_fixture_set_covers_the_issue():
-    required = {"saelens_standard", "saelens_topk", "saelens_jumprelu", "saelens_batchtopk", "sparsify_topk",
-                "dl_autoencoder", "dl_topk", "dl_batchtopk", "dl_jumprelu", "dl_matryoshka", "gemma_scope_npz",
-                "gemma_scope_2", "llama_scope", "goodfire", "sparsify_signed_handbuilt"}
+    required = {
+        "saelens_standard",
+        "saelens_topk",
+        "saelens_jumprelu",
+        "saelens_batchtopk",
+        "sparsify_topk",
+        "dl_autoencoder",
+        "dl_topk",
+        "dl_batchtopk",
+        "dl_jumprelu",
+        "dl_matryoshka",
+        "gemma_scope_npz",
+        "gemma_scope_2",
+        "llama_scope",
+        "goodfire",
+        "sparsify_signed_handbuilt",
+    }
     assert required <= set(INDEX)
 
 
@@ -83,8 +103,13 @@ def test_sparsify_signed_refused_by_name():
 
 def test_dictionary_learning_training_backup_refused_by_name(tmp_path):
     ae = torch.load(FIXTURES / "dl_jumprelu" / "ae.pt", weights_only=True)
-    backup = {"step": 1200, "ae": ae, "optimizer": {"state": {}, "param_groups": [{"lr": 1e-3}]},
-              "config": {"dict_class": "JumpReluAutoEncoder"}, "norm_factor": 12.5}
+    backup = {
+        "step": 1200,
+        "ae": ae,
+        "optimizer": {"state": {}, "param_groups": [{"lr": 1e-3}]},
+        "config": {"dict_class": "JumpReluAutoEncoder"},
+        "norm_factor": 12.5,
+    }
     torch.save(backup, tmp_path / "ae.pt")
     assert detect_format(tmp_path) == "dictionary_learning"
     with pytest.raises(FormatError, match=r"training backup.*'optimizer'.*norm_factor.*scale_biases"):
@@ -104,7 +129,9 @@ def test_gemma_scope_2_skip_transcoder_refused(tmp_path):
 
 
 # ============================================================================ hub ids, from an offline cache built here
-def _cache_repo(cache: Path, repo_id: str, files: dict[str, Path], revision: str = "0123456789abcdef0123456789abcdef01234567") -> None:
+def _cache_repo(
+    cache: Path, repo_id: str, files: dict[str, Path], revision: str = "0123456789abcdef0123456789abcdef01234567"
+) -> None:
     """The huggingface_hub cache layout: models--{org}--{name}/snapshots/{rev}/... and refs/main."""
     root = cache / f"models--{repo_id.replace('/', '--')}"
     for rel, src in files.items():
@@ -146,22 +173,31 @@ def test_org_repo_subfolder_id_equals_path_load(offline_cache, name):
     path = FIXTURES / name / INDEX[name]["load"]
     sub = f"{name}/{INDEX[name]['load']}".removesuffix("/.")
     root = path if path.is_dir() else path.parent
-    files = {f"{sub}/{f.relative_to(root)}" if path.is_dir() else sub: f
-             for f in ([q for q in root.rglob("*") if q.is_file()] if path.is_dir() else [path])}
+    files = {
+        f"{sub}/{f.relative_to(root)}" if path.is_dir() else sub: f
+        for f in ([q for q in root.rglob("*") if q.is_file()] if path.is_dir() else [path])
+    }
     _cache_repo(offline_cache, "someorg/published-saes", files)
     _same_sae(SAE.load(f"someorg/published-saes/{sub}"), SAE.load(path))
 
 
 def test_hub_id_offline_not_cached_names_what_it_looked_for(offline_cache):
-    with pytest.raises(FormatError, match=r"gemma-scope-2b-pt-res/layer_3/width_16k/average_l0_9: google/gemma-scope-2b-pt-res"
-                                          r"/layer_3/width_16k/average_l0_9 is not in .*HF_HUB_OFFLINE.*looked for "
-                                          r"models--google--gemma-scope-2b-pt-res/snapshots/\*/layer_3/width_16k/average_l0_9"):
+    with pytest.raises(
+        FormatError,
+        match=r"gemma-scope-2b-pt-res/layer_3/width_16k/average_l0_9: google/gemma-scope-2b-pt-res"
+        r"/layer_3/width_16k/average_l0_9 is not in .*HF_HUB_OFFLINE.*looked for "
+        r"models--google--gemma-scope-2b-pt-res/snapshots/\*/layer_3/width_16k/average_l0_9",
+    ):
         SAE.load("gemma-scope-2b-pt-res/layer_3/width_16k/average_l0_9")
 
 
 def test_hub_id_cached_repo_without_that_subfolder(offline_cache):
     sub = "layer_20/width_16k/average_l0_71"
-    _cache_repo(offline_cache, "google/gemma-scope-2b-pt-res", {f"{sub}/params.npz": FIXTURES / "gemma_scope_npz" / sub / "params.npz"})
+    _cache_repo(
+        offline_cache,
+        "google/gemma-scope-2b-pt-res",
+        {f"{sub}/params.npz": FIXTURES / "gemma_scope_npz" / sub / "params.npz"},
+    )
     with pytest.raises(FormatError, match=r"has no layer_21/width_16k/average_l0_71 \(looked for .*snapshots"):
         SAE.load("gemma-scope-2b-pt-res/layer_21/width_16k/average_l0_71")
 
@@ -175,6 +211,10 @@ def test_saegeo_check_accepts_a_hub_id(offline_cache, capsys):
     from saegeo.cli import main
 
     sub = "layer_20/width_16k/average_l0_71"
-    _cache_repo(offline_cache, "google/gemma-scope-2b-pt-res", {f"{sub}/params.npz": FIXTURES / "gemma_scope_npz" / sub / "params.npz"})
+    _cache_repo(
+        offline_cache,
+        "google/gemma-scope-2b-pt-res",
+        {f"{sub}/params.npz": FIXTURES / "gemma_scope_npz" / sub / "params.npz"},
+    )
     assert main(["check", f"gemma-scope-2b-pt-res/{sub}", "--no-progress"]) == 0
     assert "average_l0_71" in capsys.readouterr().out

@@ -154,16 +154,42 @@ _V6 = {"metadata": {"sae_lens_version": "6.5.1", "hook_name": "blocks.3.hook_res
         ("standard", {"architecture": "standard", "apply_b_dec_to_input": True, "normalize_activations": "none"}, {}),
         ("topk", {"architecture": "topk", "k": 5, "apply_b_dec_to_input": True, "normalize_activations": "none"}, {}),
         ("topk_rescale", {"architecture": "topk", "k": 5, "rescale_acts_by_decoder_norm": True}, {}),
-        ("jumprelu_bdec", {"architecture": "jumprelu", "apply_b_dec_to_input": True, "normalize_activations": "none"}, {"threshold": 0.4}),
+        (
+            "jumprelu_bdec",
+            {"architecture": "jumprelu", "apply_b_dec_to_input": True, "normalize_activations": "none"},
+            {"threshold": 0.4},
+        ),
         ("jumprelu_nobdec", {"architecture": "jumprelu", "apply_b_dec_to_input": False}, {"threshold": 0.4}),
-        ("layer_norm", {"architecture": "standard", "apply_b_dec_to_input": True, "normalize_activations": "layer_norm"}, {}),
+        (
+            "layer_norm",
+            {"architecture": "standard", "apply_b_dec_to_input": True, "normalize_activations": "layer_norm"},
+            {},
+        ),
         ("norm_rescale", {"architecture": "topk", "k": 6, "normalize_activations": "constant_norm_rescale"}, {}),
         # SAELens < 6: hook_point, activation_fn_str + activation_fn_kwargs, boolean normalize_activations,
         # no architecture key, finetuning scaling factor in the weights
-        ("v5_topk", {"hook_point": "blocks.0.hook_resid_pre", "activation_fn_str": "topk", "activation_fn_kwargs": {"k": 4},
-                     "apply_b_dec_to_input": True, "normalize_activations": False, "sae_lens_version": "3.13.0"}, {}),
-        ("v5_scaling", {"architecture": "standard", "activation_fn_str": "relu", "finetuning_scaling_factor": True,
-                        "sae_lens_version": "4.0.0"}, {"scaling_factor": True}),
+        (
+            "v5_topk",
+            {
+                "hook_point": "blocks.0.hook_resid_pre",
+                "activation_fn_str": "topk",
+                "activation_fn_kwargs": {"k": 4},
+                "apply_b_dec_to_input": True,
+                "normalize_activations": False,
+                "sae_lens_version": "3.13.0",
+            },
+            {},
+        ),
+        (
+            "v5_scaling",
+            {
+                "architecture": "standard",
+                "activation_fn_str": "relu",
+                "finetuning_scaling_factor": True,
+                "sae_lens_version": "4.0.0",
+            },
+            {"scaling_factor": True},
+        ),
     ],
 )
 def test_saelens_matches_reference(tmp_path, name, cfg, extra):
@@ -184,7 +210,13 @@ def test_saelens_expected_average_only_in_is_identity_but_noted(tmp_path):
     """From disk, SAELens applies no runtime normalisation for expected_average_only_in (the factor lives
     outside the files); the loader must match that and record the missing factor for `check`."""
     w = _weights(4)
-    cfg = {**_V6, "d_in": D_IN, "d_sae": D_SAE, "architecture": "standard", "normalize_activations": "expected_average_only_in"}
+    cfg = {
+        **_V6,
+        "d_in": D_IN,
+        "d_sae": D_SAE,
+        "architecture": "standard",
+        "normalize_activations": "expected_average_only_in",
+    }
     sae = SAE.load(_write_saelens(tmp_path / "ea", w, cfg))
     x = _inputs(4, w["b_dec"])
     _check(sae, x, *_saelens_reference(x, w, {**cfg, "normalize_activations": "none"}))
@@ -201,16 +233,31 @@ def _sparsify_reference(x, sd, k):
     return codes, codes @ sd["W_dec"] + sd["b_dec"]
 
 
-def _sparsify_fixture(path: pathlib.Path, *, num_latents: int = 0, expansion: int = D_SAE // D_IN, k: int = 6, d_sae: int | None = None):
+def _sparsify_fixture(
+    path: pathlib.Path, *, num_latents: int = 0, expansion: int = D_SAE // D_IN, k: int = 6, d_sae: int | None = None
+):
     d_sae = d_sae or (num_latents or expansion * D_IN)
     rng = _rng(5)
     enc = rng.standard_normal((d_sae, D_IN)).astype(np.float32)
     w_dec = rng.standard_normal((d_sae, D_IN))
     w_dec = (w_dec / np.linalg.norm(w_dec, axis=1, keepdims=True)).astype(np.float32)
-    sd = {"encoder.weight": enc, "encoder.bias": (0.2 * rng.standard_normal(d_sae)).astype(np.float32),
-          "W_dec": w_dec, "b_dec": (2 * rng.standard_normal(D_IN)).astype(np.float32)}
-    cfg = {"activation": "topk", "expansion_factor": expansion, "normalize_decoder": True, "num_latents": num_latents,
-           "k": k, "multi_topk": False, "skip_connection": False, "transcode": False, "d_in": D_IN}
+    sd = {
+        "encoder.weight": enc,
+        "encoder.bias": (0.2 * rng.standard_normal(d_sae)).astype(np.float32),
+        "W_dec": w_dec,
+        "b_dec": (2 * rng.standard_normal(D_IN)).astype(np.float32),
+    }
+    cfg = {
+        "activation": "topk",
+        "expansion_factor": expansion,
+        "normalize_decoder": True,
+        "num_latents": num_latents,
+        "k": k,
+        "multi_topk": False,
+        "skip_connection": False,
+        "transcode": False,
+        "d_in": D_IN,
+    }
     path.mkdir(parents=True, exist_ok=True)
     save_numpy_safetensors(sd, str(path / "sae.safetensors"))
     (path / "cfg.json").write_text(json.dumps(cfg))
@@ -292,27 +339,48 @@ def _dl_reference(x, sd, dict_class):
 def _dl_state_dict(dict_class: str) -> dict:
     w = _weights(7)  # SAELens orientation; re-key into dictionary_learning's
     t = {k: torch.from_numpy(v) for k, v in w.items()}
-    enc, dec = t["W_enc"].T.contiguous(), t["W_dec"].T.contiguous()  # nn.Linear: encoder (d_sae, d_in), decoder (d_in, d_sae)
+    enc, dec = (
+        t["W_enc"].T.contiguous(),
+        t["W_dec"].T.contiguous(),
+    )  # nn.Linear: encoder (d_sae, d_in), decoder (d_in, d_sae)
     if dict_class == "AutoEncoder":
         return {"bias": t["b_dec"], "encoder.weight": enc, "encoder.bias": t["b_enc"], "decoder.weight": dec}
     if dict_class == "AutoEncoderNew":
         return {"encoder.weight": enc, "encoder.bias": t["b_enc"], "decoder.weight": dec, "decoder.bias": t["b_dec"]}
     if dict_class in ("AutoEncoderTopK", "BatchTopKSAE"):
         thr = 2.5 if dict_class == "AutoEncoderTopK" else 0.8  # TopK must ignore its (large) stored threshold
-        return {"k": torch.tensor(5, dtype=torch.int), "threshold": torch.tensor(thr), "decoder.weight": dec,
-                "encoder.weight": enc, "encoder.bias": t["b_enc"], "b_dec": t["b_dec"]}
+        return {
+            "k": torch.tensor(5, dtype=torch.int),
+            "threshold": torch.tensor(thr),
+            "decoder.weight": dec,
+            "encoder.weight": enc,
+            "encoder.bias": t["b_enc"],
+            "b_dec": t["b_dec"],
+        }
     if dict_class == "MatryoshkaBatchTopKSAE":
-        return {"k": torch.tensor(5, dtype=torch.int), "threshold": torch.tensor(0.8), "group_sizes": torch.tensor([8, 12, 20]),
-                "W_enc": t["W_enc"], "b_enc": t["b_enc"], "W_dec": t["W_dec"], "b_dec": t["b_dec"]}
+        return {
+            "k": torch.tensor(5, dtype=torch.int),
+            "threshold": torch.tensor(0.8),
+            "group_sizes": torch.tensor([8, 12, 20]),
+            "W_enc": t["W_enc"],
+            "b_enc": t["b_enc"],
+            "W_dec": t["W_dec"],
+            "b_dec": t["b_dec"],
+        }
     if dict_class == "JumpReluAutoEncoder":
         thr = torch.from_numpy((0.4 * _rng(8).uniform(0.5, 1.5, D_SAE)).astype(np.float32))
         return {"W_enc": t["W_enc"], "b_enc": t["b_enc"], "W_dec": t["W_dec"], "b_dec": t["b_dec"], "threshold": thr}
     raise AssertionError(dict_class)
 
 
-_DL_TRAINERS = {"AutoEncoder": "StandardTrainer", "AutoEncoderNew": "StandardTrainerAprilUpdate",
-                "AutoEncoderTopK": "TopKTrainer", "BatchTopKSAE": "BatchTopKTrainer",
-                "MatryoshkaBatchTopKSAE": "MatryoshkaBatchTopKTrainer", "JumpReluAutoEncoder": "JumpReluTrainer"}
+_DL_TRAINERS = {
+    "AutoEncoder": "StandardTrainer",
+    "AutoEncoderNew": "StandardTrainerAprilUpdate",
+    "AutoEncoderTopK": "TopKTrainer",
+    "BatchTopKSAE": "BatchTopKTrainer",
+    "MatryoshkaBatchTopKSAE": "MatryoshkaBatchTopKTrainer",
+    "JumpReluAutoEncoder": "JumpReluTrainer",
+}
 
 
 @pytest.mark.parametrize("dict_class", list(_DL_TRAINERS))
@@ -328,8 +396,14 @@ def test_dictionary_learning_matches_reference(tmp_path, dict_class, with_config
             SAE.load(path)
         return
     if with_config:
-        trainer = {"trainer_class": _DL_TRAINERS[dict_class], "dict_class": dict_class, "activation_dim": D_IN,
-                   "dict_size": D_SAE, "layer": 3, "lm_name": "EleutherAI/pythia-70m-deduped"}
+        trainer = {
+            "trainer_class": _DL_TRAINERS[dict_class],
+            "dict_class": dict_class,
+            "activation_dim": D_IN,
+            "dict_size": D_SAE,
+            "layer": 3,
+            "lm_name": "EleutherAI/pythia-70m-deduped",
+        }
         if "k" in sd:
             trainer["k"] = int(sd["k"])
         (path / "config.json").write_text(json.dumps({"trainer": trainer, "buffer": {"d_submodule": D_IN}}))
@@ -351,8 +425,10 @@ def test_dictionary_learning_batchtopk_threshold_is_global_scalar(tmp_path):
     x = _inputs(9, sd["b_dec"].numpy())
     with torch.no_grad():
         codes = sae.encode(_torch(x)).numpy()
-    post = _relu((x.astype(np.float64) - sd["b_dec"].numpy()) @ sd["encoder.weight"].numpy().T.astype(np.float64)
-                 + sd["encoder.bias"].numpy())
+    post = _relu(
+        (x.astype(np.float64) - sd["b_dec"].numpy()) @ sd["encoder.weight"].numpy().T.astype(np.float64)
+        + sd["encoder.bias"].numpy()
+    )
     np.testing.assert_array_equal(codes > 0, post > 0.8)
     counts = (codes > 0).sum(1)
     assert counts.min() != counts.max() and set(counts.tolist()) != {5}
@@ -386,8 +462,14 @@ def _openai_reference(x, sd):
     """openai/sparse_autoencoder model.py: normalize = (activation == "TopK"); LN(x) (unbiased std, + eps);
     latents = activation(encoder(x − pre_bias) + latent_bias), TopK = topk of pre then ReLU;
     recons = (decoder(latents) + pre_bias)·std + mu."""
-    s = _f64({k: v for k, v in sd.items() if isinstance(v, (np.ndarray, torch.Tensor)) and k in
-              ("pre_bias", "latent_bias", "encoder.weight", "decoder.weight")})
+    s = _f64(
+        {
+            k: v
+            for k, v in sd.items()
+            if isinstance(v, (np.ndarray, torch.Tensor))
+            and k in ("pre_bias", "latent_bias", "encoder.weight", "decoder.weight")
+        }
+    )
     x = x.astype(np.float64)
     topk = sd["activation"] == "TopK"
     if topk:
@@ -400,11 +482,16 @@ def _openai_reference(x, sd):
 
 def _openai_state_dict(activation: str) -> dict:
     w = _weights(13)
-    sd = {"pre_bias": torch.from_numpy(0.3 * w["b_dec"]), "latent_bias": torch.from_numpy(w["b_enc"]),
-          "encoder.weight": torch.from_numpy(w["W_enc"].T.copy()), "decoder.weight": torch.from_numpy(w["W_dec"].T.copy()),
-          "stats_last_nonzero": torch.zeros(D_SAE, dtype=torch.long),
-          "latents_activation_frequency": torch.ones(D_SAE), "latents_mean_square": torch.zeros(D_SAE),
-          "activation": activation}
+    sd = {
+        "pre_bias": torch.from_numpy(0.3 * w["b_dec"]),
+        "latent_bias": torch.from_numpy(w["b_enc"]),
+        "encoder.weight": torch.from_numpy(w["W_enc"].T.copy()),
+        "decoder.weight": torch.from_numpy(w["W_dec"].T.copy()),
+        "stats_last_nonzero": torch.zeros(D_SAE, dtype=torch.long),
+        "latents_activation_frequency": torch.ones(D_SAE),
+        "latents_mean_square": torch.zeros(D_SAE),
+        "activation": activation,
+    }
     if activation == "TopK":
         sd["activation_state_dict"] = {"k": 6, "postact_fn": "ReLU"}
     return sd
@@ -430,13 +517,23 @@ def test_saegeo_sae_saved_in_saelens_layout_loads_through_detection(tmp_path):
     from saegeo.sae.train import TrainConfig, train_sae
 
     data = torch.randn(3000, D_IN, generator=torch.Generator().manual_seed(0)) + 3.0
-    cfg = TrainConfig(arch="topk", k=5, d_sae=D_SAE, batch_tokens=256, total_tokens=2048, out_dir=str(tmp_path / "mine"),
-                      progress=False, b_dec_init_tokens=1000)
+    cfg = TrainConfig(
+        arch="topk",
+        k=5,
+        d_sae=D_SAE,
+        batch_tokens=256,
+        total_tokens=2048,
+        out_dir=str(tmp_path / "mine"),
+        progress=False,
+        b_dec_init_tokens=1000,
+    )
     train_sae(cfg, data)
     assert detect_format(tmp_path / "mine") == "saelens"
     sae = SAE.load(tmp_path / "mine")  # the trainer's own reader
     loaded = SAE.load(tmp_path / "mine")
-    assert loaded.format_info.format == "saelens" and float(sae.b_dec.detach().norm()) > 5  # b_dec := mean, ‖3·1‖ ≈ 10.4
+    assert (
+        loaded.format_info.format == "saelens" and float(sae.b_dec.detach().norm()) > 5
+    )  # b_dec := mean, ‖3·1‖ ≈ 10.4
     x = torch.randn(N_ROWS, D_IN) + sae.b_dec.detach()
     with torch.no_grad():
         assert torch.equal(loaded.encode(x), sae.encode(x))
@@ -539,8 +636,14 @@ def test_unknown_directory_says_what_was_found_and_expected(tmp_path):
 def test_unsupported_variant_is_named(tmp_path):
     """Gated SAEs are not in the encode contract: refuse by name rather than load wrong semantics."""
     w = _weights(1)
-    g = {"W_enc": w["W_enc"], "W_dec": w["W_dec"], "b_dec": w["b_dec"], "b_gate": w["b_enc"],
-         "b_mag": w["b_enc"], "r_mag": np.zeros(D_SAE, np.float32)}
+    g = {
+        "W_enc": w["W_enc"],
+        "W_dec": w["W_dec"],
+        "b_dec": w["b_dec"],
+        "b_gate": w["b_enc"],
+        "b_mag": w["b_enc"],
+        "r_mag": np.zeros(D_SAE, np.float32),
+    }
     path = _write_saelens(tmp_path / "g", g, {**_V6, "d_in": D_IN, "d_sae": D_SAE, "architecture": "gated"})
     with pytest.raises(FormatError, match="gated"):
         SAE.load(path)
@@ -551,8 +654,11 @@ def test_openai_topk_with_k_zero_is_refused_not_loaded_as_dense_relu(tmp_path):
     sd = _openai_state_dict("TopK")
     sd["activation_state_dict"] = {"k": 0, "postact_fn": "ReLU"}
     torch.save(sd, tmp_path / "k0.pt")
-    with pytest.raises(FormatError, match=r"k0\.pt: TopK autoencoder needs an integer activation_state_dict\['k'\] "
-                                          r"in \[1, d_sae=40\] \(found 0\)"):
+    with pytest.raises(
+        FormatError,
+        match=r"k0\.pt: TopK autoencoder needs an integer activation_state_dict\['k'\] "
+        r"in \[1, d_sae=40\] \(found 0\)",
+    ):
         SAE.load(tmp_path / "k0.pt")
 
 

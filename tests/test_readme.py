@@ -49,7 +49,7 @@ def _argv(line: str) -> list[str] | None:
     """The saegeo argv of one shell line, or None when the line runs no saegeo command."""
     tokens = shlex.split(line, comments=True)
     if "saegeo.cli" in tokens:  # torchrun ... -m saegeo.cli CMD ..., python -m saegeo.cli CMD ...
-        return tokens[tokens.index("saegeo.cli") + 1:]
+        return tokens[tokens.index("saegeo.cli") + 1 :]
     if tokens and Path(tokens[0]).name == "saegeo":
         return tokens[1:]
     return None
@@ -147,12 +147,18 @@ def drift(text: str) -> list[str]:
             allowed = every_option
         for flag in FLAG.findall(span):
             if flag not in allowed:
-                where = f"`saegeo {words[1]}`" if words[0] == "saegeo" else (
-                    " or ".join(f"`saegeo {s}`" for s in section) if section else "any saegeo command")
+                where = (
+                    f"`saegeo {words[1]}`"
+                    if words[0] == "saegeo"
+                    else (" or ".join(f"`saegeo {s}`" for s in section) if section else "any saegeo command")
+                )
                 problems.append(f"README line {number}: {flag} (in `{span}`) is not an option of {where}")
     for number, section, _ in prose_spans(text):
-        problems += [f"README line {number}: the heading names `saegeo {s}`, which is no command"
-                     for s in section if s not in commands]
+        problems += [
+            f"README line {number}: the heading names `saegeo {s}`, which is no command"
+            for s in section
+            if s not in commands
+        ]
     return sorted(set(problems))
 
 
@@ -200,8 +206,11 @@ def python_drift(text: str) -> list[str]:
                 target = names[node.func.id]
                 if dataclasses.is_dataclass(target):
                     fields = {f.name for f in dataclasses.fields(target)}
-                    problems += [f"{line}: {node.func.id} has no field {kw.arg}"
-                                 for kw in node.keywords if kw.arg is not None and kw.arg not in fields]
+                    problems += [
+                        f"{line}: {node.func.id} has no field {kw.arg}"
+                        for kw in node.keywords
+                        if kw.arg is not None and kw.arg not in fields
+                    ]
     return problems
 
 
@@ -225,22 +234,27 @@ def test_readme_python_names_exist() -> None:
 
 
 def test_the_python_check_catches_a_renamed_name() -> None:
-    broken = ("```python\nfrom saegeo.geometry import GeometryAccumulatr\nfrom saegeo.sae.train import TrainConfig\n"
-              "TrainConfig(k=32, total_tokns=5)\nTrainConfig.no_such_method()\n```\n")
+    broken = (
+        "```python\nfrom saegeo.geometry import GeometryAccumulatr\nfrom saegeo.sae.train import TrainConfig\n"
+        "TrainConfig(k=32, total_tokns=5)\nTrainConfig.no_such_method()\n```\n"
+    )
     problems = python_drift(broken)
     assert any("has no GeometryAccumulatr" in p for p in problems), problems
     assert any("has no field total_tokns" in p for p in problems), problems
     assert any("has no attribute no_such_method" in p for p in problems), problems
 
 
-@pytest.mark.parametrize("broken, expected", [
-    ("```bash\nsaegeo report --acts a --out r --no-such-flag\n```\n", "does not parse"),
-    ("```text\n$ saegeo trian --acts a\n```\n", "does not parse"),
-    ("```bash\ntorchrun --standalone -m saegeo.cli train --acts a \\\n    --batch-typo 4\n```\n", "does not parse"),
-    ("## Geometry: `saegeo geometry`\n\nUse `--exclude-special` here.\n", "is not an option of `saegeo geometry`"),
-    ("Run `saegeo nosuch --x`.\n", "names no saegeo command"),
-    ("```bash\nsaegeo train --acts a --no-prog\n```\n", "does not parse"),  # an abbreviation is not the flag
-])
+@pytest.mark.parametrize(
+    "broken, expected",
+    [
+        ("```bash\nsaegeo report --acts a --out r --no-such-flag\n```\n", "does not parse"),
+        ("```text\n$ saegeo trian --acts a\n```\n", "does not parse"),
+        ("```bash\ntorchrun --standalone -m saegeo.cli train --acts a \\\n    --batch-typo 4\n```\n", "does not parse"),
+        ("## Geometry: `saegeo geometry`\n\nUse `--exclude-special` here.\n", "is not an option of `saegeo geometry`"),
+        ("Run `saegeo nosuch --x`.\n", "names no saegeo command"),
+        ("```bash\nsaegeo train --acts a --no-prog\n```\n", "does not parse"),  # an abbreviation is not the flag
+    ],
+)
 def test_the_drift_check_catches_a_wrong_command(broken: str, expected: str) -> None:
     problems = drift(broken)
     assert any(expected in p for p in problems), problems

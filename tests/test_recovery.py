@@ -20,6 +20,7 @@ def _random_unit(n, d, seed):
 def test_truth_scores_one_against_itself_and_a_permutation():
     truth = _random_unit(300, 32, 0)
     perm = torch.randperm(300, generator=torch.Generator().manual_seed(1))
+
     class FakeSAE:
         W_dec = truth[perm] * 3.0  # scale does not matter; an object with W_dec stands for its rows
 
@@ -72,7 +73,9 @@ def test_matching_is_one_to_one_and_optimal():
     assert float(rep.matched_cos.sum()) == pytest.approx(best, abs=1e-5)
     assert len(set(rep.matched_learned.tolist())) == 6
     a, arg, b = max_cosines(truth, learned)
-    assert torch.allclose(a, torch.from_numpy(cos.max(1)), atol=1e-6) and torch.equal(arg, torch.from_numpy(cos.argmax(1)))
+    assert torch.allclose(a, torch.from_numpy(cos.max(1)), atol=1e-6) and torch.equal(
+        arg, torch.from_numpy(cos.argmax(1))
+    )
 
 
 def test_sign_and_dead_rows():

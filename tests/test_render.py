@@ -29,7 +29,8 @@ def report() -> GeometryReport:
     x = torch.randn(4000, d, generator=g) + offset
     planted = SAE(SAEConfig(d_in=d, d_sae=n_lat, activation="relu")).init_weights(torch.Generator().manual_seed(1))
     clean = SAE(SAEConfig(d_in=d, d_sae=n_lat, activation="topk", k=4)).init_weights(
-        torch.Generator().manual_seed(1), b_dec=x.mean(0))
+        torch.Generator().manual_seed(1), b_dec=x.mean(0)
+    )
     with torch.no_grad():
         planted.W_dec[0] = offset / offset.norm()
         planted.W_enc[:, 0] = 0.0
@@ -91,8 +92,9 @@ def test_planted_case_flags_are_the_expected_ones(report):
     names = {(f.name, f.subject) for f in report.flags}
     assert ("mean_direction_features", "planted") in names
     assert ("offset_not_absorbed", "planted") in names
-    assert not any(subject == "clean" and name in ("mean_direction_features", "offset_not_absorbed")
-                   for name, subject in names)
+    assert not any(
+        subject == "clean" and name in ("mean_direction_features", "offset_not_absorbed") for name, subject in names
+    )
     [md] = [f for f in report.flags if f.name == "mean_direction_features"]
     assert md.latents[0] == 0
 

@@ -27,8 +27,18 @@ def data_and_sae():
     torch.set_num_threads(1)
     gen = SuperpositionGenerator(preset("tilted", d=24, n_features=96, rate=0.04, offset=0.5, noise=0.05, seed=3))
     x = torch.cat(list(gen.activations(6000, 4096)))
-    cfg = TrainConfig(arch="topk", k=4, d_sae=96, total_tokens=20_480, batch_tokens=512, lr=3e-3, progress=False,
-                      heldout_fraction=0.0, dead_window_tokens=4096, seed=1)
+    cfg = TrainConfig(
+        arch="topk",
+        k=4,
+        d_sae=96,
+        total_tokens=20_480,
+        batch_tokens=512,
+        lr=3e-3,
+        progress=False,
+        heldout_fraction=0.0,
+        dead_window_tokens=4096,
+        seed=1,
+    )
     sae = train_sae(cfg, x).sae
     return x, sae
 
@@ -128,15 +138,19 @@ def test_sae_numbers_equal_brute_force(data_and_sae):
     # its sampling sd: the U-statistic variance from the unit vectors' mean and second moment
     yu = y / np.linalg.norm(y, axis=1, keepdims=True)
     mm, cc, n = yu.mean(0), yu.T @ yu / len(yu), len(yu)
-    var = 4 * (n - 2) / (n * (n - 1)) * (mm @ cc @ mm - (mm @ mm) ** 2) + 2 / (n * (n - 1)) * ((cc**2).sum() - (mm @ mm) ** 2)
+    var = 4 * (n - 2) / (n * (n - 1)) * (mm @ cc @ mm - (mm @ mm) ** 2) + 2 / (n * (n - 1)) * (
+        (cc**2).sum() - (mm @ mm) ** 2
+    )
     assert amp["measured_recon_minus_b_dec_sd"] == pytest.approx(np.sqrt(var), rel=1e-4)
     # the sample holds all 500 rows here, so each pair's share is exact: 2·Cov(a_i, a_j)·u_i·u_j / E‖x̂ − b_dec‖²
     cov = a.T @ a / len(a) - np.outer(m1, m1)
     assert amp["n_sample_rows"] == 500 and len(s.cofiring_pairs) == 20
     for p in s.cofiring_pairs:
         assert p["share"] == pytest.approx(2 * cov[p["i"], p["j"]] * gram[p["i"], p["j"]] / second, rel=1e-4, abs=1e-9)
-    shares = sorted((2 * cov[i, j] * gram[i, j] / second for i in range(n_lat) for j in range(i + 1, n_lat)),
-                    reverse=amp["cofiring_share"] >= 0)
+    shares = sorted(
+        (2 * cov[i, j] * gram[i, j] / second for i in range(n_lat) for j in range(i + 1, n_lat)),
+        reverse=amp["cofiring_share"] >= 0,
+    )
     assert [p["share"] for p in s.cofiring_pairs] == pytest.approx(shares[:20], rel=1e-4, abs=1e-9)
     # b_dec against the mean
     assert s.b_dec_cos_mean == pytest.approx(float(b @ mu.numpy() / np.linalg.norm(b) / np.linalg.norm(mu)), abs=1e-6)
@@ -182,8 +196,10 @@ def test_json_round_trip_and_schema_version(data_and_sae, tmp_path):
 def test_cosine_histogram_is_the_all_pairs_histogram_when_the_sample_holds_every_row():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((300, 10)) + 0.5
-    report = geometry_report(torch.from_numpy(x), options=ReportOptions(progress=False, batch_rows=64,
-                                                                        cosine_sample_rows=1000, histogram_bins=40))
+    report = geometry_report(
+        torch.from_numpy(x),
+        options=ReportOptions(progress=False, batch_rows=64, cosine_sample_rows=1000, histogram_bins=40),
+    )
     h = report.cosine_histogram
     u = x / np.linalg.norm(x, axis=1, keepdims=True)
     cos = (u @ u.T)[np.triu_indices(300, 1)]
@@ -230,8 +246,20 @@ def test_cli_report_writes_every_format(data_and_sae, tmp_path, capsys):
     x, sae = data_and_sae
     write_store(tmp_path / "store", x[:3000], shard_rows=1000)
     sae.save(tmp_path / "sae", {"b_dec_init": "mean"})
-    rc = main(["report", "--acts", str(tmp_path / "store"), "--sae", f"mine={tmp_path / 'sae'}",
-               "--out", str(tmp_path / "out"), "--no-progress", "--batch-rows", "1000"])
+    rc = main(
+        [
+            "report",
+            "--acts",
+            str(tmp_path / "store"),
+            "--sae",
+            f"mine={tmp_path / 'sae'}",
+            "--out",
+            str(tmp_path / "out"),
+            "--no-progress",
+            "--batch-rows",
+            "1000",
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert printed.startswith("saegeo report") and "mine" in printed
@@ -248,8 +276,12 @@ def test_cli_report_writes_every_format(data_and_sae, tmp_path, capsys):
 
 def test_cosine_sample_does_not_depend_on_batching():
     x = torch.from_numpy(np.random.default_rng(2).standard_normal((3000, 6)) + 0.3)
-    hists = [geometry_report(x, options=ReportOptions(progress=False, batch_rows=bs, cosine_sample_rows=200))
-             .cosine_histogram for bs in (64, 1000, 3000)]
+    hists = [
+        geometry_report(
+            x, options=ReportOptions(progress=False, batch_rows=bs, cosine_sample_rows=200)
+        ).cosine_histogram
+        for bs in (64, 1000, 3000)
+    ]
     assert hists[0] == hists[1] == hists[2]
     assert hists[0]["n_rows"] == 200
 
@@ -273,8 +305,13 @@ def test_fve_of_input_normalised_saes_uses_the_denormalised_reconstruction(norma
     the input space, computed here directly from numpy (LN by hand), not from the report's code path."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3000, 16, generator=g) * 2 + 3
-    cfg = SAEConfig(d_in=16, d_sae=48, activation=activation, k=6 if activation == "topk" else None,
-                    input_normalization=normalization)
+    cfg = SAEConfig(
+        d_in=16,
+        d_sae=48,
+        activation=activation,
+        k=6 if activation == "topk" else None,
+        input_normalization=normalization,
+    )
     sae = SAE(cfg)
     with torch.no_grad():
         sae.W_enc.copy_(torch.randn(16, 48, generator=g) * 0.3)
@@ -309,21 +346,30 @@ def test_the_report_is_assembled_once_from_all_its_inputs(data_and_sae):
     the flags and the diagnosis come out of the one call, and re-flagging the saved report reproduces its own."""
     from saegeo.report import Flag, FlagThresholds, compute_flags
     from saegeo.report.flags import (
-        ACTIVATIONS_MISMATCH, MEAN_DIRECTION, WITHHELD_FLAGS, WITHHELD_METRICS, activation_diagnosis,
+        ACTIVATIONS_MISMATCH,
+        MEAN_DIRECTION,
+        WITHHELD_FLAGS,
+        WITHHELD_METRICS,
+        activation_diagnosis,
     )
 
     x, sae = data_and_sae
     # every latent counts as mean-aligned: the mean-direction flag is raised from numbers that are not withheld
-    opts = ReportOptions(progress=False, batch_rows=1000,
-                         thresholds=FlagThresholds(mean_direction_min_frequency=0.0, mean_direction_min_cos=0.0))
+    opts = ReportOptions(
+        progress=False,
+        batch_rows=1000,
+        thresholds=FlagThresholds(mean_direction_min_frequency=0.0, mean_direction_min_cos=0.0),
+    )
     splice = {"s": {"ce_loss_recovered": 0.75, "tokens": 10}}
-    mismatch = Flag(ACTIVATIONS_MISMATCH, "error", {"causes": ["hook"]}, "cache the SAE's hook", summary="hook differs",
-                    subject="s")
+    mismatch = Flag(
+        ACTIVATIONS_MISMATCH, "error", {"causes": ["hook"]}, "cache the SAE's hook", summary="hook differs", subject="s"
+    )
     given = Flag("zero_decoder_rows", "warning", {"n_zero_rows": 1}, "drop them", summary="1 zero row", subject="s")
     plain = geometry_report(x, {"s": sae}, options=opts)
     assert (MEAN_DIRECTION, "s") in {(f.name, f.subject) for f in plain.flags}
-    report = geometry_report(x, {"s": sae}, options=opts, splice=splice, flags=[given, mismatch],
-                             notes=["first"], closing_notes=["last"])
+    report = geometry_report(
+        x, {"s": sae}, options=opts, splice=splice, flags=[given, mismatch], notes=["first"], closing_notes=["last"]
+    )
     s = report.sae
     assert s.splice == splice["s"] and plain.sae.splice is None
     assert s.withheld == list(WITHHELD_METRICS) and s.fve is None and s.cone_shares is None
@@ -332,14 +378,15 @@ def test_the_report_is_assembled_once_from_all_its_inputs(data_and_sae):
     assert report.notes[-3:] == ["first", s.notes[-1], "last"] and s.notes[-1].startswith("withheld for s")
     assert {(f.name, f.subject) for f in report.flags} >= {(ACTIVATIONS_MISMATCH, "s"), ("zero_decoder_rows", "s")}
     assert not [f for f in report.flags if f.subject == "s" and f.name in WITHHELD_FLAGS]
-    assert [f.severity for f in report.flags] == sorted((f.severity for f in report.flags),
-                                                        key=("error", "warning", "info").index)
+    assert [f.severity for f in report.flags] == sorted(
+        (f.severity for f in report.flags), key=("error", "warning", "info").index
+    )
     # the report's own flags, re-computed from its saved numbers, are the flags it holds less the given ones
     again = compute_flags(GeometryReport.from_dict(json.loads(report.to_json())))
     assert [f.to_dict() for f in again] == [f.to_dict() for f in report.flags if f not in (given, mismatch)]
-    assert report.diagnosis == activation_diagnosis({**report.activations, "sample_diagnostics":
-                                                     report.sample_diagnostics}, report.flags,
-                                                    opts.thresholds)
+    assert report.diagnosis == activation_diagnosis(
+        {**report.activations, "sample_diagnostics": report.sample_diagnostics}, report.flags, opts.thresholds
+    )
     # a given flag the report raises itself is superseded by the report's own
     own = next(f for f in plain.flags)
     dup = Flag(own.name, own.severity, {}, "elsewhere", summary="elsewhere", subject=own.subject)

@@ -26,8 +26,18 @@ def _rows(n: int, seed: int = 0, offset: float = 0.0) -> torch.Tensor:
 
 
 def _cfg(out=None, **kw) -> TrainConfig:
-    base = dict(d_sae=16, k=2, batch_tokens=32, total_tokens=32 * 12, b_dec_init_tokens=64, progress=False,
-                log_every=2, warmup_steps=2, shuffle_buffer=64, out_dir=None if out is None else str(out))
+    base = dict(
+        d_sae=16,
+        k=2,
+        batch_tokens=32,
+        total_tokens=32 * 12,
+        b_dec_init_tokens=64,
+        progress=False,
+        log_every=2,
+        warmup_steps=2,
+        shuffle_buffer=64,
+        out_dir=None if out is None else str(out),
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -76,8 +86,24 @@ def test_a_flipped_bit_in_any_shard_is_refused_by_every_reader(store, tmp_path, 
     commands = {
         "geometry": ["geometry", str(store.path), "--no-progress"],
         "report": ["report", "--acts", str(store.path), "--out", str(tmp_path / "rep"), "--no-progress"],
-        "train": ["train", "--acts", str(store.path), "--d-sae", "16", "--k", "2", "--batch-tokens", "32",
-                  "--total-tokens", "320", "--b-dec-init-tokens", "1024", "--shuffle-buffer", "64", "--no-progress"],
+        "train": [
+            "train",
+            "--acts",
+            str(store.path),
+            "--d-sae",
+            "16",
+            "--k",
+            "2",
+            "--batch-tokens",
+            "32",
+            "--total-tokens",
+            "320",
+            "--b-dec-init-tokens",
+            "1024",
+            "--shuffle-buffer",
+            "64",
+            "--no-progress",
+        ],
         "check": ["check", str(tmp_path / "sae"), "--acts", str(store.path), "--no-progress"],
     }
     for command, argv in commands.items():
@@ -135,7 +161,9 @@ def test_resume_refuses_other_data_and_other_options_naming_them(tmp_path):
     state_before = (tmp_path / "sae" / "checkpoint" / "state.json").read_bytes()
     with pytest.raises(BadInputError, match=r"holds a run with data='store:.*it cannot be resumed with data="):
         train_sae(_cfg(tmp_path / "sae", checkpoint_every=2), b)
-    with pytest.raises(BadInputError, match=r"lr=0.0003, warmup_steps=2; it cannot be resumed with lr=0.001, warmup_steps=3"):
+    with pytest.raises(
+        BadInputError, match=r"lr=0.0003, warmup_steps=2; it cannot be resumed with lr=0.001, warmup_steps=3"
+    ):
         train_sae(_cfg(tmp_path / "sae", checkpoint_every=2, lr=1e-3, warmup_steps=3), a)
     with pytest.raises(BadInputError, match=r"total_tokens=384; it cannot be resumed with total_tokens=192"):
         train_sae(_cfg(tmp_path / "sae", checkpoint_every=2, total_tokens=32 * 6), a)  # a smaller budget
@@ -153,8 +181,24 @@ def test_a_finished_sae_is_never_overwritten_without_overwrite(tmp_path, store, 
         train_sae(_cfg(tmp_path / "sae", seed=1), store)
     with pytest.raises(BadInputError, match="already holds a trained SAE"):
         train_sae(_cfg(tmp_path / "sae", total_tokens=32 * 6), store)
-    argv = ["train", "--acts", str(store.path), "--out-dir", str(tmp_path / "sae"), "--d-sae", "16", "--k", "2",
-            "--batch-tokens", "32", "--total-tokens", "384", "--b-dec-init-tokens", "64", "--no-progress"]
+    argv = [
+        "train",
+        "--acts",
+        str(store.path),
+        "--out-dir",
+        str(tmp_path / "sae"),
+        "--d-sae",
+        "16",
+        "--k",
+        "2",
+        "--batch-tokens",
+        "32",
+        "--total-tokens",
+        "384",
+        "--b-dec-init-tokens",
+        "64",
+        "--no-progress",
+    ]
     assert main(argv) == 2 and "--overwrite" in capsys.readouterr().err
     assert (tmp_path / "sae" / "cfg.json").read_bytes() == cfg_before
     assert main(argv + ["--seed", "1", "--overwrite"]) == 0
@@ -240,8 +284,9 @@ def test_weights_of_another_save_are_refused(tmp_path):
 
 
 # =========================================================================== cfg.json consistency
-@pytest.mark.parametrize("key, value", [("d_in", 9), ("d_sae", 32), ("architecture", "standard"), ("k", 3),
-                                        ("apply_b_dec_to_input", False)])
+@pytest.mark.parametrize(
+    "key, value", [("d_in", 9), ("d_sae", 32), ("architecture", "standard"), ("k", 3), ("apply_b_dec_to_input", False)]
+)
 def test_saelens_fields_that_disagree_with_the_saegeo_block_are_refused(tmp_path, key, value):
     sae = SAE(SAEConfig(d_in=D, d_sae=16, activation="topk", k=2))
     sae.init_weights(torch.Generator().manual_seed(0))
@@ -265,7 +310,9 @@ def test_an_empty_cfg_json_is_refused(tmp_path):
 def test_a_non_finite_held_out_row_is_named_or_skipped_and_counted(tmp_path):
     x = _rows(640)
     x[600, 3] = float("nan")  # held out: the last 64 rows (10%) are rows 576..639
-    with pytest.raises(BadInputError, match=r"non-finite value \(NaN or inf\) in the tensor \(global row 600\), a held-out row"):
+    with pytest.raises(
+        BadInputError, match=r"non-finite value \(NaN or inf\) in the tensor \(global row 600\), a held-out row"
+    ):
         train_sae(_cfg(), x)
     res = train_sae(_cfg(tmp_path / "sae", skip_nonfinite=True), x)
     assert res.heldout["nonfinite_rows_skipped"] == 1 and res.heldout["tokens"] == 63
@@ -348,17 +395,23 @@ def test_save_refuses_non_finite_weights_and_writes_nothing(tmp_path, tensor):
 
 
 # =========================================================================== SAE names on disk (issue 27)
-@pytest.mark.parametrize("names, message", [
-    (["a=b", "a_b"], r"SAE names 'a=b' and 'a_b' both map to the directory .*saes/a_b; rename one"),
-    (["x y", "x  y"], r"SAE names 'x y' and 'x  y' both map"),
-    ([".."], r"SAE name '\.\.' would be written to .*saes/\.\., outside .*saes; rename it"),
-    (["."], r"SAE name '\.' would be written"),
-])
+@pytest.mark.parametrize(
+    "names, message",
+    [
+        (["a=b", "a_b"], r"SAE names 'a=b' and 'a_b' both map to the directory .*saes/a_b; rename one"),
+        (["x y", "x  y"], r"SAE names 'x y' and 'x  y' both map"),
+        ([".."], r"SAE name '\.\.' would be written to .*saes/\.\., outside .*saes; rename it"),
+        (["."], r"SAE name '\.' would be written"),
+    ],
+)
 def test_sae_names_that_collide_or_leave_saes_are_refused_before_anything_is_written(tmp_path, names, message):
     from saegeo.pipeline import run_job
 
-    cfg = {"out": str(tmp_path / "run"), "acts": str(tmp_path / "no_store"),
-           "saes": {name: {"seed": i} for i, name in enumerate(names)}}
+    cfg = {
+        "out": str(tmp_path / "run"),
+        "acts": str(tmp_path / "no_store"),
+        "saes": {name: {"seed": i} for i, name in enumerate(names)},
+    }
     with pytest.raises(BadInputError, match=message):
         run_job(cfg, log=lambda *a: None)
     assert not (tmp_path / "run").exists()

@@ -80,7 +80,8 @@ def test_saegeo_run_end_to_end(first_run):
     mu = rows.mean(0)
     assert np.linalg.norm(mu) / np.linalg.norm(rows, axis=1).mean() > 0.3
     assert report["activations"]["mean_norm_ratio"] == pytest.approx(
-        np.linalg.norm(mu) / np.linalg.norm(rows, axis=1).mean(), rel=1e-5)
+        np.linalg.norm(mu) / np.linalg.norm(rows, axis=1).mean(), rel=1e-5
+    )
     # b_dec := 0 leaves the offset unabsorbed and the report says so; b_dec := mean does not
     flagged = {(f["name"], f["subject"]) for f in report["flags"]}
     assert ("offset_not_absorbed", "b_dec=0") in flagged

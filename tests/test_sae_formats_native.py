@@ -30,12 +30,20 @@ def _random_sae(activation: str, seed: int = 0) -> SAE:
 @pytest.mark.parametrize("activation", ["topk", "relu"])
 def test_save_load_round_trip_identical_outputs(tmp_path, activation):
     sae = _random_sae(activation)
-    prov = {"b_dec_init": "mean", "data": {"model": "minilm", "hook": "blocks.3.hook_resid_post"},
-            "metrics": {"heldout": {"fve": 0.9}}}
+    prov = {
+        "b_dec_init": "mean",
+        "data": {"model": "minilm", "hook": "blocks.3.hook_resid_post"},
+        "metrics": {"heldout": {"fve": 0.9}},
+    }
     sae.save(tmp_path / "sae", prov)
     cfg = json.loads((tmp_path / "sae" / "cfg.json").read_text())
     assert cfg["architecture"] == {"topk": "topk", "relu": "standard"}[activation]
-    assert (cfg["d_in"], cfg["d_sae"], cfg["apply_b_dec_to_input"], cfg["normalize_activations"]) == (24, 96, True, "none")
+    assert (cfg["d_in"], cfg["d_sae"], cfg["apply_b_dec_to_input"], cfg["normalize_activations"]) == (
+        24,
+        96,
+        True,
+        "none",
+    )
     assert cfg["metadata"]["hook_name"] == "blocks.3.hook_resid_post" and cfg["metadata"]["model_name"] == "minilm"
     assert cfg["saegeo"]["b_dec_init"] == "mean" and cfg["saegeo"]["metrics"]["heldout"]["fve"] == 0.9
     if activation == "topk":
@@ -86,9 +94,21 @@ def test_plain_saelens_directory_loads_with_saelens_semantics(tmp_path):
     d = tmp_path / "saelens"
     d.mkdir()
     save_file({"W_enc": W_enc, "W_dec": W_dec, "b_enc": b_enc, "b_dec": b_dec}, str(d / "sae_weights.safetensors"))
-    (d / "cfg.json").write_text(json.dumps({"architecture": "topk", "d_in": 10, "d_sae": 30, "k": 4, "dtype": "float32",
-                                            "device": "cpu", "apply_b_dec_to_input": False,
-                                            "normalize_activations": "none", "metadata": {}}))
+    (d / "cfg.json").write_text(
+        json.dumps(
+            {
+                "architecture": "topk",
+                "d_in": 10,
+                "d_sae": 30,
+                "k": 4,
+                "dtype": "float32",
+                "device": "cpu",
+                "apply_b_dec_to_input": False,
+                "normalize_activations": "none",
+                "metadata": {},
+            }
+        )
+    )
     sae = SAE.load(d)
     x = torch.randn(20, 10, generator=g)
     pre = x @ W_enc + b_enc  # apply_b_dec_to_input False: no subtraction
@@ -118,8 +138,24 @@ def test_cli_train_writes_a_loadable_sae_and_a_summary(tmp_path, capsys):
     x = torch.randn(3000, 16, generator=g) + 5.0  # a large mean: b_dec := mean must find it
     write_store(tmp_path / "acts", x, shard_rows=1000)
     (tmp_path / "t.toml").write_text('[train]\narch = "topk"\nbatch_tokens = 256\nlr = 3e-3\n')
-    rc = main(["train", "--acts", str(tmp_path / "acts"), "--config", str(tmp_path / "t.toml"), "--k", "4",
-               "--expansion", "4", "--total-tokens", "5k", "--out-dir", str(tmp_path / "sae"), "--no-progress"])
+    rc = main(
+        [
+            "train",
+            "--acts",
+            str(tmp_path / "acts"),
+            "--config",
+            str(tmp_path / "t.toml"),
+            "--k",
+            "4",
+            "--expansion",
+            "4",
+            "--total-tokens",
+            "5k",
+            "--out-dir",
+            str(tmp_path / "sae"),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "held-out FVE" in out and "dead latents" in out

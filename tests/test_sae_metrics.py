@@ -52,12 +52,20 @@ def _brute(sae: SAE, x: torch.Tensor, mu: np.ndarray | None = None) -> dict:
     cos = (w @ mu) / (np.linalg.norm(w, axis=1) * np.linalg.norm(mu))
     fired = codes > 0
     return {
-        "tokens": len(x), "mse": sse / x64.size, "fve": 1 - sse / centred, "l0": fired.sum(1).mean(),
-        "dead_fraction": (fired.sum(0) == 0).mean(), "dense_fraction": (fired.mean(0) > 0.5).mean(),
-        "max_abs_cos_mean": np.abs(cos).max(), "n_latents_cos_mean_gt_0.5": int((np.abs(cos) > 0.5).sum()),
-        "b_dec_norm": np.linalg.norm(b), "mean_norm": np.linalg.norm(mu),
+        "tokens": len(x),
+        "mse": sse / x64.size,
+        "fve": 1 - sse / centred,
+        "l0": fired.sum(1).mean(),
+        "dead_fraction": (fired.sum(0) == 0).mean(),
+        "dense_fraction": (fired.mean(0) > 0.5).mean(),
+        "max_abs_cos_mean": np.abs(cos).max(),
+        "n_latents_cos_mean_gt_0.5": int((np.abs(cos) > 0.5).sum()),
+        "b_dec_norm": np.linalg.norm(b),
+        "mean_norm": np.linalg.norm(mu),
         "b_dec_dist_to_mean": np.linalg.norm(b - mu) / np.linalg.norm(mu),
-        "firing_frequency": fired.mean(0), "recon": recon, "b_dec": b,
+        "firing_frequency": fired.mean(0),
+        "recon": recon,
+        "b_dec": b,
     }
 
 
@@ -88,8 +96,19 @@ def test_summary_equals_brute_force_and_evaluate_keeps_its_keys():
     sae = _sae(24, 96, "relu", b_dec=x.mean(0) + 0.3, seed=2)
     got = evaluate(sae, [x[lo : lo + BATCH] for lo in range(0, len(x), BATCH)], activation_mean=train_mean)
     want = _brute(sae, x, mu=train_mean.numpy())
-    assert list(got) == ["tokens", "mse", "fve", "l0", "dead_fraction", "dense_fraction", "max_abs_cos_mean",
-                         "n_latents_cos_mean_gt_0.5", "b_dec_norm", "mean_norm", "b_dec_dist_to_mean"]
+    assert list(got) == [
+        "tokens",
+        "mse",
+        "fve",
+        "l0",
+        "dead_fraction",
+        "dense_fraction",
+        "max_abs_cos_mean",
+        "n_latents_cos_mean_gt_0.5",
+        "b_dec_norm",
+        "mean_norm",
+        "b_dec_dist_to_mean",
+    ]
     assert 0 < got["dense_fraction"] < 1 and got["n_latents_cos_mean_gt_0.5"] > 0  # both counts are exercised
     for key, value in got.items():
         assert value == pytest.approx(want[key], rel=1e-9, abs=1e-12), key
@@ -168,8 +187,17 @@ def test_dictionary_geometry_equals_brute_force(gram_dtype, tol):
     eig = np.sort(np.linalg.eigvalsh(np.cov(unit.T, bias=True)))[::-1]
     assert geom.spectrum["eigenvalues"] == pytest.approx(eig.tolist(), abs=tol)
     std = norms.std(ddof=1)
-    assert geom.norm_stats == pytest.approx({"min": 0.0, "median": float(np.median(norms)), "mean": norms.mean(),
-                                             "max": norms.max(), "std": std, "cv": std / norms.mean()}, rel=1e-12)
+    assert geom.norm_stats == pytest.approx(
+        {
+            "min": 0.0,
+            "median": float(np.median(norms)),
+            "mean": norms.mean(),
+            "max": norms.max(),
+            "std": std,
+            "cv": std / norms.mean(),
+        },
+        rel=1e-12,
+    )
     assert geom.direction_norms[200] == 0 and geom.direction_norms[201] == pytest.approx(norms[201])
     with pytest.raises(BadInputError):
         dictionary_geometry(torch.zeros(4, 3))

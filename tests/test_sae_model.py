@@ -14,13 +14,18 @@ D_IN, D_SAE, N = 16, 48, 32
 
 
 def _sae(activation="topk", *, k=5, dtype="float64", seed=0, **kw) -> SAE:
-    sae = SAE(SAEConfig(D_IN, D_SAE, activation=activation, k=k if activation in ("topk", "batchtopk") else None,
-                        dtype=dtype, **kw))
+    sae = SAE(
+        SAEConfig(
+            D_IN, D_SAE, activation=activation, k=k if activation in ("topk", "batchtopk") else None, dtype=dtype, **kw
+        )
+    )
     g = torch.Generator().manual_seed(seed)
     dt = getattr(torch, dtype)
     with torch.no_grad():
         sae.W_enc.copy_(torch.randn(D_IN, D_SAE, generator=g, dtype=dt) / D_IN**0.5)
-        sae.W_dec.copy_(torch.randn(D_SAE, D_IN, generator=g, dtype=dt) * torch.rand(D_SAE, 1, generator=g, dtype=dt) * 2)
+        sae.W_dec.copy_(
+            torch.randn(D_SAE, D_IN, generator=g, dtype=dt) * torch.rand(D_SAE, 1, generator=g, dtype=dt) * 2
+        )
         sae.b_enc.copy_(0.1 * torch.randn(D_SAE, generator=g, dtype=dt))
         sae.b_dec.copy_(torch.randn(D_IN, generator=g, dtype=dt))
         sae.threshold.copy_(0.2 * torch.rand(sae.threshold.shape, generator=g, dtype=dt))

@@ -25,15 +25,27 @@ from saegeo.sae.splice import EvalConfig, splice_eval_many
 HOOK = "blocks.0.hook_resid_post"
 CONTEXT = 12
 CLS, SEP = 101, 102
-TEXT = ("The quick brown fox jumps over the lazy dog, and a list is a mutable sequence while a tuple is not; "
-        "errors are raised when something goes wrong.")
+TEXT = (
+    "The quick brown fox jumps over the lazy dog, and a list is a mutable sequence while a tuple is not; "
+    "errors are raised when something goes wrong."
+)
 
 
 @pytest.fixture(scope="module")
 def tiny():
     _quiet_transformers()
-    cfg = {"n_layers": 2, "d_model": 16, "d_head": 4, "n_heads": 4, "d_mlp": 32, "n_ctx": 32, "d_vocab": 30522,
-           "act_fn": "gelu", "normalization_type": "LN", "seed": 3}
+    cfg = {
+        "n_layers": 2,
+        "d_model": 16,
+        "d_head": 4,
+        "n_heads": 4,
+        "d_mlp": 32,
+        "n_ctx": 32,
+        "d_vocab": 30522,
+        "act_fn": "gelu",
+        "normalization_type": "LN",
+        "seed": 3,
+    }
     return from_config(cfg, tokenizer=_load_tokenizer(minilm_path()), name="tiny")
 
 
@@ -93,21 +105,43 @@ def brute_force(tiny, sae, windows, ignore):
     mse = ((x - x_hat) ** 2).sum(1).mean()
     norm_in, norm_out = np.linalg.norm(x, axis=1), np.linalg.norm(x_hat, axis=1)
     return {
-        "ce_loss_without_sae": c["clean"], "ce_loss_with_sae": c["sae"], "ce_loss_with_ablation": c["abl"],
+        "ce_loss_without_sae": c["clean"],
+        "ce_loss_with_sae": c["sae"],
+        "ce_loss_with_ablation": c["abl"],
         "ce_loss_score": (c["abl"] - c["sae"]) / (c["abl"] - c["clean"]),
-        "kl_div_with_sae": k["sae"], "kl_div_with_ablation": k["abl"], "kl_div_score": (k["abl"] - k["sae"]) / k["abl"],
-        "mse": mse, "explained_variance": 1 - mse / ((x ** 2).sum(1).mean() - (x.mean(0) ** 2).sum()),
+        "kl_div_with_sae": k["sae"],
+        "kl_div_with_ablation": k["abl"],
+        "kl_div_score": (k["abl"] - k["sae"]) / k["abl"],
+        "mse": mse,
+        "explained_variance": 1 - mse / ((x**2).sum(1).mean() - (x.mean(0) ** 2).sum()),
         "cossim": ((x * x_hat).sum(1) / (norm_in * norm_out)).mean(),
-        "l0": (a != 0).sum(1).mean(), "l1": np.abs(a).sum(1).mean(),
-        "l2_norm_in": norm_in.mean(), "l2_norm_out": norm_out.mean(),
+        "l0": (a != 0).sum(1).mean(),
+        "l1": np.abs(a).sum(1).mean(),
+        "l2_norm_in": norm_in.mean(),
+        "l2_norm_out": norm_out.mean(),
         "l2_ratio": (norm_out / np.where(np.abs(norm_in) < 1e-4, 1, norm_in)).mean(),
-        "relative_reconstruction_bias": (norm_out ** 2).mean() / (x * x_hat).sum(1).mean(),
+        "relative_reconstruction_bias": (norm_out**2).mean() / (x * x_hat).sum(1).mean(),
     }
 
 
-NAMES = ("ce_loss_score", "ce_loss_with_sae", "ce_loss_without_sae", "ce_loss_with_ablation", "kl_div_score",
-         "kl_div_with_sae", "kl_div_with_ablation", "explained_variance", "mse", "cossim", "l0", "l1", "l2_ratio",
-         "l2_norm_in", "l2_norm_out", "relative_reconstruction_bias")
+NAMES = (
+    "ce_loss_score",
+    "ce_loss_with_sae",
+    "ce_loss_without_sae",
+    "ce_loss_with_ablation",
+    "kl_div_score",
+    "kl_div_with_sae",
+    "kl_div_with_ablation",
+    "explained_variance",
+    "mse",
+    "cossim",
+    "l0",
+    "l1",
+    "l2_ratio",
+    "l2_norm_in",
+    "l2_norm_out",
+    "relative_reconstruction_bias",
+)
 
 
 @pytest.mark.parametrize("pass_special", [True, False], ids=["special-ignored", "all-positions"])
@@ -117,8 +151,17 @@ def test_saelens_named_metrics_equal_their_saelens_formulas(tmp_path, tiny, sae,
     body = CONTEXT - 2
     windows = [[CLS] + ids[i : i + body] + [SEP] for i in range(0, len(ids), body)]
     assert len(windows[-1]) < CONTEXT  # a short last window: padding is exercised
-    cfg = EvalConfig(model="tiny", hook=HOOK, corpus=str(tmp_path / "doc.txt"), context=CONTEXT, max_tokens=10_000,
-                     skip_tokens=0, batch_windows=2, pass_special=pass_special, progress=False)
+    cfg = EvalConfig(
+        model="tiny",
+        hook=HOOK,
+        corpus=str(tmp_path / "doc.txt"),
+        context=CONTEXT,
+        max_tokens=10_000,
+        skip_tokens=0,
+        batch_windows=2,
+        pass_special=pass_special,
+        progress=False,
+    )
     got = splice_eval_many(cfg, {"s": sae}, tiny)["s"]
     want = brute_force(tiny, sae, windows, ignore={CLS, SEP} if pass_special else set())
     for name in NAMES:
@@ -136,8 +179,17 @@ def test_saelens_metrics_shared_and_per_window_ablations_agree(tmp_path, tiny, s
     import saegeo.sae.splice as splice
 
     (tmp_path / "doc.txt").write_text(TEXT)
-    cfg = EvalConfig(model="tiny", hook=HOOK, corpus=str(tmp_path / "doc.txt"), context=CONTEXT, max_tokens=10_000,
-                     skip_tokens=0, batch_windows=2, pass_special=False, progress=False)
+    cfg = EvalConfig(
+        model="tiny",
+        hook=HOOK,
+        corpus=str(tmp_path / "doc.txt"),
+        context=CONTEXT,
+        max_tokens=10_000,
+        skip_tokens=0,
+        batch_windows=2,
+        pass_special=False,
+        progress=False,
+    )
     shared = splice_eval_many(cfg, {"s": sae}, tiny)["s"]
     monkeypatch.setattr(splice, "SHARE_ABLATIONS", False)
     per_window = splice_eval_many(cfg, {"s": sae}, tiny)["s"]

@@ -29,8 +29,12 @@ def test_a_field_dict_refuses_keys_outside_its_schema():
 def test_checked_geometry_checks_the_nested_results_too():
     geo = checked_geometry({"n": 3, "sign": {"null": 0.1}, "rogue": {"n_for_50": 1}, "mp_bulk": {"sigma2_bulk": 1.0}})
     assert geo["sign"]["null"] == 0.1 and geo["mp_bulk"].get("power_law_alpha") is None
-    for bad in (lambda: geo.get("z_vs_null"), lambda: geo["sign"].get("nul"), lambda: geo["rogue"]["top"],
-                lambda: geo["mp_bulk"].get("sigma2")):
+    for bad in (
+        lambda: geo.get("z_vs_null"),
+        lambda: geo["sign"].get("nul"),
+        lambda: geo["rogue"]["top"],
+        lambda: geo["mp_bulk"].get("sigma2"),
+    ):
         with pytest.raises(KeyError):
             bad()
     with pytest.raises(KeyError):
@@ -47,18 +51,36 @@ def _store(path, x, hook="blocks.1.hook_resid_post"):
     n = x.shape[0]
     with StoreWriter(path, d=x.shape[1], hook=hook, model="toy", shard_rows=700) as w:
         for lo in range(0, n, 300):
-            w.append(x[lo : lo + 300], token_ids=torch.arange(lo, min(lo + 300, n)) % 29,
-                     positions=torch.arange(lo, min(lo + 300, n)) % 40)
+            w.append(
+                x[lo : lo + 300],
+                token_ids=torch.arange(lo, min(lo + 300, n)) % 29,
+                positions=torch.arange(lo, min(lo + 300, n)) % 40,
+            )
     return ActivationStore(path)
 
 
 def test_every_page_and_every_flag_of_a_full_report_reads_only_known_fields(tmp_path):
     from saegeo.render import (
-        figures, render_check_html, render_check_markdown, render_check_terminal, render_geometry, render_html,
-        render_markdown, render_sweep_html, render_sweep_markdown, render_sweep_terminal, render_terminal,
+        figures,
+        render_check_html,
+        render_check_markdown,
+        render_check_terminal,
+        render_geometry,
+        render_html,
+        render_markdown,
+        render_sweep_html,
+        render_sweep_markdown,
+        render_sweep_terminal,
+        render_terminal,
     )
-    from saegeo.report import GeometryReport, ReportOptions, check_dictionary, check_with_activations, compute_flags
-    from saegeo.report import geometry_report
+    from saegeo.report import (
+        GeometryReport,
+        ReportOptions,
+        check_dictionary,
+        check_with_activations,
+        compute_flags,
+        geometry_report,
+    )
     from saegeo.report.flags import activation_diagnosis, flag_inputs
     from saegeo.report.geometry import files_geometry
     from saegeo.report.sweep import SweepOptions, sweep_stores
@@ -71,18 +93,35 @@ def test_every_page_and_every_flag_of_a_full_report_reads_only_known_fields(tmp_
     store = _store(tmp_path / "s", x)
     planted = SAE(SAEConfig(d_in=d, d_sae=n_lat, activation="relu")).init_weights(torch.Generator().manual_seed(1))
     clean = SAE(SAEConfig(d_in=d, d_sae=n_lat, activation="topk", k=4)).init_weights(
-        torch.Generator().manual_seed(2), b_dec=x.mean(0))
+        torch.Generator().manual_seed(2), b_dec=x.mean(0)
+    )
     with torch.no_grad():
         planted.W_dec[0] = offset / offset.norm()
         planted.W_enc[:, 0] = 0.0
         planted.b_enc[0] = 6.0
-    splice = {"planted": {"ce_loss_clean": 2.0, "ce_loss_spliced": 2.5, "ce_loss_zero_ablation": 4.0,
-                          "ce_loss_mean_ablation": 3.0, "ce_loss_recovered": 0.75, "kl_div_spliced": 0.1,
-                          "kl_div_zero_ablation": 1.0, "fve": 0.5, "l0": 4.0, "tokens": 100,
-                          "passed_through": {"positions": 3, "special_positions": ["<bos>"]}}}
+    splice = {
+        "planted": {
+            "ce_loss_clean": 2.0,
+            "ce_loss_spliced": 2.5,
+            "ce_loss_zero_ablation": 4.0,
+            "ce_loss_mean_ablation": 3.0,
+            "ce_loss_recovered": 0.75,
+            "kl_div_spliced": 0.1,
+            "kl_div_zero_ablation": 1.0,
+            "fve": 0.5,
+            "l0": 4.0,
+            "tokens": 100,
+            "passed_through": {"positions": 3, "special_positions": ["<bos>"]},
+        }
+    }
     opts = ReportOptions(progress=False, batch_rows=500)
-    report = geometry_report(store, {"planted": planted, "clean": clean}, options=opts, splice=splice,
-                             config={"normalize_activations": "covariance_whitening"})
+    report = geometry_report(
+        store,
+        {"planted": planted, "clean": clean},
+        options=opts,
+        splice=splice,
+        config={"normalize_activations": "covariance_whitening"},
+    )
     assert report.artifact is not None and report.whitening_cost is not None and report.saes[0].splice
     assert isinstance(report.activations, FieldDict)
     loaded = GeometryReport.from_dict(json.loads(report.to_json()))

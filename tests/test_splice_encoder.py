@@ -5,14 +5,16 @@ with a forward hook on encoder.layer[L] (no transformer-lens)."""
 import pytest
 import torch
 import torch.nn.functional as F
+from splice_helpers import identity_sae
 
 from saegeo.activations.models import load_model, minilm_path
 from saegeo.sae.model import SAE, SAEConfig
 from saegeo.sae.splice import ENCODER_MEASURE, EvalConfig, splice_eval_many
-from splice_helpers import identity_sae
 
-TEXT = ("Sparse autoencoders decompose activations into many latents. Each latent should mean one thing. "
-        "The residual stream of a transformer carries a large mean, which the decoder bias must absorb.")
+TEXT = (
+    "Sparse autoencoders decompose activations into many latents. Each latent should mean one thing. "
+    "The residual stream of a transformer carries a large mean, which the decoder bias must absorb."
+)
 LAYER, CONTEXT, CLS, SEP = 2, 20, 101, 102
 
 
@@ -24,7 +26,9 @@ def minilm():
 def topk(d=384, seed=0):
     sae = SAE(SAEConfig(d_in=d, d_sae=4 * d, activation="topk", k=24))
     with torch.no_grad():
-        sae.init_weights(torch.Generator().manual_seed(seed), b_dec=0.1 * torch.randn(d, generator=torch.Generator().manual_seed(9)))
+        sae.init_weights(
+            torch.Generator().manual_seed(seed), b_dec=0.1 * torch.randn(d, generator=torch.Generator().manual_seed(9))
+        )
     return sae.eval()
 
 
@@ -34,8 +38,15 @@ def test_encoder_cosine_equals_brute_force_hf_hook(minilm, tmp_path):
     corpus = tmp_path / "doc.txt"
     corpus.write_text(TEXT)
     sae = topk()
-    cfg = EvalConfig(model="minilm", corpus=str(corpus), hook=f"blocks.{LAYER}.hook_normalized_resid_post",
-                     context=CONTEXT, max_tokens=10_000, batch_windows=16, progress=False)
+    cfg = EvalConfig(
+        model="minilm",
+        corpus=str(corpus),
+        hook=f"blocks.{LAYER}.hook_normalized_resid_post",
+        context=CONTEXT,
+        max_tokens=10_000,
+        batch_windows=16,
+        progress=False,
+    )
     got = splice_eval_many(cfg, {"topk": sae, "identity": identity_sae(384)}, minilm)
     hf = AutoModel.from_pretrained(minilm_path(), local_files_only=True).eval()
     ids = minilm.tokenizer(TEXT, add_special_tokens=False)["input_ids"]
@@ -47,7 +58,8 @@ def test_encoder_cosine_equals_brute_force_hf_hook(minilm, tmp_path):
             clean = hf(x).last_hidden_state[0].mean(0)
             for v, fn in {"spliced": lambda h: sae(h[0])[None], "zero": torch.zeros_like}.items():
                 handle = hf.encoder.layer[LAYER].register_forward_hook(
-                    lambda m, i, o, fn=fn: (fn(o[0]), *o[1:]) if isinstance(o, tuple) else fn(o))
+                    lambda m, i, o, fn=fn: (fn(o[0]), *o[1:]) if isinstance(o, tuple) else fn(o)
+                )
                 patched = hf(x).last_hidden_state[0].mean(0)
                 handle.remove()
                 cos[v].append(float(F.cosine_similarity(clean, patched, dim=0)))

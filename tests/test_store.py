@@ -161,18 +161,21 @@ def test_killed_writer_resumes_identically(tmp_path, crash_at):
     ctx = mp.get_context("fork")
     ref = tmp_path / "ref"
     p = ctx.Process(target=_produce, args=(str(ref), None))
-    p.start(); p.join()
+    p.start()
+    p.join()
     assert p.exitcode == 0
     victim = tmp_path / "victim"
     p = ctx.Process(target=_produce, args=(str(victim), crash_at))
-    p.start(); p.join()
+    p.start()
+    p.join()
     assert p.exitcode == 137  # really killed (os._exit: no cleanup ran)
     manifest = json.loads((victim / "manifest.json").read_text())
     assert manifest["complete"] is False
     if crash_at.startswith("mid_shard"):
         assert any(f.name.endswith(".tmp") for f in victim.iterdir())  # a half-written shard was left behind
     p = ctx.Process(target=_produce, args=(str(victim), None))
-    p.start(); p.join()
+    p.start()
+    p.join()
     assert p.exitcode == 0
     assert file_hashes(victim) == file_hashes(ref)
     np.testing.assert_array_equal(

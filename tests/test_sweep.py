@@ -50,17 +50,40 @@ def _two_layer_stores(tmp_path, model_b="toy"):
 
 def test_sweep_rows_equal_geometry_on_each_store_alone(tmp_path, capsys):
     a, b = _two_layer_stores(tmp_path)
-    assert main(["sweep", str(b.path), str(a.path), "--json", str(tmp_path / "sweep.json"), "--batch-rows", "256",
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                str(b.path),
+                str(a.path),
+                "--json",
+                str(tmp_path / "sweep.json"),
+                "--batch-rows",
+                "256",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     rows = json.loads((tmp_path / "sweep.json").read_text())["layers"]
     assert [r["hook"] for r in rows] == ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_post"]
     for store, row in zip((a, b), rows):
         out = tmp_path / f"{store.path.name}.json"
         assert main(["geometry", str(store.path), "--json", str(out), "--batch-rows", "256", "--no-progress"]) == 0
         geo = json.loads(out.read_text())
-        pairs = {"A": "anisotropy", "A_null": None, "offset": "offset", "total_variance": "total_variance",
-                 "mean_share": "mean_share_of_second_moment", "erank": "effective_rank", "top1": "top1_share",
-                 "top10": "top10_share", "isoscore": "isoscore", "mp_spikes": "n_spikes", "noise_erank": "noise_effective_rank"}
+        pairs = {
+            "A": "anisotropy",
+            "A_null": None,
+            "offset": "offset",
+            "total_variance": "total_variance",
+            "mean_share": "mean_share_of_second_moment",
+            "erank": "effective_rank",
+            "top1": "top1_share",
+            "top10": "top10_share",
+            "isoscore": "isoscore",
+            "mp_spikes": "n_spikes",
+            "noise_erank": "noise_effective_rank",
+        }
         for key, gkey in pairs.items():
             expected = geo["sign"]["null"] if key == "A_null" else geo[gkey]
             assert row[key] == expected, key
@@ -117,7 +140,9 @@ def test_report_runs_the_artifact_test_on_a_store_and_flags_it(tmp_path):
     assert flags[0].summary.startswith("PC1 tracks position in the window")
     assert "all-but-the-top" in flags[0].advice and "evidence" in flags[0].advice
     assert "artifact" in render_terminal(report)
-    assert not [f for f in compute_flags(report, FlagThresholds(artifact_min_abs_corr=0.9999)) if f.name == "artifact_direction"]
+    assert not [
+        f for f in compute_flags(report, FlagThresholds(artifact_min_abs_corr=0.9999)) if f.name == "artifact_direction"
+    ]
     tensor_report = geometry_report(store.read_rows(0, 2000), options=ReportOptions(progress=False))
     assert tensor_report.artifact is None
     assert any("artifact test not run" in n for n in tensor_report.notes)
@@ -131,8 +156,25 @@ def test_geometry_cli_prints_the_artifact_test_on_a_store(tmp_path, capsys):
 
 
 def test_sweep_on_minilm_from_one_cache_pass(tmp_path, capsys):
-    assert main(["sweep", "--model", "minilm", "--max-tokens", "1500", "--context", "64", "--cache-dir",
-                 str(tmp_path / "acts"), "--json", str(tmp_path / "s.json"), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                "--model",
+                "minilm",
+                "--max-tokens",
+                "1500",
+                "--context",
+                "64",
+                "--cache-dir",
+                str(tmp_path / "acts"),
+                "--json",
+                str(tmp_path / "s.json"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     doc = json.loads((tmp_path / "s.json").read_text())
     assert [r["layer"] for r in doc["layers"]] == list(range(7))
     assert doc["layers"][0]["hook"] == "blocks.0.hook_resid_pre"

@@ -71,7 +71,9 @@ def test_unreachable_target_is_refused():
 @pytest.mark.parametrize("law", ["exp", "half_normal", "log_normal", "constant"])
 def test_rates_and_magnitude_moments(law):
     q, n_features, n = 0.05, 200, 6000
-    gen = SuperpositionGenerator(SyntheticConfig(d=16, n_features=n_features, rate=q, magnitude=law, log_normal_sigma=0.5, seed=1))
+    gen = SuperpositionGenerator(
+        SyntheticConfig(d=16, n_features=n_features, rate=q, magnitude=law, log_normal_sigma=0.5, seed=1)
+    )
     _, codes = gen.sample(n)
     trials = n * n_features
     fired = codes.values.numel()
@@ -92,7 +94,9 @@ def test_rates_and_magnitude_moments(law):
 
 
 def test_zipf_rates():
-    gen = SuperpositionGenerator(SyntheticConfig(d=16, n_features=1000, rate=0.005, rate_law="zipf", zipf_exponent=1.0, seed=0))
+    gen = SuperpositionGenerator(
+        SyntheticConfig(d=16, n_features=1000, rate=0.005, rate_law="zipf", zipf_exponent=1.0, seed=0)
+    )
     rates = gen.truth.rates.double()
     assert float(rates.mean()) == pytest.approx(0.005, rel=1e-6)
     assert float(rates[0] / rates[9]) == pytest.approx(10.0, rel=1e-5)
@@ -116,7 +120,9 @@ def test_cofiring_groups_fire_together():
 
 
 def test_population_moments_match_the_rows():
-    gen = SuperpositionGenerator(SyntheticConfig(**SMALL, tilt=0.3, offset=1.0, noise=0.5, n_groups=10, group_size=2, seed=9))
+    gen = SuperpositionGenerator(
+        SyntheticConfig(**SMALL, tilt=0.3, offset=1.0, noise=0.5, n_groups=10, group_size=2, seed=9)
+    )
     x, codes = gen.sample(30000)
     x = x.double()
     truth = gen.truth
@@ -196,7 +202,23 @@ def test_cli_synth_writes_store_and_truth(tmp_path, capsys):
     from saegeo.cli import main
 
     out = tmp_path / "synth"
-    rc = main(["synth", "--preset", "tilted", "--n", "3000", "--d", "32", "--n-features", "128", "--seed", "4", "--out", str(out)])
+    rc = main(
+        [
+            "synth",
+            "--preset",
+            "tilted",
+            "--n",
+            "3000",
+            "--d",
+            "32",
+            "--n-features",
+            "128",
+            "--seed",
+            "4",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     truth = SyntheticTruth.load(out / "truth.safetensors")
     assert truth.tilt == pytest.approx(0.3)

@@ -52,7 +52,9 @@ def test_two_gaussian_mixture_between_and_within():
     g = torch.Generator().manual_seed(1)
     delta = torch.arange(1, d + 1, dtype=torch.float64) / 4
     ids = torch.arange(n) % 2
-    x = torch.randn(n, d, generator=g, dtype=torch.float64) * sigma + torch.where(ids[:, None] == 0, delta / 2, -delta / 2)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64) * sigma + torch.where(
+        ids[:, None] == 0, delta / 2, -delta / 2
+    )
     tt = token_type_geometry(TokenTypeAccumulator(d).add(x, ids))
     assert tt.between == pytest.approx(float(delta.square().sum()) / 4, rel=0.01)
     assert tt.within == pytest.approx(d * sigma**2, rel=0.01)
@@ -112,7 +114,10 @@ def test_norm_variance_correlation_matches_weighted_pearson():
     scales = [0.2, 0.5, 1.0, 1.5, 2.0]
     rows, ids = [], []
     for t, (c, s) in enumerate(zip(counts, scales)):
-        rows.append(torch.full((c, d), 3.0 / (1 + t), dtype=torch.float64) + s * torch.randn(c, d, generator=g, dtype=torch.float64))
+        rows.append(
+            torch.full((c, d), 3.0 / (1 + t), dtype=torch.float64)
+            + s * torch.randn(c, d, generator=g, dtype=torch.float64)
+        )
         ids += [t] * c
     x = torch.cat(rows)
     tt = token_type_geometry(TokenTypeAccumulator(d).add(x, ids))
@@ -194,7 +199,12 @@ def test_intra_window_similarity_matches_brute_force_across_batch_cuts():
 def test_window_starts_without_position_zero():
     """With special tokens excluded positions start at 1: a window starts wherever the position does not increase."""
     assert window_starts(torch.tensor([1, 2, 3, 1, 2, 5, 1])).tolist() == [True, False, False, True, False, False, True]
-    assert window_starts(torch.tensor([0, 0, 1, 1]), previous=0).tolist() == [True, True, False, True]  # equal: new window
+    assert window_starts(torch.tensor([0, 0, 1, 1]), previous=0).tolist() == [
+        True,
+        True,
+        False,
+        True,
+    ]  # equal: new window
 
 
 def test_merge_of_bounded_accumulators_never_splits_a_type():

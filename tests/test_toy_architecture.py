@@ -40,8 +40,15 @@ class SquaredReLU(Architecture):
         sse = (x - (codes @ sae.W_dec + sae.b_dec)).pow(2).sum()
         l1 = codes.sum() / x.shape[0]
         fire_count = (codes.detach() > 0).sum(dim=0).float()
-        return TrainOutput(sse / centred_ss + l1_coefficient * l1, sse.detach(), centred_ss, fire_count.sum(),
-                           l1.detach(), fire_count > 0, fire_count)
+        return TrainOutput(
+            sse / centred_ss + l1_coefficient * l1,
+            sse.detach(),
+            centred_ss,
+            fire_count.sum(),
+            l1.detach(),
+            fire_count > 0,
+            fire_count,
+        )
 
     def step_options(self, tcfg, step, d_in):
         return {"l1_coefficient": 1e-3 * tcfg.l1_coefficient}
@@ -71,8 +78,17 @@ def _by_formula(sae: SAE, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def test_a_toy_architecture_trains_saves_loads_and_is_reported(toy, tmp_path):
     assert "sqrelu" in architecture_names()
     x = _data()
-    cfg = TrainConfig(arch="sqrelu", d_sae=48, batch_tokens=250, total_tokens=250 * 80, lr=3e-3, seed=1,
-                      heldout_fraction=0.1, progress=False, out_dir=str(tmp_path / "toy"))
+    cfg = TrainConfig(
+        arch="sqrelu",
+        d_sae=48,
+        batch_tokens=250,
+        total_tokens=250 * 80,
+        lr=3e-3,
+        seed=1,
+        heldout_fraction=0.1,
+        progress=False,
+        out_dir=str(tmp_path / "toy"),
+    )
     res = train_sae(cfg, x)
     sae = res.sae
     assert sae.cfg.activation == "sqrelu" and sae.architecture is toy

@@ -50,8 +50,18 @@ def test_topk_recovers_ground_truth_features(one_thread, monkeypatch):
             return out
 
     monkeypatch.setattr(train_mod, "SAE", Spy)
-    cfg = TrainConfig(arch="topk", d_sae=512, k=5, lr=1e-2, batch_tokens=512, total_tokens=200 * 512,
-                      dead_window_tokens=10_240, heldout_fraction=0.05, seed=7, progress=False)
+    cfg = TrainConfig(
+        arch="topk",
+        d_sae=512,
+        k=5,
+        lr=1e-2,
+        batch_tokens=512,
+        total_tokens=200 * 512,
+        dead_window_tokens=10_240,
+        heldout_fraction=0.05,
+        seed=7,
+        progress=False,
+    )
     result = train_sae(cfg, x)
     at_init = recovery(truth.dictionary, init["W_dec"], threshold=0.9, match=False)
     # best of 512 random unit vectors against one direction in d = 64: |cos| ≈ 3.3/8 ≈ 0.4, far below 0.9
@@ -70,8 +80,19 @@ def test_b_dec_mean_absorbs_a_large_offset_and_zero_init_does_worse(one_thread):
     assert offset.norm() > 3 * (x - x.mean(0)).norm(dim=1).mean()  # the offset dominates the rows
     out = {}
     for init in ("mean", "zeros"):
-        cfg = TrainConfig(arch="topk", d_sae=512, k=10, lr=1e-2, batch_tokens=512, total_tokens=40 * 512,
-                          dead_window_tokens=10_240, heldout_fraction=0.05, seed=3, b_dec_init=init, progress=False)
+        cfg = TrainConfig(
+            arch="topk",
+            d_sae=512,
+            k=10,
+            lr=1e-2,
+            batch_tokens=512,
+            total_tokens=40 * 512,
+            dead_window_tokens=10_240,
+            heldout_fraction=0.05,
+            seed=3,
+            b_dec_init=init,
+            progress=False,
+        )
         r = train_sae(cfg, x)
         w = r.sae.W_dec.detach()
         cos_offset = (w @ offset) / (w.norm(dim=1) * offset.norm())
@@ -89,8 +110,19 @@ def test_b_dec_mean_absorbs_a_large_offset_and_zero_init_does_worse(one_thread):
 
 
 def _small_cfg(tmp_path=None, **kw) -> TrainConfig:
-    base = dict(arch="topk", d_sae=64, k=4, lr=3e-3, batch_tokens=128, total_tokens=128 * 20, dead_window_tokens=512,
-                heldout_fraction=0.1, seed=0, progress=False, log_every=5)
+    base = dict(
+        arch="topk",
+        d_sae=64,
+        k=4,
+        lr=3e-3,
+        batch_tokens=128,
+        total_tokens=128 * 20,
+        dead_window_tokens=512,
+        heldout_fraction=0.1,
+        seed=0,
+        progress=False,
+        log_every=5,
+    )
     base.update(kw)
     if tmp_path is not None:
         base["out_dir"] = str(tmp_path)
@@ -205,8 +237,10 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     assert state["step"] == 10
     # finite rows whose squares overflow: the loss is inf; the run stops and keeps the step-10 checkpoint
     with pytest.raises(NonFiniteLossError, match=r"between steps 11 and 15 .*last good checkpoint \(step 10\)"):
-        train_sae(_small_cfg(tmp_path, checkpoint_every=5, total_tokens=128 * 30, b_dec_init_tokens=256,
-                             overwrite=True), lambda: batches(lambda b: b.mul_(1e30)))
+        train_sae(
+            _small_cfg(tmp_path, checkpoint_every=5, total_tokens=128 * 30, b_dec_init_tokens=256, overwrite=True),
+            lambda: batches(lambda b: b.mul_(1e30)),
+        )
     state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
     assert state["step"] == 10
     # non-finite rows among those that initialise b_dec are named before training starts
@@ -262,7 +296,11 @@ def test_geometric_median_matches_brute_force():
     g = torch.Generator().manual_seed(0)
     pts = torch.randn(200, 5, generator=g, dtype=torch.float64) + torch.tensor([3.0, 0, 0, 0, 0], dtype=torch.float64)
     pts[:20] += 50  # outliers move the mean, not the median
-    ref = minimize(lambda m: (pts.numpy() - m).__pow__(2).sum(1).__pow__(0.5).sum(), pts.mean(0).numpy(),
-                   method="Nelder-Mead", options=dict(xatol=1e-9, fatol=1e-12, maxiter=20000, maxfev=40000)).x
+    ref = minimize(
+        lambda m: (pts.numpy() - m).__pow__(2).sum(1).__pow__(0.5).sum(),
+        pts.mean(0).numpy(),
+        method="Nelder-Mead",
+        options=dict(xatol=1e-9, fatol=1e-12, maxiter=20000, maxfev=40000),
+    ).x
     got = geometric_median(pts).numpy()
     assert abs(got - ref).max() < 1e-4

@@ -33,7 +33,9 @@ def _synthetic(n: int, seed: int = 1, k: int = 8):
 
 def _sae(activation: str, d_in: int = 16, d_sae: int = 48, k: int | None = None, dtype: str = "float32") -> SAE:
     sae = SAE(SAEConfig(d_in, d_sae, activation=activation, k=k, dtype=dtype))
-    sae.init_weights(torch.Generator().manual_seed(0), b_dec=torch.randn(d_in, generator=torch.Generator().manual_seed(1)))
+    sae.init_weights(
+        torch.Generator().manual_seed(0), b_dec=torch.randn(d_in, generator=torch.Generator().manual_seed(1))
+    )
     with torch.no_grad():
         sae.b_enc.normal_(0, 0.3, generator=torch.Generator().manual_seed(2))
     return sae
@@ -57,8 +59,16 @@ def test_batchtopk_keeps_exactly_k_times_batch_entries_the_largest_of_the_batch(
 
 def test_batchtopk_saved_as_saelens_jumprelu_round_trips_with_identical_codes(tmp_path):
     x = _synthetic(6000)
-    cfg = TrainConfig(arch="batchtopk", d_sae=128, k=8, batch_tokens=500, total_tokens=20_000, lr=1e-3,
-                      progress=False, out_dir=str(tmp_path / "btk"))
+    cfg = TrainConfig(
+        arch="batchtopk",
+        d_sae=128,
+        k=8,
+        batch_tokens=500,
+        total_tokens=20_000,
+        lr=1e-3,
+        progress=False,
+        out_dir=str(tmp_path / "btk"),
+    )
     res = train_sae(cfg, x)
     assert res.sae.cfg.activation == "batchtopk" and float(res.sae.threshold) > 0
     saved = json.loads((tmp_path / "btk" / "cfg.json").read_text())
@@ -97,8 +107,7 @@ def test_jumprelu_step_gradient_is_the_central_finite_difference_of_width_bandwi
 
 def test_jumprelu_reaches_its_l0_target_on_synthetic_data():
     x = _synthetic(30_000)
-    cfg = TrainConfig(arch="jumprelu", d_sae=256, k=8, batch_tokens=1000, total_tokens=250_000, lr=1e-3,
-                      progress=False)
+    cfg = TrainConfig(arch="jumprelu", d_sae=256, k=8, batch_tokens=1000, total_tokens=250_000, lr=1e-3, progress=False)
     res = train_sae(cfg, x)
     assert abs(res.heldout["l0"] / 8 - 1) < 0.2, res.heldout["l0"]
     assert res.heldout["fve"] > 0.5
@@ -119,7 +128,9 @@ def test_relu_hand_written_backward_equals_autograd_of_the_objective(apply_b_dec
     x = torch.randn(64, 16, dtype=torch.float64)
     out = sae.forward_train(x, l1_coefficient=0.7)
     got = torch.autograd.grad(out.loss, [sae.W_enc, sae.b_enc, sae.W_dec, sae.b_dec])
-    W_enc, b_enc, W_dec, b_dec = (p.detach().clone().requires_grad_() for p in (sae.W_enc, sae.b_enc, sae.W_dec, sae.b_dec))
+    W_enc, b_enc, W_dec, b_dec = (
+        p.detach().clone().requires_grad_() for p in (sae.W_enc, sae.b_enc, sae.W_dec, sae.b_dec)
+    )
     codes = torch.relu(((x - b_dec) if apply_b_dec else x) @ W_enc + b_enc)
     loss = ((x - codes @ W_dec - b_dec) ** 2).sum() / 64 + 0.7 * (codes * W_dec.norm(dim=1)).sum() / 64
     want = torch.autograd.grad(loss, [W_enc, b_enc, W_dec, b_dec])
@@ -131,8 +142,18 @@ def test_relu_hand_written_backward_equals_autograd_of_the_objective(apply_b_dec
 
 def test_relu_free_decoder_norms_end_folded_to_unit_rows():
     x = _synthetic(6000)
-    res = train_sae(TrainConfig(arch="relu", d_sae=128, batch_tokens=500, total_tokens=20_000, decoder_norm="free",
-                                l1_warmup_fraction=0.5, progress=False), x)
+    res = train_sae(
+        TrainConfig(
+            arch="relu",
+            d_sae=128,
+            batch_tokens=500,
+            total_tokens=20_000,
+            decoder_norm="free",
+            l1_warmup_fraction=0.5,
+            progress=False,
+        ),
+        x,
+    )
     torch.testing.assert_close(res.sae.W_dec.norm(dim=1), torch.ones(128), rtol=0, atol=1e-5)
 
 
@@ -142,12 +163,28 @@ def test_store_source_seeks_to_a_batch_without_reading_the_shards_before_it(tmp_
     cfg = TrainConfig(batch_tokens=256, total_tokens=256 * 300, shuffle_buffer=3_000, seed=3)
     src = _StoreSource(store, cfg)
     # reference: the store's own shuffled epochs, read in full
-    ref = list(itertools.islice(
-        (b for e in range(4) for b in store.iter_batches(256, shuffle=True, shuffle_buffer=3_000, seed=3 * 1_000_003 + e,
-                                                          stop_row=src.n_train, drop_last=True)), 300))
+    ref = list(
+        itertools.islice(
+            (
+                b
+                for e in range(4)
+                for b in store.iter_batches(
+                    256,
+                    shuffle=True,
+                    shuffle_buffer=3_000,
+                    seed=3 * 1_000_003 + e,
+                    stop_row=src.n_train,
+                    drop_last=True,
+                )
+            ),
+            300,
+        )
+    )
     reads: list[int] = []
     orig = ActivationStore.read_shard
-    monkeypatch.setattr(ActivationStore, "read_shard", lambda self, i, *a, **k: reads.append(i) or orig(self, i, *a, **k))
+    monkeypatch.setattr(
+        ActivationStore, "read_shard", lambda self, i, *a, **k: reads.append(i) or orig(self, i, *a, **k)
+    )
     for start in (0, 1, 50, 140, 260):  # 140, 260: later epochs
         reads.clear()
         got = list(itertools.islice(src.train_batches(start), 300 - start))
@@ -157,8 +194,20 @@ def test_store_source_seeks_to_a_batch_without_reading_the_shards_before_it(tmp_
             next(iter(src.train_batches(start)))
             seek_reads = len(reads)
             reads.clear()
-            next(itertools.islice(store.iter_batches(256, shuffle=True, shuffle_buffer=3_000, seed=3 * 1_000_003,
-                                                     stop_row=src.n_train, drop_last=True), start, None))
+            next(
+                itertools.islice(
+                    store.iter_batches(
+                        256,
+                        shuffle=True,
+                        shuffle_buffer=3_000,
+                        seed=3 * 1_000_003,
+                        stop_row=src.n_train,
+                        drop_last=True,
+                    ),
+                    start,
+                    None,
+                )
+            )
             assert seek_reads <= len(reads) // 2, (seek_reads, len(reads))
 
 
@@ -166,8 +215,18 @@ def test_resume_from_a_store_checkpoint_equals_uninterrupted(tmp_path):
     store = write_store(tmp_path / "s", _synthetic(8_000), shard_rows=1_000)
 
     def cfg(out):
-        return TrainConfig(arch="topk", d_sae=64, k=4, batch_tokens=256, total_tokens=256 * 16, shuffle_buffer=1_500,
-                           checkpoint_every=5, out_dir=str(out), progress=False, log_every=4)
+        return TrainConfig(
+            arch="topk",
+            d_sae=64,
+            k=4,
+            batch_tokens=256,
+            total_tokens=256 * 16,
+            shuffle_buffer=1_500,
+            checkpoint_every=5,
+            out_dir=str(out),
+            progress=False,
+            log_every=4,
+        )
 
     full = train_sae(cfg(tmp_path / "full"), store)
     with pytest.raises(KeyboardInterrupt):  # killed at step 12, after the step-10 checkpoint
@@ -185,8 +244,15 @@ def test_batchtopk_and_jumprelu_resume_refuses_another_k(tmp_path):
     from saegeo.errors import BadInputError
 
     x = _synthetic(3000)
-    base = dict(arch="jumprelu", d_sae=64, batch_tokens=256, total_tokens=256 * 4, checkpoint_every=2,
-                out_dir=str(tmp_path / "j"), progress=False)
+    base = dict(
+        arch="jumprelu",
+        d_sae=64,
+        batch_tokens=256,
+        total_tokens=256 * 4,
+        checkpoint_every=2,
+        out_dir=str(tmp_path / "j"),
+        progress=False,
+    )
     with pytest.raises(KeyboardInterrupt):  # stopped after the checkpoint at step 2: a run to resume
         train_sae(TrainConfig(k=4, **base), x, on_step=lambda step, _: _interrupt_at(step, 3))
     with pytest.raises(BadInputError, match="with k=4; it cannot be resumed with k=6"):
@@ -209,8 +275,18 @@ def test_report_names_a_batchtopk_sae_saved_as_jumprelu(tmp_path):
     from saegeo.report.report import ReportOptions, geometry_report
 
     x = _synthetic(3000)
-    train_sae(TrainConfig(arch="batchtopk", d_sae=128, k=6, batch_tokens=500, total_tokens=5_000, progress=False,
-                          out_dir=str(tmp_path / "b")), x)
+    train_sae(
+        TrainConfig(
+            arch="batchtopk",
+            d_sae=128,
+            k=6,
+            batch_tokens=500,
+            total_tokens=5_000,
+            progress=False,
+            out_dir=str(tmp_path / "b"),
+        ),
+        x,
+    )
     rep = geometry_report(x, str(tmp_path / "b"), options=ReportOptions(progress=False, device="cpu"))
     assert rep.saes[0].architecture == "batchtopk (saved as jumprelu)" and rep.saes[0].k == 6
     # the pipeline passes loaded SAE objects: the loader carries what the saegeo block says
@@ -242,8 +318,11 @@ def _dense_objective(sae: SAE, x: torch.Tensor, arch: str, eps: float, l0_target
     return loss, codes
 
 
-@pytest.mark.parametrize("arch, quantile", [("batchtopk", None), ("jumprelu", 0.95), ("jumprelu", 0.5)],
-                         ids=["batchtopk", "jumprelu-sparse", "jumprelu-dense"])
+@pytest.mark.parametrize(
+    "arch, quantile",
+    [("batchtopk", None), ("jumprelu", 0.95), ("jumprelu", 0.5)],
+    ids=["batchtopk", "jumprelu-sparse", "jumprelu-dense"],
+)
 def test_sparse_step_equals_the_dense_objective(arch, quantile, monkeypatch):
     """forward_train's sparse path (the entries with a gradient only) gives the dense objective's loss, codes
     and the gradient of every parameter, θ included; so does JumpReLU's dense fallback (thresholds at the
@@ -263,8 +342,11 @@ def test_sparse_step_equals_the_dense_objective(arch, quantile, monkeypatch):
         monkeypatch.setattr(jumprelu, "dense_step", lambda *a: dense_calls.append(1) or dense(*a))
     out = sae.forward_train(x, l0_target=target, l0_coefficient=coefficient, bandwidth=eps)
     assert len(dense_calls) == (quantile == 0.5)
-    params = [p for p in (sae.W_enc, sae.b_enc, sae.W_dec, sae.b_dec, getattr(sae, "threshold", None))
-              if p is not None and p.requires_grad]
+    params = [
+        p
+        for p in (sae.W_enc, sae.b_enc, sae.W_dec, sae.b_dec, getattr(sae, "threshold", None))
+        if p is not None and p.requires_grad
+    ]
     got = torch.autograd.grad(out.loss, params)
     loss, codes = _dense_objective(sae, x, arch, eps, target, coefficient)
     want = torch.autograd.grad(loss, params)

@@ -44,8 +44,18 @@ class _Stop(Exception):
 
 
 def _train_cfg(out: Path) -> TrainConfig:
-    return TrainConfig(d_sae=16, k=2, batch_tokens=64, total_tokens=64 * 40, checkpoint_every=10, log_every=5,
-                       shuffle_buffer=256, b_dec_init_tokens=64, progress=False, out_dir=str(out))
+    return TrainConfig(
+        d_sae=16,
+        k=2,
+        batch_tokens=64,
+        total_tokens=64 * 40,
+        checkpoint_every=10,
+        log_every=5,
+        shuffle_buffer=256,
+        b_dec_init_tokens=64,
+        progress=False,
+        out_dir=str(out),
+    )
 
 
 def test_resume_refuses_shards_rewritten_with_the_same_size(tmp_path):
@@ -160,8 +170,18 @@ def test_float16_overflow_is_refused_at_write_naming_the_row(tmp_path):
 # --------------------------------------------------------------------------- the checkpoint's state
 def _interrupted(tmp_path: Path, step: int, **kw) -> tuple[TrainConfig, ActivationStore]:
     store = write_store(tmp_path / "s", _rows(2048), shard_rows=256)
-    cfg = TrainConfig(d_sae=16, k=2, batch_tokens=64, total_tokens=64 * 20, checkpoint_every=5, shuffle_buffer=128,
-                      b_dec_init_tokens=64, progress=False, out_dir=str(tmp_path / "run"), **kw)
+    cfg = TrainConfig(
+        d_sae=16,
+        k=2,
+        batch_tokens=64,
+        total_tokens=64 * 20,
+        checkpoint_every=5,
+        shuffle_buffer=128,
+        b_dec_init_tokens=64,
+        progress=False,
+        out_dir=str(tmp_path / "run"),
+        **kw,
+    )
 
     def stop(s, _):
         if s == step:
@@ -191,8 +211,11 @@ def test_resume_with_another_thread_count_is_refused(tmp_path):
     threads = torch.get_num_threads()
     try:
         cfg, store = _interrupted(tmp_path, 5, num_threads=1)
-        with pytest.raises(BadInputError, match=r"torch threads \(--num-threads\)=1; it cannot be resumed with "
-                                                r"torch threads \(--num-threads\)=2"):
+        with pytest.raises(
+            BadInputError,
+            match=r"torch threads \(--num-threads\)=1; it cannot be resumed with "
+            r"torch threads \(--num-threads\)=2",
+        ):
             train_sae(TrainConfig(**{**cfg.__dict__, "num_threads": 2}), store)
         assert train_sae(cfg, store).history[-1]["step"] == 20
     finally:
@@ -202,20 +225,48 @@ def test_resume_with_another_thread_count_is_refused(tmp_path):
 def test_nonfinite_loss_names_the_steps_since_the_last_check(tmp_path):
     """4 steps, log_every 10: the check runs once, after step 4. It used to say 'between steps -5 and 4'."""
     x = _rows(2048) * 1e18  # finite rows, but their squares overflow float32: the loss is inf
-    cfg = TrainConfig(d_sae=16, k=2, batch_tokens=64, total_tokens=64 * 4, log_every=10, progress=False,
-                      b_dec_init="zeros", b_dec_init_tokens=64)
+    cfg = TrainConfig(
+        d_sae=16,
+        k=2,
+        batch_tokens=64,
+        total_tokens=64 * 4,
+        log_every=10,
+        progress=False,
+        b_dec_init="zeros",
+        b_dec_init_tokens=64,
+    )
     with pytest.raises(SaegeoError, match="non-finite loss between steps 1 and 4 "):
         train_sae(cfg, x)
 
 
 # --------------------------------------------------------------------------- fuzzed manifests
 _VALUES = st.one_of(
-    st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=12), st.just("../x"), st.just("/etc/passwd"), st.just("float16"), st.just("F32"),
-    st.lists(st.integers(-3, 3), max_size=3), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.just("../x"),
+    st.just("/etc/passwd"),
+    st.just("float16"),
+    st.just("F32"),
+    st.lists(st.integers(-3, 3), max_size=3),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
 )
-_FIELDS = ["format_version", "d", "dtype", "shards", "n_tokens", "complete", "shard_rows", "hook", "model",
-           "corpus", "extra", "columns"]
+_FIELDS = [
+    "format_version",
+    "d",
+    "dtype",
+    "shards",
+    "n_tokens",
+    "complete",
+    "shard_rows",
+    "hook",
+    "model",
+    "corpus",
+    "extra",
+    "columns",
+]
 _SHARD_FIELDS = ["file", "rows", "bytes", "sha256"]
 
 
@@ -230,8 +281,11 @@ def _corruptions():
     top = st.tuples(st.just("top"), st.sampled_from(_FIELDS), st.one_of(_VALUES, st.just("<delete>")))
     shard = st.tuples(st.integers(0, 2), st.sampled_from(_SHARD_FIELDS), st.one_of(_VALUES, st.just("<delete>")))
     whole = st.tuples(st.just("whole"), st.just(""), st.one_of(_VALUES, st.just("<bytes>")))
-    header = st.tuples(st.just("header"), st.sampled_from(["shape0", "shape1", "dtype", "length"]),
-                       st.one_of(st.integers(-5, 10**6), st.sampled_from(["F16", "I32", "x"])))
+    header = st.tuples(
+        st.just("header"),
+        st.sampled_from(["shape0", "shape1", "dtype", "length"]),
+        st.one_of(st.integers(-5, 10**6), st.sampled_from(["F16", "I32", "x"])),
+    )
     return st.lists(st.one_of(top, shard, whole, header), min_size=1, max_size=3)
 
 
@@ -278,8 +332,9 @@ def _apply(path: Path, edits) -> None:
         (path / MANIFEST).write_text(json.dumps(manifest))  # NaN / Infinity written as JSON extensions
 
 
-@settings(max_examples=120, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(edits=_corruptions())
 def test_fuzzed_manifests_give_one_line_errors_and_write_nothing(edits, pristine, tmp_path_factory):
     """Every corruption of manifest.json (any field, any type, missing fields, NaN) or of a shard's header either

@@ -27,17 +27,25 @@ from __future__ import annotations
 import contextlib
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
 
 import saegeo
 from saegeo.activations import runner
-from saegeo.activations.corpus import (CorpusSpec, Window, corpus_identity, count_tokens, iter_windows, open_corpus,
-                                       special_template)
+from saegeo.activations.corpus import (
+    CorpusSpec,
+    Window,
+    corpus_identity,
+    count_tokens,
+    iter_windows,
+    open_corpus,
+    special_template,
+)
 from saegeo.activations.models import LoadedModel, load_model, model_fingerprint
 from saegeo.activations.store import MANIFEST, ActivationStore, StorageDtype, StoreWriter
 from saegeo.config import check, option
@@ -54,11 +62,15 @@ NOT_PER_TOKEN = ("hook_pattern", "hook_attn_scores")  # (batch, head, q, k): not
 class CacheConfig:
     """One caching run: which model, which hooks, which text, where the stores go."""
 
-    model: str = option("minilm", "'minilm' (bundled), a local HF dir, a cached hub name, or a .json "
-                        "HookedTransformerConfig")
+    model: str = option(
+        "minilm", "'minilm' (bundled), a local HF dir, a cached hub name, or a .json HookedTransformerConfig"
+    )
     hooks: tuple[str, ...] = option(("blocks.3.hook_resid_post",), "hook names, one store each")
-    corpus: str = option("default", "'default' (pydoc topics), files (.txt .jsonl .json .parquet; token ids .npy "
-                                    ".safetensors), dirs, globs, datasets folders or cached names; comma-separated")
+    corpus: str = option(
+        "default",
+        "'default' (pydoc topics), files (.txt .jsonl .json .parquet; token ids .npy "
+        ".safetensors), dirs, globs, datasets folders or cached names; comma-separated",
+    )
     context: int = option(128, "tokens per window, special tokens included", low=2)
     out: str = option("artifacts/acts/minilm", "output directory; each hook gets OUT/<hook>/")
     max_tokens: int | None = option(None, "stop after this many stored tokens", low=1)
@@ -67,8 +79,7 @@ class CacheConfig:
     shard_rows: int = option(65536, "rows per shard", low=1)
     exclude_special: bool = option(False, "do not store [CLS]/[SEP]/BOS positions (the model still sees them)")
     exclude_norm_ratio: float | None = option(None, "drop rows with norm > m × their window's median norm", above=1)
-    text_field: str = option("text", "the field (JSON) or column (parquet, datasets) holding the text or the "
-                                     "token ids")
+    text_field: str = option("text", "the field (JSON) or column (parquet, datasets) holding the text or the token ids")
     overwrite: bool = option(False, "replace existing stores instead of resuming them")
     device: str = option("cpu", "torch device the model runs on (e.g. cuda); rows are written from the CPU")
     progress: bool = option(True, "progress bar")
@@ -164,7 +175,9 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
     if cfg.max_tokens is not None and cfg.max_tokens < 1:
         raise BadInputError(f"max_tokens must be positive, got {cfg.max_tokens}")
     device = resolve_device(cfg.device)  # before loading the model: a bad device fails fast
-    spec = CorpusSpec(source=cfg.corpus, context=cfg.context, exclude_special=cfg.exclude_special, text_field=cfg.text_field)
+    spec = CorpusSpec(
+        source=cfg.corpus, context=cfg.context, exclude_special=cfg.exclude_special, text_field=cfg.text_field
+    )
     open_corpus(spec)  # ... and so does a bad corpus or --text-field
     loaded = loaded or load_model(cfg.model)
     loaded.to(device)
@@ -183,8 +196,10 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
     d_of = runner.hook_widths(loaded, hooks, stop_layer, pad_id)
     excluding = cfg.exclude_special or cfg.exclude_norm_ratio is not None
     prefix, suffix = special_template(tok, loaded.kind)
-    meta: dict[str, Any] = {"saegeo_version": saegeo.__version__,  # the special ids each text window starts/ends with
-                            "special_positions": {"prefix_ids": prefix, "suffix_ids": suffix}}
+    meta: dict[str, Any] = {
+        "saegeo_version": saegeo.__version__,  # the special ids each text window starts/ends with
+        "special_positions": {"prefix_ids": prefix, "suffix_ids": suffix},
+    }
     if excluding:
         meta["exclusion_rule"] = _exclusion_rule(cfg, tok, loaded.kind)
 
@@ -199,8 +214,14 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
         writers = {
             h: stack.enter_context(
                 StoreWriter(
-                    store_dir(cfg.out, h), d=d_of[h], hook=h, model=loaded.name, dtype=cfg.dtype, corpus=ident,
-                    shard_rows=cfg.shard_rows, extra_meta={**meta, "model_fingerprint": by_layer[hook_layer(h)]},
+                    store_dir(cfg.out, h),
+                    d=d_of[h],
+                    hook=h,
+                    model=loaded.name,
+                    dtype=cfg.dtype,
+                    corpus=ident,
+                    shard_rows=cfg.shard_rows,
+                    extra_meta={**meta, "model_fingerprint": by_layer[hook_layer(h)]},
                     mode="overwrite" if cfg.overwrite else "resume",
                 )
             )
@@ -209,7 +230,8 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
         start = min(min(w.n_tokens for w in writers.values()), total)
         already_done = excluding and all(  # a complete store with its sums in the manifest: nothing to do
             (ex := w.manifest.get("extra", {}).get("excluded", {})).get("finished")
-            and (w.n_tokens >= total or ex.get("corpus_exhausted")) for w in writers.values()
+            and (w.n_tokens >= total or ex.get("corpus_exhausted"))
+            for w in writers.values()
         )
         captured: dict[str, Tensor] = {}
         store_mask: list[Tensor] = []
@@ -233,8 +255,9 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
                 if already_done:
                     break
                 if excluding:
-                    done, seen = _excluding_step(loaded, batch, pad_id, stop_layer, cfg, captured, store_mask,
-                                                 writers, sums, seen, start, total)
+                    done, seen = _excluding_step(
+                        loaded, batch, pad_id, stop_layer, cfg, captured, store_mask, writers, sums, seen, start, total
+                    )
                     new_tokens += done
                     if bar is not None:
                         bar.update(done)
@@ -300,13 +323,17 @@ def _exclusion_rule(cfg: CacheConfig, tok: Any, kind: str) -> dict[str, Any]:
 
     prefix, suffix = special_template(tok, kind) if cfg.exclude_special else ([], [])
     return {
-        "special_positions": {"prefix": [tok.convert_ids_to_tokens(i) for i in prefix],
-                              "prefix_ids": prefix, "suffix": [tok.convert_ids_to_tokens(i) for i in suffix],
-                              "suffix_ids": suffix},
+        "special_positions": {
+            "prefix": [tok.convert_ids_to_tokens(i) for i in prefix],
+            "prefix_ids": prefix,
+            "suffix": [tok.convert_ids_to_tokens(i) for i in suffix],
+            "suffix_ids": suffix,
+        },
         "first_position_excluded": bool(prefix),
         "norm_ratio": cfg.exclude_norm_ratio,
-        "norm_rule": None if cfg.exclude_norm_ratio is None else
-        f"rows with ‖x‖ > {cfg.exclude_norm_ratio:g} × the median ‖x‖ of their window (non-special rows), at any cached hook",
+        "norm_rule": None
+        if cfg.exclude_norm_ratio is None
+        else f"rows with ‖x‖ > {cfg.exclude_norm_ratio:g} × the median ‖x‖ of their window (non-special rows), at any cached hook",
     }
 
 
@@ -327,8 +354,10 @@ class _ExclusionSums:
         self.sq[group] += float((r * r).sum())
 
     def to_json(self) -> dict[str, Any]:
-        return {"finished": True, **{g: {"n": self.n[g], "sum_sq": self.sq[g], "sum": self.sx[g].tolist()}
-                                     for g in self.GROUPS}}
+        return {
+            "finished": True,
+            **{g: {"n": self.n[g], "sum_sq": self.sq[g], "sum": self.sx[g].tolist()} for g in self.GROUPS},
+        }
 
 
 def exclusion_shares(excluded: Mapping[str, Any]) -> dict[str, dict[str, float]]:
@@ -337,15 +366,26 @@ def exclusion_shares(excluded: Mapping[str, Any]) -> dict[str, dict[str, float]]
     a = excluded["all"]
     if not a["n"]:
         return {}
-    return {g: group_shares(a["n"], a["sum"], a["sum_sq"], e["n"], e["sum"], e["sum_sq"])
-            for g in ("excluded", "excluded_special", "excluded_norm", "first_position")
-            if (e := excluded.get(g)) and e["n"]}
+    return {
+        g: group_shares(a["n"], a["sum"], a["sum_sq"], e["n"], e["sum"], e["sum_sq"])
+        for g in ("excluded", "excluded_special", "excluded_norm", "first_position")
+        if (e := excluded.get(g)) and e["n"]
+    }
 
 
 def _excluding_step(
-    loaded: LoadedModel, batch: list[Window], pad_id: int, stop_layer: int | None, cfg: CacheConfig,
-    captured: dict[str, Tensor], store_mask: list[Tensor], writers: Mapping[str, StoreWriter],
-    sums: Mapping[str, _ExclusionSums], seen: int, start: int, total: int,
+    loaded: LoadedModel,
+    batch: list[Window],
+    pad_id: int,
+    stop_layer: int | None,
+    cfg: CacheConfig,
+    captured: dict[str, Tensor],
+    store_mask: list[Tensor],
+    writers: Mapping[str, StoreWriter],
+    sums: Mapping[str, _ExclusionSums],
+    seen: int,
+    start: int,
+    total: int,
 ) -> tuple[int, int]:
     """One batch with exclusions: forward, the final mask, rows each store lacks, the sums.
 

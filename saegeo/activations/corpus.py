@@ -37,9 +37,10 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from saegeo.errors import BadInputError
 
@@ -113,8 +114,9 @@ def _optional(module: str, what: str) -> Any:
 
 
 def _is_datasets_folder(path: Path) -> bool:
-    return (path / "dataset_dict.json").is_file() or ((path / "state.json").is_file()
-                                                      and (path / "dataset_info.json").is_file())
+    return (path / "dataset_dict.json").is_file() or (
+        (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
+    )
 
 
 def _split_suffix(part: str) -> tuple[str, str | None]:
@@ -176,8 +178,9 @@ def _text_blocks(path: Path) -> Iterator[str]:
             if block:
                 yield "".join(block)
     except UnicodeDecodeError as err:
-        raise BadInputError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); "
-                            "convert it or leave it out") from None
+        raise BadInputError(
+            f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); convert it or leave it out"
+        ) from None
 
 
 def _record_text(record: Any, field: str, where: str) -> str:
@@ -206,8 +209,10 @@ def _json_array(path: Path) -> list[Any]:
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise BadInputError(f"{path}: not valid JSON ({err}); a .json corpus is an array of records") from None
     if not isinstance(data, list):
-        raise BadInputError(f"{path}: a .json corpus is an array of records or strings, found a "
-                            f"{type(data).__name__}; write one record per line as .jsonl, or an array")
+        raise BadInputError(
+            f"{path}: a .json corpus is an array of records or strings, found a "
+            f"{type(data).__name__}; write one record per line as .jsonl, or an array"
+        )
     return data
 
 
@@ -254,7 +259,8 @@ def _open_dataset(kind: str, path: str, split: str | None) -> Any:
                     f"corpus {path!r}: not a file or folder here, and not in the local datasets cache "
                     f"({type(err).__name__}); saegeo never downloads: on a machine with network run "
                     f"`python -c \"import datasets; datasets.load_dataset('{path}').save_to_disk('DIR')\"`, copy "
-                    "DIR here and pass --corpus DIR") from None
+                    "DIR here and pass --corpus DIR"
+                ) from None
     if hasattr(ds, "keys"):  # a DatasetDict
         splits = list(ds.keys())
         pick = split or ("train" if "train" in splits else (splits[0] if len(splits) == 1 else None))
@@ -268,6 +274,7 @@ def _open_dataset(kind: str, path: str, split: str | None) -> Any:
 
 def _column(names: list[str], field: str, where: str, types: dict[str, str]) -> tuple[str, bool]:
     """(column, holds token ids) for `field` among a table's columns (see the module docstring)."""
+
     def is_ids(name: str) -> bool:
         return "int" in types.get(name, "") and ("list" in types[name] or "Sequence" in types[name])
 
@@ -275,8 +282,9 @@ def _column(names: list[str], field: str, where: str, types: dict[str, str]) -> 
         if is_ids(field):
             return field, True
         if types.get(field, "") not in ("string", "large_string", "Value('string')", "Value('large_string')"):
-            raise BadInputError(f"{where}: column {field!r} holds {types.get(field)}, not text or token ids; "
-                                "pass --text-field NAME")
+            raise BadInputError(
+                f"{where}: column {field!r} holds {types.get(field)}, not text or token ids; pass --text-field NAME"
+            )
         return field, False
     if field == "text":  # the default: a pre-tokenised table names its column input_ids / tokens
         for key in TOKEN_KEYS:
@@ -384,8 +392,10 @@ def _source_documents(src: Source) -> Iterator[Iterable[str] | TokenRow]:
             elif isinstance(value, str):
                 yield [value]
             else:
-                raise BadInputError(f"{src.path}: row {i}: column {src.column!r} holds {type(value).__name__}, "
-                                    "not text; pass --text-field NAME")
+                raise BadInputError(
+                    f"{src.path}: row {i}: column {src.column!r} holds {type(value).__name__}, "
+                    "not text; pass --text-field NAME"
+                )
     elif src.kind == "tokens":
         _, array = _token_array(path, src.column or "text")
         rows = array[None] if array.ndim == 1 else array
@@ -460,12 +470,15 @@ def iter_windows(spec: CorpusSpec, tokenizer: Any, kind: str = "encoder") -> Ite
             yield _window(prefix, ids, suffix, keep_special, doc)
 
 
-def _token_windows(row: TokenRow, context: int, vocab: int, special: set[int], keep_special: bool,
-                   doc: int) -> Iterator[Window]:
+def _token_windows(
+    row: TokenRow, context: int, vocab: int, special: set[int], keep_special: bool, doc: int
+) -> Iterator[Window]:
     if row.ids and (max(row.ids) >= vocab or min(row.ids) < 0):
         bad = next(t for t in row.ids if t >= vocab or t < 0)
-        raise BadInputError(f"{row.where}: token id {bad} is outside the tokenizer's vocabulary (0..{vocab - 1}); "
-                            "were these ids made with another tokenizer?")
+        raise BadInputError(
+            f"{row.where}: token id {bad} is outside the tokenizer's vocabulary (0..{vocab - 1}); "
+            "were these ids made with another tokenizer?"
+        )
     for lo in range(0, len(row.ids), context):
         ids = row.ids[lo : lo + context]
         yield Window(ids, [keep_special or t not in special for t in ids], doc)
@@ -511,8 +524,7 @@ def _source_identity(src: Source) -> dict[str, Any]:
         ds = _open_dataset(src.kind, src.path, src.split)
         key = "path" if src.kind == "datasets" else "dataset"
         where = str(Path(src.path).resolve()) if src.kind == "datasets" else src.path
-        return {key: where, "split": src.split, "column": src.column, "rows": len(ds),
-                "fingerprint": ds._fingerprint}
+        return {key: where, "split": src.split, "column": src.column, "rows": len(ds), "fingerprint": ds._fingerprint}
     ident: dict[str, Any] = {"path": str(Path(src.path).resolve()), "bytes": os.path.getsize(src.path)}
     if src.token_column:
         ident["token_ids"] = src.column or True

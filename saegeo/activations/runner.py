@@ -9,7 +9,8 @@ probing each hook's row width. Shared by caching (saegeo.activations.cache) and 
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from jaxtyping import Bool, Int
@@ -31,7 +32,9 @@ def window_batches(windows: Iterator[Window], batch_size: int) -> Iterator[list[
         yield batch
 
 
-def pad_windows(batch: list[Window], pad_id: int) -> tuple[Int[Tensor, "b p"], Bool[Tensor, "b p"], Bool[Tensor, "b p"]]:
+def pad_windows(
+    batch: list[Window], pad_id: int
+) -> tuple[Int[Tensor, "b p"], Bool[Tensor, "b p"], Bool[Tensor, "b p"]]:
     """Right-pad to the longest window: (tokens, attention mask, store mask)."""
     width = max(len(w.input_ids) for w in batch)
     tokens = torch.full((len(batch), width), pad_id, dtype=torch.long)

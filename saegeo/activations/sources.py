@@ -21,9 +21,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,8 +39,9 @@ from saegeo.geometry.accumulate import as_rows
 FILE_SUFFIXES = (".safetensors", ".npy", ".pt", ".pth")
 
 
-NONFINITE_ADVICE = ("Fix the producer, or pass --skip-nonfinite (Python: skip_nonfinite=True) to skip and count "
-                    "such rows.")
+NONFINITE_ADVICE = (
+    "Fix the producer, or pass --skip-nonfinite (Python: skip_nonfinite=True) to skip and count such rows."
+)
 
 
 @dataclass
@@ -56,8 +58,15 @@ class Rows:
     _array: Any = None  # row-sliceable (n, d): tensor, numpy array / memmap, safetensors slice
     _iterable: Iterable[Any] | None = None
 
-    def batches(self, batch_size: int, rank: int = 0, world_size: int = 1, *, stop_row: int | None = None,
-                metadata: bool = False) -> tuple[Iterator[Any], int]:
+    def batches(
+        self,
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        *,
+        stop_row: int | None = None,
+        metadata: bool = False,
+    ) -> tuple[Iterator[Any], int]:
         """(screened batches of at most ``batch_size`` rows, global index of the first row) for this rank."""
         if batch_size < 1:
             raise BadInputError(f"batch_size must be ≥ 1, got {batch_size}")
@@ -175,7 +184,9 @@ def _pick_key(names_shapes: dict[str, tuple], key: str | None, path: Path) -> st
     two_d = [k for k, shape in names_shapes.items() if len(shape) == 2]
     if len(two_d) == 1:
         return two_d[0]
-    raise BadInputError(f"{path}: cannot tell which tensor to read (2-D tensors: {sorted(two_d) or 'none'}); pass --key NAME")
+    raise BadInputError(
+        f"{path}: cannot tell which tensor to read (2-D tensors: {sorted(two_d) or 'none'}); pass --key NAME"
+    )
 
 
 class _SafetensorsRows:
@@ -265,8 +276,16 @@ def _open(source: Any, key: str | None, verify: bool) -> Rows:
                 f"or pass a file ({', '.join(FILE_SUFFIXES)})"
             )
     if isinstance(source, ActivationStore):
-        describe = {"kind": "store", "path": str(source.path), "model": source.model, "hook": source.hook,
-                    "d": source.d, "n_tokens_in_store": source.n_tokens, "dtype": source.dtype, "corpus": source.corpus}
+        describe = {
+            "kind": "store",
+            "path": str(source.path),
+            "model": source.model,
+            "hook": source.hook,
+            "d": source.d,
+            "n_tokens_in_store": source.n_tokens,
+            "dtype": source.dtype,
+            "corpus": source.corpus,
+        }
         return Rows("store", source.n_tokens, source.d, describe, store=source)
     if isinstance(source, (Tensor, np.ndarray)):
         x = as_rows(source)

@@ -28,9 +28,10 @@ import mmap
 import os
 import re
 import struct
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Literal, Sequence, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -68,7 +69,7 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     try:
         manifest = json.loads(mpath.read_text(), parse_constant=_refuse_constant)
     except (json.JSONDecodeError, UnicodeDecodeError, ValueError, RecursionError) as err:
-        raise StoreError(f"{mpath}: corrupt manifest ({err}); re-run the cache command into a fresh directory")
+        raise StoreError(f"{mpath}: corrupt manifest ({err}); re-run the cache command into a fresh directory") from err
     check_manifest(manifest, mpath)
     return manifest
 
@@ -109,10 +110,18 @@ def check_manifest(manifest: Any, mpath: Path) -> None:
     if not _is_int(manifest["d"]) or manifest["d"] < 1:
         raise bad("d", f"is {manifest['d']!r}, not a positive integer")
     if not isinstance(manifest["dtype"], str) or manifest["dtype"] not in STORAGE_DTYPES:
-        raise StoreError(f"{mpath}: unknown storage dtype {manifest['dtype']!r}; expected one of {list(STORAGE_DTYPES)}")
-    for key, kind, what in (("shard_rows", int, "a positive integer"), ("complete", bool, "true or false"),
-                            ("hook", str, "a string"), ("model", str, "a string"), ("corpus", dict, "an object"),
-                            ("extra", dict, "an object"), ("columns", list, "a list")):
+        raise StoreError(
+            f"{mpath}: unknown storage dtype {manifest['dtype']!r}; expected one of {list(STORAGE_DTYPES)}"
+        )
+    for key, kind, what in (
+        ("shard_rows", int, "a positive integer"),
+        ("complete", bool, "true or false"),
+        ("hook", str, "a string"),
+        ("model", str, "a string"),
+        ("corpus", dict, "an object"),
+        ("extra", dict, "an object"),
+        ("columns", list, "a list"),
+    ):
         value = manifest.get(key)
         if key in manifest and not (_is_int(value) and value >= 1 if kind is int else isinstance(value, kind)):
             raise bad(key, f"is {value!r}, not {what}")
@@ -131,8 +140,11 @@ def check_manifest(manifest: Any, mpath: Path) -> None:
                 raise bad(field, f"has no {key!r}")
         name = entry["file"]
         if not isinstance(name, str) or not _SHARD_FILE.fullmatch(name) or name in files:
-            raise bad(f"{field}.file", f"is {name!r}: a shard must be a file directly inside the store "
-                      "(a plain, unique name: no '/', no '..', no absolute path)")
+            raise bad(
+                f"{field}.file",
+                f"is {name!r}: a shard must be a file directly inside the store "
+                "(a plain, unique name: no '/', no '..', no absolute path)",
+            )
         files.add(name)
         if not _is_int(entry["rows"]) or entry["rows"] < 1:
             raise bad(f"{field}.rows", f"is {entry['rows']!r}, not a positive integer")
@@ -187,8 +199,13 @@ def _read_header(head: bytes | mmap.mmap | Any) -> tuple[dict[str, dict[str, Any
         raise ValueError("header is not a JSON object")
     tensors = {k: v for k, v in header.items() if k != "__metadata__"}
     for k, v in tensors.items():
-        if not (isinstance(v, dict) and isinstance(v.get("shape"), list) and isinstance(v.get("dtype"), str)
-                and isinstance(v.get("data_offsets"), list) and len(v["data_offsets"]) == 2):
+        if not (
+            isinstance(v, dict)
+            and isinstance(v.get("shape"), list)
+            and isinstance(v.get("dtype"), str)
+            and isinstance(v.get("data_offsets"), list)
+            and len(v["data_offsets"]) == 2
+        ):
             raise ValueError(f"tensor {k!r} has a malformed entry")
     return tensors, 8 + n
 
@@ -253,7 +270,11 @@ class StoreWriter:
         self.path = Path(path)
         self.torch_dtype = STORAGE_DTYPES[dtype]
         identity = dict(
-            d=int(d), hook=str(hook), model=str(model), dtype=dtype, shard_rows=int(shard_rows),
+            d=int(d),
+            hook=str(hook),
+            model=str(model),
+            dtype=dtype,
+            shard_rows=int(shard_rows),
             corpus=json.loads(json.dumps(corpus or {})),  # normalise (tuples -> lists) for comparison
         )
         self._buffers: dict[str, list[Tensor]] = {"activations": [], "token_ids": [], "positions": []}
@@ -303,8 +324,12 @@ class StoreWriter:
             self.manifest["complete"] = False
         else:
             self.manifest = {
-                "format_version": FORMAT_VERSION, **identity, "n_tokens": 0, "complete": False,
-                "extra": json.loads(json.dumps(extra_meta or {})), "shards": [],
+                "format_version": FORMAT_VERSION,
+                **identity,
+                "n_tokens": 0,
+                "complete": False,
+                "extra": json.loads(json.dumps(extra_meta or {})),
+                "shards": [],
             }
         for tmp in self.path.glob("*.tmp"):  # debris of a write that was killed
             tmp.unlink()
@@ -350,9 +375,7 @@ class StoreWriter:
             raise StoreError(f"{self.path}: writer is closed")
         batch = torch.as_tensor(batch)
         if batch.ndim != 2 or batch.shape[1] != self.d:
-            raise BadInputError(
-                f"{self.path}: append got shape {tuple(batch.shape)}, expected (n, {self.d})"
-            )
+            raise BadInputError(f"{self.path}: append got shape {tuple(batch.shape)}, expected (n, {self.d})")
         if not batch.is_floating_point():
             raise BadInputError(f"{self.path}: append got dtype {batch.dtype}; activations must be floating point")
         n = batch.shape[0]
@@ -431,7 +454,7 @@ class StoreWriter:
             self._closed = True
             self._release()
 
-    def __enter__(self) -> "StoreWriter":
+    def __enter__(self) -> StoreWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -457,8 +480,14 @@ class ActivationStore:
     one flipped bit would otherwise flow silently into every mean, spectrum and SAE.
     """
 
-    def __init__(self, path: str | os.PathLike, *, allow_incomplete: bool = False, verify: bool = True,
-                 check_headers: bool = True):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        allow_incomplete: bool = False,
+        verify: bool = True,
+        check_headers: bool = True,
+    ):
         self.path = Path(path)
         self.verify_reads = verify
         self.manifest = _read_manifest(self.path)  # fields typed and consistent (check_manifest)
@@ -503,8 +532,10 @@ class ActivationStore:
             )
         for column in ("token_ids", "positions"):
             if column in header and header[column].get("shape") != [info.rows]:
-                raise StoreError(f"{where}: {column} of shape {header[column].get('shape')} for {info.rows} rows; "
-                                 "re-cache this store")
+                raise StoreError(
+                    f"{where}: {column} of shape {header[column].get('shape')} for {info.rows} rows; "
+                    "re-cache this store"
+                )
 
     d = property(lambda self: int(self.manifest["d"]))
     n_tokens = property(lambda self: int(self.manifest["n_tokens"]))
@@ -559,8 +590,10 @@ class ActivationStore:
         if acts is None or acts.ndim != 2 or acts.shape != (info.rows, self.d) or acts.dtype != self.storage_dtype:
             shape = None if acts is None else tuple(acts.shape)
             found = None if acts is None else acts.dtype
-            raise StoreError(f"{where}: activations {found} of shape {shape}, manifest says {self.dtype} "
-                             f"({info.rows}, {self.d}); re-cache this store")
+            raise StoreError(
+                f"{where}: activations {found} of shape {shape}, manifest says {self.dtype} "
+                f"({info.rows}, {self.d}); re-cache this store"
+            )
         return tensors
 
     def read_rows_at(self, index: Int[Tensor, " m"], dtype: torch.dtype = torch.float32) -> Float[Tensor, "m d"]:
@@ -586,17 +619,22 @@ class ActivationStore:
         try:
             with open(fpath, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as mm:
                 if len(mm) != info.bytes:
-                    raise StoreError(f"{where} is truncated or damaged: {len(mm)} bytes, manifest says {info.bytes}; "
-                                     "re-cache this store")
+                    raise StoreError(
+                        f"{where} is truncated or damaged: {len(mm)} bytes, manifest says {info.bytes}; "
+                        "re-cache this store"
+                    )
                 if self.verify_reads and hashlib.sha256(mm).hexdigest() != info.sha256:
                     raise StoreError(self._checksum_message(i))
                 header, start = _read_header(mm)
                 entry = header.get("activations") or {}
                 if entry.get("shape") != [info.rows, self.d] or entry.get("dtype") != SAFETENSORS_DTYPES[self.dtype]:
-                    raise StoreError(f"{where}: activations {entry.get('dtype')} {entry.get('shape')}, manifest says "
-                                     f"{SAFETENSORS_DTYPES[self.dtype]} ({info.rows}, {self.d}); re-cache this store")
-                acts = torch.frombuffer(mm, dtype=self.storage_dtype, count=info.rows * self.d,
-                                        offset=start + int(entry["data_offsets"][0]))
+                    raise StoreError(
+                        f"{where}: activations {entry.get('dtype')} {entry.get('shape')}, manifest says "
+                        f"{SAFETENSORS_DTYPES[self.dtype]} ({info.rows}, {self.d}); re-cache this store"
+                    )
+                acts = torch.frombuffer(
+                    mm, dtype=self.storage_dtype, count=info.rows * self.d, offset=start + int(entry["data_offsets"][0])
+                )
                 rows = acts.view(info.rows, self.d)[local].to(dtype)
                 del acts  # the map closes only once no tensor views it
         except FileNotFoundError:
@@ -606,9 +644,11 @@ class ActivationStore:
         return rows
 
     def _checksum_message(self, i: int) -> str:
-        return (f"{self._where(i)} fails its sha256 check (the file is corrupt or was changed after caching); run "
-                f"`saegeo store verify {self.path}` to list the damaged shards and re-cache the store, or pass "
-                "--no-verify to read it anyway")
+        return (
+            f"{self._where(i)} fails its sha256 check (the file is corrupt or was changed after caching); run "
+            f"`saegeo store verify {self.path}` to list the damaged shards and re-cache the store, or pass "
+            "--no-verify to read it anyway"
+        )
 
     def read_shard(self, i: int, dtype: torch.dtype = torch.float32) -> Float[Tensor, "rows d"]:
         """Shard i's activations, upcast to `dtype` (float32 by default)."""
@@ -668,7 +708,9 @@ class ActivationStore:
                     continue
                 shape, dtype = entry.get("shape"), entry.get("dtype")
                 if shape != [info.rows, self.d]:
-                    problems.append(f"{where}: holds activations of shape {shape}, manifest says ({info.rows}, {self.d})")
+                    problems.append(
+                        f"{where}: holds activations of shape {shape}, manifest says ({info.rows}, {self.d})"
+                    )
                 elif dtype != SAFETENSORS_DTYPES[self.dtype]:
                     problems.append(f"{where}: holds {dtype} activations, manifest says {self.dtype}")
         total = sum(info.rows for info in self.shards)

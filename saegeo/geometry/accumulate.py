@@ -53,7 +53,15 @@ _INT_KEYS = ("version", "d", "n", "n_zero", "n_nonfinite_skipped", "n_batches", 
 _TENSOR_KEYS = ("mean", "scatter", "unit_sum", "norm_sum", "sq_sum", "abs_sum", "neg_sq_sum", "gram_eps")
 # sums added in version 2 (all plain sums: merged by addition)
 _SUM_KEYS = (
-    "unit_outer", "row_power_sum", "row_power_outer", "unit_by_row_power", "entry_hist_count", "entry_hist_sum", "entry_hist_sq_sum", "norm_hist_count", "norm_hist_sq_sum",
+    "unit_outer",
+    "row_power_sum",
+    "row_power_outer",
+    "unit_by_row_power",
+    "entry_hist_count",
+    "entry_hist_sum",
+    "entry_hist_sq_sum",
+    "norm_hist_count",
+    "norm_hist_sq_sum",
 )
 
 # Scale-free log₂ bins: |x| = f·2^e with f ∈ [0.5, 1) (frexp); bin = (e, ⌊(2f − 1)·HIST_SUB⌋), e clamped to
@@ -182,13 +190,13 @@ class UnitMean:
         self.unit_sum = torch.zeros(int(d), dtype=torch.float64)
         self.n = 0
 
-    def add(self, x: Float[Tensor, "m d"]) -> "UnitMean":
+    def add(self, x: Float[Tensor, "m d"]) -> UnitMean:
         unit_sum, n = unit_vector_sum(x)
         self.unit_sum += unit_sum.to(self.unit_sum.device)
         self.n += n
         return self
 
-    def merge(self, other: "UnitMean") -> "UnitMean":
+    def merge(self, other: UnitMean) -> UnitMean:
         self.unit_sum += other.unit_sum.to(self.unit_sum.device)
         self.n += other.n
         return self
@@ -197,7 +205,7 @@ class UnitMean:
         return {"unit_sum": self.unit_sum.clone(), "n": self.n}
 
     @classmethod
-    def from_state_dict(cls, sd: dict[str, Any]) -> "UnitMean":
+    def from_state_dict(cls, sd: dict[str, Any]) -> UnitMean:
         out = cls(len(sd["unit_sum"]))
         out.unit_sum, out.n = torch.as_tensor(sd["unit_sum"]).to(torch.float64).clone(), int(sd["n"])
         return out
@@ -251,7 +259,9 @@ class GeometryAccumulator:
         self._sq_sum = torch.zeros((), **f64)  # Σ ‖x‖² = Σ over all entries of x²
         self._abs_sum = torch.zeros((), **f64)  # Σ |x_ij|
         self._neg_sq_sum = torch.zeros((), **f64)  # Σ min(x_ij, 0)²
-        self._gram_eps = torch.zeros((), **f64)  # largest unit roundoff used in a gram (sets the numerical-rank tolerance)
+        self._gram_eps = torch.zeros(
+            (), **f64
+        )  # largest unit roundoff used in a gram (sets the numerical-rank tolerance)
         # version 2: the unit-vector second moment and the row sums of the null's influence function
         self._unit_outer = torch.zeros(self.d, self.d, **f64)  # Σ x̂x̂ᵀ over nonzero rows
         self._row_power_sum = torch.zeros(N_ROW_POWERS, **f64)  # Σ_i p_k(i), p_k(i) = Σ_j x_ij^k, k = 1, 2
@@ -264,7 +274,7 @@ class GeometryAccumulator:
         self._norm_hist_sq_sum = torch.zeros(N_NORM_BINS, **f64)  # Σ ‖x‖² per bin
 
     # ------------------------------------------------------------------ adding rows
-    def add(self, batch: Any, *, source: str | None = None) -> "GeometryAccumulator":
+    def add(self, batch: Any, *, source: str | None = None) -> GeometryAccumulator:
         """Add the rows of ``batch`` (n, d). ``source`` (e.g. a file name) is quoted in error messages."""
         x = as_rows(batch, self.d)
         if x.device != self._mean.device:
@@ -377,9 +387,7 @@ class GeometryAccumulator:
         self._unit_by_row_power += col[2:4].T
         return col[0], r, t, col[4]
 
-    def _add_unit_gram(
-        self, x: Tensor, norms: Tensor, nonzero: Tensor, r: Tensor, t: Tensor, t_unit: Tensor
-    ) -> None:
+    def _add_unit_gram(self, x: Tensor, norms: Tensor, nonzero: Tensor, r: Tensor, t: Tensor, t_unit: Tensor) -> None:
         """Add Σx̂x̂ᵀ with only the part of each x̂ orthogonal to r summed in the compute dtype:
 
             x̂ = t·r + w,  t = x̂·r,  w ⊥ r,   Σx̂x̂ᵀ = Σwwᵀ + r(Σtw)ᵀ + (Σtw)rᵀ + (Σt²)·rrᵀ,
@@ -420,7 +428,7 @@ class GeometryAccumulator:
         self.n = n
 
     # ------------------------------------------------------------------ combining accumulators
-    def merge(self, other: "GeometryAccumulator") -> "GeometryAccumulator":
+    def merge(self, other: GeometryAccumulator) -> GeometryAccumulator:
         """Fold ``other`` into ``self`` (exact to float64 rounding) and return ``self``."""
         if other.d != self.d:
             raise BadInputError(f"cannot merge accumulators with d = {self.d} and d = {other.d}")
@@ -431,15 +439,17 @@ class GeometryAccumulator:
         self.n_batches += other.n_batches
         self.n_rows_seen += other.n_rows_seen
         self.n_nonzero_entries += other.n_nonzero_entries
-        for name in ("_unit_sum", "_norm_sum", "_sq_sum", "_abs_sum", "_neg_sq_sum") + tuple("_" + k for k in _SUM_KEYS):
+        for name in ("_unit_sum", "_norm_sum", "_sq_sum", "_abs_sum", "_neg_sq_sum") + tuple(
+            "_" + k for k in _SUM_KEYS
+        ):
             getattr(self, name).add_(getattr(other, name).to(self._mean.device))
         self._gram_eps = torch.maximum(self._gram_eps, other._gram_eps.to(self._mean.device))
         return self
 
-    def __add__(self, other: "GeometryAccumulator") -> "GeometryAccumulator":
+    def __add__(self, other: GeometryAccumulator) -> GeometryAccumulator:
         return self.copy().merge(other)
 
-    def copy(self) -> "GeometryAccumulator":
+    def copy(self) -> GeometryAccumulator:
         return GeometryAccumulator.from_state_dict(self.state_dict())
 
     def state_dict(self) -> dict[str, Tensor | int]:
@@ -451,7 +461,7 @@ class GeometryAccumulator:
         return sd
 
     @classmethod
-    def from_state_dict(cls, sd: dict[str, Any], **kwargs: Any) -> "GeometryAccumulator":
+    def from_state_dict(cls, sd: dict[str, Any], **kwargs: Any) -> GeometryAccumulator:
         """Rebuild from :meth:`state_dict` output (ints may also be 0-d tensors, as after safetensors)."""
         version = int(sd.get("version", STATE_VERSION))
         if version != STATE_VERSION:
@@ -474,7 +484,7 @@ class GeometryAccumulator:
             setattr(acc, "_" + k, t)
         return acc
 
-    def to(self, device: torch.device | str) -> "GeometryAccumulator":
+    def to(self, device: torch.device | str) -> GeometryAccumulator:
         """Move the float64 state to ``device`` (e.g. to accumulate on a GPU); returns self."""
         for k in _TENSOR_KEYS + _SUM_KEYS:
             setattr(self, "_" + k, getattr(self, "_" + k).to(device))
@@ -567,7 +577,9 @@ class GeometryAccumulator:
     def unit_second_moment(self) -> Float[Tensor, "d d"]:
         """C = (1/n_unit) Σ x̂x̂ᵀ over the nonzero rows (tr C = 1); its spectrum is the uniformity of directions."""
         if self.n_unit < 1:
-            raise BadInputError(f"the unit-vector second moment needs a nonzero row; all {self.n} row(s) have zero norm")
+            raise BadInputError(
+                f"the unit-vector second moment needs a nonzero row; all {self.n} row(s) have zero norm"
+            )
         c = self._unit_outer / self.n_unit
         return (c + c.T) / 2
 

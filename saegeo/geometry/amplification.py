@@ -78,7 +78,9 @@ def dictionary_anisotropy(rows: Float[Tensor, "N d"], *, block_rows: int = _BLOC
     """
     rows = _as_tensor(rows)
     if rows.ndim != 2 or rows.shape[0] < 2:
-        raise BadInputError(f"dictionary_anisotropy needs a 2-D (N, d) dictionary with N >= 2, got shape {tuple(rows.shape)}")
+        raise BadInputError(
+            f"dictionary_anisotropy needs a 2-D (N, d) dictionary with N >= 2, got shape {tuple(rows.shape)}"
+        )
     unit = UnitMean(rows.shape[1])
     for start in range(0, rows.shape[0], block_rows):
         block = rows[start : start + block_rows].to(torch.float64)
@@ -119,8 +121,9 @@ def _unit_block(unit_rows: Tensor, start: int, normalize: bool = True) -> Float[
     return block / block.norm(dim=1, keepdim=True).clamp_min(1e-300) if normalize else block
 
 
-def mean_code_vector(mean_code: Float[Tensor, " N"], unit_rows: Float[Tensor, "N d"], *,
-                     normalize: bool = True) -> Float[Tensor, " d"]:
+def mean_code_vector(
+    mean_code: Float[Tensor, " N"], unit_rows: Float[Tensor, "N d"], *, normalize: bool = True
+) -> Float[Tensor, " d"]:
     """M = Σ_i E[a_i]·u_i in float64, over row blocks (rows normalised unless ``normalize=False``)."""
     mean_code = _as_tensor(mean_code).to(torch.float64)
     unit_rows = _as_tensor(unit_rows)
@@ -158,7 +161,9 @@ def heterogeneous_moment_prediction(
 
 
 def cofiring_share(
-    second_moment: float, mean_code: Float[Tensor, " N"], mean_sq_code: Float[Tensor, " N"],
+    second_moment: float,
+    mean_code: Float[Tensor, " N"],
+    mean_sq_code: Float[Tensor, " N"],
     unit_rows: Float[Tensor, "N d"],
 ) -> float:
     """Share of E‖x‖² made by latents that fire together (or avoid each other):
@@ -242,8 +247,15 @@ def independent_codes_anisotropy(
 
 
 def cofiring_pairs(
-    codes, mean_code: Float[Tensor, " N"], mean_sq_code: Float[Tensor, " N"], unit_rows: Float[Tensor, "N d"],
-    second_moment: float, *, n_latents: int = 256, n_pairs: int = 20, sign: float = 1.0,
+    codes,
+    mean_code: Float[Tensor, " N"],
+    mean_sq_code: Float[Tensor, " N"],
+    unit_rows: Float[Tensor, "N d"],
+    second_moment: float,
+    *,
+    n_latents: int = 256,
+    n_pairs: int = 20,
+    sign: float = 1.0,
 ) -> tuple[list[dict], float]:
     """The latent pairs that make the co-firing term, from a sample of k code rows.
 
@@ -274,9 +286,16 @@ def cofiring_pairs(
     iu = torch.triu_indices(len(top), len(top), offset=1)
     pair_share = share[iu[0], iu[1]]
     order = (sign * pair_share).argsort(descending=True)[:n_pairs]
-    pairs = [{"i": int(top[iu[0, o]]), "j": int(top[iu[1, o]]), "share": float(pair_share[o]),
-              "joint_rate": float(joint[iu[0, o], iu[1, o]]), "cos": float(gram[iu[0, o], iu[1, o]])}
-             for o in order.tolist()]
+    pairs = [
+        {
+            "i": int(top[iu[0, o]]),
+            "j": int(top[iu[1, o]]),
+            "share": float(pair_share[o]),
+            "joint_rate": float(joint[iu[0, o], iu[1, o]]),
+            "cos": float(gram[iu[0, o], iu[1, o]]),
+        }
+        for o in order.tolist()
+    ]
     return pairs, float(pair_share.sum())
 
 
@@ -315,7 +334,8 @@ def cone_shares(
     shares = torch.empty_like(mean_code)
     for start in range(0, unit_rows.shape[0], _BLOCK_ROWS):
         shares[start : start + _BLOCK_ROWS] = mean_code[start : start + _BLOCK_ROWS] * (
-            _unit_block(unit_rows, start, normalize) @ mean_vector)
+            _unit_block(unit_rows, start, normalize) @ mean_vector
+        )
     return shares / norm_sq
 
 
@@ -368,17 +388,21 @@ class CodeMomentAccumulator:
             if getattr(self, name) is None:
                 setattr(self, name, torch.zeros(self.n_latents, dtype=torch.float64))
 
-    def add(self, codes) -> "CodeMomentAccumulator":
+    def add(self, codes) -> CodeMomentAccumulator:
         """Add a batch of codes: dense (B, N), torch sparse, or SparseCodes (see ``coo_codes``)."""
         n_rows, rows, cols, values = coo_codes(codes)
         rows, cols, values = rows.cpu(), cols.cpu(), values.detach().cpu().to(torch.float64)
         if values.numel() and (not torch.isfinite(values).all() or (values < 0).any()):
             bad = int(rows[~(torch.isfinite(values) & (values >= 0))][0])
-            raise BadInputError(f"codes row {bad} of this batch is negative or non-finite; the law needs non-negative codes")
+            raise BadInputError(
+                f"codes row {bad} of this batch is negative or non-finite; the law needs non-negative codes"
+            )
         keep = values > 0
         rows, cols, values = rows[keep], cols[keep], values[keep]
         if cols.numel() and int(cols.max()) >= self.n_latents:
-            raise BadInputError(f"codes have latent index {int(cols.max())} but the accumulator has N = {self.n_latents}")
+            raise BadInputError(
+                f"codes have latent index {int(cols.max())} but the accumulator has N = {self.n_latents}"
+            )
         self.n += n_rows
         self.l0_sum += float(values.numel())
         self.value_sum += float(values.sum())
@@ -430,7 +454,9 @@ class CodeMomentAccumulator:
     def expected_ratio(self) -> float:
         """E[S/√(S²‖ū‖² + (1−‖ū‖²)Q)], the input of ``mean_cosine_prediction``."""
         if self.mean_sq_norm is None:
-            raise BadInputError("expected_ratio needs the dictionary's ‖ū‖²: CodeMomentAccumulator(N, mean_sq_norm=...)")
+            raise BadInputError(
+                "expected_ratio needs the dictionary's ‖ū‖²: CodeMomentAccumulator(N, mean_sq_norm=...)"
+            )
         return self.ratio_sum / max(self.n, 1)
 
     def predictions(self, a_dict: float, unit_rows: Float[Tensor, "N d"] | None = None) -> dict[str, float]:
@@ -448,7 +474,7 @@ class CodeMomentAccumulator:
         return out
 
     # ---- combine and persist
-    def merge(self, other: "CodeMomentAccumulator") -> "CodeMomentAccumulator":
+    def merge(self, other: CodeMomentAccumulator) -> CodeMomentAccumulator:
         """Combine in place with another accumulator over other codes (same N and ‖ū‖²)."""
         if other.n_latents != self.n_latents or other.mean_sq_norm != self.mean_sq_norm:
             raise BadInputError(
@@ -464,7 +490,7 @@ class CodeMomentAccumulator:
             getattr(self, name).add_(getattr(other, name))
         return self
 
-    def __add__(self, other: "CodeMomentAccumulator") -> "CodeMomentAccumulator":
+    def __add__(self, other: CodeMomentAccumulator) -> CodeMomentAccumulator:
         return CodeMomentAccumulator.from_state_dict(self.state_dict()).merge(other)
 
     def state_dict(self) -> dict:
@@ -481,9 +507,8 @@ class CodeMomentAccumulator:
         }
 
     @classmethod
-    def from_state_dict(cls, state: dict) -> "CodeMomentAccumulator":
+    def from_state_dict(cls, state: dict) -> CodeMomentAccumulator:
         state = dict(state)
         for key in _PER_LATENT:
             state[key] = _as_tensor(state[key]).to(torch.float64).clone()
         return cls(**state)
-

@@ -126,7 +126,11 @@ def sample_diagnostics(
     ``kmeans2_smaller_fraction`` (:func:`kmeans_between_share`)."""
     x = torch.as_tensor(rows, dtype=torch.float64)
     mu = torch.as_tensor(mean, dtype=torch.float64)
-    out: dict = {"n_rows": int(x.shape[0]), "anisotropy": _anisotropy_of(x), "centred_anisotropy": _anisotropy_of(x - mu)}
+    out: dict = {
+        "n_rows": int(x.shape[0]),
+        "anisotropy": _anisotropy_of(x),
+        "centred_anisotropy": _anisotropy_of(x - mu),
+    }
     if direction is not None and x.shape[0] >= 4:
         v = torch.as_tensor(direction, dtype=torch.float64)
         out["pc1_split"] = two_means_1d((x - mu) @ v).to_dict()

@@ -9,8 +9,9 @@ Pure math on tensors: no I/O, no models.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -21,8 +22,15 @@ from saegeo.geometry.accumulate import GeometryAccumulator
 from saegeo.geometry.measures import activation_geometry
 
 __all__ = [
-    "DictionaryGeometry", "dictionary_geometry", "summary_stats", "row_norms", "row_cosines", "unit_row_blocks",
-    "near_duplicate_pairs", "screen_projection", "encoder_decoder_cosines",
+    "DictionaryGeometry",
+    "dictionary_geometry",
+    "summary_stats",
+    "row_norms",
+    "row_cosines",
+    "unit_row_blocks",
+    "near_duplicate_pairs",
+    "screen_projection",
+    "encoder_decoder_cosines",
 ]
 
 DEFAULT_BLOCK_ROWS = 4096  # a 4096 × 4096 float32 tile of cosines is 64 MiB
@@ -36,9 +44,12 @@ def _check_rows(rows: Tensor, what: str) -> None:
 def row_norms(rows: Float[Tensor, "N d"], *, block_rows: int = DEFAULT_BLOCK_ROWS) -> Float[Tensor, " N"]:
     """‖w_i‖ for every row, in float64 (blocks of rows, never a float64 copy of the matrix)."""
     _check_rows(rows, "row_norms")
-    return torch.cat([
-        torch.linalg.vector_norm(rows[s : s + block_rows].to(torch.float64), dim=1) for s in range(0, rows.shape[0], block_rows)
-    ])
+    return torch.cat(
+        [
+            torch.linalg.vector_norm(rows[s : s + block_rows].to(torch.float64), dim=1)
+            for s in range(0, rows.shape[0], block_rows)
+        ]
+    )
 
 
 def summary_stats(values: Float[Tensor, " N"]) -> dict[str, float | None]:
@@ -46,8 +57,14 @@ def summary_stats(values: Float[Tensor, " N"]) -> dict[str, float | None]:
     v = values.to(torch.float64)
     mean = float(v.mean())
     std = float(v.std()) if v.numel() > 1 else 0.0
-    return {"min": float(v.min()), "median": float(v.median()), "mean": mean, "max": float(v.max()), "std": std,
-            "cv": std / mean if mean > 0 else None}
+    return {
+        "min": float(v.min()),
+        "median": float(v.median()),
+        "mean": mean,
+        "max": float(v.max()),
+        "std": std,
+        "cv": std / mean if mean > 0 else None,
+    }
 
 
 def row_cosines(
@@ -66,7 +83,10 @@ def row_cosines(
 
 
 def unit_row_blocks(
-    rows: Float[Tensor, "N d"], norms: Float[Tensor, " N"] | None = None, *, block_rows: int = DEFAULT_BLOCK_ROWS,
+    rows: Float[Tensor, "N d"],
+    norms: Float[Tensor, " N"] | None = None,
+    *,
+    block_rows: int = DEFAULT_BLOCK_ROWS,
     dtype: torch.dtype = torch.float32,
 ) -> Iterator[Float[Tensor, "b d"]]:
     """u_i = w_i/‖w_i‖ block by block, zero rows left out (they have no direction)."""
@@ -101,8 +121,19 @@ class DictionaryGeometry:
         return torch.where(self.zero, torch.zeros_like(self.norms), self.norms)
 
 
-SPECTRUM_KEYS = ("eigenvalues", "top1_share", "top10_share", "effective_rank", "participation_ratio",
-                 "numerical_rank", "isoscore", "mp_upper_edge", "mp_lower_edge", "n_spikes", "noise_effective_rank")
+SPECTRUM_KEYS = (
+    "eigenvalues",
+    "top1_share",
+    "top10_share",
+    "effective_rank",
+    "participation_ratio",
+    "numerical_rank",
+    "isoscore",
+    "mp_upper_edge",
+    "mp_lower_edge",
+    "n_spikes",
+    "noise_effective_rank",
+)
 
 
 def dictionary_geometry(
@@ -131,8 +162,12 @@ def dictionary_geometry(
     geo = activation_geometry(acc, top_k_eigvecs=0).to_dict()
     mean_direction = acc.unit_mean
     return DictionaryGeometry(
-        norms=norms, zero=zero, norm_stats=summary_stats(norms), a_dict=geo["anisotropy"],
-        mean_sq_norm=float(mean_direction.square().sum()), mean_direction=mean_direction,
+        norms=norms,
+        zero=zero,
+        norm_stats=summary_stats(norms),
+        a_dict=geo["anisotropy"],
+        mean_sq_norm=float(mean_direction.square().sum()),
+        mean_direction=mean_direction,
         spectrum={k: geo.get(k) for k in SPECTRUM_KEYS},
     )
 
@@ -248,13 +283,19 @@ def encoder_decoder_cosines(
     0 where either is zero). Near 1 for tied or well-trained SAEs; ≤ 0 means the latent reads a
     direction it does not write."""
     if W_enc.ndim != 2 or W_dec.ndim != 2 or W_enc.shape != (W_dec.shape[1], W_dec.shape[0]):
-        raise BadInputError(f"encoder_decoder_cosines needs W_enc (d, N) and W_dec (N, d), got {tuple(W_enc.shape)} and {tuple(W_dec.shape)}")
+        raise BadInputError(
+            f"encoder_decoder_cosines needs W_enc (d, N) and W_dec (N, d), got {tuple(W_enc.shape)} and {tuple(W_dec.shape)}"
+        )
     out = []
-    dtype = torch.float64 if torch.float64 in (W_enc.dtype, W_dec.dtype) else torch.float32  # no float64 copies of float32 weights
+    dtype = (
+        torch.float64 if torch.float64 in (W_enc.dtype, W_dec.dtype) else torch.float32
+    )  # no float64 copies of float32 weights
     for s in range(0, W_dec.shape[0], block_rows):
         e = W_enc[:, s : s + block_rows].to(dtype)
         w = W_dec[s : s + block_rows].to(dtype)
         dot = torch.einsum("di,id->i", e, w).to(torch.float64)
-        denom = torch.linalg.vector_norm(e, dim=0).to(torch.float64) * torch.linalg.vector_norm(w, dim=1).to(torch.float64)
+        denom = torch.linalg.vector_norm(e, dim=0).to(torch.float64) * torch.linalg.vector_norm(w, dim=1).to(
+            torch.float64
+        )
         out.append(torch.where(denom > 0, dot / denom.clamp_min(1e-300), 0.0))
     return torch.cat(out)

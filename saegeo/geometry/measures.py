@@ -30,10 +30,11 @@ Second streaming pass (the artifact test):
 
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,7 +43,6 @@ from torch import Tensor
 
 from saegeo.errors import BadInputError
 from saegeo.geometry.accumulate import GeometryAccumulator, anisotropy_from_unit_mean, as_rows
-from saegeo.io import json_safe
 from saegeo.geometry.nulls import (
     MPBulk,
     SignNull,
@@ -55,6 +55,7 @@ from saegeo.geometry.nulls import (
     noise_effective_rank,
     sign_null_from_moments,
 )
+from saegeo.io import json_safe
 
 EIGENVECTOR_SIGN_CONVENTION = "each eigenvector's largest-|component| entry is positive (ties: lowest index)"
 
@@ -307,7 +308,9 @@ def null_test(acc: GeometryAccumulator, anisotropy: float, null: float) -> NullT
         residual = influence - coef @ powers[:3]
         # Var(r_res) = E_F[IF_res²]/d and Cov(h, r_res) = m₁·E_F[IF_res·k] for iid entries (h = m₁Σx_k/‖x‖);
         # Cov(q_k, r_res) = 0 by the projection
-        var_residual = float(w @ residual**2) / d - 4 * pooled.coordinate_mean * float(w @ (residual * pooled.row_sum_kernel))
+        var_residual = float(w @ residual**2) / d - 4 * pooled.coordinate_mean * float(
+            w @ (residual * pooled.row_sum_kernel)
+        )
         g = -torch.tensor(coef[1:], dtype=torch.float64)  # ∂T/∂m_k through Q, the β̂ fluctuation included
     else:
         rel_bias, var_residual = 0.0, 0.0
@@ -316,8 +319,9 @@ def null_test(acc: GeometryAccumulator, anisotropy: float, null: float) -> NullT
 
     if m2 > 0:
         var_linear = 4 * zeta1 + float(g @ cov_q @ g) + 4 * float(g @ cov_hq) + var_residual
-        e_xu = ((unit_by_power[:, 0] / (d * n) - m * m1) / math.sqrt(m2)
-                - (m1 / m2**1.5) * (unit_by_power[:, 1] / (d * n) - m * m2))
+        e_xu = (unit_by_power[:, 0] / (d * n) - m * m1) / math.sqrt(m2) - (m1 / m2**1.5) * (
+            unit_by_power[:, 1] / (d * n) - m * m2
+        )
         e_uu = float(cov_q[0, 0] / m2 - 2 * (m1 / m2**2) * cov_q[0, 1] + (m1**2 / m2**3) * cov_q[1, 1])
         degenerate = zeta2 - 2 * zeta1 - 2 * float(e_xu @ e_xu) + e_uu**2
     else:
@@ -441,7 +445,7 @@ class ActivationGeometry:
         return json_safe(out)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ActivationGeometry":
+    def from_dict(cls, data: dict[str, Any]) -> ActivationGeometry:
         """Inverse of :meth:`to_dict` (JSON round trip); unknown keys are ignored."""
         names = {f for f in cls.__dataclass_fields__}
         kwargs = {k: v for k, v in data.items() if k in names}
@@ -465,7 +469,9 @@ def _clip_to_range(value: float, lo: float, hi: float, name: str, notes: list[st
     if lo <= value <= hi:
         return value
     clipped = min(max(value, lo), hi)
-    notes.append(f"{name} = {value:.9g} from rounding is outside its range [{lo:.6g}, {hi:.6g}]; reported as {clipped:.6g}")
+    notes.append(
+        f"{name} = {value:.9g} from rounding is outside its range [{lo:.6g}, {hi:.6g}]; reported as {clipped:.6g}"
+    )
     return clipped
 
 
@@ -513,8 +519,9 @@ def activation_geometry(
     tested: NullTest | None = None
     unit_erank = unit_top1 = None
     if n_unit >= 2:
-        anisotropy = _clip_to_range(anisotropy_from_unit_mean(acc.unit_mean, n_unit), -1.0 / (n_unit - 1), 1.0,
-                                    "A", notes)
+        anisotropy = _clip_to_range(
+            anisotropy_from_unit_mean(acc.unit_mean, n_unit), -1.0 / (n_unit - 1), 1.0, "A", notes
+        )
         isotropic_sd = anisotropy_null_sd(n_unit, d)
         isotropic_z = (anisotropy - sign.null) / isotropic_sd
         tested = null_test(acc, anisotropy, sign.null)

@@ -22,8 +22,8 @@ Public API
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -391,7 +391,9 @@ class MPBulk:
         return asdict(self)
 
 
-def power_law_slope(eigenvalues: np.ndarray, lo_frac: float = 0.05, hi_frac: float = 0.5) -> tuple[float, float, list[int]] | None:
+def power_law_slope(
+    eigenvalues: np.ndarray, lo_frac: float = 0.05, hi_frac: float = 0.5
+) -> tuple[float, float, list[int]] | None:
     """Least-squares fit log λ_k = c − α log k over ranks k ∈ [lo_frac·r, hi_frac·r] (r = positive eigenvalues,
     descending); returns (α, R², [first, last]) or None with fewer than 5 ranks."""
     lam = np.sort(np.asarray(eigenvalues, dtype=np.float64))[::-1]
@@ -418,7 +420,7 @@ def _fit_bulk(lam: np.ndarray, n: int, d: int, tw_quantile_value: float, max_ite
     scale = (1 + root) ** (4 / 3) * n_eff ** (-2 / 3) * gamma ** (-1 / 6)
     sigma2 = float(lam.sum()) / d
     iterations = 0
-    for iterations in range(1, max_iterations + 1):
+    for iterations in range(1, max_iterations + 1):  # noqa: B007 (read after the loop)
         threshold = sigma2 * ((1 + root) ** 2 + tw_quantile_value * scale)
         rest = lam[lam <= threshold]
         if rest.size == 0:
@@ -432,9 +434,18 @@ def _fit_bulk(lam: np.ndarray, n: int, d: int, tw_quantile_value: float, max_ite
     upper = sigma2 * (1 + root) ** 2
     spikes = int((lam > upper + margin).sum())
     bulk = lam[spikes:n_nonnull]
-    return dict(gamma=gamma, sigma2=sigma2, iterations=iterations, margin=margin, upper=upper,
-                lower=sigma2 * (1 - root) ** 2, spikes=spikes, bulk=bulk, n_nonnull=n_nonnull,
-                distance=mp_bulk_distance(bulk, gamma, sigma2) if bulk.size else 1.0)
+    return dict(
+        gamma=gamma,
+        sigma2=sigma2,
+        iterations=iterations,
+        margin=margin,
+        upper=upper,
+        lower=sigma2 * (1 - root) ** 2,
+        spikes=spikes,
+        bulk=bulk,
+        n_nonnull=n_nonnull,
+        distance=mp_bulk_distance(bulk, gamma, sigma2) if bulk.size else 1.0,
+    )
 
 
 def white_noise_bulk_distances(n: int, d: int, n_samples: int = 32, seed: int = 0) -> np.ndarray:
@@ -492,14 +503,25 @@ def calibrated_mp_bulk(
     slope = None if counted else power_law_slope(lam[: fit["n_nonnull"]])
     sigma2_trace = float(lam.sum()) / d
     return MPBulk(
-        sigma2_trace=sigma2_trace, sigma2_bulk=sigma2, lower_edge=lower, upper_edge=fit["upper"],
-        tracy_widom_margin=margin, tracy_widom_quantile=tw_quantile, threshold=fit["upper"] + margin,
+        sigma2_trace=sigma2_trace,
+        sigma2_bulk=sigma2,
+        lower_edge=lower,
+        upper_edge=fit["upper"],
+        tracy_widom_margin=margin,
+        tracy_widom_quantile=tw_quantile,
+        threshold=fit["upper"] + margin,
         n_spikes=fit["spikes"] if counted else None,
         n_spikes_trace_edge=int((lam > sigma2_trace * (1 + math.sqrt(fit["gamma"])) ** 2).sum()),
-        n_iterations=fit["iterations"], has_flat_bulk=flat, fraction_below_lower_edge=below,
+        n_iterations=fit["iterations"],
+        has_flat_bulk=flat,
+        fraction_below_lower_edge=below,
         bulk_fraction=retained.size / fit["n_nonnull"],
-        power_law_alpha=slope[0] if slope else None, power_law_r2=slope[1] if slope else None,
+        power_law_alpha=slope[0] if slope else None,
+        power_law_r2=slope[1] if slope else None,
         power_law_ranks=slope[2] if slope else None,
-        n_spikes_fitted=fit["spikes"], mp_distance=fit["distance"], mp_distance_threshold=threshold_ks,
-        has_mp_shape=mp_shape, verdict=verdict,
+        n_spikes_fitted=fit["spikes"],
+        mp_distance=fit["distance"],
+        mp_distance_threshold=threshold_ks,
+        has_mp_shape=mp_shape,
+        verdict=verdict,
     )

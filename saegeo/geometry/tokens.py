@@ -75,7 +75,9 @@ class TokenTypeAccumulator:
             raise BadInputError(f"max_types must be ≥ 1 (or None for every type), got {max_types}")
         self.d = int(d)
         self.max_types = None if max_types is None else int(max_types)
-        self.keep_ids = None if keep_ids is None else sorted({int(i) for i in torch.as_tensor(keep_ids).reshape(-1).tolist()})
+        self.keep_ids = (
+            None if keep_ids is None else sorted({int(i) for i in torch.as_tensor(keep_ids).reshape(-1).tolist()})
+        )
         self._keep = None if self.keep_ids is None else set(self.keep_ids)
         self.n = 0
         self.id_counts = torch.zeros(0, dtype=torch.int64)  # exact count of every id (dense, O(V))
@@ -134,7 +136,7 @@ class TokenTypeAccumulator:
         self._grow(self.n_slots)
         return slots
 
-    def add(self, x: Any, ids: Any) -> "TokenTypeAccumulator":
+    def add(self, x: Any, ids: Any) -> TokenTypeAccumulator:
         """Add rows ``x`` (m, d) with their token ids (m,)."""
         x = as_rows(x, self.d).to("cpu", torch.float64)
         m = x.shape[0]
@@ -158,8 +160,13 @@ class TokenTypeAccumulator:
             self.sq_sum.index_add_(0, s, sq[kept])
         if not kept.all():
             pooled = ~kept
-            self._add_other(int(pooled.sum()), int(nonzero[pooled].sum()), x[pooled].sum(0), unit[pooled].sum(0),
-                            float(sq[pooled].sum()))
+            self._add_other(
+                int(pooled.sum()),
+                int(nonzero[pooled].sum()),
+                x[pooled].sum(0),
+                unit[pooled].sum(0),
+                float(sq[pooled].sum()),
+            )
         if self.max_types is not None and self._keep is None and self.n_slots > 2 * self.max_types:
             self._compact(self.max_types)
         return self
@@ -178,8 +185,13 @@ class TokenTypeAccumulator:
             return
         order = sorted(range(n), key=lambda s: (-int(self.count[s]), s))
         keep, drop = sorted(order[:k]), torch.tensor(order[k:], dtype=torch.int64)
-        self._add_other(int(self.count[drop].sum()), int(self.unit_count[drop].sum()), self.sum[drop].sum(0),
-                        self.unit_sum[drop].sum(0), float(self.sq_sum[drop].sum()))
+        self._add_other(
+            int(self.count[drop].sum()),
+            int(self.unit_count[drop].sum()),
+            self.sum[drop].sum(0),
+            self.unit_sum[drop].sum(0),
+            float(self.sq_sum[drop].sum()),
+        )
         for s in drop.tolist():
             self._pooled[self._ids[s]] = True
         keep_t = torch.tensor(keep, dtype=torch.int64)
@@ -192,7 +204,7 @@ class TokenTypeAccumulator:
         self._slot_of = {i: s for s, i in enumerate(ids)}
 
     # ------------------------------------------------------------------ combining
-    def merge(self, other: "TokenTypeAccumulator") -> "TokenTypeAccumulator":
+    def merge(self, other: TokenTypeAccumulator) -> TokenTypeAccumulator:
         """Fold ``other`` into ``self``: sums of the same id add; ids pooled in either side stay pooled."""
         if other.d != self.d:
             raise BadInputError(f"cannot merge token-type accumulators with d = {self.d} and d = {other.d}")
@@ -201,7 +213,9 @@ class TokenTypeAccumulator:
             self.id_counts[: other.id_counts.numel()] += other.id_counts
             self._pooled[: other._pooled.numel()] |= other._pooled
         self.n += other.n
-        self._add_other(other.other_count, other.other_unit_count, other.other_sum, other.other_unit_sum, other.other_sq_sum)
+        self._add_other(
+            other.other_count, other.other_unit_count, other.other_sum, other.other_unit_sum, other.other_sq_sum
+        )
         # ids pooled by the other side must leave our slots too, so no type is split between a slot and "other"
         for i, s in list(self._slot_of.items()):
             if bool(self._pooled[i]):
@@ -211,13 +225,20 @@ class TokenTypeAccumulator:
             slot = torch.tensor(self._slots(other._ids[:k]), dtype=torch.int64)
             kept = slot >= 0
             src = torch.arange(k)
-            for mine, theirs in zip((self.count, self.unit_count, self.sum, self.unit_sum, self.sq_sum),
-                                    (other.count, other.unit_count, other.sum, other.unit_sum, other.sq_sum)):
+            for mine, theirs in zip(
+                (self.count, self.unit_count, self.sum, self.unit_sum, self.sq_sum),
+                (other.count, other.unit_count, other.sum, other.unit_sum, other.sq_sum),
+            ):
                 mine.index_add_(0, slot[kept], theirs[:k][src[kept]])
             if not kept.all():
                 p = src[~kept]
-                self._add_other(int(other.count[p].sum()), int(other.unit_count[p].sum()), other.sum[p].sum(0),
-                                other.unit_sum[p].sum(0), float(other.sq_sum[p].sum()))
+                self._add_other(
+                    int(other.count[p].sum()),
+                    int(other.unit_count[p].sum()),
+                    other.sum[p].sum(0),
+                    other.unit_sum[p].sum(0),
+                    float(other.sq_sum[p].sum()),
+                )
         if self.max_types is not None and self._keep is None and self.n_slots > 2 * self.max_types:
             self._compact(self.max_types)
         return self
@@ -225,27 +246,45 @@ class TokenTypeAccumulator:
     def _pool_slot(self, s: int) -> None:
         """Move slot s to "other" for good (its numbers zeroed; the slot stays, empty, and its id is pooled)."""
         self._slot_of.pop(self._ids[s], None)
-        self._add_other(int(self.count[s]), int(self.unit_count[s]), self.sum[s].clone(), self.unit_sum[s].clone(),
-                        float(self.sq_sum[s]))
+        self._add_other(
+            int(self.count[s]),
+            int(self.unit_count[s]),
+            self.sum[s].clone(),
+            self.unit_sum[s].clone(),
+            float(self.sq_sum[s]),
+        )
         for t in (self.count, self.unit_count, self.sum, self.unit_sum, self.sq_sum):
             t[s] = 0
 
     def state_dict(self) -> dict[str, Any]:
         k = self.n_slots
         return {
-            "version": STATE_VERSION, "d": self.d, "n": self.n, "max_types": self.max_types, "keep_ids": self.keep_ids,
-            "ids": torch.tensor(self._ids, dtype=torch.int64), "count": self.count[:k].clone(),
-            "unit_count": self.unit_count[:k].clone(), "sum": self.sum[:k].clone(), "unit_sum": self.unit_sum[:k].clone(),
-            "sq_sum": self.sq_sum[:k].clone(), "id_counts": self.id_counts.clone(), "pooled": self._pooled.clone(),
-            "other_count": self.other_count, "other_unit_count": self.other_unit_count,
-            "other_sum": self.other_sum.clone(), "other_unit_sum": self.other_unit_sum.clone(),
+            "version": STATE_VERSION,
+            "d": self.d,
+            "n": self.n,
+            "max_types": self.max_types,
+            "keep_ids": self.keep_ids,
+            "ids": torch.tensor(self._ids, dtype=torch.int64),
+            "count": self.count[:k].clone(),
+            "unit_count": self.unit_count[:k].clone(),
+            "sum": self.sum[:k].clone(),
+            "unit_sum": self.unit_sum[:k].clone(),
+            "sq_sum": self.sq_sum[:k].clone(),
+            "id_counts": self.id_counts.clone(),
+            "pooled": self._pooled.clone(),
+            "other_count": self.other_count,
+            "other_unit_count": self.other_unit_count,
+            "other_sum": self.other_sum.clone(),
+            "other_unit_sum": self.other_unit_sum.clone(),
             "other_sq_sum": self.other_sq_sum,
         }
 
     @classmethod
-    def from_state_dict(cls, sd: dict[str, Any]) -> "TokenTypeAccumulator":
+    def from_state_dict(cls, sd: dict[str, Any]) -> TokenTypeAccumulator:
         if int(sd.get("version", -1)) != STATE_VERSION:
-            raise BadInputError(f"token-type state version {sd.get('version')!r} is not supported (expected {STATE_VERSION})")
+            raise BadInputError(
+                f"token-type state version {sd.get('version')!r} is not supported (expected {STATE_VERSION})"
+            )
         acc = cls(int(sd["d"]), max_types=sd["max_types"], keep_ids=sd["keep_ids"], capacity=max(len(sd["ids"]), 1))
         acc.n = int(sd["n"])
         acc._ids = [int(i) for i in torch.as_tensor(sd["ids"]).tolist()]
@@ -261,7 +300,7 @@ class TokenTypeAccumulator:
         acc.other_sq_sum = float(sd["other_sq_sum"])
         return acc
 
-    def copy(self) -> "TokenTypeAccumulator":
+    def copy(self) -> TokenTypeAccumulator:
         return TokenTypeAccumulator.from_state_dict(self.state_dict())
 
     def clusters(self) -> tuple[Int[Tensor, " k"], Int[Tensor, " k"], Float[Tensor, "k d"], Float[Tensor, " k"]]:
@@ -335,7 +374,7 @@ def weighted_correlation(a: Float[Tensor, " k"], b: Float[Tensor, " k"], w: Floa
     return float(cov) / math.sqrt(den) if den > 0 else None
 
 
-def self_similarity(unit_sum: Float[Tensor, "... d"], count: Int[Tensor, "..."]) -> Float[Tensor, "..."]:
+def self_similarity(unit_sum: Float[Tensor, "... d"], count: Int[Tensor, ...]) -> Float[Tensor, ...]:
     """SelfSim = (c‖m̂‖² − 1)/(c − 1), m̂ = Σx̂/c: the mean cosine over the c(c − 1) ordered pairs of
     distinct occurrences (Σ_{i≠j} x̂_i·x̂_j = ‖Σx̂‖² − c). NaN where c < 2."""
     c = torch.as_tensor(count, dtype=torch.float64)
@@ -401,8 +440,12 @@ def token_type_geometry(
         listed = (uc >= max(min_count, 2)).nonzero().flatten()
         if listed.numel():
             order = listed[sims[listed].argsort()]  # ascending SelfSim: most context-specific first
-            entry = lambda s: TypeEntry(acc._ids[s], int(acc.count[s]), float(sims[s]),  # noqa: E731
-                                        float(sims[s]) - baseline if baseline is not None else None)
+            entry = lambda s: TypeEntry(  # noqa: E731
+                acc._ids[s],
+                int(acc.count[s]),
+                float(sims[s]),
+                float(sims[s]) - baseline if baseline is not None else None,
+            )
             most = [entry(s) for s in order[:n_list].tolist()]
             least = [entry(s) for s in order.flip(0)[:n_list].tolist()]
     counts_all = acc.id_counts
@@ -415,18 +458,37 @@ def token_type_geometry(
     kept_counts = sorted((int(counts_all[i]) for i in kept_ids), reverse=True)
     top_counts = sorted((int(counts_all[i]) for i in top), reverse=True)
     if acc.other_count:
-        notes.append(f"{n_types - n_kept} type(s) ({acc.other_count:,} tokens, {acc.other_count / n:.1%}) are pooled "
-                     f"into one 'other' type (max_types = {acc.max_types}); it counts as one cluster in within/between")
+        notes.append(
+            f"{n_types - n_kept} type(s) ({acc.other_count:,} tokens, {acc.other_count / n:.1%}) are pooled "
+            f"into one 'other' type (max_types = {acc.max_types}); it counts as one cluster in within/between"
+        )
     return TokenTypeGeometry(
-        n=n, n_types=n_types, n_types_kept=n_kept, kept_exact_top=kept_counts == top_counts,
+        n=n,
+        n_types=n_types,
+        n_types_kept=n_kept,
+        kept_exact_top=kept_counts == top_counts,
         n_repeated_types=int(repeated_ids.sum()),
         share_tokens_repeated=float(counts_all[repeated_ids].sum()) / n,
-        other_n_types=n_types - n_kept, other_n_tokens=acc.other_count, other_share=acc.other_count / n,
-        total_variance=total, within_plugin=within_plugin, between_plugin=between_plugin,
-        within=within, between=between, within_share=within_share, between_share=between_share,
-        norm_variance_corr=corr, mean_type_sq_norm=mean_type_sq, mean_type_variance=mean_type_var,
-        self_similarity=mean_sim, baseline=baseline, self_similarity_adjusted=adjusted,
-        most_context_specific=most, least_context_specific=least, min_count=min_count, notes=notes,
+        other_n_types=n_types - n_kept,
+        other_n_tokens=acc.other_count,
+        other_share=acc.other_count / n,
+        total_variance=total,
+        within_plugin=within_plugin,
+        between_plugin=between_plugin,
+        within=within,
+        between=between,
+        within_share=within_share,
+        between_share=between_share,
+        norm_variance_corr=corr,
+        mean_type_sq_norm=mean_type_sq,
+        mean_type_variance=mean_type_var,
+        self_similarity=mean_sim,
+        baseline=baseline,
+        self_similarity_adjusted=adjusted,
+        most_context_specific=most,
+        least_context_specific=least,
+        min_count=min_count,
+        notes=notes,
     )
 
 
@@ -456,14 +518,19 @@ class WindowSimilarityAccumulator:
         self._carry_x = torch.zeros(0, self.d, dtype=torch.float64)
         self._carry_last: int | None = None
 
-    def add(self, x: Any, positions: Any) -> "WindowSimilarityAccumulator":
+    def add(self, x: Any, positions: Any) -> WindowSimilarityAccumulator:
         x = as_rows(x, self.d).to("cpu", torch.float64)
         pos = _as_ids(positions, x.shape[0], "positions")
         if x.shape[0] == 0:
             return self
         starts = window_starts(pos, self._carry_last)
         rows = torch.cat([self._carry_x, x])
-        starts = torch.cat([torch.tensor([True] * min(1, self._carry_x.shape[0]) + [False] * max(0, self._carry_x.shape[0] - 1)), starts])
+        starts = torch.cat(
+            [
+                torch.tensor([True] * min(1, self._carry_x.shape[0]) + [False] * max(0, self._carry_x.shape[0] - 1)),
+                starts,
+            ]
+        )
         seg = torch.cumsum(starts.to(torch.int64), 0) - 1
         last = int(seg[-1])
         closed = seg < last
@@ -488,14 +555,14 @@ class WindowSimilarityAccumulator:
         self.n_windows += int(good.numel())
         self.n_short += int(present.numel() - good.numel())
 
-    def finish(self) -> "WindowSimilarityAccumulator":
+    def finish(self) -> WindowSimilarityAccumulator:
         """Close the open window (the stream has ended)."""
         if self._carry_x.shape[0]:
             self._windows(self._carry_x, torch.zeros(self._carry_x.shape[0], dtype=torch.int64))
         self._carry_x, self._carry_last = torch.zeros(0, self.d, dtype=torch.float64), None
         return self
 
-    def merge(self, other: "WindowSimilarityAccumulator") -> "WindowSimilarityAccumulator":
+    def merge(self, other: WindowSimilarityAccumulator) -> WindowSimilarityAccumulator:
         """Add another stream's finished windows (both sides are finished first: no window spans the two)."""
         self.finish()
         other = other.copy().finish()
@@ -504,15 +571,21 @@ class WindowSimilarityAccumulator:
         self.n_short += other.n_short
         return self
 
-    def copy(self) -> "WindowSimilarityAccumulator":
+    def copy(self) -> WindowSimilarityAccumulator:
         return WindowSimilarityAccumulator.from_state_dict(self.state_dict())
 
     def state_dict(self) -> dict[str, Any]:
-        return {"d": self.d, "sim_sum": self.sim_sum, "n_windows": self.n_windows, "n_short": self.n_short,
-                "carry_x": self._carry_x.clone(), "carry_last": self._carry_last}
+        return {
+            "d": self.d,
+            "sim_sum": self.sim_sum,
+            "n_windows": self.n_windows,
+            "n_short": self.n_short,
+            "carry_x": self._carry_x.clone(),
+            "carry_last": self._carry_last,
+        }
 
     @classmethod
-    def from_state_dict(cls, sd: dict[str, Any]) -> "WindowSimilarityAccumulator":
+    def from_state_dict(cls, sd: dict[str, Any]) -> WindowSimilarityAccumulator:
         acc = cls(int(sd["d"]))
         acc.sim_sum, acc.n_windows, acc.n_short = float(sd["sim_sum"]), int(sd["n_windows"]), int(sd["n_short"])
         acc._carry_x = torch.as_tensor(sd["carry_x"], dtype=torch.float64).clone()
@@ -539,10 +612,13 @@ def group_shares(n: int, total_sum: Tensor, total_sq: float, n_g: int, sum_g: Te
     mu2 = float(mu @ mu)
     spread_all = total_sq - 2 * float(mu @ total_sum) + n * mu2
     spread = sq_g - 2 * float(mu @ sum_g) + n_g * mu2
-    return {"rows": n_g, "row_share": n_g / n,
-            "mu_share": float(sum_g @ mu) / (n * mu2) if mu2 > 0 else float("nan"),
-            "trace_share": spread / spread_all if spread_all > 0 else float("nan"),
-            "norm_ratio": (sq_g / n_g / (total_sq / n)) ** 0.5 if total_sq > 0 and n_g else float("nan")}
+    return {
+        "rows": n_g,
+        "row_share": n_g / n,
+        "mu_share": float(sum_g @ mu) / (n * mu2) if mu2 > 0 else float("nan"),
+        "trace_share": spread / spread_all if spread_all > 0 else float("nan"),
+        "norm_ratio": (sq_g / n_g / (total_sq / n)) ** 0.5 if total_sq > 0 and n_g else float("nan"),
+    }
 
 
 class ArtifactAccumulator:
@@ -557,7 +633,9 @@ class ArtifactAccumulator:
         self.mean = torch.as_tensor(mean, dtype=torch.float64).reshape(-1)
         self.components = torch.as_tensor(components, dtype=torch.float64)
         if self.components.ndim != 2 or self.components.shape[0] != self.mean.numel():
-            raise BadInputError(f"components must be (d, k) with d = {self.mean.numel()}, got {tuple(self.components.shape)}")
+            raise BadInputError(
+                f"components must be (d, k) with d = {self.mean.numel()}, got {tuple(self.components.shape)}"
+            )
         self.k = self.components.shape[1]
         self.id_count = torch.zeros(0, dtype=torch.int64)
         self.id_projection = torch.zeros(0, self.k, dtype=torch.float64)
@@ -568,7 +646,7 @@ class ArtifactAccumulator:
         self.all_sum, self.all_sq = torch.zeros(d, dtype=torch.float64), 0.0
         self.first_n, self.first_sum, self.first_sq = 0, torch.zeros(d, dtype=torch.float64), 0.0
 
-    def add(self, x: Any, ids: Any = None, positions: Any = None) -> "ArtifactAccumulator":
+    def add(self, x: Any, ids: Any = None, positions: Any = None) -> ArtifactAccumulator:
         x = as_rows(x, self.mean.numel()).to("cpu", torch.float64)
         m = x.shape[0]
         proj = (x - self.mean) @ self.components
@@ -607,8 +685,10 @@ class ArtifactAccumulator:
         r: dict[str, list[float | None]] = {}
 
         def corr(c: Tensor, var_z: float) -> list[float | None]:
-            return [float(c[j]) / math.sqrt(float(var[j]) * var_z) if float(var[j]) > 0 and var_z > 0 else None
-                    for j in range(k)]
+            return [
+                float(c[j]) / math.sqrt(float(var[j]) * var_z) if float(var[j]) > 0 and var_z > 0 else None
+                for j in range(k)
+            ]
 
         if self.has["log_frequency"] and self.id_count.numel():
             seen = self.id_count > 0
@@ -623,11 +703,19 @@ class ArtifactAccumulator:
             r["log_frequency"] = [None] * k
         r["position"] = corr(cov[:k, k], float(var[k])) if self.has["position"] else [None] * k
         r["norm"] = corr(cov[:k, k + 1], float(var[k + 1]))
-        first = (group_shares(n, self.all_sum, self.all_sq, self.first_n, self.first_sum, self.first_sq)
-                 if self.has["position"] and self.first_n else None)
-        return {"n": n, "k": k, "covariates": list(COVARIATES), "r": r,
-                "abs": {name: [None if v is None else abs(v) for v in vals] for name, vals in r.items()},
-                "first_position": first}
+        first = (
+            group_shares(n, self.all_sum, self.all_sq, self.first_n, self.first_sum, self.first_sq)
+            if self.has["position"] and self.first_n
+            else None
+        )
+        return {
+            "n": n,
+            "k": k,
+            "covariates": list(COVARIATES),
+            "r": r,
+            "abs": {name: [None if v is None else abs(v) for v in vals] for name, vals in r.items()},
+            "first_position": first,
+        }
 
     def _grow_ids(self, size: int) -> None:
         if size > self.id_count.numel():
@@ -635,7 +723,7 @@ class ArtifactAccumulator:
             self.id_count = torch.cat([self.id_count, torch.zeros(grow, dtype=torch.int64)])
             self.id_projection = torch.cat([self.id_projection, torch.zeros(grow, self.k, dtype=torch.float64)])
 
-    def merge(self, other: "ArtifactAccumulator") -> "ArtifactAccumulator":
+    def merge(self, other: ArtifactAccumulator) -> ArtifactAccumulator:
         """Fold in another part of the stream (same μ and V_k): per-id sums add, the row moments merge (Chan)."""
         if not (torch.equal(self.mean, other.mean) and torch.equal(self.components, other.components)):
             raise BadInputError("cannot merge artifact accumulators built on different means or principal directions")
@@ -652,13 +740,22 @@ class ArtifactAccumulator:
         return self
 
     def state_dict(self) -> dict[str, Any]:
-        return {"mean": self.mean.clone(), "components": self.components.clone(), "id_count": self.id_count.clone(),
-                "id_projection": self.id_projection.clone(), "rows": self.rows.state_dict(), "has": dict(self.has),
-                "all_sum": self.all_sum.clone(), "all_sq": self.all_sq, "first_n": self.first_n,
-                "first_sum": self.first_sum.clone(), "first_sq": self.first_sq}
+        return {
+            "mean": self.mean.clone(),
+            "components": self.components.clone(),
+            "id_count": self.id_count.clone(),
+            "id_projection": self.id_projection.clone(),
+            "rows": self.rows.state_dict(),
+            "has": dict(self.has),
+            "all_sum": self.all_sum.clone(),
+            "all_sq": self.all_sq,
+            "first_n": self.first_n,
+            "first_sum": self.first_sum.clone(),
+            "first_sq": self.first_sq,
+        }
 
     @classmethod
-    def from_state_dict(cls, sd: dict[str, Any]) -> "ArtifactAccumulator":
+    def from_state_dict(cls, sd: dict[str, Any]) -> ArtifactAccumulator:
         acc = cls(sd["mean"], sd["components"])
         acc.id_count, acc.id_projection = sd["id_count"].clone(), sd["id_projection"].clone()
         acc.rows = GeometryAccumulator.from_state_dict(sd["rows"], gram_dtype=torch.float64)

@@ -57,9 +57,7 @@ class TransformReport:
         return asdict(self)
 
 
-def _split_notes(
-    sample: Any, mean: Tensor, directions: Tensor, what: str
-) -> tuple[list[float] | None, list[str]]:
+def _split_notes(sample: Any, mean: Tensor, directions: Tensor, what: str) -> tuple[list[float] | None, list[str]]:
     """2-means share of the sample's projections on each direction; a note for each one that splits the rows."""
     if sample is None or directions.shape[1] == 0:
         return None, []
@@ -85,7 +83,9 @@ def _rows_like(x: Any, d: int) -> Tensor:
 
 def _n_le_d_note(acc: GeometryAccumulator) -> list[str]:
     if acc.n <= acc.d:
-        return [f"fitted on n = {acc.n} ≤ d = {acc.d} rows: the covariance is singular, its small eigenvalues are noise"]
+        return [
+            f"fitted on n = {acc.n} ≤ d = {acc.d} rows: the covariance is singular, its small eigenvalues are noise"
+        ]
     return []
 
 
@@ -97,7 +97,7 @@ class Centering:
     report: TransformReport
 
     @classmethod
-    def fit(cls, acc: GeometryAccumulator) -> "Centering":
+    def fit(cls, acc: GeometryAccumulator) -> Centering:
         mu = acc.mean
         trace_s = acc.mean_sq_norm  # tr S = E‖x‖²
         share = float(mu.square().sum()) / trace_s if trace_s > 0 else 0.0
@@ -122,7 +122,7 @@ class AllButTheTop:
     report: TransformReport
 
     @classmethod
-    def fit(cls, acc: GeometryAccumulator, n_components: int = 1, *, sample: Any = None) -> "AllButTheTop":
+    def fit(cls, acc: GeometryAccumulator, n_components: int = 1, *, sample: Any = None) -> AllButTheTop:
         """Fit on the accumulated rows; ``sample`` (a few thousand rows, optional) lets the report check whether a
         removed direction carries a population split. The report gives top-1 and erank of what is left:
         the spectrum λ_{D+1..d}."""
@@ -183,7 +183,7 @@ class Whitening:
         clamp: float = 1e-6,
         *,
         sample: Any = None,
-    ) -> "Whitening":
+    ) -> Whitening:
         """Fit on the accumulated rows. The report gives top-1 and erank of the whitened covariance
         (λ_j/λ'_j over the kept directions: 1/k and k unless clamped or shrunk) and, with a row ``sample``,
         warns when the top direction — rescaled to unit variance like all others — carries a population split."""

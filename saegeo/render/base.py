@@ -8,8 +8,9 @@ import html
 import io
 import math
 import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from saegeo.errors import BadInputError
 from saegeo.io import atomic_write
@@ -95,22 +96,31 @@ def html_flags(flags: list[Flag], *, show_subject: bool = True) -> list[str]:
         who = f" — {e(f.subject)}" if show_subject and f.subject != "activations" else ""
         ev = ", ".join(f"{e(k)} = {e(fmt_num(v) if isinstance(v, float) else str(v))}" for k, v in f.evidence.items())
         lat = f"<br>latents: {e(', '.join(map(str, f.latents)))}" if f.latents else ""
-        parts.append(f"<div class='flag'><b class='{f.severity}'>{f.severity}</b> <code>{e(f.name)}</code>{who}: "
-                     f"{e(f.summary)}<br><i>{e(f.advice)}</i><div class='ev'>{ev}{lat}</div></div>")
+        parts.append(
+            f"<div class='flag'><b class='{f.severity}'>{f.severity}</b> <code>{e(f.name)}</code>{who}: "
+            f"{e(f.summary)}<br><i>{e(f.advice)}</i><div class='ev'>{ev}{lat}</div></div>"
+        )
     return parts or ["<p>No flags.</p>"]
 
 
 def html_page(title: str, body: list[str]) -> str:
     """The page skeleton both renderings share: title, the common style sheet, the body parts in order."""
     e = html.escape
-    head = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>",
-            f"<style>{HTML_CSS}</style></head><body>", f"<h1>{e(title)}</h1>"]
+    head = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>",
+        f"<style>{HTML_CSS}</style></head><body>",
+        f"<h1>{e(title)}</h1>",
+    ]
     return "\n".join(head + body + ["</body></html>"])
 
 
 def html_table(rows: list[tuple[str, str]]) -> list[str]:
     e = html.escape
-    return ["<table>"] + [f"<tr><td>{e(a)}</td><td style='text-align:left'>{e(b)}</td></tr>" for a, b in rows] + ["</table>"]
+    return (
+        ["<table>"]
+        + [f"<tr><td>{e(a)}</td><td style='text-align:left'>{e(b)}</td></tr>" for a, b in rows]
+        + ["</table>"]
+    )
 
 
 # =========================================================================== figures
@@ -144,6 +154,8 @@ def output_dir(out_dir: str | os.PathLike, formats: Sequence[str], known: Sequen
     return out
 
 
-def write_renderings(out: Path, formats: Sequence[str], writers: Mapping[str, tuple[str, Callable[[], str | bytes]]]) -> dict[str, Path]:
+def write_renderings(
+    out: Path, formats: Sequence[str], writers: Mapping[str, tuple[str, Callable[[], str | bytes]]]
+) -> dict[str, Path]:
     """Each requested format's rendering, atomically, as out/<file name>: {format: path}."""
     return {fmt: atomic_write(out / name, render()) for fmt, (name, render) in writers.items() if fmt in formats}

@@ -6,7 +6,15 @@ import html
 
 from saegeo.geometry.nulls import anisotropy_null_sd
 from saegeo.render.base import (
-    flag_counts, fmt_num, fmt_pct, html_flags, html_page, html_table, md_flags, md_table, terminal_flags,
+    flag_counts,
+    fmt_num,
+    fmt_pct,
+    html_flags,
+    html_page,
+    html_table,
+    md_flags,
+    md_table,
+    terminal_flags,
 )
 from saegeo.report.check import DictionaryCheck
 
@@ -14,19 +22,51 @@ from saegeo.report.check import DictionaryCheck
 def check_lines(check: DictionaryCheck) -> list[tuple[str, str]]:
     """(label, text) rows of the dictionary numbers, shared by every rendering of a check."""
     f = fmt_num
-    s, sp, n, ed, b = check.source, check.dictionary_spectrum, check.decoder_norms, check.encoder_decoder_cos, check.b_dec
+    s, sp, n, ed, b = (
+        check.source,
+        check.dictionary_spectrum,
+        check.decoder_norms,
+        check.encoder_decoder_cos,
+        check.b_dec,
+    )
     return [
-        ("format", f"{s['format']}  d_in {s['d_in']:,}  d_sae {s['d_sae']:,}  {s['activation']}"
-                   + (f" k={s['k']}" if s.get("k") else "") + f"  b_dec subtracted: {s['apply_b_dec_to_input']}"
-                   + (f"  input norm: {s['input_normalization']}" if s["input_normalization"] != "none" else "")),
-        ("A_dict", f"{f(check.a_dict, 4)}  (‖ū‖² {f(check.dict_mean_sq_norm, 4)}; isotropic rows: 0 ± {f(anisotropy_null_sd(s['d_sae'], s['d_in']), 2)})"),
-        ("spectrum", f"erank {f(sp.get('effective_rank'), 4)} of {s['d_in']}  top-1 {fmt_pct(sp.get('top1_share'))}  "
-                     f"top-10 {fmt_pct(sp.get('top10_share'))}  IsoScore {f(sp.get('isoscore'))}  spikes {sp.get('n_spikes')}"),
-        ("dec norms", f"min {f(n['min'])}  median {f(n['median'])}  max {f(n['max'])}  cv {f(n['cv'])}  zero rows {check.n_zero_decoder_rows}"),
-        ("duplicates", f"{check.n_duplicate_pairs} pair(s) with cos > {check.options['duplicate_cos']:g}"
-                       + (f"; most similar {check.duplicate_pairs[0][0]}–{check.duplicate_pairs[0][1]} ({check.duplicate_pairs[0][2]:.4f})" if check.duplicate_pairs else "")),
-        ("enc·dec", f"cos(encoder, decoder) median {f(ed['median'])}  min {f(ed['min'])}  below {check.options['misaligned_cos']:g}: {ed['n_below']}"),
-        ("b_dec", f"‖b_dec‖ {f(b['norm'])} ({f(b['norm_over_median_decoder_norm'])}× median ‖w‖)  cos(b_dec, ū) {f(b['cos_mean_direction'])}"),
+        (
+            "format",
+            f"{s['format']}  d_in {s['d_in']:,}  d_sae {s['d_sae']:,}  {s['activation']}"
+            + (f" k={s['k']}" if s.get("k") else "")
+            + f"  b_dec subtracted: {s['apply_b_dec_to_input']}"
+            + (f"  input norm: {s['input_normalization']}" if s["input_normalization"] != "none" else ""),
+        ),
+        (
+            "A_dict",
+            f"{f(check.a_dict, 4)}  (‖ū‖² {f(check.dict_mean_sq_norm, 4)}; isotropic rows: 0 ± {f(anisotropy_null_sd(s['d_sae'], s['d_in']), 2)})",
+        ),
+        (
+            "spectrum",
+            f"erank {f(sp.get('effective_rank'), 4)} of {s['d_in']}  top-1 {fmt_pct(sp.get('top1_share'))}  "
+            f"top-10 {fmt_pct(sp.get('top10_share'))}  IsoScore {f(sp.get('isoscore'))}  spikes {sp.get('n_spikes')}",
+        ),
+        (
+            "dec norms",
+            f"min {f(n['min'])}  median {f(n['median'])}  max {f(n['max'])}  cv {f(n['cv'])}  zero rows {check.n_zero_decoder_rows}",
+        ),
+        (
+            "duplicates",
+            f"{check.n_duplicate_pairs} pair(s) with cos > {check.options['duplicate_cos']:g}"
+            + (
+                f"; most similar {check.duplicate_pairs[0][0]}–{check.duplicate_pairs[0][1]} ({check.duplicate_pairs[0][2]:.4f})"
+                if check.duplicate_pairs
+                else ""
+            ),
+        ),
+        (
+            "enc·dec",
+            f"cos(encoder, decoder) median {f(ed['median'])}  min {f(ed['min'])}  below {check.options['misaligned_cos']:g}: {ed['n_below']}",
+        ),
+        (
+            "b_dec",
+            f"‖b_dec‖ {f(b['norm'])} ({f(b['norm_over_median_decoder_norm'])}× median ‖w‖)  cos(b_dec, ū) {f(b['cos_mean_direction'])}",
+        ),
     ]
 
 
@@ -49,7 +89,12 @@ def render_check_markdown(check: DictionaryCheck) -> str:
     out += md_flags(check.flags, show_subject=False)
     out += ["", "## Dictionary", "", md_table(["", ""], [[a, b] for a, b in check_lines(check)])]
     if check.duplicate_pairs:
-        out += ["", "## Near-duplicate pairs", "", md_table(["i", "j", "cos"], [[str(i), str(j), f"{c:.6f}"] for i, j, c in check.duplicate_pairs])]
+        out += [
+            "",
+            "## Near-duplicate pairs",
+            "",
+            md_table(["i", "j", "cos"], [[str(i), str(j), f"{c:.6f}"] for i, j, c in check.duplicate_pairs]),
+        ]
     if check.notes:
         out += ["", "## Notes", ""] + [f"- {n}" for n in check.notes]
     out += ["", f"*saegeo check schema {check.schema_version}.*", ""]

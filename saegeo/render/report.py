@@ -16,13 +16,26 @@ from __future__ import annotations
 import base64
 import html
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from saegeo.io import atomic_write
 from saegeo.render.base import (
-    FORMATS, flag_counts, fmt_num, fmt_pct, html_flags, html_page, html_table, md_flags, md_table, output_dir, png,
-    rendering_names, terminal_flags, write_renderings,
+    FORMATS,
+    flag_counts,
+    fmt_num,
+    fmt_pct,
+    html_flags,
+    html_page,
+    html_table,
+    md_flags,
+    md_table,
+    output_dir,
+    png,
+    rendering_names,
+    terminal_flags,
+    write_renderings,
 )
 from saegeo.render.check import render_check_html, render_check_markdown, render_check_terminal
 from saegeo.render.text import artifact_text, exclusion_lines
@@ -53,46 +66,82 @@ def activation_lines(report: GeometryReport) -> list[tuple[str, str]]:
     top_rogue = ", ".join(f"{i} ({fmt_pct(p)})" for i, p in zip(rogue["top_indices"][:3], rogue["top_shares"][:3]))
     bulk = g.get("mp_bulk") or {}
     if g.get("n_spikes") is None and bulk.get("has_flat_bulk"):
-        spikes = (f"{bulk.get('verdict')}: KS distance {fmt_num(bulk.get('mp_distance'))} to MP "
-                  f"> {fmt_num(bulk.get('mp_distance_threshold'))} (white noise), so no spike count; power-law slope "
-                  f"α = {fmt_num(bulk.get('power_law_alpha'))}")
+        spikes = (
+            f"{bulk.get('verdict')}: KS distance {fmt_num(bulk.get('mp_distance'))} to MP "
+            f"> {fmt_num(bulk.get('mp_distance_threshold'))} (white noise), so no spike count; power-law slope "
+            f"α = {fmt_num(bulk.get('power_law_alpha'))}"
+        )
     elif g.get("n_spikes") is None and bulk:
-        spikes = (f"no flat MP bulk: power law, slope α = {fmt_num(bulk.get('power_law_alpha'))} over ranks "
-                  f"{bulk.get('power_law_ranks')}")
+        spikes = (
+            f"no flat MP bulk: power law, slope α = {fmt_num(bulk.get('power_law_alpha'))} over ranks "
+            f"{bulk.get('power_law_ranks')}"
+        )
     else:
-        spikes = (f"{g.get('n_spikes')} spike(s) above the calibrated MP edge {fmt_num(g['mp_upper_edge'])} "
-                  f"+ Tracy–Widom {fmt_pct(bulk.get('tracy_widom_quantile'))} margin")
+        spikes = (
+            f"{g.get('n_spikes')} spike(s) above the calibrated MP edge {fmt_num(g['mp_upper_edge'])} "
+            f"+ Tracy–Widom {fmt_pct(bulk.get('tracy_widom_quantile'))} margin"
+        )
     lines = [
-        ("cone", f"A = {fmt_num(g['anisotropy'])} against the sign-aware null {fmt_num(s['null'])} ({s['regime']}, "
-                 f"canonical {s['canonical']}); offset ‖m̂‖ = {fmt_num(g['offset'])}; "
-                 f"isotropic sd of one cosine 1/√d = {fmt_num(g['isotropic_cosine_sd'])}"),
+        (
+            "cone",
+            f"A = {fmt_num(g['anisotropy'])} against the sign-aware null {fmt_num(s['null'])} ({s['regime']}, "
+            f"canonical {s['canonical']}); offset ‖m̂‖ = {fmt_num(g['offset'])}; "
+            f"isotropic sd of one cosine 1/√d = {fmt_num(g['isotropic_cosine_sd'])}",
+        ),
     ]
     if g.get("null_z") is not None:
-        lines.append(("vs null", f"z = {fmt_num(g['null_z'], 1)} = (A − null − finite-d bias {fmt_num(g.get('null_bias'))}) "
-                                 f"/ sd {fmt_num(g.get('null_sd'))}; sd of A alone {fmt_num(g.get('A_sd'))}; "
-                                 f"isotropic sd {fmt_num(g.get('isotropic_sd'))} (isotropic z {fmt_num(g['isotropic_z'], 1)})"))
+        lines.append(
+            (
+                "vs null",
+                f"z = {fmt_num(g['null_z'], 1)} = (A − null − finite-d bias {fmt_num(g.get('null_bias'))}) "
+                f"/ sd {fmt_num(g.get('null_sd'))}; sd of A alone {fmt_num(g.get('A_sd'))}; "
+                f"isotropic sd {fmt_num(g.get('isotropic_sd'))} (isotropic z {fmt_num(g['isotropic_z'], 1)})",
+            )
+        )
     if g.get("unit_effective_rank") is not None:
-        lines.append(("unit x̂", f"E[x̂x̂ᵀ]: erank {fmt_num(g['unit_effective_rank'], 1)} of {g['d']}, "
-                                f"top-1 {fmt_pct(g.get('unit_top1_share'))} (uniform directions: {g['d']}, {fmt_pct(1 / g['d'])})"))
+        lines.append(
+            (
+                "unit x̂",
+                f"E[x̂x̂ᵀ]: erank {fmt_num(g['unit_effective_rank'], 1)} of {g['d']}, "
+                f"top-1 {fmt_pct(g.get('unit_top1_share'))} (uniform directions: {g['d']}, {fmt_pct(1 / g['d'])})",
+            )
+        )
     lines += [
-        ("mean", f"‖μ‖ = {fmt_num(g['mean_vector_norm'])}, ‖μ‖/E‖x‖ = {fmt_num(g['mean_norm_ratio'])}, "
-                 f"share of E‖x‖² = {fmt_pct(g['mean_share_of_second_moment'])}, γ = ‖μ‖/√trΣ = {fmt_num(g['outlier_severity'])}"),
-        ("spectrum", f"erank {fmt_num(g['effective_rank'], 1)} of {g['d']} (isotropic noise of this n, d: "
-                     f"{fmt_num(g['noise_effective_rank'], 1)}), top-1 {fmt_pct(g['top1_share'])}, top-10 {fmt_pct(g['top10_share'])}, "
-                     f"{spikes}, numerical rank {g['numerical_rank']}, IsoScore {fmt_num(g['isoscore'])}"),
-        ("MP σ²", f"{fmt_num(g['mp_sigma2_bulk'])} from the bulk, {fmt_num(g.get('mp_sigma2_trace'))} as tr Σ/d "
-                  f"({bulk.get('n_spikes_trace_edge', '—')} eigenvalue(s) above that naive edge)"),
-        ("rogue dims", f"{rogue['n_for_50']} coordinate(s) carry 50% of the offset, {rogue['n_for_90']} carry 90%"
-                       + (f"; top: {top_rogue}" if top_rogue else "")),
+        (
+            "mean",
+            f"‖μ‖ = {fmt_num(g['mean_vector_norm'])}, ‖μ‖/E‖x‖ = {fmt_num(g['mean_norm_ratio'])}, "
+            f"share of E‖x‖² = {fmt_pct(g['mean_share_of_second_moment'])}, γ = ‖μ‖/√trΣ = {fmt_num(g['outlier_severity'])}",
+        ),
+        (
+            "spectrum",
+            f"erank {fmt_num(g['effective_rank'], 1)} of {g['d']} (isotropic noise of this n, d: "
+            f"{fmt_num(g['noise_effective_rank'], 1)}), top-1 {fmt_pct(g['top1_share'])}, top-10 {fmt_pct(g['top10_share'])}, "
+            f"{spikes}, numerical rank {g['numerical_rank']}, IsoScore {fmt_num(g['isoscore'])}",
+        ),
+        (
+            "MP σ²",
+            f"{fmt_num(g['mp_sigma2_bulk'])} from the bulk, {fmt_num(g.get('mp_sigma2_trace'))} as tr Σ/d "
+            f"({bulk.get('n_spikes_trace_edge', '—')} eigenvalue(s) above that naive edge)",
+        ),
+        (
+            "rogue dims",
+            f"{rogue['n_for_50']} coordinate(s) carry 50% of the offset, {rogue['n_for_90']} carry 90%"
+            + (f"; top: {top_rogue}" if top_rogue else ""),
+        ),
     ]
     lines += [("excluded" if i == 0 else "", line) for i, line in enumerate(exclusion_lines(report.exclusions or {}))]
     if report.artifact:
         lines.append(("artifact", artifact_text(report.artifact)))
         first = report.artifact.get("first_position")
         if first:
-            lines.append(("position 0", f"{first['rows']:,} rows ({fmt_pct(first['row_share'])}) carry "
-                                        f"{fmt_pct(first['mu_share'])} of ‖μ‖² and {fmt_pct(first['trace_share'])} of tr Σ, "
-                                        f"RMS norm {fmt_num(first['norm_ratio'], 1)}× the average"))
+            lines.append(
+                (
+                    "position 0",
+                    f"{first['rows']:,} rows ({fmt_pct(first['row_share'])}) carry "
+                    f"{fmt_pct(first['mu_share'])} of ‖μ‖² and {fmt_pct(first['trace_share'])} of tr Σ, "
+                    f"RMS norm {fmt_num(first['norm_ratio'], 1)}× the average",
+                )
+            )
     return lines
 
 
@@ -155,9 +204,16 @@ SAE_ROWS: list[tuple[str, Callable[[SAEGeometry], str]]] = [
     ("A of x − b_dec", lambda s: fmt_num(s.amplification.get("measured_x_minus_b_dec"))),
     ("CE loss recovered", lambda s: fmt_num(_splice(s, "ce_loss_recovered"), 4)),
     ("KL(clean ‖ spliced)", lambda s: fmt_num(_splice(s, "kl_div_spliced"), 4)),
-    ("CE clean / spliced", lambda s: f"{fmt_num(_splice(s, 'ce_loss_clean'), 4)} / {fmt_num(_splice(s, 'ce_loss_spliced'), 4)}"),
-    ("CE zero / mean abl.", lambda s: f"{fmt_num(_splice(s, 'ce_loss_zero_ablation'), 4)} / "
-                                      f"{fmt_num(_splice(s, 'ce_loss_mean_ablation'), 4)}"),
+    (
+        "CE clean / spliced",
+        lambda s: f"{fmt_num(_splice(s, 'ce_loss_clean'), 4)} / {fmt_num(_splice(s, 'ce_loss_spliced'), 4)}",
+    ),
+    (
+        "CE zero / mean abl.",
+        lambda s: (
+            f"{fmt_num(_splice(s, 'ce_loss_zero_ablation'), 4)} / {fmt_num(_splice(s, 'ce_loss_mean_ablation'), 4)}"
+        ),
+    ),
     ("KL(clean ‖ zero)", lambda s: fmt_num(_splice(s, "kl_div_zero_ablation"), 4)),
     ("spliced FVE / L0", lambda s: f"{fmt_num(_splice(s, 'fve'))} / {fmt_num(_splice(s, 'l0'), 1)}"),
     ("embedding cos (spliced)", lambda s: fmt_num(_splice(s, "embedding_cosine_spliced"), 4)),
@@ -165,8 +221,15 @@ SAE_ROWS: list[tuple[str, Callable[[SAEGeometry], str]]] = [
     ("flags", lambda s: "—"),  # filled per report below
 ]
 # rows shown only when some SAE was spliced into the model (saegeo report --model, the run's [eval])
-SPLICE_ROWS = {"CE loss recovered", "KL(clean ‖ spliced)", "CE clean / spliced", "CE zero / mean abl.",
-               "KL(clean ‖ zero)", "spliced FVE / L0", "spliced on"}
+SPLICE_ROWS = {
+    "CE loss recovered",
+    "KL(clean ‖ spliced)",
+    "CE clean / spliced",
+    "CE zero / mean abl.",
+    "KL(clean ‖ zero)",
+    "spliced FVE / L0",
+    "spliced on",
+}
 ENCODER_SPLICE_ROWS = {"embedding cos (spliced)", "spliced FVE / L0", "spliced on"}
 
 
@@ -216,7 +279,9 @@ def render_terminal(report: GeometryReport, *, max_flags: int = 12) -> str:
         header, rows = _sae_table(report)
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
         out += ["", "SAE" + (" (side by side)" if len(report.saes) > 1 else "")]
-        fmt = lambda r: "  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+        fmt = lambda r: (  # noqa: E731
+            "  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        )
         out.append(fmt(header))
         out += [fmt(r) for r in rows]
     for note in report.notes:
@@ -231,7 +296,12 @@ def render_markdown(report: GeometryReport, figure_dir: str | None = None) -> st
     out += md_flags(report.flags)
     out += ["", "## Activations", "", md_table(["", ""], [[a, b] for a, b in activation_lines(report)])]
     if diagnosis_lines(report):
-        out += ["", "## Diagnosis", "", md_table(["step", "finding [numbers read]"], [[a, b] for a, b in diagnosis_lines(report)])]
+        out += [
+            "",
+            "## Diagnosis",
+            "",
+            md_table(["step", "finding [numbers read]"], [[a, b] for a, b in diagnosis_lines(report)]),
+        ]
     if report.saes:
         out += ["", "## SAE" + ("s side by side" if len(report.saes) > 1 else ""), ""]
         out.append(md_table(*_sae_table(report)))
@@ -268,17 +338,30 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
     lam = np.asarray(g["eigenvalues"], dtype=float)
     pos = lam > 0
     ax.loglog(np.arange(1, lam.size + 1)[pos], lam[pos], ".-", ms=3, label="activations Σ")
-    ax.axhspan(max(g["mp_lower_edge"], lam[pos].min() if pos.any() else 1e-12), g["mp_upper_edge"],
-               color="tab:gray", alpha=0.25, label="MP band (isotropic noise)")
+    ax.axhspan(
+        max(g["mp_lower_edge"], lam[pos].min() if pos.any() else 1e-12),
+        g["mp_upper_edge"],
+        color="tab:gray",
+        alpha=0.25,
+        label="MP band (isotropic noise)",
+    )
     for s in report.saes:  # the dictionaries' own spectra, scaled to the same trace for shape comparison
         dl = np.asarray(s.dictionary_spectrum.get("eigenvalues") or [], dtype=float)
         if dl.size and dl.sum() > 0 and lam.sum() > 0:
             dl = dl * lam.sum() / dl.sum()
-            ax.loglog(np.arange(1, dl.size + 1)[dl > 0], dl[dl > 0], "-", lw=1, alpha=0.7,
-                      label=f"dictionary {s.name} (rescaled)")
+            ax.loglog(
+                np.arange(1, dl.size + 1)[dl > 0],
+                dl[dl > 0],
+                "-",
+                lw=1,
+                alpha=0.7,
+                label=f"dictionary {s.name} (rescaled)",
+            )
     ax.set_xlabel("rank")
     ax.set_ylabel("eigenvalue")
-    ax.set_title(f"centred spectrum: {'no flat bulk' if g['n_spikes'] is None else str(g['n_spikes']) + ' spikes'}, erank {g['effective_rank']:.1f} of {g['d']}")
+    ax.set_title(
+        f"centred spectrum: {'no flat bulk' if g['n_spikes'] is None else str(g['n_spikes']) + ' spikes'}, erank {g['effective_rank']:.1f} of {g['d']}"
+    )
     ax.legend(fontsize=7)
     out["spectrum"] = png(fig)
 
@@ -289,8 +372,15 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
     counts = np.asarray(h["counts"], dtype=float)
     width = np.diff(edges)
     dens = counts / max(counts.sum(), 1) / width
-    ax.bar(edges[:-1], dens, width=width, align="edge", color="tab:blue", alpha=0.7,
-           label=f"{h['n_pairs']:,} pairs of {h['n_rows']:,} sampled rows")
+    ax.bar(
+        edges[:-1],
+        dens,
+        width=width,
+        align="edge",
+        color="tab:blue",
+        alpha=0.7,
+        label=f"{h['n_pairs']:,} pairs of {h['n_rows']:,} sampled rows",
+    )
     null = g["sign"]["null"]
     band = 2 * g["isotropic_cosine_sd"]
     ax.axvspan(null - band, null + band, color="tab:gray", alpha=0.3, label="null ± 2/√d (isotropic)")
@@ -327,8 +417,9 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
         ax.set_xscale("log")
         ax.axvline(0.5, color="gray", ls=":", lw=1)
         ax.set_xlabel("firing frequency (dead at left edge)")
-        ax.set_title(f"{s.name}: latents " + ("(size ∝ |cone share|)" if has_cone else "(no cone in x̂ − b_dec)"),
-                     fontsize=9)
+        ax.set_title(
+            f"{s.name}: latents " + ("(size ∝ |cone share|)" if has_cone else "(no cone in x̂ − b_dec)"), fontsize=9
+        )
     axes[0][0].set_ylabel("cos(decoder row, activation mean)")
     out["latents"] = png(fig)
 
@@ -343,18 +434,31 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
             continue
         q, r = a["q"], a["r"]
         k = xs * r
-        ax.plot(xs, k / (1 + k - q * r), "-", color=color, lw=1, alpha=0.7, label=f"one-rate exact-moment law ({s.name})")
+        ax.plot(
+            xs, k / (1 + k - q * r), "-", color=color, lw=1, alpha=0.7, label=f"one-rate exact-moment law ({s.name})"
+        )
         x0 = max(a["K"] * a["mean_sq_norm"], 1e-3)
         if a.get("measured_recon_minus_b_dec") is not None:
-            ax.plot([x0], [a["measured_recon_minus_b_dec"]], "o", color=color, ms=8, label=f"measured A(x̂ − b_dec) {s.name}")
+            ax.plot(
+                [x0], [a["measured_recon_minus_b_dec"]], "o", color=color, ms=8, label=f"measured A(x̂ − b_dec) {s.name}"
+            )
         if a.get("mean_cosine") is not None:
-            ax.plot([x0], [a["mean_cosine"]], "s", mfc="none", color=color, ms=8, label=f"one-rate mean-cosine {s.name}")
+            ax.plot(
+                [x0], [a["mean_cosine"]], "s", mfc="none", color=color, ms=8, label=f"one-rate mean-cosine {s.name}"
+            )
         # the per-latent law beside the one-rate curve: each latent's own rate and law (independent codes)
         if a.get("A_het") is not None:
             ax.plot([x0], [a["A_het"]], "D", mfc="none", color=color, ms=7, label=f"per-latent A_het {s.name}")
         if a.get("A_het_mean_cosine") is not None:
-            ax.errorbar([x0], [a["A_het_mean_cosine"]], yerr=[3 * (a.get("A_het_mean_cosine_sd") or 0.0)], fmt="*",
-                        color=color, ms=11, label=f"per-latent mean-cosine {s.name} (±3 sd)")
+            ax.errorbar(
+                [x0],
+                [a["A_het_mean_cosine"]],
+                yerr=[3 * (a.get("A_het_mean_cosine_sd") or 0.0)],
+                fmt="*",
+                color=color,
+                ms=11,
+                label=f"per-latent mean-cosine {s.name} (±3 sd)",
+            )
     if not report.saes:
         ax.text(0.5, 0.5, "no SAE given", ha="center", va="center", transform=ax.transAxes)
     ax.set_xscale("log")
@@ -405,8 +509,10 @@ def render_html(report: GeometryReport, pngs: dict[str, bytes] | None = None) ->
     if report.notes:
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in report.notes) + "</ul>")
     parts.append(f"<h2>Terminal summary</h2><pre>{e(render_terminal(report))}</pre>")
-    parts.append(f"<p class='ev'>saegeo {e(report.saegeo_version)}, report schema {report.schema_version}; "
-                 "the numbers behind this page are in report.json.</p>")
+    parts.append(
+        f"<p class='ev'>saegeo {e(report.saegeo_version)}, report schema {report.schema_version}; "
+        "the numbers behind this page are in report.json.</p>"
+    )
     return html_page(_title(report), parts)
 
 
@@ -429,9 +535,10 @@ def write_report(
     writers = {
         "terminal": (names["terminal"], lambda: render_terminal(page) if is_report else render_check_terminal(page)),
         "json": (names["json"], lambda: page.to_json()),
-        "md": (names["md"], lambda: render_markdown(page, figure_dir="figures") if is_report else render_check_markdown(page)),
+        "md": (
+            names["md"],
+            lambda: render_markdown(page, figure_dir="figures") if is_report else render_check_markdown(page),
+        ),
         "html": (names["html"], lambda: render_html(page, pngs) if is_report else render_check_html(page)),
     }
     return write_renderings(out, formats, writers)
-
-

@@ -10,13 +10,23 @@ from __future__ import annotations
 import base64
 import html
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from saegeo.io import atomic_write
 from saegeo.render.base import (
-    FORMATS, fmt_num, fmt_pct, html_flags, html_page, md_flags, md_table, output_dir, png, rendering_names,
-    terminal_flags, write_renderings,
+    FORMATS,
+    fmt_num,
+    fmt_pct,
+    html_flags,
+    html_page,
+    md_flags,
+    md_table,
+    output_dir,
+    png,
+    rendering_names,
+    terminal_flags,
+    write_renderings,
 )
 from saegeo.report.sweep import LayerSweep
 
@@ -41,8 +51,10 @@ TABLE: list[tuple[str, Callable[[dict], str]]] = [
     ("top10", lambda r: fmt_pct(r["top10"])),
     ("Iso", _cell("isoscore")),
     # a spectrum without a flat MP bulk has no spike count: its power-law slope instead
-    ("spikes", lambda r: str(r["mp_spikes"]) if r["mp_spikes"] is not None
-     else f"α={fmt_num(r.get('mp_power_law_alpha'), 2)}"),
+    (
+        "spikes",
+        lambda r: str(r["mp_spikes"]) if r["mp_spikes"] is not None else f"α={fmt_num(r.get('mp_power_law_alpha'), 2)}",
+    ),
     ("rogue50", lambda r: str(r["rogue_50"])),
     ("between%", lambda r: fmt_pct(r["between_share"])),
     ("SelfSim-A", _cell("self_similarity_adjusted")),
@@ -78,10 +90,16 @@ def _type_lists_md(sweep: LayerSweep) -> list[str]:
         tt = r["details"]["token_types"]
         if not tt or not tt["most_context_specific"]:
             continue
-        ids = lambda entries: ", ".join(  # noqa: E731
-            f"{e['id']}" + (f" `{e['token']}`" if e.get("token") else "") + f" ({fmt_num(e['adjusted'], 2)})" for e in entries[:5])
-        out.append(f"- layer {r['layer']} `{r['hook']}`: most context-specific {ids(tt['most_context_specific'])}; "
-                   f"least {ids(tt['least_context_specific'])} (token id, token, SelfSim − A; count ≥ {tt['min_count']})")
+        ids = (  # noqa: E731
+            lambda entries: ", ".join(
+                f"{e['id']}" + (f" `{e['token']}`" if e.get("token") else "") + f" ({fmt_num(e['adjusted'], 2)})"
+                for e in entries[:5]
+            )
+        )
+        out.append(
+            f"- layer {r['layer']} `{r['hook']}`: most context-specific {ids(tt['most_context_specific'])}; "
+            f"least {ids(tt['least_context_specific'])} (token id, token, SelfSim − A; count ≥ {tt['min_count']})"
+        )
     return out
 
 
@@ -110,8 +128,14 @@ PANELS: list[tuple[str, list[tuple[str, str]]]] = [
     ("between-type share of tr Σ", [("between_share", "corrected"), ("between_share_plugin", "plug-in")]),
     ("similarity minus A", [("self_similarity_adjusted", "SelfSim − A"), ("intra_window_adjusted", "IntraWindow − A")]),
     ("corr(‖μ_t‖², var_t)", [("norm_variance_corr", "count-weighted")]),
-    ("|corr(PC1, ·)|", [("pc1_abs_corr_log_frequency", "log frequency"), ("pc1_abs_corr_position", "position"),
-                        ("pc1_abs_corr_norm", "‖x‖")]),
+    (
+        "|corr(PC1, ·)|",
+        [
+            ("pc1_abs_corr_log_frequency", "log frequency"),
+            ("pc1_abs_corr_position", "position"),
+            ("pc1_abs_corr_norm", "‖x‖"),
+        ],
+    ),
 ]
 
 
@@ -152,7 +176,9 @@ def render_sweep_html(sweep: LayerSweep, png: bytes | None = None) -> str:
     return html_page(_title(sweep), parts)
 
 
-def write_sweep(sweep: LayerSweep, out_dir: str | os.PathLike, formats: Sequence[str] = SWEEP_FORMATS) -> dict[str, Path]:
+def write_sweep(
+    sweep: LayerSweep, out_dir: str | os.PathLike, formats: Sequence[str] = SWEEP_FORMATS
+) -> dict[str, Path]:
     """summary.txt, sweep.json, sweep.md (+ sweep.png beside it), sweep.html in ``out_dir``; returns {format: path}."""
     out = output_dir(out_dir, formats, SWEEP_FORMATS, "sweep")
     png = sweep_figure(sweep) if {"md", "html"} & set(formats) else None

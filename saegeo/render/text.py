@@ -12,7 +12,8 @@ the sweep's caching line; and the pieces the pages share with them (cache exclus
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from saegeo.activations.cache import exclusion_shares
 from saegeo.geometry.measures import ActivationGeometry
@@ -54,19 +55,25 @@ def geometry_summary(geo: ActivationGeometry) -> str:
     )
     bulk = geo.mp_bulk or {}
     if geo.n_spikes is None and bulk.get("has_flat_bulk"):  # flat but not MP-shaped: correlated noise
-        counted = (f"{bulk.get('verdict')}: KS distance to MP {f(bulk.get('mp_distance'), '.3g')} "
-                   f"> {f(bulk.get('mp_distance_threshold'), '.3g')} (white noise); no spike count "
-                   f"({bulk.get('n_spikes_fitted')} above the edge would be noise); power-law slope alpha = "
-                   f"{f(bulk.get('power_law_alpha'), '.3f')}")
+        counted = (
+            f"{bulk.get('verdict')}: KS distance to MP {f(bulk.get('mp_distance'), '.3g')} "
+            f"> {f(bulk.get('mp_distance_threshold'), '.3g')} (white noise); no spike count "
+            f"({bulk.get('n_spikes_fitted')} above the edge would be noise); power-law slope alpha = "
+            f"{f(bulk.get('power_law_alpha'), '.3f')}"
+        )
     elif geo.n_spikes is None:
         alpha = bulk.get("power_law_alpha")
-        counted = (f"no flat bulk (it would hold {bulk.get('bulk_fraction', 0):.0%} of the eigenvalues, "
-                   f"{bulk.get('fraction_below_lower_edge', 0):.0%} of those below its lower edge): "
-                   f"power law, slope alpha = {f(alpha, '.3f')} over ranks {bulk.get('power_law_ranks')}")
+        counted = (
+            f"no flat bulk (it would hold {bulk.get('bulk_fraction', 0):.0%} of the eigenvalues, "
+            f"{bulk.get('fraction_below_lower_edge', 0):.0%} of those below its lower edge): "
+            f"power law, slope alpha = {f(alpha, '.3f')} over ranks {bulk.get('power_law_ranks')}"
+        )
     else:
-        counted = (f"{geo.n_spikes} spike(s) above edge + Tracy-Widom {100 * bulk.get('tracy_widom_quantile', 0.99):.0f}% "
-                   f"margin (bulk KS distance to MP {f(bulk.get('mp_distance'), '.3g')}, white-noise threshold "
-                   f"{f(bulk.get('mp_distance_threshold'), '.3g')})")
+        counted = (
+            f"{geo.n_spikes} spike(s) above edge + Tracy-Widom {100 * bulk.get('tracy_widom_quantile', 0.99):.0f}% "
+            f"margin (bulk KS distance to MP {f(bulk.get('mp_distance'), '.3g')}, white-noise threshold "
+            f"{f(bulk.get('mp_distance_threshold'), '.3g')})"
+        )
     lines.append(
         f"MP null:   sigma^2 = {geo.mp_sigma2_bulk:.4g} from the bulk (trace(Sigma)/d = {f(geo.mp_sigma2_trace, '.4g')}), "
         f"bulk [{geo.mp_lower_edge:.4g}, {geo.mp_upper_edge:.4g}]; {counted}"
@@ -90,13 +97,17 @@ def render_geometry(result: Any) -> str:
     if artifact is not None:
         lines.append(f"artifact:  {artifact_text(artifact)} ({artifact['source']})")
     else:
-        lines.append("note:      artifact test not run: it needs activation stores (token ids and positions) and --top-k ≥ 1")
+        lines.append(
+            "note:      artifact test not run: it needs activation stores (token ids and positions) and --top-k ≥ 1"
+        )
     for path, extra in result.exclusions.items():  # stores cached with exclusions: what the left-out rows carried
         lines += [f"{path}: {line}" for line in exclusion_lines(extra)]
     first = (artifact or {}).get("first_position")  # what position 0 (BOS / attention sinks) carries
     if first:
-        lines.append(f"position 0: {first['rows']:,} rows ({100 * first['row_share']:.2f}%) carry "
-                     f"{100 * first['mu_share']:.1f}% of |mu|^2 and {100 * first['trace_share']:.1f}% of tr Sigma")
+        lines.append(
+            f"position 0: {first['rows']:,} rows ({100 * first['row_share']:.2f}%) carry "
+            f"{100 * first['mu_share']:.1f}% of |mu|^2 and {100 * first['trace_share']:.1f}% of tr Sigma"
+        )
     lines += terminal_flags(result.flags)
     return "\n".join(lines)
 
@@ -115,45 +126,67 @@ def exclusion_lines(manifest_extra: Mapping[str, Any]) -> list[str]:
     if rule.get("norm_rule"):
         what.append(rule["norm_rule"])
     lines.append("excluded from the store: " + "; ".join(what))
-    names = {"excluded": "all excluded rows", "excluded_special": "  special positions",
-             "excluded_norm": "  norm outliers", "first_position": "first position (stored or not)"}
+    names = {
+        "excluded": "all excluded rows",
+        "excluded_special": "  special positions",
+        "excluded_norm": "  norm outliers",
+        "first_position": "first position (stored or not)",
+    }
     for g, sh in exclusion_shares(excl).items():
-        lines.append(f"{names[g]:<30} {sh['rows']:>9,} rows ({100 * sh['row_share']:.2f}%): "
-                     f"{100 * sh['mu_share']:.1f}% of ‖μ‖², {100 * sh['trace_share']:.1f}% of tr Σ, "
-                     f"RMS norm {sh['norm_ratio']:.1f}× the average (shares of all {excl['all']['n']:,} rows)")
+        lines.append(
+            f"{names[g]:<30} {sh['rows']:>9,} rows ({100 * sh['row_share']:.2f}%): "
+            f"{100 * sh['mu_share']:.1f}% of ‖μ‖², {100 * sh['trace_share']:.1f}% of tr Σ, "
+            f"RMS norm {sh['norm_ratio']:.1f}× the average (shares of all {excl['all']['n']:,} rows)"
+        )
     return lines
 
 
 def artifact_text(artifact: dict[str, Any]) -> str:
     """'|corr(PC_j, ·)|: log freq a, position b, ‖x‖ c' for each tested principal direction."""
     absr = artifact["abs"]
-    parts = [f"PC{j + 1}: log freq {fmt_num(absr['log_frequency'][j], 2)}, position {fmt_num(absr['position'][j], 2)}, "
-             f"‖x‖ {fmt_num(absr['norm'][j], 2)}" for j in range(int(artifact["k"]))]
+    parts = [
+        f"PC{j + 1}: log freq {fmt_num(absr['log_frequency'][j], 2)}, position {fmt_num(absr['position'][j], 2)}, "
+        f"‖x‖ {fmt_num(absr['norm'][j], 2)}"
+        for j in range(int(artifact["k"]))
+    ]
     return "|corr| " + "; ".join(parts)
 
 
 # =========================================================================== eval, train, cache, store, synth, run
 def render_eval(result: Mapping[str, Any]) -> str:
     """The terminal summary of one `splice_eval` result."""
-    lines = [f"saegeo eval: {result['sae']} spliced into {result['model']} at {result['hook']}",
-             f"  {result['tokens']:,} tokens ({result['windows']} windows of ≤ {result['context']}, "
-             f"{result['skipped_tokens']:,} corpus tokens skipped as training data), "
-             f"{result['tokens_per_second']:,.0f} tok/s"]
+    lines = [
+        f"saegeo eval: {result['sae']} spliced into {result['model']} at {result['hook']}",
+        f"  {result['tokens']:,} tokens ({result['windows']} windows of ≤ {result['context']}, "
+        f"{result['skipped_tokens']:,} corpus tokens skipped as training data), "
+        f"{result['tokens_per_second']:,.0f} tok/s",
+    ]
     if "ce_loss_clean" in result:
-        rows = [("CE loss clean", "ce_loss_clean"), ("CE loss spliced", "ce_loss_spliced"),
-                ("CE loss zero ablation", "ce_loss_zero_ablation"), ("CE loss mean ablation", "ce_loss_mean_ablation"),
-                ("CE loss recovered", "ce_loss_recovered"), ("KL(clean ‖ spliced)", "kl_div_spliced"),
-                ("KL(clean ‖ zero)", "kl_div_zero_ablation")]
+        rows = [
+            ("CE loss clean", "ce_loss_clean"),
+            ("CE loss spliced", "ce_loss_spliced"),
+            ("CE loss zero ablation", "ce_loss_zero_ablation"),
+            ("CE loss mean ablation", "ce_loss_mean_ablation"),
+            ("CE loss recovered", "ce_loss_recovered"),
+            ("KL(clean ‖ spliced)", "kl_div_spliced"),
+            ("KL(clean ‖ zero)", "kl_div_zero_ablation"),
+        ]
     else:
         lines.append(f"  measured: {result['measured']}")
-        rows = [("cosine spliced", "embedding_cosine_spliced"), ("cosine zero ablation", "embedding_cosine_zero_ablation"),
-                ("cosine mean ablation", "embedding_cosine_mean_ablation")]
+        rows = [
+            ("cosine spliced", "embedding_cosine_spliced"),
+            ("cosine zero ablation", "embedding_cosine_zero_ablation"),
+            ("cosine mean ablation", "embedding_cosine_mean_ablation"),
+        ]
     rows += [("FVE (about the mean)", "fve"), ("L0", "l0")]
     lines += [f"  {label:<24} {result[key]:.4f}" for label, key in rows]
     pt = result["passed_through"]
     what = ", ".join(pt["special_positions"]) or "none"
-    lines.append(f"  passed through unreplaced: {pt['positions']:,} positions (special: {what}"
-                 + (f"; {pt['norm_rule']}" if pt["norm_rule"] else "") + ")")
+    lines.append(
+        f"  passed through unreplaced: {pt['positions']:,} positions (special: {what}"
+        + (f"; {pt['norm_rule']}" if pt["norm_rule"] else "")
+        + ")"
+    )
     return "\n".join(lines)
 
 
@@ -167,15 +200,21 @@ def render_train(result: Any) -> str:
         ("b_dec init", cfg.b_dec_init),
         ("tokens trained", f"{cfg.total_steps * cfg.batch_tokens:,} ({cfg.total_steps} steps of {cfg.batch_tokens})"),
         ("throughput", f"{live.get('tok_s', float('nan')):,.0f} tokens/s"),
-        ("held-out tokens", f"{h.get('tokens', 0):,}"
-                            + (f" ({h['nonfinite_rows_skipped']:,} non-finite rows skipped)" if "nonfinite_rows_skipped" in h else "")),
+        (
+            "held-out tokens",
+            f"{h.get('tokens', 0):,}"
+            + (f" ({h['nonfinite_rows_skipped']:,} non-finite rows skipped)" if "nonfinite_rows_skipped" in h else ""),
+        ),
         ("held-out FVE", f"{h.get('fve', float('nan')):.4f}"),
         ("held-out MSE", f"{h.get('mse', float('nan')):.5g}"),
         ("held-out L0", f"{h.get('l0', float('nan')):.1f}"),
         ("dead latents", f"{h.get('dead_fraction', float('nan')):.2%} (never fire on held-out)"),
         ("dense latents", f"{h.get('dense_fraction', float('nan')):.2%} (fire on > 50% of held-out)"),
         ("max |cos(W_dec, mean)|", f"{h.get('max_abs_cos_mean', float('nan')):.3f}"),
-        ("|b_dec - mean| / |mean|", f"{h.get('b_dec_dist_to_mean', float('nan')):.3f} (|mean| = {h.get('mean_norm', 0):.3g})"),
+        (
+            "|b_dec - mean| / |mean|",
+            f"{h.get('b_dec_dist_to_mean', float('nan')):.3f} (|mean| = {h.get('mean_norm', 0):.3g})",
+        ),
         ("saved to", str(cfg.out_dir) if cfg.out_dir else "(not saved: give --out-dir)"),
     ]
     width = max(len(k) for k, _ in rows)
@@ -185,17 +224,23 @@ def render_train(result: Any) -> str:
 def render_cache(result: Any) -> str:
     """A ``saegeo.activations.cache.CacheResult``: tokens, speed, where the forward pass stopped, each store."""
     stop = "whole model" if result.stop_layer is None else f"stopped after block {result.stop_layer}"
-    lines = [f"cached {result.new_tokens:,} new tokens in {result.seconds:.1f} s "
-             f"({result.tokens_per_second:,.0f} tokens/s, {stop})"]
+    lines = [
+        f"cached {result.new_tokens:,} new tokens in {result.seconds:.1f} s "
+        f"({result.tokens_per_second:,.0f} tokens/s, {stop})"
+    ]
     for hook, path in result.stores.items():
-        lines.append(f"  {hook:<32} {result.n_tokens[hook]:>12,} tokens  {result.bytes[hook] / 2**20:>9.1f} MiB  {path}")
+        lines.append(
+            f"  {hook:<32} {result.n_tokens[hook]:>12,} tokens  {result.bytes[hook] / 2**20:>9.1f} MiB  {path}"
+        )
     return "\n".join(lines)
 
 
 def render_store(store: Any, problems: list[str] | None = None) -> str:
     """`saegeo store info` (problems None) or `saegeo store verify` (the problems ``store.verify()`` found)."""
     state = "complete" if store.complete else "INCOMPLETE (interrupted; rerun the cache command to resume)"
-    lines = [f"{store.path}: {store.n_tokens:,} tokens x d={store.d} {store.dtype} in {len(store.shards)} shards, {state}"]
+    lines = [
+        f"{store.path}: {store.n_tokens:,} tokens x d={store.d} {store.dtype} in {len(store.shards)} shards, {state}"
+    ]
     if problems is None:
         lines.append(f"  model:  {store.model}\n  hook:   {store.hook}")
         lines += [f"  corpus.{key}: {value}" for key, value in store.corpus.items() if key != "files"]
@@ -209,15 +254,17 @@ def render_store(store: Any, problems: list[str] | None = None) -> str:
 def render_synth(preset: str, n: int, cfg: Any, truth: Any, predicted: float, written: list[str]) -> str:
     """`saegeo synth`: the generator's truth (dictionary, codes, offset, noise) and the law's prediction."""
     t = truth
-    return "\n".join([
-        f"saegeo synth: preset {preset}, {n:,} rows × d={cfg.d}, N={cfg.n_features} features, seed {cfg.seed}",
-        f"  dictionary: tilt {t.tilt:.4f}, A_dict {t.a_dict:.5f}, ‖ū‖² {t.mean_sq_norm:.5f}",
-        f"  codes:      {cfg.magnitude} magnitudes, r {t.r:.4f}, q {t.q:.4f}, K {t.K:.2f}",
-        f"  offset ‖b‖ {float(t.offset.norm()):.4f}, noise sd {t.noise_std:.4g}, RMS signal norm {t.signal_rms:.4f}"
-        + (", whitened" if t.whitening is not None else ""),
-        f"  law: A of Σ a_i u_i ≈ {predicted:.4f} (exact-moment form)",
-        f"  wrote {' and '.join(written)}",
-    ])
+    return "\n".join(
+        [
+            f"saegeo synth: preset {preset}, {n:,} rows × d={cfg.d}, N={cfg.n_features} features, seed {cfg.seed}",
+            f"  dictionary: tilt {t.tilt:.4f}, A_dict {t.a_dict:.5f}, ‖ū‖² {t.mean_sq_norm:.5f}",
+            f"  codes:      {cfg.magnitude} magnitudes, r {t.r:.4f}, q {t.q:.4f}, K {t.K:.2f}",
+            f"  offset ‖b‖ {float(t.offset.norm()):.4f}, noise sd {t.noise_std:.4g}, RMS signal norm {t.signal_rms:.4f}"
+            + (", whitened" if t.whitening is not None else ""),
+            f"  law: A of Σ a_i u_i ≈ {predicted:.4f} (exact-moment form)",
+            f"  wrote {' and '.join(written)}",
+        ]
+    )
 
 
 def render_run(result: Any, seconds: float) -> str:

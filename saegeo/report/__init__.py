@@ -16,13 +16,29 @@ sweep.py    sweep_stores / sweep_model -> LayerSweep: one row per layer (`saegeo
 """
 
 from saegeo.report.check import (
-    CheckOptions, DictionaryCheck, MatchOptions, activations_match_flags, check_dictionary, check_with_activations,
+    CheckOptions,
+    DictionaryCheck,
+    MatchOptions,
+    activations_match_flags,
+    check_dictionary,
+    check_with_activations,
 )
 from saegeo.report.flags import Flag, FlagThresholds, dictionary_flags
 from saegeo.report.report import GeometryReport, ReportOptions, SAEGeometry, compute_flags, geometry_report
 
 __all__ = [
-    "CheckOptions", "DictionaryCheck", "MatchOptions", "activations_match_flags", "check_dictionary", "check_with_activations",
-    "Flag", "FlagThresholds", "dictionary_flags", "GeometryReport", "ReportOptions", "SAEGeometry",
-    "compute_flags", "geometry_report",
+    "CheckOptions",
+    "DictionaryCheck",
+    "MatchOptions",
+    "activations_match_flags",
+    "check_dictionary",
+    "check_with_activations",
+    "Flag",
+    "FlagThresholds",
+    "dictionary_flags",
+    "GeometryReport",
+    "ReportOptions",
+    "SAEGeometry",
+    "compute_flags",
+    "geometry_report",
 ]

@@ -22,13 +22,15 @@ import math
 import os
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
 from saegeo.activations.models import same_model
+from saegeo.config import BATCH_ROWS, check, option
 from saegeo.errors import BadInputError, FormatError
 from saegeo.geometry.accumulate import as_rows
 from saegeo.geometry.dictionary import (
@@ -38,10 +40,15 @@ from saegeo.geometry.dictionary import (
     near_duplicate_pairs,
     summary_stats,
 )
-from saegeo.config import BATCH_ROWS, check, option
 from saegeo.io import dump_json, json_safe
 from saegeo.report.flags import (
-    ACTIVATIONS_MISMATCH, Flag, FlagThresholds, config_flags, dictionary_flags, rounded, sort_flags,
+    ACTIVATIONS_MISMATCH,
+    Flag,
+    FlagThresholds,
+    config_flags,
+    dictionary_flags,
+    rounded,
+    sort_flags,
 )
 from saegeo.sae.model import SAE
 
@@ -57,8 +64,17 @@ FOLDED_SCALING = "scaling_factor_folded"
 ZERO_B_DEC = "b_dec_zero"
 TRANSCODER = "transcoder"
 UNSET_THRESHOLD = "batchtopk_threshold_unset"
-DICTIONARY_FLAGS = (ZERO_ROWS, DUPLICATES, MISALIGNED, INPUT_SCALING, INPUT_NORMALIZATION, FOLDED_SCALING,
-                    ZERO_B_DEC, TRANSCODER, UNSET_THRESHOLD)
+DICTIONARY_FLAGS = (
+    ZERO_ROWS,
+    DUPLICATES,
+    MISALIGNED,
+    INPUT_SCALING,
+    INPUT_NORMALIZATION,
+    FOLDED_SCALING,
+    ZERO_B_DEC,
+    TRANSCODER,
+    UNSET_THRESHOLD,
+)
 
 
 @dataclass
@@ -67,21 +83,27 @@ class CheckOptions:
 
     duplicate_cos: float = option(0.99, "pairs with cos(w_i, w_j) above this are near-duplicates", low=-1, high=1)
     zero_row_rel_norm: float = option(1e-6, "‖w_i‖ ≤ this × median ‖w‖ counts as a zero row", low=0)
-    misaligned_cos: float = option(0.0, "latents with cos(encoder column, decoder row) below this are misaligned",
-                                   low=-1, high=1)
-    misaligned_warn_fraction: float = option(0.01, "above this fraction of latents the flag is a warning, else info",
-                                             low=0, high=1)
-    duplicate_error_fraction: float = option(0.01, "latents in duplicate pairs above this fraction: error",
-                                             low=0, high=1)
-    block_rows: int = option(DEFAULT_BLOCK_ROWS, "rows per block of the duplicate search (memory ~ block² floats)",
-                             low=1)
+    misaligned_cos: float = option(
+        0.0, "latents with cos(encoder column, decoder row) below this are misaligned", low=-1, high=1
+    )
+    misaligned_warn_fraction: float = option(
+        0.01, "above this fraction of latents the flag is a warning, else info", low=0, high=1
+    )
+    duplicate_error_fraction: float = option(
+        0.01, "latents in duplicate pairs above this fraction: error", low=0, high=1
+    )
+    block_rows: int = option(
+        DEFAULT_BLOCK_ROWS, "rows per block of the duplicate search (memory ~ block² floats)", low=1
+    )
     max_pairs_listed: int = option(50, "near-duplicate pairs listed in the result", low=0)
     progress: bool = option(True, "progress bars")
     verify: bool = option(True, "sha256 check of each --acts store shard as it is read")
-    skip_nonfinite: bool = option(False, "with --acts: skip and count rows with NaN/inf (default: an error naming "
-                                  "the row)")
-    assume_same_model: bool = option(False, "with --acts: take the store's model as the SAE's, whatever names and "
-                                     "fingerprints say")
+    skip_nonfinite: bool = option(
+        False, "with --acts: skip and count rows with NaN/inf (default: an error naming the row)"
+    )
+    assume_same_model: bool = option(
+        False, "with --acts: take the store's model as the SAE's, whatever names and fingerprints say"
+    )
     thresholds: FlagThresholds = option(factory=FlagThresholds, help="of the flags")
     match: MatchOptions = option(factory=lambda: MatchOptions(), help="with activations: activations_match_flags")
 
@@ -132,10 +154,12 @@ class DictionaryCheck:
         return dump_json(self.to_dict(), path, indent=indent)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "DictionaryCheck":
+    def from_dict(cls, d: Mapping[str, Any]) -> DictionaryCheck:
         d = dict(d)
         if d.get("schema_version") != CHECK_SCHEMA_VERSION:
-            raise FormatError(f"check schema_version {d.get('schema_version')!r} is not {CHECK_SCHEMA_VERSION}; rerun saegeo check")
+            raise FormatError(
+                f"check schema_version {d.get('schema_version')!r} is not {CHECK_SCHEMA_VERSION}; rerun saegeo check"
+            )
         d["flags"] = [Flag.from_dict(f) for f in d.get("flags", [])]
         return cls(**{k: v for k, v in d.items() if k in {f.name for f in fields(cls)}})
 
@@ -160,15 +184,19 @@ def check_dictionary(sae: SAE, *, options: CheckOptions | None = None, name: str
         bar = tqdm(total=n_lat, unit="row", unit_scale=True, desc="duplicates", dynamic_ncols=True)
 
     # float32 gram: fast enough for 65,536 × 2,304 rows on a laptop; the spectrum to float32 rounding
-    geom = dictionary_geometry(W_dec, zero_rel_norm=opts.zero_row_rel_norm, block_rows=opts.block_rows,
-                               gram_dtype=torch.float32)
+    geom = dictionary_geometry(
+        W_dec, zero_rel_norm=opts.zero_row_rel_norm, block_rows=opts.block_rows, gram_dtype=torch.float32
+    )
     zero, median = geom.zero, geom.norm_stats["median"]
     zero_rows = zero.nonzero().flatten().tolist()
     alive_norms = geom.direction_norms  # "zero" rows drop out of every direction statistic
     a_dict, mean_sq_norm, mean_dir, spectrum = geom.a_dict, geom.mean_sq_norm, geom.mean_direction, geom.spectrum
 
     pairs, pair_cos, n_pairs = near_duplicate_pairs(
-        W_dec, opts.duplicate_cos, norms=alive_norms, block_rows=opts.block_rows,
+        W_dec,
+        opts.duplicate_cos,
+        norms=alive_norms,
+        block_rows=opts.block_rows,
         max_pairs=max(opts.max_pairs_listed, opts.thresholds.max_latents),
         progress=(lambda done: bar.update(done - bar.n)) if bar is not None else None,
     )
@@ -180,32 +208,62 @@ def check_dictionary(sae: SAE, *, options: CheckOptions | None = None, name: str
     b_norm = float(b_dec.norm())
     b_info = {
         "norm": b_norm,
-        "cos_mean_direction": float(b_dec @ mean_dir) / (b_norm * float(mean_dir.norm())) if b_norm > 0 and float(mean_dir.norm()) > 0 else None,
+        "cos_mean_direction": float(b_dec @ mean_dir) / (b_norm * float(mean_dir.norm()))
+        if b_norm > 0 and float(mean_dir.norm()) > 0
+        else None,
         "norm_over_median_decoder_norm": b_norm / median if median > 0 else None,
         "mean_direction_norm": float(mean_dir.norm()),
     }
     cfg = sae.cfg
     source = {
-        "path": info.source, "format": info.format, "name": subject, "d_in": int(d), "d_sae": int(n_lat),
-        "activation": cfg.activation, "k": cfg.k, "apply_b_dec_to_input": cfg.apply_b_dec_to_input,
-        "input_normalization": cfg.input_normalization, "model": info.model_name, "hook": info.hook_name,
+        "path": info.source,
+        "format": info.format,
+        "name": subject,
+        "d_in": int(d),
+        "d_sae": int(n_lat),
+        "activation": cfg.activation,
+        "k": cfg.k,
+        "apply_b_dec_to_input": cfg.apply_b_dec_to_input,
+        "input_normalization": cfg.input_normalization,
+        "model": info.model_name,
+        "hook": info.hook_name,
         "source_dtype": info.source_dtype,
     }
     check = DictionaryCheck(
-        schema_version=CHECK_SCHEMA_VERSION, source=source, a_dict=a_dict, dict_mean_sq_norm=mean_sq_norm,
-        dictionary_spectrum=spectrum, decoder_norms=geom.norm_stats, n_zero_decoder_rows=len(zero_rows),
-        zero_rows=zero_rows[:1000], n_duplicate_pairs=n_pairs,
-        duplicate_pairs=[[int(i), int(j), float(c)] for (i, j), c in zip(pairs.tolist()[: opts.max_pairs_listed], pair_cos.tolist())],
-        encoder_decoder_cos={**{k: v for k, v in summary_stats(enc_dec_alive).items() if k != "cv"},
-                             "n_below": int((enc_dec_alive < opts.misaligned_cos).sum())},
-        b_dec=b_info, config=info.to_dict(), flags=[], options=json_safe(opts.to_dict()), seconds=0.0,
+        schema_version=CHECK_SCHEMA_VERSION,
+        source=source,
+        a_dict=a_dict,
+        dict_mean_sq_norm=mean_sq_norm,
+        dictionary_spectrum=spectrum,
+        decoder_norms=geom.norm_stats,
+        n_zero_decoder_rows=len(zero_rows),
+        zero_rows=zero_rows[:1000],
+        n_duplicate_pairs=n_pairs,
+        duplicate_pairs=[
+            [int(i), int(j), float(c)] for (i, j), c in zip(pairs.tolist()[: opts.max_pairs_listed], pair_cos.tolist())
+        ],
+        encoder_decoder_cos={
+            **{k: v for k, v in summary_stats(enc_dec_alive).items() if k != "cv"},
+            "n_below": int((enc_dec_alive < opts.misaligned_cos).sum()),
+        },
+        b_dec=b_info,
+        config=info.to_dict(),
+        flags=[],
+        options=json_safe(opts.to_dict()),
+        seconds=0.0,
     )
     if zero_rows:
-        check.notes.append(f"{len(zero_rows)} zero decoder row(s) excluded from A_dict, the spectrum and the duplicate search")
+        check.notes.append(
+            f"{len(zero_rows)} zero decoder row(s) excluded from A_dict, the spectrum and the duplicate search"
+        )
     check.flags = sort_flags(
         _dictionary_only_flags(check, pairs, pair_cos, enc_dec, zero, opts, subject)
-        + dictionary_flags(W_dec if not zero_rows else torch.where(zero[:, None], 0.0, W_dec), b_dec,
-                           thresholds=opts.thresholds, subject=subject)
+        + dictionary_flags(
+            W_dec if not zero_rows else torch.where(zero[:, None], 0.0, W_dec),
+            b_dec,
+            thresholds=opts.thresholds,
+            subject=subject,
+        )
         + config_check_flags(sae, subject=subject, thresholds=opts.thresholds)
     )
     check.seconds = time.perf_counter() - t0
@@ -213,109 +271,171 @@ def check_dictionary(sae: SAE, *, options: CheckOptions | None = None, name: str
 
 
 # =========================================================================== flags
-def _dictionary_only_flags(check: DictionaryCheck, pairs, pair_cos, enc_dec, zero, opts: CheckOptions, subject: str) -> list[Flag]:
+def _dictionary_only_flags(
+    check: DictionaryCheck, pairs, pair_cos, enc_dec, zero, opts: CheckOptions, subject: str
+) -> list[Flag]:
     flags: list[Flag] = []
     n_lat = check.source["d_sae"]
     max_latents = opts.thresholds.max_latents
     if check.n_zero_decoder_rows:
-        flags.append(Flag(
-            ZERO_ROWS, "warning",
-            {"n_zero_rows": check.n_zero_decoder_rows, "d_sae": n_lat, "fraction": rounded(check.n_zero_decoder_rows / n_lat),
-             "median_decoder_norm": rounded(check.decoder_norms["median"])},
-            "Zero decoder rows are dead latents that write nothing: drop them before counting features or "
-            "computing dictionary statistics.",
-            summary=f"{check.n_zero_decoder_rows} of {n_lat} decoder rows are zero",
-            latents=check.zero_rows[:max_latents], subject=subject,
-        ))
+        flags.append(
+            Flag(
+                ZERO_ROWS,
+                "warning",
+                {
+                    "n_zero_rows": check.n_zero_decoder_rows,
+                    "d_sae": n_lat,
+                    "fraction": rounded(check.n_zero_decoder_rows / n_lat),
+                    "median_decoder_norm": rounded(check.decoder_norms["median"]),
+                },
+                "Zero decoder rows are dead latents that write nothing: drop them before counting features or "
+                "computing dictionary statistics.",
+                summary=f"{check.n_zero_decoder_rows} of {n_lat} decoder rows are zero",
+                latents=check.zero_rows[:max_latents],
+                subject=subject,
+            )
+        )
     if check.n_duplicate_pairs:
         involved: list[int] = []
         for i, j in pairs.tolist():
             involved += [x for x in (i, j) if x not in involved]
         n_involved = len(set(pairs.flatten().tolist()))
         top = check.duplicate_pairs[:3]
-        flags.append(Flag(
-            DUPLICATES, "error" if n_involved / n_lat > opts.duplicate_error_fraction else "warning",
-            {"n_pairs": check.n_duplicate_pairs, "n_latents_listed": n_involved, "max_cos": rounded(float(pair_cos[0]), 6),
-             "threshold": opts.duplicate_cos, "d_sae": n_lat},
-            "Near-duplicate latents split one feature between them (and their codes): merge or drop one of each "
-            "pair before interpreting or counting features.",
-            summary=(f"{check.n_duplicate_pairs} pair(s) of decoder rows with cos > {opts.duplicate_cos:g}: "
-                     + ", ".join(f"{i}–{j} ({c:.4f})" for i, j, c in top) + (" …" if check.n_duplicate_pairs > 3 else "")),
-            latents=involved[:max_latents], subject=subject,
-        ))
+        flags.append(
+            Flag(
+                DUPLICATES,
+                "error" if n_involved / n_lat > opts.duplicate_error_fraction else "warning",
+                {
+                    "n_pairs": check.n_duplicate_pairs,
+                    "n_latents_listed": n_involved,
+                    "max_cos": rounded(float(pair_cos[0]), 6),
+                    "threshold": opts.duplicate_cos,
+                    "d_sae": n_lat,
+                },
+                "Near-duplicate latents split one feature between them (and their codes): merge or drop one of each "
+                "pair before interpreting or counting features.",
+                summary=(
+                    f"{check.n_duplicate_pairs} pair(s) of decoder rows with cos > {opts.duplicate_cos:g}: "
+                    + ", ".join(f"{i}–{j} ({c:.4f})" for i, j, c in top)
+                    + (" …" if check.n_duplicate_pairs > 3 else "")
+                ),
+                latents=involved[:max_latents],
+                subject=subject,
+            )
+        )
     below = ((enc_dec < opts.misaligned_cos) & ~zero).nonzero().flatten()
     if below.numel():
         order = below[enc_dec[below].argsort()].tolist()
         frac = len(order) / n_lat
-        flags.append(Flag(
-            MISALIGNED, "warning" if frac > opts.misaligned_warn_fraction else "info",
-            {"n_latents": len(order), "fraction": rounded(frac), "min_cos": rounded(float(enc_dec[order[0]])),
-             "median_cos": rounded(check.encoder_decoder_cos["median"]), "threshold": opts.misaligned_cos},
-            "A latent whose encoder reads against the direction its decoder writes is usually dead or broken: "
-            "check its firing on activations (saegeo check --acts) before trusting it.",
-            summary=f"{len(order)} latent(s) with cos(encoder column, decoder row) < {opts.misaligned_cos:g}",
-            latents=order[:max_latents], subject=subject,
-        ))
+        flags.append(
+            Flag(
+                MISALIGNED,
+                "warning" if frac > opts.misaligned_warn_fraction else "info",
+                {
+                    "n_latents": len(order),
+                    "fraction": rounded(frac),
+                    "min_cos": rounded(float(enc_dec[order[0]])),
+                    "median_cos": rounded(check.encoder_decoder_cos["median"]),
+                    "threshold": opts.misaligned_cos,
+                },
+                "A latent whose encoder reads against the direction its decoder writes is usually dead or broken: "
+                "check its firing on activations (saegeo check --acts) before trusting it.",
+                summary=f"{len(order)} latent(s) with cos(encoder column, decoder row) < {opts.misaligned_cos:g}",
+                latents=order[:max_latents],
+                subject=subject,
+            )
+        )
     if check.b_dec["norm"] == 0:
-        flags.append(Flag(
-            ZERO_B_DEC, "info", {"b_dec_norm": 0.0, "mean_direction_norm": rounded(check.b_dec["mean_direction_norm"])},
-            "b_dec is exactly zero (trained without centring, or never updated): any activation offset must be "
-            "carried by latents -- run saegeo check --acts to see whether some do.",
-            summary="b_dec is zero", subject=subject,
-        ))
+        flags.append(
+            Flag(
+                ZERO_B_DEC,
+                "info",
+                {"b_dec_norm": 0.0, "mean_direction_norm": rounded(check.b_dec["mean_direction_norm"])},
+                "b_dec is exactly zero (trained without centring, or never updated): any activation offset must be "
+                "carried by latents -- run saegeo check --acts to see whether some do.",
+                summary="b_dec is zero",
+                subject=subject,
+            )
+        )
     return flags
 
 
-def config_check_flags(sae: SAE, *, subject: str = "dictionary", thresholds: FlagThresholds | None = None) -> list[Flag]:
+def config_check_flags(
+    sae: SAE, *, subject: str = "dictionary", thresholds: FlagThresholds | None = None
+) -> list[Flag]:
     """Flags on how the dictionary expects its inputs, from the loaded config (``sae.cfg`` and ``sae.format_info``)."""
     cfg, info = sae.cfg, sae.format_info
     flags: list[Flag] = []
     norm = info.normalize_activations
     if norm == "expected_average_only_in":
-        flags.append(Flag(
-            INPUT_SCALING, "warning", {"normalize_activations": None},
-            "This SAE expects inputs multiplied by a constant (√d / E‖x‖ of its training data) that is not in "
-            "these files: rescale the activations the same way, or every code and threshold is off by that factor.",
-            summary="normalize_activations = expected_average_only_in: inputs must be rescaled by a factor the files do not hold",
-            subject=subject,
-        ))
+        flags.append(
+            Flag(
+                INPUT_SCALING,
+                "warning",
+                {"normalize_activations": None},
+                "This SAE expects inputs multiplied by a constant (√d / E‖x‖ of its training data) that is not in "
+                "these files: rescale the activations the same way, or every code and threshold is off by that factor.",
+                summary="normalize_activations = expected_average_only_in: inputs must be rescaled by a factor the files do not hold",
+                subject=subject,
+            )
+        )
     if cfg.input_normalization != "none":
-        flags.append(Flag(
-            INPUT_NORMALIZATION, "info", {"layer_norm_eps": cfg.layer_norm_eps if cfg.input_normalization == "layer_norm" else None},
-            "Each input row is normalised before encoding and the reconstruction is mapped back: compare codes "
-            "across tokens with that in mind, and feed raw (not pre-normalised) activations.",
-            summary=f"the SAE normalises every input row ({cfg.input_normalization}) and undoes it after decoding",
-            subject=subject,
-        ))
+        flags.append(
+            Flag(
+                INPUT_NORMALIZATION,
+                "info",
+                {"layer_norm_eps": cfg.layer_norm_eps if cfg.input_normalization == "layer_norm" else None},
+                "Each input row is normalised before encoding and the reconstruction is mapped back: compare codes "
+                "across tokens with that in mind, and feed raw (not pre-normalised) activations.",
+                summary=f"the SAE normalises every input row ({cfg.input_normalization}) and undoes it after decoding",
+                subject=subject,
+            )
+        )
     folded = info.folded_scaling_factor
     if folded:
-        flags.append(Flag(
-            FOLDED_SCALING, "info", {"scaling_min": rounded(folded.get("min")), "scaling_max": rounded(folded.get("max"))},
-            "A per-latent finetuning scaling factor was folded into the decoder rows (decode is unchanged); "
-            "decoder norms therefore include it.",
-            summary="finetuning scaling factor folded into W_dec", subject=subject,
-        ))
+        flags.append(
+            Flag(
+                FOLDED_SCALING,
+                "info",
+                {"scaling_min": rounded(folded.get("min")), "scaling_max": rounded(folded.get("max"))},
+                "A per-latent finetuning scaling factor was folded into the decoder rows (decode is unchanged); "
+                "decoder norms therefore include it.",
+                summary="finetuning scaling factor folded into W_dec",
+                subject=subject,
+            )
+        )
     if info.transcoder:
-        flags.append(Flag(
-            TRANSCODER, "info", {},
-            "A transcoder reconstructs a different activation than it reads: b_dec and the decoder live in the "
-            "output space, so compare them with the output activations, not the inputs.",
-            summary="this is a transcoder (no b_dec subtraction before encoding)", subject=subject,
-        ))
+        flags.append(
+            Flag(
+                TRANSCODER,
+                "info",
+                {},
+                "A transcoder reconstructs a different activation than it reads: b_dec and the decoder live in the "
+                "output space, so compare them with the output activations, not the inputs.",
+                summary="this is a transcoder (no b_dec subtraction before encoding)",
+                subject=subject,
+            )
+        )
     if info.threshold_unset:
-        flags.append(Flag(
-            UNSET_THRESHOLD, "warning", {"threshold": rounded(info.threshold)},
-            "The BatchTopK inference threshold was never set in training (-1): every positive pre-activation "
-            "passes, so codes are dense; set the threshold from training statistics before use.",
-            summary="BatchTopK threshold is -1 (unset): inference codes are dense ReLU codes", subject=subject,
-        ))
+        flags.append(
+            Flag(
+                UNSET_THRESHOLD,
+                "warning",
+                {"threshold": rounded(info.threshold)},
+                "The BatchTopK inference threshold was never set in training (-1): every positive pre-activation "
+                "passes, so codes are dense; set the threshold from training statistics before use.",
+                summary="BatchTopK threshold is -1 (unset): inference codes are dense ReLU codes",
+                subject=subject,
+            )
+        )
     flags += config_flags({"normalize_activations": norm} if norm else None, thresholds=thresholds, subject=subject)
     return flags
 
 
 # =========================================================================== with activations
-def check_with_activations(sae: SAE, acts: Any, *, options: CheckOptions | None = None, name: str | None = None,
-                           report_options: Any = None):
+def check_with_activations(
+    sae: SAE, acts: Any, *, options: CheckOptions | None = None, name: str | None = None, report_options: Any = None
+):
     """`geometry_report(acts, sae)` plus the dictionary-only flags above (duplicates, zero rows, alignment,
     config) and `activations_match_flags`, merged into one report so the same renderings apply; an
     `activations_mismatch` error withholds the SAE's WITHHELD_METRICS (geometry_report does, given the flag).
@@ -328,24 +448,41 @@ def check_with_activations(sae: SAE, acts: Any, *, options: CheckOptions | None 
     subject = dcheck.source["name"]
     match_notes: list[str] = []
     # opened once, so the match pass and the report read alike: --no-verify and the NaN policy for both
-    acts = open_rows(acts, verify=opts.verify and getattr(report_options, "verify", True),
-                     skip_nonfinite=opts.skip_nonfinite or bool(getattr(report_options, "skip_nonfinite", False)))
+    acts = open_rows(
+        acts,
+        verify=opts.verify and getattr(report_options, "verify", True),
+        skip_nonfinite=opts.skip_nonfinite or bool(getattr(report_options, "skip_nonfinite", False)),
+    )
     match = replace(opts.match, assume_same_model=opts.assume_same_model or opts.match.assume_same_model)
     mismatch = activations_match_flags(sae, acts, subject=subject, options=match, notes=match_notes)
     # the activation-based mean-direction flag supersedes the dictionary-only guess; keep the rest
     dictionary_only = [f for f in dcheck.flags if f.name in DICTIONARY_FLAGS]
-    summary = (f"dictionary check: {dcheck.n_duplicate_pairs} near-duplicate pair(s) (cos > {opts.duplicate_cos:g}), "
-               f"{dcheck.n_zero_decoder_rows} zero row(s), median cos(encoder, decoder) "
-               f"{dcheck.encoder_decoder_cos['median']:.3f}")
-    report = geometry_report(acts, sae={subject: sae}, options=report_options, flags=dictionary_only + mismatch,
-                             notes=match_notes, closing_notes=[summary])
+    summary = (
+        f"dictionary check: {dcheck.n_duplicate_pairs} near-duplicate pair(s) (cos > {opts.duplicate_cos:g}), "
+        f"{dcheck.n_zero_decoder_rows} zero row(s), median cos(encoder, decoder) "
+        f"{dcheck.encoder_decoder_cos['median']:.3f}"
+    )
+    report = geometry_report(
+        acts,
+        sae={subject: sae},
+        options=report_options,
+        flags=dictionary_only + mismatch,
+        notes=match_notes,
+        closing_notes=[summary],
+    )
     return report, dcheck
 
 
 # =========================================================================== do the SAE and the activations belong together?
-_SITES = (("resid_post", ("resid_post", "hook_resid_post")), ("resid_pre", ("resid_pre",)), ("resid_mid", ("resid_mid",)),
-          ("mlp_out", ("mlp_out", "hook_mlp_out")), ("mlp_in", ("mlp_in", "hook_mlp_in")),
-          ("attn", ("hook_z", "attn_out", "hook_attn_out", "attn.", "self_attn")), ("embed", ("embed",)))
+_SITES = (
+    ("resid_post", ("resid_post", "hook_resid_post")),
+    ("resid_pre", ("resid_pre",)),
+    ("resid_mid", ("resid_mid",)),
+    ("mlp_out", ("mlp_out", "hook_mlp_out")),
+    ("mlp_in", ("mlp_in", "hook_mlp_in")),
+    ("attn", ("hook_z", "attn_out", "hook_attn_out", "attn.", "self_attn")),
+    ("embed", ("embed",)),
+)
 
 
 @dataclass
@@ -354,15 +491,17 @@ class MatchOptions:
 
     max_rows: int = option(65536, "rows read (from the start) for the scale, offset and special-row measures", low=1)
     fve_rows: int = option(4096, "rows re-encoded to test the alternative scale", low=0)
-    scale_error_ratio: float = option(2.0, "E‖x‖ vs the SAE's recorded norm off by more than this factor: error",
-                                      above=1)
-    scale_hint_ratio: float = option(3.0, "‖μ‖/‖b_dec‖ (no recorded norm) off by more than this factor: a mismatch "
-                                     "cause", above=1)
+    scale_error_ratio: float = option(
+        2.0, "E‖x‖ vs the SAE's recorded norm off by more than this factor: error", above=1
+    )
+    scale_hint_ratio: float = option(
+        3.0, "‖μ‖/‖b_dec‖ (no recorded norm) off by more than this factor: a mismatch cause", above=1
+    )
     offset_warn: float = option(0.5, "‖b_dec − μ‖/‖μ‖ above this (for an SAE that subtracts b_dec): warning", low=0)
-    massive_row_factor: float = option(10.0, "rows with ‖x‖ > this × median ‖x‖ are massive-activation rows",
-                                       above=1)
-    centred_warn: float = option(0.05, "E|x·1|/(√d E‖x‖) above this where the SAE expects centred writing "
-                                 "weights", low=0)
+    massive_row_factor: float = option(10.0, "rows with ‖x‖ > this × median ‖x‖ are massive-activation rows", above=1)
+    centred_warn: float = option(
+        0.05, "E|x·1|/(√d E‖x‖) above this where the SAE expects centred writing weights", low=0
+    )
     assume_same_model: bool = option(False, "skip the model comparison (said in the notes)")
 
     def __post_init__(self) -> None:
@@ -378,13 +517,19 @@ def _hook_parts(name: str | None) -> tuple[int | None, str | None]:
     m = re.search(r"(?:blocks|layers|layer|h)[._](\d+)", low)
     layer = int(m.group(1)) if m else None
     site = next((s for s, keys in _SITES if any(k in low for k in keys)), None)
-    if site is None and layer is not None and re.fullmatch(r"(model\.)?(gpt_neox\.|transformer\.)?(layers|h)\.\d+(\.output)?", low):
+    if (
+        site is None
+        and layer is not None
+        and re.fullmatch(r"(model\.)?(gpt_neox\.|transformer\.)?(layers|h)\.\d+(\.output)?", low)
+    ):
         site = "resid_post"  # the output of an HF decoder layer is the residual stream after it
     return layer, site
 
 
-_SQRT_D_NOTE = (" -- Gemma's √d embedding scale (Gemma Scope embedding SAEs need W_enc/√d and W_dec·√d against "
-                "transformer-lens hook_embed)")
+_SQRT_D_NOTE = (
+    " -- Gemma's √d embedding scale (Gemma Scope embedding SAEs need W_enc/√d and W_dec·√d against "
+    "transformer-lens hook_embed)"
+)
 
 
 def _near_sqrt_d(ratio: float, d: int) -> bool:
@@ -401,36 +546,54 @@ def _model_key(name: str | None) -> str | None:
 FINGERPRINT_KEYS = ("architecture", "tokenizer_sha256", "weights_sha256")
 
 
-def _model_identity(info: Any, store_model: str | None, store: Any, opts: MatchOptions, notes: list[str],
-                    cause: Any) -> None:
+def _model_identity(
+    info: Any, store_model: str | None, store: Any, opts: MatchOptions, notes: list[str], cause: Any
+) -> None:
     """The model cause of activations_mismatch: fingerprints (`model_fingerprint`: architecture, tokenizer, the
     weights the hook reads) when the SAE's metadata and the store's manifest both hold one over the same weights,
     else the names (their last path part); `assume_same_model` skips both. The note says which was used."""
     names = f"{store_model!r} in the store, {info.model_name!r} in the SAE"
-    store_fp = ((store.manifest.get("extra") or {}).get("model_fingerprint") if store is not None else None)
+    store_fp = (store.manifest.get("extra") or {}).get("model_fingerprint") if store is not None else None
     verdict = same_model(info.model_fingerprint, store_fp)
     if opts.assume_same_model:
-        differ = "" if verdict is None else (" (their fingerprints agree)" if verdict else " (their fingerprints differ)")
+        differ = (
+            "" if verdict is None else (" (their fingerprints agree)" if verdict else " (their fingerprints differ)")
+        )
         notes.append(f"model identity: assumed the same (--assume-same-model){differ}; {names}")
         return
     if verdict is not None:
         scope = store_fp["weights_scope"]
         if verdict:
-            notes.append(f"model identity: by fingerprint (architecture, tokenizer and the sha256 of the {scope}): "
-                         f"the same model; {names}")
+            notes.append(
+                f"model identity: by fingerprint (architecture, tokenizer and the sha256 of the {scope}): "
+                f"the same model; {names}"
+            )
             return
         differ = [k for k in FINGERPRINT_KEYS if info.model_fingerprint.get(k) != store_fp.get(k)]
         notes.append(f"model identity: by fingerprint ({scope}): different models ({', '.join(differ)} differ)")
-        cause("model", "error", f"model fingerprints differ ({', '.join(differ)} over the {scope}): {names}",
-              sae_model=info.model_name, store_model=store_model, compared_by="fingerprint", differ=differ)
+        cause(
+            "model",
+            "error",
+            f"model fingerprints differ ({', '.join(differ)} over the {scope}): {names}",
+            sae_model=info.model_name,
+            store_model=store_model,
+            compared_by="fingerprint",
+            differ=differ,
+        )
         return
-    missing = [w for w, fp in (("the SAE's metadata", info.model_fingerprint), ("the store's manifest", store_fp))
-               if not fp]
+    missing = [
+        w for w, fp in (("the SAE's metadata", info.model_fingerprint), ("the store's manifest", store_fp)) if not fp
+    ]
     why = f"no model fingerprint in {' or '.join(missing)}" if missing else "fingerprints over different weights"
     notes.append(f"model identity: by name ({why}); {names}")
-    if _model_key(info.model_name) and _model_key(store_model) and _model_key(info.model_name) != _model_key(store_model):
-        cause("model", "error", f"model {names}", sae_model=info.model_name, store_model=store_model,
-              compared_by="name")
+    if (
+        _model_key(info.model_name)
+        and _model_key(store_model)
+        and _model_key(info.model_name) != _model_key(store_model)
+    ):
+        cause(
+            "model", "error", f"model {names}", sae_model=info.model_name, store_model=store_model, compared_by="name"
+        )
 
 
 def _store_measures(acts: Any, opts: MatchOptions) -> dict[str, Any] | None:
@@ -473,10 +636,18 @@ def _store_measures(acts: Any, opts: MatchOptions) -> dict[str, Any] | None:
             seen += shard.rows
             if seen >= n:
                 break
-    return {"n": n, "mean": total / n, "mean_norm": mean_norm, "median_norm": float(norm.median()),
-            "n_massive": int((norm > opts.massive_row_factor * float(norm.median())).sum()),
-            "ones_share": ones / n / mean_norm if mean_norm > 0 else 0.0, "position0_rows": position0,
-            "sample": torch.cat(kept)[: opts.fve_rows], "store": rows.store, "describe": rows.describe}
+    return {
+        "n": n,
+        "mean": total / n,
+        "mean_norm": mean_norm,
+        "median_norm": float(norm.median()),
+        "n_massive": int((norm > opts.massive_row_factor * float(norm.median())).sum()),
+        "ones_share": ones / n / mean_norm if mean_norm > 0 else 0.0,
+        "position0_rows": position0,
+        "sample": torch.cat(kept)[: opts.fve_rows],
+        "store": rows.store,
+        "describe": rows.describe,
+    }
 
 
 def _fve(sae: SAE, x: torch.Tensor) -> float | None:
@@ -487,8 +658,14 @@ def _fve(sae: SAE, x: torch.Tensor) -> float | None:
     return 1 - float((x - x_hat).pow(2).sum()) / centred if centred > 0 else None
 
 
-def activations_match_flags(sae: SAE, acts: Any, *, subject: str = "dictionary", options: MatchOptions | None = None,
-                            notes: list[str] | None = None) -> list[Flag]:
+def activations_match_flags(
+    sae: SAE,
+    acts: Any,
+    *,
+    subject: str = "dictionary",
+    options: MatchOptions | None = None,
+    notes: list[str] | None = None,
+) -> list[Flag]:
     """Does `acts` hold the activations `sae` was trained on? From the SAE's metadata (sae.format_info) against the
     store's manifest, and from their geometry (on the first max_rows rows). Causes, each with its evidence:
 
@@ -514,7 +691,11 @@ def activations_match_flags(sae: SAE, acts: Any, *, subject: str = "dictionary",
     causes: dict[str, dict[str, Any]] = {}
 
     def cause(name: str, severity: str, summary: str, **evidence: Any) -> None:
-        causes[name] = {"severity": severity, "summary": summary, **{k: rounded(v) if isinstance(v, float) else v for k, v in evidence.items()}}
+        causes[name] = {
+            "severity": severity,
+            "summary": summary,
+            **{k: rounded(v) if isinstance(v, float) else v for k, v in evidence.items()},
+        }
 
     # names
     store_hook, store_model = desc.get("hook") or None, desc.get("model") or None
@@ -522,11 +703,18 @@ def activations_match_flags(sae: SAE, acts: Any, *, subject: str = "dictionary",
         (la, sa), (lb, sb) = _hook_parts(info.hook_name), _hook_parts(store_hook)
         differ = (la is not None and lb is not None and la != lb) or (sa is not None and sb is not None and sa != sb)
         if differ or None in (la, lb, sa, sb):
-            cause("hook", "error" if differ else "warning",
-                  f"hook {store_hook!r} in the store, {info.hook_name!r} in the SAE" + ("" if differ else " (cannot tell whether they are the same)"),
-                  sae_hook=info.hook_name, store_hook=store_hook)
+            cause(
+                "hook",
+                "error" if differ else "warning",
+                f"hook {store_hook!r} in the store, {info.hook_name!r} in the SAE"
+                + ("" if differ else " (cannot tell whether they are the same)"),
+                sae_hook=info.hook_name,
+                store_hook=store_hook,
+            )
     if info.hook_head_index is not None:
-        notes.append(f"the SAE reads attention head {info.hook_head_index} of {info.hook_name}: the store must hold that head only")
+        notes.append(
+            f"the SAE reads attention head {info.hook_head_index} of {info.hook_name}: the store must hold that head only"
+        )
     _model_identity(info, store_model, m["store"], opts, notes, cause)
 
     # scale and offset
@@ -542,26 +730,45 @@ def activations_match_flags(sae: SAE, acts: Any, *, subject: str = "dictionary",
         ratio = m["mean_norm"] / expected
         if not 1 / opts.scale_error_ratio <= ratio <= opts.scale_error_ratio:
             near_sqrt_d = gemma and _near_sqrt_d(ratio, d)
-            cause("scale", "error", f"E‖x‖ = {m['mean_norm']:.4g} in the store, {expected:.4g} expected ({expected_from}): ×{ratio:.3g}"
-                  + (_SQRT_D_NOTE if near_sqrt_d else ""),
-                  store_mean_norm=m["mean_norm"], expected_mean_norm=expected, expected_from=expected_from, ratio=ratio,
-                  gemma_sqrt_d=near_sqrt_d)
+            cause(
+                "scale",
+                "error",
+                f"E‖x‖ = {m['mean_norm']:.4g} in the store, {expected:.4g} expected ({expected_from}): ×{ratio:.3g}"
+                + (_SQRT_D_NOTE if near_sqrt_d else ""),
+                store_mean_norm=m["mean_norm"],
+                expected_mean_norm=expected,
+                expected_from=expected_from,
+                ratio=ratio,
+                gemma_sqrt_d=near_sqrt_d,
+            )
     elif b_norm > 0 and mu_norm > 0:
         ratio = mu_norm / b_norm
         if not 1 / opts.scale_hint_ratio <= ratio <= opts.scale_hint_ratio:
             fve_here, fve_rescaled = _fve(sae, m["sample"]), _fve(sae, m["sample"] / ratio)
             confirmed = fve_here is not None and fve_rescaled is not None and fve_rescaled - fve_here > 0.2
             near_sqrt_d = gemma and _near_sqrt_d(ratio, d)
-            cause("scale", "error" if confirmed else "warning",
-                  f"‖μ‖ = {mu_norm:.4g} in the store against ‖b_dec‖ = {b_norm:.4g}: ×{ratio:.3g}"
-                  + (_SQRT_D_NOTE if near_sqrt_d else "") + ("; FVE rises from "
-                  f"{fve_here:.3f} to {fve_rescaled:.3f} with x/{ratio:.3g}" if confirmed else ""),
-                  store_mean_norm=m["mean_norm"], store_mean_vector_norm=mu_norm, b_dec_norm=b_norm, ratio=ratio,
-                  fve=fve_here, fve_rescaled=fve_rescaled, gemma_sqrt_d=near_sqrt_d)
+            cause(
+                "scale",
+                "error" if confirmed else "warning",
+                f"‖μ‖ = {mu_norm:.4g} in the store against ‖b_dec‖ = {b_norm:.4g}: ×{ratio:.3g}"
+                + (_SQRT_D_NOTE if near_sqrt_d else "")
+                + (f"; FVE rises from {fve_here:.3f} to {fve_rescaled:.3f} with x/{ratio:.3g}" if confirmed else ""),
+                store_mean_norm=m["mean_norm"],
+                store_mean_vector_norm=mu_norm,
+                b_dec_norm=b_norm,
+                ratio=ratio,
+                fve=fve_here,
+                fve_rescaled=fve_rescaled,
+                gemma_sqrt_d=near_sqrt_d,
+            )
     offset = float((b_dec - mu).norm()) / mu_norm if mu_norm > 0 else None
     if offset is not None and sae.cfg.apply_b_dec_to_input and offset > opts.offset_warn:
-        cause("offset", "warning", f"‖b_dec − μ‖/‖μ‖ = {offset:.3g}: the SAE subtracts a b_dec far from these activations' mean",
-              offset=offset)
+        cause(
+            "offset",
+            "warning",
+            f"‖b_dec − μ‖/‖μ‖ = {offset:.3g}: the SAE subtracts a b_dec far from these activations' mean",
+            offset=offset,
+        )
 
     # BOS / special rows
     excluded = info.exclude_special_tokens
@@ -572,28 +779,49 @@ def activations_match_flags(sae: SAE, acts: Any, *, subject: str = "dictionary",
             notes.append("the SAE excludes special tokens; these activations have no positions to check that against")
         elif pos0 is None or pos0 > 0:
             massive = m["n_massive"]
-            cause("special_rows", "error" if massive else "warning",
-                  f"the SAE's metadata excludes BOS / special tokens (exclude_special_tokens={excluded!r}) but the store kept them "
-                  f"(corpus.exclude_special false{f', {pos0} rows at position 0' if pos0 else ''}"
-                  f"{f', {massive} massive-activation rows (‖x‖ > {opts.massive_row_factor:g}× median)' if massive else ''})",
-                  exclude_special_tokens=excluded, store_exclude_special=bool(corpus.get("exclude_special", False)),
-                  position0_rows=pos0, massive_rows=massive, rows_read=m["n"])
+            cause(
+                "special_rows",
+                "error" if massive else "warning",
+                f"the SAE's metadata excludes BOS / special tokens (exclude_special_tokens={excluded!r}) but the store kept them "
+                f"(corpus.exclude_special false{f', {pos0} rows at position 0' if pos0 else ''}"
+                f"{f', {massive} massive-activation rows (‖x‖ > {opts.massive_row_factor:g}× median)' if massive else ''})",
+                exclude_special_tokens=excluded,
+                store_exclude_special=bool(corpus.get("exclude_special", False)),
+                position0_rows=pos0,
+                massive_rows=massive,
+                rows_read=m["n"],
+            )
 
     # centred writing weights
     kwargs = info.model_from_pretrained_kwargs or {}
     if kwargs.get("center_writing_weights") is True and m["ones_share"] > opts.centred_warn:
-        cause("centred", "warning", f"the SAE was trained with center_writing_weights (rows sum to 0) but these rows carry "
-              f"{m['ones_share']:.3g} of their norm along the all-ones direction", all_ones_share=m["ones_share"])
+        cause(
+            "centred",
+            "warning",
+            f"the SAE was trained with center_writing_weights (rows sum to 0) but these rows carry "
+            f"{m['ones_share']:.3g} of their norm along the all-ones direction",
+            all_ones_share=m["ones_share"],
+        )
 
     if not causes:
         return []
     severity = "error" if any(c["severity"] == "error" for c in causes.values()) else "warning"
-    evidence = {"causes": sorted(causes), **causes, "rows_read": m["n"], "store_mean_norm": rounded(m["mean_norm"]),
-                "b_dec_offset": rounded(offset) if offset is not None else None}
-    return [Flag(
-        ACTIVATIONS_MISMATCH, severity, evidence,
-        "These activations are not the ones this SAE was trained on: cache the hook and model its metadata names, "
-        "with its preprocessing (scale, special tokens, centring), before reading FVE or the amplification law.",
-        summary="SAE and activations do not belong together: " + "; ".join(f"{k}: {c['summary']}" for k, c in sorted(causes.items())),
-        subject=subject,
-    )]
+    evidence = {
+        "causes": sorted(causes),
+        **causes,
+        "rows_read": m["n"],
+        "store_mean_norm": rounded(m["mean_norm"]),
+        "b_dec_offset": rounded(offset) if offset is not None else None,
+    }
+    return [
+        Flag(
+            ACTIVATIONS_MISMATCH,
+            severity,
+            evidence,
+            "These activations are not the ones this SAE was trained on: cache the hook and model its metadata names, "
+            "with its preprocessing (scale, special tokens, centring), before reading FVE or the amplification law.",
+            summary="SAE and activations do not belong together: "
+            + "; ".join(f"{k}: {c['summary']}" for k, c in sorted(causes.items())),
+            subject=subject,
+        )
+    ]

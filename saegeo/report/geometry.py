@@ -12,8 +12,9 @@ accumulator, with the artifact test (stores only), what cached exclusions left o
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -21,11 +22,10 @@ from saegeo.activations.sources import open_rows
 from saegeo.config import GeometryOptions
 from saegeo.errors import BadInputError
 from saegeo.geometry.accumulate import GeometryAccumulator
-from saegeo.geometry.measures import ActivationGeometry, activation_geometry
-from saegeo.io import dump_json
-from saegeo.report.flags import Flag, activation_flags, artifact_flags, flag_inputs, sort_flags
 from saegeo.geometry.diagnosis import sample_diagnostics
-from saegeo.io import json_safe
+from saegeo.geometry.measures import ActivationGeometry, activation_geometry
+from saegeo.io import dump_json, json_safe
+from saegeo.report.flags import Flag, activation_flags, artifact_flags, flag_inputs, sort_flags
 from saegeo.report.report import ReportOptions, RowReservoir, store_exclusions
 
 
@@ -53,9 +53,11 @@ def refuse_mixed_stores(sources: Sequence[tuple[str, Any]]) -> None:
     if differ:
         what = differ[-1]  # name the hook when both differ
         listing = "; ".join(f"{p}: {getattr(s, what)}" for p, s in stores)
-        raise BadInputError(f"refusing to pool stores of different {' and '.join(d + 's' for d in differ)} into one "
-                            f"geometry ({listing}): the pooled numbers describe none of them; use `saegeo sweep` for "
-                            "one row per layer, or pass --pool to pool them anyway")
+        raise BadInputError(
+            f"refusing to pool stores of different {' and '.join(d + 's' for d in differ)} into one "
+            f"geometry ({listing}): the pooled numbers describe none of them; use `saegeo sweep` for "
+            "one row per layer, or pass --pool to pool them anyway"
+        )
 
 
 def refuse_repeated_sources(paths: Sequence[str]) -> None:
@@ -66,8 +68,10 @@ def refuse_repeated_sources(paths: Sequence[str]) -> None:
     for path in paths:
         key = Path(path).resolve()
         if key in seen:
-            raise BadInputError(f"{seen[key]} and {path} are the same source, given twice: its rows would be counted "
-                                "twice; pass each file or store once")
+            raise BadInputError(
+                f"{seen[key]} and {path} are the same source, given twice: its rows would be counted "
+                "twice; pass each file or store once"
+            )
         seen[key] = path
 
 
@@ -84,14 +88,17 @@ def files_geometry(paths: Sequence[str | os.PathLike], options: GeometryOptions 
     opts = options or GeometryOptions(progress=False)
     files = [str(p) for p in paths]
     refuse_repeated_sources(files)
-    sources = [(path, open_rows(path, key=opts.key, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite))
-               for path in files]
+    sources = [
+        (path, open_rows(path, key=opts.key, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite)) for path in files
+    ]
     shards: dict[tuple[str, ...], str] = {}
     for path, rows in sources:  # a copy of a store counts its rows twice as surely as the store given twice
         key = tuple(s.sha256 for s in rows.store.shards) if rows.store is not None else ()
         if key and key in shards:
-            raise BadInputError(f"{shards[key]} and {path} hold the same shards (one store, copied): its rows would be "
-                                "counted twice; pass it once")
+            raise BadInputError(
+                f"{shards[key]} and {path} hold the same shards (one store, copied): its rows would be "
+                "counted twice; pass it once"
+            )
         shards[key] = path
     dims = {rows.d for _, rows in sources}
     if len(dims) > 1:
@@ -116,8 +123,9 @@ def files_geometry(paths: Sequence[str | os.PathLike], options: GeometryOptions 
     if all(rows.store is not None for _, rows in sources) and geo.top_eigenvectors:  # needs ids and positions
         from saegeo.report.layers import artifact_pass
 
-        artifact = artifact_pass([rows for _, rows in sources], geo, k=min(3, len(geo.top_eigenvectors)),
-                                 batch_rows=opts.batch_rows)  # the same Rows: skip_nonfinite holds here too
+        artifact = artifact_pass(
+            [rows for _, rows in sources], geo, k=min(3, len(geo.top_eigenvectors)), batch_rows=opts.batch_rows
+        )  # the same Rows: skip_nonfinite holds here too
     exclusions = {path: ex for path, rows in sources if (ex := store_exclusions(rows.store)) is not None}
     top = torch.tensor(geo.top_eigenvectors[0], dtype=torch.float64) if geo.top_eigenvectors else None
     sampled = json_safe(sample_diagnostics(reservoir.sample(), acc.mean, top))

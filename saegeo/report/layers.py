@@ -17,8 +17,9 @@ Memory per store: O(d²) for the accumulator plus O(T·d) for the type table (T 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -71,8 +72,11 @@ def artifact_pass(
 ) -> dict[str, Any]:
     """|corr| of the top-k principal projections (x − μ)·v_j with log token frequency (counted in these
     same stores), position in the window and ‖x‖, streamed over the stores in order (one more pass)."""
-    return artifact_result(artifact_accumulator(stores, geometry, k=k, batch_rows=batch_rows, max_tokens=max_tokens,
-                                                skip_nonfinite=skip_nonfinite))
+    return artifact_result(
+        artifact_accumulator(
+            stores, geometry, k=k, batch_rows=batch_rows, max_tokens=max_tokens, skip_nonfinite=skip_nonfinite
+        )
+    )
 
 
 def artifact_accumulator(
@@ -132,8 +136,10 @@ def measure_store(
     """Two streamed passes over one store (see the module docstring); nothing grows with the tokens.
     verify=False reads a store path's shards without their sha256 (an opened store keeps its own setting)."""
     t0 = time.perf_counter()
-    rows = open_rows(store if isinstance(store, ActivationStore) else ActivationStore(store, verify=verify),
-                     skip_nonfinite=skip_nonfinite)
+    rows = open_rows(
+        store if isinstance(store, ActivationStore) else ActivationStore(store, verify=verify),
+        skip_nonfinite=skip_nonfinite,
+    )
     store = rows.store
     acc = GeometryAccumulator(store.d)
     types = TokenTypeAccumulator(store.d, max_types=max_types)
@@ -163,7 +169,15 @@ def measure_store(
     artifact = artifact_pass(rows, geo, k=artifact_k, batch_rows=batch_rows, max_tokens=max_tokens)
     memory = {"geometry_accumulator": _state_bytes(acc.state_dict()), "token_types": _state_bytes(types.state_dict())}
     return StoreMeasures(
-        path=str(store.path), model=store.model, hook=store.hook, geometry=geo, token_types=tt, intra_window=intra,
-        n_windows=windows.n_windows, artifact=artifact, seconds=time.perf_counter() - t0, memory_bytes=memory,
+        path=str(store.path),
+        model=store.model,
+        hook=store.hook,
+        geometry=geo,
+        token_types=tt,
+        intra_window=intra,
+        n_windows=windows.n_windows,
+        artifact=artifact,
+        seconds=time.perf_counter() - t0,
+        memory_bytes=memory,
         notes=notes,
     )

@@ -33,9 +33,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,6 +44,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from saegeo.activations.sources import open_rows
+from saegeo.config import BATCH_ROWS, check, from_dict, option
 from saegeo.errors import BadInputError, FormatError
 from saegeo.geometry import GeometryAccumulator, activation_geometry
 from saegeo.geometry.accumulate import as_rows
@@ -62,11 +64,7 @@ from saegeo.geometry.diagnosis import sample_diagnostics
 from saegeo.geometry.dictionary import dictionary_geometry
 from saegeo.geometry.measures import FieldDict, checked_geometry, fields_of
 from saegeo.geometry.transforms import Whitening
-from saegeo.config import BATCH_ROWS, check, from_dict, option
 from saegeo.io import dump_json, json_safe
-from saegeo.sae.formats import CFG_FILENAME
-from saegeo.sae.metrics import SAEMetrics
-from saegeo.sae.model import SAE
 from saegeo.report.flags import (
     ACTIVATIONS_MISMATCH,
     WITHHELD_FLAGS,
@@ -82,6 +80,9 @@ from saegeo.report.flags import (
     sae_flags,
     sort_flags,
 )
+from saegeo.sae.formats import CFG_FILENAME
+from saegeo.sae.metrics import SAEMetrics
+from saegeo.sae.model import SAE
 
 SCHEMA_VERSION = 2  # 2: one name per quantity (null_z / isotropic_z, null_sd / isotropic_sd, mp_sigma2_bulk)
 COFIRING_LATENTS = 256  # co-firing pairs are looked for among the latents with the largest E[a_i²]
@@ -94,17 +95,20 @@ class ReportOptions:
 
     batch_rows: int = option(BATCH_ROWS, "rows per batch of the pass", low=1)
     max_tokens: int | None = option(None, "stop after this many rows (None: all)", low=1)
-    cosine_sample_rows: int = option(2048, "reservoir of rows for the pairwise-cosine histogram (k(k−1)/2 pairs)",
-                                     low=0)
+    cosine_sample_rows: int = option(
+        2048, "reservoir of rows for the pairwise-cosine histogram (k(k−1)/2 pairs)", low=0
+    )
     histogram_bins: int = option(100, "bins of the pairwise-cosine histogram", low=1, high=10**7)
     skip_nonfinite: bool = option(False, "skip and count NaN/inf rows (default: an error naming the batch and row)")
-    assumed_null: float = option(0.0, "the baseline a reader compares A with unless told (wrong-null flag)",
-                                 low=-1, high=1)
+    assumed_null: float = option(
+        0.0, "the baseline a reader compares A with unless told (wrong-null flag)", low=-1, high=1
+    )
     seed: int = option(0, "seeds the cosine reservoir", low=0)
     device: str = option("cpu", "where the SAEs encode and the float64 accumulators live (e.g. cuda)")
     progress: bool = option(True, "progress bar")
-    artifact_components: int = option(3, "top-k principal directions in the artifact test (stores only; 0: skip "
-                                       "it)", low=0)
+    artifact_components: int = option(
+        3, "top-k principal directions in the artifact test (stores only; 0: skip it)", low=0
+    )
     verify: bool = option(True, "sha256 check of each store shard as it is read")
     thresholds: FlagThresholds = option(factory=FlagThresholds, help="of every flag ([report.thresholds])")
 
@@ -165,7 +169,7 @@ class SAEGeometry:
         return json_safe(asdict(self))
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "SAEGeometry":
+    def from_dict(cls, d: Mapping[str, Any]) -> SAEGeometry:
         return cls(**dict(d))
 
     def top_latents(self, by: str = "cone_shares", n: int = 10) -> list[int]:
@@ -230,7 +234,7 @@ class GeometryReport:
         return dump_json(self.to_dict(), path, indent=indent)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "GeometryReport":
+    def from_dict(cls, d: Mapping[str, Any]) -> GeometryReport:
         d = dict(d)
         version = d.get("schema_version")
         if version != SCHEMA_VERSION:
@@ -245,7 +249,7 @@ class GeometryReport:
         return cls(**d)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "GeometryReport":
+    def load(cls, path: str | os.PathLike) -> GeometryReport:
         try:
             return cls.from_dict(json.loads(Path(path).read_text()))
         except (OSError, json.JSONDecodeError) as err:
@@ -255,6 +259,7 @@ class GeometryReport:
 # =========================================================================== streaming helpers
 def _row_priority(seed: int, index: np.ndarray) -> np.ndarray:
     """A fixed pseudo-random uint64 per (seed, global row index): splitmix64 of index·φ + splitmix64(seed)."""
+
     def splitmix(z: np.ndarray) -> np.ndarray:
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -288,24 +293,32 @@ class RowReservoir:
         if len(self.priority) == self.k:  # full: only rows that beat the current k-th can enter
             take = priority < self.priority[-1]
             priority, x = priority[take], x[torch.from_numpy(take).to(x.device)]
-        self._keep(np.concatenate([self.priority, priority]), torch.cat([self.rows, x.detach().to("cpu", torch.float32)]))
+        self._keep(
+            np.concatenate([self.priority, priority]), torch.cat([self.rows, x.detach().to("cpu", torch.float32)])
+        )
 
     def _keep(self, priority: np.ndarray, rows: Tensor) -> None:
         order = np.argsort(priority, kind="stable")[: self.k]  # sorted: the k smallest, in priority order
         self.priority, self.rows = priority[order], rows[torch.from_numpy(order)]
 
-    def merge(self, other: "RowReservoir") -> "RowReservoir":
+    def merge(self, other: RowReservoir) -> RowReservoir:
         """The sample of both streams together (their rows must have distinct global indices)."""
         self._keep(np.concatenate([self.priority, other.priority]), torch.cat([self.rows, other.rows]))
         self.seen = max(self.seen, other.seen)
         return self
 
     def state_dict(self) -> dict[str, Any]:
-        return {"k": self.k, "d": self.d, "seed": self.seed, "seen": self.seen, "rows": self.rows,
-                "priority": self.priority}
+        return {
+            "k": self.k,
+            "d": self.d,
+            "seed": self.seed,
+            "seen": self.seen,
+            "rows": self.rows,
+            "priority": self.priority,
+        }
 
     @classmethod
-    def from_state_dict(cls, sd: Mapping[str, Any]) -> "RowReservoir":
+    def from_state_dict(cls, sd: Mapping[str, Any]) -> RowReservoir:
         res = cls(sd["k"], sd["d"], sd["seed"], sd["seen"])
         res.rows, res.priority = sd["rows"].clone(), np.asarray(sd["priority"], dtype=np.uint64).copy()
         return res
@@ -317,9 +330,7 @@ class RowReservoir:
 _Reservoir = RowReservoir  # the former private name (tests)
 
 
-def cosine_histogram(
-    rows: Float[Tensor, "k d"], bins: int = 100
-) -> dict[str, Any]:
+def cosine_histogram(rows: Float[Tensor, "k d"], bins: int = 100) -> dict[str, Any]:
     """Histogram over [−1, 1] of the k(k−1)/2 pairwise cosines of ``rows`` (zero rows dropped)."""
     x = rows.to(torch.float64)
     x = x[x.norm(dim=1) > 0]
@@ -331,8 +342,13 @@ def cosine_histogram(
     iu = torch.triu_indices(k, k, offset=1)
     cos = (unit @ unit.T)[iu[0], iu[1]].clamp(-1.0, 1.0)
     counts = torch.histc(cos, bins=bins, min=-1.0, max=1.0)
-    return {"edges": edges.tolist(), "counts": [int(c) for c in counts.tolist()], "n_rows": k,
-            "n_pairs": int(cos.numel()), "sample_mean": float(cos.mean())}
+    return {
+        "edges": edges.tolist(),
+        "counts": [int(c) for c in counts.tolist()],
+        "n_rows": k,
+        "n_pairs": int(cos.numel()),
+        "sample_mean": float(cos.mean()),
+    }
 
 
 # =========================================================================== SAEs
@@ -385,8 +401,9 @@ class _SAEPass:
     def add(self, x: Tensor) -> None:
         self.metrics.add(x)
 
-    def finish(self, geo: dict[str, Any], thresholds: FlagThresholds, sample: Tensor | None = None,
-               seed: int = 0) -> SAEGeometry:
+    def finish(
+        self, geo: dict[str, Any], thresholds: FlagThresholds, sample: Tensor | None = None, seed: int = 0
+    ) -> SAEGeometry:
         """The SAE section; ``sample`` (the report's uniform row sample) gives the per-latent law's mean-cosine
         form and the co-firing pairs."""
         m, dg = self.metrics, self.dictionary
@@ -404,13 +421,18 @@ class _SAEPass:
         K, q = codes.K, codes.q
         r = codes.r if codes.l0_sum > 0 else None
         amplification = {
-            "K": K, "q": q, "r": r, "a_dict": dg.a_dict, "mean_sq_norm": dg.mean_sq_norm,
+            "K": K,
+            "q": q,
+            "r": r,
+            "a_dict": dg.a_dict,
+            "mean_sq_norm": dg.mean_sq_norm,
             "textbook": textbook_prediction(K, dg.a_dict),
             "exact_moment": exact_moment_prediction(K, q, r, dg.mean_sq_norm) if r is not None else None,
             "mean_cosine": mean_cosine_prediction(codes.expected_ratio, dg.mean_sq_norm) if r is not None else None,
             "measured_recon_minus_b_dec": m.recon_unit.anisotropy(),
-            "measured_recon_minus_b_dec_sd": anisotropy_sampling_sd(m.recon_unit.unit_sum, m.recon_unit_scatter,
-                                                                    m.recon_unit.n),
+            "measured_recon_minus_b_dec_sd": anisotropy_sampling_sd(
+                m.recon_unit.unit_sum, m.recon_unit_scatter, m.recon_unit.n
+            ),
             "measured_x_minus_b_dec": m.input_unit.anisotropy(),
             "measured_x": geo.get("anisotropy"),
         }
@@ -428,10 +450,21 @@ class _SAEPass:
                 sampled = m.sample_codes(sample)
                 a_mc, a_mc_sd = independent_codes_anisotropy(sampled, w_dec, seed=seed)
                 pairs, top_share = cofiring_pairs(
-                    sampled, mean_code, mean_sq_code, w_dec, second, n_latents=COFIRING_LATENTS,
-                    n_pairs=thresholds.max_latents, sign=1.0 if amplification["cofiring_share"] >= 0 else -1.0)
-                amplification.update(A_het_mean_cosine=a_mc, A_het_mean_cosine_sd=a_mc_sd,
-                                     cofiring_share_top_latents=top_share, n_sample_rows=int(sample.shape[0]))
+                    sampled,
+                    mean_code,
+                    mean_sq_code,
+                    w_dec,
+                    second,
+                    n_latents=COFIRING_LATENTS,
+                    n_pairs=thresholds.max_latents,
+                    sign=1.0 if amplification["cofiring_share"] >= 0 else -1.0,
+                )
+                amplification.update(
+                    A_het_mean_cosine=a_mc,
+                    A_het_mean_cosine_sd=a_mc_sd,
+                    cofiring_share_top_latents=top_share,
+                    n_sample_rows=int(sample.shape[0]),
+                )
         cfg = getattr(self.module, "cfg", None)
         saegeo_block = self.config.get("saegeo", {}) if isinstance(self.config, Mapping) else {}
         b_dec = m.b_dec_against_mean()
@@ -442,19 +475,29 @@ class _SAEPass:
         if trained_as not in (None, architecture):  # a BatchTopK SAE saved as jumprelu
             architecture = f"{trained_as} (saved as {architecture})"
         return SAEGeometry(
-            name=self.name, d_in=self.d_in, d_sae=self.d_sae,
+            name=self.name,
+            d_in=self.d_in,
+            d_sae=self.d_sae,
             architecture=architecture,
-            k=getattr(cfg, "k", None) or self.config.get("k") or saegeo_block.get("training_k")
+            k=getattr(cfg, "k", None)
+            or self.config.get("k")
+            or saegeo_block.get("training_k")
             or getattr(saved_by_saegeo, "training_k", None),
             b_dec_init=saegeo_block.get("b_dec_init"),
             n_tokens=m.n,
-            fve=m.fve, mse=m.mse,
-            mean_l0=K, q=q, r=r,
+            fve=m.fve,
+            mse=m.mse,
+            mean_l0=K,
+            q=q,
+            r=r,
             n_dead=int((freq == 0).sum()),
             n_dense=int((freq > thresholds.dense_frequency).sum()),
-            firing_frequency=freq.tolist(), mean_activation=mean_code.tolist(),
-            cos_decoder_mean=m.decoder_mean_cosines().tolist(), cone_shares=shares,
-            a_dict=dg.a_dict, dict_mean_sq_norm=dg.mean_sq_norm,
+            firing_frequency=freq.tolist(),
+            mean_activation=mean_code.tolist(),
+            cos_decoder_mean=m.decoder_mean_cosines().tolist(),
+            cone_shares=shares,
+            a_dict=dg.a_dict,
+            dict_mean_sq_norm=dg.mean_sq_norm,
             decoder_norms={k: dg.norm_stats[k] for k in ("min", "mean", "max", "std")},
             n_zero_decoder_rows=dg.n_zero,
             dictionary_spectrum={**dg.spectrum, "offset": dg.mean_sq_norm**0.5, "anisotropy": dg.a_dict},
@@ -521,8 +564,9 @@ def geometry_report(
         rows = open_rows(acts, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite)
         if ctx is not None and rows.store is not None:
             distributed.check_same_store(rows.store)
-        batches, first_row = rows.batches(opts.batch_rows, *((ctx.rank, ctx.world_size) if ctx else ()),
-                                          stop_row=opts.max_tokens)
+        batches, first_row = rows.batches(
+            opts.batch_rows, *((ctx.rank, ctx.world_size) if ctx else ()), stop_row=opts.max_tokens
+        )
         skipped_before = rows.n_nonfinite_skipped  # Rows opened by a caller may have been read before
     source = dict(rows.describe)
     total = opts.max_tokens if opts.max_tokens is not None else rows.n_rows
@@ -592,15 +636,27 @@ def geometry_report(
         except BadInputError as err:
             whitening_cost = {"error": str(err)}
     report = GeometryReport(
-        schema_version=SCHEMA_VERSION, source=json_safe(source), activations=geo,
+        schema_version=SCHEMA_VERSION,
+        source=json_safe(source),
+        activations=geo,
         cosine_histogram=cosine_histogram(reservoir.sample(), opts.histogram_bins),
-        saes=saes, flags=[], options=json_safe(opts.to_dict()),
-        config=json_safe(dict(config)) if config else None, whitening_cost=whitening_cost,
-        seconds=seconds, tokens_per_second=acc.n / seconds if seconds > 0 else None,
+        saes=saes,
+        flags=[],
+        options=json_safe(opts.to_dict()),
+        config=json_safe(dict(config)) if config else None,
+        whitening_cost=whitening_cost,
+        seconds=seconds,
+        tokens_per_second=acc.n / seconds if seconds > 0 else None,
         saegeo_version=__version__,
-        notes=[*geo.get("notes", []), *([artifact_note] if artifact_note else []), *notes, *withheld_notes,
-               *closing_notes],
-        artifact=artifact, sample_diagnostics=sampled,
+        notes=[
+            *geo.get("notes", []),
+            *([artifact_note] if artifact_note else []),
+            *notes,
+            *withheld_notes,
+            *closing_notes,
+        ],
+        artifact=artifact,
+        sample_diagnostics=sampled,
         exclusions=store_exclusions(rows.store),
     )
     own = compute_flags(report, opts.thresholds)
@@ -617,32 +673,45 @@ def _withhold(section: SAEGeometry, flag: Flag) -> str:
         value = getattr(section, key)
         setattr(section, key, {k: None for k in value} if isinstance(value, dict) else None)
     section.withheld = list(WITHHELD_METRICS)
-    note = (f"withheld for {section.name}: {', '.join(WITHHELD_METRICS)} "
-            f"({ACTIVATIONS_MISMATCH}: {', '.join(flag.evidence['causes'])})")
+    note = (
+        f"withheld for {section.name}: {', '.join(WITHHELD_METRICS)} "
+        f"({ACTIVATIONS_MISMATCH}: {', '.join(flag.evidence['causes'])})"
+    )
     section.notes.append(note)
     return note
 
 
-def _artifact_test(rows: Any, geometry: Any, opts: ReportOptions, *, distributed: bool) -> tuple[dict | None, str | None]:
+def _artifact_test(
+    rows: Any, geometry: Any, opts: ReportOptions, *, distributed: bool
+) -> tuple[dict | None, str | None]:
     """The artifact test needs token ids and positions: it runs (a second streamed pass) only on a store."""
     if opts.artifact_components < 1:
         return None, None
     if rows.store is None:
-        return None, (f"artifact test not run: the source is a {rows.kind}, which has no token ids or positions "
-                      "(pass an activation store)")
+        return None, (
+            f"artifact test not run: the source is a {rows.kind}, which has no token ids or positions "
+            "(pass an activation store)"
+        )
     from saegeo.report.layers import artifact_accumulator, artifact_pass, artifact_result
 
     if not distributed:
-        return artifact_pass(rows, geometry, k=opts.artifact_components, batch_rows=opts.batch_rows,
-                             max_tokens=opts.max_tokens), None
+        return artifact_pass(
+            rows, geometry, k=opts.artifact_components, batch_rows=opts.batch_rows, max_tokens=opts.max_tokens
+        ), None
     if opts.max_tokens is not None:
         return None, "artifact test not run: max_tokens under torch.distributed (run it on one process)"
     from saegeo import distributed as dist
 
     ctx = dist.current()
     with dist.all_ranks_or_none("the artifact test"):
-        part = artifact_accumulator(rows, geometry, k=opts.artifact_components, batch_rows=opts.batch_rows,
-                                    rank=ctx.rank, world_size=ctx.world_size)
+        part = artifact_accumulator(
+            rows,
+            geometry,
+            k=opts.artifact_components,
+            batch_rows=opts.batch_rows,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+        )
     return artifact_result(dist.merge_across_ranks(part)), None
 
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from saegeo.activations.cache import hook_depth
 from saegeo.activations.store import ActivationStore
-from saegeo.errors import BadInputError
 from saegeo.config import BATCH_ROWS, check, option
+from saegeo.errors import BadInputError
 from saegeo.io import dump_json, json_safe
 from saegeo.report.flags import Flag, FlagThresholds, artifact_flags, sort_flags
 from saegeo.report.layers import StoreMeasures, measure_store
@@ -29,21 +30,39 @@ from saegeo.report.layers import StoreMeasures, measure_store
 SWEEP_SCHEMA_VERSION = 1
 
 ROW_DOC = {
-    "hook": "hook name", "layer": "blocks applied before the hook", "n": "tokens", "d": "width",
-    "A": "mean pairwise cosine", "A_null": "sign-aware null", "isotropic_z": "(A − A_null)/√(2/(n(n−1)d))",
+    "hook": "hook name",
+    "layer": "blocks applied before the hook",
+    "n": "tokens",
+    "d": "width",
+    "A": "mean pairwise cosine",
+    "A_null": "sign-aware null",
+    "isotropic_z": "(A − A_null)/√(2/(n(n−1)d))",
     "offset": "‖m̂‖",
-    "mean_sq_norm": "‖μ‖²", "total_variance": "tr Σ", "mean_share": "‖μ‖²/tr S", "erank": "effective rank",
-    "noise_erank": "erank of isotropic noise of this n, d", "top1": "top-1 eigenvalue share",
-    "top10": "top-10 share", "isoscore": "IsoScore", "mp_spikes": "eigenvalues above the calibrated MP edge (None: no flat bulk)",
+    "mean_sq_norm": "‖μ‖²",
+    "total_variance": "tr Σ",
+    "mean_share": "‖μ‖²/tr S",
+    "erank": "effective rank",
+    "noise_erank": "erank of isotropic noise of this n, d",
+    "top1": "top-1 eigenvalue share",
+    "top10": "top-10 share",
+    "isoscore": "IsoScore",
+    "mp_spikes": "eigenvalues above the calibrated MP edge (None: no flat bulk)",
     "mp_power_law_alpha": "log-log slope of the spectrum when it has no flat MP bulk",
     "null_z": "(A − A_null − finite-d bias) / sd of Â − Â_null",
-    "rogue_50": "coordinates carrying 50% of ‖m̂‖²", "rogue_90": "… 90%", "n_types": "distinct token ids",
+    "rogue_50": "coordinates carrying 50% of ‖m̂‖²",
+    "rogue_90": "… 90%",
+    "n_types": "distinct token ids",
     "share_tokens_repeated": "share of tokens whose id is seen ≥ 2 times",
-    "between_share": "tr(between)/tr Σ (c/(c−1)-corrected within)", "within_share": "1 − between_share",
-    "between_share_plugin": "plug-in between/tr Σ", "norm_variance_corr": "count-weighted corr(‖μ_t‖², var_t)",
-    "self_similarity": "token-weighted mean SelfSim_t", "self_similarity_adjusted": "… minus A",
-    "intra_window": "mean IntraSim over windows", "intra_window_adjusted": "… minus A",
-    "pc1_abs_corr_log_frequency": "|corr(PC1, log token frequency)|", "pc1_abs_corr_position": "|corr(PC1, position)|",
+    "between_share": "tr(between)/tr Σ (c/(c−1)-corrected within)",
+    "within_share": "1 − between_share",
+    "between_share_plugin": "plug-in between/tr Σ",
+    "norm_variance_corr": "count-weighted corr(‖μ_t‖², var_t)",
+    "self_similarity": "token-weighted mean SelfSim_t",
+    "self_similarity_adjusted": "… minus A",
+    "intra_window": "mean IntraSim over windows",
+    "intra_window_adjusted": "… minus A",
+    "pc1_abs_corr_log_frequency": "|corr(PC1, log token frequency)|",
+    "pc1_abs_corr_position": "|corr(PC1, position)|",
     "pc1_abs_corr_norm": "|corr(PC1, ‖x‖)|",
 }
 
@@ -80,25 +99,48 @@ def layer_row(m: StoreMeasures) -> dict[str, Any]:
     pc1 = {name: (art["abs"][name][0] if art and art["k"] else None) for name in ("log_frequency", "position", "norm")}
     sub = lambda v: None if v is None or a is None else v - a  # noqa: E731
     row = {
-        "hook": m.hook, "layer": (int(depth) if depth is not None and depth == int(depth) else depth),
-        "path": m.path, "model": m.model, "n": g.n, "d": g.d,
-        "A": a, "A_null": g.sign.null, "isotropic_z": g.isotropic_z, "offset": g.offset,
-        "mean_sq_norm": g.mean_vector_norm**2, "total_variance": g.total_variance,
-        "mean_share": g.mean_share_of_second_moment, "erank": g.effective_rank, "noise_erank": g.noise_effective_rank,
-        "top1": g.top1_share, "top10": g.top10_share, "isoscore": g.isoscore, "mp_spikes": g.n_spikes,
+        "hook": m.hook,
+        "layer": (int(depth) if depth is not None and depth == int(depth) else depth),
+        "path": m.path,
+        "model": m.model,
+        "n": g.n,
+        "d": g.d,
+        "A": a,
+        "A_null": g.sign.null,
+        "isotropic_z": g.isotropic_z,
+        "offset": g.offset,
+        "mean_sq_norm": g.mean_vector_norm**2,
+        "total_variance": g.total_variance,
+        "mean_share": g.mean_share_of_second_moment,
+        "erank": g.effective_rank,
+        "noise_erank": g.noise_effective_rank,
+        "top1": g.top1_share,
+        "top10": g.top10_share,
+        "isoscore": g.isoscore,
+        "mp_spikes": g.n_spikes,
         "mp_power_law_alpha": (g.mp_bulk or {}).get("power_law_alpha") if g.n_spikes is None else None,
         "null_z": g.null_z,
-        "rogue_50": g.rogue.n_for_50, "rogue_90": g.rogue.n_for_90,
-        "n_types": tt.n_types if tt else None, "share_tokens_repeated": tt.share_tokens_repeated if tt else None,
-        "between_share": tt.between_share if tt else None, "within_share": tt.within_share if tt else None,
+        "rogue_50": g.rogue.n_for_50,
+        "rogue_90": g.rogue.n_for_90,
+        "n_types": tt.n_types if tt else None,
+        "share_tokens_repeated": tt.share_tokens_repeated if tt else None,
+        "between_share": tt.between_share if tt else None,
+        "within_share": tt.within_share if tt else None,
         "between_share_plugin": (tt.between_plugin / tt.total_variance if tt and tt.total_variance > 0 else None),
         "norm_variance_corr": tt.norm_variance_corr if tt else None,
         "self_similarity": tt.self_similarity if tt else None,
         "self_similarity_adjusted": tt.self_similarity_adjusted if tt else None,
-        "intra_window": m.intra_window, "intra_window_adjusted": sub(m.intra_window),
+        "intra_window": m.intra_window,
+        "intra_window_adjusted": sub(m.intra_window),
         **{f"pc1_abs_corr_{k}": v for k, v in pc1.items()},
-        "details": {"token_types": tt.to_dict() if tt else None, "artifact": art, "n_windows": m.n_windows,
-                    "memory_bytes": m.memory_bytes, "seconds": m.seconds, "notes": m.notes + list(g.notes)},
+        "details": {
+            "token_types": tt.to_dict() if tt else None,
+            "artifact": art,
+            "n_windows": m.n_windows,
+            "memory_bytes": m.memory_bytes,
+            "seconds": m.seconds,
+            "notes": m.notes + list(g.notes),
+        },
     }
     return row
 
@@ -107,13 +149,18 @@ def _order(stores: list[ActivationStore]) -> list[ActivationStore]:
     models = sorted({s.model for s in stores})
     if len(models) > 1:
         raise BadInputError(
-            "the sweep is one model's layers, but these stores come from " + ", ".join(
-                f"{s.path} ({s.model})" for s in stores) + "; sweep each model separately")
+            "the sweep is one model's layers, but these stores come from "
+            + ", ".join(f"{s.path} ({s.model})" for s in stores)
+            + "; sweep each model separately"
+        )
     hooks = [s.hook for s in stores]
     twice = sorted({h for h in hooks if hooks.count(h) > 1})
     if twice:
-        raise BadInputError(f"hook(s) {twice} given twice: " + ", ".join(str(s.path) for s in stores if s.hook in twice)
-                            + "; pass each layer's store once")
+        raise BadInputError(
+            f"hook(s) {twice} given twice: "
+            + ", ".join(str(s.path) for s in stores if s.hook in twice)
+            + "; pass each layer's store once"
+        )
     return sorted(stores, key=lambda s: (hook_depth(s.hook) is None, hook_depth(s.hook) or 0.0, s.hook))
 
 
@@ -122,8 +169,10 @@ class SweepOptions:
     """`saegeo sweep`: what each store's row measures; with ``model``, which hooks are cached first and where."""
 
     model: str | None = option(None, "cache first: model to run (as in `saegeo cache --model`)")
-    hooks: str = option("all-resid", "with --model: 'all-resid' (blocks.0.hook_resid_pre + every "
-                                     "blocks.L.hook_resid_post) or a comma list")
+    hooks: str = option(
+        "all-resid",
+        "with --model: 'all-resid' (blocks.0.hook_resid_pre + every blocks.L.hook_resid_post) or a comma list",
+    )
     corpus: str = option("default", "with --model: corpus (as in `saegeo cache`)")
     context: int = option(128, "with --model: tokens per window", low=2)
     max_tokens: int | None = option(None, "tokens per layer (with --model: tokens cached)", low=1)
@@ -166,15 +215,35 @@ def sweep_stores(
 
         it = tqdm(opened, desc="sweep", unit="layer")
     for store in it:
-        m = measure_store(store, batch_rows=batch_rows, max_types=max_types, artifact_k=artifact_k,
-                          max_tokens=max_tokens, skip_nonfinite=opts.skip_nonfinite)
+        m = measure_store(
+            store,
+            batch_rows=batch_rows,
+            max_types=max_types,
+            artifact_k=artifact_k,
+            max_tokens=max_tokens,
+            skip_nonfinite=opts.skip_nonfinite,
+        )
         rows.append(layer_row(m))
         flags += artifact_flags(m.artifact, thresholds=thresholds, subject=store.hook)
     notes = [f"artifact test: {rows[0]['details']['artifact']['source']}"]
-    options = {"batch_rows": batch_rows, "max_types": max_types, "artifact_k": artifact_k, "max_tokens": max_tokens,
-               **({"skip_nonfinite": True} if opts.skip_nonfinite else {})}
-    return LayerSweep(SWEEP_SCHEMA_VERSION, opened[0].model, rows, sort_flags(flags), time.perf_counter() - t0,
-                      options, cache=cache, notes=notes, saegeo_version=__version__)
+    options = {
+        "batch_rows": batch_rows,
+        "max_types": max_types,
+        "artifact_k": artifact_k,
+        "max_tokens": max_tokens,
+        **({"skip_nonfinite": True} if opts.skip_nonfinite else {}),
+    }
+    return LayerSweep(
+        SWEEP_SCHEMA_VERSION,
+        opened[0].model,
+        rows,
+        sort_flags(flags),
+        time.perf_counter() - t0,
+        options,
+        cache=cache,
+        notes=notes,
+        saegeo_version=__version__,
+    )
 
 
 def sweep_model(options: SweepOptions, *, thresholds: FlagThresholds | None = None) -> LayerSweep:
@@ -188,16 +257,37 @@ def sweep_model(options: SweepOptions, *, thresholds: FlagThresholds | None = No
     if not opts.model:
         raise BadInputError("sweep_model needs options.model (the model whose hooks are cached first)")
     loaded = load_model(opts.model)
-    hooks = residual_hooks(loaded.n_layers) if opts.hooks == "all-resid" else tuple(
-        h.strip() for h in opts.hooks.split(",") if h.strip())
-    cfg = CacheConfig(model=opts.model, hooks=hooks, corpus=opts.corpus, context=opts.context, out=opts.cache_dir,
-                      max_tokens=opts.max_tokens, progress=opts.progress)
+    hooks = (
+        residual_hooks(loaded.n_layers)
+        if opts.hooks == "all-resid"
+        else tuple(h.strip() for h in opts.hooks.split(",") if h.strip())
+    )
+    cfg = CacheConfig(
+        model=opts.model,
+        hooks=hooks,
+        corpus=opts.corpus,
+        context=opts.context,
+        out=opts.cache_dir,
+        max_tokens=opts.max_tokens,
+        progress=opts.progress,
+    )
     result = cache_activations(cfg, loaded)
-    cache = {"model": opts.model, "hooks": list(hooks), "corpus": opts.corpus, "context": opts.context,
-             "out": opts.cache_dir, "new_tokens": result.new_tokens, "seconds": result.seconds}
+    cache = {
+        "model": opts.model,
+        "hooks": list(hooks),
+        "corpus": opts.corpus,
+        "context": opts.context,
+        "out": opts.cache_dir,
+        "new_tokens": result.new_tokens,
+        "seconds": result.seconds,
+    }
     # the cache already stopped at max_tokens
-    sweep = sweep_stores([str(result.stores[h]) for h in hooks], dataclasses.replace(opts, max_tokens=None),
-                         thresholds=thresholds, cache=cache)
+    sweep = sweep_stores(
+        [str(result.stores[h]) for h in hooks],
+        dataclasses.replace(opts, max_tokens=None),
+        thresholds=thresholds,
+        cache=cache,
+    )
     for row in sweep.layers:  # name the listed token types
         tt = row["details"]["token_types"] or {}
         for entry in tt.get("most_context_specific", []) + tt.get("least_context_specific", []):

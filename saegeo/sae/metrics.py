@@ -48,14 +48,24 @@ class SAEMetrics:
     decoder rows, from ``dictionary_geometry``) enables the law's mean-cosine moment.
     """
 
-    def __init__(self, sae: Any, *, mean_sq_norm: float | None = None, device: str | torch.device | None = None,
-                 d_in: int | None = None, d_sae: int | None = None):
+    def __init__(
+        self,
+        sae: Any,
+        *,
+        mean_sq_norm: float | None = None,
+        device: str | torch.device | None = None,
+        d_in: int | None = None,
+        d_sae: int | None = None,
+    ):
         self.sae = sae  # d_in / d_sae are only needed without one (from_state_dict)
         if sae is not None:
             d_sae, d_in = sae.W_dec.shape
         self.d_in, self.d_sae = int(d_in), int(d_sae)
-        self.device = torch.device(device) if device is not None else (
-            sae.W_dec.device if sae is not None else torch.device("cpu"))
+        self.device = (
+            torch.device(device)
+            if device is not None
+            else (sae.W_dec.device if sae is not None else torch.device("cpu"))
+        )
         self.n = 0
         self.sse = 0.0  # Σ‖x − x̂‖²
         self.mean = torch.zeros(self.d_in, dtype=torch.float64)  # x̄
@@ -70,14 +80,15 @@ class SAEMetrics:
             # codes of SAEs that rescale by the decoder norm already carry it
             self._rescaled = bool(getattr(cfg, "rescale_acts_by_decoder_norm", False))
             # saegeo TopK: encode_topk/decode_sparse give the same codes and x̂ without the dense code matrix
-            self._sparse_topk = bool(getattr(getattr(sae, "architecture", None), "topk_codes", False)) \
-                and hasattr(sae, "decode_sparse")
+            self._sparse_topk = bool(getattr(getattr(sae, "architecture", None), "topk_codes", False)) and hasattr(
+                sae, "decode_sparse"
+            )
             self._fold = row_norms(sae.W_dec.detach()).to(self.device, torch.float32)
             self._b_dec = sae.b_dec.detach().to(self.device, torch.float32)
 
     # ------------------------------------------------------------------ streaming
     @torch.inference_mode()
-    def add(self, x: Float[Tensor, "m d"]) -> "SAEMetrics":
+    def add(self, x: Float[Tensor, "m d"]) -> SAEMetrics:
         """Stream one batch of activations through the SAE and add its sums."""
         sae = self.sae
         if sae is None:
@@ -113,8 +124,12 @@ class SAEMetrics:
             recon = sae.decode_sparse(values, indices)
             folded = values if self._rescaled else values * self._fold[indices]
             rows = torch.arange(x.shape[0], device=x.device).repeat_interleave(indices.shape[1])
-            return x_normalized, norm_state, recon, _COO(x.shape[0], rows.cpu(), indices.flatten().cpu(),
-                                                         folded.flatten().float().cpu())
+            return (
+                x_normalized,
+                norm_state,
+                recon,
+                _COO(x.shape[0], rows.cpu(), indices.flatten().cpu(), folded.flatten().float().cpu()),
+            )
         codes = sae.encode(x)
         recon = sae.decode(codes)
         return x_normalized, norm_state, recon, (codes if self._rescaled else codes * self._fold).float().cpu()
@@ -145,10 +160,12 @@ class SAEMetrics:
         self.n = n
 
     # ------------------------------------------------------------------ combining
-    def merge(self, other: "SAEMetrics") -> "SAEMetrics":
+    def merge(self, other: SAEMetrics) -> SAEMetrics:
         """Fold ``other`` (the same SAE on other rows) into ``self``; returns ``self``."""
         if (other.d_in, other.d_sae) != (self.d_in, self.d_sae):
-            raise BadInputError(f"cannot merge SAE metrics of {other.d_sae} × {other.d_in} into {self.d_sae} × {self.d_in}")
+            raise BadInputError(
+                f"cannot merge SAE metrics of {other.d_sae} × {other.d_in} into {self.d_sae} × {self.d_in}"
+            )
         self._combine(other.n, other.mean, other.centred_ss)
         self.sse += other.sse
         self.codes.merge(other.codes)
@@ -159,13 +176,24 @@ class SAEMetrics:
         return self
 
     def state_dict(self) -> dict[str, Any]:
-        return {"d_in": self.d_in, "d_sae": self.d_sae, "n": self.n, "sse": self.sse, "mean": self.mean.clone(),
-                "centred_ss": self.centred_ss, "codes": self.codes.state_dict(),
-                "recon_unit": self.recon_unit.state_dict(), "input_unit": self.input_unit.state_dict(),
-                "recon_sq_sum": self.recon_sq_sum, "recon_unit_scatter": self.recon_unit_scatter.clone()}
+        return {
+            "d_in": self.d_in,
+            "d_sae": self.d_sae,
+            "n": self.n,
+            "sse": self.sse,
+            "mean": self.mean.clone(),
+            "centred_ss": self.centred_ss,
+            "codes": self.codes.state_dict(),
+            "recon_unit": self.recon_unit.state_dict(),
+            "input_unit": self.input_unit.state_dict(),
+            "recon_sq_sum": self.recon_sq_sum,
+            "recon_unit_scatter": self.recon_unit_scatter.clone(),
+        }
 
     @classmethod
-    def from_state_dict(cls, sd: dict[str, Any], sae: Any = None, device: str | torch.device | None = None) -> "SAEMetrics":
+    def from_state_dict(
+        cls, sd: dict[str, Any], sae: Any = None, device: str | torch.device | None = None
+    ) -> SAEMetrics:
         out = cls(sae, device=device, d_in=sd["d_in"], d_sae=sd["d_sae"])
         out.n, out.sse, out.centred_ss = int(sd["n"]), float(sd["sse"]), float(sd["centred_ss"])
         out.mean = torch.as_tensor(sd["mean"]).to(torch.float64).clone()

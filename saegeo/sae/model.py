@@ -15,9 +15,9 @@ module under saegeo.sae.architectures; the SAE asks the registry, so a new archi
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +35,9 @@ __all__ = ["SAE", "SAEConfig", "FormatInfo", "TrainOutput", "load_dictionary"]
 class SAE(nn.Module):
     """Sparse autoencoder with the SAELens tensor layout and a configurable encode (see module doc)."""
 
-    def __init__(self, cfg: SAEConfig, *, device: str | torch.device = "cpu", format_info: FormatInfo | None = None) -> None:
+    def __init__(
+        self, cfg: SAEConfig, *, device: str | torch.device = "cpu", format_info: FormatInfo | None = None
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         self.format_info = format_info if format_info is not None else FormatInfo()
@@ -63,13 +65,13 @@ class SAE(nn.Module):
         return write_sae_dir(self, path, provenance)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, device: str = "cpu") -> "SAE":
+    def load(cls, path: str | os.PathLike, device: str = "cpu") -> SAE:
         """The SAE at `path`: a directory `SAE.save` wrote, or any published format, local path or hub id
         (saegeo.sae.formats.read_dictionary detects it); `format_info` says what was read."""
         return cls.from_dictionary(read_dictionary(path), device=device)
 
     @classmethod
-    def from_dictionary(cls, found: Dictionary, device: str = "cpu") -> "SAE":
+    def from_dictionary(cls, found: Dictionary, device: str = "cpu") -> SAE:
         """Build the SAE of a reader's Dictionary (its tensors cast to cfg.dtype)."""
         sae = cls(found.cfg, device=device, format_info=found.info)
         with torch.no_grad():
@@ -82,7 +84,7 @@ class SAE(nn.Module):
     @torch.no_grad()
     def init_weights(
         self, generator: torch.Generator | None = None, b_dec: Tensor | None = None, encoder_scale: float | None = None
-    ) -> "SAE":
+    ) -> SAE:
         """Random unit-norm decoder rows, tied encoder W_enc = encoder_scale · W_decᵀ, b_enc = 0, b_dec as given
         (else 0). encoder_scale defaults to the architecture's `init_encoder_scale` (relu 0.1, see its module; 1
         otherwise: TopK picks the same latents at any scale).
@@ -158,7 +160,10 @@ class SAE(nn.Module):
         return self.denormalize(torch.addmm(self.b_dec, self._codes_for_decode(codes), self.W_dec), norm_state)
 
     def decode_sparse(
-        self, values: Float[Tensor, "n k"], indices: Int[Tensor, "n k"], norm_state: tuple | None = None,
+        self,
+        values: Float[Tensor, "n k"],
+        indices: Int[Tensor, "n k"],
+        norm_state: tuple | None = None,
         offsets: Int[Tensor, " n"] | None = None,
     ) -> Float[Tensor, "n d_in"]:
         """x̂ = Σ_j values[:, j] · W_dec[indices[:, j]] + b_dec, gathering only the k active rows (or, with
@@ -200,8 +205,9 @@ class SAE(nn.Module):
         if self.cfg.input_normalization != "none" or self.cfg.rescale_acts_by_decoder_norm:
             raise BadInputError("training supports input_normalization='none' without decoder-norm rescaling")
         centred_ss_fn = centred_ss_fn or (lambda t: (t - t.mean(dim=0)).pow(2).sum())
-        return self.architecture.forward_train(self, x, centred_ss=centred_ss_fn(x), centred_ss_fn=centred_ss_fn,
-                                               dead_mask=dead_mask, **options)
+        return self.architecture.forward_train(
+            self, x, centred_ss=centred_ss_fn(x), centred_ss_fn=centred_ss_fn, dead_mask=dead_mask, **options
+        )
 
     # ------------------------------------------------------------------ unit-norm decoder
     @torch.no_grad()

@@ -54,9 +54,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -65,17 +66,19 @@ from torch import Tensor
 
 from saegeo.activations.cache import BLOCK_HOOK, NOT_PER_TOKEN
 from saegeo.activations.corpus import CorpusSpec, iter_windows, open_corpus
-from saegeo.activations.runner import pad_windows, window_batches
 from saegeo.activations.models import LoadedModel, load_model
+from saegeo.activations.runner import pad_windows, window_batches
+from saegeo.config import check, option
 from saegeo.distributed import resolve_device
 from saegeo.errors import BadInputError
-from saegeo.config import check, option
 from saegeo.sae.model import SAE
 
 VARIANTS = ("clean", "spliced", "zero", "mean", "zero_all")  # zero_all: SAELens' ablation (every position, decoders)
 SHARE_ABLATIONS = True  # False: every window runs its own zero/mean-ablated suffix (the tests compare both)
-ENCODER_MEASURE = ("cosine between the clean and the spliced mean-pooled final-layer sentence embeddings "
-                   "(the encoder has no trained LM head, so no CE loss or KL is measured)")
+ENCODER_MEASURE = (
+    "cosine between the clean and the spliced mean-pooled final-layer sentence embeddings "
+    "(the encoder has no trained LM head, so no CE loss or KL is measured)"
+)
 
 
 @dataclass
@@ -88,19 +91,27 @@ class EvalConfig:
     corpus: str = option("default", "text to evaluate on, as for `saegeo cache`")
     context: int | None = option(None, "default: the SAE's training context, else 128", low=2)
     max_tokens: int = option(4096, "tokens (window positions) evaluated", low=1)
-    skip_tokens: int | None = option(None, "skip whole windows until this many tokens; default: the positions the "
-                                     "SAE's training store read (held-out text)", low=0)
-    batch_windows: int = option(4, "windows per batch (the clean logits and probabilities and one variant's "
-                                "logits, batch × context × vocab each, are held; the mean ablation uses the batch's "
-                                "mean)", low=1)
-    pass_special: bool | None = option(None, "pass BOS/[CLS]/[SEP] through unreplaced; default: as the SAE's "
-                                       "training store (decoders: yes)")
-    pass_norm_ratio: float | None = option(None, "also pass rows with ‖x‖ > m × window median (default: as the "
-                                           "store)", above=1)
-    text_field: str = option("text", "the field (JSON) or column (parquet, datasets) holding the text or the "
-                                     "token ids")
-    device: str = option("cpu", "torch device the model and SAEs run on (e.g. cuda); the sums stay float64 on the "
-                         "host")
+    skip_tokens: int | None = option(
+        None,
+        "skip whole windows until this many tokens; default: the positions the "
+        "SAE's training store read (held-out text)",
+        low=0,
+    )
+    batch_windows: int = option(
+        4,
+        "windows per batch (the clean logits and probabilities and one variant's "
+        "logits, batch × context × vocab each, are held; the mean ablation uses the batch's "
+        "mean)",
+        low=1,
+    )
+    pass_special: bool | None = option(
+        None, "pass BOS/[CLS]/[SEP] through unreplaced; default: as the SAE's training store (decoders: yes)"
+    )
+    pass_norm_ratio: float | None = option(
+        None, "also pass rows with ‖x‖ > m × window median (default: as the store)", above=1
+    )
+    text_field: str = option("text", "the field (JSON) or column (parquet, datasets) holding the text or the token ids")
+    device: str = option("cpu", "torch device the model and SAEs run on (e.g. cuda); the sums stay float64 on the host")
     progress: bool = option(True, "progress bar")
 
     def __post_init__(self) -> None:
@@ -164,8 +175,10 @@ def _resolve(cfg: EvalConfig, sae: SAE, loaded: LoadedModel) -> dict[str, Any]:
         raise BadInputError(f"SAE {sae.format_info.source or '(in memory)'}: its files name no hook; pass --hook NAME")
     if hook not in loaded.model.hook_dict:
         close = [n for n in loaded.model.hook_dict if n.split(".")[-1] == hook.split(".")[-1]][:4]
-        raise BadInputError(f"hook {hook!r} (from {'--hook' if cfg.hook else 'the SAE metadata'}) does not exist in "
-                            f"{loaded.name}; e.g. {', '.join(close) or list(loaded.model.hook_dict)[:4]}; pass --hook NAME")
+        raise BadInputError(
+            f"hook {hook!r} (from {'--hook' if cfg.hook else 'the SAE metadata'}) does not exist in "
+            f"{loaded.name}; e.g. {', '.join(close) or list(loaded.model.hook_dict)[:4]}; pass --hook NAME"
+        )
     if hook.endswith(NOT_PER_TOKEN) or not BLOCK_HOOK.match(hook):
         raise BadInputError(f"hook {hook!r}: saegeo eval splices per-token hooks inside a block (blocks.L.…)")
     context = cfg.context or corpus.get("context") or 128
@@ -176,9 +189,19 @@ def _resolve(cfg: EvalConfig, sae: SAE, loaded: LoadedModel) -> dict[str, Any]:
     skip = cfg.skip_tokens
     if skip is None:
         same = str(corpus.get("source", "")).split(" ")[0] == cfg.corpus
-        skip = int(data.get("n_positions_read") or data.get("n_tokens") or 0) if same and data.get("model") == loaded.name else 0
-    return {"hook": hook, "layer": int(BLOCK_HOOK.match(hook).group(1)), "context": int(context),
-            "pass_special": pass_special, "pass_norm_ratio": ratio, "skip_tokens": skip}
+        skip = (
+            int(data.get("n_positions_read") or data.get("n_tokens") or 0)
+            if same and data.get("model") == loaded.name
+            else 0
+        )
+    return {
+        "hook": hook,
+        "layer": int(BLOCK_HOOK.match(hook).group(1)),
+        "context": int(context),
+        "pass_special": pass_special,
+        "pass_norm_ratio": ratio,
+        "skip_tokens": skip,
+    }
 
 
 def _hook_width(loaded: LoadedModel, hook: str) -> int:
@@ -204,15 +227,20 @@ class _Splicer:
     def __init__(self, loaded: LoadedModel, sae: SAE, hook: str, layer: int):
         self.loaded, self.sae, self.hook, self.layer = loaded, sae, hook, layer
         model = loaded.model
-        self.mode = {f"blocks.{layer}.hook_resid_post": "post", f"blocks.{layer}.hook_resid_pre": "pre"}.get(hook, "hook")
+        self.mode = {f"blocks.{layer}.hook_resid_post": "post", f"blocks.{layer}.hook_resid_pre": "pre"}.get(
+            hook, "hook"
+        )
         if loaded.kind == "encoder":  # post-LN BERT: resid_post is not the block output
             self.mode = "pre" if self.mode == "pre" else "hook"
         self.start = layer + 1 if self.mode == "post" else layer
         # a residual-stream hook set to one vector at the replaced positions fixes everything downstream of
         # it, so windows whose passed positions agree share their zero/mean-ablated output (decoders only:
         # an encoder's passed [CLS]/[SEP] see the whole window)
-        self.shares_ablations = (SHARE_ABLATIONS and loaded.kind == "decoder"
-                                 and hook.rsplit(".", 1)[-1] in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post"))
+        self.shares_ablations = (
+            SHARE_ABLATIONS
+            and loaded.kind == "decoder"
+            and hook.rsplit(".", 1)[-1] in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")
+        )
         self.model = model
 
     # -- prefix / suffix
@@ -228,15 +256,17 @@ class _Splicer:
         """Logits (decoder) or the final block's output (encoder), with the hook's activation set by fn."""
         hooks = []
         if fn is not None and self.mode == "hook":
+
             def patch(act: Tensor, hook: Any) -> Tensor:
                 return fn(act.reshape(act.shape[0], act.shape[1], -1)).reshape(act.shape)
+
             hooks = [(self.hook, patch)]
         elif fn is not None:
             resid = fn(resid)
         with self.model.hooks(fwd_hooks=hooks):
             if self.loaded.kind == "decoder":
                 return self.model(resid, start_at_layer=self.start)
-            for block in self.model.blocks[self.start:]:
+            for block in self.model.blocks[self.start :]:
                 resid = block(resid, additive)
             return resid
 
@@ -289,9 +319,12 @@ def splice_eval_many(
         if width != sae.cfg.d_in:
             raise BadInputError(
                 f"SAE {name} ({sae.format_info.source}) has d_in={sae.cfg.d_in} but hook {r['hook']!r} of {loaded.name} "
-                f"has width {width}; pick the SAE's hook (--hook) or an SAE trained on this hook")
+                f"has width {width}; pick the SAE's hook (--hook) or an SAE trained on this hook"
+            )
         if r["context"] > loaded.n_ctx:
-            raise BadInputError(f"context {r['context']} exceeds the model's n_ctx={loaded.n_ctx}; pass a smaller --context")
+            raise BadInputError(
+                f"context {r['context']} exceeds the model's n_ctx={loaded.n_ctx}; pass a smaller --context"
+            )
         resolved[name] = r
         groups.setdefault(json.dumps(r, sort_keys=True), []).append(name)
     loaded.to(device)
@@ -301,12 +334,16 @@ def splice_eval_many(
     return {name: out[name] for name in saes}
 
 
-def _evaluate(cfg: EvalConfig, loaded: LoadedModel, saes: dict[str, SAE], r: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _evaluate(
+    cfg: EvalConfig, loaded: LoadedModel, saes: dict[str, SAE], r: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
     t0 = time.perf_counter()
     hook, layer = r["hook"], r["layer"]
     width = next(iter(saes.values())).cfg.d_in
     splicers = {n: _Splicer(loaded, sae, hook, layer) for n, sae in saes.items()}
-    spec = CorpusSpec(source=cfg.corpus, context=r["context"], exclude_special=r["pass_special"], text_field=cfg.text_field)
+    spec = CorpusSpec(
+        source=cfg.corpus, context=r["context"], exclude_special=r["pass_special"], text_field=cfg.text_field
+    )
     tok = loaded.tokenizer
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     sums = {n: _Sums(sum_x=torch.zeros(width, dtype=torch.float64)) for n in saes}
@@ -339,59 +376,83 @@ def _evaluate(cfg: EvalConfig, loaded: LoadedModel, saes: dict[str, SAE], r: dic
     return {n: _result(cfg, loaded, saes[n], n, r, s, seconds) for n, s in sums.items()}
 
 
-def _result(cfg: EvalConfig, loaded: LoadedModel, sae: SAE, name: str, r: dict[str, Any], s: _Sums,
-            seconds: float) -> dict[str, Any]:
+def _result(
+    cfg: EvalConfig, loaded: LoadedModel, sae: SAE, name: str, r: dict[str, Any], s: _Sums, seconds: float
+) -> dict[str, Any]:
     if s.n_windows == 0:
-        raise BadInputError(f"corpus {cfg.corpus!r} has no windows left after skipping {r['skip_tokens']} tokens; "
-                            "pass --skip-tokens 0 or a larger corpus")
+        raise BadInputError(
+            f"corpus {cfg.corpus!r} has no windows left after skipping {r['skip_tokens']} tokens; "
+            "pass --skip-tokens 0 or a larger corpus"
+        )
     mean = s.sum_x / max(s.n_replaced, 1)
     total_var = s.sum_sq - s.n_replaced * float(mean @ mean)
     out: dict[str, Any] = {}
     if loaded.kind == "decoder":
         ce = {v: s.ce[v] / s.n_pred for v in VARIANTS}
-        out.update({
-            "ce_loss_clean": ce["clean"], "ce_loss_spliced": ce["spliced"], "ce_loss_zero_ablation": ce["zero"],
-            "ce_loss_mean_ablation": ce["mean"],
-            "ce_loss_recovered": (ce["zero"] - ce["spliced"]) / (ce["zero"] - ce["clean"]),
-            "kl_div_spliced": s.kl["spliced"] / s.n_pred, "kl_div_zero_ablation": s.kl["zero"] / s.n_pred,
-            "kl_div_mean_ablation": s.kl["mean"] / s.n_pred,
-        })
+        out.update(
+            {
+                "ce_loss_clean": ce["clean"],
+                "ce_loss_spliced": ce["spliced"],
+                "ce_loss_zero_ablation": ce["zero"],
+                "ce_loss_mean_ablation": ce["mean"],
+                "ce_loss_recovered": (ce["zero"] - ce["spliced"]) / (ce["zero"] - ce["clean"]),
+                "kl_div_spliced": s.kl["spliced"] / s.n_pred,
+                "kl_div_zero_ablation": s.kl["zero"] / s.n_pred,
+                "kl_div_mean_ablation": s.kl["mean"] / s.n_pred,
+            }
+        )
         out.update(_saelens_downstream(s))
     else:
-        out.update({
-            "measured": ENCODER_MEASURE,
-            "embedding_cosine_spliced": s.cos["spliced"] / s.n_windows,
-            "embedding_cosine_zero_ablation": s.cos["zero"] / s.n_windows,
-            "embedding_cosine_mean_ablation": s.cos["mean"] / s.n_windows,
-        })
+        out.update(
+            {
+                "measured": ENCODER_MEASURE,
+                "embedding_cosine_spliced": s.cos["spliced"] / s.n_windows,
+                "embedding_cosine_zero_ablation": s.cos["zero"] / s.n_windows,
+                "embedding_cosine_mean_ablation": s.cos["mean"] / s.n_windows,
+            }
+        )
     tok = loaded.tokenizer
     n = max(s.n_replaced, 1)
-    out.update({
-        "fve": 1.0 - s.sse / total_var if total_var > 0 else float("nan"),
-        "l0": s.l0 / n,
-        # SAELens' reconstruction names (get_sparsity_and_variance_metrics); l0 is the same number as above
-        "explained_variance": 1.0 - s.sse / total_var if total_var > 0 else float("nan"),
-        "mse": s.sse / n, "cossim": s.cossim / n, "l1": s.l1 / n, "l2_norm_in": s.norm_in / n,
-        "l2_norm_out": s.norm_out / n, "l2_ratio": s.l2_ratio / n,
-        "relative_reconstruction_bias": s.recon_sq / s.x_dot_recon if s.x_dot_recon else float("nan"),
-        "sae_lens_definitions": _saelens_definitions(loaded.kind),
-        "tokens": s.n_pred if loaded.kind == "decoder" else s.n_tokens,
-        "tokens_replaced": s.n_replaced,
-        "passed_through": {
-            "positions": s.n_passed,
-            "special_positions": _special_names(tok, loaded.kind) if r["pass_special"] else [],
-            "norm_rule": None if r["pass_norm_ratio"] is None else
-            f"‖x‖ > {r['pass_norm_ratio']:g} × the window's median ‖x‖",
-            "why": "positions excluded from the SAE's training keep the model's own activation in every variant",
-        },
-        "mean_ablation": "the hook's mean over each batch's replaced positions",
-        "zero_ablation": "the replaced positions set to 0, passed-through positions kept (SAELens' get_recons_loss "
-                         "zeroes every position, BOS included: for a Llama that is uniform logits, CE = log vocab)",
-        "model": loaded.name, "sae": name, "sae_source": sae.format_info.source,
-        "hook": r["hook"], "sae_model_name": sae.format_info.model_name, "corpus": cfg.corpus, "context": r["context"],
-        "windows": s.n_windows, "skipped_tokens": r["skip_tokens"],
-        "seconds": seconds, "tokens_per_second": s.n_tokens / seconds if seconds > 0 else float("nan"),
-    })
+    out.update(
+        {
+            "fve": 1.0 - s.sse / total_var if total_var > 0 else float("nan"),
+            "l0": s.l0 / n,
+            # SAELens' reconstruction names (get_sparsity_and_variance_metrics); l0 is the same number as above
+            "explained_variance": 1.0 - s.sse / total_var if total_var > 0 else float("nan"),
+            "mse": s.sse / n,
+            "cossim": s.cossim / n,
+            "l1": s.l1 / n,
+            "l2_norm_in": s.norm_in / n,
+            "l2_norm_out": s.norm_out / n,
+            "l2_ratio": s.l2_ratio / n,
+            "relative_reconstruction_bias": s.recon_sq / s.x_dot_recon if s.x_dot_recon else float("nan"),
+            "sae_lens_definitions": _saelens_definitions(loaded.kind),
+            "tokens": s.n_pred if loaded.kind == "decoder" else s.n_tokens,
+            "tokens_replaced": s.n_replaced,
+            "passed_through": {
+                "positions": s.n_passed,
+                "special_positions": _special_names(tok, loaded.kind) if r["pass_special"] else [],
+                "norm_rule": None
+                if r["pass_norm_ratio"] is None
+                else f"‖x‖ > {r['pass_norm_ratio']:g} × the window's median ‖x‖",
+                "why": "positions excluded from the SAE's training keep the model's own activation in every variant",
+            },
+            "mean_ablation": "the hook's mean over each batch's replaced positions",
+            "zero_ablation": "the replaced positions set to 0, passed-through positions kept (SAELens' get_recons_loss "
+            "zeroes every position, BOS included: for a Llama that is uniform logits, CE = log vocab)",
+            "model": loaded.name,
+            "sae": name,
+            "sae_source": sae.format_info.source,
+            "hook": r["hook"],
+            "sae_model_name": sae.format_info.model_name,
+            "corpus": cfg.corpus,
+            "context": r["context"],
+            "windows": s.n_windows,
+            "skipped_tokens": r["skip_tokens"],
+            "seconds": seconds,
+            "tokens_per_second": s.n_tokens / seconds if seconds > 0 else float("nan"),
+        }
+    )
     return out
 
 
@@ -402,43 +463,49 @@ def _saelens_downstream(s: _Sums) -> dict[str, float]:
     ce_gap, kl_abl = ce["zero_all"] - ce["clean"], kl["zero_all"]
     return {
         "ce_loss_score": (ce["zero_all"] - ce["spliced"]) / ce_gap if ce_gap else float("nan"),
-        "ce_loss_with_sae": ce["spliced"], "ce_loss_without_sae": ce["clean"], "ce_loss_with_ablation": ce["zero_all"],
+        "ce_loss_with_sae": ce["spliced"],
+        "ce_loss_without_sae": ce["clean"],
+        "ce_loss_with_ablation": ce["zero_all"],
         "kl_div_score": (kl_abl - kl["spliced"]) / kl_abl if kl_abl else float("nan"),
-        "kl_div_with_sae": kl["spliced"], "kl_div_with_ablation": kl_abl,
+        "kl_div_with_sae": kl["spliced"],
+        "kl_div_with_ablation": kl_abl,
     }
 
 
-SAELENS_MASK = ("positions whose token is not a passed special token (SAELens' ignore_tokens; every position when "
-                "nothing is passed)")
+SAELENS_MASK = (
+    "positions whose token is not a passed special token (SAELens' ignore_tokens; every position when "
+    "nothing is passed)"
+)
 
 
 def _saelens_definitions(kind: str) -> dict[str, str]:
     """What each SAELens-named number is, and how it differs from saegeo's own (in the eval JSON)."""
-    rows = ("the replaced rows (what the SAE reconstructs; SAELens: the rows at " + SAELENS_MASK + ")")
+    rows = "the replaced rows (what the SAE reconstructs; SAELens: the rows at " + SAELENS_MASK + ")"
     defs = {
         "explained_variance": f"1 − mse / (mean ‖x‖² − ‖mean x‖²) over {rows}; the same number as saegeo's fve",
         "mse": f"mean over {rows} of ‖x − x̂‖² summed over d",
         "cossim": f"mean cos(x, x̂) over {rows}",
         "l0": f"mean number of nonzero codes per row over {rows} (saegeo's l0 is the same number)",
         "l1": f"mean Σ|a| of the SAE's codes per row over {rows}",
-        "l2_norm_in": f"mean ‖x‖ over {rows}", "l2_norm_out": f"mean ‖x̂‖ over {rows}",
+        "l2_norm_in": f"mean ‖x‖ over {rows}",
+        "l2_norm_out": f"mean ‖x̂‖ over {rows}",
         "l2_ratio": f"mean ‖x̂‖/‖x‖ over {rows} (‖x‖ < 1e-4 counted as 1)",
         "relative_reconstruction_bias": f"mean ‖x̂‖² / mean x·x̂ over {rows} (SAELens averages this ratio over "
-                                        "its batches of prompts; here one ratio over all rows)",
+        "its batches of prompts; here one ratio over all rows)",
     }
     if kind != "decoder":
         return defs
     return {
         "ce_loss_without_sae": f"mean CE of the clean model over next-token predictions made at {SAELENS_MASK}",
         "ce_loss_with_sae": "as ce_loss_without_sae, with the SAE's x̂ at the replaced positions (= SAELens' "
-                            "replacement; saegeo's ce_loss_spliced averages over every prediction instead)",
+        "replacement; saegeo's ce_loss_spliced averages over every prediction instead)",
         "ce_loss_with_ablation": "as ce_loss_without_sae, with the hook set to 0 at every position, BOS and the "
-                                 "other passed positions included (SAELens' zero ablation); saegeo's "
-                                 "ce_loss_zero_ablation keeps the passed positions",
+        "other passed positions included (SAELens' zero ablation); saegeo's "
+        "ce_loss_zero_ablation keeps the passed positions",
         "ce_loss_score": "(ce_loss_with_ablation − ce_loss_with_sae) / (ce_loss_with_ablation − ce_loss_without_sae); "
-                         "saegeo's ce_loss_recovered is the same ratio with its own zero ablation and positions",
+        "saegeo's ce_loss_recovered is the same ratio with its own zero ablation and positions",
         "kl_div_with_sae": f"mean KL(clean ‖ spliced) over {SAELENS_MASK}, the last position of each window "
-                           "included (saegeo's kl_div_spliced: over the positions that predict a next token)",
+        "included (saegeo's kl_div_spliced: over the positions that predict a next token)",
         "kl_div_with_ablation": "as kl_div_with_sae, against SAELens' zero ablation (every position zeroed)",
         "kl_div_score": "(kl_div_with_ablation − kl_div_with_sae) / kl_div_with_ablation",
         **defs,
@@ -454,15 +521,19 @@ def _special_names(tok: Any, kind: str) -> list[str]:
 
 def _setter(replace: Bool[Tensor, "b p"], value: Float[Tensor, "n d"]) -> Callable[[Tensor], Tensor]:
     """The hook function that sets the activation's replaced positions to value (rows in order)."""
+
     def fn(a: Tensor) -> Tensor:
         shape = a.shape
         a = a.reshape(shape[0], shape[1], -1).clone()
         a[replace] = value
         return a.reshape(shape)
+
     return fn
 
 
-def _common_passed_prefix(acts: Float[Tensor, "b p d"], replace: Bool[Tensor, "b p"], attend: Bool[Tensor, "b p"]) -> int | None:
+def _common_passed_prefix(
+    acts: Float[Tensor, "b p d"], replace: Bool[Tensor, "b p"], attend: Bool[Tensor, "b p"]
+) -> int | None:
     """k when every window replaces exactly its positions ≥ k and passes through the same activations at
     positions < k (a decoder's BOS: position 0 sees only itself); else None.
 
@@ -485,8 +556,14 @@ def _same_rows(a: Tensor, b: Tensor) -> bool:
     return bool(torch.allclose(a, b.expand_as(a), rtol=1e-5, atol=1e-5 * max(float(b.abs().max()), 1.0)))
 
 
-def _eval_batch(splicers: dict[str, _Splicer], batch: list, pad_id: int, ratio: float | None,
-                sums: dict[str, _Sums], ablation_cache: dict[str, Any]) -> None:
+def _eval_batch(
+    splicers: dict[str, _Splicer],
+    batch: list,
+    pad_id: int,
+    ratio: float | None,
+    sums: dict[str, _Sums],
+    ablation_cache: dict[str, Any],
+) -> None:
     """One batch: prefix once; clean, zero and mean suffixes once (the zero and mean ones for one window
     when `_common_passed_prefix` allows); one spliced suffix per SAE."""
     sp = next(iter(splicers.values()))
@@ -516,8 +593,16 @@ def _eval_batch(splicers: dict[str, _Splicer], batch: list, pad_id: int, ratio: 
         n_rep, width = int(rep_replace.sum()), tokens.shape[1]
         passed = flat[j, :k].clone()
         cached = ablation_cache.get("zero")  # (passed rows, logits): valid for any batch with the same passed rows
-        if cached is None or cached[0].shape != passed.shape or cached[1].shape[1] < width or not _same_rows(passed, cached[0]):
-            cached = (passed, sp.suffix(rep_resid, additive, _setter(rep_replace, flat.new_zeros(n_rep, flat.shape[-1]))))
+        if (
+            cached is None
+            or cached[0].shape != passed.shape
+            or cached[1].shape[1] < width
+            or not _same_rows(passed, cached[0])
+        ):
+            cached = (
+                passed,
+                sp.suffix(rep_resid, additive, _setter(rep_replace, flat.new_zeros(n_rep, flat.shape[-1]))),
+            )
             ablation_cache["zero"] = cached
         mean_out = sp.suffix(rep_resid, additive, _setter(rep_replace, mu.expand(n_rep, -1)))
         shared["zero"] = ref.score(cached[1][:, :width].expand(len(batch), -1, -1))
@@ -546,11 +631,13 @@ def _eval_batch(splicers: dict[str, _Splicer], batch: list, pad_id: int, ratio: 
         s.n_pred += ref.n_pred
 
 
-def _zero_all_output(sp: _Splicer, resid: Tensor, additive: Tensor | None, attend: Tensor,
-                     cache: dict[str, Any]) -> Tensor:
+def _zero_all_output(
+    sp: _Splicer, resid: Tensor, additive: Tensor | None, attend: Tensor, cache: dict[str, Any]
+) -> Tensor:
     """The model's output with the hook 0 at every position (SAELens' zero ablation). At a decoder's residual
     hook that output depends on the positions only, not on the tokens: one window of the batch's width stands
     for all, computed once per evaluation (again only for a wider batch)."""
+
     def zero(a: Tensor) -> Tensor:
         return torch.zeros_like(a)
 
@@ -593,8 +680,14 @@ class _Reference:
     distribution (column p − 1) is taken separately.
     """
 
-    def __init__(self, kind: str, clean: Tensor, tokens: Int[Tensor, "b p"], attend: Bool[Tensor, "b p"],
-                 keep: Bool[Tensor, "b p"]):
+    def __init__(
+        self,
+        kind: str,
+        clean: Tensor,
+        tokens: Int[Tensor, "b p"],
+        attend: Bool[Tensor, "b p"],
+        keep: Bool[Tensor, "b p"],
+    ):
         self.kind = kind
         self.n_sl_pred = self.n_sl_kl = 0
         if kind == "decoder":
@@ -645,6 +738,8 @@ class _Reference:
         lse_last = torch.logsumexp(z_last, dim=-1)
         kl_last = self.neg_entropy_last - (self.p_last * z_last).sum(-1) + lse_last * self.p_last_sum
         sl_ce = float(ce_t.expand(self.sl_pred.shape)[self.sl_pred].double().sum())
-        sl_kl = float(kl_t.expand(self.sl_kl.shape)[self.sl_kl].double().sum()
-                      + kl_last.expand(self.sl_last.shape)[self.sl_last].double().sum())
+        sl_kl = float(
+            kl_t.expand(self.sl_kl.shape)[self.sl_kl].double().sum()
+            + kl_last.expand(self.sl_last.shape)[self.sl_last].double().sum()
+        )
         return ce, kl, 0.0, sl_ce, sl_kl

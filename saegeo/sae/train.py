@@ -22,12 +22,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -39,8 +39,8 @@ from torch import Tensor
 
 from saegeo.activations.sources import Rows, open_rows
 from saegeo.config import check, option, require_memory
-from saegeo.io import atomic_write, dump_json, json_safe
 from saegeo.errors import BadInputError, FormatError, SaegeoError
+from saegeo.io import atomic_write, dump_json, json_safe
 from saegeo.sae.architectures import architecture_names, get_architecture
 from saegeo.sae.metrics import SAEMetrics
 from saegeo.sae.model import SAE, SAEConfig
@@ -52,8 +52,17 @@ B_DEC_INITS: tuple[str, ...] = get_args(BDecInit)
 # trained. Every other option must match the checkpoint's on resume. The thread count and the device do change the
 # weights bitwise (another summation order), so a checkpoint records the ones it ran with and a resume with others
 # is refused (bitwise_settings).
-NOT_IN_WEIGHTS = ("progress", "log_every", "num_threads", "device", "checkpoint_every", "out_dir", "overwrite", "verify",
-                  "skip_nonfinite")
+NOT_IN_WEIGHTS = (
+    "progress",
+    "log_every",
+    "num_threads",
+    "device",
+    "checkpoint_every",
+    "out_dir",
+    "overwrite",
+    "verify",
+    "skip_nonfinite",
+)
 CHECKPOINT_VERSION = 3  # 2: state.json records the data fingerprint; 3: its digest and the threads and device
 # `saegeo train` takes --overwrite, `saegeo run` and Python take the option: the advice names both
 OVERWRITE = "pass --overwrite (overwrite = true in a config's [train])"
@@ -72,36 +81,47 @@ class NonFiniteLossError(SaegeoError):
 class TrainConfig:
     """One SAE training run. Token counts are rows (tokens) of activations."""
 
-    arch: str = option("topk", "SAE architecture: relu, topk, batchtopk, jumprelu or another registered one "
-                       "(saegeo.sae.architectures)")
+    arch: str = option(
+        "topk", "SAE architecture: relu, topk, batchtopk, jumprelu or another registered one (saegeo.sae.architectures)"
+    )
     d_sae: int | None = option(None, "number of latents (overrides expansion); default expansion · d_in", low=1)
     expansion: int = option(8, "d_sae = expansion · d_in", low=1)
-    k: int = option(32, "active latents per token (topk; batchtopk: on average over the batch; jumprelu: the L0 "
-                    "target)", low=1)
+    k: int = option(
+        32, "active latents per token (topk; batchtopk: on average over the batch; jumprelu: the L0 target)", low=1
+    )
     l1_coefficient: float = option(1.0, "L1 coefficient (relu only); same objective scale as SAELens Standard", low=0)
-    l1_warmup_fraction: float = option(0.0, "relu: the L1 coefficient rises linearly from 0 over this fraction of "
-                                       "the steps", low=0, high=1)
-    decoder_norm: DecoderNorm = option("unit", "relu: unit-norm decoder rows, or free norms (penalty Σ a_i‖w_i‖, "
-                                       "folded to unit at the end)")
+    l1_warmup_fraction: float = option(
+        0.0, "relu: the L1 coefficient rises linearly from 0 over this fraction of the steps", low=0, high=1
+    )
+    decoder_norm: DecoderNorm = option(
+        "unit", "relu: unit-norm decoder rows, or free norms (penalty Σ a_i‖w_i‖, folded to unit at the end)"
+    )
     grad_clip_norm: float | None = option(None, "clip the gradient to this global norm (SAELens: 1)", above=0)
     lr: float = option(3e-4, "Adam learning rate (relu: 1e-3 recommended, see RELU_LR)", low=0, high=1)
     adam_betas: tuple[float, float] = option((0.9, 0.999), "Adam (beta1, beta2)", low=0, below=1)
     warmup_steps: int = option(10, "linear warm-up from lr/warmup_steps to lr", low=0)
-    decay_fraction: float = option(0.2, "linear decay to 0 over the last fraction of steps (0 = constant)",
-                                   low=0, high=1)
+    decay_fraction: float = option(
+        0.2, "linear decay to 0 over the last fraction of steps (0 = constant)", low=0, high=1
+    )
     batch_tokens: int = option(4096, "tokens per optimiser step", low=1)
     total_tokens: int = option(2_000_000, "training tokens, e.g. 2M or 500k", low=1)
-    b_dec_init: BDecInit = option("mean", "b_dec at init: activation mean, zeros (SAELens' default) or geometric "
-                                  "median")
+    b_dec_init: BDecInit = option(
+        "mean", "b_dec at init: activation mean, zeros (SAELens' default) or geometric median"
+    )
     b_dec_init_tokens: int = option(100_000, "rows used to estimate the mean / geometric median", low=1)
     dead_window_tokens: int = option(200_000, "a latent that has not fired in this many tokens counts as dead", low=1)
     aux_k: int | None = option(None, "AuxK latents (topk); default d_in // 2", low=1)
     aux_coefficient: float = option(1 / 32, "weight of the AuxK loss (topk, batchtopk)", low=0)
-    threshold_ema: float = option(0.05, "batchtopk: inference threshold = running mean, then EMA at this rate, of "
-                                  "the smallest code kept", above=0, high=1)
+    threshold_ema: float = option(
+        0.05,
+        "batchtopk: inference threshold = running mean, then EMA at this rate, of the smallest code kept",
+        above=0,
+        high=1,
+    )
     l0_coefficient: float = option(1.0, "jumprelu: weight of the sparsity loss (L0/k − 1)²", low=0)
-    bandwidth: float = option(0.05, "jumprelu: width ε of the rectangle kernel of the threshold's straight-through "
-                              "estimator", above=0)
+    bandwidth: float = option(
+        0.05, "jumprelu: width ε of the rectangle kernel of the threshold's straight-through estimator", above=0
+    )
     threshold_lr_scale: float = option(10.0, "jumprelu: the thresholds' learning rate is lr times this", low=0)
     heldout_fraction: float = option(0.1, "fraction of the data held out for the final metrics", low=0, below=1)
     shuffle_buffer: int = option(65_536, "store source: rows mixed across shards", low=0)
@@ -120,14 +140,14 @@ class TrainConfig:
         self.adam_betas = tuple(self.adam_betas)
         check(self)
         if self.arch not in architecture_names():  # registered at run time: not a Literal
-            raise BadInputError(f"arch = {self.arch!r}: expected one of {list(architecture_names())} (the registered "
-                                "architectures, saegeo.sae.architectures)")
+            raise BadInputError(
+                f"arch = {self.arch!r}: expected one of {list(architecture_names())} (the registered "
+                "architectures, saegeo.sae.architectures)"
+            )
         if self.b_dec_init not in B_DEC_INITS:
             raise BadInputError(f"b_dec_init={self.b_dec_init!r}; expected one of {B_DEC_INITS}")
         if self.total_tokens < self.batch_tokens:
-            raise BadInputError(
-                f"total_tokens ({self.total_tokens}) must be at least one batch ({self.batch_tokens})"
-            )
+            raise BadInputError(f"total_tokens ({self.total_tokens}) must be at least one batch ({self.batch_tokens})")
 
     @property
     def total_steps(self) -> int:
@@ -209,8 +229,12 @@ class _TensorSource(_Source):
 
     def heldout_batches(self) -> Iterator[Tensor]:
         for lo in range(0, self.heldout_x.shape[0], self.cfg.batch_tokens):
-            yield self._screen(self.heldout_x[lo : lo + self.cfg.batch_tokens].float(), self.heldout_first_row + lo,
-                               "heldout", ", a held-out row")
+            yield self._screen(
+                self.heldout_x[lo : lo + self.cfg.batch_tokens].float(),
+                self.heldout_first_row + lo,
+                "heldout",
+                ", a held-out row",
+            )
 
 
 INIT_CONTEXT = ", a row used to initialise b_dec"
@@ -224,14 +248,20 @@ class _StoreSource(_Source):
         self.store, self.cfg, self.d = store, cfg, store.d
         self.n_train = store.n_tokens - int(round(store.n_tokens * cfg.heldout_fraction))
         if self.n_train < cfg.batch_tokens:
-            raise BadInputError(f"{store.path}: {self.n_train} training rows, need at least one batch of {cfg.batch_tokens}")
+            raise BadInputError(
+                f"{store.path}: {self.n_train} training rows, need at least one batch of {cfg.batch_tokens}"
+            )
         self.identity = {
-            "source": "store", "path": str(store.path), "model": store.model, "hook": store.hook,
-            "n_tokens": store.n_tokens, "corpus": store.corpus,
+            "source": "store",
+            "path": str(store.path),
+            "model": store.model,
+            "hook": store.hook,
+            "n_tokens": store.n_tokens,
+            "corpus": store.corpus,
             # the stored kind of positions the cache read: its rows plus those the norm rule dropped
             # (`saegeo eval` skips this many to reach held-out text)
-            "n_positions_read": store.n_tokens + int(
-                ((store.manifest.get("extra") or {}).get("excluded") or {}).get("excluded_norm", {}).get("n", 0)),
+            "n_positions_read": store.n_tokens
+            + int(((store.manifest.get("extra") or {}).get("excluded") or {}).get("excluded_norm", {}).get("n", 0)),
             "shard_sha256": [s.sha256 for s in store.shards],
             "heldout": f"last {store.n_tokens - self.n_train} rows in store order",
         }
@@ -319,16 +349,21 @@ class _StoreSource(_Source):
         shard_of = np.searchsorted(self.store.offsets, rows, side="right") - 1
         for i in np.unique(shard_of):
             local = torch.from_numpy(rows[shard_of == i] - self.store.offsets[i])
-            yield self._screen(self.store.read_shard(int(i))[local], local + int(self.store.offsets[i]), "b_dec_init",
-                               INIT_CONTEXT)
+            yield self._screen(
+                self.store.read_shard(int(i))[local], local + int(self.store.offsets[i]), "b_dec_init", INIT_CONTEXT
+            )
 
     def init_description(self, n: int) -> dict:
         return _init_description(self.n_train, n, f"training rows across all {len(self.store.shards)} shard(s)")
 
     def heldout_batches(self) -> Iterator[Tensor]:
         for lo in range(self.n_train, self.store.n_tokens, self.cfg.batch_tokens):
-            yield self._screen(self.store.read_rows(lo, min(lo + self.cfg.batch_tokens, self.store.n_tokens)), lo,
-                               "heldout", ", a held-out row")
+            yield self._screen(
+                self.store.read_rows(lo, min(lo + self.cfg.batch_tokens, self.store.n_tokens)),
+                lo,
+                "heldout",
+                ", a held-out row",
+            )
 
 
 class _IteratorSource(_Source):
@@ -435,8 +470,11 @@ def _init_description(n_train: int, n: int, what: str) -> dict:
     """What b_dec's mean is computed from: the exact mean when n covers the training rows, else a uniform sample."""
     if n >= n_train:
         return {"method": f"exact mean over all {what}", "n_rows": n_train}
-    return {"method": f"uniform random sample of the {what} (seeded, without replacement)", "n_rows": n,
-            "of_rows": n_train}
+    return {
+        "method": f"uniform random sample of the {what} (seeded, without replacement)",
+        "n_rows": n,
+        "of_rows": n_train,
+    }
 
 
 def _chain(first: list, rest: Iterator) -> Iterator:
@@ -477,8 +515,14 @@ def geometric_median(x: Float[Tensor, "n d"], iters: int = 200, tol: float = 1e-
 
 # =========================================================================== metrics
 @torch.no_grad()
-def evaluate(sae: SAE, batches: Iterable[Tensor], activation_mean: Tensor | None = None, *,
-             first_row: int = 0, skip_nonfinite: bool = False) -> dict:
+def evaluate(
+    sae: SAE,
+    batches: Iterable[Tensor],
+    activation_mean: Tensor | None = None,
+    *,
+    first_row: int = 0,
+    skip_nonfinite: bool = False,
+) -> dict:
     """Held-out metrics in one pass (``saegeo.sae.metrics.SAEMetrics``, the report's accumulator too).
 
     mse = SSE/(n·d); FVE = 1 − SSE / Σ‖x − x̄‖² (x̄ = held-out mean; centred SS by Chan's update in float64);
@@ -522,9 +566,15 @@ def save_checkpoint(cfg: TrainConfig, sae: SAE, opt: torch.optim.Adam, step: int
     fname = f"tensors_{step:08d}.safetensors"
     data = safetensors_bytes({k: v.cpu() for k, v in out.items()})
     atomic_write(d / fname, data)
-    state = {"version": CHECKPOINT_VERSION, "step": step, "tensors": fname,
-             "tensors_sha256": hashlib.sha256(data).hexdigest(), "config": asdict(cfg),
-             "bitwise": bitwise_settings(cfg), **extra}
+    state = {
+        "version": CHECKPOINT_VERSION,
+        "step": step,
+        "tensors": fname,
+        "tensors_sha256": hashlib.sha256(data).hexdigest(),
+        "config": asdict(cfg),
+        "bitwise": bitwise_settings(cfg),
+        **extra,
+    }
     state["state_sha256"] = _state_digest(json_safe(state))
     dump_json(state, d / "state.json")
     for old in d.glob("tensors_*.safetensors"):
@@ -548,8 +598,11 @@ def bitwise_settings(cfg: TrainConfig) -> dict[str, Any]:
 
     device = distributed.resolve_device(cfg.device)
     ctx = distributed.current()
-    return {"device": device.type, "torch_threads": torch.get_num_threads() if device.type == "cpu" else None,
-            "world_size": ctx.world_size if ctx is not None else 1}
+    return {
+        "device": device.type,
+        "torch_threads": torch.get_num_threads() if device.type == "cpu" else None,
+        "world_size": ctx.world_size if ctx is not None else 1,
+    }
 
 
 def load_checkpoint(cfg: TrainConfig) -> tuple[dict, dict] | None:
@@ -569,11 +622,15 @@ def load_checkpoint(cfg: TrainConfig) -> tuple[dict, dict] | None:
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise FormatError(f"{d / 'state.json'}: corrupt checkpoint state ({err}); {fix}") from None
     if "state_sha256" not in state:
-        raise FormatError(f"{d / 'state.json'}: a checkpoint without a digest of its state (written by an older "
-                          f"saegeo, or edited): it cannot be trusted; {fix}")
+        raise FormatError(
+            f"{d / 'state.json'}: a checkpoint without a digest of its state (written by an older "
+            f"saegeo, or edited): it cannot be trusted; {fix}"
+        )
     if _state_digest(state) != state["state_sha256"]:
-        raise FormatError(f"{d / 'state.json'}: the checkpoint's state was changed after it was written (its digest "
-                          f"does not match); {fix}")
+        raise FormatError(
+            f"{d / 'state.json'}: the checkpoint's state was changed after it was written (its digest "
+            f"does not match); {fix}"
+        )
     tensors_name = str(state["tensors"])
     if "/" in tensors_name or tensors_name in ("", ".", ".."):
         raise FormatError(f"{d / 'state.json'}: tensors file {tensors_name!r} is not inside {d}; {fix}")
@@ -631,8 +688,11 @@ def _open_checkpoint(cfg: TrainConfig, source: Any, d_sae: int, resume: bool) ->
         if old_bits.get("world_size") == new_bits["world_size"]:
             saved |= {BITWISE_NAMES[k]: v for k, v in old_bits.items() if k in BITWISE_NAMES}
             now |= {BITWISE_NAMES[k]: v for k, v in new_bits.items() if k in BITWISE_NAMES}
-        changed = {key: (saved.get(key), now.get(key)) for key in sorted(saved.keys() | now.keys())
-                   if saved.get(key) != now.get(key)}
+        changed = {
+            key: (saved.get(key), now.get(key))
+            for key in sorted(saved.keys() | now.keys())
+            if saved.get(key) != now.get(key)
+        }
         data = state.get("data_fingerprint")
         if data is None:  # a version-1 checkpoint: its provenance's data identity
             old = (state.get("provenance") or {}).get("data") or {}
@@ -642,8 +702,13 @@ def _open_checkpoint(cfg: TrainConfig, source: Any, d_sae: int, resume: bool) ->
         if not same_data:  # named by path (when known) and the first digits of the manifest / tensor hash
             old_path = ((state.get("provenance") or {}).get("data") or {}).get("path")
             describe = lambda path, fp: f"{fp[:22]}" + (f" at {path}" if path else "")  # noqa: E731
-            changed = {"data": (describe(old_path, data or "other data"),
-                                describe(source.identity.get("path"), source.fingerprint)), **changed}
+            changed = {
+                "data": (
+                    describe(old_path, data or "other data"),
+                    describe(source.identity.get("path"), source.fingerprint),
+                ),
+                **changed,
+            }
         if changed:
             raise BadInputError(
                 f"{ckpt_dir} holds a run with "
@@ -654,8 +719,7 @@ def _open_checkpoint(cfg: TrainConfig, source: Any, d_sae: int, resume: bool) ->
             )
     if (out / CFG_FILENAME).exists():
         raise BadInputError(
-            f"{out} already holds a trained SAE ({CFG_FILENAME}); {OVERWRITE} to replace it, or choose "
-            "another out_dir"
+            f"{out} already holds a trained SAE ({CFG_FILENAME}); {OVERWRITE} to replace it, or choose another out_dir"
         )
     if ckpt is not None and not resume:
         raise BadInputError(
@@ -794,15 +858,19 @@ def train_sae(
         since_fired = torch.zeros(sae.cfg.d_sae, dtype=torch.long, device=device)
 
     b_dec_rows = source.init_description(
-        min(cfg.b_dec_init_tokens, 32_768) if cfg.b_dec_init == "geometric_median" else cfg.b_dec_init_tokens)
+        min(cfg.b_dec_init_tokens, 32_768) if cfg.b_dec_init == "geometric_median" else cfg.b_dec_init_tokens
+    )
     if ckpt is None and cfg.progress and (ctx is None or ctx.is_main):
         from tqdm.auto import tqdm
 
         tqdm.write(f"b_dec init = {cfg.b_dec_init}: {b_dec_rows['method']}, {b_dec_rows['n_rows']:,} rows")
     provenance = {
-        "b_dec_init": cfg.b_dec_init, "b_dec_init_tokens": cfg.b_dec_init_tokens, "b_dec_init_rows": b_dec_rows,
+        "b_dec_init": cfg.b_dec_init,
+        "b_dec_init_tokens": cfg.b_dec_init_tokens,
+        "b_dec_init_rows": b_dec_rows,
         "preprocessing": "none",
-        "data": source.identity, "train_config": asdict(cfg),
+        "data": source.identity,
+        "train_config": asdict(cfg),
     }
     # live references: saved as they stand
     ckpt_extra = {"history": history, "provenance": provenance, "data_fingerprint": source.fingerprint}
@@ -814,8 +882,12 @@ def train_sae(
             acc[k] += tensors[f"acc.{k}"].to(device).reshape(())
 
     def checkpoint_tensors() -> dict:
-        return {"activation_mean": activation_mean, "tokens_since_fired": since_fired.cpu(),
-                "torch_rng": torch.get_rng_state(), **{f"acc.{k}": v.reshape(1).cpu() for k, v in acc.items()}}
+        return {
+            "activation_mean": activation_mean,
+            "tokens_since_fired": since_fired.cpu(),
+            "torch_rng": torch.get_rng_state(),
+            **{f"acc.{k}": v.reshape(1).cpu() for k, v in acc.items()},
+        }
 
     nonfinite = torch.zeros((), dtype=torch.bool, device=device)
     last_good = last_checked = start_step  # the last checkpoint written; the last step the loss was checked at
@@ -823,8 +895,14 @@ def train_sae(
     if cfg.progress and (ctx is None or ctx.is_main):
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=cfg.total_steps * cfg.batch_tokens, initial=start_step * cfg.batch_tokens, unit="tok",
-                   unit_scale=True, desc=f"train {cfg.arch}", dynamic_ncols=True)
+        bar = tqdm(
+            total=cfg.total_steps * cfg.batch_tokens,
+            initial=start_step * cfg.batch_tokens,
+            unit="tok",
+            unit_scale=True,
+            desc=f"train {cfg.arch}",
+            dynamic_ncols=True,
+        )
     batches = source.train_batches(start_step) if ctx is None else _rank_batches(source, start_step, ctx)
     forward_train = distributed.wrap_ddp(sae, "forward_train")  # DDP: gradients averaged over ranks
     world = ctx.world_size if ctx is not None else 1
@@ -839,8 +917,12 @@ def train_sae(
         x = next(batches).to(device, non_blocking=True)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg) * g["lr_scale"]
-        out = forward_train(x, dead_mask=since_fired > cfg.dead_window_tokens, centred_ss_fn=centred_ss_fn,
-                            **arch.step_options(cfg, step, source.d))
+        out = forward_train(
+            x,
+            dead_mask=since_fired > cfg.dead_window_tokens,
+            centred_ss_fn=centred_ss_fn,
+            **arch.step_options(cfg, step, source.d),
+        )
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         if unit_decoder:
@@ -867,8 +949,11 @@ def train_sae(
         is_ckpt = cfg.out_dir and cfg.checkpoint_every and done % cfg.checkpoint_every == 0
         if is_log or is_ckpt:
             if bool(nonfinite) if ctx is None else distributed.sum_across_ranks(int(nonfinite)) > 0:
-                ckpt_note = (f"the last good checkpoint (step {last_good}) is kept in {_ckpt_dir(cfg)}"
-                             if cfg.out_dir and cfg.checkpoint_every and last_good else "no checkpoint was written")
+                ckpt_note = (
+                    f"the last good checkpoint (step {last_good}) is kept in {_ckpt_dir(cfg)}"
+                    if cfg.out_dir and cfg.checkpoint_every and last_good
+                    else "no checkpoint was written"
+                )
                 raise NonFiniteLossError(
                     f"non-finite loss between steps {last_checked + 1} and {done} "
                     f"(lr {lr_at(step, cfg):.3g}); {ckpt_note}. Every training row was finite (each batch is "
@@ -880,9 +965,12 @@ def train_sae(
             vals = dict(zip(acc, distributed.sum_across_ranks(torch.stack(list(acc.values()))).tolist()))
             vals["aux"] /= world  # each rank's aux is already a mean over the global batch
             live = {
-                "step": done, "tokens": done * cfg.batch_tokens,
-                "mse": vals["sse"] / (vals["n"] * source.d), "fve": 1 - vals["sse"] / vals["css"],
-                "l0": vals["l0"] / vals["n"], "aux": vals["aux"] / cfg.log_every,
+                "step": done,
+                "tokens": done * cfg.batch_tokens,
+                "mse": vals["sse"] / (vals["n"] * source.d),
+                "fve": 1 - vals["sse"] / vals["css"],
+                "l0": vals["l0"] / vals["n"],
+                "aux": vals["aux"] / cfg.log_every,
                 "dead": float((since_fired > cfg.dead_window_tokens).float().mean()),
                 "tok_s": tokens_timed / (time.perf_counter() - t0),
             }
@@ -904,10 +992,16 @@ def train_sae(
     if not unit_decoder:
         sae.fold_decoder_norms()  # same codes·rows, unit rows: what saegeo's readers and the report expect
 
-    heldout = distributed.from_main(lambda: evaluate(sae, source.heldout_batches(), activation_mean,
-                                                     first_row=source.heldout_first_row,
-                                                     skip_nonfinite=cfg.skip_nonfinite),
-                                    "evaluating the held-out rows")
+    heldout = distributed.from_main(
+        lambda: evaluate(
+            sae,
+            source.heldout_batches(),
+            activation_mean,
+            first_row=source.heldout_first_row,
+            skip_nonfinite=cfg.skip_nonfinite,
+        ),
+        "evaluating the held-out rows",
+    )
     if cfg.skip_nonfinite:  # the source screened the rows (and named them by shard); evaluate saw clean ones
         heldout["nonfinite_rows_skipped"] = distributed.from_main(lambda: source.skipped["heldout"], "counting")
         provenance["nonfinite_rows_skipped"] = dict(source.skipped)
@@ -917,5 +1011,12 @@ def train_sae(
         if cfg.checkpoint_every:
             save_checkpoint(cfg, sae, opt, cfg.total_steps, ckpt_extra, checkpoint_tensors())
     distributed.barrier()  # under torchrun: the SAE is on disk when any rank returns
-    return TrainResult(sae=sae, history=history, heldout=heldout, activation_mean=activation_mean,
-                       config=cfg, out_dir=cfg.out_dir, provenance=provenance)
+    return TrainResult(
+        sae=sae,
+        history=history,
+        heldout=heldout,
+        activation_mean=activation_mean,
+        config=cfg,
+        out_dir=cfg.out_dir,
+        provenance=provenance,
+    )

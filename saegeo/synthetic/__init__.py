@@ -12,6 +12,14 @@ from saegeo.synthetic.superposition import (
 )
 
 __all__ = [
-    "PRESETS", "SparseCodes", "SuperpositionGenerator", "SyntheticConfig", "SyntheticTruth",
-    "magnitude_moments", "preset", "RecoveryReport", "max_cosines", "recovery",
+    "PRESETS",
+    "SparseCodes",
+    "SuperpositionGenerator",
+    "SyntheticConfig",
+    "SyntheticTruth",
+    "magnitude_moments",
+    "preset",
+    "RecoveryReport",
+    "max_cosines",
+    "recovery",
 ]

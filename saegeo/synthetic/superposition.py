@@ -25,9 +25,10 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -37,8 +38,8 @@ from torch import Tensor
 
 from saegeo.config import BATCH_ROWS, check, option, require_memory
 from saegeo.errors import BadInputError
-from saegeo.io import dump_json
 from saegeo.geometry.amplification import dictionary_anisotropy
+from saegeo.io import dump_json
 
 BLOCK_ROWS = 1024
 MAGNITUDES = ("exp", "half_normal", "log_normal", "constant")
@@ -51,16 +52,17 @@ class SyntheticConfig:
 
     d: int = option(512, "activation dimension", low=1)
     n_features: int = option(4096, "dictionary size N", low=2)
-    dictionary: Literal["random", "identity"] = option("random", "random (tilted toward a common direction) or "
-                                                       "identity (u_i = e_i, N = d)")
+    dictionary: Literal["random", "identity"] = option(
+        "random", "random (tilted toward a common direction) or identity (u_i = e_i, N = d)"
+    )
     tilt: float = option(0.0, "cosine of every u_i with the common direction c; A_dict ≈ tilt²", low=0, high=1)
-    target_a_dict: float | None = option(None, "solve the tilt for this dictionary anisotropy A_dict (overrides "
-                                         "tilt)", above=0, below=1)
+    target_a_dict: float | None = option(
+        None, "solve the tilt for this dictionary anisotropy A_dict (overrides tilt)", above=0, below=1
+    )
     rate: float = option(0.02, "mean firing probability q", above=0, high=1)
     rate_law: Literal["uniform", "zipf"] = option("uniform", "per-feature firing rates")
     zipf_exponent: float = option(1.0, "exponent of the zipf rate law", low=0)
-    magnitude: Literal["exp", "half_normal", "log_normal", "constant"] = option("exp", "magnitude law of active "
-                                                                              "codes")
+    magnitude: Literal["exp", "half_normal", "log_normal", "constant"] = option("exp", "magnitude law of active codes")
     log_normal_sigma: float = option(1.0, "σ of the log_normal magnitude law", above=0)
     n_groups: int = option(0, "co-firing groups of consecutive features", low=0)
     group_size: int = option(2, "features per co-firing group", low=1)
@@ -177,13 +179,15 @@ class SparseCodes:
         """Number of active features per row."""
         return torch.bincount(self.rows, minlength=self.n_rows)
 
-    def slice(self, start: int, stop: int) -> "SparseCodes":
+    def slice(self, start: int, stop: int) -> SparseCodes:
         """Rows [start, stop) as their own batch."""
         lo, hi = torch.searchsorted(self.rows, torch.tensor([start, stop])).tolist()
-        return SparseCodes(stop - start, self.n_features, self.rows[lo:hi] - start, self.cols[lo:hi], self.values[lo:hi])
+        return SparseCodes(
+            stop - start, self.n_features, self.rows[lo:hi] - start, self.cols[lo:hi], self.values[lo:hi]
+        )
 
     @staticmethod
-    def cat(parts: list["SparseCodes"]) -> "SparseCodes":
+    def cat(parts: list[SparseCodes]) -> SparseCodes:
         offsets = np.cumsum([0] + [p.n_rows for p in parts[:-1]])
         return SparseCodes(
             sum(p.n_rows for p in parts),
@@ -273,8 +277,16 @@ class SyntheticTruth:
         meta = {
             "config": dump_json(asdict(self.config), indent=None),  # strict JSON, like every file saegeo writes
             "scalars": dump_json(
-                dict(tilt=self.tilt, a_dict=self.a_dict, mean_sq_norm=self.mean_sq_norm,
-                     noise_std=self.noise_std, signal_rms=self.signal_rms, r=self.r, K=self.K), indent=None
+                dict(
+                    tilt=self.tilt,
+                    a_dict=self.a_dict,
+                    mean_sq_norm=self.mean_sq_norm,
+                    noise_std=self.noise_std,
+                    signal_rms=self.signal_rms,
+                    r=self.r,
+                    K=self.K,
+                ),
+                indent=None,
             ),
             "format": "saegeo.synthetic.truth/1",
         }
@@ -283,7 +295,7 @@ class SyntheticTruth:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "SyntheticTruth":
+    def load(cls, path: str | os.PathLike) -> SyntheticTruth:
         from safetensors import safe_open
 
         with safe_open(str(path), framework="pt") as f:
@@ -294,11 +306,18 @@ class SyntheticTruth:
         scalars = json.loads(meta["scalars"])
         return cls(
             config=SyntheticConfig(**json.loads(meta["config"])),
-            dictionary=tensors["dictionary"], common_direction=tensors["common_direction"],
-            tilt=scalars["tilt"], a_dict=scalars["a_dict"], mean_sq_norm=scalars["mean_sq_norm"],
-            rates=tensors["rates"], groups=tensors["groups"], offset=tensors["offset"],
-            noise_std=scalars["noise_std"], signal_rms=scalars["signal_rms"],
-            whitening=tensors.get("whitening"), population_mean=tensors["population_mean"],
+            dictionary=tensors["dictionary"],
+            common_direction=tensors["common_direction"],
+            tilt=scalars["tilt"],
+            a_dict=scalars["a_dict"],
+            mean_sq_norm=scalars["mean_sq_norm"],
+            rates=tensors["rates"],
+            groups=tensors["groups"],
+            offset=tensors["offset"],
+            noise_std=scalars["noise_std"],
+            signal_rms=scalars["signal_rms"],
+            whitening=tensors.get("whitening"),
+            population_mean=tensors["population_mean"],
         )
 
 
@@ -385,9 +404,17 @@ class SuperpositionGenerator:
         dictionary = rows64.float()
         a_dict, mean_sq_norm = dictionary_anisotropy(dictionary)
         truth = SyntheticTruth(
-            config=cfg, dictionary=dictionary, common_direction=common.float(), tilt=tilt, a_dict=a_dict,
-            mean_sq_norm=mean_sq_norm, rates=rates.float(), groups=groups, offset=torch.zeros(cfg.d),
-            noise_std=0.0, signal_rms=0.0,
+            config=cfg,
+            dictionary=dictionary,
+            common_direction=common.float(),
+            tilt=tilt,
+            a_dict=a_dict,
+            mean_sq_norm=mean_sq_norm,
+            rates=rates.float(),
+            groups=groups,
+            offset=torch.zeros(cfg.d),
+            noise_std=0.0,
+            signal_rms=0.0,
         )
         # E‖Σ a_i u_i‖² = tr Cov + ‖E x‖², Cov without noise (noise_std is 0 here).
         signal_mean = truth.mean_code @ dictionary.double()
@@ -493,7 +520,9 @@ class SuperpositionGenerator:
         if bar is not None:
             bar.close()
 
-    def activations(self, n: int, batch_size: int = 4096, *, start: int = 0, progress: bool = False) -> Iterator[Float[Tensor, "B d"]]:
+    def activations(
+        self, n: int, batch_size: int = 4096, *, start: int = 0, progress: bool = False
+    ) -> Iterator[Float[Tensor, "B d"]]:
         """Only the activations of ``batches`` (what a store, a trainer or a report consumes)."""
         for x, _ in self.batches(n, batch_size, start=start, progress=progress):
             yield x

@@ -14,5 +14,13 @@ from saegeo.sae.architectures.base import (
     unregister_architecture,
 )
 
-__all__ = ["Architecture", "SAEConfig", "TrainOutput", "architecture_for_saelens", "architecture_names",
-           "get_architecture", "register_architecture", "unregister_architecture"]
+__all__ = [
+    "Architecture",
+    "SAEConfig",
+    "TrainOutput",
+    "architecture_for_saelens",
+    "architecture_names",
+    "get_architecture",
+    "register_architecture",
+    "unregister_architecture",
+]

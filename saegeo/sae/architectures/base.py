@@ -11,8 +11,9 @@ The `sae` the methods take is a saegeo.sae.model.SAE.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from jaxtyping import Float, Int
@@ -120,9 +121,16 @@ class Architecture:
         raise FormatError(f"cannot fold decoder norms into a {self.name} SAE without changing its codes")
 
     # ------------------------------------------------------------------ training
-    def forward_train(self, sae, x: Float[Tensor, "n d_in"], *, centred_ss: Tensor,
-                      centred_ss_fn: Callable[[Tensor], Tensor], dead_mask: Tensor | None,
-                      **options: Any) -> TrainOutput:
+    def forward_train(
+        self,
+        sae,
+        x: Float[Tensor, "n d_in"],
+        *,
+        centred_ss: Tensor,
+        centred_ss_fn: Callable[[Tensor], Tensor],
+        dead_mask: Tensor | None,
+        **options: Any,
+    ) -> TrainOutput:
         """The training objective on one batch; `options` are those of `step_options` (unknown ones ignored)."""
         raise NotImplementedError(f"architecture {self.name!r} cannot be trained")
 
@@ -146,8 +154,9 @@ class Architecture:
         """The keyword options of `forward_train` at this step."""
         return {}
 
-    def after_step(self, sae, out: TrainOutput, step: int, tcfg: Any,
-                   mean_across_ranks: Callable[[Tensor], Tensor]) -> None:
+    def after_step(
+        self, sae, out: TrainOutput, step: int, tcfg: Any, mean_across_ranks: Callable[[Tensor], Tensor]
+    ) -> None:
         """After each optimiser step (thresholds); `mean_across_ranks` averages a tensor over DDP ranks."""
 
     # ------------------------------------------------------------------ persistence (SAELens layout)
@@ -157,8 +166,12 @@ class Architecture:
 
     def saved_tensors(self, sae, cfg: SAEConfig) -> dict[str, Tensor]:
         """The tensors written to sae_weights.safetensors, in the SAELens layout."""
-        return {"W_enc": sae.W_enc.detach(), "W_dec": sae.W_dec.detach(),
-                "b_enc": sae.b_enc.detach(), "b_dec": sae.b_dec.detach()}
+        return {
+            "W_enc": sae.W_enc.detach(),
+            "W_dec": sae.W_dec.detach(),
+            "b_enc": sae.b_enc.detach(),
+            "b_dec": sae.b_dec.detach(),
+        }
 
     def threshold_shape(self, cfg: SAEConfig) -> tuple[int, ...] | None:
         """Shape of the threshold a weights file must hold for this architecture (None: none)."""

@@ -21,8 +21,9 @@ from saegeo.sae.architectures.base import Architecture, TrainOutput, register_ar
 from saegeo.sae.architectures.kernels import GatheredLinear, aux_options, auxk_loss, gathered_pre, row_sorted_entries
 
 
-def batch_topk_entries(values: Float[Tensor, "n d_sae"], count: int,
-                       per_row: int | None = None) -> Int[Tensor, " count"]:
+def batch_topk_entries(
+    values: Float[Tensor, "n d_sae"], count: int, per_row: int | None = None
+) -> Int[Tensor, " count"]:
     """Flat indices r·d_sae + c of the `count` largest entries of `values` (BatchTopK's selection), exactly as
     a topk over the flattened matrix, but from each row's top `per_row` (default 2·count/n) candidates: the
     global set lies inside them unless a row's smallest candidate exceeds the count-th largest candidate τ;
@@ -60,8 +61,9 @@ class BatchTopK(Architecture):
         post = F.relu(pre)
         return post * (post > sae.threshold.reshape(-1)[0])
 
-    def forward_train(self, sae, x, *, centred_ss, centred_ss_fn, dead_mask, aux_k: int = 0,
-                      aux_coefficient: float = 0.0, **_: Any) -> TrainOutput:
+    def forward_train(
+        self, sae, x, *, centred_ss, centred_ss_fn, dead_mask, aux_k: int = 0, aux_coefficient: float = 0.0, **_: Any
+    ) -> TrainOutput:
         # dense pre-activations without autograd, then the k·n entries that carry a gradient (flat, sorted by
         # row) through GatheredLinear and a bagged decode
         xc = x - sae.b_dec if sae.cfg.apply_b_dec_to_input else x
@@ -82,8 +84,9 @@ class BatchTopK(Architecture):
         fire_count = torch.zeros(d_sae, device=x.device, dtype=torch.float32).index_add_(0, cols, active.float())
         aux = auxk_loss(sae, err, pre, dead_mask, aux_k, aux_coefficient, centred_ss_fn, gathered_pre(xc, sae, pre))
         loss = sse / centred_ss + aux_coefficient * aux
-        return TrainOutput(loss, sse.detach(), centred_ss, active.sum(), aux.detach(), fire_count > 0, fire_count,
-                           min_kept)
+        return TrainOutput(
+            loss, sse.detach(), centred_ss, active.sum(), aux.detach(), fire_count > 0, fire_count, min_kept
+        )
 
     def step_options(self, tcfg, step: int, d_in: int) -> dict:
         return aux_options(tcfg, d_in)

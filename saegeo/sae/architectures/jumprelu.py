@@ -68,8 +68,9 @@ class StepFn(torch.autograd.Function):
         return None, grad_thr, None
 
 
-def dense_step(sae, x: Tensor, centred_ss: Tensor, l0_target: float | None, l0_coefficient: float,
-               bandwidth: float) -> TrainOutput:
+def dense_step(
+    sae, x: Tensor, centred_ss: Tensor, l0_target: float | None, l0_coefficient: float, bandwidth: float
+) -> TrainOutput:
     """JumpReLU's objective on dense (n, d_sae) tensors: cheaper than the sparse path when more than an
     eighth of the entries are active or near θ. (x − b_dec) W_enc + b_enc = x W_enc + (b_enc − b_dec W_enc):
     x needs no gradient, so the backward skips the (n × d_sae) @ (d_sae × d_in) product of ∂x."""
@@ -111,8 +112,19 @@ class JumpReLU(Architecture):
         sae.b_enc.mul_(scale)
         sae.threshold.mul_(scale)
 
-    def forward_train(self, sae, x, *, centred_ss, centred_ss_fn, dead_mask, l0_target: float | None = None,
-                      l0_coefficient: float = 0.0, bandwidth: float = 0.05, **_: Any) -> TrainOutput:
+    def forward_train(
+        self,
+        sae,
+        x,
+        *,
+        centred_ss,
+        centred_ss_fn,
+        dead_mask,
+        l0_target: float | None = None,
+        l0_coefficient: float = 0.0,
+        bandwidth: float = 0.05,
+        **_: Any,
+    ) -> TrainOutput:
         xc = x - sae.b_dec if sae.cfg.apply_b_dec_to_input else x
         n, d_sae = x.shape[0], sae.cfg.d_sae
         with torch.no_grad():

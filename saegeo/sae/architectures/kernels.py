@@ -3,12 +3,13 @@ row-sorted entry lists for bagged decodes, the threshold window, and AuxK."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
+
 
 def rectangle_window(pre: Tensor, threshold: Tensor, bandwidth: float) -> Tensor:
     """Rectangle kernel K((pre − θ)/ε) = 1[|pre − θ| < ε/2], in the dtype of pre."""
@@ -44,13 +45,15 @@ class GatheredLinear(torch.autograd.Function):
         grad_x = grad_w = grad_b = None
         flat_idx, flat_g = cols.reshape(-1), grad.reshape(-1).to(W_enc.dtype)
         if ctx.needs_input_grad[0]:
-            grad_x = F.embedding_bag(cols, W_enc.t().contiguous(), offsets, per_sample_weights=grad.to(W_enc.dtype),
-                                     mode="sum")
+            grad_x = F.embedding_bag(
+                cols, W_enc.t().contiguous(), offsets, per_sample_weights=grad.to(W_enc.dtype), mode="sum"
+            )
         if ctx.needs_input_grad[1]:
             if rows is None:
                 rows = torch.arange(n, device=x.device).repeat_interleave(cols.shape[1])
-            g_sparse = torch.sparse_coo_tensor(torch.stack([flat_idx, rows]), flat_g, (d_sae, n),
-                                               check_invariants=False)
+            g_sparse = torch.sparse_coo_tensor(
+                torch.stack([flat_idx, rows]), flat_g, (d_sae, n), check_invariants=False
+            )
             grad_w = torch.sparse.mm(g_sparse, x.to(W_enc.dtype)).t().contiguous()
         if ctx.needs_input_grad[2]:
             grad_b = torch.zeros(d_sae, device=x.device, dtype=W_enc.dtype).index_add_(0, flat_idx, flat_g)
@@ -72,9 +75,16 @@ def row_sorted_entries(flat_index: Int[Tensor, " m"], n: int, d_sae: int) -> tup
     return rows, cols, offsets
 
 
-def auxk_loss(sae, err: Float[Tensor, "n d_in"], pre: Float[Tensor, "n d_sae"], dead_mask: Tensor | None,
-              aux_k: int, aux_coefficient: float, centred_ss_fn: Callable[[Tensor], Tensor],
-              gathered: Callable[[Tensor], Tensor]) -> Tensor:
+def auxk_loss(
+    sae,
+    err: Float[Tensor, "n d_in"],
+    pre: Float[Tensor, "n d_sae"],
+    dead_mask: Tensor | None,
+    aux_k: int,
+    aux_coefficient: float,
+    centred_ss_fn: Callable[[Tensor], Tensor],
+    gathered: Callable[[Tensor], Tensor],
+) -> Tensor:
     """AuxK: ‖e − ê‖²/‖e − ē‖² · min(n_dead/aux_k, 1), ê from the top-aux_k dead latents of each row (pre is
     detached; `gathered(idx)` gives those entries with their gradient). Zero without dead latents.
     Unlike sparsify, which divides by the batch's Σ‖x − x̄‖² and adds b_dec to ê, the residual is normalised

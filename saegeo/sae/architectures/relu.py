@@ -85,10 +85,12 @@ class ReLU(Architecture):
         sae.W_enc.mul_(scale)
         sae.b_enc.mul_(scale)
 
-    def forward_train(self, sae, x, *, centred_ss, centred_ss_fn, dead_mask, l1_coefficient: float = 0.0,
-                      **_: Any) -> TrainOutput:
-        x_hat, l1, fire_count = ReLUStep.apply(x, sae.W_enc, sae.b_enc, sae.W_dec, sae.b_dec,
-                                               sae.cfg.apply_b_dec_to_input)
+    def forward_train(
+        self, sae, x, *, centred_ss, centred_ss_fn, dead_mask, l1_coefficient: float = 0.0, **_: Any
+    ) -> TrainOutput:
+        x_hat, l1, fire_count = ReLUStep.apply(
+            x, sae.W_enc, sae.b_enc, sae.W_dec, sae.b_dec, sae.cfg.apply_b_dec_to_input
+        )
         sse = (x - x_hat).pow(2).sum()
         loss = sse / x.shape[0] + l1_coefficient * l1
         return TrainOutput(loss, sse.detach(), centred_ss, fire_count.sum(), l1.detach(), fire_count > 0, fire_count)

@@ -52,8 +52,9 @@ class TopK(Architecture):
     def reconstruct(self, sae, pre, norm_state):
         return sae.decode_sparse(*topk_codes(sae, pre), norm_state=norm_state)
 
-    def forward_train(self, sae, x, *, centred_ss, centred_ss_fn, dead_mask, aux_k: int = 0,
-                      aux_coefficient: float = 0.0, **_: Any) -> TrainOutput:
+    def forward_train(
+        self, sae, x, *, centred_ss, centred_ss_fn, dead_mask, aux_k: int = 0, aux_coefficient: float = 0.0, **_: Any
+    ) -> TrainOutput:
         # Dense pre-activations without autograd; gradients flow only through the k selected
         # (and AuxK) entries via GatheredLinear, so the backward never forms a (n, d_sae) matrix.
         xc = x - sae.b_dec if sae.cfg.apply_b_dec_to_input else x

@@ -16,8 +16,8 @@ reads it; `saegeo.sae.model.SAE.load` and `load_dictionary` build the SAE from i
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from saegeo.errors import FormatError
 from saegeo.sae.formats.base import EXPECTED_LAYOUTS, Dictionary, FormatInfo, read_json, read_pickle
@@ -27,16 +27,32 @@ from saegeo.sae.formats.goodfire import read_goodfire
 from saegeo.sae.formats.hub import HUB_RELEASES, HubDictionary, download_hub_dictionary, resolve_hub_id
 from saegeo.sae.formats.llama_scope import read_llama_scope
 from saegeo.sae.formats.openai import read_openai
-from saegeo.sae.formats.saelens import COMMIT_FILENAME, CFG_FILENAME, WEIGHTS_FILENAME, read_saelens
+from saegeo.sae.formats.saelens import CFG_FILENAME, COMMIT_FILENAME, WEIGHTS_FILENAME, read_saelens
 from saegeo.sae.formats.sparsify import read_sparsify
 
-__all__ = ["CFG_FILENAME", "WEIGHTS_FILENAME", "HUB_RELEASES", "LOADERS", "Dictionary", "FormatInfo", "HubDictionary",
-           "detect_format", "read_dictionary", "resolve_hub_id", "download_hub_dictionary"]
+__all__ = [
+    "CFG_FILENAME",
+    "WEIGHTS_FILENAME",
+    "HUB_RELEASES",
+    "LOADERS",
+    "Dictionary",
+    "FormatInfo",
+    "HubDictionary",
+    "detect_format",
+    "read_dictionary",
+    "resolve_hub_id",
+    "download_hub_dictionary",
+]
 
 LOADERS: dict[str, Callable[[str | os.PathLike], Dictionary]] = {
-    "saelens": read_saelens, "sparsify": read_sparsify, "dictionary_learning": read_dictionary_learning,
-    "gemma_scope_npz": read_gemma_scope_npz, "gemma_scope_2": read_gemma_scope_2, "llama_scope": read_llama_scope,
-    "goodfire": read_goodfire, "openai": read_openai,
+    "saelens": read_saelens,
+    "sparsify": read_sparsify,
+    "dictionary_learning": read_dictionary_learning,
+    "gemma_scope_npz": read_gemma_scope_npz,
+    "gemma_scope_2": read_gemma_scope_2,
+    "llama_scope": read_llama_scope,
+    "goodfire": read_goodfire,
+    "openai": read_openai,
 }
 
 
@@ -44,7 +60,14 @@ def _detect_file(p: Path) -> str:
     name = p.name
     if name.endswith(".npz"):
         return "gemma_scope_npz"
-    if name in (WEIGHTS_FILENAME, "sae.safetensors", CFG_FILENAME, "config.json", "params.safetensors", "hyperparams.json"):
+    if name in (
+        WEIGHTS_FILENAME,
+        "sae.safetensors",
+        CFG_FILENAME,
+        "config.json",
+        "params.safetensors",
+        "hyperparams.json",
+    ):
         return _detect_dir(p.parent)
     if p.suffix in (".pt", ".pth", ".ckpt"):
         if (p.parent / "config.json").is_file() and "trainer" in read_json(p.parent / "config.json"):
@@ -58,7 +81,9 @@ def _detect_file(p: Path) -> str:
             return "dictionary_learning"  # a training backup: refused there by name
         if keys & {"encoder.weight", "W_enc", "decoder.weight", "W_dec"}:
             return "dictionary_learning"
-        raise FormatError(f"{p}: a state dict with keys {sorted(keys)[:12]} matches no known dictionary; expected {EXPECTED_LAYOUTS}")
+        raise FormatError(
+            f"{p}: a state dict with keys {sorted(keys)[:12]} matches no known dictionary; expected {EXPECTED_LAYOUTS}"
+        )
     raise FormatError(f"{p}: unknown dictionary file type; expected {EXPECTED_LAYOUTS}")
 
 
@@ -86,8 +111,12 @@ def _detect_dir(d: Path) -> str:
         except FormatError:
             continue
     if nested:
-        raise FormatError(f"{d} holds {len(nested)} dictionaries: {', '.join(nested[:20])}{' ...' if len(nested) > 20 else ''}; pass one of them")
-    raise FormatError(f"{d}: found {sorted(names)[:30] or 'an empty directory'}, which matches no dictionary layout; expected {EXPECTED_LAYOUTS}")
+        raise FormatError(
+            f"{d} holds {len(nested)} dictionaries: {', '.join(nested[:20])}{' ...' if len(nested) > 20 else ''}; pass one of them"
+        )
+    raise FormatError(
+        f"{d}: found {sorted(names)[:30] or 'an empty directory'}, which matches no dictionary layout; expected {EXPECTED_LAYOUTS}"
+    )
 
 
 def detect_format(path: str | os.PathLike) -> str:
@@ -107,13 +136,15 @@ def read_dictionary(path: str | os.PathLike) -> Dictionary:
         return LOADERS[detect_format(path)](path)
     hub = resolve_hub_id(str(path))
     if hub is None:
-        raise FormatError(f"{path}: does not exist, and is not a hub id (org/repo[/subfolder], or RELEASE/sae_id "
-                          "for a release of saegeo.sae.formats.HUB_RELEASES such as gemma-scope-2b-pt-res)")
+        raise FormatError(
+            f"{path}: does not exist, and is not a hub id (org/repo[/subfolder], or RELEASE/sae_id "
+            "for a release of saegeo.sae.formats.HUB_RELEASES such as gemma-scope-2b-pt-res)"
+        )
     local = download_hub_dictionary(hub)
     found = LOADERS[detect_format(local)](local)
     info = found.info
     info.hub_id = str(path)
-    layer = next((part[len("layer_"):] for part in hub.subfolder.split("/") if part.startswith("layer_")), None)
+    layer = next((part[len("layer_") :] for part in hub.subfolder.split("/") if part.startswith("layer_")), None)
     if hub.model_name and not info.model_name:
         info.model_name = hub.model_name
     if hub.hook_template and layer is not None and layer.isdigit():

@@ -57,7 +57,9 @@ class FormatInfo:
     exclude_special_tokens: bool | list | None = None  # BOS / special-token rows left out of training
     prepend_bos: bool | None = None
     context_size: int | None = None
-    expected_input_norm: float | None = None  # E‖x‖ of the training inputs (Llama Scope dataset_average_activation_norm.in)
+    expected_input_norm: float | None = (
+        None  # E‖x‖ of the training inputs (Llama Scope dataset_average_activation_norm.in)
+    )
     input_scale_folded: float | None = None  # Llama Scope: √d / norm_in folded into W_enc (and 1/it into W_dec, b_dec)
     # SAELens
     sae_lens_version: str | None = None
@@ -117,7 +119,9 @@ def read_safetensors(file: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(file))
     except Exception as err:  # SafetensorError, OSError, ... : all mean "not a readable safetensors file"
-        raise FormatError(f"{file}: cannot read safetensors ({err}); the file is truncated or not safetensors, download it again") from None
+        raise FormatError(
+            f"{file}: cannot read safetensors ({err}); the file is truncated or not safetensors, download it again"
+        ) from None
 
 
 def read_pickle(file: Path) -> dict:
@@ -126,14 +130,18 @@ def read_pickle(file: Path) -> dict:
         obj = torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()] or [type(err).__name__]
-        first = next((ln for ln in lines if "Unsupported" in ln or "GLOBAL" in ln), lines[-1])  # names the offending object
+        first = next(
+            (ln for ln in lines if "Unsupported" in ln or "GLOBAL" in ln), lines[-1]
+        )  # names the offending object
         raise FormatError(
             f"{file}: refused: the pickle holds objects other than tensors and plain containers, which could run code "
             f"on load (torch.load weights_only=True rejected it: {first[:200]}). If you trust its author, re-save it "
             "as a plain state dict or as safetensors."
         ) from None
     except Exception as err:  # truncated zip, EOF, not a torch file
-        raise FormatError(f"{file}: cannot read ({type(err).__name__}: {str(err)[:200]}); the file is truncated or not a torch checkpoint, download it again") from None
+        raise FormatError(
+            f"{file}: cannot read ({type(err).__name__}: {str(err)[:200]}); the file is truncated or not a torch checkpoint, download it again"
+        ) from None
     if not isinstance(obj, dict):
         raise FormatError(f"{file}: expected a state dict (a dict of tensors), found {type(obj).__name__}")
     # torch.compile'd modules save keys as "_orig_mod.<name>"
@@ -143,9 +151,13 @@ def read_pickle(file: Path) -> dict:
 def read_npz(file: Path) -> dict[str, torch.Tensor]:
     try:
         with np.load(file, allow_pickle=False) as data:
-            return {key: torch.from_numpy(np.ascontiguousarray(data[key])) for key in data.files}  # each read is a fresh array
+            return {
+                key: torch.from_numpy(np.ascontiguousarray(data[key])) for key in data.files
+            }  # each read is a fresh array
     except Exception as err:  # BadZipFile, ValueError (pickled arrays), EOFError, OSError
-        raise FormatError(f"{file}: cannot read npz ({type(err).__name__}: {err}); the file is truncated or not an npz archive, download it again") from None
+        raise FormatError(
+            f"{file}: cannot read npz ({type(err).__name__}: {err}); the file is truncated or not an npz archive, download it again"
+        ) from None
 
 
 def expect_shape(where: object, name: str, tensor: torch.Tensor, shape: tuple, implied_by: str) -> None:
@@ -167,12 +179,15 @@ def make_dictionary(cfg: SAEConfig, tensors: dict[str, torch.Tensor], where: obj
         value = value.detach()
         if value.is_floating_point() and not torch.isfinite(value).all():
             bad = (~torch.isfinite(value)).reshape(value.shape[0], -1).any(1).nonzero()[:, 0] if value.ndim else [0]
-            raise FormatError(f"{where}: {name} has non-finite values (first at index {int(bad[0])}, {len(bad)} in all)")
+            raise FormatError(
+                f"{where}: {name} has non-finite values (first at index {int(bad[0])}, {len(bad)} in all)"
+            )
     return Dictionary(cfg, {name: value.detach() for name, value in tensors.items()}, info)
 
 
-def count_field(where: object, raw: dict, key: str, default: object = None, *, minimum: int = 1,
-                label: str | None = None) -> int:
+def count_field(
+    where: object, raw: dict, key: str, default: object = None, *, minimum: int = 1, label: str | None = None
+) -> int:
     """raw[key] (or `default` when absent) as an integer >= minimum: a count read from a config file. A string,
     a float with a fraction, a bool or a smaller number is refused in one line naming the file and the key
     (`label`, e.g. "trainer.dict_size", when the key sits inside the file's JSON)."""
@@ -185,5 +200,11 @@ def count_field(where: object, raw: dict, key: str, default: object = None, *, m
 
 
 def dtype_name(tensors: dict) -> str:
-    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values() if isinstance(t, torch.Tensor) and t.is_floating_point()})
+    dtypes = sorted(
+        {
+            str(t.dtype).removeprefix("torch.")
+            for t in tensors.values()
+            if isinstance(t, torch.Tensor) and t.is_floating_point()
+        }
+    )
     return ",".join(dtypes)

@@ -26,17 +26,27 @@ from saegeo.sae.formats.base import (
     require_keys,
 )
 
-
 # dict_class -> (activation, subtracts b_dec before encoding, state-dict keys). From dictionary.py and trainers/.
 _DL_CLASSES = {
     "AutoEncoder": ("relu", True, ("bias", "encoder.weight", "encoder.bias", "decoder.weight")),
     "AutoEncoderNew": ("relu", False, ("encoder.weight", "encoder.bias", "decoder.weight", "decoder.bias")),
     "AutoEncoderTopK": ("topk", True, ("encoder.weight", "encoder.bias", "decoder.weight", "b_dec", "k")),
-    "BatchTopKSAE": ("batchtopk", True, ("encoder.weight", "encoder.bias", "decoder.weight", "b_dec", "k", "threshold")),
-    "MatryoshkaBatchTopKSAE": ("batchtopk", True, ("W_enc", "b_enc", "W_dec", "b_dec", "k", "threshold", "group_sizes")),
+    "BatchTopKSAE": (
+        "batchtopk",
+        True,
+        ("encoder.weight", "encoder.bias", "decoder.weight", "b_dec", "k", "threshold"),
+    ),
+    "MatryoshkaBatchTopKSAE": (
+        "batchtopk",
+        True,
+        ("W_enc", "b_enc", "W_dec", "b_dec", "k", "threshold", "group_sizes"),
+    ),
     "JumpReluAutoEncoder": ("jumprelu", False, ("W_enc", "b_enc", "W_dec", "b_dec", "threshold")),
 }
-_DL_UNSUPPORTED = {"GatedAutoEncoder": "gated (separate gate and magnitude paths)", "CrossCoder": "a crosscoder (several layers)"}
+_DL_UNSUPPORTED = {
+    "GatedAutoEncoder": "gated (separate gate and magnitude paths)",
+    "CrossCoder": "a crosscoder (several layers)",
+}
 
 
 def _dictionary_learning_class(state: dict, where: Path) -> str:
@@ -56,7 +66,9 @@ def _dictionary_learning_class(state: dict, where: Path) -> str:
             f"{where}: these keys fit both AutoEncoderTopK (per-row top-k, stored threshold ignored) and BatchTopKSAE "
             "(one global threshold), which encode differently; put the training config.json (with trainer.dict_class) next to it"
         )
-    raise FormatError(f"{where}: keys {sorted(keys)} match no dictionary_learning class; expected one of {sorted(_DL_CLASSES)}")
+    raise FormatError(
+        f"{where}: keys {sorted(keys)} match no dictionary_learning class; expected one of {sorted(_DL_CLASSES)}"
+    )
 
 
 def _tensor_count(where: Path, value: torch.Tensor, name: str) -> int:
@@ -92,9 +104,13 @@ def read_dictionary_learning(path: str | os.PathLike) -> Dictionary:
         )
     dict_class = trainer.get("dict_class") or _dictionary_learning_class(state, pt)
     if dict_class in _DL_UNSUPPORTED:
-        raise FormatError(f"{pt}: dictionary_learning {dict_class} is {_DL_UNSUPPORTED[dict_class]}; not in saegeo's encode contract")
+        raise FormatError(
+            f"{pt}: dictionary_learning {dict_class} is {_DL_UNSUPPORTED[dict_class]}; not in saegeo's encode contract"
+        )
     if dict_class not in _DL_CLASSES:
-        raise FormatError(f"{pt}: dictionary_learning dict_class {dict_class!r} is not supported; expected one of {sorted(_DL_CLASSES)}")
+        raise FormatError(
+            f"{pt}: dictionary_learning dict_class {dict_class!r} is not supported; expected one of {sorted(_DL_CLASSES)}"
+        )
     activation, subtract_b_dec, keys = _DL_CLASSES[dict_class]
     require_keys(pt, state, keys, f"dictionary_learning {dict_class}")
     t = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
@@ -103,8 +119,19 @@ def read_dictionary_learning(path: str | os.PathLike) -> Dictionary:
         tensors = {"W_enc": t["W_enc"], "b_enc": t["b_enc"], "W_dec": t["W_dec"], "b_dec": t["b_dec"]}
     else:  # nn.Linear layout: encoder.weight (d_sae, d_in), decoder.weight (d_in, d_sae)
         d_sae, d_in = t["encoder.weight"].shape
-        b_dec = t["bias"] if dict_class == "AutoEncoder" else t["decoder.bias"] if dict_class == "AutoEncoderNew" else t["b_dec"]
-        tensors = {"W_enc": t["encoder.weight"].T, "b_enc": t["encoder.bias"], "W_dec": t["decoder.weight"].T, "b_dec": b_dec}
+        b_dec = (
+            t["bias"]
+            if dict_class == "AutoEncoder"
+            else t["decoder.bias"]
+            if dict_class == "AutoEncoderNew"
+            else t["b_dec"]
+        )
+        tensors = {
+            "W_enc": t["encoder.weight"].T,
+            "b_enc": t["encoder.bias"],
+            "W_dec": t["decoder.weight"].T,
+            "b_dec": b_dec,
+        }
     implied = f"{'W_enc' if 'W_enc' in keys else 'encoder.weight'} (d_in={d_in}, d_sae={d_sae})"
     for name, expected in (("activation_dim", d_in), ("dict_size", d_sae)):
         if name in trainer and count_field(config_file, trainer, name, label=f"trainer.{name}") != expected:
@@ -115,15 +142,23 @@ def read_dictionary_learning(path: str | os.PathLike) -> Dictionary:
     k = _tensor_count(pt, t["k"], "k") if "k" in t else None
     if k is not None and "k" in trainer and count_field(config_file, trainer, "k", label="trainer.k") != k:
         raise FormatError(f"{pt}: k={k} in the weights but trainer.k={trainer['k']} in {config_file.name}")
-    info = FormatInfo(format="dictionary_learning", source=str(pt), dict_class=dict_class, source_dtype=dtype_name(t),
-                      trainer_class=trainer.get("trainer_class"), model_name=trainer.get("lm_name"),
-                      hook_name=trainer.get("submodule_name") or (f"layer {trainer['layer']}" if "layer" in trainer else None))
+    info = FormatInfo(
+        format="dictionary_learning",
+        source=str(pt),
+        dict_class=dict_class,
+        source_dtype=dtype_name(t),
+        trainer_class=trainer.get("trainer_class"),
+        model_name=trainer.get("lm_name"),
+        hook_name=trainer.get("submodule_name") or (f"layer {trainer['layer']}" if "layer" in trainer else None),
+    )
     if activation == "jumprelu":
         expect_shape(pt, "threshold", t["threshold"], (d_sae,), implied)
         tensors["threshold"] = t["threshold"]
     elif activation == "batchtopk":
         if t["threshold"].numel() != 1:
-            raise FormatError(f"{pt}: {dict_class} threshold must be one scalar, found shape {tuple(t['threshold'].shape)}")
+            raise FormatError(
+                f"{pt}: {dict_class} threshold must be one scalar, found shape {tuple(t['threshold'].shape)}"
+            )
         tensors["threshold"] = t["threshold"].reshape(1)
         info.threshold = float(t["threshold"])
         info.threshold_unset = info.threshold < 0  # -1 = never updated in training: every ReLU code passes (dense)
@@ -135,8 +170,13 @@ def read_dictionary_learning(path: str | os.PathLike) -> Dictionary:
             raise FormatError(f"{pt}: group_sizes {sizes} sum to {sum(sizes)}, not dict_size {d_sae}")
         info.group_sizes = sizes
     cfg = SAEConfig(
-        d_in=int(d_in), d_sae=int(d_sae), activation=activation, k=k if activation == "topk" else None,
-        topk_order="relu_then_topk", apply_b_dec_to_input=subtract_b_dec, dtype="float32",
+        d_in=int(d_in),
+        d_sae=int(d_sae),
+        activation=activation,
+        k=k if activation == "topk" else None,
+        topk_order="relu_then_topk",
+        apply_b_dec_to_input=subtract_b_dec,
+        dtype="float32",
     )
     if k is not None and activation != "topk":
         info.training_k = k

@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import torch
-
 from saegeo.errors import FormatError
 from saegeo.sae.architectures import SAEConfig
 from saegeo.sae.formats.base import (
@@ -39,21 +37,41 @@ def read_gemma_scope_npz(path: str | os.PathLike) -> Dictionary:
     for name, shape in (("W_dec", (d_sae, d_in)), ("b_enc", (d_sae,)), ("b_dec", (d_in,)), ("threshold", (d_sae,))):
         expect_shape(file, name, params[name], shape, implied)
     cfg = SAEConfig(
-        d_in=int(d_in), d_sae=int(d_sae), activation="jumprelu", apply_b_dec_to_input=False, dtype="float32",
+        d_in=int(d_in),
+        d_sae=int(d_sae),
+        activation="jumprelu",
+        apply_b_dec_to_input=False,
+        dtype="float32",
     )
-    info = FormatInfo(format="gemma_scope_npz", source=str(file), source_dtype=dtype_name(params),
-                      hook_name="/".join(file.parent.parts[-3:]), exclude_special_tokens=True)  # not trained on BOS
+    info = FormatInfo(
+        format="gemma_scope_npz",
+        source=str(file),
+        source_dtype=dtype_name(params),
+        hook_name="/".join(file.parent.parts[-3:]),
+        exclude_special_tokens=True,
+    )  # not trained on BOS
     tensors = {name: params[name] for name in ("W_enc", "W_dec", "b_enc", "b_dec", "threshold")}
     return make_dictionary(cfg, tensors, file, info)
 
 
 def _gemma_scope_2_tensors(file: Path, raw: dict) -> dict:
     params = {{"w_enc": "W_enc", "w_dec": "W_dec"}.get(k, k): v for k, v in raw.items()}
-    require_keys(file, params, ("W_enc", "W_dec", "b_enc", "b_dec", "threshold"), "a Gemma Scope 2 JumpReLU SAE (lowercase w_enc, w_dec)")
+    require_keys(
+        file,
+        params,
+        ("W_enc", "W_dec", "b_enc", "b_dec", "threshold"),
+        "a Gemma Scope 2 JumpReLU SAE (lowercase w_enc, w_dec)",
+    )
     if "affine_skip_connection" in params or params["W_dec"].ndim != 2:
-        key = "affine_skip_connection" if "affine_skip_connection" in params else f"w_dec of shape {tuple(params['W_dec'].shape)}"
-        raise FormatError(f"{file}: Gemma Scope 2 skip transcoder / cross-layer transcoder ({key}) is outside saegeo's encode "
-                          "contract; load an SAE or a plain transcoder folder")
+        key = (
+            "affine_skip_connection"
+            if "affine_skip_connection" in params
+            else f"w_dec of shape {tuple(params['W_dec'].shape)}"
+        )
+        raise FormatError(
+            f"{file}: Gemma Scope 2 skip transcoder / cross-layer transcoder ({key}) is outside saegeo's encode "
+            "contract; load an SAE or a plain transcoder folder"
+        )
     return params
 
 
@@ -67,14 +85,24 @@ def read_gemma_scope_2(path: str | os.PathLike) -> Dictionary:
     file, config_file = d / "params.safetensors", d / "config.json"
     raw_cfg = read_json(config_file) if config_file.is_file() else {}
     if raw_cfg.get("architecture", "jump_relu") != "jump_relu":
-        raise FormatError(f"{config_file}: Gemma Scope 2 architecture {raw_cfg.get('architecture')!r}; saegeo reads jump_relu")
+        raise FormatError(
+            f"{config_file}: Gemma Scope 2 architecture {raw_cfg.get('architecture')!r}; saegeo reads jump_relu"
+        )
     params = _gemma_scope_2_tensors(file, read_safetensors(file))
     d_in, d_sae = params["W_enc"].shape
     implied = f"w_enc (d_in={d_in}, d_sae={d_sae})"
     for name, shape in (("W_dec", (d_sae, d_in)), ("b_enc", (d_sae,)), ("b_dec", (d_in,)), ("threshold", (d_sae,))):
         expect_shape(file, name, params[name], shape, implied)
-    cfg = SAEConfig(d_in=int(d_in), d_sae=int(d_sae), activation="jumprelu", apply_b_dec_to_input=False, dtype="float32")
-    info = FormatInfo(format="gemma_scope_2", source=str(d), source_dtype=dtype_name(params),
-                      model_name=raw_cfg.get("model_name"), hook_name=raw_cfg.get("hf_hook_point_in") or d.name,
-                      transcoder="hf_hook_point_out" in raw_cfg, exclude_special_tokens=True)
+    cfg = SAEConfig(
+        d_in=int(d_in), d_sae=int(d_sae), activation="jumprelu", apply_b_dec_to_input=False, dtype="float32"
+    )
+    info = FormatInfo(
+        format="gemma_scope_2",
+        source=str(d),
+        source_dtype=dtype_name(params),
+        model_name=raw_cfg.get("model_name"),
+        hook_name=raw_cfg.get("hf_hook_point_in") or d.name,
+        transcoder="hf_hook_point_out" in raw_cfg,
+        exclude_special_tokens=True,
+    )
     return make_dictionary(cfg, {k: params[k] for k in ("W_enc", "W_dec", "b_enc", "b_dec", "threshold")}, file, info)

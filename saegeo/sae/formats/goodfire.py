@@ -1,12 +1,9 @@
-"""Goodfire: one .pth state dict (encoder_linear.*, decoder_linear.*), ReLU without b_dec subtraction.
-"""
+"""Goodfire: one .pth state dict (encoder_linear.*, decoder_linear.*), ReLU without b_dec subtraction."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-
-import torch
 
 from saegeo.errors import FormatError
 from saegeo.sae.architectures import SAEConfig
@@ -32,14 +29,22 @@ def read_goodfire(path: str | os.PathLike) -> Dictionary:
             raise FormatError(f"{file}: expected one Goodfire .pth, found {[q.name for q in pths]}")
         file = pths[0]
     state = read_pickle(file)
-    require_keys(file, state, ("encoder_linear.weight", "encoder_linear.bias", "decoder_linear.weight", "decoder_linear.bias"),
-             "a Goodfire SAE")
+    require_keys(
+        file,
+        state,
+        ("encoder_linear.weight", "encoder_linear.bias", "decoder_linear.weight", "decoder_linear.bias"),
+        "a Goodfire SAE",
+    )
     d_sae, d_in = state["encoder_linear.weight"].shape
     implied = f"encoder_linear.weight (d_sae={d_sae}, d_in={d_in})"
     expect_shape(file, "decoder_linear.weight", state["decoder_linear.weight"], (d_in, d_sae), implied)
     expect_shape(file, "decoder_linear.bias", state["decoder_linear.bias"], (d_in,), implied)
     cfg = SAEConfig(d_in=int(d_in), d_sae=int(d_sae), activation="relu", apply_b_dec_to_input=False, dtype="float32")
     info = FormatInfo(format="goodfire", source=str(file), source_dtype=dtype_name(state), hook_name=file.stem)
-    tensors = {"W_enc": state["encoder_linear.weight"].T, "b_enc": state["encoder_linear.bias"],
-               "W_dec": state["decoder_linear.weight"].T, "b_dec": state["decoder_linear.bias"]}
+    tensors = {
+        "W_enc": state["encoder_linear.weight"].T,
+        "b_enc": state["encoder_linear.bias"],
+        "W_dec": state["decoder_linear.weight"].T,
+        "b_dec": state["decoder_linear.bias"],
+    }
     return make_dictionary(cfg, tensors, file, info)

@@ -14,8 +14,11 @@ from saegeo.sae.formats.base import EXPECTED_LAYOUTS
 HUB_RELEASES: dict[str, tuple[str, str, str]] = {
     f"gemma-scope-{size}-pt-{site}": (f"google/gemma-scope-{size}-pt-{site}", f"google/gemma-2-{size}", hook)
     for size in ("2b", "9b", "27b")
-    for site, hook in (("res", "blocks.{layer}.hook_resid_post"), ("mlp", "blocks.{layer}.hook_mlp_out"),
-                       ("att", "blocks.{layer}.attn.hook_z"))
+    for site, hook in (
+        ("res", "blocks.{layer}.hook_resid_post"),
+        ("mlp", "blocks.{layer}.hook_mlp_out"),
+        ("att", "blocks.{layer}.attn.hook_z"),
+    )
 }
 _HUB_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -32,7 +35,7 @@ class HubDictionary:
 
 
 def resolve_hub_id(hub_id: str) -> HubDictionary | None:
-    """"RELEASE/sae_id" for a release in HUB_RELEASES (gemma-scope-2b-pt-res/layer_20/width_16k/average_l0_71 ->
+    """ "RELEASE/sae_id" for a release in HUB_RELEASES (gemma-scope-2b-pt-res/layer_20/width_16k/average_l0_71 ->
     repo google/gemma-scope-2b-pt-res, subfolder layer_20/width_16k/average_l0_71), else "org/repo[/subfolder]"
     (SAELens, sparsify, dictionary_learning, Llama Scope repos; a subfolder may also name one file). None when
     the string cannot be a hub id (a path such as ./x, /x or ~/x, or characters a repo name cannot hold)."""
@@ -58,8 +61,14 @@ def download_hub_dictionary(hub: HubDictionary) -> Path:
     sub = hub.subfolder
     wanted = f"{hub.repo_id}/{sub}" if sub else hub.repo_id
     try:
-        snapshot = Path(snapshot_download(hub.repo_id, allow_patterns=[sub, f"{sub}/*"] if sub else None,
-                                          cache_dir=cache, local_files_only=offline))
+        snapshot = Path(
+            snapshot_download(
+                hub.repo_id,
+                allow_patterns=[sub, f"{sub}/*"] if sub else None,
+                cache_dir=cache,
+                local_files_only=offline,
+            )
+        )
     except LocalEntryNotFoundError:
         where = cache or "the default Hugging Face cache"
         raise FormatError(
@@ -68,9 +77,13 @@ def download_hub_dictionary(hub: HubDictionary) -> Path:
             f"Download it once online (hf download {hub.repo_id}{f' --include {sub}/*' if sub else ''}) or pass a local path"
         ) from None
     except HfHubHTTPError as err:
-        raise FormatError(f"{hub.hub_id}: the hub refused {wanted} ({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
-                          f"no local path {hub.hub_id} exists either; check the repo id, or log in for a gated repo") from None
+        raise FormatError(
+            f"{hub.hub_id}: the hub refused {wanted} ({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
+            f"no local path {hub.hub_id} exists either; check the repo id, or log in for a gated repo"
+        ) from None
     local = snapshot / sub if sub else snapshot
     if not local.exists():
-        raise FormatError(f"{hub.hub_id}: {hub.repo_id} has no {sub} (looked for {local}); check the sae id / subfolder")
+        raise FormatError(
+            f"{hub.hub_id}: {hub.repo_id} has no {sub} (looked for {local}); check the sae id / subfolder"
+        )
     return local

@@ -39,12 +39,18 @@ def read_llama_scope(path: str | os.PathLike) -> Dictionary:
     hp = read_json(hp_file)
     for key, refused in (("apply_decoder_bias_to_pre_encoder", True), ("act_fn", "topk")):
         if hp.get(key) == refused:
-            raise FormatError(f"{hp_file}: Llama Scope {key}={refused!r}: saegeo reads the released jumprelu SAEs without "
-                              "decoder-bias subtraction only; encode this one with lm-saes itself")
+            raise FormatError(
+                f"{hp_file}: Llama Scope {key}={refused!r}: saegeo reads the released jumprelu SAEs without "
+                "decoder-bias subtraction only; encode this one with lm-saes itself"
+            )
     if "jump_relu_threshold" not in hp:
-        raise FormatError(f"{hp_file}: missing jump_relu_threshold (Llama Scope's scalar JumpReLU threshold); is this a Llama Scope SAE?")
+        raise FormatError(
+            f"{hp_file}: missing jump_relu_threshold (Llama Scope's scalar JumpReLU threshold); is this a Llama Scope SAE?"
+        )
     if not w_file.is_file():
-        raise FormatError(f"{d}: missing checkpoints/final.safetensors next to hyperparams.json; download the whole folder")
+        raise FormatError(
+            f"{d}: missing checkpoints/final.safetensors next to hyperparams.json; download the whole folder"
+        )
     w = read_safetensors(w_file)
     require_keys(w_file, w, ("encoder.weight", "encoder.bias", "decoder.weight", "decoder.bias"), "a Llama Scope SAE")
     d_sae, d_in = w["encoder.weight"].shape
@@ -57,20 +63,37 @@ def read_llama_scope(path: str | os.PathLike) -> Dictionary:
     if hp.get("norm_activation", "dataset-wise") == "dataset-wise":
         norm_in = (hp.get("dataset_average_activation_norm") or {}).get("in")
         if not norm_in:
-            raise FormatError(f"{hp_file}: norm_activation dataset-wise but no dataset_average_activation_norm.in; "
-                              "inputs must be scaled by √d / that norm, which these files do not hold")
+            raise FormatError(
+                f"{hp_file}: norm_activation dataset-wise but no dataset_average_activation_norm.in; "
+                "inputs must be scaled by √d / that norm, which these files do not hold"
+            )
     elif hp.get("norm_activation") != "none":
-        raise FormatError(f"{hp_file}: norm_activation={hp.get('norm_activation')!r} is not reproduced (expected dataset-wise or none)")
+        raise FormatError(
+            f"{hp_file}: norm_activation={hp.get('norm_activation')!r} is not reproduced (expected dataset-wise or none)"
+        )
     scale = float(d_in) ** 0.5 / float(norm_in) if norm_in else 1.0
     t = {k: v.to(torch.float64) for k, v in w.items()}
     W_dec = t["decoder.weight"].T
     theta = torch.full((d_sae,), float(hp["jump_relu_threshold"]), dtype=torch.float64)
     if hp.get("sparsity_include_decoder_norm", True):
         theta = theta / W_dec.norm(dim=1).clamp_min(1e-30)
-    tensors = {"W_enc": t["encoder.weight"].T * scale, "b_enc": t["encoder.bias"], "W_dec": W_dec / scale,
-               "b_dec": t["decoder.bias"] / scale, "threshold": theta}
-    cfg = SAEConfig(d_in=int(d_in), d_sae=int(d_sae), activation="jumprelu", apply_b_dec_to_input=False, dtype="float32")
-    info = FormatInfo(format="llama_scope", source=str(d), source_dtype=dtype_name(w), hook_name=hp.get("hook_point_in"),
-                      model_name=hp.get("model_name"), expected_input_norm=float(norm_in) if norm_in else None,
-                      input_scale_folded=scale if norm_in else None)
+    tensors = {
+        "W_enc": t["encoder.weight"].T * scale,
+        "b_enc": t["encoder.bias"],
+        "W_dec": W_dec / scale,
+        "b_dec": t["decoder.bias"] / scale,
+        "threshold": theta,
+    }
+    cfg = SAEConfig(
+        d_in=int(d_in), d_sae=int(d_sae), activation="jumprelu", apply_b_dec_to_input=False, dtype="float32"
+    )
+    info = FormatInfo(
+        format="llama_scope",
+        source=str(d),
+        source_dtype=dtype_name(w),
+        hook_name=hp.get("hook_point_in"),
+        model_name=hp.get("model_name"),
+        expected_input_norm=float(norm_in) if norm_in else None,
+        input_scale_folded=scale if norm_in else None,
+    )
     return make_dictionary(cfg, tensors, w_file, info)

@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import torch
-
 from saegeo.errors import FormatError
 from saegeo.sae.architectures import SAEConfig
 from saegeo.sae.formats.base import (
@@ -42,7 +40,9 @@ def read_openai(path: str | os.PathLike) -> Dictionary:
     elif "decoder.linear.weight" in state:  # tied: decoder = encoder transposed
         w_dec = enc
     else:
-        raise FormatError(f"{file}: missing decoder.weight (or decoder.linear.weight for a tied autoencoder); found {sorted(state)}")
+        raise FormatError(
+            f"{file}: missing decoder.weight (or decoder.linear.weight for a tied autoencoder); found {sorted(state)}"
+        )
     expect_shape(file, "pre_bias", state["pre_bias"], (d_in,), implied)
     expect_shape(file, "latent_bias", state["latent_bias"], (d_sae,), implied)
     k = None
@@ -50,16 +50,29 @@ def read_openai(path: str | os.PathLike) -> Dictionary:
         act_state = state.get("activation_state_dict") or {}
         k, post = act_state.get("k"), act_state.get("postact_fn", "ReLU")
         if isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= d_sae:  # k = 0 is no dense ReLU SAE
-            raise FormatError(f"{file}: TopK autoencoder needs an integer activation_state_dict['k'] in [1, d_sae={d_sae}] "
-                              f"(found {k!r})")
+            raise FormatError(
+                f"{file}: TopK autoencoder needs an integer activation_state_dict['k'] in [1, d_sae={d_sae}] "
+                f"(found {k!r})"
+            )
         if post != "ReLU":
             raise FormatError(f"{file}: TopK postact_fn {post!r} gives signed codes; saegeo's contract needs ReLU")
     cfg = SAEConfig(
-        d_in=int(d_in), d_sae=int(d_sae), activation="topk" if activation == "TopK" else "relu", k=k, topk_order="topk_then_relu",
+        d_in=int(d_in),
+        d_sae=int(d_sae),
+        activation="topk" if activation == "TopK" else "relu",
+        k=k,
+        topk_order="topk_then_relu",
         apply_b_dec_to_input=True,
-        input_normalization="layer_norm" if activation == "TopK" else "none", layer_norm_eps=1e-5, dtype="float32",
+        input_normalization="layer_norm" if activation == "TopK" else "none",
+        layer_norm_eps=1e-5,
+        dtype="float32",
     )
-    info = FormatInfo(format="openai", source=str(file), openai_activation=activation, source_dtype=dtype_name(state),
-                      hook_name=file.stem)
+    info = FormatInfo(
+        format="openai",
+        source=str(file),
+        openai_activation=activation,
+        source_dtype=dtype_name(state),
+        hook_name=file.stem,
+    )
     tensors = {"W_enc": enc.T, "b_enc": state["latent_bias"], "W_dec": w_dec, "b_dec": state["pre_bias"]}
     return make_dictionary(cfg, tensors, file, info)

@@ -102,15 +102,17 @@ def write_sae_dir(sae, path: str | os.PathLike, provenance: dict | None = None) 
     for name, value in tensors.items():  # a NaN threshold or decoder row must never become a trusted SAE
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             n_bad = int((~torch.isfinite(value)).sum())
-            raise BadInputError(f"{out}: not saved: {name} has {n_bad} non-finite value(s) (inf/NaN); the training "
-                                "diverged or an option made it degenerate (check lr, bandwidth, threshold options)")
+            raise BadInputError(
+                f"{out}: not saved: {name} has {n_bad} non-finite value(s) (inf/NaN); the training "
+                "diverged or an option made it degenerate (check lr, bandwidth, threshold options)"
+            )
     out.mkdir(parents=True, exist_ok=True)
     meta = {
         # SAELens reads a missing or pre-6.0 sae_lens_version as an old config and rewrites it: the value names the
         # layout written here, and the file says so; what wrote it is written_by
         "sae_lens_version": SAELENS_LAYOUT,
         "sae_lens_version_is": f"the SAELens config layout this file targets (SAELens >= {SAELENS_LAYOUT} loads it); "
-                               "no SAELens wrote or trained it",
+        "no SAELens wrote or trained it",
         "sae_lens_training_version": None,
         "written_by": f"saegeo {saegeo.__version__}",
         **_store_metadata(data),
@@ -132,8 +134,12 @@ def write_sae_dir(sae, path: str | os.PathLike, provenance: dict | None = None) 
     }
     saelens_cfg.update(arch.saelens_fields(cfg))
     weights = safetensors_bytes({k: v.contiguous().cpu() for k, v in tensors.items()})
-    saelens_cfg["saegeo"] = {"format_version": SAEGEO_FORMAT_VERSION, "sae_config": cfg.to_dict(), **provenance,
-                             "weights_sha256": hashlib.sha256(weights).hexdigest()}
+    saelens_cfg["saegeo"] = {
+        "format_version": SAEGEO_FORMAT_VERSION,
+        "sae_config": cfg.to_dict(),
+        **provenance,
+        "weights_sha256": hashlib.sha256(weights).hexdigest(),
+    }
     _commit_files(out, {WEIGHTS_FILENAME: weights, CFG_FILENAME: dump_json(saelens_cfg, indent=2)})
     return out
 
@@ -162,8 +168,10 @@ def finish_commit(d: Path) -> None:
         try:
             names = json.loads(marker.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:  # atomic_write makes this unlikely
-            raise FormatError(f"{marker}: unreadable commit marker of an interrupted save ({err}); "
-                              "delete the SAE directory and train again") from None
+            raise FormatError(
+                f"{marker}: unreadable commit marker of an interrupted save ({err}); "
+                "delete the SAE directory and train again"
+            ) from None
         for name in names:
             if (d / f"{name}.new").exists():
                 os.replace(d / f"{name}.new", d / name)
@@ -191,16 +199,25 @@ def read_saelens(path: str | os.PathLike) -> Dictionary:
     raw, weights = read_json(cfg_path), read_safetensors(w_path)
     missing = [key for key in ("d_in", "d_sae") if key not in raw]
     if missing:  # `{}` would otherwise load as a ReLU SAE shaped by whatever weights lie beside it
-        raise FormatError(f"{cfg_path}: lacks {missing} (every SAELens cfg.json has them); restore the file or save the SAE again")
+        raise FormatError(
+            f"{cfg_path}: lacks {missing} (every SAELens cfg.json has them); restore the file or save the SAE again"
+        )
 
     block = raw.get("saegeo")
     if isinstance(block, dict) and isinstance(block.get("sae_config"), dict):
         cfg = _saegeo_block_config(block["sae_config"], raw, cfg_path)
         meta = raw.get("metadata") or {}
-        info = FormatInfo(format="saelens", source=str(d), written_by="saegeo", model_name=meta.get("model_name"),
-                          model_fingerprint=(block.get("data") or {}).get("model_fingerprint"),
-                          hook_name=meta.get("hook_name"), architecture=raw["saegeo"].get("trained_as"),
-                          training_k=raw["saegeo"].get("training_k"), **_saelens_activation_facts(raw, meta))
+        info = FormatInfo(
+            format="saelens",
+            source=str(d),
+            written_by="saegeo",
+            model_name=meta.get("model_name"),
+            model_fingerprint=(block.get("data") or {}).get("model_fingerprint"),
+            hook_name=meta.get("hook_name"),
+            architecture=raw["saegeo"].get("trained_as"),
+            training_k=raw["saegeo"].get("training_k"),
+            **_saelens_activation_facts(raw, meta),
+        )
     else:  # any SAELens version: older key names, normalisation, scaling factors (see _saelens_config)
         cfg, info = _saelens_config(raw, cfg_path, weights)
     tensors = _saelens_tensors(cfg, info, weights, w_path, bool(raw.get("finetuning_scaling_factor", False)))
@@ -219,8 +236,11 @@ def _saegeo_block_config(block: dict, raw: dict, cfg_path: Path) -> SAEConfig:
     # files of saegeo 0.1.0 also hold the since-removed keys unit_norm_decoder and extra
     kept = {k: v for k, v in block.items() if k not in ("unit_norm_decoder", "extra")}
     fields = {f.name for f in dataclasses.fields(SAEConfig)}
-    missing = sorted(f.name for f in dataclasses.fields(SAEConfig)
-                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in kept)
+    missing = sorted(
+        f.name
+        for f in dataclasses.fields(SAEConfig)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in kept
+    )
     unknown = sorted(set(kept) - fields)
     if missing or unknown:
         what = ", ".join(filter(None, [missing and f"lacks {missing}", unknown and f"has unknown key(s) {unknown}"]))
@@ -229,11 +249,20 @@ def _saegeo_block_config(block: dict, raw: dict, cfg_path: Path) -> SAEConfig:
         cfg = SAEConfig(**kept)
     except (TypeError, FormatError) as err:
         raise FormatError(f"{cfg_path}: the saegeo.sae_config block is invalid ({err})") from None
-    saelens = {"d_in": raw.get("d_in"), "d_sae": raw.get("d_sae"), "architecture": raw.get("architecture"),
-               "apply_b_dec_to_input": raw.get("apply_b_dec_to_input")}
+    saelens = {
+        "d_in": raw.get("d_in"),
+        "d_sae": raw.get("d_sae"),
+        "architecture": raw.get("architecture"),
+        "apply_b_dec_to_input": raw.get("apply_b_dec_to_input"),
+    }
     arch = get_architecture(cfg.activation)
-    ours = {"d_in": cfg.d_in, "d_sae": cfg.d_sae, "architecture": arch.saelens_name or arch.name,
-            "apply_b_dec_to_input": cfg.apply_b_dec_to_input, **arch.saelens_fields(cfg)}
+    ours = {
+        "d_in": cfg.d_in,
+        "d_sae": cfg.d_sae,
+        "architecture": arch.saelens_name or arch.name,
+        "apply_b_dec_to_input": cfg.apply_b_dec_to_input,
+        **arch.saelens_fields(cfg),
+    }
     saelens.update({key: raw.get(key) for key in ours if key not in saelens})
     differ = {key: (saelens[key], ours[key]) for key in ours if saelens[key] != ours[key]}
     if differ:
@@ -285,17 +314,28 @@ def _saelens_config(raw: dict, where: Path, weights: dict) -> tuple[SAEConfig, F
     d_sae = count_field(where, raw, "d_sae") if raw.get("d_sae") is not None else int(w_enc.shape[1])
     k = raw.get("k", fn_kwargs.get("k")) if arch == "topk" else None
     if arch == "topk" and (isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= d_sae):
-        raise FormatError(f"{where}: a topk SAE needs an integer k in [1, d_sae={d_sae}] (cfg key 'k', or "
-                          f"activation_fn_kwargs.k before SAELens 6); found {k!r}")
+        raise FormatError(
+            f"{where}: a topk SAE needs an integer k in [1, d_sae={d_sae}] (cfg key 'k', or "
+            f"activation_fn_kwargs.k before SAELens 6); found {k!r}"
+        )
     cfg = SAEConfig(
-        d_in=d_in, d_sae=d_sae, activation=architecture_for_saelens(arch).name, k=k, topk_order="topk_then_relu",
+        d_in=d_in,
+        d_sae=d_sae,
+        activation=architecture_for_saelens(arch).name,
+        k=k,
+        topk_order="topk_then_relu",
         apply_b_dec_to_input=bool(raw.get("apply_b_dec_to_input", True)),
         rescale_acts_by_decoder_norm=bool(raw.get("rescale_acts_by_decoder_norm", False)),
-        input_normalization=_SAELENS_NORMALIZATIONS[norm], dtype="float32",
+        input_normalization=_SAELENS_NORMALIZATIONS[norm],
+        dtype="float32",
     )
     info = FormatInfo(
-        format="saelens", source=str(where.parent), sae_lens_version=version, architecture=arch,
-        normalize_activations=norm, source_dtype=dtype_name(weights),
+        format="saelens",
+        source=str(where.parent),
+        sae_lens_version=version,
+        architecture=arch,
+        normalize_activations=norm,
+        source_dtype=dtype_name(weights),
         model_name=raw.get("model_name", meta.get("model_name")),
         hook_name=raw.get("hook_name", raw.get("hook_point", meta.get("hook_name"))),
         **_saelens_activation_facts(raw, meta),
@@ -307,23 +347,35 @@ def _saelens_activation_facts(raw: dict, meta: dict) -> dict:
     """The SAELens metadata that says what the activations must be (SAELens >= 6 keeps it under
     "metadata", older versions at the top level): hook_head_index, model_from_pretrained_kwargs,
     exclude_special_tokens, prepend_bos, context_size."""
+
     def get(key):
         return meta.get(key, raw.get(key))
 
     kwargs = get("model_from_pretrained_kwargs")
-    return {"hook_head_index": get("hook_head_index"), "model_from_pretrained_kwargs": kwargs if isinstance(kwargs, dict) else None,
-            "exclude_special_tokens": get("exclude_special_tokens"), "prepend_bos": get("prepend_bos"),
-            "context_size": get("context_size")}
+    return {
+        "hook_head_index": get("hook_head_index"),
+        "model_from_pretrained_kwargs": kwargs if isinstance(kwargs, dict) else None,
+        "exclude_special_tokens": get("exclude_special_tokens"),
+        "prepend_bos": get("prepend_bos"),
+        "context_size": get("context_size"),
+    }
 
 
-def _saelens_tensors(cfg: SAEConfig, info: FormatInfo, weights: dict, where: Path, scaling_factor_on: bool) -> dict[str, torch.Tensor]:
+def _saelens_tensors(
+    cfg: SAEConfig, info: FormatInfo, weights: dict, where: Path, scaling_factor_on: bool
+) -> dict[str, torch.Tensor]:
     """The state dict in the contract's names: log_threshold -> threshold; a finetuning scaling factor
     s (SAELens < 6 decodes (a·s) @ W_dec) folded into the decoder rows, W_dec[i] ·= s_i."""
     weights = dict(weights)
     if "log_threshold" in weights and "threshold" not in weights:
         weights["threshold"] = weights.pop("log_threshold").exp()
     implied = f"cfg.json d_in={cfg.d_in}, d_sae={cfg.d_sae}"
-    shapes = {"W_enc": (cfg.d_in, cfg.d_sae), "W_dec": (cfg.d_sae, cfg.d_in), "b_enc": (cfg.d_sae,), "b_dec": (cfg.d_in,)}
+    shapes = {
+        "W_enc": (cfg.d_in, cfg.d_sae),
+        "W_dec": (cfg.d_sae, cfg.d_in),
+        "b_enc": (cfg.d_sae,),
+        "b_dec": (cfg.d_in,),
+    }
     threshold_shape = get_architecture(cfg.activation).threshold_shape(cfg)
     if threshold_shape is not None:
         shapes["threshold"] = threshold_shape
@@ -334,7 +386,9 @@ def _saelens_tensors(cfg: SAEConfig, info: FormatInfo, weights: dict, where: Pat
     scale = weights.get("scaling_factor", weights.get("finetuning_scaling_factor"))
     if scale is not None and not torch.allclose(scale.float(), torch.ones_like(scale.float())):
         if not scaling_factor_on:
-            raise FormatError(f"{where}: holds a scaling_factor that is not all ones but cfg.json has finetuning_scaling_factor false; SAELens refuses this file too")
+            raise FormatError(
+                f"{where}: holds a scaling_factor that is not all ones but cfg.json has finetuning_scaling_factor false; SAELens refuses this file too"
+            )
         expect_shape(where, "scaling_factor", scale, (cfg.d_sae,), implied)
         tensors["W_dec"] = tensors["W_dec"].to(torch.float64) * scale.to(torch.float64)[:, None]
         info.folded_scaling_factor = {"min": float(scale.min()), "max": float(scale.max())}

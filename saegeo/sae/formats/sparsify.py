@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import torch
-
 from saegeo.errors import FormatError
 from saegeo.sae.architectures import SAEConfig
 from saegeo.sae.formats.base import (
@@ -26,8 +24,15 @@ from saegeo.sae.formats.base import (
     require_keys,
 )
 
-
-_SPARSIFY_UNSUPPORTED = ("skip_connection", "matching_pursuit", "slice_encoder", "slice_decoder", "encoder_pkm", "encoder_kron", "monet")
+_SPARSIFY_UNSUPPORTED = (
+    "skip_connection",
+    "matching_pursuit",
+    "slice_encoder",
+    "slice_decoder",
+    "encoder_pkm",
+    "encoder_kron",
+    "monet",
+)
 
 
 def read_sparsify(path: str | os.PathLike) -> Dictionary:
@@ -45,7 +50,9 @@ def read_sparsify(path: str | os.PathLike) -> Dictionary:
     cfg_file = d / "cfg.json"
     d_in = count_field(cfg_file, raw, "d_in")
     if raw.get("activation", "topk") != "topk":
-        raise FormatError(f"{d / 'cfg.json'}: sparsify activation {raw.get('activation')!r} is not supported (saegeo reproduces topk)")
+        raise FormatError(
+            f"{d / 'cfg.json'}: sparsify activation {raw.get('activation')!r} is not supported (saegeo reproduces topk)"
+        )
     if raw.get("signed"):
         raise FormatError(
             f"{d / 'cfg.json'}: sparsify signed: true (the decisive key): this SAE takes the top k of |pre| and keeps "
@@ -68,10 +75,26 @@ def read_sparsify(path: str | os.PathLike) -> Dictionary:
     expect_shape(weights_file, "b_dec", weights["b_dec"], (d_in,), implied)
     transcoder = bool(raw.get("transcode", False))
     cfg = SAEConfig(
-        d_in=d_in, d_sae=d_sae, activation="topk", k=k, topk_order="relu_then_topk",
-        apply_b_dec_to_input=not transcoder, dtype="float32",
+        d_in=d_in,
+        d_sae=d_sae,
+        activation="topk",
+        k=k,
+        topk_order="relu_then_topk",
+        apply_b_dec_to_input=not transcoder,
+        dtype="float32",
     )
-    info = FormatInfo(format="sparsify", source=str(d), transcoder=transcoder, source_dtype=dtype_name(weights),
-                      normalize_decoder=bool(raw.get("normalize_decoder", True)), hook_name=d.name)
-    tensors = {"W_enc": weights["encoder.weight"].T, "b_enc": weights["encoder.bias"], "W_dec": weights["W_dec"], "b_dec": weights["b_dec"]}
+    info = FormatInfo(
+        format="sparsify",
+        source=str(d),
+        transcoder=transcoder,
+        source_dtype=dtype_name(weights),
+        normalize_decoder=bool(raw.get("normalize_decoder", True)),
+        hook_name=d.name,
+    )
+    tensors = {
+        "W_enc": weights["encoder.weight"].T,
+        "b_enc": weights["encoder.bias"],
+        "W_dec": weights["W_dec"],
+        "b_dec": weights["b_dec"],
+    }
     return make_dictionary(cfg, tensors, weights_file, info)
