@@ -108,9 +108,12 @@ def _key_table(dtype: torch.dtype, device: torch.device) -> Tensor:
     return cached
 
 
-def entry_bin_sums(flat: Float[Tensor, " m"]) -> tuple[Tensor, Tensor, Tensor]:
+def entry_bin_sums(
+    flat: Float[Tensor, " m"], flat64: Float[Tensor, " m"] | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """(count, Σx, Σx²) per signed log₂ bin (N_ENTRY_BINS, float64) of a float32 / float64 vector of finite
-    entries. Σx² lets the finite-d bias see each bin's spread, not only its centroid (``entry_marginal``)."""
+    entries. Σx² lets the finite-d bias see each bin's spread, not only its centroid (``entry_marginal``).
+    ``flat64``: the same entries already in float64 (the accumulator's copy), so they are not converted again."""
     int_dtype, exp_bits, mantissa_bits = _INT_VIEW[flat.dtype]
     keys = (flat.contiguous().view(int_dtype) >> (mantissa_bits - 4)) & (2 ** (exp_bits + 5) - 1)
     n_keys = 2 ** (exp_bits + 5)
@@ -118,7 +121,7 @@ def entry_bin_sums(flat: Float[Tensor, " m"]) -> tuple[Tensor, Tensor, Tensor]:
     count = torch.zeros(N_ENTRY_BINS, dtype=torch.float64, device=flat.device)
     total = torch.zeros_like(count)
     sq_total = torch.zeros_like(count)
-    flat64 = flat.to(torch.float64)
+    flat64 = flat.to(torch.float64) if flat64 is None else flat64
     count.index_add_(0, table, torch.bincount(keys, minlength=n_keys).to(torch.float64))
     total.index_add_(0, table, torch.bincount(keys, weights=flat64, minlength=n_keys))
     sq_total.index_add_(0, table, torch.bincount(keys, weights=flat64 * flat64, minlength=n_keys))
@@ -325,6 +328,7 @@ class GeometryAccumulator:
         norms = sq_norms.sqrt()
         nonzero = norms > 0
         row_sum, r, t, t_unit = self._row_sums(x, x64, sq_norms, norms, nonzero)
+        self._add_histograms(x, x64, sq_norms, norms, nonzero)  # before the float64 copy is freed: no second one
         del x64
         # Shift by the running mean (the chunk's own mean for the first chunk), rounded to the compute dtype:
         # the gram then sees only the spread, whatever the size of the mean. Σ(x − c) is exact (c is a
@@ -357,7 +361,6 @@ class GeometryAccumulator:
         self._neg_sq_sum += float(torch.linalg.vector_norm(negative)) ** 2
         del negative
         self.n_nonzero_entries += int(torch.count_nonzero(x))
-        self._add_histograms(x, sq_norms, norms, nonzero)
         self._add_unit_gram(x, norms, nonzero, r, t, t_unit)
 
     def _row_sums(
@@ -408,9 +411,9 @@ class GeometryAccumulator:
         self._unit_outer += gram_w
         self._unit_outer += torch.outer(r, t_w) + torch.outer(t_w, r) + t_sq * torch.outer(r, r)
 
-    def _add_histograms(self, x: Tensor, sq_norms: Tensor, norms: Tensor, nonzero: Tensor) -> None:
-        """The entry and row-norm histograms (fixed log₂ bins)."""
-        count, total, sq_total = entry_bin_sums(x.reshape(-1))
+    def _add_histograms(self, x: Tensor, x64: Tensor, sq_norms: Tensor, norms: Tensor, nonzero: Tensor) -> None:
+        """The entry and row-norm histograms (fixed log₂ bins); ``x64`` is ``x`` in float64."""
+        count, total, sq_total = entry_bin_sums(x.reshape(-1), x64.reshape(-1))
         self._entry_hist_count += count
         self._entry_hist_sum += total
         self._entry_hist_sq_sum += sq_total
