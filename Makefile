@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test lint fmt lock test-latest demo bench clean
+.PHONY: setup test lint fmt lock test-latest demo bench screenshots clean
 
 # Every install takes its versions from constraints.txt (the whole dependency set, pinned; see `make lock`).
 PIP_PINNED := -m pip install -q -c constraints.txt
@@ -95,6 +95,11 @@ bench: $(STAMP) $(SAELENS_STAMP)
 	$(BIN)/python benchmarks/synth_bench.py
 	$(BIN)/python benchmarks/sweep_bench.py
 	$(BIN)/python benchmarks/eval_bench.py
+
+# PNGs of each page (report, check, sweep, latents, one latent card) at 1400 px in headless Chromium (Debian's
+# chromium and chromium-driver), from small synthetic stores: the README's pictures.
+screenshots: $(STAMP)
+	$(BIN)/python tests/browser_helpers.py docs/screenshots
 
 clean:
 	rm -rf $(VENV) .venv-saelens artifacts/acts artifacts/runs

@@ -124,3 +124,133 @@ def test_report_without_sae_renders(tmp_path):
     page = render_html(rep)
     assert page.count("data:image/png;base64,") == len(FIGURE_NAMES)
     assert "SAE" not in render_terminal(rep).split("ACTIVATIONS")[1]
+
+
+# =========================================================================== the pages a person reads (issue 24)
+def _flag(name, subject, summary="s", advice="do this", severity="warning", latents=None):
+    from saegeo.report.flags import Flag
+
+    return Flag(name, severity, {"x": 1.0}, advice, summary=summary, latents=latents, subject=subject)
+
+
+def test_a_flag_raised_at_many_layers_gives_its_advice_once():
+    from saegeo.render.base import html_flags, md_flags, terminal_flags
+
+    flags = [_flag("artifact_direction", f"blocks.{i}.hook_resid_post", summary=f"PC1 at {i}") for i in range(13)]
+    flags.append(_flag("other", "activations", advice="something else", severity="info"))
+    text = "\n".join(terminal_flags(flags))
+    assert text.count("do this") == 1 and text.count("something else") == 1
+    assert "artifact_direction ×13" in text and all(f"PC1 at {i}" in text for i in range(13))
+    assert "blocks.0.hook_resid_post, blocks.1.hook_resid_post" in text  # the layers it applies to, in order
+    for block in (md_flags(flags), html_flags(flags)):
+        joined = "\n".join(block)
+        assert joined.count("do this") == 1 and "×13" in joined and all(f"PC1 at {i}" in joined for i in range(13))
+    assert len(html_flags(flags)) == 2  # one block per kind
+    # advice that differs (numbers in it) goes with each instance, still one block for the kind
+    two = [_flag("amp", "a", advice="fix a"), _flag("amp", "b", advice="fix b")]
+    assert len(html_flags(two)) == 1 and "\n".join(terminal_flags(two)).count("fix a") == 1
+
+
+def test_identical_exclusion_groups_read_as_one_line():
+    """BOS only: all excluded rows = the special positions = position 0 (the same rows): one line, not three;
+    a norm rule that drops other rows keeps its own line. The shares are group_shares' of float64 sums."""
+    from saegeo.render.text import exclusion_lines
+
+    d = 4
+    total = {"n": 100, "sum": [50.0] * d, "sum_sq": 400.0}
+    bos = {"n": 10, "sum": [20.0] * d, "sum_sq": 200.0}
+    rule = {"special_positions": {"prefix": ["<s>"], "suffix": []}, "norm_rule": None}
+    extra = {
+        "exclusion_rule": rule,
+        "excluded": {"all": total, "excluded": bos, "excluded_special": bos, "first_position": bos},
+    }
+    lines = exclusion_lines(extra)
+    assert len(lines) == 2, lines
+    assert lines[1].startswith("all excluded rows = special positions = first position (stored or not)")
+    # (Σ_G x)·μ/(N‖μ‖²) = 20·0.5·4 / (100·0.25·4) = 0.4
+    assert "10 rows (10.00%): 40.0% of ‖μ‖²" in lines[1]
+    norm = {"n": 5, "sum": [1.0] * d, "sum_sq": 300.0}
+    both = {"n": 15, "sum": [21.0] * d, "sum_sq": 500.0}
+    rule2 = {**rule, "norm_rule": "norm > 3× median"}
+    extra2 = {
+        "exclusion_rule": rule2,
+        "excluded": {
+            "all": total,
+            "excluded": both,
+            "excluded_special": bos,
+            "first_position": bos,
+            "excluded_norm": norm,
+        },
+    }
+    lines2 = exclusion_lines(extra2)
+    assert len(lines2) == 4 and lines2[1].startswith("all excluded rows ")
+    assert lines2[2].startswith("  special positions = first position")
+
+
+def test_every_rendering_uses_the_reports_symbols(report):
+    """‖m̂‖, ‖μ‖², tr Σ, x̂, σ², α — never the ASCII |m^|, |mu|^2, sigma^2 — in terminal, Markdown and HTML."""
+    from saegeo.geometry.measures import ActivationGeometry
+    from saegeo.render.sweep import TABLE, sweep_tables
+    from saegeo.render.text import geometry_summary
+    from saegeo.report.sweep import LayerSweep
+
+    ascii_forms = ("|m^|", "|mu|", "sigma^2", "x^", "alpha", "|x|", "Sigma")
+    texts = [" ".join(h for h, _ in TABLE), geometry_summary(ActivationGeometry.from_dict(report.activations))]
+    for text in texts:
+        assert not [a for a in ascii_forms if a in text], text
+    assert "‖m̂‖" in texts[0] and "‖μ‖²" in texts[0] and "tr Σ" in texts[0]
+    # the sweep's columns split into tables that each fit a page, the layer and hook leading each
+    row = {k: None for k in ("A", "A_null", "offset", "mean_sq_norm", "total_variance", "isoscore")}
+    row.update(layer=0, hook="h", mean_share=0.1, erank=1.0, noise_erank=2.0, top1=0.1, top10=0.2, mp_spikes=None)
+    row.update(mp_power_law_alpha=1.2, rogue_50=3, between_share=0.5)
+    sweep = LayerSweep(1, "m", [row], [], 0.0, {})
+    tables = sweep_tables(sweep)
+    assert len(tables) == 3 and all(h[:2] == ["layer", "hook"] for _, h, _ in tables)
+    assert all(len(h) <= 8 for _, h, _ in tables)
+    assert sum(len(h) - 2 for _, h, _ in tables) == len(TABLE) - 2
+
+
+def test_latent_table_and_cards_embed_escaped_and_complete():
+    """The per-latent table travels as JSON (every latent, 4 significant digits, NaN → null) and each card
+    as a template: contexts highest first with the token marked and escaped, its histogram, its neighbours."""
+    import html as html_lib
+    import json as json_lib
+
+    from saegeo.render.latents import latent_section_html, render_latents_html
+
+    n = 1000
+    table = {
+        "id": list(range(n)),
+        "rate": [i / n for i in range(n)],
+        "cos_mu": [float("nan")] + [0.123456] * (n - 1),
+        "dead": [i == 0 for i in range(n)],
+        "nn_id": [-1] + list(range(n - 1)),
+    }
+    card = {
+        "id": 7,
+        "why": ["dense_latents", "asked"],
+        "firing_rate": 0.5,
+        "histogram": {"edges": [0.0, 1.0, 2.0], "counts": [3, 0]},
+        "neighbours": [{"id": 8, "cos": 0.9}],
+        "top_contexts": [
+            {"row": 11, "activation": 9.5, "token_id": 5, "position": 3, "text": "<b>", "context": ["a", " </script>"]},
+            {"row": 12, "activation": 2.0, "token_id": 6, "position": 4, "text": None, "context": []},
+        ],
+    }
+    part = "\n".join(latent_section_html("sae <1>", table, [card]))
+    blob = re.search(r"<script type='application/json' class='lt-data'>(.*?)</script>", part, re.S).group(1)
+    data = json_lib.loads(blob.replace("<\\/", "</"))
+    assert data["rows"]["id"] == list(range(n)) and data["rows"]["cos_mu"][:2] == [None, 0.1235]
+    assert [c["key"] for c in data["columns"]] == ["id", "rate", "cos_mu", "dead", "nn_id"]  # only the given columns
+    [tpl] = re.findall(r"<template class='lt-card' data-id='7'>(.*?)</template>", part, re.S)
+    assert "<mark title='token id 5'>&lt;b&gt;</mark>" in tpl and "a &lt;/script&gt;" in tpl
+    assert "<mark title='token id 6'>#6</mark>" in tpl  # no decoded text: the token id
+    contexts = tpl.split("<table class='ctx'>")[1]
+    assert contexts.index(">9.500<") < contexts.index(">2.000<")  # highest first, as given
+    assert tpl.count("<rect") == 1 and "dense_latents, asked" in tpl and ">8<" in tpl
+    assert "sae &lt;1&gt;: latent 7" in tpl and "sae <1>" not in part
+    doc = {"source": {"model": "m"}, "saes": [{"name": "s", "d_sae": n, "latent_table": table, "latents": [card]}]}
+    page = render_latents_html(doc)
+    assert page.count("class='latents'") == 1 and "<script>" in page
+    assert "http://" not in page.replace("http://www.w3.org/2000/svg", "") and "https://" not in page
+    assert html_lib.escape("1,000 latents") in page

@@ -4,6 +4,7 @@ skeleton, PNG bytes of a figure, and the one writer of rendering files (names, p
 
 from __future__ import annotations
 
+import base64
 import html
 import io
 import math
@@ -45,19 +46,67 @@ def flag_counts(flags: list[Flag]) -> str:
     return " · ".join(f"{n} {sev}" for sev, n in counts.items() if n) or "none"
 
 
+def group_flags(flags: list[Flag]) -> list[list[Flag]]:
+    """The flags of one name together, in the order each name first appears (flags come most severe first):
+    a kind raised at 13 layers is one block with one advice line, not 13 blocks repeating it."""
+    groups: dict[str, list[Flag]] = {}
+    for f in flags:
+        groups.setdefault(f.name, []).append(f)
+    return list(groups.values())
+
+
+def _advices(group: list[Flag]) -> list[str]:
+    """The distinct advice sentences of a group, each once."""
+    return list(dict.fromkeys(f.advice for f in group))
+
+
+def _subjects(group: list[Flag]) -> str:
+    """What a group applies to: its subjects (layers, SAEs), in order, each once."""
+    return ", ".join(dict.fromkeys(f.subject for f in group))
+
+
+def _latent_list(latents: list[int], most: int | None = None) -> str:
+    shown = latents if most is None else latents[:most]
+    return ", ".join(map(str, shown)) + ("…" if most is not None and len(latents) > most else "")
+
+
 def terminal_flags(flags: list[Flag], *, max_flags: int = 12, show_subject: bool = True) -> list[str]:
-    """The FLAGS block of a terminal summary: counts, then the first ``max_flags`` flags with advice."""
+    """The FLAGS block of a terminal summary: counts, then the first ``max_flags`` kinds of flag, each with the
+    subjects (layers, SAEs) and latents it applies to and its advice once."""
     out = [f"FLAGS  {flag_counts(flags)}"]
-    for f in flags[:max_flags]:
-        who = f"[{f.subject}] " if show_subject and f.subject != "activations" else ""
-        out.append(f"  {SEVERITY_MARK[f.severity]} {f.severity:<7} {who}{f.name}: {f.summary}")
-        if f.latents:
-            more = "…" if len(f.latents) >= 10 else ""
-            out.append(f"      latents {', '.join(map(str, f.latents[:10]))}{more}")
+    groups = group_flags(flags)
+    for group in groups[:max_flags]:
+        f = group[0]
+        if len(group) == 1:
+            who = f"[{f.subject}] " if show_subject and f.subject != "activations" else ""
+            out.append(f"  {SEVERITY_MARK[f.severity]} {f.severity:<7} {who}{f.name}: {f.summary}")
+            if f.latents:
+                out.append(f"      latents {_latent_list(f.latents, 10)}")
+        else:
+            out.append(f"  {SEVERITY_MARK[f.severity]} {f.severity:<7} {f.name} ×{len(group)}: {_subjects(group)}")
+            one_advice = len(_advices(group)) == 1
+            for m in group:
+                sev = f"{m.severity}, " if m.severity != f.severity else ""
+                out.append(f"      [{sev}{m.subject}] {m.summary}")
+                if m.latents:
+                    out.append(f"        latents {_latent_list(m.latents, 10)}")
+                if not one_advice:
+                    out.append(f"        → {m.advice}")
+            if not one_advice:
+                continue
         out.append(f"      → {f.advice}")
-    if len(flags) > max_flags:
-        out.append(f"  … {len(flags) - max_flags} more in the full report")
+    if len(groups) > max_flags:
+        out.append(f"  … {len(groups) - max_flags} more kind(s) of flag in the full report")
     return out
+
+
+def text_table(header: list[str], rows: list[list[str]], *, left: Sequence[int] = (0,), indent: str = "") -> list[str]:
+    """A terminal table: columns padded to their widest cell, ``left`` columns aligned left, the rest right."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return [
+        indent + "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        for r in [header, *rows]
+    ]
 
 
 def md_table(header: list[str], rows: list[list[str]]) -> str:
@@ -67,66 +116,131 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def _evidence(f: Flag) -> str:
+    return ", ".join(f"{k} = {fmt_num(v) if isinstance(v, float) else v}" for k, v in f.evidence.items())
+
+
 def md_flags(flags: list[Flag], *, show_subject: bool = True) -> list[str]:
-    """One bullet per flag (severity, name, summary, advice; evidence and latents beneath), or 'No flags.'."""
+    """One bullet per kind of flag (severity, name, what it applies to, advice once), each instance's summary,
+    evidence and latents beneath; or 'No flags.'."""
     out = []
-    for f in flags:
-        who = f" — {f.subject}" if show_subject and f.subject != "activations" else ""
-        out.append(f"- **{f.severity}** `{f.name}`{who}: {f.summary}. *{f.advice}*")
-        ev = ", ".join(f"{k} = {fmt_num(v) if isinstance(v, float) else v}" for k, v in f.evidence.items())
-        out.append(f"  - evidence: {ev}")
-        if f.latents:
-            out.append(f"  - latents: {', '.join(map(str, f.latents))}")
+    for group in group_flags(flags):
+        f = group[0]
+        if len(group) == 1:
+            who = f" — {f.subject}" if show_subject and f.subject != "activations" else ""
+            out.append(f"- **{f.severity}** `{f.name}`{who}: {f.summary}. *{f.advice}*")
+            out.append(f"  - evidence: {_evidence(f)}")
+            if f.latents:
+                out.append(f"  - latents: {_latent_list(f.latents)}")
+            continue
+        one_advice = len(_advices(group)) == 1
+        advice = f": *{f.advice}*" if one_advice else ""
+        out.append(f"- **{f.severity}** `{f.name}` ×{len(group)} ({_subjects(group)}){advice}")
+        for m in group:
+            sev = f"**{m.severity}** " if m.severity != f.severity else ""
+            lat = f"; latents {_latent_list(m.latents)}" if m.latents else ""
+            own = "" if one_advice else f" *{m.advice}*"
+            out.append(f"  - {sev}{m.subject}: {m.summary}{own} ({_evidence(m)}{lat})")
     return out or ["No flags."]
 
 
 # =========================================================================== html
-HTML_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
-td:first-child,th:first-child{text-align:left}.error{color:#b00}.warning{color:#b60}.info{color:#555}
-.flag{margin:.6em 0}.ev{font-size:.85em;color:#555}img{max-width:100%;margin:.5em 0}
+HTML_CSS = """body{font-family:system-ui,sans-serif;max-width:1240px;margin:2em auto;padding:0 1em;color:#222}
+h1{font-size:1.5em;overflow-wrap:anywhere}table{border-collapse:collapse;margin:.5em 0}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
+td:first-child,th:first-child,td.l,th.l{text-align:left}td.txt{text-align:left;white-space:normal}
+.scroll{max-width:100%;overflow-x:auto}caption{text-align:left;font-weight:bold;padding:.3em 0}
+.error{color:#b00}.warning{color:#b60}.info{color:#555}
+.flag{margin:.6em 0}.flag ul{margin:.2em 0 .2em 1.2em;padding:0}.ev{font-size:.85em;color:#555}
+img{max-width:100%;margin:.5em 0}figure{margin:1em 0}figcaption{font-size:.9em;color:#444;max-width:60em}
 pre{background:#f6f6f6;padding:.6em;overflow-x:auto}"""
 
 
 def html_flags(flags: list[Flag], *, show_subject: bool = True) -> list[str]:
-    """One <div> per flag (severity, name, summary, advice, evidence, latents), or a 'No flags.' line."""
+    """One <div> per kind of flag (severity, name, what it applies to, advice once; each instance's summary,
+    evidence and latents beneath), or a 'No flags.' line."""
     e = html.escape
     parts = []
-    for f in flags:
-        who = f" — {e(f.subject)}" if show_subject and f.subject != "activations" else ""
-        ev = ", ".join(f"{e(k)} = {e(fmt_num(v) if isinstance(v, float) else str(v))}" for k, v in f.evidence.items())
-        lat = f"<br>latents: {e(', '.join(map(str, f.latents)))}" if f.latents else ""
+    for group in group_flags(flags):
+        f = group[0]
+        one_advice = len(_advices(group)) == 1
+        advice = f"<br><i>{e(f.advice)}</i>" if one_advice else ""
+        if len(group) == 1:
+            who = f" — {e(f.subject)}" if show_subject and f.subject != "activations" else ""
+            lat = f"<br>latents: {e(_latent_list(f.latents))}" if f.latents else ""
+            parts.append(
+                f"<div class='flag'><b class='{f.severity}'>{f.severity}</b> <code>{e(f.name)}</code>{who}: "
+                f"{e(f.summary)}{advice}<div class='ev'>{e(_evidence(f))}{lat}</div></div>"
+            )
+            continue
+        items = []
+        for m in group:
+            sev = f"<b class='{m.severity}'>{m.severity}</b> " if m.severity != f.severity else ""
+            lat = f"; latents {e(_latent_list(m.latents))}" if m.latents else ""
+            own = "" if one_advice else f"<br><i>{e(m.advice)}</i>"
+            items.append(
+                f"<li>{sev}{e(m.subject)}: {e(m.summary)}{own} <span class='ev'>({e(_evidence(m))}{lat})</span></li>"
+            )
         parts.append(
-            f"<div class='flag'><b class='{f.severity}'>{f.severity}</b> <code>{e(f.name)}</code>{who}: "
-            f"{e(f.summary)}<br><i>{e(f.advice)}</i><div class='ev'>{ev}{lat}</div></div>"
+            f"<div class='flag'><b class='{f.severity}'>{f.severity}</b> <code>{e(f.name)}</code> ×{len(group)}, "
+            f"at {e(_subjects(group))}{advice}<ul>{''.join(items)}</ul></div>"
         )
     return parts or ["<p>No flags.</p>"]
 
 
-def html_page(title: str, body: list[str]) -> str:
-    """The page skeleton both renderings share: title, the common style sheet, the body parts in order."""
+def html_page(title: str, body: list[str], *, script: str = "", css: str = "") -> str:
+    """The page skeleton every rendering shares: title, the common style sheet (+ ``css``), the body parts in
+    order, and an optional inline script (self-contained: nothing is fetched)."""
     e = html.escape
     head = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>",
-        f"<style>{HTML_CSS}</style></head><body>",
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>",
+        f"<style>{HTML_CSS}{css}</style></head><body>",
         f"<h1>{e(title)}</h1>",
     ]
-    return "\n".join(head + body + ["</body></html>"])
+    tail = [f"<script>{script}</script>"] if script else []
+    return "\n".join(head + body + tail + ["</body></html>"])
 
 
 def html_table(rows: list[tuple[str, str]]) -> list[str]:
+    """A (label, text) table: labels on one line, the text wrapping."""
     e = html.escape
-    return (
-        ["<table>"]
-        + [f"<tr><td>{e(a)}</td><td style='text-align:left'>{e(b)}</td></tr>" for a, b in rows]
-        + ["</table>"]
-    )
+    return ["<table>"] + [f"<tr><td>{e(a)}</td><td class='txt'>{e(b)}</td></tr>" for a, b in rows] + ["</table>"]
+
+
+def html_grid(
+    header: list[str], rows: list[list[str]], *, caption: str = "", text_columns: Sequence[int] = (0,)
+) -> list[str]:
+    """A table of numbers (cells never wrap; ``text_columns`` aligned left) in a box that scrolls sideways
+    rather than widen the page."""
+    e = html.escape
+    cls = lambda i: " class='l'" if i in text_columns else ""  # noqa: E731
+    cap = f"<caption>{e(caption)}</caption>" if caption else ""
+    return [
+        f"<div class='scroll'><table>{cap}<tr>"
+        + "".join(f"<th{cls(i)}>{e(h)}</th>" for i, h in enumerate(header))
+        + "</tr>",
+        *["<tr>" + "".join(f"<td{cls(i)}>{e(c)}</td>" for i, c in enumerate(r)) + "</tr>" for r in rows],
+        "</table></div>",
+    ]
+
+
+def html_figure(name: str, data: bytes, caption: str = "") -> str:
+    """A PNG figure embedded as a data: URI, with its caption (what its colours and lines mean)."""
+    e = html.escape
+    b64 = base64.b64encode(data).decode("ascii")
+    cap = f"<figcaption>{e(caption)}</figcaption>" if caption else ""
+    return f"<figure><img alt='{e(name)}' src=\"data:image/png;base64,{b64}\">{cap}</figure>"
 
 
 # =========================================================================== figures
-def png(fig) -> bytes:
+FIGURE_DPI = 130  # a 9-inch figure is ~1170 px: the page's width
+
+
+def png(fig, dpi: int = FIGURE_DPI) -> bytes:
+    """The figure as PNG bytes (closed afterwards)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     import matplotlib.pyplot as plt
 
     plt.close(fig)

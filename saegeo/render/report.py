@@ -13,7 +13,6 @@ and `write_report`, the one writer of either page's files (a report, or a Dictio
 
 from __future__ import annotations
 
-import base64
 import html
 import os
 from collections.abc import Callable
@@ -26,7 +25,9 @@ from saegeo.render.base import (
     flag_counts,
     fmt_num,
     fmt_pct,
+    html_figure,
     html_flags,
+    html_grid,
     html_page,
     html_table,
     md_flags,
@@ -35,9 +36,11 @@ from saegeo.render.base import (
     png,
     rendering_names,
     terminal_flags,
+    text_table,
     write_renderings,
 )
 from saegeo.render.check import render_check_html, render_check_markdown, render_check_terminal
+from saegeo.render.latents import LATENTS_CSS, LATENTS_JS, latent_section_html
 from saegeo.render.text import artifact_text, exclusion_lines
 from saegeo.report.check import DictionaryCheck
 from saegeo.report.flags import FlagThresholds
@@ -277,13 +280,8 @@ def render_terminal(report: GeometryReport, *, max_flags: int = 12) -> str:
         out += [f"  {label:<11}{text}" for label, text in diagnosis_lines(report)]
     if report.saes:
         header, rows = _sae_table(report)
-        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
         out += ["", "SAE" + (" (side by side)" if len(report.saes) > 1 else "")]
-        fmt = lambda r: (  # noqa: E731
-            "  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-        )
-        out.append(fmt(header))
-        out += [fmt(r) for r in rows]
+        out += text_table(header, rows, indent="  ")
     for note in report.notes:
         out.append(f"note: {note}")
     return "\n".join(out) + "\n"
@@ -322,19 +320,39 @@ def render_json(report: GeometryReport) -> str:
 FIGURE_NAMES = ("spectrum", "cosines", "latents", "amplification", "rogue")
 
 
+# what each figure's colours, lines and markers mean (the HTML's captions)
+FIGURE_CAPTIONS = {
+    "spectrum": "Eigenvalues of the activations' covariance Σ by rank (log-log). Grey band: the Marchenko–Pastur "
+    "range of isotropic noise with the same n, d and tr Σ; eigenvalues above it are structure. Thin lines: "
+    "each dictionary's own spectrum, rescaled to the same trace (shape only).",
+    "cosines": "Histogram of sampled pairwise cosines cos(x_i, x_j). Dashed line: the sign-aware null (what "
+    "independent rows of this sign pattern would give); grey band: null ± 2/√d; red line: the measured mean A.",
+    "latents": "One point per latent: firing frequency (log; dead latents at the left edge) against the cosine of "
+    "its decoder row with the activation mean μ. Red: latents the mean_direction_features flag names; size ∝ "
+    "|cone share c_i| when the codes have a cone. Dotted line: the dense threshold (latents right of it fire on "
+    "more than that share of tokens).",
+    "amplification": "The amplification law: the mean pairwise cosine A of x̂ − b_dec against K·‖ū‖² (log). "
+    "Dotted: the textbook k/(1+k); solid: each SAE's one-rate exact-moment curve. Markers at each SAE's own "
+    "K·‖ū‖² (one colour per SAE): measured A (filled circle) and the law's predictions.",
+    "rogue": "The coordinates carrying most of the offset: each one's share m̂_j²/‖m̂‖² of the mean unit row.",
+}
+LEGEND_OUTSIDE = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "fontsize": 8, "frameon": False}
+
+
 def figures(report: GeometryReport) -> dict[str, bytes]:
-    """The five plots as PNG bytes (matplotlib, Agg backend: no display needed)."""
+    """The five plots as PNG bytes (matplotlib, Agg backend: no display needed), legends outside the data."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.lines import Line2D
 
     g = report.activations
     out: dict[str, bytes] = {}
 
     # spectrum, log-log, with the Marchenko–Pastur band of isotropic noise of the same (n, d, tr Σ)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7, 4.2))
     lam = np.asarray(g["eigenvalues"], dtype=float)
     pos = lam > 0
     ax.loglog(np.arange(1, lam.size + 1)[pos], lam[pos], ".-", ms=3, label="activations Σ")
@@ -358,16 +376,18 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
                 label=f"dictionary {s.name} (rescaled)",
             )
     ax.set_xlabel("rank")
-    ax.set_ylabel("eigenvalue")
+    ax.set_ylabel("eigenvalue of Σ")
     ax.set_title(
-        f"centred spectrum: {'no flat bulk' if g['n_spikes'] is None else str(g['n_spikes']) + ' spikes'}, erank {g['effective_rank']:.1f} of {g['d']}"
+        f"centred spectrum: {'no flat bulk' if g['n_spikes'] is None else str(g['n_spikes']) + ' spikes'}, "
+        f"erank {g['effective_rank']:.1f} of {g['d']}",
+        fontsize=10,
     )
-    ax.legend(fontsize=7)
+    ax.legend(**LEGEND_OUTSIDE)
     out["spectrum"] = png(fig)
 
     # sampled pairwise cosines with the sign-aware null and the isotropic ±2/√d band around it
     h = report.cosine_histogram
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7, 4.2))
     edges = np.asarray(h["edges"], dtype=float)
     counts = np.asarray(h["counts"], dtype=float)
     width = np.diff(edges)
@@ -386,18 +406,23 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
     ax.axvspan(null - band, null + band, color="tab:gray", alpha=0.3, label="null ± 2/√d (isotropic)")
     ax.axvline(null, color="k", ls="--", lw=1, label=f"sign-aware null {null:.3f}")
     if g["anisotropy"] is not None:
-        ax.axvline(g["anisotropy"], color="tab:red", lw=1.5, label=f"A = {g['anisotropy']:.3f}")
+        ax.axvline(g["anisotropy"], color="tab:red", lw=1.5, label=f"measured A = {g['anisotropy']:.3f}")
     ax.set_xlim(-1, 1)
     ax.set_xlabel("cos(x_i, x_j)")
     ax.set_ylabel("density")
-    ax.set_title("pairwise cosines")
-    ax.legend(fontsize=7)
+    ax.set_title("pairwise cosines", fontsize=10)
+    ax.legend(**LEGEND_OUTSIDE)
     out["cosines"] = png(fig)
 
     # latents: firing frequency against cos(decoder, μ), sized by cone share
     n_sae = max(1, len(report.saes))
-    fig, axes = plt.subplots(1, n_sae, figsize=(5 * n_sae, 4), squeeze=False, sharey=True)
-    for ax, s in zip(axes[0], report.saes or [None]):
+    n_cols = min(n_sae, 3)
+    n_rows = -(-n_sae // n_cols)
+    dense_at = FlagThresholds().dense_frequency
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(4.2 * n_cols, 3.6 * n_rows), squeeze=False, sharey=True)
+    for ax in axes.flat[n_sae:]:
+        ax.set_axis_off()
+    for ax, s in zip(axes.flat, report.saes or [None]):
         if s is None:
             ax.text(0.5, 0.5, "no SAE given", ha="center", va="center", transform=ax.transAxes)
             ax.set_axis_off()
@@ -415,70 +440,80 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
         colors = ["tab:red" if i in flagged else "tab:blue" for i in range(freq.size)]
         ax.scatter(np.maximum(freq, floor), cos, s=size, c=colors, alpha=0.5, linewidths=0)
         ax.set_xscale("log")
-        ax.axvline(0.5, color="gray", ls=":", lw=1)
-        ax.set_xlabel("firing frequency (dead at left edge)")
-        ax.set_title(
-            f"{s.name}: latents " + ("(size ∝ |cone share|)" if has_cone else "(no cone in x̂ − b_dec)"), fontsize=9
-        )
-    axes[0][0].set_ylabel("cos(decoder row, activation mean)")
+        ax.axvline(dense_at, color="gray", ls=":", lw=1)
+        ax.set_xlabel("firing frequency (log; dead at the left edge)", fontsize=8)
+        ax.set_ylabel("cos(u_i, μ)", fontsize=8)
+        ax.set_title(f"{s.name}: " + ("size ∝ |cone share c_i|" if has_cone else "no cone in x̂ − b_dec"), fontsize=9)
+    handles = [
+        Line2D([], [], marker="o", ls="", color="tab:blue", alpha=0.6, label="latent"),
+        Line2D([], [], marker="o", ls="", color="tab:red", alpha=0.6, label="named by mean_direction_features"),
+        Line2D([], [], ls=":", color="gray", label=f"dense threshold (fires on > {dense_at:.0%} of tokens)"),
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False, bbox_to_anchor=(0.5, -0.02))
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     out["latents"] = png(fig)
 
-    # the amplification law: A against K·‖ū‖², textbook and exact-moment curves, measured points, per-latent law
-    fig, ax = plt.subplots(figsize=(6, 4))
-    xs = np.logspace(-3, 3, 200)
-    ax.plot(xs, (xs / 2) / (1 + xs / 2), "k:", lw=1, label="textbook k/(1+k), k = K·A_dict/2")
+    # the amplification law: A against K·‖ū‖², textbook and exact-moment curves, measured points, per-latent
+    # law; one colour per SAE, one marker per quantity, each explained once
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    x0s = [
+        max(s.amplification["K"] * s.amplification["mean_sq_norm"], 1e-3)
+        for s in report.saes
+        if s.amplification.get("K") is not None and s.amplification.get("mean_sq_norm") is not None
+    ]
+    lo, hi = (min(x0s) / 30, max(x0s) * 30) if x0s else (1e-3, 1e3)
+    xs = np.logspace(np.log10(lo), np.log10(hi), 200)
+    ax.plot(xs, (xs / 2) / (1 + xs / 2), "k:", lw=1)
+    markers = [  # (amplification key, marker style, what it is)
+        ("measured_recon_minus_b_dec", {"marker": "o", "ms": 8}, "measured A(x̂ − b_dec)"),
+        ("mean_cosine", {"marker": "s", "ms": 8, "mfc": "none"}, "one-rate mean-cosine law"),
+        ("A_het", {"marker": "D", "ms": 7, "mfc": "none"}, "per-latent law A_het"),
+        ("A_het_mean_cosine", {"marker": "*", "ms": 11}, "per-latent mean-cosine law (±3 sd)"),
+    ]
+    sae_handles = []
     for i, s in enumerate(report.saes):
         a = s.amplification
         color = f"C{i}"
+        sae_handles.append(Line2D([], [], color=color, lw=6, alpha=0.7, label=s.name))
         if a.get("r") is None:
             continue
         q, r = a["q"], a["r"]
         k = xs * r
-        ax.plot(
-            xs, k / (1 + k - q * r), "-", color=color, lw=1, alpha=0.7, label=f"one-rate exact-moment law ({s.name})"
-        )
+        ax.plot(xs, k / (1 + k - q * r), "-", color=color, lw=1, alpha=0.7)
         x0 = max(a["K"] * a["mean_sq_norm"], 1e-3)
-        if a.get("measured_recon_minus_b_dec") is not None:
-            ax.plot(
-                [x0], [a["measured_recon_minus_b_dec"]], "o", color=color, ms=8, label=f"measured A(x̂ − b_dec) {s.name}"
-            )
-        if a.get("mean_cosine") is not None:
-            ax.plot(
-                [x0], [a["mean_cosine"]], "s", mfc="none", color=color, ms=8, label=f"one-rate mean-cosine {s.name}"
-            )
-        # the per-latent law beside the one-rate curve: each latent's own rate and law (independent codes)
-        if a.get("A_het") is not None:
-            ax.plot([x0], [a["A_het"]], "D", mfc="none", color=color, ms=7, label=f"per-latent A_het {s.name}")
-        if a.get("A_het_mean_cosine") is not None:
-            ax.errorbar(
-                [x0],
-                [a["A_het_mean_cosine"]],
-                yerr=[3 * (a.get("A_het_mean_cosine_sd") or 0.0)],
-                fmt="*",
-                color=color,
-                ms=11,
-                label=f"per-latent mean-cosine {s.name} (±3 sd)",
-            )
+        for key, style, _ in markers:
+            if a.get(key) is None:
+                continue
+            sd = a.get(f"{key}_sd") if key == "A_het_mean_cosine" else None
+            ax.errorbar([x0], [a[key]], yerr=[3 * sd] if sd else None, ls="", color=color, alpha=0.85, **style)
     if not report.saes:
         ax.text(0.5, 0.5, "no SAE given", ha="center", va="center", transform=ax.transAxes)
     ax.set_xscale("log")
+    ax.set_xlim(lo, hi)
     ax.set_ylim(-0.05, 1.05)
-    ax.set_xlabel("K·‖ū‖²  (≈ K·A_dict for large N)")
+    ax.set_xlabel("K·‖ū‖²  (≈ K·A_dict for large N; log)")
     ax.set_ylabel("mean pairwise cosine A")
-    ax.set_title("amplification law")
-    ax.legend(fontsize=6)
+    ax.set_title("amplification law", fontsize=10)
+    what = [
+        Line2D([], [], color="k", ls=":", label="textbook k/(1+k), k = K·A_dict/2"),
+        Line2D([], [], color="k", ls="-", label="one-rate exact-moment law"),
+        *[Line2D([], [], color="k", ls="", **style, label=label) for _, style, label in markers],
+    ]
+    if sae_handles:  # one legend: what each line and marker is (in black), then the SAEs' colours
+        what += [Line2D([], [], ls="", label="colour = SAE:"), *sae_handles]
+    ax.legend(handles=what, **LEGEND_OUTSIDE)
     out["amplification"] = png(fig)
 
     # rogue dimensions: coordinate shares of the offset
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = plt.subplots(figsize=(7, 3.5))
     rogue = g["rogue"]
     idx, shares = rogue["top_indices"], rogue["top_shares"]
     if idx:
         ax.bar(range(len(idx)), shares, color="tab:purple")
         ax.set_xticks(range(len(idx)), [str(i) for i in idx], fontsize=7)
-    ax.set_xlabel("coordinate")
+    ax.set_xlabel("coordinate j")
     ax.set_ylabel("share m̂_j²/‖m̂‖²")
-    ax.set_title(f"rogue dimensions: {rogue['n_for_50']} carry 50% of the offset")
+    ax.set_title(f"rogue dimensions: {rogue['n_for_50']} carry 50% of the offset", fontsize=10)
     out["rogue"] = png(fig)
     return out
 
@@ -497,15 +532,16 @@ def render_html(report: GeometryReport, pngs: dict[str, bytes] | None = None) ->
         parts += html_table(diagnosis_lines(report))
     if report.saes:
         header, rows = _sae_table(report)
-        parts.append("<h2>SAE" + ("s side by side" if len(report.saes) > 1 else "") + "</h2><table>")
-        parts.append("<tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>")
-        parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows]
-        parts.append("</table>")
+        parts.append("<h2>SAE" + ("s side by side" if len(report.saes) > 1 else "") + "</h2>")
+        parts += html_grid(header, rows)
+    with_latents = [s for s in report.saes if getattr(s, "latent_table", None) or getattr(s, "latents", None)]
+    for s in with_latents:
+        parts.append(f"<h2>Latents of {e(s.name)}</h2>")
+        parts += latent_section_html(s.name, getattr(s, "latent_table", None), getattr(s, "latents", None))
     parts.append("<h2>Figures</h2>")
     for name in FIGURE_NAMES:
         if name in pngs:
-            b64 = base64.b64encode(pngs[name]).decode("ascii")
-            parts.append(f"<h3>{e(name)}</h3><img alt='{e(name)}' src=\"data:image/png;base64,{b64}\">")
+            parts.append(f"<h3>{e(name)}</h3>" + html_figure(name, pngs[name], FIGURE_CAPTIONS.get(name, "")))
     if report.notes:
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in report.notes) + "</ul>")
     parts.append(f"<h2>Terminal summary</h2><pre>{e(render_terminal(report))}</pre>")
@@ -513,6 +549,8 @@ def render_html(report: GeometryReport, pngs: dict[str, bytes] | None = None) ->
         f"<p class='ev'>saegeo {e(report.saegeo_version)}, report schema {report.schema_version}; "
         "the numbers behind this page are in report.json.</p>"
     )
+    if with_latents:
+        return html_page(_title(report), parts, script=LATENTS_JS, css=LATENTS_CSS)
     return html_page(_title(report), parts)
 
 

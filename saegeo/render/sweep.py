@@ -7,7 +7,6 @@ against depth, and `write_sweep`, the writer of its files.
 
 from __future__ import annotations
 
-import base64
 import html
 import os
 from collections.abc import Callable, Sequence
@@ -18,7 +17,9 @@ from saegeo.render.base import (
     FORMATS,
     fmt_num,
     fmt_pct,
+    html_figure,
     html_flags,
+    html_grid,
     html_page,
     md_flags,
     md_table,
@@ -26,6 +27,7 @@ from saegeo.render.base import (
     png,
     rendering_names,
     terminal_flags,
+    text_table,
     write_renderings,
 )
 from saegeo.report.sweep import LayerSweep
@@ -37,36 +39,70 @@ def _cell(key: str, digits: int = 3) -> Callable[[dict], str]:
     return lambda r: fmt_num(r.get(key), digits)
 
 
-TABLE: list[tuple[str, Callable[[dict], str]]] = [
+KEY_COLUMNS: list[tuple[str, Callable[[dict], str]]] = [
     ("layer", lambda r: str(r["layer"])),
     ("hook", lambda r: r["hook"]),
-    ("A", _cell("A")),
-    ("null", _cell("A_null")),
-    ("|m^|", _cell("offset")),
-    ("|mu|^2", _cell("mean_sq_norm", 2)),
-    ("tr S", _cell("total_variance", 2)),
-    ("mean%", lambda r: fmt_pct(r["mean_share"])),
-    ("erank (noise)", lambda r: f"{fmt_num(r['erank'], 1)} ({fmt_num(r['noise_erank'], 1)})"),
-    ("top1", lambda r: fmt_pct(r["top1"])),
-    ("top10", lambda r: fmt_pct(r["top10"])),
-    ("Iso", _cell("isoscore")),
-    # a spectrum without a flat MP bulk has no spike count: its power-law slope instead
-    (
-        "spikes",
-        lambda r: str(r["mp_spikes"]) if r["mp_spikes"] is not None else f"α={fmt_num(r.get('mp_power_law_alpha'), 2)}",
-    ),
-    ("rogue50", lambda r: str(r["rogue_50"])),
-    ("between%", lambda r: fmt_pct(r["between_share"])),
-    ("SelfSim-A", _cell("self_similarity_adjusted")),
-    ("IntraWin-A", _cell("intra_window_adjusted")),
-    ("r(PC1,logf)", _cell("pc1_abs_corr_log_frequency", 2)),
-    ("r(PC1,pos)", _cell("pc1_abs_corr_position", 2)),
-    ("r(PC1,|x|)", _cell("pc1_abs_corr_norm", 2)),
 ]
+# The quantities, in three tables that each fit a page (the layer and hook columns repeated in each); the symbols
+# are the report's (‖m̂‖ the offset, ‖μ‖² the mean's squared norm, tr Σ the total variance, tr S = E‖x‖²).
+TABLE_GROUPS: list[tuple[str, list[tuple[str, Callable[[dict], str]]]]] = [
+    (
+        "the cone and the mean",
+        [
+            ("A", _cell("A")),
+            ("null", _cell("A_null")),
+            ("‖m̂‖", _cell("offset")),
+            ("‖μ‖²", _cell("mean_sq_norm", 2)),
+            ("tr Σ", _cell("total_variance", 2)),
+            ("‖μ‖²/tr S", lambda r: fmt_pct(r["mean_share"])),
+        ],
+    ),
+    (
+        "the spectrum",
+        [
+            ("erank (noise)", lambda r: f"{fmt_num(r['erank'], 1)} ({fmt_num(r['noise_erank'], 1)})"),
+            ("top-1", lambda r: fmt_pct(r["top1"])),
+            ("top-10", lambda r: fmt_pct(r["top10"])),
+            ("IsoScore", _cell("isoscore")),
+            # a spectrum without a flat MP bulk has no spike count: its power-law slope instead
+            (
+                "MP spikes",
+                lambda r: (
+                    str(r["mp_spikes"])
+                    if r["mp_spikes"] is not None
+                    else f"α={fmt_num(r.get('mp_power_law_alpha'), 2)}"
+                ),
+            ),
+            ("rogue dims", lambda r: str(r["rogue_50"])),
+        ],
+    ),
+    (
+        "token types and the artifact test",
+        [
+            ("between%", lambda r: fmt_pct(r["between_share"])),
+            ("SelfSim − A", _cell("self_similarity_adjusted")),
+            ("IntraWin − A", _cell("intra_window_adjusted")),
+            ("r(PC1, log f)", _cell("pc1_abs_corr_log_frequency", 2)),
+            ("r(PC1, pos)", _cell("pc1_abs_corr_position", 2)),
+            ("r(PC1, ‖x‖)", _cell("pc1_abs_corr_norm", 2)),
+        ],
+    ),
+]
+TABLE = KEY_COLUMNS + [column for _, group in TABLE_GROUPS for column in group]
 
 
 def sweep_table(sweep: LayerSweep) -> tuple[list[str], list[list[str]]]:
+    """Every column in one table (header, rows)."""
     return [h for h, _ in TABLE], [[fn(r) for _, fn in TABLE] for r in sweep.layers]
+
+
+def sweep_tables(sweep: LayerSweep) -> list[tuple[str, list[str], list[list[str]]]]:
+    """The columns in TABLE_GROUPS' tables, each led by layer and hook: [(caption, header, rows)]."""
+    out = []
+    for caption, group in TABLE_GROUPS:
+        columns = KEY_COLUMNS + group
+        out.append((caption, [h for h, _ in columns], [[fn(r) for _, fn in columns] for r in sweep.layers]))
+    return out
 
 
 def _title(sweep: LayerSweep) -> str:
@@ -75,10 +111,9 @@ def _title(sweep: LayerSweep) -> str:
 
 
 def render_sweep_terminal(sweep: LayerSweep) -> str:
-    header, rows = sweep_table(sweep)
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    fmt = lambda r: "  ".join(c.ljust(w) if i == 1 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
-    out = [_title(sweep), "", fmt(header)] + [fmt(r) for r in rows] + [""]
+    out = [_title(sweep), ""]
+    for caption, header, rows in sweep_tables(sweep):
+        out += [caption.upper(), *text_table(header, rows, left=(1,)), ""]
     out += terminal_flags(sweep.flags)
     out += [f"note: {n}" for n in sweep.notes]
     return "\n".join(out) + "\n"
@@ -104,7 +139,9 @@ def _type_lists_md(sweep: LayerSweep) -> list[str]:
 
 
 def render_sweep_markdown(sweep: LayerSweep, figure: str | None = None) -> str:
-    out = [f"# {_title(sweep)}", "", md_table(*sweep_table(sweep)), ""]
+    out = [f"# {_title(sweep)}", ""]
+    for caption, header, rows in sweep_tables(sweep):
+        out += [f"**{caption}**", "", md_table(header, rows), ""]
     if figure:
         out += [f"![each quantity against depth]({figure})", ""]
     out += ["## Flags", ""] + md_flags(sweep.flags)
@@ -116,20 +153,26 @@ def render_sweep_markdown(sweep: LayerSweep, figure: str | None = None) -> str:
     return "\n".join(out)
 
 
-PANELS: list[tuple[str, list[tuple[str, str]]]] = [
-    ("mean pairwise cosine", [("A", "A"), ("A_null", "sign-aware null")]),
-    ("offset ‖m̂‖", [("offset", "‖m̂‖")]),
-    ("‖μ‖² and tr Σ", [("mean_sq_norm", "‖μ‖²"), ("total_variance", "tr Σ")]),
-    ("mean share ‖μ‖²/tr S", [("mean_share", "mean share")]),
-    ("effective rank", [("erank", "erank"), ("noise_erank", "isotropic noise")]),
-    ("top eigenvalue shares", [("top1", "top-1"), ("top10", "top-10")]),
-    ("IsoScore", [("isoscore", "IsoScore")]),
-    ("MP spikes / rogue dims", [("mp_spikes", "MP spikes"), ("rogue_50", "rogue dims (50%)")]),
-    ("between-type share of tr Σ", [("between_share", "corrected"), ("between_share_plugin", "plug-in")]),
-    ("similarity minus A", [("self_similarity_adjusted", "SelfSim − A"), ("intra_window_adjusted", "IntraWindow − A")]),
-    ("corr(‖μ_t‖², var_t)", [("norm_variance_corr", "count-weighted")]),
+# (title, y-axis label, [(row key, series label)]) of each panel of the sweep figure
+PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
+    ("mean pairwise cosine", "A", [("A", "A"), ("A_null", "sign-aware null")]),
+    ("offset ‖m̂‖", "‖m̂‖ (norm of the mean unit row)", [("offset", "‖m̂‖")]),
+    ("‖μ‖² and tr Σ", "squared norm", [("mean_sq_norm", "‖μ‖²"), ("total_variance", "tr Σ")]),
+    ("mean share ‖μ‖²/tr S", "share of E‖x‖²", [("mean_share", "mean share")]),
+    ("effective rank", "erank", [("erank", "erank"), ("noise_erank", "isotropic noise")]),
+    ("top eigenvalue shares", "share of tr Σ", [("top1", "top-1"), ("top10", "top-10")]),
+    ("IsoScore", "IsoScore (1 = isotropic)", [("isoscore", "IsoScore")]),
+    ("MP spikes and rogue dims", "count", [("mp_spikes", "MP spikes"), ("rogue_50", "rogue dims (50% of ‖m̂‖²)")]),
+    ("between-type share of tr Σ", "share", [("between_share", "corrected"), ("between_share_plugin", "plug-in")]),
+    (
+        "similarity minus A",
+        "cosine above A",
+        [("self_similarity_adjusted", "SelfSim − A"), ("intra_window_adjusted", "IntraWindow − A")],
+    ),
+    ("corr(‖μ_t‖², var_t)", "correlation", [("norm_variance_corr", "count-weighted")]),
     (
         "|corr(PC1, ·)|",
+        "|correlation|",
         [
             ("pc1_abs_corr_log_frequency", "log frequency"),
             ("pc1_abs_corr_position", "position"),
@@ -137,39 +180,54 @@ PANELS: list[tuple[str, list[tuple[str, str]]]] = [
         ],
     ),
 ]
+# why a series can have no value at any layer (said in its panel instead of an empty legend entry)
+MISSING_REASON = {"mp_spikes": "none counted (no flat MP bulk at any layer;\nthe table gives the power-law slope α)"}
 
 
 def sweep_figure(sweep: LayerSweep) -> bytes:
-    """One PNG: a panel per quantity (PANELS) against depth."""
+    """One PNG: a panel per quantity (PANELS) against depth, legends beneath the axes, a series that no layer
+    measured named in its panel with the reason."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(3, 4, figsize=(16, 10))
+    fig, axes = plt.subplots(4, 3, figsize=(12, 14), layout="constrained")
     depth = [r["layer"] if r["layer"] is not None else i for i, r in enumerate(sweep.layers)]
-    for ax, (title, series) in zip(axes.flat, PANELS):
+    for ax, (title, ylabel, series) in zip(axes.flat, PANELS):
+        missing = False
         for key, label in series:
             pts = [(x, r[key]) for x, r in zip(depth, sweep.layers) if r.get(key) is not None]
             if pts:
                 ax.plot(*zip(*pts), "o-", ms=4, label=label)
+            else:
+                missing = True  # said in the legend, beneath the axes: an empty entry with the reason
+                ax.plot([], [], " ", label=f"{label}: " + MISSING_REASON.get(key, "not measured at any layer"))
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("layer (blocks applied)", fontsize=8)
-        if len(series) > 1 and ax.get_legend_handles_labels()[0]:  # a panel with no measured series has no legend
-            ax.legend(fontsize=7)
+        ax.set_ylabel(ylabel, fontsize=8)
+        if len(series) > 1 and ax.get_legend_handles_labels()[0]:  # a panel with one series needs no legend
+            ncol = 1 if missing else 3
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=ncol, frameon=False)
     fig.suptitle(_title(sweep), fontsize=11)
-    fig.tight_layout()
-    return png(fig)
+    return png(fig, dpi=100)  # 12 inches: the page's width
 
 
 def render_sweep_html(sweep: LayerSweep, png: bytes | None = None) -> str:
     e = html.escape
     png = png if png is not None else sweep_figure(sweep)
-    header, rows = sweep_table(sweep)
-    parts = ["<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>"]
-    parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows] + ["</table>"]
+    parts = []
+    for caption, header, rows in sweep_tables(sweep):
+        parts += html_grid(header, rows, caption=caption, text_columns=(0, 1))
     parts.append("<h2>Each quantity against depth</h2>")
-    parts.append(f"<img alt='sweep' src=\"data:image/png;base64,{base64.b64encode(png).decode('ascii')}\">")
+    parts.append(
+        html_figure(
+            "sweep",
+            png,
+            "One panel per quantity of the tables, against the number of blocks applied; a quantity no layer "
+            "measured is named in its panel with the reason.",
+        )
+    )
     parts += ["<h2>Flags</h2>"] + html_flags(sweep.flags)
     parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in sweep.notes) + "</ul>")
     parts.append(f"<h2>Terminal summary</h2><pre>{e(render_sweep_terminal(sweep))}</pre>")

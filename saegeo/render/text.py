@@ -25,28 +25,28 @@ def geometry_summary(geo: ActivationGeometry) -> str:
     """The few lines of an ActivationGeometry a person reads first (`saegeo geometry`)."""
     f = lambda v, spec=".4f": "n/a" if v is None else format(v, spec)  # noqa: E731
     s = geo.sign
-    lines = [f"{geo.n:,} rows x {geo.d} dims"]
+    lines = [f"{geo.n:,} rows × {geo.d} dims"]
     lines.append(
         f"cone:      A = {f(geo.anisotropy)} (mean pairwise cosine) against the sign-aware null {s.null:.4f}; "
-        f"offset |m^| = {f(geo.offset)}; one cosine under isotropy has sd {geo.isotropic_cosine_sd:.4f}"
+        f"offset ‖m̂‖ = {f(geo.offset)}; one cosine under isotropy has sd {geo.isotropic_cosine_sd:.4f}"
     )
     if geo.null_z is not None:
         lines.append(
-            f"vs null:   z = {geo.null_z:,.1f} = (A - null - finite-d bias {geo.null_bias:.2g}) / sd {geo.null_sd:.2g} "
+            f"vs null:   z = {geo.null_z:,.1f} = (A − null − finite-d bias {geo.null_bias:.2g}) / sd {geo.null_sd:.2g} "
             f"(sd of A alone {geo.A_sd:.2g}; isotropic sd {f(geo.isotropic_sd, '.2g')}, isotropic z {f(geo.isotropic_z, ',.1f')})"
         )
     if geo.unit_effective_rank is not None:
         lines.append(
-            f"unit x^:   erank of E[x^x^T] {geo.unit_effective_rank:.1f} of {geo.d}, top-1 {f(geo.unit_top1_share, '.1%')} "
+            f"unit x̂:   erank of E[x̂x̂ᵀ] {geo.unit_effective_rank:.1f} of {geo.d}, top-1 {f(geo.unit_top1_share, '.1%')} "
             f"(uniform directions: {geo.d}, {1 / geo.d:.1%})"
         )
     lines.append(
-        f"sign:      {s.regime}, q = {s.fraction_nonzero:.3f}, r = {s.magnitude_ratio:.3f}; null m^2/s = {s.null:.4f} "
-        f"(1/pi = {s.dense_relu_null:.4f}, q/2 = {s.sparse_exp_null:.4f}; matches: {s.canonical})"
+        f"sign:      {s.regime}, q = {s.fraction_nonzero:.3f}, r = {s.magnitude_ratio:.3f}; null m̄²/s̄ = {s.null:.4f} "
+        f"(1/π = {s.dense_relu_null:.4f}, q/2 = {s.sparse_exp_null:.4f}; matches: {s.canonical})"
     )
     lines.append(
-        f"mean:      |mu| = {geo.mean_vector_norm:.4g} = {f(geo.mean_norm_ratio, '.3f')} of E|x| ({geo.mean_row_norm:.4g}); "
-        f"share of E|x|^2 {f(geo.mean_share_of_second_moment, '.1%')}; outlier severity {f(geo.outlier_severity, '.3g')}"
+        f"mean:      ‖μ‖ = {geo.mean_vector_norm:.4g} = {f(geo.mean_norm_ratio, '.3f')} of E‖x‖ ({geo.mean_row_norm:.4g}); "
+        f"share of E‖x‖² {f(geo.mean_share_of_second_moment, '.1%')}; outlier severity {f(geo.outlier_severity, '.3g')}"
     )
     lines.append(
         f"spectrum:  top-1 {f(geo.top1_share, '.1%')}, top-10 {f(geo.top10_share, '.1%')}, "
@@ -58,7 +58,7 @@ def geometry_summary(geo: ActivationGeometry) -> str:
         counted = (
             f"{bulk.get('verdict')}: KS distance to MP {f(bulk.get('mp_distance'), '.3g')} "
             f"> {f(bulk.get('mp_distance_threshold'), '.3g')} (white noise); no spike count "
-            f"({bulk.get('n_spikes_fitted')} above the edge would be noise); power-law slope alpha = "
+            f"({bulk.get('n_spikes_fitted')} above the edge would be noise); power-law slope α = "
             f"{f(bulk.get('power_law_alpha'), '.3f')}"
         )
     elif geo.n_spikes is None:
@@ -66,24 +66,24 @@ def geometry_summary(geo: ActivationGeometry) -> str:
         counted = (
             f"no flat bulk (it would hold {bulk.get('bulk_fraction', 0):.0%} of the eigenvalues, "
             f"{bulk.get('fraction_below_lower_edge', 0):.0%} of those below its lower edge): "
-            f"power law, slope alpha = {f(alpha, '.3f')} over ranks {bulk.get('power_law_ranks')}"
+            f"power law, slope α = {f(alpha, '.3f')} over ranks {bulk.get('power_law_ranks')}"
         )
     else:
         counted = (
-            f"{geo.n_spikes} spike(s) above edge + Tracy-Widom {100 * bulk.get('tracy_widom_quantile', 0.99):.0f}% "
+            f"{geo.n_spikes} spike(s) above edge + Tracy–Widom {100 * bulk.get('tracy_widom_quantile', 0.99):.0f}% "
             f"margin (bulk KS distance to MP {f(bulk.get('mp_distance'), '.3g')}, white-noise threshold "
             f"{f(bulk.get('mp_distance_threshold'), '.3g')})"
         )
     lines.append(
-        f"MP null:   sigma^2 = {geo.mp_sigma2_bulk:.4g} from the bulk (trace(Sigma)/d = {f(geo.mp_sigma2_trace, '.4g')}), "
+        f"MP null:   σ² = {geo.mp_sigma2_bulk:.4g} from the bulk (tr Σ/d = {f(geo.mp_sigma2_trace, '.4g')}), "
         f"bulk [{geo.mp_lower_edge:.4g}, {geo.mp_upper_edge:.4g}]; {counted}"
     )
     if geo.median_row_norm:
-        lines.append(f"rows:      median |x| ~ {geo.median_row_norm:.4g}, largest ~ {f(geo.max_row_norm_bin, '.4g')}")
+        lines.append(f"rows:      median ‖x‖ ≈ {geo.median_row_norm:.4g}, largest ≈ {f(geo.max_row_norm_bin, '.4g')}")
     if geo.rogue.top_indices:
         top = ", ".join(f"#{i} {sh:.0%}" for i, sh in zip(geo.rogue.top_indices[:3], geo.rogue.top_shares[:3]))
         lines.append(
-            f"rogue:     {geo.rogue.n_for_50} coordinate(s) carry 50% of |m^|^2, {geo.rogue.n_for_90} carry 90% (top: {top})"
+            f"rogue:     {geo.rogue.n_for_50} coordinate(s) carry 50% of ‖m̂‖², {geo.rogue.n_for_90} carry 90% (top: {top})"
         )
     lines += [f"note:      {note}" for note in geo.notes]
     return "\n".join(lines)
@@ -106,7 +106,7 @@ def render_geometry(result: Any) -> str:
     if first:
         lines.append(
             f"position 0: {first['rows']:,} rows ({100 * first['row_share']:.2f}%) carry "
-            f"{100 * first['mu_share']:.1f}% of |mu|^2 and {100 * first['trace_share']:.1f}% of tr Sigma"
+            f"{100 * first['mu_share']:.1f}% of ‖μ‖² and {100 * first['trace_share']:.1f}% of tr Σ"
         )
     lines += terminal_flags(result.flags)
     return "\n".join(lines)
@@ -132,12 +132,19 @@ def exclusion_lines(manifest_extra: Mapping[str, Any]) -> list[str]:
         "excluded_norm": "  norm outliers",
         "first_position": "first position (stored or not)",
     }
+    # groups that are the same rows (all excluded = the special positions = position 0, as with BOS only): one line
+    merged: dict[str, list[str]] = {}
     for g, sh in exclusion_shares(excl).items():
-        lines.append(
-            f"{names[g]:<30} {sh['rows']:>9,} rows ({100 * sh['row_share']:.2f}%): "
+        numbers = (
+            f"{sh['rows']:>9,} rows ({100 * sh['row_share']:.2f}%): "
             f"{100 * sh['mu_share']:.1f}% of ‖μ‖², {100 * sh['trace_share']:.1f}% of tr Σ, "
             f"RMS norm {sh['norm_ratio']:.1f}× the average (shares of all {excl['all']['n']:,} rows)"
         )
+        merged.setdefault(numbers, []).append(names[g])
+    for numbers, groups in merged.items():
+        indent = groups[0][: len(groups[0]) - len(groups[0].lstrip())]  # a subgroup stays indented
+        label = indent + " = ".join(name.strip() for name in groups)
+        lines.append(f"{label:<30} {numbers}")
     return lines
 
 

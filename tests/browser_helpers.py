@@ -1,0 +1,355 @@
+"""Headless Chromium for the page tests and `make screenshots`: a tiny W3C WebDriver client over HTTP (urllib,
+no Python dependency) driving Debian's chromedriver, and the pages it opens, built from real computations on
+small synthetic data (a report with two SAEs and their latents, a dictionary check, a layer sweep, a latents page).
+
+    python tests/browser_helpers.py docs/screenshots    # `make screenshots`: one PNG per page + a latent card
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+WIDTH, HEIGHT = 1400, 900  # the page width every page must fit
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    f"--window-size={WIDTH},{HEIGHT}",
+]
+# installed before any page script runs: every console error and uncaught exception, kept for the test to read
+ERROR_TRAP = """window.__errors = [];
+window.addEventListener('error', e => window.__errors.push('uncaught: ' + (e.message || e.type)), true);
+const __err = console.error.bind(console);
+console.error = (...a) => { window.__errors.push('console.error: ' + a.map(String).join(' ')); __err(...a); };"""
+
+
+def browser_missing() -> str | None:
+    """Why the browser tests cannot run here (None when chromium and chromedriver are installed)."""
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not os.access(path, os.X_OK):
+            return f"{path} not installed (Debian: apt-get install -y chromium chromium-driver)"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Browser:
+    """One headless Chromium session through chromedriver (W3C WebDriver over HTTP on localhost).
+
+    with Browser() as b: b.open(path); b.js("return 1")
+    """
+
+    def __init__(self, timeout: float = 30.0):
+        self.timeout = timeout
+        self.port = _free_port()
+        self.profile = tempfile.mkdtemp(prefix="saegeo-chromium-")
+        self.driver = subprocess.Popen(
+            [CHROMEDRIVER, f"--port={self.port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self.base = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + timeout
+        while True:  # chromedriver answers /status once it listens
+            try:
+                self._call("GET", "/status")
+                break
+            except (urllib.error.URLError, ConnectionError):
+                if time.monotonic() > deadline or self.driver.poll() is not None:
+                    self.close()
+                    raise RuntimeError("chromedriver did not start") from None
+                time.sleep(0.1)
+        caps = {
+            "browserName": "chrome",
+            "goog:chromeOptions": {"binary": CHROMIUM, "args": [*CHROMIUM_FLAGS, f"--user-data-dir={self.profile}"]},
+            "goog:loggingPrefs": {"browser": "ALL"},
+        }
+        try:
+            self.session = self._call("POST", "/session", {"capabilities": {"alwaysMatch": caps}})["sessionId"]
+        except Exception:
+            self.close()
+            raise
+        # a viewport of exactly WIDTH × HEIGHT CSS pixels (the window's frame would otherwise take some),
+        # and the error trap in every document before its own scripts
+        self.cdp("Emulation.setDeviceMetricsOverride", width=WIDTH, height=HEIGHT, deviceScaleFactor=1, mobile=False)
+        self.cdp("Page.addScriptToEvaluateOnNewDocument", source=ERROR_TRAP)
+
+    # ------------------------------------------------------------------ protocol
+    def _call(self, method: str, path: str, body: dict | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method)
+        req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return json.loads(resp.read() or b"{}").get("value")
+        except urllib.error.HTTPError as err:  # WebDriver errors come back as JSON with a message
+            detail = err.read().decode(errors="replace")[:500]
+            raise RuntimeError(f"WebDriver {method} {path}: {err.code} {detail}") from None
+
+    def _s(self, method: str, path: str, body: dict | None = None) -> Any:
+        return self._call(method, f"/session/{self.session}{path}", body)
+
+    def cdp(self, cmd: str, **params: Any) -> Any:
+        """A Chrome DevTools Protocol command through chromedriver."""
+        return self._s("POST", "/goog/cdp/execute", {"cmd": cmd, "params": params})
+
+    # ------------------------------------------------------------------ what the tests use
+    def open(self, path: str | os.PathLike) -> None:
+        self._s("POST", "/url", {"url": Path(path).resolve().as_uri()})
+
+    def js(self, script: str, *args: Any) -> Any:
+        return self._s("POST", "/execute/sync", {"script": script, "args": list(args)})
+
+    def errors(self) -> list[str]:
+        """Console errors and uncaught exceptions of the page (the trap's and the browser log's SEVERE)."""
+        trapped = self.js("return window.__errors || []")
+        try:
+            logged = self._s("POST", "/se/log", {"type": "browser"}) or []
+        except RuntimeError:
+            logged = []
+        return list(trapped) + [e["message"] for e in logged if e.get("level") == "SEVERE"]
+
+    def overflow(self) -> dict[str, int]:
+        """The page's width against the viewport's, and the widest elements sticking out (for the message)."""
+        return self.js(
+            "const d = document.documentElement, w = window.innerWidth;"
+            "const out = [...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > w + 0.5)"
+            ".slice(0, 3).map(e => e.tagName + (e.className ? '.' + e.className : '') + ' right='"
+            " + Math.round(e.getBoundingClientRect().right));"
+            "return {scrollWidth: d.scrollWidth, innerWidth: w, bodyScrollWidth: document.body.scrollWidth,"
+            " offenders: out.join('; ')};"
+        )
+
+    def screenshot(self, path: str | os.PathLike, *, full_page: bool = True) -> None:
+        """A PNG of the page (the whole length when full_page) at WIDTH CSS pixels."""
+        shot = self.cdp("Page.captureScreenshot", format="png", captureBeyondViewport=full_page)
+        Path(path).write_bytes(base64.b64decode(shot["data"]))
+
+    def element_screenshot(self, css: str, path: str | os.PathLike) -> None:
+        """A PNG of one element, whole even where it is taller than the viewport."""
+        r = self.js(
+            f"const r = document.querySelector({json.dumps(css)}).getBoundingClientRect();"
+            "return {x: r.left + window.scrollX, y: r.top + window.scrollY, width: r.width, height: r.height};"
+        )
+        clip = {**{k: float(v) for k, v in r.items()}, "scale": 1}
+        shot = self.cdp("Page.captureScreenshot", format="png", clip=clip, captureBeyondViewport=True)
+        Path(path).write_bytes(base64.b64decode(shot["data"]))
+
+    def close(self) -> None:
+        try:
+            if getattr(self, "session", None):
+                self._s("DELETE", "")
+        except Exception:
+            pass
+        self.driver.terminate()
+        try:
+            self.driver.wait(10)
+        except subprocess.TimeoutExpired:
+            self.driver.kill()
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+    def __enter__(self) -> Browser:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# =========================================================================== the pages
+WORDS = "the of and to in a is that for it as was with be by on not he this are or his from at which".split()
+
+
+def _store(path: Path, x, *, hook: str, seed: int):
+    """A store of ``x`` with token ids and positions (windows of 32), as `saegeo cache` writes one."""
+    import torch
+
+    from saegeo.activations.store import ActivationStore, StoreWriter
+
+    n = x.shape[0]
+    ids = torch.randint(0, len(WORDS), (n,), generator=torch.Generator().manual_seed(seed))
+    positions = torch.arange(n) % 32
+    with StoreWriter(path, d=x.shape[1], hook=hook, model="toy", shard_rows=1000) as w:
+        for lo in range(0, n, 500):
+            w.append(x[lo : lo + 500], token_ids=ids[lo : lo + 500], positions=positions[lo : lo + 500])
+    return ActivationStore(path)
+
+
+def hand_built_latents(s: Any, n_cards: int = 4) -> tuple[dict[str, list], list[dict]]:
+    """A latent_table and cards of an SAEGeometry in the report.json contract, from the section's own
+    per-latent lists, where the report has none of its own (contexts made up from WORDS)."""
+    import numpy as np
+
+    n = s.d_sae
+    rate = np.asarray(s.firing_frequency, dtype=float)
+    mean = np.asarray(s.mean_activation, dtype=float)
+    cos = np.asarray(s.cos_decoder_mean, dtype=float)
+    share = s.cone_shares or [None] * n
+    table = {
+        "id": list(range(n)),
+        "rate": rate.tolist(),
+        "mean_activation": mean.tolist(),
+        "mean_sq_activation": (mean**2 / np.maximum(rate, 1e-12)).tolist(),
+        "cos_mu": cos.tolist(),
+        "cone_share": list(share),
+        "decoder_norm": [1.0] * n,
+        "dead": (rate == 0).tolist(),
+        "dense": (rate > 0.5).tolist(),
+        "nn_id": [(i + 1) % n for i in range(n)],
+        "nn_cos": [0.1] * n,
+    }
+    cards = []
+    for i in np.argsort(-rate)[:n_cards].tolist():
+        top = float(mean[i] / max(rate[i], 1e-12)) * 3
+        cards.append(
+            {
+                "id": i,
+                "why": ["asked"],
+                "firing_rate": float(rate[i]),
+                "mean_activation": float(mean[i]),
+                "mean_sq_activation": table["mean_sq_activation"][i],
+                "cos_mu": float(cos[i]),
+                "cone_share": share[i],
+                "decoder_norm": 1.0,
+                "dead": False,
+                "dense": bool(rate[i] > 0.5),
+                "histogram": {
+                    "edges": [0.01 * 1.33**k for k in range(25)],
+                    "counts": [k * (24 - k) for k in range(24)],
+                },
+                "neighbours": [{"id": (i + j) % n, "cos": 0.3 / j} for j in range(1, 6)],
+                "top_contexts": [
+                    {
+                        "row": 100 * r + i,
+                        "activation": top / (1 + 0.1 * r),
+                        "token_id": r % len(WORDS),
+                        "position": 16,
+                        "text": " " + WORDS[r % len(WORDS)],
+                        "context": [" " + WORDS[(r * 7 + j) % len(WORDS)] for j in range(16)],
+                        "after": [" " + WORDS[(r + j) % len(WORDS)] for j in range(4)],
+                    }
+                    for r in range(20)
+                ],
+            }
+        )
+    return table, cards
+
+
+def build_pages(out: Path) -> dict[str, Path]:
+    """The four pages from real computations on small synthetic stores: report.html (two SAEs, their latents),
+    check.html, sweep.html (four layers) and latents.html. {page: path}."""
+    import math
+
+    import torch
+
+    from saegeo.render import write_report, write_sweep
+    from saegeo.render.latents import render_latents_html
+    from saegeo.report import ReportOptions, geometry_report
+    from saegeo.report.check import check_dictionary
+    from saegeo.report.sweep import SweepOptions, sweep_stores
+    from saegeo.sae.model import SAE, SAEConfig
+
+    out.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(0)
+    d, n_lat, n = 32, 256, 3000
+    offset = torch.randn(d, generator=g)
+    offset = 6 * offset / offset.norm()
+    x = torch.randn(n, d, generator=g) * torch.linspace(0.3, 2.0, d) + offset
+    store = _store(out / "acts", x, hook="blocks.3.hook_resid_post", seed=1)
+    planted = SAE(SAEConfig(d_in=d, d_sae=n_lat, activation="relu")).init_weights(torch.Generator().manual_seed(1))
+    clean = SAE(SAEConfig(d_in=d, d_sae=n_lat, activation="topk", k=8)).init_weights(
+        torch.Generator().manual_seed(2), b_dec=x.mean(0)
+    )
+    with torch.no_grad():  # latent 0 is the mean direction, firing on every token
+        planted.W_dec[0] = offset / offset.norm()
+        planted.W_enc[:, 0] = 0.0
+        planted.b_enc[0] = 6.0
+    report = geometry_report(store, {"b_dec=0": planted, "b_dec=mean": clean}, options=ReportOptions(progress=False))
+    for s in report.saes:
+        if not getattr(s, "latent_table", None):
+            s.latent_table, s.latents = hand_built_latents(s)
+    pages = {"report": write_report(report, out / "report", formats=("html",))["html"]}
+    check = check_dictionary(planted, name="b_dec=0")
+    pages["check"] = write_report(check, out / "check", formats=("html",))["html"]
+    c = torch.randn(d, generator=g)
+    c = c / c.norm() * math.sqrt(d)
+    stores = [
+        _store(
+            out / f"L{L}",
+            L * c + math.sqrt(L) * torch.randn(800, d, generator=g),
+            hook=f"blocks.{L - 1}.hook_resid_post",
+            seed=L,
+        )
+        for L in (1, 2, 3, 4)
+    ]
+    sweep = sweep_stores(stores, SweepOptions(artifact_k=2, progress=False))
+    pages["sweep"] = write_sweep(sweep, out / "sweep", formats=("html",))["html"]
+    doc = {
+        "schema_version": 1,
+        "kind": "latents",
+        "source": report.source,
+        "saes": [
+            {
+                "name": s.name,
+                "d_sae": s.d_sae,
+                "n_tokens": s.n_tokens,
+                "latent_info": None,
+                "latents": s.latents,
+                "latent_table": s.latent_table,
+            }
+            for s in report.saes
+        ],
+    }
+    pages["latents"] = out / "latents" / "latents.html"
+    pages["latents"].parent.mkdir(exist_ok=True)
+    pages["latents"].write_text(render_latents_html(doc))
+    return pages
+
+
+# the latent card the README shows: the first row of the latents page's first table, opened
+OPEN_FIRST_ROW = "const tr = document.querySelector('.latents tr.lat.has-card'); tr.click(); return tr.dataset.id;"
+CARD = ".latents tr.card-row .card"
+
+
+def screenshots(out: Path, pages: dict[str, Path]) -> list[Path]:
+    """A full-page PNG of each page at WIDTH px, and one of a latent card opened (latent-card.png)."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    with Browser() as b:
+        for name, page in pages.items():
+            b.open(page)
+            b.screenshot(out / f"{name}.png")
+            written.append(out / f"{name}.png")
+            if name == "latents":
+                b.js(OPEN_FIRST_ROW)
+                b.element_screenshot(CARD, out / "latent-card.png")
+                written.append(out / "latent-card.png")
+    return written
+
+
+if __name__ == "__main__":  # make screenshots
+    target = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/screenshots")
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in screenshots(target, build_pages(Path(tmp))):
+            print(path)
