@@ -266,7 +266,7 @@ def build_pages(out: Path) -> dict[str, Path]:
     from saegeo.render import write_report, write_sweep
     from saegeo.render.latents import render_latents_html
     from saegeo.report import ReportOptions, geometry_report
-    from saegeo.report.check import check_dictionary
+    from saegeo.report.check import CheckOptions, check_dictionary
     from saegeo.report.sweep import SweepOptions, sweep_stores
     from saegeo.sae.model import SAE, SAEConfig
 
@@ -290,7 +290,7 @@ def build_pages(out: Path) -> dict[str, Path]:
         if not getattr(s, "latent_table", None):
             s.latent_table, s.latents = hand_built_latents(s)
     pages = {"report": write_report(report, out / "report", formats=("html",))["html"]}
-    check = check_dictionary(planted, name="b_dec=0")
+    check = check_dictionary(planted, name="b_dec=0", options=CheckOptions(progress=False))
     pages["check"] = write_report(check, out / "check", formats=("html",))["html"]
     c = torch.randn(d, generator=g)
     c = c / c.norm() * math.sqrt(d)
@@ -341,7 +341,8 @@ def screenshots(out: Path, pages: dict[str, Path]) -> list[Path]:
             b.open(page)
             b.screenshot(out / f"{name}.png")
             written.append(out / f"{name}.png")
-            if name == "latents":
+            if name == "latents":  # the card whole: the table's box unbounded
+                b.js("document.querySelectorAll('.latents .scroll').forEach(e => e.style.maxHeight = 'none');")
                 b.js(OPEN_FIRST_ROW)
                 b.element_screenshot(CARD, out / "latent-card.png")
                 written.append(out / "latent-card.png")

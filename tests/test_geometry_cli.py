@@ -26,7 +26,7 @@ def test_streams_several_formats_and_writes_json(three_files, tmp_path, capsys, 
     out = tmp_path / "geo.json"
     assert main(["geometry", *files, "--json", str(out), "--batch-rows", "128", "--no-progress"]) == 0
     printed = capsys.readouterr().out
-    assert "900 rows x 16 dims" in printed and "A = " in printed and "IsoScore" in printed
+    assert "900 rows × 16 dims" in printed and "A = " in printed and "IsoScore" in printed
     result = json.loads(out.read_text())
     x64 = x.astype(np.float64)
     assert result["n"] == 900 and result["d"] == 16 and result["files"] == files

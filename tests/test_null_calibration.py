@@ -259,7 +259,7 @@ def test_geometry_reports_both_sigma2_and_the_calibrated_count():
     assert geo.mp_sigma2_trace == pytest.approx((2500 + 27 + 60) / 64, rel=0.1)
     assert geo.mp_bulk["n_spikes_trace_edge"] == 1
     text = geometry_summary(geo)
-    assert "from the bulk" in text and "Tracy-Widom" in text and "vs null" in text
+    assert "from the bulk" in text and "Tracy–Widom" in text and "vs null" in text
 
 
 # ---------------------------------------------------------------------- issue 25: the exact finite-d bias and its influence

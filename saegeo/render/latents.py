@@ -40,7 +40,7 @@ LATENT_COLUMNS: list[tuple[str, str, str]] = [
 ]
 INITIAL_ROWS = 100  # rows rendered at first and per "show more": a 100k-latent table stays usable
 
-LATENTS_CSS = """.latents .scroll{max-height:34em;overflow-y:auto;display:inline-block}
+LATENTS_CSS = """.latents .scroll{max-height:80vh;overflow-y:auto;display:inline-block}
 .latents thead th{position:sticky;top:0;background:#fff;z-index:1}.latents .controls{margin:.4em 0}.latents input.filter{width:28em;font:inherit}
 .latents input.bad{outline:2px solid #b00}.latents th{cursor:pointer;user-select:none}
 .latents th.asc::after{content:' ▲'}.latents th.desc::after{content:' ▼'}
