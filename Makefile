@@ -97,9 +97,10 @@ bench: $(STAMP) $(SAELENS_STAMP)
 	$(BIN)/python benchmarks/eval_bench.py
 
 # PNGs of each page (report, check, sweep, latents, one latent card) at 1400 px in headless Chromium (Debian's
-# chromium and chromium-driver), from small synthetic stores: the README's pictures.
+# chromium and chromium-driver), from small synthetic stores, or of the pages given: make screenshots PAGES="a.html b.html"
+PAGES ?=
 screenshots: $(STAMP)
-	$(BIN)/python tests/browser_helpers.py docs/screenshots
+	$(BIN)/python tests/browser_helpers.py docs/screenshots $(PAGES)
 
 clean:
 	rm -rf $(VENV) .venv-saelens artifacts/acts artifacts/runs

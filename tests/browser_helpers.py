@@ -333,24 +333,27 @@ CARD = ".latents tr.card-row .card"
 
 
 def screenshots(out: Path, pages: dict[str, Path]) -> list[Path]:
-    """A full-page PNG of each page at WIDTH px, and one of a latent card opened (latent-card.png)."""
+    """A full-page PNG of each page at WIDTH px, and latent-card.png: the first card of the first page (latents
+    page first) with a per-latent table, opened."""
     out.mkdir(parents=True, exist_ok=True)
-    written = []
+    written, card_done = [], False
     with Browser() as b:
-        for name, page in pages.items():
+        for name, page in sorted(pages.items(), key=lambda kv: kv[0] != "latents"):
             b.open(page)
             b.screenshot(out / f"{name}.png")
             written.append(out / f"{name}.png")
-            if name == "latents":  # the card whole: the table's box unbounded
+            if not card_done and b.js("return !!document.querySelector('.latents tr.lat.has-card')"):
                 b.js("document.querySelectorAll('.latents .scroll').forEach(e => e.style.maxHeight = 'none');")
-                b.js(OPEN_FIRST_ROW)
+                b.js(OPEN_FIRST_ROW)  # the card whole: the table's box unbounded
                 b.element_screenshot(CARD, out / "latent-card.png")
                 written.append(out / "latent-card.png")
+                card_done = True
     return written
 
 
-if __name__ == "__main__":  # make screenshots
+if __name__ == "__main__":  # make screenshots [PAGES="run/report/report.html run/latents/latents.html"]
     target = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/screenshots")
+    given = {Path(p).stem: Path(p) for p in sys.argv[2:]}
     with tempfile.TemporaryDirectory() as tmp:
-        for path in screenshots(target, build_pages(Path(tmp))):
+        for path in screenshots(target, given or build_pages(Path(tmp))):
             print(path)

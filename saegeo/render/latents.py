@@ -193,7 +193,7 @@ def histogram_svg(edges: Sequence[float], counts: Sequence[float], *, width: int
     )
     return (
         f"<svg role='img' aria-label='activation histogram' width='{width}' height='{height}' "
-        f"viewBox='0 0 {width} {height}' xmlns='http://www.w3.org/2000/svg'>"
+        f"viewBox='0 0 {width} {height}'>"
         f"<line x1='0' y1='{plot_h}' x2='{width}' y2='{plot_h}' stroke='#888'/>{bars}{label}</svg>"
     )
 
