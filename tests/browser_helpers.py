@@ -330,6 +330,8 @@ def build_pages(out: Path) -> dict[str, Path]:
 # the latent card the README shows: the first row of the latents page's first table, opened
 OPEN_FIRST_ROW = "const tr = document.querySelector('.latents tr.lat.has-card'); tr.click(); return tr.dataset.id;"
 CARD = ".latents tr.card-row .card"
+# the first card in the cards' order (the latents the flags name first), through its link above the table
+OPEN_FIRST_CARD = "document.querySelector('.latents a.open-latent').click();"
 
 
 def screenshots(out: Path, pages: dict[str, Path]) -> list[Path]:
@@ -344,7 +346,7 @@ def screenshots(out: Path, pages: dict[str, Path]) -> list[Path]:
             written.append(out / f"{name}.png")
             if not card_done and b.js("return !!document.querySelector('.latents tr.lat.has-card')"):
                 b.js("document.querySelectorAll('.latents .scroll').forEach(e => e.style.maxHeight = 'none');")
-                b.js(OPEN_FIRST_ROW)  # the card whole: the table's box unbounded
+                b.js(OPEN_FIRST_CARD)  # the card whole: the table's box unbounded
                 b.element_screenshot(CARD, out / "latent-card.png")
                 written.append(out / "latent-card.png")
                 card_done = True

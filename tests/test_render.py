@@ -243,7 +243,7 @@ def test_latent_table_and_cards_embed_escaped_and_complete():
     assert data["rows"]["id"] == list(range(n)) and data["rows"]["cos_mu"][:2] == [None, 0.1235]
     assert [c["key"] for c in data["columns"]] == ["id", "rate", "cos_mu", "dead", "nn_id"]  # only the given columns
     [tpl] = re.findall(r"<template class='lt-card' data-id='7'>(.*?)</template>", part, re.S)
-    assert "<mark title='token id 5'>&lt;b&gt;</mark>" in tpl and "a &lt;/script&gt;" in tpl
+    assert "<mark title='token id 5'>&lt;b&gt;</mark>" in tpl and "<span class='tok'> &lt;/script&gt;</span>" in tpl
     assert "<mark title='token id 6'>#6</mark>" in tpl  # no decoded text: the token id
     contexts = tpl.split("<table class='ctx'>")[1]
     assert contexts.index(">9.500<") < contexts.index(">2.000<")  # highest first, as given

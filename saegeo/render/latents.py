@@ -47,10 +47,10 @@ LATENTS_CSS = """.latents .scroll{max-height:80vh;overflow-y:auto;display:inline
 .latents tr.lat:hover{background:#f2f6ff;cursor:pointer}.latents tr.lat.has-card td:first-child{font-weight:bold}
 .latents tr.open{background:#eef3ff}.latents td.cardcell{text-align:left;white-space:normal;background:#fafafa}
 .card{border:1px solid #bbb;border-radius:4px;padding:.5em .8em;margin:.3em 0;background:#fff;max-width:1180px}
-.card h4{margin:.2em 0 .4em}.card .top{display:flex;flex-wrap:wrap;gap:1.2em;align-items:flex-start}
+.card{overflow-x:auto}.card h4{margin:.2em 0 .4em}.card .top{display:flex;flex-wrap:wrap;gap:1.2em;align-items:flex-start}
 .card table.ctx th:last-child{text-align:left}.card table.ctx td{text-align:left;white-space:normal;font-family:ui-monospace,monospace;font-size:.85em}
 .card table.ctx td.num{text-align:right;white-space:nowrap;font-family:inherit}
-.card .after{color:#888}.card mark{background:#ffd54f;padding:0 1px;border-radius:2px;font-weight:bold}.card svg{display:block}"""
+.card .after{color:#888}.card .tok{white-space:pre;border-right:1px solid #e4e4e4;padding:0 1px}.card mark{background:#ffd54f;padding:0 1px;border-radius:2px;font-weight:bold}.card svg{display:block}"""
 
 LATENTS_JS = r"""(function(){
 const fmt = (v, kind) => {
@@ -198,9 +198,13 @@ def histogram_svg(edges: Sequence[float], counts: Sequence[float], *, width: int
     )
 
 
-def _tokens(part: Any) -> str:
-    """A run of decoded tokens (a list, joined as the tokenizer spells them) or a string."""
-    return "".join(map(str, part)) if isinstance(part, list) else str(part or "")
+def _tokens_html(part: Any) -> str:
+    """A run of tokens, each in its own box (a list, each token as decoded alone, so word pieces stay
+    visibly apart: ``##ing``, `` the``), or a string as it is; escaped."""
+    e = html.escape
+    if isinstance(part, list):
+        return "<wbr>".join(f"<span class='tok'>{e(str(t))}</span>" for t in part)  # a line breaks between tokens
+    return e(str(part or ""))
 
 
 def _context_html(ctx: Mapping[str, Any]) -> str:
@@ -209,9 +213,10 @@ def _context_html(ctx: Mapping[str, Any]) -> str:
     e = html.escape
     token = ctx.get("text")
     token = f"#{ctx.get('token_id')}" if token in (None, "") else str(token)
-    after = _tokens(ctx.get("after"))
-    return f"{e(_tokens(ctx.get('context')))}<mark title='token id {e(str(ctx.get('token_id')))}'>{e(token)}</mark>" + (
-        f"<span class='after'>{e(after)}</span>" if after else ""
+    after = _tokens_html(ctx.get("after"))
+    return (
+        f"{_tokens_html(ctx.get('context'))}<mark title='token id {e(str(ctx.get('token_id')))}'>{e(token)}</mark>"
+        + (f"<span class='after'>{after}</span>" if after else "")
     )
 
 
@@ -252,6 +257,7 @@ def latent_card_html(card: Mapping[str, Any], name: str = "") -> str:
         if contexts
         else "<p class='ev'>no top contexts (the latent never fired in the pass, or none were collected)</p>"
     )
+    heading = f"<p><b>top {len(contexts)} contexts</b> (highest activation first)</p>" if contexts else ""
     why = card.get("why")
     why = ", ".join(map(str, why)) if isinstance(why, list) else why
     why = f" — {e(str(why))}" if why else ""
@@ -259,7 +265,7 @@ def latent_card_html(card: Mapping[str, Any], name: str = "") -> str:
     return (
         f"<div class='card' id='card-{_slug(name)}-{lid}'><h4>{where}latent {lid}{why}</h4><div class='top'>"
         f"<table>{stat_rows}</table><div>{histogram_svg(hist.get('edges') or [], hist.get('counts') or [])}</div>"
-        f"{nn}</div><p><b>top {len(contexts)} contexts</b> (highest activation first)</p>{ctx}</div>"
+        f"{nn}</div>{heading}{ctx}</div>"
     )
 
 
