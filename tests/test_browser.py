@@ -70,6 +70,23 @@ def test_a_row_opens_its_card_with_the_token_marked(pages, browser, name):
     assert browser.errors() == []
 
 
+def test_a_latent_a_flag_names_links_to_its_card(pages, browser):
+    browser.open(pages["report"])
+    link = browser.js(
+        "const a = document.querySelector('.flag a.to-latent'); a.click();"
+        "return {id: a.dataset.id, box: a.dataset.box};"
+    )
+    opened = browser.js(
+        f"const box = document.getElementById(arguments[0]); const c = box.querySelector('{CARD}');"
+        "return {rows: [...box.querySelectorAll('tbody tr.lat')].map(t => t.dataset.id),"
+        " visible: !!c && c.offsetParent !== null, title: c ? c.querySelector('h4').textContent : ''};",
+        link["box"],
+    )
+    assert opened["rows"] == [link["id"]]  # the table filtered to that latent
+    assert opened["visible"] and f"latent {link['id']}" in opened["title"]
+    assert browser.errors() == []
+
+
 def test_the_table_sorts_filters_and_renders_lazily(pages, browser):
     page = pages["latents"]
     data = _table(page)

@@ -156,10 +156,24 @@ img{max-width:100%;margin:.5em 0}figure{margin:1em 0}figcaption{font-size:.9em;c
 pre{background:#f6f6f6;padding:.6em;overflow-x:auto}"""
 
 
-def html_flags(flags: list[Flag], *, show_subject: bool = True) -> list[str]:
+def html_flags(
+    flags: list[Flag], *, show_subject: bool = True, latent_tables: Mapping[str, str] | None = None
+) -> list[str]:
     """One <div> per kind of flag (severity, name, what it applies to, advice once; each instance's summary,
-    evidence and latents beneath), or a 'No flags.' line."""
+    evidence and latents beneath), or a 'No flags.' line. ``latent_tables`` {SAE name: element id of its
+    per-latent table}: the latents of that SAE's flags link to their cards there."""
     e = html.escape
+    tables = latent_tables or {}
+
+    def latent_links(f: Flag) -> str:
+        if f.subject not in tables:
+            return e(_latent_list(f.latents or []))
+        box = e(tables[f.subject])
+        return ", ".join(
+            f"<a class='to-latent' href='#{box}' data-box='{box}' data-id='{int(i)}'>{int(i)}</a>"
+            for i in f.latents or []
+        )
+
     parts = []
     for group in group_flags(flags):
         f = group[0]
@@ -167,7 +181,7 @@ def html_flags(flags: list[Flag], *, show_subject: bool = True) -> list[str]:
         advice = f"<br><i>{e(f.advice)}</i>" if one_advice else ""
         if len(group) == 1:
             who = f" — {e(f.subject)}" if show_subject and f.subject != "activations" else ""
-            lat = f"<br>latents: {e(_latent_list(f.latents))}" if f.latents else ""
+            lat = f"<br>latents: {latent_links(f)}" if f.latents else ""
             parts.append(
                 f"<div class='flag'><b class='{f.severity}'>{f.severity}</b> <code>{e(f.name)}</code>{who}: "
                 f"{e(f.summary)}{advice}<div class='ev'>{e(_evidence(f))}{lat}</div></div>"
@@ -176,7 +190,7 @@ def html_flags(flags: list[Flag], *, show_subject: bool = True) -> list[str]:
         items = []
         for m in group:
             sev = f"<b class='{m.severity}'>{m.severity}</b> " if m.severity != f.severity else ""
-            lat = f"; latents {e(_latent_list(m.latents))}" if m.latents else ""
+            lat = f"; latents {latent_links(m)}" if m.latents else ""
             own = "" if one_advice else f"<br><i>{e(m.advice)}</i>"
             items.append(
                 f"<li>{sev}{e(m.subject)}: {e(m.summary)}{own} <span class='ev'>({e(_evidence(m))}{lat})</span></li>"

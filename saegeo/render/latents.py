@@ -153,7 +153,22 @@ function init(box) {
   apply();
 }
 document.querySelectorAll('.latents').forEach(init);
+document.addEventListener('click', ev => {  // a latent a flag names: its table filtered to it, its card open
+  const a = ev.target.closest('a.to-latent'), box = a && document.getElementById(a.dataset.box);
+  if (!box) return;
+  ev.preventDefault();
+  const input = box.querySelector('input.filter');
+  input.value = a.dataset.id; input.dispatchEvent(new Event('input'));
+  const tr = box.querySelector('tbody tr.lat');
+  if (tr && !tr.classList.contains('open')) tr.click();
+  box.scrollIntoView();
+});
 })();"""
+
+
+def latent_table_id(name: str) -> str:
+    """The element id of an SAE's per-latent table (flags link their latents to it)."""
+    return f"latents-{_slug(name)}"
 
 
 def _slug(name: str) -> str:
@@ -295,7 +310,7 @@ def latent_section_html(
         f"<template class='lt-card' data-id='{int(c['id'])}'>{latent_card_html(c, name)}</template>" for c in cards
     )
     return [
-        f"<div class='latents' id='latents-{_slug(name)}'>",
+        f"<div class='latents' id='{latent_table_id(name)}'>",
         "<div class='controls'><input class='filter' type='search' placeholder='filter: 1200 2902 · rate&gt;0.5 · "
         "cos_mu&lt;-0.2 · dense · card' aria-label='filter latents'> <span class='count'></span></div>",
         (f"<p>Cards (top contexts): {links}. " if cards else "<p>")

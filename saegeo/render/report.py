@@ -40,7 +40,7 @@ from saegeo.render.base import (
     write_renderings,
 )
 from saegeo.render.check import render_check_html, render_check_markdown, render_check_terminal
-from saegeo.render.latents import LATENTS_CSS, LATENTS_JS, latent_section_html
+from saegeo.render.latents import LATENTS_CSS, LATENTS_JS, latent_section_html, latent_table_id
 from saegeo.render.text import artifact_text, exclusion_lines
 from saegeo.report.check import DictionaryCheck
 from saegeo.report.flags import FlagThresholds
@@ -524,7 +524,8 @@ def render_html(report: GeometryReport, pngs: dict[str, bytes] | None = None) ->
     e = html.escape
     pngs = pngs if pngs is not None else figures(report)
     parts = [f"<h2>Flags ({e(flag_counts(report.flags))})</h2>"]
-    parts += html_flags(report.flags)
+    with_latents = [s for s in report.saes if getattr(s, "latent_table", None) or getattr(s, "latents", None)]
+    parts += html_flags(report.flags, latent_tables={s.name: latent_table_id(s.name) for s in with_latents})
     parts.append("<h2>Activations</h2>")
     parts += html_table(activation_lines(report))
     if diagnosis_lines(report):
@@ -534,7 +535,6 @@ def render_html(report: GeometryReport, pngs: dict[str, bytes] | None = None) ->
         header, rows = _sae_table(report)
         parts.append("<h2>SAE" + ("s side by side" if len(report.saes) > 1 else "") + "</h2>")
         parts += html_grid(header, rows)
-    with_latents = [s for s in report.saes if getattr(s, "latent_table", None) or getattr(s, "latents", None)]
     for s in with_latents:
         parts.append(f"<h2>Latents of {e(s.name)}</h2>")
         parts += latent_section_html(s.name, getattr(s, "latent_table", None), getattr(s, "latents", None))

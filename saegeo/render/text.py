@@ -203,7 +203,7 @@ def render_train(result: Any) -> str:
     live = result.history[-1] if result.history else {}
     rows = [
         ("architecture", f"{cfg.arch}" + (f" k={cfg.k}" if cfg.arch == "topk" else f" l1={cfg.l1_coefficient:g}")),
-        ("d_in -> d_sae", f"{result.sae.cfg.d_in} -> {result.sae.cfg.d_sae}"),
+        ("d_in → d_sae", f"{result.sae.cfg.d_in} → {result.sae.cfg.d_sae}"),
         ("b_dec init", cfg.b_dec_init),
         ("tokens trained", f"{cfg.total_steps * cfg.batch_tokens:,} ({cfg.total_steps} steps of {cfg.batch_tokens})"),
         ("throughput", f"{live.get('tok_s', float('nan')):,.0f} tokens/s"),
@@ -217,10 +217,10 @@ def render_train(result: Any) -> str:
         ("held-out L0", f"{h.get('l0', float('nan')):.1f}"),
         ("dead latents", f"{h.get('dead_fraction', float('nan')):.2%} (never fire on held-out)"),
         ("dense latents", f"{h.get('dense_fraction', float('nan')):.2%} (fire on > 50% of held-out)"),
-        ("max |cos(W_dec, mean)|", f"{h.get('max_abs_cos_mean', float('nan')):.3f}"),
+        ("max |cos(u_i, μ)|", f"{h.get('max_abs_cos_mean', float('nan')):.3f}"),
         (
-            "|b_dec - mean| / |mean|",
-            f"{h.get('b_dec_dist_to_mean', float('nan')):.3f} (|mean| = {h.get('mean_norm', 0):.3g})",
+            "‖b_dec − μ‖/‖μ‖",
+            f"{h.get('b_dec_dist_to_mean', float('nan')):.3f} (‖μ‖ = {h.get('mean_norm', 0):.3g})",
         ),
         ("saved to", str(cfg.out_dir) if cfg.out_dir else "(not saved: give --out-dir)"),
     ]
