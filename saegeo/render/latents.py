@@ -56,7 +56,7 @@ LATENTS_JS = r"""(function(){
 const fmt = (v, kind) => {
   if (v === null || v === undefined || (typeof v === 'number' && !isFinite(v))) return '—';
   if (kind === 'bool') return v ? 'yes' : '';
-  if (kind === 'int') return String(v);
+  if (kind === 'int') return v < 0 ? '—' : String(v);  // nn_id −1: a zero decoder row has no neighbour
   const a = Math.abs(v);
   return (a !== 0 && (a >= 1e5 || a < 1e-3)) ? v.toExponential(2) : v.toFixed(3);
 };
