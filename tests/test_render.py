@@ -141,10 +141,11 @@ def test_a_flag_raised_at_many_layers_gives_its_advice_once():
     text = "\n".join(terminal_flags(flags))
     assert text.count("do this") == 1 and text.count("something else") == 1
     assert "artifact_direction ×13" in text and all(f"PC1 at {i}" in text for i in range(13))
-    assert "blocks.0.hook_resid_post, blocks.1.hook_resid_post" in text  # the layers it applies to, in order
+    assert "13 subjects, each below" in text and all(f"[blocks.{i}.hook_resid_post]" in text for i in range(13))
     for block in (md_flags(flags), html_flags(flags)):
         joined = "\n".join(block)
         assert joined.count("do this") == 1 and "×13" in joined and all(f"PC1 at {i}" in joined for i in range(13))
+        assert "blocks.0.hook_resid_post, blocks.1.hook_resid_post" in joined  # the layers it applies to, in order
     assert len(html_flags(flags)) == 2  # one block per kind
     # advice that differs (numbers in it) goes with each instance, still one block for the kind
     two = [_flag("amp", "a", advice="fix a"), _flag("amp", "b", advice="fix b")]

@@ -83,7 +83,9 @@ def terminal_flags(flags: list[Flag], *, max_flags: int = 12, show_subject: bool
             if f.latents:
                 out.append(f"      latents {_latent_list(f.latents, 10)}")
         else:
-            out.append(f"  {SEVERITY_MARK[f.severity]} {f.severity:<7} {f.name} ×{len(group)}: {_subjects(group)}")
+            n_subjects = len(set(m.subject for m in group))
+            where = _subjects(group) if n_subjects <= 3 else f"{n_subjects} subjects, each below"
+            out.append(f"  {SEVERITY_MARK[f.severity]} {f.severity:<7} {f.name} ×{len(group)}: {where}")
             one_advice = len(_advices(group)) == 1
             for m in group:
                 sev = f"{m.severity}, " if m.severity != f.severity else ""
