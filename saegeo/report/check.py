@@ -625,7 +625,9 @@ def _store_measures(acts: Any, opts: MatchOptions) -> dict[str, Any] | None:
     norm = torch.cat(norms)
     mean_norm = float(norm.mean())
     position0 = None
-    if rows.store is not None:
+    if rows.window is not None:  # a (batch, pos, d) source: rows g < n with g mod pos = 0
+        position0 = -(-n // rows.window)
+    elif rows.store is not None:
         position0, seen = 0, 0
         for i, shard in enumerate(rows.store.shards):
             pos = rows.store.read_positions(i)
