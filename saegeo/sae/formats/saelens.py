@@ -219,7 +219,7 @@ def read_saelens(path: str | os.PathLike) -> Dictionary:
             **_saelens_activation_facts(raw, meta),
         )
     else:  # any SAELens version: older key names, normalisation, scaling factors (see _saelens_config)
-        cfg, info = _saelens_config(raw, cfg_path, weights)
+        return saelens_state_dictionary(raw, weights, cfg_path, str(d), w_path)
     tensors = _saelens_tensors(cfg, info, weights, w_path, bool(raw.get("finetuning_scaling_factor", False)))
     expected = block.get("weights_sha256") if isinstance(block, dict) else None
     if expected and hashlib.sha256(w_path.read_bytes()).hexdigest() != expected:
@@ -228,6 +228,19 @@ def read_saelens(path: str | os.PathLike) -> Dictionary:
             "corrupt); restore both files from one save, or train again"
         )
     return make_dictionary(cfg, tensors, w_path, info)
+
+
+def saelens_state_dictionary(
+    raw: dict, weights: dict, where: object, source: str, weights_where: object = None
+) -> Dictionary:
+    """A config dict and a state dict as SAELens writes them (cfg.json and sae_weights.safetensors of any SAELens
+    version; `SAE.cfg.to_dict()` and `state_dict()` of an SAE in memory) -> the Dictionary, read exactly as a
+    directory is. `where` / `weights_where` name the config and the weights in messages, `source` is recorded
+    as FormatInfo.source."""
+    weights_where = where if weights_where is None else weights_where
+    cfg, info = _saelens_config(raw, where, weights, source)
+    tensors = _saelens_tensors(cfg, info, weights, weights_where, bool(raw.get("finetuning_scaling_factor", False)))
+    return make_dictionary(cfg, tensors, weights_where, info)
 
 
 def _saegeo_block_config(block: dict, raw: dict, cfg_path: Path) -> SAEConfig:
@@ -283,7 +296,7 @@ _SAELENS_NORMALIZATIONS = {  # SAELens normalize_activations -> saegeo input_nor
 }
 
 
-def _saelens_config(raw: dict, where: Path, weights: dict) -> tuple[SAEConfig, FormatInfo]:
+def _saelens_config(raw: dict, where: object, weights: dict, source: str) -> tuple[SAEConfig, FormatInfo]:
     """SAELens cfg.json (6.x, or < 6: hook_point, activation_fn_str/activation_fn_kwargs, boolean
     normalize_activations, no architecture) -> SAEConfig, as sae_lens' handle_config_defaulting reads it."""
     meta = raw.get("metadata") or {}
@@ -309,7 +322,7 @@ def _saelens_config(raw: dict, where: Path, weights: dict) -> tuple[SAEConfig, F
         )
     w_enc = weights.get("W_enc")
     if w_enc is None or w_enc.ndim != 2:
-        raise FormatError(f"{where.parent / WEIGHTS_FILENAME}: no 2-D W_enc (d_in, d_sae); found {sorted(weights)}")
+        raise FormatError(f"{source}: the weights hold no 2-D W_enc (d_in, d_sae); found {sorted(weights)}")
     d_in = count_field(where, raw, "d_in") if raw.get("d_in") is not None else int(w_enc.shape[0])
     d_sae = count_field(where, raw, "d_sae") if raw.get("d_sae") is not None else int(w_enc.shape[1])
     k = raw.get("k", fn_kwargs.get("k")) if arch == "topk" else None
@@ -331,7 +344,7 @@ def _saelens_config(raw: dict, where: Path, weights: dict) -> tuple[SAEConfig, F
     )
     info = FormatInfo(
         format="saelens",
-        source=str(where.parent),
+        source=source,
         sae_lens_version=version,
         architecture=arch,
         normalize_activations=norm,
@@ -362,7 +375,7 @@ def _saelens_activation_facts(raw: dict, meta: dict) -> dict:
 
 
 def _saelens_tensors(
-    cfg: SAEConfig, info: FormatInfo, weights: dict, where: Path, scaling_factor_on: bool
+    cfg: SAEConfig, info: FormatInfo, weights: dict, where: object, scaling_factor_on: bool
 ) -> dict[str, torch.Tensor]:
     """The state dict in the contract's names: log_threshold -> threshold; a finetuning scaling factor
     s (SAELens < 6 decodes (a·s) @ W_dec) folded into the decoder rows, W_dec[i] ·= s_i."""
