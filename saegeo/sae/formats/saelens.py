@@ -180,13 +180,14 @@ def finish_commit(d: Path) -> None:
         (d / f"{name}.new").unlink(missing_ok=True)
 
 
-def read_saelens(path: str | os.PathLike) -> Dictionary:
+def read_saelens(path: str | os.PathLike, overrides: dict | None = None) -> Dictionary:
     """A SAELens-layout directory (or a file in it): saegeo-written (its saegeo block restores the exact
     SAEConfig) or written by any SAELens version (see `_saelens_config`: older key names, apply_b_dec_to_input,
     normalize_activations, JumpReLU threshold / log_threshold, finetuning scaling factors).
 
     Architectures: standard (ReLU), topk, jumprelu. SAELens' TopK applies ReLU after TopK
-    (topk_order "topk_then_relu").
+    (topk_order "topk_then_relu"). `overrides` (a SAELens release's config_overrides) update the config read
+    from cfg.json before anything else reads it, as SAELens' get_sae_lens_config_from_disk does (cfg_dict.update).
     """
     d = Path(path)
     d = d.parent if d.is_file() else d
@@ -197,6 +198,7 @@ def read_saelens(path: str | os.PathLike) -> Dictionary:
         found = sorted(p.name for p in d.iterdir()) if d.is_dir() else "no such directory"
         raise FormatError(f"{d}: expected {CFG_FILENAME} and {WEIGHTS_FILENAME} (SAELens layout); found {found}")
     raw, weights = read_json(cfg_path), read_safetensors(w_path)
+    raw.update(overrides or {})
     missing = [key for key in ("d_in", "d_sae") if key not in raw]
     if missing:  # `{}` would otherwise load as a ReLU SAE shaped by whatever weights lie beside it
         raise FormatError(
