@@ -26,7 +26,7 @@ CONVERSIONS: dict[str | None, tuple[str, tuple[str, ...]]] = {
     None: ("saelens", ("cfg.json", "sae_weights.safetensors")),
     "sae_lens": ("saelens", ("cfg.json", "sae_weights.safetensors")),
     "gemma_2": ("gemma_scope_npz", ("params.npz",)),
-    "gemma_scope_2": ("gemma_scope_2", ("params.safetensors", "config.json")),
+    "gemma_3": ("gemma_scope_2", ("params.safetensors", "config.json")),  # Gemma Scope 2
     "llama_scope": ("llama_scope", ("hyperparams.json", "checkpoints/final.safetensors")),
     "dictionary_learning_1": ("dictionary_learning", ("ae.pt", "config.json")),
     "sparsify": ("sparsify", ("cfg.json", "sae.safetensors")),
@@ -79,6 +79,8 @@ def _saegeo_table() -> dict[str, dict[str, Any]]:
     }
     for size in ("2b", "9b", "27b"):
         for site, hook in gemma_sites.items():
+            if size == "27b" and site != "res":  # not released (absent from SAELens' registry too)
+                continue
             table[f"gemma-scope-{size}-pt-{site}"] = _release(
                 f"google/gemma-scope-{size}-pt-{site}", f"google/gemma-2-{size}", "gemma_2", hook=hook
             )
@@ -91,11 +93,13 @@ def _saegeo_table() -> dict[str, dict[str, Any]]:
         for variant in ("pt", "it"):
             for site, folder in scope2_sites.items():
                 for suffix, sub in (("", folder), ("-all", f"{folder}_all")):
+                    if (size, variant) == ("27b", "pt") and site != "res":  # not released
+                        continue
                     table[f"gemma-scope-2-{size}-{variant}-{site}{suffix}"] = {
                         **_release(
                             f"google/gemma-scope-2-{size}-{variant}",
                             f"google/gemma-3-{size}-{variant}",
-                            "gemma_scope_2",
+                            "gemma_3",
                             hook=scope2_hooks[site],
                         ),
                         "path_prefix": sub,  # sae_id layer_12_width_16k_l0_medium -> resid_post/layer_12_...
