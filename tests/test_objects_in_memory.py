@@ -173,6 +173,8 @@ def test_hf_models_with_their_tokenizer(tokenizer):
     torch.testing.assert_close(cache["blocks.0.hook_resid_post"], hidden[1], atol=1e-5, rtol=1e-5)
     with pytest.raises(BadInputError, match=r"\(model, tokenizer\)"):
         load_model(hf)
+    with pytest.raises(BadInputError, match="cannot use a list as a model"):
+        load_model([hf])  # not an AttributeError
     bert_cfg = transformers.BertConfig(
         vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
     )

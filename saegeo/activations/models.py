@@ -415,21 +415,24 @@ def from_config(
 
 def _in_memory(spec: Any, dtype: torch.dtype) -> LoadedModel | None:
     """A model object (see the module docstring) -> LoadedModel; None when `spec` is not one."""
+    from transformer_lens import HookedEncoder, HookedTransformer
+    from transformers import PreTrainedModel
+
     model, tokenizer = spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, None)
     kind = type(model).__name__
-    if hasattr(model, "cfg") and hasattr(model, "hook_dict") and kind in ("HookedTransformer", "HookedEncoder"):
+    if isinstance(model, (HookedTransformer, HookedEncoder)):
         tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
         if tokenizer is None:
             raise BadInputError(
                 f"this {kind} has no tokenizer; pass (model, tokenizer), e.g. CacheConfig(model=(model, tokenizer))"
             )
-        encoder = kind == "HookedEncoder"
+        encoder = isinstance(model, HookedEncoder)
         if not encoder and model.cfg.attention_dir == "bidirectional":
             raise BadInputError("a bidirectional HookedTransformer config needs a HookedEncoder")
         name = getattr(model.cfg, "model_name", None)
         name = f"{name} (in memory: {kind})" if name and name != "custom" else f"in memory: {kind}"
         return LoadedModel(model, tokenizer, name, "encoder" if encoder else "decoder")
-    if hasattr(model, "config") and hasattr(model, "state_dict") and hasattr(model.config, "to_dict"):
+    if isinstance(model, PreTrainedModel):
         if tokenizer is None:
             raise BadInputError(
                 f"an HF {kind} needs its tokenizer: pass (model, tokenizer), e.g. CacheConfig(model=(model, tokenizer))"
@@ -475,6 +478,13 @@ def load_model(spec: str | os.PathLike | Any, *, dtype: torch.dtype = torch.floa
         if in_memory is not None:
             loaded = in_memory
         elif not isinstance(spec, (str, os.PathLike)):
+            from transformer_lens import HookedTransformerConfig
+
+            if not isinstance(spec, (dict, HookedTransformerConfig)):
+                raise BadInputError(
+                    f"cannot use a {type(spec).__name__} as a model; pass a name, a directory, a HookedTransformer or "
+                    "HookedEncoder, an HF model as (model, tokenizer), or a HookedTransformerConfig"
+                )
             loaded = from_config(spec)
         elif spec_str.lower() == "smollm2":
             gguf = smollm2_gguf()
