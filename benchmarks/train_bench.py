@@ -33,7 +33,7 @@ share one grid, each claiming runs by an atomic mkdir. While /work/merge.lock (-
 starts. `--print` re-prints the curves from the saved results without training.
 
 Usage: .venv/bin/python benchmarks/train_bench.py [--arch relu topk batchtopk] [--lrs 1e-3 2e-3 4e-3]
-       [--l1s 1 2 4] [--ks 16 32 64] [--tokens 737280] [--threads 1] [--acts PATH] [--worker] [--print]
+       [--l1s 0.5 1 2] [--ks 16 32 64] [--tokens 737280] [--threads 1] [--acts PATH] [--worker] [--print]
 Dead-latent windows: saegeo marks a latent dead for AuxK after 200k tokens without firing; SAELens after
 dead_feature_window = 1000 steps (4.1M tokens), so its AuxK never switches on in this budget. Both report
 "dead" the same way here: never fires on the held-out rows.
@@ -64,7 +64,7 @@ STORE = ROOT / "artifacts/acts/minilm/blocks.3.hook_resid_post"
 SAELENS_PY = ROOT / ".venv-saelens/bin/python"
 D_SAE, BATCH, HELDOUT, D_IN = 3072, 4096, 0.1, 384  # D_IN: MiniLM's width
 LRS = (1e-3, 2e-3, 4e-3)  # the one lr grid both sides search
-SETTINGS = {"relu": (1.0, 2.0, 4.0), "topk": (16, 32, 64), "batchtopk": (16, 32, 64)}  # l1 coefficients; k
+SETTINGS = {"relu": (0.5, 1.0, 2.0), "topk": (16, 32, 64), "batchtopk": (16, 32, 64)}  # l1 coefficients; k
 SIDES = ("saegeo", "saelens")
 
 SAELENS_SCRIPT = r"""
