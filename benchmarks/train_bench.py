@@ -1,30 +1,39 @@
-"""SAE training, saegeo vs SAELens, side by side in one run on the same activations.
+"""SAE training, saegeo vs SAELens: FVE–L0 curves side by side on the same activations, each point at its best lr.
 
 Data: MiniLM layer-3 `blocks.3.hook_resid_post` from the store at artifacts/acts/minilm/... (built by
-`saegeo cache` if missing), or a saved tensor given with --acts. Same d_sae (3072), batch (4096),
-lr (3e-4), token budget (737,280 = 180 steps) and held-out split (the last 10% of rows in store order)
-for both. SAELens runs in its own venv (.venv-saelens: `python3 -m venv .venv-saelens &&
-.venv-saelens/bin/pip install torch==2.13.0 sae-lens==6.54.12`) through a subprocess.
+`saegeo cache` if missing), or a saved tensor given with --acts. Same d_sae (3072 = expansion 8), batch (4096),
+token budget (737,280 = 180 steps) and held-out split (the last 10% of rows in store order) for both sides.
+SAELens 6.54.12 runs in its own venv (.venv-saelens: `make .venv-saelens/.installed`) through a subprocess, at
+its defaults except the lr (constant: SAELens' default schedule), l1_coefficient (ReLU) and k (TopK, BatchTopK).
 
-Reported per run: tokens/s (wall time of the whole training call), held-out FVE, L0, dead and dense
-fractions, max |cos(W_dec, mean)|, ‖b_dec‖ vs ‖mean‖; then ratios. All metrics for both libraries are
-computed by the same function (saegeo.sae.train.evaluate) on the same held-out rows; the SAELens SAE is
-also scored by SAELens' own encode/decode, and the two must agree (note SAELens' TopKTrainingSAE defaults
-to rescale_acts_by_decoder_norm=True, which saegeo's SAEConfig expresses). Timing: wall seconds of the
-whole training call (saegeo's includes b_dec init, held-out eval and saving) and process CPU seconds;
-on a shared machine the CPU-seconds ratio is the steadier one. Finally a saegeo-saved SAE is loaded
-by SAELens (`SAE.load_from_disk`) and its encode/decode compared with saegeo's. SAELens' trained SAEs are left
-in OUT/saelens_<arch>/ as SAELens writes them for inference (`save_inference_model`), e.g. for `saegeo report`.
+The grid. Per architecture, each side trains every sparsity setting (ReLU: the L1 coefficient, --l1s; TopK and
+BatchTopK: k, --ks) at every lr of the same small grid (--lrs). A point's "best lr" is, for ReLU, the lr with the
+lowest held-out objective mean‖x − x̂‖² + l1·mean Σ_i a_i‖w_i‖ (the objective both sides minimise, same scale;
+computed by one function on both SAEs), for TopK/BatchTopK (L0 fixed by k) the lr with the highest held-out FVE.
+The curve of a side is its best points, ordered by held-out L0. Comparing curves: each side's curve is
+interpolated linearly in log L0; at every point of either curve inside the L0 range both cover, the gap
+FVE_saegeo − FVE_SAELens is printed, and its minimum decides "at or above". Every point of the grid is printed
+too, so the whole cloud can be read.
 
-The floor: before each run, the same process times a bare dense encoder matmul (B·d·N) + a top-k of k per
-row + a sparse (embedding_bag) decode of one batch, and prints each side's mean step time as a share of it
-(floor / step; 100 % = the step costs no more than its forward floor).
-BatchTopK and JumpReLU: saegeo trains both (SAELens too with --saelens-arch); the BatchTopK SAE saegeo saves
-(architecture jumprelu, threshold broadcast) is loaded by SAELens and its codes compared with saegeo's.
-Threads: --threads sets torch.set_num_threads and OMP_NUM_THREADS for both sides (default 1).
+The defaults: `TrainConfig(arch=...)` with only the budget set (what `saegeo train --arch relu --total-tokens
+737280` trains; its per-architecture lr and l1 come from the architecture module) is trained on the same rows and
+placed against saegeo's curve, and the SAE it saves is loaded by SAELens (`SAE.load_from_disk`), whose
+encode/decode must agree with saegeo's (BatchTopK is saved as jumprelu with its threshold broadcast).
 
-Usage: .venv/bin/python benchmarks/train_bench.py [--arch topk relu batchtopk jumprelu] [--saelens-arch topk relu]
-       [--tokens 737280] [--d-sae 3072] [--threads 1] [--acts PATH]
+All metrics for both libraries are computed by the same function (saegeo.sae.train.evaluate) on the same held-out
+rows; SAELens' own encode/decode FVE must agree with it (TopK, ReLU). Timing: process CPU seconds of the whole
+training call (saegeo's includes b_dec init, held-out eval and saving; SAELens' is its `fit()`), the CPU ratio per
+matched (setting, lr) pair. The floor (TopK, BatchTopK): before each run the same process times a bare dense
+encoder matmul (B·d·N) + a top-k of k per row + a sparse (embedding_bag) decode of one batch; a side's step is
+printed as floor / step (100 % = the step costs no more than its forward floor).
+
+Running: each run's result is one JSON file in --results (default artifacts/runs/train_bench/results); a run
+already there is skipped, so an interrupted grid resumes and two workers (`--worker`, two processes at most)
+share one grid, each claiming runs by an atomic mkdir. While /work/merge.lock (--pause-file) exists no new run
+starts. `--print` re-prints the curves from the saved results without training.
+
+Usage: .venv/bin/python benchmarks/train_bench.py [--arch relu topk batchtopk] [--lrs 1e-3 2e-3 4e-3]
+       [--l1s 0.5 1 2] [--ks 16 32 64] [--tokens 737280] [--threads 1] [--acts PATH] [--worker] [--print]
 Dead-latent windows: saegeo marks a latent dead for AuxK after 200k tokens without firing; SAELens after
 dead_feature_window = 1000 steps (4.1M tokens), so its AuxK never switches on in this budget. Both report
 "dead" the same way here: never fires on the held-out rows.
@@ -34,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -48,13 +58,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from saegeo.sae.model import SAE, SAEConfig  # noqa: E402
-from saegeo.sae.train import RELU_LR, TrainConfig, evaluate, train_sae  # noqa: E402
+from saegeo.sae.train import TrainConfig, evaluate, train_sae  # noqa: E402
 
 STORE = ROOT / "artifacts/acts/minilm/blocks.3.hook_resid_post"
 SAELENS_PY = ROOT / ".venv-saelens/bin/python"
-D_SAE, BATCH, LR, HELDOUT = 3072, 4096, 3e-4, 0.1
-# SAELens runs at lr 3e-4 (as PEERS.md measured it), saegeo too except ReLU at RELU_LR = 1e-3 (unit-norm
-# decoder rows: README "ReLU+L1 recipe")
+D_SAE, BATCH, HELDOUT, D_IN = 3072, 4096, 0.1, 384  # D_IN: MiniLM's width
+LRS = (1e-3, 2e-3, 4e-3)  # the one lr grid both sides search
+SETTINGS = {"relu": (0.5, 1.0, 2.0), "topk": (16, 32, 64), "batchtopk": (16, 32, 64)}  # l1 coefficients; k
+SIDES = ("saegeo", "saelens")
 
 SAELENS_SCRIPT = r"""
 import json, os, sys, time
@@ -123,11 +134,12 @@ print("JSON" + json.dumps(out))
 """
 
 
-def run_saelens(job: dict) -> dict:
+def run_saelens(job: dict, python: Path) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(SAELENS_SCRIPT)
     env = {**os.environ, "TQDM_DISABLE": "1", "WANDB_MODE": "disabled"}
-    proc = subprocess.run([str(SAELENS_PY), f.name, json.dumps(job)], capture_output=True, text=True, env=env)
+    proc = subprocess.run([str(python), f.name, json.dumps(job)], capture_output=True, text=True, env=env)
+    os.unlink(f.name)
     if proc.returncode != 0:
         raise RuntimeError(f"SAELens subprocess failed:\n{proc.stderr[-3000:]}")
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("JSON")][-1]
@@ -208,190 +220,414 @@ def floor_seconds(x: torch.Tensor, d_sae: int, k: int) -> float:
     return _best_of(step, reps=5)[0]
 
 
+def relu_objective(sae: SAE, held: torch.Tensor, l1: float) -> float:
+    """The ReLU+L1 objective on held-out rows, mean_rows ‖x − x̂‖² + l1 · mean_rows Σ_i a_i‖W_dec[i]‖ (SAELens'
+    Standard loss; invariant to moving a latent's scale between its code and its decoder row)."""
+    sse = penalty = 0.0
+    with torch.no_grad():
+        norms = sae.W_dec.norm(dim=1).double()
+        for lo in range(0, held.shape[0], 4096):
+            x = held[lo : lo + 4096]
+            codes = sae.encode(x)
+            sse += float((x - sae.decode(codes)).double().pow(2).sum())
+            penalty += float((codes.double() @ norms).sum())
+    return (sse + l1 * penalty) / held.shape[0]
+
+
+# =========================================================================== one run
+def job_key(job: dict) -> str:
+    if job.get("default"):
+        return f"{job['arch']}-saegeo-default"
+    return f"{job['arch']}-{job['side']}-{job['setting']:g}-lr{job['lr']:g}"
+
+
+def grid_jobs(args) -> list[dict]:
+    """Per architecture every (setting, lr), the two sides next to each other; then the run at the defaults.
+
+    Order only (the grid is the same): each side's lrs run in the order of --lr-order SIDE=LR,LR,... (where the
+    earlier runs put its best lr), so an interrupted grid has each side's likeliest best points first."""
+    settings = {"relu": args.l1s, "topk": args.ks, "batchtopk": args.ks}
+    prefer = {side: [float(v) for v in lrs.split(",")] for side, lrs in (o.split("=") for o in args.lr_order)}
+
+    def tier(side: str, lr: float) -> int:
+        order = prefer.get(side, [])
+        return order.index(lr) if lr in order else len(order) + sorted(args.lrs).index(lr)
+
+    jobs = []
+    for arch in args.arch:
+        grid = [
+            dict(arch=arch, side=side, setting=s, lr=lr)
+            for s in settings[arch]
+            for lr in args.lrs
+            for side in args.sides
+        ]
+        jobs += sorted(grid, key=lambda j: (tier(j["side"], j["lr"]), j["setting"], j["side"]))
+        if not args.no_defaults and "saegeo" in args.sides:
+            jobs.append(dict(arch=arch, side="saegeo", default=True))
+    return jobs
+
+
+class Data:
+    """The rows, their split and the file the SAELens subprocess reads."""
+
+    def __init__(self, args):
+        x, self.source = load_activations(args.acts)
+        n_held = int(round(x.shape[0] * HELDOUT))
+        self.x, self.train_x, self.held_x = x, x[: x.shape[0] - n_held], x[x.shape[0] - n_held :]
+        self.mean = self.train_x.double().mean(0)
+        self.tmp = Path(tempfile.mkdtemp())
+        self.file = self.tmp / "data.safetensors"
+        save_file({"train": self.train_x.contiguous(), "heldout": self.held_x.contiguous()}, str(self.file))
+
+
+RUN_OPTIONS = dict(progress=False, log_every=20, overwrite=True)  # options that do not change the weights
+
+
+def grid_config(arch: str, setting: float, lr: float, args, out_dir: str | None = None) -> TrainConfig:
+    """saegeo's run at one point of the grid."""
+    sparsity = {"l1_coefficient": setting} if arch == "relu" else {"k": int(setting)}
+    return TrainConfig(
+        arch=arch,
+        d_sae=args.d_sae,
+        batch_tokens=BATCH,
+        lr=lr,
+        total_tokens=args.tokens,
+        heldout_fraction=HELDOUT,
+        out_dir=out_dir,
+        num_threads=args.threads,
+        **sparsity,
+        **RUN_OPTIONS,
+    )
+
+
+def default_config(arch: str, args, out_dir: str | None = None) -> TrainConfig:
+    """What `saegeo train --arch ARCH --total-tokens N` trains: nothing else given (the architecture's lr, l1)."""
+    return TrainConfig(arch=arch, total_tokens=args.tokens, out_dir=out_dir, num_threads=args.threads, **RUN_OPTIONS)
+
+
+def same_weights(a: TrainConfig, b: TrainConfig, d_in: int) -> bool:
+    """Whether two configs train the same weights on the same rows: equal in every option but those that do not
+    change the weights (saegeo.sae.train.NOT_IN_WEIGHTS), d_sae compared as the number of latents it gives."""
+    from dataclasses import asdict
+
+    from saegeo.sae.train import NOT_IN_WEIGHTS
+
+    def weights_part(c: TrainConfig) -> dict:
+        c = c.resolved()
+        return {k: v for k, v in asdict(c).items() if k not in NOT_IN_WEIGHTS + ("d_sae", "expansion")} | {
+            "n_latents": c.d_sae or c.expansion * d_in
+        }
+
+    return weights_part(a) == weights_part(b)
+
+
+def run_job(job: dict, data: Data, args, out_dir: Path) -> dict:
+    arch, side = job["arch"], job["side"]
+    rec = {"key": job_key(job), **job, "tokens": args.tokens, "threads": args.threads, "when": time.time()}
+    setting = job.get("setting")
+    k = int(setting) if arch != "relu" and setting is not None else TrainConfig.k
+    floor = floor_seconds(data.train_x[:BATCH].contiguous(), args.d_sae, k) if arch != "relu" else None
+    steps = args.tokens // BATCH
+    if side == "saegeo":
+        if job.get("default"):
+            cfg = default_config(arch, args, str(out_dir / f"saegeo_{arch}_default"))
+        else:
+            cfg = grid_config(arch, setting, job["lr"], args, str(out_dir / f"scratch_{os.getpid()}"))
+        t0, c0 = time.perf_counter(), time.process_time()
+        res = train_sae(cfg, data.x, resume=False)
+        rec["wall_seconds"], rec["cpu_seconds"] = time.perf_counter() - t0, time.process_time() - c0
+        sae = res.sae
+        live = res.history[-1] if res.history else {}
+        rec["step_s"] = BATCH / live["tok_s"] if "tok_s" in live else rec["wall_seconds"] / steps
+        used = res.config
+        rec.update(lr=used.lr, setting=used.l1_coefficient if arch == "relu" else used.k)
+        if job.get("default"):
+            rec["default_config"] = {f: getattr(used, f) for f in ("lr", "l1_coefficient", "k", "d_sae", "expansion")}
+            rec["saelens_load"] = saelens_load_check(arch, Path(cfg.out_dir), data, args)
+    else:
+        sl_job = dict(
+            data=str(data.file),
+            arch=arch,
+            d_sae=args.d_sae,
+            k=k,
+            l1=setting if arch == "relu" else 1.0,
+            batch=BATCH,
+            lr=job["lr"],
+            tokens=args.tokens,
+            seed=0,
+            threads=args.threads,
+            weights_out=str(data.tmp / f"saelens_{os.getpid()}.safetensors"),
+            save_dir=str(out_dir / f"saelens_topk_lr{job['lr']:g}") if (arch, k) == ("topk", 32) else None,
+        )
+        sl = run_saelens(sl_job, args.saelens_python)
+        sae = saelens_as_saegeo(
+            load_file(sl_job["weights_out"]), arch, k, sl["apply_b_dec_to_input"], sl["rescale_acts_by_decoder_norm"]
+        )
+        rec.update(
+            wall_seconds=sl["seconds"],
+            cpu_seconds=sl["cpu_seconds"],
+            step_s=sl["seconds"] / steps,
+            own_fve=sl["own_fve"],
+            sae_lens_version=sl["sae_lens_version"],
+        )
+    rec["metrics"] = {k2: float(v) for k2, v in evaluate(sae, [data.held_x], data.mean).items()}
+    if side == "saelens" and arch in ("topk", "relu"):  # same semantics (BatchTopK: SAELens trains batch-level)
+        assert abs(rec["metrics"]["fve"] - rec["own_fve"]) < 1e-3, (rec["metrics"]["fve"], rec["own_fve"])
+    if arch == "relu":
+        rec["objective"] = relu_objective(sae, data.held_x, rec["setting"])
+    if floor is not None:
+        rec["floor_s"] = floor
+    return rec
+
+
+def saelens_load_check(arch: str, sae_dir: Path, data: Data, args) -> dict:
+    """SAELens loads the saegeo-saved SAE and encodes/decodes the held-out rows as saegeo does."""
+    out = data.tmp / f"check_{os.getpid()}.safetensors"
+    chk = run_saelens(
+        dict(data=str(data.file), check_dir=str(sae_dir), check_out=str(out), threads=args.threads),
+        args.saelens_python,
+    )
+    ref = SAE.load(sae_dir)
+    with torch.no_grad():
+        codes = ref.encode(data.held_x)
+        recon = ref.decode(codes)
+    got = load_file(str(out))
+    result = dict(
+        cls=chk["loaded_class"],
+        version=chk["sae_lens_version"],
+        code_err=float((got["codes"] - codes).abs().max()),
+        support=int(((got["codes"] > 0) != (codes > 0)).sum()),
+        recon_err=float((got["recon"] - recon).abs().max() / recon.abs().max()),
+    )
+    assert result["code_err"] < 1e-3 and result["recon_err"] < 1e-5, (arch, result)
+    return result
+
+
+def work(args) -> None:
+    """Run every job of the grid not yet in the results directory, claiming each by an atomic mkdir."""
+    results = Path(args.results)
+    claims = results / "claims"
+    claims.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(args.threads)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the SAELens subprocess inherits it
+    data = Data(args)
+    print(
+        f"data: {data.source}: {data.x.shape[0]:,} tokens x {data.x.shape[1]}, train {data.train_x.shape[0]:,}, "
+        f"held-out {data.held_x.shape[0]:,} (last 10%); |mean| {data.mean.norm():.2f}; budget {args.tokens:,} "
+        f"tokens = {args.tokens // BATCH} steps of {BATCH}; d_sae {args.d_sae}; torch threads {args.threads}",
+        flush=True,
+    )
+    for job in grid_jobs(args):
+        key = job_key(job)
+        if (results / f"{key}.json").exists():
+            continue
+        while args.pause_file and Path(args.pause_file).exists():  # someone runs the full suite: start nothing
+            time.sleep(30)
+        try:
+            (claims / key).mkdir()
+        except FileExistsError:
+            continue
+        rec = run_job(job, data, args, out_dir)
+        (results / f"{key}.json").write_text(json.dumps(rec, indent=1))
+        m = rec["metrics"]
+        print(
+            f"{key}: FVE {m['fve']:.4f} L0 {m['l0']:.1f} dead {m['dead_fraction']:.1%}  {rec['cpu_seconds']:.1f} CPU s"
+            f"  step {rec['step_s'] * 1e3:.0f} ms"
+            + (f" (floor {rec['floor_s'] / rec['step_s']:.0%})" if "floor_s" in rec else ""),
+            flush=True,
+        )
+
+
+# =========================================================================== the curves
+def interpolate(curve: list[dict], l0: float) -> float | None:
+    """FVE of a curve (points sorted by L0) at l0, linear in log L0; None outside its L0 range."""
+    pts = [(math.log(p["metrics"]["l0"]), p["metrics"]["fve"]) for p in curve]
+    x = math.log(l0)
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return pts[0][1] if len(pts) == 1 and abs(pts[0][0] - x) < 1e-12 else None
+
+
+def best_curve(recs: list[dict], arch: str, side: str) -> list[dict]:
+    """Per sparsity setting the run at its best lr (ReLU: lowest held-out objective; else highest FVE), by L0."""
+    by_setting: dict[float, list[dict]] = {}
+    for r in recs:
+        if r["arch"] == arch and r["side"] == side and not r.get("default"):
+            by_setting.setdefault(r["setting"], []).append(r)
+    score = (lambda r: r["objective"]) if arch == "relu" else (lambda r: -r["metrics"]["fve"])
+    return sorted((min(runs, key=score) for runs in by_setting.values()), key=lambda r: r["metrics"]["l0"])
+
+
+def report(args) -> None:
+    recs = [json.loads(p.read_text()) for p in sorted(Path(args.results).glob("*.json"))]
+    summary: dict = {}
+    for arch in args.arch:
+        runs = [r for r in recs if r["arch"] == arch]
+        if not runs:
+            continue
+        name = "l1" if arch == "relu" else "k"
+        print(f"\n=== {arch}: every run (held-out rows, the same metric code for both sides) ===")
+        print(
+            f"{'side':8s} {name:>4s} {'lr':>7s} {'FVE':>7s} {'L0':>7s} {'dead':>6s}"
+            + (f" {'objective':>9s}" if arch == "relu" else "")
+            + f" {'CPU s':>7s} {'step ms':>8s}"
+            + (" floor/step" if arch != "relu" else "")
+        )
+        for r in sorted(runs, key=lambda r: (r["side"], r.get("default", False), r["setting"], r["lr"])):
+            m = r["metrics"]
+            print(
+                f"{r['side'] + ('*' if r.get('default') else ''):8s} {r['setting']:4g} {r['lr']:7.0e} {m['fve']:7.4f} "
+                f"{m['l0']:7.1f} {m['dead_fraction']:6.1%}"
+                + (f" {r['objective']:9.3f}" if arch == "relu" else "")
+                + f" {r['cpu_seconds']:7.1f} {r['step_s'] * 1e3:8.0f}"
+                + (f" {r['floor_s'] / r['step_s']:10.0%}" if "floor_s" in r else "")
+            )
+        print("(* the default run: TrainConfig(arch) with only the budget given)")
+        curves = {side: best_curve(recs, arch, side) for side in SIDES}
+        entry: dict = {"curves": {}}
+        for side, curve in curves.items():
+            if curve:
+                pts = "  ".join(
+                    f"{name} {p['setting']:g} (lr {p['lr']:.0e}): FVE {p['metrics']['fve']:.4f} at L0 {p['metrics']['l0']:.1f}"
+                    for p in curve
+                )
+                print(f"[{arch}] curve {side:8s}: {pts}")
+                entry["curves"][side] = [
+                    dict(setting=p["setting"], lr=p["lr"], fve=p["metrics"]["fve"], l0=p["metrics"]["l0"])
+                    for p in curve
+                ]
+        ours, theirs = curves["saegeo"], curves["saelens"]
+        if ours and theirs:
+            lo = max(ours[0]["metrics"]["l0"], theirs[0]["metrics"]["l0"])
+            hi = min(ours[-1]["metrics"]["l0"], theirs[-1]["metrics"]["l0"])
+            at = sorted({p["metrics"]["l0"] for p in ours + theirs if lo - 1e-9 <= p["metrics"]["l0"] <= hi + 1e-9})
+            gaps = [(l0, interpolate(ours, l0) - interpolate(theirs, l0)) for l0 in at]
+            if gaps:
+                worst = min(g for _, g in gaps)
+                print(
+                    f"[{arch}] FVE saegeo - SAELens over the L0 range both cover [{lo:.1f}, {hi:.1f}]: "
+                    + ", ".join(f"{g:+.4f} at L0 {l0:.1f}" for l0, g in gaps)
+                    + f"; min {worst:+.4f}: saegeo's curve {'at or above' if worst >= 0 else 'BELOW'} SAELens'"
+                )
+                entry.update(overlap=[lo, hi], gaps=gaps, min_gap=worst)
+            else:
+                print(
+                    f"[{arch}] the two curves cover no common L0 range (saegeo {ours[0]['metrics']['l0']:.1f}–"
+                    f"{ours[-1]['metrics']['l0']:.1f}, SAELens {theirs[0]['metrics']['l0']:.1f}–{theirs[-1]['metrics']['l0']:.1f})"
+                )
+            pairs = {}
+            for r in runs:
+                if not r.get("default"):
+                    pairs.setdefault((r["setting"], r["lr"]), {})[r["side"]] = r["cpu_seconds"]
+            ratios = sorted(p["saelens"] / p["saegeo"] for p in pairs.values() if len(p) == 2)
+            if ratios:
+                med = (
+                    ratios[len(ratios) // 2]
+                    if len(ratios) % 2
+                    else sum(ratios[len(ratios) // 2 - 1 : len(ratios) // 2 + 1]) / 2
+                )
+                print(
+                    f"[{arch}] CPU seconds SAELens / saegeo over {len(ratios)} matched runs: median {med:.2f}x "
+                    f"(min {ratios[0]:.2f}x, max {ratios[-1]:.2f}x)"
+                )
+                entry.update(cpu_ratio_median=med, cpu_ratio_min=ratios[0], cpu_ratio_max=ratios[-1])
+        dflt = default_config(arch, args).resolved()
+        setting = dflt.l1_coefficient if arch == "relu" else dflt.k
+        twin = [
+            r
+            for r in runs
+            if r["side"] == "saegeo"
+            and not r.get("default")
+            and r["setting"] == setting
+            and r["lr"] == dflt.lr
+            and same_weights(dflt, grid_config(arch, setting, dflt.lr, args), D_IN)
+        ]
+        if twin:  # the defaults are a grid point: the same config on the same rows trains the same weights
+            m = twin[0]["metrics"]
+            best = next((p for p in ours if p["setting"] == setting), None)
+            print(
+                f"[{arch}] defaults (lr {dflt.lr:g}, {name} {setting:g}) are the grid run {twin[0]['key']} (the same "
+                f"TrainConfig in every option that changes the weights): FVE {m['fve']:.4f} at L0 {m['l0']:.1f}, "
+                + (
+                    "a point of saegeo's curve"
+                    if best is twin[0]
+                    else f"NOT {name} {setting:g}'s best lr ({best['lr']:g})"
+                    if best
+                    else "no curve point"
+                )
+            )
+            entry["defaults_grid_run"] = twin[0]["key"]
+        for d in (r for r in runs if r.get("default")):
+            m, dc = d["metrics"], d["default_config"]
+            on = interpolate(ours, m["l0"]) if ours else None
+            where = (
+                f"saegeo's curve there {on:.4f} ({m['fve'] - on:+.4f}): "
+                + ("on or above the curve" if m["fve"] >= on - 1e-3 else "BELOW the curve")
+                if on is not None
+                else "outside saegeo's curve's L0 range"
+            )
+            their = interpolate(theirs, m["l0"]) if theirs else None
+            if their is not None:
+                where += f"; SAELens' curve there {their:.4f} ({m['fve'] - their:+.4f})"
+            cfg_text = f"lr {dc['lr']:g}" + (f", l1 {dc['l1_coefficient']:g}" if arch == "relu" else f", k {dc['k']}")
+            print(f"[{arch}] defaults ({cfg_text}): FVE {m['fve']:.4f} at L0 {m['l0']:.1f}; {where}")
+            entry["defaults"] = dict(config=dc, fve=m["fve"], l0=m["l0"], curve_fve=on, saelens_curve_fve=their)
+            chk = d.get("saelens_load")
+            if chk:
+                print(
+                    f"[{arch}] SAELens {chk['version']} loads the saegeo default SAE as {chk['cls']}: max |codes diff| "
+                    f"{chk['code_err']:.2e} ({chk['support']} entries differ in support), max relative recon diff "
+                    f"{chk['recon_err']:.2e}"
+                )
+                entry["saelens_load"] = chk
+        if arch != "relu":
+            for side, curve in curves.items():
+                shares = [f"{p['floor_s'] / p['step_s']:.0%} (k {p['setting']:g})" for p in curve if "floor_s" in p]
+                if shares:
+                    print(f"[{arch}] floor / step, {side}'s curve: " + ", ".join(shares))
+        summary[arch] = entry
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "train_bench.json").write_text(json.dumps(summary, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", nargs="+", default=["topk", "relu", "batchtopk", "jumprelu"])
-    ap.add_argument("--saelens-arch", nargs="*", default=["topk", "relu"], help="archs SAELens also trains")
+    ap.add_argument("--arch", nargs="+", default=["relu", "topk", "batchtopk"])
+    ap.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES)
+    ap.add_argument("--lrs", nargs="+", type=float, default=list(LRS), help="the lr grid both sides search")
+    ap.add_argument("--l1s", nargs="+", type=float, default=list(SETTINGS["relu"]), help="ReLU's L1 coefficients")
+    ap.add_argument("--ks", nargs="+", type=int, default=list(SETTINGS["topk"]), help="TopK / BatchTopK k")
     ap.add_argument("--tokens", type=int, default=737_280)
     ap.add_argument("--d-sae", type=int, default=D_SAE)
-    ap.add_argument("--k", type=int, default=32)
-    ap.add_argument("--l1", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (and OMP_NUM_THREADS) for both sides")
     ap.add_argument("--acts", help="store directory or .safetensors with an `activations` tensor")
     ap.add_argument("--out", default=str(ROOT / "artifacts/runs/train_bench"))
+    ap.add_argument("--results", help="one JSON per run (default OUT/results)")
+    ap.add_argument("--saelens-python", type=Path, default=SAELENS_PY)
+    ap.add_argument("--pause-file", default="/work/merge.lock", help="no new run starts while this path exists")
+    ap.add_argument(
+        "--lr-order",
+        nargs="*",
+        default=["saegeo=2e-3,1e-3", "saelens=1e-3,2e-3"],
+        help="the order each side's lrs run in (the best lrs of earlier runs first; the grid is --lrs)",
+    )
+    ap.add_argument("--no-defaults", action="store_true", help="skip the runs at saegeo's defaults")
+    ap.add_argument("--worker", action="store_true", help="only run jobs (another process prints)")
+    ap.add_argument("--print", action="store_true", help="only print the curves from the saved results")
     args = ap.parse_args()
-    if not SAELENS_PY.exists():
-        sys.exit(
-            f"{SAELENS_PY} missing: make .venv-saelens/.installed (python3 -m venv .venv-saelens && "
-            ".venv-saelens/bin/pip install torch==2.13.0 sae-lens==6.54.12)"
-        )
-    torch.set_num_threads(args.threads)
-    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the SAELens subprocess inherits it
-
-    x, source = load_activations(args.acts)
-    n_held = int(round(x.shape[0] * HELDOUT))
-    train_x, held_x = x[: x.shape[0] - n_held], x[x.shape[0] - n_held :]
-    mean = train_x.double().mean(0)
-    d_sae = args.d_sae
-    print(
-        f"data: {source}: {x.shape[0]:,} tokens x {x.shape[1]}, train {train_x.shape[0]:,}, held-out "
-        f"{held_x.shape[0]:,} (last 10%); |mean| {mean.norm():.2f}, mean token norm {x.norm(dim=1).mean():.2f}"
-    )
-    steps = args.tokens // BATCH
-    print(
-        f"budget: {args.tokens:,} tokens = {steps} steps of {BATCH}; d_sae {d_sae}; lr {LR} (saegeo ReLU: "
-        f"{RELU_LR}); torch threads {torch.get_num_threads()} on both sides",
-        flush=True,
-    )
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp())
-    data_file = tmp / "data.safetensors"
-    save_file({"train": train_x.contiguous(), "heldout": held_x.contiguous()}, str(data_file))
-
-    rows = []
-    floor = floor_seconds(train_x[:BATCH].contiguous(), d_sae, args.k)
-    for arch in args.arch:
-        cfg = TrainConfig(
-            arch=arch,
-            d_sae=d_sae,
-            k=args.k,
-            l1_coefficient=args.l1,
-            batch_tokens=BATCH,
-            lr=RELU_LR if arch == "relu" else LR,
-            total_tokens=args.tokens,
-            heldout_fraction=HELDOUT,
-            b_dec_init="mean",
-            progress=False,
-            out_dir=str(out_dir / f"saegeo_{arch}"),
-            log_every=20,
-            num_threads=args.threads,
-            overwrite=True,
-        )  # the benchmark's own scratch output, rewritten on every run
-        t0, c0 = time.perf_counter(), time.process_time()
-        res = train_sae(cfg, x, resume=False)
-        sec, cpu = time.perf_counter() - t0, time.process_time() - c0
-        ours = evaluate(res.sae, [held_x], mean)
-        step = BATCH / res.history[-1]["tok_s"]  # the training loop's own wall time per step
-        print(
-            f"saegeo  {arch}: {sec:.1f} s wall, {cpu:.1f} s CPU; step {step * 1e3:.0f} ms, floor {floor * 1e3:.0f} ms "
-            f"({floor / step:.0%} of the step)",
-            flush=True,
-        )
-        row = dict(arch=arch, ours=ours, tps_ours=args.tokens / sec, cpu_ours=cpu, floor=floor, step_ours=step)
-        if arch in args.saelens_arch:
-            job = dict(
-                data=str(data_file),
-                arch=arch,
-                d_sae=d_sae,
-                k=args.k,
-                l1=args.l1,
-                batch=BATCH,
-                lr=LR,
-                tokens=args.tokens,
-                seed=0,
-                threads=args.threads,
-                weights_out=str(tmp / f"saelens_{arch}.safetensors"),
-                save_dir=str(out_dir / f"saelens_{arch}"),
+    args.results = args.results or str(Path(args.out) / "results")
+    if not args.print:
+        if "saelens" in args.sides and not args.saelens_python.exists():
+            sys.exit(
+                f"{args.saelens_python} missing: make .venv-saelens/.installed (python3 -m venv .venv-saelens && "
+                ".venv-saelens/bin/pip install torch==2.13.0 sae-lens==6.54.12)"
             )
-            sl = run_saelens(job)
-            sl_sae = saelens_as_saegeo(
-                load_file(job["weights_out"]),
-                arch,
-                args.k,
-                sl["apply_b_dec_to_input"],
-                sl["rescale_acts_by_decoder_norm"],
-            )
-            theirs = evaluate(sl_sae, [held_x], mean)
-            if arch in ("topk", "relu"):  # same semantics (BatchTopK: SAELens' training encode is batch-level)
-                assert abs(theirs["fve"] - sl["own_fve"]) < 1e-3, (theirs["fve"], sl["own_fve"])
-            sl_step = sl["seconds"] / steps
-            print(
-                f"SAELens {arch}: {sl['seconds']:.1f} s wall, {sl['cpu_seconds']:.1f} s CPU; step {sl_step * 1e3:.0f} ms "
-                f"({floor / sl_step:.0%} of the step) (SAELens {sl['sae_lens_version']})",
-                flush=True,
-            )
-            row.update(theirs=theirs, tps_sl=args.tokens / sl["seconds"], cpu_sl=sl["cpu_seconds"], step_sl=sl_step)
-        rows.append(row)
-
-    # SAELens loads saegeo-saved SAEs and encodes/decodes as saegeo does (BatchTopK: saved as jumprelu)
-    checks = []
-    for arch in [a for a in ("batchtopk", "topk", "relu", "jumprelu") if a in args.arch]:
-        check_dir = out_dir / f"saegeo_{arch}"
-        chk = run_saelens(
-            dict(
-                data=str(data_file),
-                check_dir=str(check_dir),
-                check_out=str(tmp / "check.safetensors"),
-                threads=args.threads,
-            )
-        )
-        ref = SAE.load(check_dir)
-        with torch.no_grad():
-            codes = ref.encode(held_x)
-            recon = ref.decode(codes)
-        got = load_file(str(tmp / "check.safetensors"))
-        code_err = float((got["codes"] - codes).abs().max())
-        support = int(((got["codes"] > 0) != (codes > 0)).sum())
-        recon_err = float((got["recon"] - recon).abs().max() / recon.abs().max())
-        checks.append((arch, chk, code_err, support, recon_err))
-        assert code_err < 1e-3 and recon_err < 1e-5, (arch, code_err, recon_err)
-
-    def fmt(m):
-        return (
-            f"FVE {m['fve']:.3f}  L0 {m['l0']:6.1f}  dead {m['dead_fraction']:6.1%}  dense {m['dense_fraction']:5.1%}  "
-            f"max|cos(W_dec,mean)| {m['max_abs_cos_mean']:.3f} (#>0.5: {m['n_latents_cos_mean_gt_0.5']})  "
-            f"|b_dec| {m['b_dec_norm']:.2f}"
-        )
-
-    print("\n=== results (held-out, same rows, same metric code) ===")
-    summary = {}
-    for r in rows:
-        arch = r["arch"]
-        print(f"[{arch}] saegeo : {r['tps_ours']:8,.0f} tok/s  {r['cpu_ours']:6.1f} CPU s  {fmt(r['ours'])}")
-        entry = dict(
-            saegeo=dict(tok_s=r["tps_ours"], cpu_seconds=r["cpu_ours"], step_s=r["step_ours"], **r["ours"]),
-            floor_s=r["floor"],
-        )
-        if "theirs" in r:
-            print(f"[{arch}] SAELens: {r['tps_sl']:8,.0f} tok/s  {r['cpu_sl']:6.1f} CPU s  {fmt(r['theirs'])}")
-            target = {"topk": "2", "relu": "1.5"}.get(arch)
-            print(
-                f"[{arch}] ratio saegeo/SAELens tokens/s: {r['tps_ours'] / r['tps_sl']:.2f}x wall, "
-                f"{r['cpu_sl'] / r['cpu_ours']:.2f}x in CPU seconds" + (f" (target {target}x)" if target else "")
-            )
-            entry.update(
-                saelens=dict(tok_s=r["tps_sl"], cpu_seconds=r["cpu_sl"], step_s=r["step_sl"], **r["theirs"]),
-                speed_ratio=r["tps_ours"] / r["tps_sl"],
-                cpu_ratio=r["cpu_sl"] / r["cpu_ours"],
-            )
-            if arch == "relu":
-                o, t = r["ours"], r["theirs"]
-                print(
-                    f"[relu] front: saegeo FVE {o['fve']:.3f} at L0 {o['l0']:.0f} vs SAELens {t['fve']:.3f} at L0 "
-                    f"{t['l0']:.0f}: {'on or beyond' if o['fve'] >= t['fve'] and o['l0'] <= t['l0'] else 'NOT on'} SAELens' front"
-                )
-        floor_line = f"[{arch}] floor {r['floor'] * 1e3:.0f} ms = {r['floor'] / r['step_ours']:.0%} of saegeo's step"
-        if "step_sl" in r:
-            floor_line += f", {r['floor'] / r['step_sl']:.0%} of SAELens'"
-        print(floor_line + (" (target >= 50% for topk)" if arch == "topk" else ""))
-        if arch == "jumprelu":
-            print(
-                f"[jumprelu] L0 {r['ours']['l0']:.1f} against its target {args.k}: "
-                f"{abs(r['ours']['l0'] / args.k - 1):.0%} off (bandwidth {TrainConfig.bandwidth}, "
-                f"L0 coefficient {TrainConfig.l0_coefficient}, threshold lr x{TrainConfig.threshold_lr_scale})"
-            )
-        summary[arch] = entry
-    print(f"|mean| of training rows: {float(mean.norm()):.2f}")
-    for arch, chk, code_err, support, recon_err in checks:
-        print(
-            f"SAELens {chk['sae_lens_version']} loads the saegeo {arch} SAE as {chk['loaded_class']}: max |codes diff| "
-            f"{code_err:.2e} ({support} entries differ in support), max relative recon diff {recon_err:.2e}"
-        )
-        summary.setdefault(arch, {})["saelens_load"] = dict(
-            cls=chk["loaded_class"], code_err=code_err, support=support, recon_err=recon_err
-        )
-    (out_dir / "train_bench.json").write_text(json.dumps(summary, indent=1))
+        work(args)
+    if not args.worker:
+        report(args)
 
 
 if __name__ == "__main__":

@@ -288,7 +288,7 @@ def _trained(sae_dir: Path, tcfg: TrainConfig, store: ActivationStore) -> bool:
         return False
     data = saved.get("data", {})
     strip = lambda c: {k: v for k, v in (c or {}).items() if k not in NOT_IN_WEIGHTS}  # noqa: E731
-    return same_json(strip(saved.get("train_config")), strip(asdict(tcfg))) and data.get("shard_sha256") == [
+    return same_json(strip(saved.get("train_config")), strip(asdict(tcfg.resolved()))) and data.get("shard_sha256") == [
         s.sha256 for s in store.shards
     ]
 

@@ -66,10 +66,6 @@ NOT_IN_WEIGHTS = (
 CHECKPOINT_VERSION = 3  # 2: state.json records the data fingerprint; 3: its digest and the threads and device
 # `saegeo train` takes --overwrite, `saegeo run` and Python take the option: the advice names both
 OVERWRITE = "pass --overwrite (overwrite = true in a config's [train])"
-# ReLU+L1 with unit-norm decoder rows: Adam moves a row's direction by about lr·√d_in per step, where SAELens'
-# rows of norm 0.1 turn 10× faster at the same lr; 1e-3 measured on MiniLM layer 3 (README "ReLU+L1 recipe";
-# benchmarks/train_bench.py trains ReLU with it).
-RELU_LR = 1e-3
 
 
 class NonFiniteLossError(SaegeoError):
@@ -89,7 +85,9 @@ class TrainConfig:
     k: int = option(
         32, "active latents per token (topk; batchtopk: on average over the batch; jumprelu: the L0 target)", low=1
     )
-    l1_coefficient: float = option(1.0, "L1 coefficient (relu only); same objective scale as SAELens Standard", low=0)
+    l1_coefficient: float | None = option(
+        None, "L1 coefficient (relu only; default: the architecture's); same objective scale as SAELens Standard", low=0
+    )
     l1_warmup_fraction: float = option(
         0.0, "relu: the L1 coefficient rises linearly from 0 over this fraction of the steps", low=0, high=1
     )
@@ -97,7 +95,9 @@ class TrainConfig:
         "unit", "relu: unit-norm decoder rows, or free norms (penalty Σ a_i‖w_i‖, folded to unit at the end)"
     )
     grad_clip_norm: float | None = option(None, "clip the gradient to this global norm (SAELens: 1)", above=0)
-    lr: float = option(3e-4, "Adam learning rate (relu: 1e-3 recommended, see RELU_LR)", low=0, high=1)
+    lr: float | None = option(
+        None, "Adam learning rate (default: the architecture's, Architecture.train_defaults)", low=0, high=1
+    )
     adam_betas: tuple[float, float] = option((0.9, 0.999), "Adam (beta1, beta2)", low=0, below=1)
     warmup_steps: int = option(10, "linear warm-up from lr/warmup_steps to lr", low=0)
     decay_fraction: float = option(
@@ -152,6 +152,13 @@ class TrainConfig:
     @property
     def total_steps(self) -> int:
         return self.total_tokens // self.batch_tokens
+
+    def resolved(self) -> TrainConfig:
+        """This config with each option left unset (None) that the architecture gives a default for filled in
+        (``Architecture.train_defaults``: lr, l1_coefficient); what ``train_sae`` trains and records."""
+        defaults = get_architecture(self.arch).train_defaults
+        unset = {name: value for name, value in defaults.items() if getattr(self, name) is None}
+        return dataclasses.replace(self, **unset) if unset else self
 
 
 @dataclass
@@ -814,6 +821,7 @@ def train_sae(
     """
     from saegeo import distributed
 
+    cfg = cfg.resolved()  # the architecture's lr / l1 where none was given: recorded and checked on resume
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     device = distributed.resolve_device(cfg.device)

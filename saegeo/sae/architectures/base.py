@@ -93,6 +93,9 @@ class Architecture:
     uses_k: bool = False  # the training option k is stored in SAEConfig.k (topk, batchtopk; jumprelu: its L0 target)
     topk_codes: bool = False  # exactly k (values, indices) per row: encode_topk and the sparse decode apply
     init_encoder_scale: float = 1.0  # SAE.init_weights' tied encoder W_enc = scale · W_decᵀ
+    # TrainConfig options this architecture fills in when they are left unset (TrainConfig.resolved); the values
+    # are those measured best on MiniLM layer 3 by benchmarks/train_bench.py (benchmarks/README.md)
+    train_defaults: dict[str, float] = {"lr": 3e-4, "l1_coefficient": 1.0}
 
     # ------------------------------------------------------------------ the model
     def check_config(self, cfg: SAEConfig) -> None:

@@ -77,6 +77,11 @@ class ReLU(Architecture):
     # in unit-decoder form that is encoder_scale 0.01. On MiniLM layer 3 (180 steps of 4096, l1 1) 0.1 and
     # 0.01 end alike (held-out FVE 0.879 / 0.878, L0 471 / 500) against 0.64 / 1114 at 1.
     init_encoder_scale = 0.1
+    # lr: with unit-norm decoder rows Adam turns a row by about lr·√d_in per step, where SAELens' rows of norm 0.1
+    # turn 10× faster at the same lr, so ReLU wants a larger lr than TopK. On MiniLM layer 3 (737,280 tokens, l1 1;
+    # benchmarks/README.md "Training") 2e-3 had the lowest held-out objective of the lrs run (3e-4: FVE 0.879 at
+    # L0 466; 1e-3: 0.903 at L0 194; 2e-3: 0.911 at L0 126). l1 1: SAELens' default, the same objective scale.
+    train_defaults = {"lr": 2e-3, "l1_coefficient": 1.0}
 
     def encode(self, sae, pre: Float[Tensor, "n d_sae"]) -> Float[Tensor, "n d_sae"]:
         return F.relu(pre)
