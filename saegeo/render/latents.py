@@ -199,12 +199,12 @@ def render_latents_html(doc: Mapping[str, Any]) -> str:
 
 # =========================================================================== files
 def write_latent_files(doc: Mapping[str, Any], out: Path) -> dict[str, Path]:
-    """latents.csv and latents.json into ``out`` (atomically): {"csv": path, "latents_json": path}."""
+    """latents.csv and latents.json into ``out`` (atomically): {"latents_csv": path, "latents_json": path}."""
     return write_renderings(
         out,
-        ("csv", "latents_json"),
+        ("latents_csv", "latents_json"),
         {
-            "csv": (LATENT_FILES[0], lambda: latents_csv(doc)),
+            "latents_csv": (LATENT_FILES[0], lambda: latents_csv(doc)),
             "latents_json": (LATENT_FILES[1], lambda: dump_json(doc)),
         },
     )
