@@ -70,15 +70,17 @@ def _sparse_codes(n, n_latents, seed):
     return codes
 
 
+@pytest.mark.parametrize("layout", ["dense", "sparse"])
 @pytest.mark.parametrize("batch", [1, 17, 500])
-def test_streaming_top_k_equals_a_full_sort_with_ties(batch):
+def test_streaming_top_k_equals_a_full_sort_with_ties(batch, layout):
     from saegeo.geometry.latents import LatentTopK
 
     codes = _sparse_codes(500, 30, 0)
     codes[:, 7] = 0.0  # a latent that never fires: no entries
     acc = LatentTopK(30, 6, start=1000)
-    for lo in range(0, 500, batch):
-        acc.add(codes[lo : lo + batch])
+    for lo in range(0, 500, batch):  # dense: screened directly (the first batches cut to their own top k)
+        part = codes[lo : lo + batch]
+        acc.add(part if layout == "dense" else part.to_sparse())
     ref = _full_sort_top(codes.numpy(), 6)
     for i in range(30):
         values, rows = acc.top(i)
@@ -100,23 +102,23 @@ def test_latent_histogram_counts_every_nonzero_activation_in_its_log_bin():
     from saegeo.geometry.latents import HISTOGRAM_EDGES, LatentHistogram
 
     g = torch.Generator().manual_seed(2)
-    codes = torch.where(torch.rand(300, 5, generator=g) < 0.4, 10 ** (8 * torch.rand(300, 5, generator=g) - 5), 0.0)
-    codes[0, 1] = 2e4  # the open last bin
-    codes[1, 0], codes[2, 0] = 1.0, 1e-4  # exactly on an edge: in the bin it opens
+    codes = torch.where(torch.rand(300, 5, generator=g) < 0.4, 10 ** (10 * torch.rand(300, 5, generator=g) - 5), 0.0)
+    codes[0, 1] = 2e5  # the open last bin
+    codes[1, 0], codes[2, 0], codes[3, 0] = 1.0, 1.5, 2.0**-14  # exactly on an edge: in the bin it opens
     hist = LatentHistogram(5)
     for lo in range(0, 300, 64):
         hist.add(codes[lo : lo + 64])
     edges = [float(e) for e in HISTOGRAM_EDGES]
     for i in range(5):
         ref = [0] * (len(edges) - 1)
-        for v in codes[:, i].double().tolist():
+        for v in codes[:, i].tolist():  # float32 values, compared as float64 with the exact edges
             if v > 0:
                 ref[next(b for b in range(len(ref)) if edges[b] <= v < edges[b + 1])] += 1
         assert hist.counts[i].tolist() == ref
         h = hist.histogram(i, max_value=float(codes[:, i].max()))
         assert sum(h["counts"]) == int((codes[:, i] > 0).sum()) and len(h["edges"]) == len(h["counts"]) + 1
         assert h["counts"][0] > 0 and h["counts"][-1] > 0  # trimmed to the occupied bins
-    assert hist.histogram(1, 2e4)["edges"][-1] == 2e4
+    assert hist.histogram(1, 2e5)["edges"][-1] == 2e5
 
 
 # =========================================================================== cards from a store

@@ -27,7 +27,7 @@ from torch import Tensor
 from saegeo.config import BATCH_ROWS, check, option
 from saegeo.errors import BadInputError
 from saegeo.geometry.dictionary import nearest_decoder_neighbours
-from saegeo.geometry.latents import BINS_PER_DECADE, LatentHistogram, LatentTopK
+from saegeo.geometry.latents import BINS_PER_OCTAVE, LatentHistogram, LatentTopK
 from saegeo.io import json_safe
 
 TABLE_COLUMNS = (
@@ -242,8 +242,10 @@ class LatentCollector:
         self.topk = LatentTopK(d_sae, n_contexts, start)
         self.histogram = LatentHistogram(d_sae)
 
-    def add(self, codes: Any) -> None:
-        self.topk.add(codes)
+    def add(self, codes: Any, dense: Tensor | None = None) -> None:
+        """One batch: ``codes`` as COO (or anything ``coo_codes`` reads); ``dense``, the same codes as an (m, d_sae)
+        matrix where the SAE gave one (the top-k screens it directly)."""
+        self.topk.add(codes if dense is None else dense)
         self.histogram.add(codes)
 
     def merge_ranks(self) -> None:
@@ -280,7 +282,7 @@ class LatentCollector:
             "context_tokens": context_tokens,
             "tokenizer": store.model if store is not None and text.tokenizer is not None else None,
             "decoded": text.tokenizer is not None,
-            "histogram_bins_per_decade": BINS_PER_DECADE,
+            "histogram_bins_per_octave": BINS_PER_OCTAVE,
             "n_tokens": section.n_tokens,
             "note": note,
         }
