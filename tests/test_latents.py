@@ -302,6 +302,7 @@ def test_streaming_top_k_equals_a_full_sort_on_a_real_store_and_decodes_tokens(r
         codes = torch.cat([sae.encode(x[lo : lo + batch]) * norms for lo in range(0, len(x), batch)]).numpy()
     ref = _full_sort_top(codes, 20)
     ids = torch.cat([real_store.read_token_ids(i) for i in range(len(real_store.shards))])
+    positions = torch.cat([real_store.read_positions(i) for i in range(len(real_store.shards))])
     tok = AutoTokenizer.from_pretrained(str(minilm_path()), local_files_only=True)
     cards = {c["id"]: c for c in s.latents}
     assert set(cards) == set(range(48)) and s.latent_info["decoded"] is True
@@ -309,8 +310,13 @@ def test_streaming_top_k_equals_a_full_sort_on_a_real_store_and_decodes_tokens(r
     for i in range(48):
         got = [(c["activation"], c["row"]) for c in cards[i]["top_contexts"]]
         assert got == [(pytest.approx(a, abs=0), r) for a, r in ref[i]], i
-        for c in cards[i]["top_contexts"]:
-            assert c["token_id"] == int(ids[c["row"]]) and c["text"] == tok.decode([c["token_id"]])
+        for c in cards[i]["top_contexts"]:  # the pieces of the window read as the tokenizer decodes it
+            r = c["row"]
+            window = ids[r - len(c["context"]) : r + len(c["after"]) + 1].tolist()
+            assert c["token_id"] == int(ids[r]) and len(c["context"]) == min(16, int(positions[r]))
+            assert "".join(c["context"] + [c["text"]] + c["after"]) == tok.decode(window)
+            alone = tok.decode([c["token_id"]])
+            assert c["text"].strip() in (alone, alone.removeprefix("##"))  # a WordPiece continuation joins on
 
 
 # =========================================================================== the command line

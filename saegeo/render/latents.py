@@ -107,7 +107,8 @@ def _shown(text: str | None) -> str:
 
 
 def context_line(ctx: Mapping[str, Any], decoded: bool = True) -> str:
-    """'preceding⟦token⟧following': decoded tokens joined as they are, token ids ("#id") with spaces; "" without ids."""
+    """'preceding⟦token⟧following': decoded pieces joined as they are (they carry their own spacing), token ids
+    ("#id") with spaces; "" without ids."""
     if ctx.get("token_id") is None:
         return ""
     sep = "" if decoded else " "

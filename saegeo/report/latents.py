@@ -119,22 +119,36 @@ def top_by(table: Mapping[str, list], column: str, n: int) -> list[int]:
 
 # =========================================================================== contexts
 class TokenText:
-    """Token ids as text: ``tokenizer.decode([id])`` of each id (cached), or "#<id>" without a tokenizer."""
+    """Token ids as text with ``tokenizer`` (a transformers tokenizer), or as "#<id>" without one."""
 
     def __init__(self, tokenizer: Any | None):
         self.tokenizer = tokenizer
-        self._cache: dict[int, str] = {}
 
-    def __call__(self, token_id: int) -> str:
-        if token_id not in self._cache:
-            if self.tokenizer is None:
-                self._cache[token_id] = f"#{token_id}"
+    def _decode(self, ids: list[int]) -> str | None:
+        try:
+            return self.tokenizer.decode(ids)
+        except Exception:  # an id outside the vocabulary
+            return None
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        """One string per token of a window such that their concatenation is the window decoded, so a piece
+        carries the spacing its tokenizer gives it there (WordPiece's "##" joins, BPE's leading spaces): piece j
+        is decode(ids[:j+1]) with decode(ids[:j]) taken off its front (the token decoded alone where the
+        tokenizer rewrote the earlier text)."""
+        ids = [int(i) for i in ids]
+        if self.tokenizer is None:
+            return [f"#{i}" for i in ids]
+        out, before = [], ""
+        for j, token in enumerate(ids):
+            now = self._decode(ids[: j + 1])
+            if now is not None and now.startswith(before):
+                out.append(now[len(before) :])
+                before = now
             else:
-                try:
-                    self._cache[token_id] = self.tokenizer.decode([token_id])
-                except Exception:  # an id outside the vocabulary
-                    self._cache[token_id] = f"#{token_id}"
-        return self._cache[token_id]
+                alone = self._decode([token])
+                out.append(alone if alone is not None else f"#{token}")
+                before = now if now is not None else before + out[-1]
+        return out
 
 
 def window_around(
@@ -178,12 +192,13 @@ def top_contexts(
             at = row - lo
             before, following = window_around(ids, positions, at, context_tokens, N_AFTER)
             token = int(ids[at])
+            pieces = text.pieces([*before, token, *following])
             entry.update(
                 token_id=token,
                 position=None if positions is None else int(positions[at]),
-                text=text(token),
-                context=[text(t) for t in before],
-                after=[text(t) for t in following],
+                text=pieces[len(before)],
+                context=pieces[: len(before)],
+                after=pieces[len(before) + 1 :],
             )
         out.append(entry)
     return out
