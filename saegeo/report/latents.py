@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -168,13 +169,39 @@ def window_around(
     return values[lo:at], values[at + 1 : hi + 1]
 
 
+def read_windows(
+    store: Any, rows: Sequence[int], before: int, after: int
+) -> dict[int, tuple[Tensor, Tensor | None, int]]:
+    """{row: (token ids, positions or None, index of the row in them)} of rows [row − before, row + after], read
+    with one call per column for each shard the rows fall in (not one per row: a few hundred contexts would
+    otherwise open their shard files a few hundred times)."""
+    out: dict[int, tuple[Tensor, Tensor | None, int]] = {}
+    if not rows:
+        return out
+    ordered = sorted(set(int(r) for r in rows))
+    shard_of = np.searchsorted(store.offsets, ordered, side="right") - 1
+    for shard in np.unique(shard_of):
+        group = [r for r, s in zip(ordered, shard_of) if s == shard]
+        lo = max(0, group[0] - before)
+        hi = group[-1] + after + 1
+        ids = store.read_column_range("token_ids", lo, hi)
+        positions = store.read_column_range("positions", lo, hi)
+        for r in group:
+            a, b = max(0, r - before) - lo, r + after + 1 - lo
+            out[r] = (ids[a:b], None if positions is None else positions[a:b], r - lo - a)
+    return out
+
+
 def top_contexts(
-    values: Tensor, rows: Tensor, store: Any | None, text: TokenText, context_tokens: int
+    values: Tensor,
+    rows: Tensor,
+    windows: Mapping[int, tuple[Tensor, Tensor | None, int]] | None,
+    text: TokenText,
+    context_tokens: int,
 ) -> list[dict[str, Any]]:
     """One context per (activation, row) — highest first as given — with the row's token, position and the
-    preceding / following tokens of its window read from the store (None / [] where it has no token ids)."""
+    preceding / following tokens of its window (``read_windows``; None / [] when the source has no token ids)."""
     out = []
-    has_ids = store is not None and "token_ids" in store.columns
     for value, row in zip(values.tolist(), rows.tolist()):
         entry: dict[str, Any] = {
             "row": int(row),
@@ -185,11 +212,8 @@ def top_contexts(
             "context": [],
             "after": [],
         }
-        if has_ids:
-            lo = max(0, row - context_tokens)
-            ids = store.read_column_range("token_ids", lo, row + N_AFTER + 1)
-            positions = store.read_column_range("positions", lo, row + N_AFTER + 1)
-            at = row - lo
+        if windows is not None:
+            ids, positions, at = windows[int(row)]
             before, following = window_around(ids, positions, at, context_tokens, N_AFTER)
             token = int(ids[at])
             pieces = text.pieces([*before, token, *following])
@@ -216,6 +240,10 @@ def latent_cards(
 ) -> list[dict[str, Any]]:
     """The card of each latent of ``why`` (in its order): the table's numbers, histogram, neighbours and top
     contexts (see the module docstring and docs/design.md for every key)."""
+    windows = None
+    if store is not None and "token_ids" in store.columns:
+        wanted = [r for i in why for r in topk.top(i)[1].tolist()]
+        windows = read_windows(store, wanted, context_tokens, N_AFTER)
     cards = []
     for i, reasons in why.items():
         values, rows = topk.top(i)
@@ -241,7 +269,7 @@ def latent_cards(
                     "dense": table["dense"][i],
                     "histogram": histogram.histogram(i, float(values[0]) if len(values) else None),
                     "neighbours": nn,
-                    "top_contexts": top_contexts(values, rows, store, text, context_tokens),
+                    "top_contexts": top_contexts(values, rows, windows, text, context_tokens),
                 }
             )
         )
