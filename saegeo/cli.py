@@ -1,4 +1,4 @@
-"""The `saegeo` command line: geometry | sweep | cache | store | train | report | check | synth | run | eval.
+"""The `saegeo` command line: geometry | sweep | cache | store | train | report | check | latents | synth | run | eval.
 
 Each subcommand has one `_add_<name>(parser)` function that declares its arguments and one `cmd_<name>(args)`
 function that calls the library. Heavy imports happen inside these functions, never at the top of this module,
@@ -333,6 +333,38 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- latents
+def _add_latents(p: argparse.ArgumentParser) -> None:
+    from saegeo.report.latents import LatentsOptions
+
+    p.add_argument("sae", help="SAE directory or file (any format `saegeo check` reads)")
+    p.add_argument("--acts", required=True, help="activation store directory (or .safetensors/.npy file)")
+    p.add_argument("--out", required=True, help="directory for summary.txt, latents.md/.json/.csv/.html")
+    _add_overwrite(p)
+    add_options(p, LatentsOptions)
+
+
+def cmd_latents(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from saegeo.io import refuse_overwrite
+    from saegeo.render import FORMATS, rendering_paths, write_latents
+    from saegeo.render.latents import render_latents_terminal
+    from saegeo.render.text import render_files
+    from saegeo.report.latents import LatentsOptions
+    from saegeo.report.report import latents_report
+
+    given = passed(args, LatentsOptions)
+    if given.get("latents") and ({"top", "by"} & set(given)):
+        raise CLIError("give --latents IDS or --top N [--by COLUMN], not both")
+    opts = from_dict(LatentsOptions, given)
+    refuse_overwrite(rendering_paths(args.out, FORMATS, "latents"), args.overwrite)
+    doc = latents_report(args.acts, args.sae, opts, name=Path(args.sae).resolve().name)
+    print(render_latents_terminal(doc), end="")
+    print(render_files(write_latents(doc, args.out)))
+    return 0
+
+
 # --------------------------------------------------------------------------- eval
 def _add_eval(p: argparse.ArgumentParser) -> None:
     from saegeo.sae.splice import EvalConfig
@@ -469,6 +501,17 @@ _COMMANDS: list[tuple[str, str, str | None, Any, Any]] = [
         None,
         _add_report,
         cmd_report,
+    ),
+    (
+        "latents",
+        "latent cards: top activating contexts, histogram, geometry and neighbours of chosen latents",
+        "One pass of the SAE over the activations: for each latent asked (--latents) or the top ones by a column "
+        "(--top N --by COLUMN), its top activating rows with the token and its preceding context from the same "
+        "window (decoded by the store's model tokenizer when one is found offline), its activation histogram, "
+        "firing rate, E[a], E[a²], cos(decoder, μ), cone share, decoder norm and nearest latents by decoder "
+        "cosine; the table of every latent as latents.csv / latents.json.",
+        _add_latents,
+        cmd_latents,
     ),
     ("run", "the main job from a TOML config: cache -> train SAEs -> report (idempotent)", None, _add_run, cmd_run),
     ("train", "train an SAE (b_dec := mean, unit-norm decoder) on an activation store", None, _add_train, cmd_train),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import re
 
 import numpy as np
@@ -102,8 +103,13 @@ def test_planted_case_flags_are_the_expected_ones(report):
 def test_write_report_writes_every_format(report, written, tmp_path):
     paths = written
     out = paths["md"].parent
-    assert set(paths) == {"terminal", "md", "json", "html"}
+    assert set(paths) == {"terminal", "md", "json", "html", "latents_csv", "latents_json"}
     assert GeometryReport.load(paths["json"]).to_dict() == report.to_dict()
+    # beside report.json: the cards and the table of every latent, as in the report
+    latents = json.loads(paths["latents_json"].read_text())
+    assert [s["latents"] for s in latents["saes"]] == [s.latents for s in report.saes]
+    csv_rows = paths["latents_csv"].read_text().splitlines()
+    assert len(csv_rows) == 1 + sum(s.d_sae for s in report.saes) and csv_rows[0].startswith("sae,id,rate,")
     md = paths["md"].read_text()
     assert md.index("## Flags") < md.index("## Activations")
     for name in FIGURE_NAMES:

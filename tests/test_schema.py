@@ -130,6 +130,48 @@ def test_every_page_and_every_flag_of_a_full_report_reads_only_known_fields(tmp_
     activation_diagnosis(flag_inputs(loaded.activations, loaded.artifact, loaded.sample_diagnostics))
     for page in (report, loaded):
         render_terminal(page), render_markdown(page, figure_dir="figures"), page.to_json()
+    # the latent cards and table: exactly the keys of the contract (docs/design.md "Latent cards"), round-tripped
+    card_keys = {
+        "id",
+        "why",
+        "firing_rate",
+        "mean_activation",
+        "mean_sq_activation",
+        "cos_mu",
+        "cone_share",
+        "decoder_norm",
+        "dead",
+        "dense",
+        "histogram",
+        "neighbours",
+        "top_contexts",
+    }
+    context_keys = {"row", "activation", "token_id", "position", "text", "context", "after"}
+    table_keys = {
+        "id",
+        "rate",
+        "mean_activation",
+        "mean_sq_activation",
+        "cos_mu",
+        "cone_share",
+        "decoder_norm",
+        "dead",
+        "dense",
+        "nn_id",
+        "nn_cos",
+    }
+    assert report.sae_named("planted").latents  # the planted SAE's flags name latents; the clean one's none
+    for s in report.saes:
+        assert all(set(c) == card_keys for c in s.latents)
+        assert all(set(t) == context_keys for c in s.latents for t in c["top_contexts"])
+        assert set(s.latent_table) == table_keys and all(len(v) == s.d_sae for v in s.latent_table.values())
+    assert [s.latents for s in loaded.saes] == [s.latents for s in report.saes]
+    assert [s.latent_table for s in loaded.saes] == [s.latent_table for s in report.saes]
+    from saegeo.render import latents_csv, latents_document, render_latents_markdown, render_latents_terminal
+
+    for page in (report, loaded):
+        doc = latents_document(page)
+        render_latents_terminal(doc), render_latents_markdown(doc), latents_csv(doc)
     render_html(report, figures(report))
     # `saegeo check` with and without activations (the mismatch path withholds metrics)
     planted.format_info = dataclasses.replace(planted.format_info, hook_name="blocks.5.hook_resid_post")

@@ -585,3 +585,37 @@ def _from_hf_cache(name: str, dtype: torch.dtype) -> LoadedModel:
         f"machine with network run `{hf_download_command(repo)}` into that cache, or "
         f"`{hf_download_command(repo)} --local-dir DIR`, copy DIR here and pass --model DIR"
     )
+
+
+def tokenizer_for(model: str) -> Any | None:
+    """The tokenizer of a model as a store's manifest names it (``LoadedModel.name``), loaded offline and without
+    the weights; None when no tokenizer can be found for that name on this machine.
+
+    The bundled MiniLM and SmolLM2 (once converted: never converted here), a local model directory, a JSON
+    config file (its "tokenizer", default MiniLM's) and a hub name already in the Hugging Face cache are known;
+    a config given as an object ("config:<hash>") records no tokenizer."""
+    _quiet_transformers()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if model.startswith(BUNDLED["minilm"]):
+                return _load_tokenizer(minilm_path())
+            if model.startswith(BUNDLED["smollm2"]):
+                target = _cache_root() / f"smollm2-{_sha256_file(smollm2_gguf())[:16]}"
+                return _load_tokenizer(target) if (target / SMOLLM2_MARKER).is_file() else None
+            if model.startswith("config:"):
+                path = Path(model.removeprefix("config:"))
+                if not path.is_file():
+                    return None
+                tokenizer = json.loads(path.read_text()).get("tokenizer")
+                return _load_tokenizer(minilm_path() if tokenizer in (None, "minilm") else tokenizer)
+            if model and Path(model).is_dir():
+                return _load_tokenizer(model)
+            if not model or model == "none":
+                return None
+            from huggingface_hub import snapshot_download
+
+            cache = os.environ.get("HF_HUB_CACHE") or None
+            return _load_tokenizer(snapshot_download(hub_repo_for(model), local_files_only=True, cache_dir=cache))
+    except Exception:  # a missing package, file or cache entry: the contexts show token ids instead
+        return None

@@ -664,6 +664,29 @@ class ActivationStore:
         pos = self._load_shard_tensors(i).get("positions")
         return None if pos is None else pos.long()
 
+    def read_column_range(self, name: str, start: int, stop: int) -> Int[Tensor, " rows"] | None:
+        """Rows [start, stop) of a per-row column ("token_ids" or "positions") as int64, read alone from each
+        shard's safetensors file (a few bytes, not the shard); None when the store has no such column. Not
+        hashed: for lookups after a pass that read, and so verified, the same shards (latent contexts)."""
+        from safetensors import safe_open
+
+        if name not in self.columns:
+            return None
+        start, stop = max(0, int(start)), min(int(stop), self.n_tokens)
+        if stop <= start:
+            return torch.zeros(0, dtype=torch.long)
+        first = int(np.searchsorted(self.offsets, start, side="right") - 1)
+        last = int(np.searchsorted(self.offsets, stop, side="left") - 1)
+        parts = []
+        for i in range(first, last + 1):
+            lo, hi = max(start - int(self.offsets[i]), 0), min(stop - int(self.offsets[i]), self.shards[i].rows)
+            try:
+                with safe_open(str(self.path / self.shards[i].file), framework="pt") as f:
+                    parts.append(f.get_slice(name)[lo:hi].long())
+            except (SafetensorError, OSError) as err:
+                raise StoreError(f"{self._where(i)}: cannot read its {name} ({err}); re-cache this store") from None
+        return torch.cat(parts)
+
     def read_rows(self, start: int, stop: int, dtype: torch.dtype = torch.float32) -> Float[Tensor, "rows d"]:
         """Rows [start, stop) in store order, reading only the shards they touch."""
         start, stop = max(0, start), min(stop, self.n_tokens)

@@ -8,6 +8,7 @@ the results, it computes nothing).
 
 base.py     number formats, flag blocks, the HTML page skeleton, PNG bytes, the writer of rendering files
 report.py   the report page (terminal, Markdown, JSON, HTML, figures); write_report writes either page
+latents.py  latent cards and the per-latent table: latents.json / latents.csv, terminal, Markdown, HTML
 check.py    the dictionary check page (`saegeo check` without activations)
 sweep.py    the layer sweep's table, Markdown, HTML and figure; write_sweep
 text.py     the terminal text of geometry, eval, train, cache, store, synth, run; cache exclusions, artifact test
@@ -15,6 +16,14 @@ text.py     the terminal text of geometry, eval, train, cache, store, synth, run
 
 from saegeo.render.base import FORMATS, rendering_paths
 from saegeo.render.check import render_check_html, render_check_markdown, render_check_terminal
+from saegeo.render.latents import (
+    latents_csv,
+    latents_document,
+    render_latents_html,
+    render_latents_markdown,
+    render_latents_terminal,
+    write_latents,
+)
 from saegeo.render.report import (
     FIGURE_NAMES,
     figures,
@@ -51,6 +60,12 @@ __all__ = [
     "render_check_html",
     "render_check_markdown",
     "render_check_terminal",
+    "latents_csv",
+    "latents_document",
+    "render_latents_html",
+    "render_latents_markdown",
+    "render_latents_terminal",
+    "write_latents",
     "FIGURE_NAMES",
     "figures",
     "render_html",

@@ -279,9 +279,16 @@ def rendering_names(stem: str) -> dict[str, str]:
     return {"terminal": "summary.txt", "json": f"{stem}.json", "md": f"{stem}.md", "html": f"{stem}.html"}
 
 
+LATENT_FILES = ("latents.csv", "latents.json")  # the per-latent table and cards, written with the json format
+
+
 def rendering_paths(out_dir: str | os.PathLike, formats: Sequence[str], stem: str) -> list[Path]:
-    """The files `write_report` / `write_sweep` would write for these formats (for `refuse_overwrite`)."""
-    return [Path(out_dir) / name for fmt, name in rendering_names(stem).items() if fmt in formats]
+    """The files `write_report` / `write_sweep` / `write_latents` would write for these formats (for
+    `refuse_overwrite`); a report's and a latents page's json format writes LATENT_FILES too."""
+    paths = [Path(out_dir) / name for fmt, name in rendering_names(stem).items() if fmt in formats]
+    if stem in ("report", "latents") and "json" in formats:
+        paths += [Path(out_dir) / name for name in LATENT_FILES if Path(out_dir) / name not in paths]
+    return paths
 
 
 def output_dir(out_dir: str | os.PathLike, formats: Sequence[str], known: Sequence[str], what: str) -> Path:

@@ -41,7 +41,15 @@ from saegeo.render.base import (
     write_renderings,
 )
 from saegeo.render.check import render_check_html, render_check_markdown, render_check_terminal
-from saegeo.render.latents import LATENTS_CSS, LATENTS_JS, latent_section_html, latent_table_id
+from saegeo.render.latents import (
+    LATENTS_CSS,
+    LATENTS_JS,
+    has_latents,
+    latent_section_html,
+    latent_table_id,
+    latents_document,
+    write_latent_files,
+)
 from saegeo.render.text import artifact_text, exclusion_lines
 from saegeo.report.check import DictionaryCheck
 from saegeo.report.flags import FlagThresholds
@@ -580,4 +588,7 @@ def write_report(
         ),
         "html": (names["html"], lambda: render_html(page, pngs) if is_report else render_check_html(page)),
     }
-    return write_renderings(out, formats, writers)
+    written = write_renderings(out, formats, writers)
+    if is_report and "json" in formats and has_latents(page):  # latents.csv and latents.json beside report.json
+        written.update(write_latent_files(latents_document(page), out))
+    return written

@@ -11,6 +11,8 @@ check.py    check_dictionary / check_with_activations -> DictionaryCheck (a dict
             activations_match_flags: do the SAE and the activations belong together?
 flags.py    each flag: name, severity, evidence, advice
 geometry.py files_geometry -> FilesGeometry: `saegeo geometry` (one accumulator over files or stores, flags)
+latents.py  latent cards: top contexts, histogram, neighbours of the latents flags name; the per-latent table;
+            LatentsOptions of `saegeo latents` (report.latents_report runs its pass)
 layers.py   measure_store / artifact_pass: what a store's token ids and positions add (token types, artifact test)
 sweep.py    sweep_stores / sweep_model -> LayerSweep: one row per layer (`saegeo sweep`)
 """
@@ -24,7 +26,15 @@ from saegeo.report.check import (
     check_with_activations,
 )
 from saegeo.report.flags import Flag, FlagThresholds, dictionary_flags
-from saegeo.report.report import GeometryReport, ReportOptions, SAEGeometry, compute_flags, geometry_report
+from saegeo.report.latents import LatentsOptions
+from saegeo.report.report import (
+    GeometryReport,
+    ReportOptions,
+    SAEGeometry,
+    compute_flags,
+    geometry_report,
+    latents_report,
+)
 
 __all__ = [
     "CheckOptions",
@@ -41,4 +51,6 @@ __all__ = [
     "SAEGeometry",
     "compute_flags",
     "geometry_report",
+    "LatentsOptions",
+    "latents_report",
 ]

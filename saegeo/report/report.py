@@ -80,11 +80,22 @@ from saegeo.report.flags import (
     sae_flags,
     sort_flags,
 )
+from saegeo.report.latents import (
+    ASKED,
+    LATENTS_SCHEMA_VERSION,
+    LatentCollector,
+    LatentsOptions,
+    context_source,
+    named_latents,
+    parse_latent_ids,
+    top_by,
+)
 from saegeo.sae.formats import CFG_FILENAME
 from saegeo.sae.metrics import SAEMetrics
 from saegeo.sae.model import as_sae
 
-SCHEMA_VERSION = 2  # 2: one name per quantity (null_z / isotropic_z, null_sd / isotropic_sd, mp_sigma2_bulk)
+SCHEMA_VERSION = 3  # 2: one name per quantity (null_z / isotropic_z, null_sd / isotropic_sd, mp_sigma2_bulk);
+# 3: each SAE carries latents (cards), latent_table and latent_info
 COFIRING_LATENTS = 256  # co-firing pairs are looked for among the latents with the largest E[a_i²]
 
 
@@ -110,6 +121,12 @@ class ReportOptions:
         3, "top-k principal directions in the artifact test (stores only; 0: skip it)", low=0
     )
     verify: bool = option(True, "sha256 check of each store shard as it is read")
+    latent_cards: bool = option(
+        True, "the per-latent table and the cards (top contexts, histogram, neighbours) of the latents flags name"
+    )
+    latents: tuple[int, ...] = option((), "cards for these latents too (ids, checked against every SAE)", low=0)
+    latent_contexts: int = option(20, "top activating contexts kept per latent", low=0, high=10_000)
+    context_tokens: int = option(16, "preceding tokens of the same window shown with each context", low=0, high=4096)
     thresholds: FlagThresholds = option(factory=FlagThresholds, help="of every flag ([report.thresholds])")
 
     def __post_init__(self) -> None:
@@ -164,6 +181,10 @@ class SAEGeometry:
     splice: dict[str, Any] | None = None
     # metrics set to None because the activations are not this SAE's (activations_mismatch error; WITHHELD_METRICS)
     withheld: list[str] = field(default_factory=list)
+    # latent cards (saegeo.report.latents): one per latent a flag names or asked for, and every latent's columns
+    latents: list[dict[str, Any]] = field(default_factory=list)
+    latent_table: dict[str, list] | None = None
+    latent_info: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe(asdict(self))
@@ -394,13 +415,26 @@ def _named_saes(sae: Any) -> list[tuple[str, Any]]:
 class _SAEPass:
     """The per-SAE part of the one pass (see the module docstring)."""
 
-    def __init__(self, name: str, module: Any, config: dict[str, Any], device: str):
+    def __init__(
+        self,
+        name: str,
+        module: Any,
+        config: dict[str, Any],
+        device: str,
+        *,
+        latent_contexts: int | None = None,
+        first_row: int = 0,
+    ):
         self.name, self.module, self.config = name, module, config
         if hasattr(module, "to"):
             module.to(torch.device(device))
         self.d_sae, self.d_in = module.W_dec.shape
         self.dictionary = dictionary_geometry(module.W_dec.detach().cpu())  # float64 gram: the spectrum is exact
         self.metrics = SAEMetrics(module, mean_sq_norm=self.dictionary.mean_sq_norm, device=device)
+        # latent cards: the top rows and histogram of every latent (first_row: the global index of the first row)
+        self.latents = None if latent_contexts is None else LatentCollector(self.d_sae, latent_contexts, first_row)
+        if self.latents is not None:
+            self.metrics.code_observers.append(self.latents)
 
     def add(self, x: Tensor) -> None:
         self.metrics.add(x)
@@ -527,6 +561,8 @@ def _merge_ranks(
     for p in passes:
         # the SAE is not part of the state that travels; the decoder read-outs need it back
         p.metrics = SAEMetrics.from_state_dict(distributed.merge_across_ranks(p.metrics).state_dict(), sae=p.module)
+        if p.latents is not None:
+            p.latents.merge_ranks()
     return acc, reservoir, distributed.sum_across_ranks(n_skipped)
 
 
@@ -576,9 +612,14 @@ def geometry_report(
     total = opts.max_tokens if opts.max_tokens is not None else rows.n_rows
     device = distributed.resolve_device(opts.device)
     passes: list[_SAEPass] = []
+    # an iterator under torch.distributed has no global row numbers: keep the ranks' sample indices apart
+    sample_start = first_row if ctx is None or source["kind"] != "iterator" else ctx.rank << 40
     for name, obj in _named_saes(sae):
         module, cfg, default_name = _resolve_sae(obj)
-        passes.append(_SAEPass(name or default_name or "sae", module, cfg, opts.device))
+        sae_name = name or default_name or "sae"
+        parse_latent_ids(opts.latents, int(module.W_dec.shape[0]), sae_name)  # before the pass: a bad id is refused
+        contexts = opts.latent_contexts if opts.latent_cards else None
+        passes.append(_SAEPass(sae_name, module, cfg, opts.device, latent_contexts=contexts, first_row=sample_start))
 
     acc: GeometryAccumulator | None = None
     reservoir: RowReservoir | None = None
@@ -588,8 +629,6 @@ def geometry_report(
 
         bar = tqdm(total=total, unit="tok", unit_scale=True, desc="report", dynamic_ncols=True)
     t0 = time.perf_counter()
-    # an iterator under torch.distributed has no global row numbers: keep the ranks' sample indices apart
-    sample_start = first_row if ctx is None or source["kind"] != "iterator" else ctx.rank << 40
     with distributed.all_ranks_or_none("streaming the activations"):  # a failing rank ends every rank
         for batch in batches:  # screened by the reader; max_tokens is its stop_row
             x = as_rows(batch).to(device)  # the accumulators follow the batches: float64 sums on the device
@@ -667,7 +706,95 @@ def geometry_report(
     have = {(f.name, f.subject) for f in own}
     report.flags = sort_flags(own + [f for f in flags if (f.name, f.subject) not in have])
     report.diagnosis = activation_diagnosis(flag_inputs(geo, artifact, sampled), report.flags, opts.thresholds)
+    if opts.latent_cards and passes:  # after the flags: the cards are of the latents they name
+        store, text, note = context_source(rows, n_skipped, ctx is not None and source["kind"] == "iterator")
+        for s, p in zip(saes, passes):
+            p.latents.fill(
+                s,
+                p.metrics,
+                p.module.W_dec.detach().cpu(),
+                named_latents(report.flags, s.name, opts.latents),
+                store=store,
+                text=text,
+                context_tokens=opts.context_tokens,
+                dense_frequency=opts.thresholds.dense_frequency,
+                note=note,
+            )
     return report
+
+
+def latents_report(acts: Any, sae: Any, options: LatentsOptions | None = None, *, name: str | None = None) -> dict:
+    """`saegeo latents`: one pass of ``sae`` over ``acts`` (its metrics, top-k and histograms only: no activation
+    geometry, no flags) and the latents.json document with the cards of ``options.latents`` (or of the top
+    ``options.top`` by ``options.by``) and the table of every latent."""
+    from saegeo import __version__
+
+    opts = options or LatentsOptions()
+    module, cfg, default_name = _resolve_sae(sae)
+    sae_name = name or default_name or "sae"
+    d_sae = int(module.W_dec.shape[0])
+    asked = parse_latent_ids(opts.latents, d_sae, sae_name)
+    rows = open_rows(acts, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite)
+    batches, first_row = rows.batches(opts.batch_rows, stop_row=opts.max_tokens)
+    skipped_before = rows.n_nonfinite_skipped
+    p = _SAEPass(sae_name, module, cfg, opts.device, latent_contexts=opts.contexts, first_row=first_row)
+    bar = None
+    if opts.progress:
+        from tqdm.auto import tqdm
+
+        total = opts.max_tokens if opts.max_tokens is not None else rows.n_rows
+        bar = tqdm(total=total, unit="tok", unit_scale=True, desc="latents", dynamic_ncols=True)
+    t0 = time.perf_counter()
+    for batch in batches:
+        x = torch.as_tensor(batch).to(opts.device)
+        if x.shape[-1] != p.d_in:
+            raise BadInputError(f"SAE {sae_name!r} has d_in = {p.d_in} but the activations have d = {x.shape[-1]}")
+        p.add(x)
+        if bar is not None:
+            bar.update(x.shape[0])
+    if bar is not None:
+        bar.close()
+    if p.metrics.n == 0:
+        raise BadInputError("saegeo latents: no rows were read (empty store, tensor or iterator?)")
+    seconds = time.perf_counter() - t0
+    section = p.finish({}, FlagThresholds(dense_frequency=opts.dense_frequency))
+    store, text, note = context_source(rows, rows.n_nonfinite_skipped - skipped_before, False)
+    if asked:
+        why: Any = {i: [ASKED] for i in asked}
+    else:
+        why = lambda table: {i: [f"top:{opts.by}"] for i in top_by(table, opts.by, opts.top)}  # noqa: E731
+    p.latents.fill(
+        section,
+        p.metrics,
+        module.W_dec.detach().cpu(),
+        why,
+        store=store,
+        text=text,
+        context_tokens=opts.context_tokens,
+        dense_frequency=opts.dense_frequency,
+        neighbours=opts.neighbours,
+        note=note,
+    )
+    return json_safe(
+        {
+            "schema_version": LATENTS_SCHEMA_VERSION,
+            "kind": "latents",
+            "saegeo_version": __version__,
+            "source": {**rows.describe, "n_tokens": section.n_tokens},
+            "options": opts.to_dict(),
+            "seconds": seconds,
+            "saes": [
+                {
+                    "name": sae_name,
+                    "d_sae": d_sae,
+                    "n_tokens": section.n_tokens,
+                    "latent_info": section.latent_info,
+                    "latents": section.latents,
+                    "latent_table": section.latent_table,
+                }
+            ],
+        }
+    )
 
 
 def _withhold(section: SAEGeometry, flag: Flag) -> str:
