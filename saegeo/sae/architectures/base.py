@@ -93,6 +93,7 @@ class Architecture:
     uses_k: bool = False  # the training option k is stored in SAEConfig.k (topk, batchtopk; jumprelu: its L0 target)
     topk_codes: bool = False  # exactly k (values, indices) per row: encode_topk and the sparse decode apply
     init_encoder_scale: float = 1.0  # SAE.init_weights' tied encoder W_enc = scale · W_decᵀ
+    aux_loss_name: str = "aux_loss"  # what TrainOutput.aux_loss is, as training_log.jsonl names it
 
     # ------------------------------------------------------------------ the model
     def check_config(self, cfg: SAEConfig) -> None:
