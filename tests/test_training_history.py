@@ -193,6 +193,33 @@ def test_cache_and_eval_take_a_model_dtype(tmp_path):
     assert 0 < rel.max() < 0.05
 
 
+def test_eval_runs_the_model_in_the_model_dtype(tmp_path):
+    """An exact identity SAE spliced into the tiny decoder in bf16: the clean CE moves by bf16's rounding (the
+    model did run in bf16) and the spliced one equals it (KL ~ 0), as in float32."""
+    from splice_helpers import identity_sae
+    from test_cache import TINY
+
+    from saegeo.sae.splice import EvalConfig, splice_eval
+
+    (tmp_path / "tiny.json").write_text(json.dumps({"hooked_transformer_config": TINY}))
+    (tmp_path / "t.txt").write_text("The quick brown fox jumps over the lazy dog. " * 100)
+    sae = identity_sae(32)
+    sae.format_info.hook_name = "blocks.1.hook_resid_post"
+    sae.save(tmp_path / "id")
+    ce = {}
+    for dt in ("fp32", "bf16"):
+        r = splice_eval(
+            EvalConfig(
+                model=str(tmp_path / "tiny.json"), sae=str(tmp_path / "id"), hook="blocks.1.hook_resid_post",
+                corpus=str(tmp_path / "t.txt"), context=32, max_tokens=128, skip_tokens=0, model_dtype=dt,
+                progress=False,
+            )
+        )  # fmt: skip
+        ce[dt] = r["ce_loss_clean"]
+        assert abs(r["kl_div_spliced"]) < 1e-5 and r["ce_loss_spliced"] == pytest.approx(r["ce_loss_clean"], abs=1e-5)
+    assert ce["bf16"] != ce["fp32"] and ce["bf16"] == pytest.approx(ce["fp32"], rel=1e-3)
+
+
 # =========================================================================== autocast
 @pytest.mark.parametrize("arch", ["topk", "relu", "batchtopk", "jumprelu"])
 def test_bf16_autocast_training_keeps_float32_weights_and_fp32_quality(tmp_path, arch):
