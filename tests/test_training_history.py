@@ -91,21 +91,25 @@ def test_a_resumed_run_continues_the_log_without_missing_or_repeated_steps(tmp_p
     assert strip(resumed) == strip(whole)  # bitwise: the accumulators were checkpointed mid-interval
 
 
-def test_a_log_without_a_checkpoint_is_not_overwritten_without_overwrite(tmp_path):
+def test_a_finished_sae_keeps_its_log_and_a_run_killed_before_any_checkpoint_starts_a_new_one(tmp_path):
     x = _rows()
+    train_sae(_cfg(tmp_path / "done"), x)
+    before = (tmp_path / "done" / TRAINING_LOG).read_text()
+    with pytest.raises(BadInputError, match="already holds a trained SAE.*--overwrite"):
+        train_sae(_cfg(tmp_path / "done", seed=1), x)
+    assert (tmp_path / "done" / TRAINING_LOG).read_text() == before
+    train_sae(_cfg(tmp_path / "done", seed=1, overwrite=True), x)
+    assert (tmp_path / "done" / TRAINING_LOG).read_text() != before
 
     def kill(step, _):
-        if step == 5:
+        if step == 7:
             raise _Stop
 
-    with pytest.raises(_Stop):
-        train_sae(_cfg(tmp_path / "sae"), x, on_step=kill)
-    before = (tmp_path / "sae" / TRAINING_LOG).read_text()
-    with pytest.raises(BadInputError, match="training_log.jsonl.*--overwrite"):
-        train_sae(_cfg(tmp_path / "sae"), x)
-    assert (tmp_path / "sae" / TRAINING_LOG).read_text() == before
-    train_sae(_cfg(tmp_path / "sae", overwrite=True), x)
-    assert [r["step"] for r in read_training_log(tmp_path / "sae")] == [3, 6, 9, 10]
+    with pytest.raises(_Stop):  # no checkpoint: nothing to resume, so the rerun starts again, log included
+        train_sae(_cfg(tmp_path / "cut"), x, on_step=kill)
+    assert [r["step"] for r in read_training_log(tmp_path / "cut")] == [3, 6]
+    train_sae(_cfg(tmp_path / "cut"), x)
+    assert [r["step"] for r in read_training_log(tmp_path / "cut")] == [3, 6, 9, 10]
 
 
 def test_the_passes_over_the_store_are_said_and_recorded(tmp_path, capsys):

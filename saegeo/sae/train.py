@@ -754,11 +754,8 @@ def _open_checkpoint(cfg: TrainConfig, source: Any, d_sae: int, resume: bool) ->
             f"{ckpt_dir} holds a checkpoint at step {ckpt[0]['step']} that a run without resume would replace; "
             f"{OVERWRITE} to discard it, or resume it"
         )
-    if ckpt is None and (out / TRAINING_LOG).exists():
-        raise BadInputError(
-            f"{out / TRAINING_LOG} holds the log of a run that stopped before the end and left no checkpoint to "
-            f"resume (checkpoint_every = 0); {OVERWRITE} to start a new run, or choose another out_dir"
-        )
+    # a training_log.jsonl without a checkpoint or an SAE is the history of a run killed before anything it could
+    # resume from: the new run starts again and so does its log (a finished SAE's log is kept by the refusal above)
     return ckpt
 
 
@@ -800,7 +797,8 @@ class _TrainingLog:
 
     A resumed run first rewrites the file from the checkpoint's history (the records up to its step; lines a
     killed run wrote after its last checkpoint are measured again), then appends, so the file always holds each
-    logged step once, in order."""
+    logged step once, in order. A new run starts it empty; a finished SAE's directory is refused before that
+    without overwrite (its log stays)."""
 
     def __init__(self, cfg: TrainConfig, history: list[dict], write: bool):
         self.path = Path(cfg.out_dir) / TRAINING_LOG if cfg.out_dir and write else None
