@@ -91,6 +91,41 @@ def test_a_resumed_run_continues_the_log_without_missing_or_repeated_steps(tmp_p
     assert strip(resumed) == strip(whole)  # bitwise: the accumulators were checkpointed mid-interval
 
 
+def test_a_version_3_checkpoint_resumes_with_only_its_first_intervals_loss_unknown(tmp_path):
+    """A checkpoint written before the loss was accumulated (no acc.loss, acc.steps): the resumed log's first
+    record has loss None, its other numbers (the step count recovered as step mod log_every) are the whole run's."""
+    import hashlib
+
+    from safetensors.torch import load_file, save
+
+    from saegeo.sae.train import _state_digest
+
+    x, kw = _rows(), dict(arch="relu", l1_coefficient=0.1, checkpoint_every=4)  # relu: its l1_loss is never 0
+    whole = read_training_log(train_sae(_cfg(tmp_path / "whole", **kw), x).out_dir)
+
+    def kill(step, _):
+        if step == 5:
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        train_sae(_cfg(tmp_path / "old", **kw), x, on_step=kill)
+    ckpt = tmp_path / "old" / "checkpoint"
+    state = json.loads((ckpt / "state.json").read_text())
+    tensors = {k: v for k, v in load_file(ckpt / state["tensors"]).items() if k not in ("acc.loss", "acc.steps")}
+    data = save(tensors)
+    (ckpt / state["tensors"]).write_bytes(data)
+    state |= {"version": 3, "tensors_sha256": hashlib.sha256(data).hexdigest()}
+    state["state_sha256"] = _state_digest(state)
+    (ckpt / "state.json").write_text(json.dumps(state))
+    train_sae(_cfg(tmp_path / "old", **kw), x)
+    resumed = read_training_log(tmp_path / "old")
+    assert [r["step"] for r in resumed] == [3, 6, 9, 10]
+    assert resumed[1]["loss"] is None and whole[1]["loss"] is not None
+    strip = lambda r: {k: v for k, v in r.items() if k not in ("tok_s", "loss")}  # noqa: E731
+    assert [strip(r) for r in resumed] == [strip(r) for r in whole]
+    assert [r["loss"] for r in resumed[2:]] == [r["loss"] for r in whole[2:]]
+
+
 def test_a_finished_sae_keeps_its_log_and_a_run_killed_before_any_checkpoint_starts_a_new_one(tmp_path):
     x = _rows()
     train_sae(_cfg(tmp_path / "done"), x)
