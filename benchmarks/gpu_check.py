@@ -10,6 +10,7 @@ MiniLM's tokenizer files, carried), the corpus is CPython's bundled pydoc topics
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
@@ -136,6 +137,17 @@ def main() -> None:
         abs(cpu_fve - gpu_fve) < 0.02,
         f"TopK d_sae {size['d_sae']}, {size['train_tokens']:,} tokens: {gpu_tps:,.0f} tok/s on {gpu} vs "
         f"{cpu_tps:,.0f} on the CPU ({gpu_tps / cpu_tps:.1f}x); held-out FVE {gpu_fve:.3f} vs {cpu_fve:.3f}",
+    )
+
+    # 2b. the same TopK run under bf16 autocast on the device (train --dtype bf16): float32 weights, the same FVE
+    t0 = time.perf_counter()
+    low = train_sae(dataclasses.replace(cfg, dtype="bfloat16"), x.to(gpu) if gpu != "cpu" else x, resume=False)
+    low_tps = cfg.total_tokens / (time.perf_counter() - t0)
+    ok &= check(
+        "train bf16",
+        abs(low.heldout["fve"] - gpu_fve) < 0.02 and all(p.dtype == torch.float32 for p in low.sae.parameters()),
+        f"TopK under torch.autocast(bfloat16): {low_tps:,.0f} tok/s vs {gpu_tps:,.0f} in float32 "
+        f"({low_tps / gpu_tps:.2f}x); held-out FVE {low.heldout['fve']:.3f} vs {gpu_fve:.3f}; weights float32",
     )
 
     # 3. a report with the SAE and the float64 accumulators on the device

@@ -15,6 +15,8 @@ Public API
 ``add_options(parser, cls)`` / ``passed(args, cls)``   the flags of ``cls`` and the fields a user gave.
 ``require_memory(n_bytes, what)``      refuse an allocation the machine cannot hold, before it is tried.
 ``BATCH_ROWS``                         the default rows per batch of a pass over activations (8192).
+``Dtype`` / ``parse_dtype(text, what)``  the one dtype option type and its parser: float32/fp32, float16/fp16,
+                                       bfloat16/bf16 (case-insensitive) -> the canonical torch name.
 """
 
 from __future__ import annotations
@@ -35,6 +37,39 @@ from saegeo.io import parse_int, read_config
 
 BATCH_ROWS = 8192  # rows per batch of a pass over activations (report, geometry, check, sweep, the artifact pass)
 INT64_MAX = 2**63 - 1  # every count and seed must fit the int64 that torch and numpy hold it in
+
+# =========================================================================== dtypes
+# Every option that takes a dtype (a store's storage dtype, a model's dtype, training's compute dtype) is a Dtype
+# field: the canonical name is what is stored and compared; the short names people type are accepted wherever a
+# dtype is read (a flag, a config file, Python), by this one parser. Its torch dtype is getattr(torch, name).
+Dtype = Literal["float32", "float16", "bfloat16"]
+DTYPES: tuple[str, ...] = typing.get_args(Dtype)
+DTYPE_ALIASES = {
+    **{name: name for name in DTYPES},
+    "fp32": "float32",
+    "f32": "float32",
+    "fp16": "float16",
+    "f16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+}
+
+
+def parse_dtype(value: Any, what: str = "dtype") -> str:
+    """The canonical name (float32, float16, bfloat16) of a dtype written as float32/fp32, float16/fp16/half,
+    bfloat16/bf16 (any case), or given as a torch.dtype; BadInputError naming ``what`` otherwise."""
+    text = str(value).removeprefix("torch.").strip().lower()
+    if text not in DTYPE_ALIASES:
+        raise BadInputError(f"{what} = {value!r}: expected one of float32 (fp32), float16 (fp16), bfloat16 (bf16)")
+    return DTYPE_ALIASES[text]
+
+
+def dtype_arg(text: str) -> str:
+    """argparse type of a Dtype flag: ``parse_dtype`` with argparse's one-line error."""
+    try:
+        return parse_dtype(text)
+    except BadInputError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 # =========================================================================== declaring a field
@@ -123,7 +158,10 @@ def check(cfg: Any) -> None:
     are whole numbers fitting int64, floats are finite, both within their ``option`` bounds (None passes)."""
     hints = _hints(type(cfg))
     for f in dataclasses.fields(cfg):
-        _check_value(f.name, getattr(cfg, f.name), _bare(hints[f.name]), f.metadata)
+        tp = _bare(hints[f.name])
+        if tp == Dtype and getattr(cfg, f.name) is not None:  # bf16 -> bfloat16: one spelling is stored
+            setattr(cfg, f.name, parse_dtype(getattr(cfg, f.name), f.name))
+        _check_value(f.name, getattr(cfg, f.name), tp, f.metadata)
 
 
 def require_memory(n_bytes: float, what: str) -> None:
@@ -177,6 +215,11 @@ def _coerce(value: Any, tp: Any, key: str, where: str | None) -> Any:
             return None
         options = [a for a in args if a is not type(None)]
         return _coerce(value, options[0], key, where) if len(options) == 1 else value
+    if tp == Dtype:
+        try:
+            return parse_dtype(value, key)
+        except BadInputError as err:
+            raise BadInputError(f"{where + ': ' if where else ''}{err}") from None
     if origin is Literal:
         if value not in args:
             raise bad(f"one of {list(args)}")
@@ -323,7 +366,10 @@ def add_options(
             else:
                 parser.add_argument(flag, action="store_true", help=text, **kw)
             continue
-        if typing.get_origin(tp) is Literal:
+        if tp == Dtype:  # the aliases too: bf16 is parsed to bfloat16, then checked against the choices
+            kw["type"], kw["choices"] = dtype_arg, DTYPES
+            text += "; also fp32, fp16, bf16"
+        elif typing.get_origin(tp) is Literal:
             kw["choices"] = typing.get_args(tp)
         elif typing.get_origin(tp) is tuple:
             item = typing.get_args(tp)[0]

@@ -65,7 +65,8 @@ def test_saegeo_run_end_to_end(first_run):
     assert "reusing" not in printed  # a first run computes everything
     html = root / "out" / "report" / "report.html"
     assert f"HTML report: {html}" in printed
-    assert html.is_file() and html.read_text().count("data:image/png;base64,") == 5
+    # the five figures of every report and the SAEs' training curves (each SAE left a training_log.jsonl)
+    assert html.is_file() and html.read_text().count("data:image/png;base64,") == 6
     report = json.loads((root / "out" / "report" / "report.json").read_text())
     assert report["source"]["n_tokens"] == 3000 and report["source"]["d"] == 384
     assert report["source"]["hook"] == "blocks.3.hook_resid_post"

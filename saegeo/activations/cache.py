@@ -48,7 +48,7 @@ from saegeo.activations.corpus import (
 )
 from saegeo.activations.models import LoadedModel, load_model, model_fingerprint
 from saegeo.activations.store import MANIFEST, ActivationStore, StorageDtype, StoreWriter
-from saegeo.config import check, option
+from saegeo.config import Dtype, check, option
 from saegeo.distributed import resolve_device
 from saegeo.errors import BadInputError
 from saegeo.geometry.tokens import group_shares
@@ -77,6 +77,7 @@ class CacheConfig:
     out: str = option("artifacts/acts/minilm", "output directory; each hook gets OUT/<hook>/")
     max_tokens: int | None = option(None, "stop after this many stored tokens", low=1)
     dtype: StorageDtype = option("float32", "storage dtype")
+    model_dtype: Dtype = option("float32", "dtype the model's weights are loaded in and its forward runs in")
     batch_windows: int = option(32, "windows per forward pass", low=1)
     shard_rows: int = option(65536, "rows per shard", low=1)
     exclude_special: bool = option(False, "do not store [CLS]/[SEP]/BOS positions (the model still sees them)")
@@ -183,7 +184,9 @@ def cache_activations(cfg: CacheConfig, loaded: Any = None) -> CacheResult:
         source=cfg.corpus, context=cfg.context, exclude_special=cfg.exclude_special, text_field=cfg.text_field
     )
     open_corpus(spec)  # ... and so does a bad corpus or --text-field
-    loaded = load_model(loaded if loaded is not None else cfg.model)  # a name, a directory, a model object
+    loaded = load_model(  # a name, a directory, a model object
+        loaded if loaded is not None else cfg.model, dtype=getattr(torch, cfg.model_dtype)
+    )
     loaded.to(device)
     hooks = tuple(cfg.hooks)
     stop_layer = _validate_hooks(loaded, hooks)
@@ -194,6 +197,9 @@ def cache_activations(cfg: CacheConfig, loaded: Any = None) -> CacheResult:
     ident = corpus_identity(spec, tok)
     if cfg.exclude_norm_ratio is not None:  # part of what the store holds: resuming with another m is refused
         ident["exclude_norm_ratio"] = cfg.exclude_norm_ratio
+    model_dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
+    if model_dtype != "float32":  # so is the dtype the forward ran in (float32 stores keep their identity)
+        ident["model_dtype"] = model_dtype
     total = count_tokens(spec, tok, loaded.kind, limit=cfg.max_tokens)  # for the bar's ETA
     if total == 0:
         raise BadInputError(f"corpus {cfg.corpus!r} yields no tokens")

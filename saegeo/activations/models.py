@@ -512,6 +512,9 @@ def load_model(spec: str | os.PathLike | Any, *, dtype: torch.dtype = torch.floa
             )
         else:
             loaded = _from_hf_cache(spec_str, dtype)
+    if in_memory is None and next(loaded.model.parameters()).dtype != dtype:  # built from a config: cast it
+        # (a model object given keeps its dtype; cfg.dtype follows the cast)
+        loaded.model.to(dtype, print_details=False)
     loaded.model.eval()
     return loaded
 

@@ -31,7 +31,7 @@ import struct
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 import numpy as np
 import torch
@@ -41,13 +41,14 @@ from safetensors.torch import load_file as st_load_file
 from safetensors.torch import save as st_save_bytes
 from torch import Tensor
 
+from saegeo.config import Dtype, parse_dtype
 from saegeo.errors import BadInputError, StoreError
 from saegeo.io import atomic_write, crash_point, json_safe
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 LOCK_FILE = ".writer.lock"  # flock'd by the one StoreWriter of a store; holds its pid
-StorageDtype = Literal["float32", "float16", "bfloat16"]
+StorageDtype = Dtype  # float32, float16, bfloat16 (fp32, fp16, bf16 accepted: saegeo.config.parse_dtype)
 STORAGE_DTYPES = {name: getattr(torch, name) for name in get_args(StorageDtype)}
 # Fields that define what a store contains: resuming with any of them different is refused.
 IDENTITY_FIELDS = ("d", "hook", "model", "dtype", "shard_rows", "corpus")
@@ -261,8 +262,7 @@ class StoreWriter:
         extra_meta: dict[str, Any] | None = None,
         mode: str = "create",
     ):
-        if dtype not in STORAGE_DTYPES:
-            raise BadInputError(f"storage dtype {dtype!r} not supported; use one of {list(STORAGE_DTYPES)}")
+        dtype = parse_dtype(dtype, "storage dtype")
         if int(d) < 1 or int(shard_rows) < 1:
             raise BadInputError(f"d and shard_rows must be positive (got d={d}, shard_rows={shard_rows})")
         if mode not in ("create", "overwrite", "resume"):

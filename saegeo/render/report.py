@@ -7,7 +7,8 @@ and `write_report`, the one writer of either page's files (a report, or a Dictio
 ``render_html(report) -> str``       one file, plots embedded as base64 PNG (no network, no other files).
 ``figures(report) -> dict[str, bytes]``   the PNG plots: spectrum (log-log, MP band), cosines (histogram,
                                      null, isotropic band), latents (firing vs cos(u_i, μ), sized by c_i),
-                                     amplification (the law's curves, the measured points, the per-latent law), rogue (shares).
+                                     amplification (the law's curves, the measured points, the per-latent law), rogue (shares),
+                                     training (loss, FVE, L0 against tokens; only when an SAE has a training log).
 ``write_report(page, out_dir, formats=("terminal", "md", "json", "html")) -> dict[str, Path]``   either page's files.
 """
 
@@ -314,7 +315,8 @@ def render_markdown(report: GeometryReport, figure_dir: str | None = None) -> st
         out.append(md_table(*_sae_table(report)))
     if figure_dir is not None:
         out += ["", "## Figures", ""]
-        out += [f"![{name}]({figure_dir}/{name}.png)" for name in FIGURE_NAMES]
+        names = FIGURE_NAMES + ((TRAINING_FIGURE,) if _has_curve(report) else ())
+        out += [f"![{name}]({figure_dir}/{name}.png)" for name in names]
     if report.notes:
         out += ["", "## Notes", ""] + [f"- {n}" for n in report.notes]
     out += ["", f"*saegeo {report.saegeo_version}, report schema {report.schema_version}.*", ""]
@@ -326,7 +328,43 @@ def render_json(report: GeometryReport) -> str:
 
 
 # =========================================================================== figures
-FIGURE_NAMES = ("spectrum", "cosines", "latents", "amplification", "rogue")
+FIGURE_NAMES = ("spectrum", "cosines", "latents", "amplification", "rogue")  # every report has these
+TRAINING_FIGURE = "training"  # only a report with an SAE that has a training log
+
+
+def _has_curve(report: GeometryReport) -> bool:
+    return any(s.training_curve for s in report.saes)
+
+
+def training_figure(report: GeometryReport) -> bytes | None:
+    """Loss, FVE and L0 of each SAE's training log against tokens (the records saegeo.sae.train wrote beside
+    the SAE, thinned by the report), one line per SAE; None when no SAE has a log."""
+    if not _has_curve(report):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(9, 2.6))
+    losses = []
+    for i, s in enumerate(report.saes):
+        curve = s.training_curve or {}
+        tokens = curve.get("tokens") or []
+        for ax, key in zip(axes, ("loss", "fve", "l0")):
+            points = [(t, v) for t, v in zip(tokens, curve.get(key) or []) if t is not None and v is not None]
+            if points:
+                ax.plot(*zip(*points), "-", color=f"C{i}", lw=1.2, label=s.name)
+                losses += [v for _, v in points] if key == "loss" else []
+    for ax, label in zip(axes, ("training loss", "FVE (live, per interval)", "L0")):
+        ax.set_xlabel("tokens", fontsize=8)
+        ax.set_title(label, fontsize=9)
+        ax.tick_params(labelsize=7)
+    if losses and min(losses) > 0 and max(losses) > 10 * min(losses):  # a loss falling by decades: log scale
+        axes[0].set_yscale("log")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return png(fig)
 
 
 # what each figure's colours, lines and markers mean (the HTML's captions)
@@ -349,7 +387,8 @@ LEGEND_OUTSIDE = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "fontsize"
 
 
 def figures(report: GeometryReport) -> dict[str, bytes]:
-    """The five plots as PNG bytes (matplotlib, Agg backend: no display needed), legends outside the data."""
+    """The plots as PNG bytes (matplotlib, Agg backend: no display needed); "training" only when an SAE has a
+    training log."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -524,6 +563,8 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
     ax.set_ylabel("share m̂_j²/‖m̂‖²")
     ax.set_title(f"rogue dimensions: {rogue['n_for_50']} carry 50% of the offset", fontsize=10)
     out["rogue"] = png(fig)
+    if (training := training_figure(report)) is not None:
+        out[TRAINING_FIGURE] = training
     return out
 
 
@@ -548,7 +589,7 @@ def render_html(report: GeometryReport, pngs: dict[str, bytes] | None = None) ->
         parts.append(f"<h2>Latents of {e(s.name)}</h2>")
         parts += latent_section_html(s.name, getattr(s, "latent_table", None), getattr(s, "latents", None))
     parts.append("<h2>Figures</h2>")
-    for name in FIGURE_NAMES:
+    for name in (*FIGURE_NAMES, TRAINING_FIGURE):
         if name in pngs:
             parts.append(f"<h3>{e(name)}</h3>" + html_figure(name, pngs[name], FIGURE_CAPTIONS.get(name, "")))
     if report.notes:

@@ -197,6 +197,13 @@ def render_eval(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _passes(provenance: dict) -> str:
+    passes, rows = provenance.get("passes_over_data"), provenance.get("training_rows")
+    if passes is None:
+        return "— (a stream: one pass, its length unknown)"
+    return f"{passes:.1f} passes over the {rows:,} training rows" + (" (each reshuffled)" if passes > 1 else "")
+
+
 def render_train(result: Any) -> str:
     """The trainer's summary of a ``saegeo.sae.train.TrainResult``: architecture, tokens, held-out metrics."""
     cfg, h = result.config, result.heldout
@@ -206,6 +213,7 @@ def render_train(result: Any) -> str:
         ("d_in → d_sae", f"{result.sae.cfg.d_in} → {result.sae.cfg.d_sae}"),
         ("b_dec init", cfg.b_dec_init),
         ("tokens trained", f"{cfg.total_steps * cfg.batch_tokens:,} ({cfg.total_steps} steps of {cfg.batch_tokens})"),
+        ("passes over the data", _passes(result.provenance)),
         ("throughput", f"{live.get('tok_s', float('nan')):,.0f} tokens/s"),
         (
             "held-out tokens",

@@ -93,6 +93,7 @@ from saegeo.report.latents import (
 from saegeo.sae.formats import CFG_FILENAME
 from saegeo.sae.metrics import SAEMetrics
 from saegeo.sae.model import as_sae
+from saegeo.sae.train import read_training_log
 
 SCHEMA_VERSION = 3  # 2: one name per quantity (null_z / isotropic_z, null_sd / isotropic_sd, mp_sigma2_bulk);
 # 3: each SAE carries latents (cards), latent_table and latent_info
@@ -185,6 +186,8 @@ class SAEGeometry:
     latents: list[dict[str, Any]] = field(default_factory=list)
     latent_table: dict[str, list] | None = None
     latent_info: dict[str, Any] | None = None
+    # the SAE directory's training_log.jsonl, thinned (`training_curve`): {tokens, loss, fve, l0, dead: lists}
+    training_curve: dict[str, list] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe(asdict(self))
@@ -546,7 +549,25 @@ class _SAEPass:
             config=json_safe(self.config),
             notes=notes,
             cofiring_pairs=pairs,
+            training_curve=training_curve(info.source) if info is not None and info.source else None,
         )
+
+
+CURVE_KEYS = ("tokens", "loss", "fve", "l0", "dead")
+CURVE_POINTS = 200  # the report keeps at most this many records of a training log (evenly spaced, the last kept)
+
+
+def training_curve(sae_path: str | os.PathLike, max_points: int = CURVE_POINTS) -> dict[str, list] | None:
+    """The curves of the training_log.jsonl in an SAE's directory (saegeo.sae.train), or None when it has none
+    (or the SAE is not a directory): {key: values} for tokens, loss, fve, l0 and dead, at most `max_points`
+    records (every ⌈n/max_points⌉-th, the last always kept)."""
+    path = Path(sae_path)
+    records = read_training_log(path) if path.is_dir() else []
+    if not records:
+        return None
+    stride = -(-len(records) // max_points)
+    kept = records[::stride] if (len(records) - 1) % stride == 0 else records[::stride] + [records[-1]]
+    return {key: [r.get(key) for r in kept] for key in CURVE_KEYS}
 
 
 # =========================================================================== the pass

@@ -68,7 +68,7 @@ from saegeo.activations.cache import BLOCK_HOOK, NOT_PER_TOKEN
 from saegeo.activations.corpus import CorpusSpec, iter_windows, open_corpus
 from saegeo.activations.models import LoadedModel, load_model
 from saegeo.activations.runner import pad_windows, window_batches
-from saegeo.config import check, option
+from saegeo.config import Dtype, check, option
 from saegeo.distributed import resolve_device
 from saegeo.errors import BadInputError
 from saegeo.sae.model import SAE, as_sae
@@ -112,6 +112,7 @@ class EvalConfig:
     )
     text_field: str = option("text", "the field (JSON) or column (parquet, datasets) holding the text or the token ids")
     device: str = option("cpu", "torch device the model and SAEs run on (e.g. cuda); the sums stay float64 on the host")
+    model_dtype: Dtype = option("float32", "dtype the model's weights are loaded in and its forward runs in")
     progress: bool = option(True, "progress bar")
 
     def __post_init__(self) -> None:
@@ -310,7 +311,7 @@ def splice_eval_many(cfg: EvalConfig, saes: Mapping[str, Any], loaded: Any = Non
     device = resolve_device(cfg.device)  # before loading anything: a bad device fails fast
     open_corpus(CorpusSpec(source=cfg.corpus, text_field=cfg.text_field))  # ... and so does a bad corpus
     saes = {name: as_sae(s) for name, s in saes.items()}  # paths, ids and peer objects: the one conversion
-    loaded = load_model(loaded if loaded is not None else cfg.model)
+    loaded = load_model(loaded if loaded is not None else cfg.model, dtype=getattr(torch, cfg.model_dtype))
     groups: dict[str, list[str]] = {}
     resolved = {}
     for name, sae in saes.items():
@@ -609,7 +610,7 @@ def _eval_batch(
         shared["mean"] = ref.score(mean_out.expand(len(batch), -1, -1))
     x64 = x.double()
     for name, s in sums.items():
-        x_hat, active, l1 = _reconstruct(splicers[name].sae, x)
+        x_hat, active, l1 = _reconstruct(splicers[name].sae, x.to(splicers[name].sae.W_dec.dtype))  # --model-dtype
         scores = {**shared, "spliced": ref.score(sp.suffix(resid, additive, _setter(replace, x_hat.to(flat.dtype))))}
         for v, (ce, kl, cos, sl_ce, sl_kl) in scores.items():
             s.ce[v] += ce

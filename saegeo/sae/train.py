@@ -15,6 +15,12 @@ Data sources and their held-out split (the split is always decided before anythi
     Pass a callable: b_dec init and resume replay the stream from its start. A bare iterator is
     refused (with that advice) when b_dec is estimated.
 Every source is deterministic given `seed`, so a resumed run sees exactly the batches it would have.
+
+History: every log_every steps (and at the last step) one record of the interval's live metrics (step, tokens,
+passes over the training rows, loss and the architecture's auxiliary term, MSE, FVE, L0, dead share, lr,
+throughput) is appended to out_dir/training_log.jsonl as it is measured; the same records are
+TrainResult.history and the checkpoint's history, so a resumed run rewrites the log up to its checkpoint and
+continues it: no step is missing or repeated (`read_training_log`). With `wandb` the records go to W&B too.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -38,7 +45,7 @@ from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
 
 from saegeo.activations.sources import Rows, open_rows
-from saegeo.config import check, option, require_memory
+from saegeo.config import Dtype, check, option, require_memory
 from saegeo.errors import BadInputError, FormatError, SaegeoError
 from saegeo.io import atomic_write, dump_json, json_safe
 from saegeo.sae.architectures import architecture_names, get_architecture
@@ -62,8 +69,13 @@ NOT_IN_WEIGHTS = (
     "overwrite",
     "verify",
     "skip_nonfinite",
+    "wandb",
+    "wandb_project",
 )
-CHECKPOINT_VERSION = 3  # 2: state.json records the data fingerprint; 3: its digest and the threads and device
+# 2: state.json records the data fingerprint; 3: its digest and the threads and device; 4: the interval's loss and
+# step count are accumulated (a version-3 checkpoint resumes with the loss of its first interval unknown)
+CHECKPOINT_VERSION = 4
+TRAINING_LOG = "training_log.jsonl"  # one JSON record per logged step, beside the SAE (see the module docstring)
 # `saegeo train` takes --overwrite, `saegeo run` and Python take the option: the advice names both
 OVERWRITE = "pass --overwrite (overwrite = true in a config's [train])"
 
@@ -135,10 +147,22 @@ class TrainConfig:
     overwrite: bool = option(False, "replace a finished SAE and discard a checkpoint in out_dir (start a new run)")
     verify: bool = option(True, "sha256 check of each store shard as it is read")
     skip_nonfinite: bool = option(False, "skip and count rows with NaN/inf (default: an error naming the row)")
+    dtype: Dtype = option(
+        "float32",
+        "compute dtype of the SAE's matmuls: bfloat16 runs the steps under torch.autocast (weights, Adam and "
+        "the metrics stay float32); float16 is refused (it needs loss scaling)",
+    )
+    wandb: bool = option(False, "also log the training_log.jsonl records to Weights & Biases (pip install wandb)")
+    wandb_project: str = option("saegeo", "the W&B project of --wandb")
 
     def __post_init__(self) -> None:
         self.adam_betas = tuple(self.adam_betas)
         check(self)
+        if self.dtype == "float16":
+            raise BadInputError(
+                "dtype = float16: training in float16 needs loss scaling, which saegeo does not do; use bfloat16 "
+                "(bf16) for mixed precision, or float32"
+            )
         if self.arch not in architecture_names():  # registered at run time: not a Literal
             raise BadInputError(
                 f"arch = {self.arch!r}: expected one of {list(architecture_names())} (the registered "
@@ -209,6 +233,7 @@ class _TensorSource(_Source):
             self.identity["path"] = rows.describe.get("path")
         self.fingerprint = "tensor:" + tensor_sha256(x)
         self.heldout_first_row = int(self.train_x.shape[0])
+        self.n_train_rows = int(self.train_x.shape[0])  # the rows one pass (epoch) walks
 
     def train_batches(self, start_step: int) -> Iterator[Tensor]:
         n, bs = self.train_x.shape[0], self.cfg.batch_tokens
@@ -280,6 +305,7 @@ class _StoreSource(_Source):
 
         self.fingerprint = "store:" + store_fingerprint(store)
         self.heldout_first_row = self.n_train
+        self.n_train_rows = self.n_train
 
     rank, world = 0, 1  # torch.distributed (set by train_sae): this rank streams shards rank::world
 
@@ -394,6 +420,7 @@ class _IteratorSource(_Source):
         # all a stream offers without consuming it: its first rows (the held-out ones, or the first batch)
         self.fingerprint = f"iterator:{n_held}:" + tensor_sha256(probe)
         self.heldout_first_row = 0
+        self.n_train_rows = None  # a stream's length is not known before it ends
 
     def _stream(self, purpose: str = "training") -> Iterator[Tensor]:
         """The stream's batches as float32, screened by the reader (rows named by their position in the stream);
@@ -683,6 +710,7 @@ def _open_checkpoint(cfg: TrainConfig, source: Any, d_sae: int, resume: bool) ->
     out, ckpt_dir = Path(cfg.out_dir), _ckpt_dir(cfg)
     if cfg.overwrite:
         shutil.rmtree(ckpt_dir, ignore_errors=True)
+        (out / TRAINING_LOG).unlink(missing_ok=True)
         return None
     ckpt = load_checkpoint(cfg)
     again = f"Rerun with the checkpoint's options, {OVERWRITE} to start a new run, or use another out_dir."
@@ -733,6 +761,8 @@ def _open_checkpoint(cfg: TrainConfig, source: Any, d_sae: int, resume: bool) ->
             f"{ckpt_dir} holds a checkpoint at step {ckpt[0]['step']} that a run without resume would replace; "
             f"{OVERWRITE} to discard it, or resume it"
         )
+    # a training_log.jsonl without a checkpoint or an SAE is the history of a run killed before anything it could
+    # resume from: the new run starts again and so does its log (a finished SAE's log is kept by the refusal above)
     return ckpt
 
 
@@ -745,6 +775,83 @@ def _restore(sae: SAE, opt: torch.optim.Adam, tensors: dict) -> None:
                 "exp_avg": tensors[f"adam.{name}.exp_avg"].reshape(p.shape).to(p.device).clone(),
                 "exp_avg_sq": tensors[f"adam.{name}.exp_avg_sq"].reshape(p.shape).to(p.device).clone(),
             }
+
+
+# =========================================================================== the training log
+def read_training_log(path: str | os.PathLike) -> list[dict]:
+    """The records of a training_log.jsonl (the file, or the SAE directory holding it) in order; [] when there is
+    none. FormatError naming the line when one is not a JSON object."""
+    path = Path(path)
+    path = path / TRAINING_LOG if path.is_dir() else path
+    if not path.is_file():
+        return []
+    records = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise FormatError(f"{path}, line {i}: not JSON ({err.msg})") from None
+        if not isinstance(record, dict):
+            raise FormatError(f"{path}, line {i}: a JSON {type(record).__name__}, not an object")
+        records.append(record)
+    return records
+
+
+class _TrainingLog:
+    """out_dir/training_log.jsonl (rank 0 only) and, with cfg.wandb, a W&B run: one record per logged step.
+
+    A resumed run first rewrites the file from the checkpoint's history (the records up to its step; lines a
+    killed run wrote after its last checkpoint are measured again), then appends, so the file always holds each
+    logged step once, in order. A new run starts it empty; a finished SAE's directory is refused before that
+    without overwrite (its log stays)."""
+
+    def __init__(self, cfg: TrainConfig, history: list[dict], write: bool):
+        self.path = Path(cfg.out_dir) / TRAINING_LOG if cfg.out_dir and write else None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.path, "".join(_log_line(r) for r in history))
+        self.wandb_run = None
+        if cfg.wandb and write:
+            try:
+                import wandb
+            except ImportError:
+                raise BadInputError(
+                    "--wandb needs the wandb package: pip install wandb (or pip install 'saegeo[wandb]')"
+                ) from None
+            self.wandb_run = wandb.init(
+                project=cfg.wandb_project,
+                config=json_safe(asdict(cfg)),
+                dir=cfg.out_dir or None,
+                name=Path(cfg.out_dir).name if cfg.out_dir else None,
+            )
+
+    def add(self, record: dict) -> None:
+        if self.path is not None:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(_log_line(record))
+        if self.wandb_run is not None:
+            self.wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+    def close(self, summary: dict) -> dict | None:
+        """Finish the W&B run (its summary: the held-out metrics); what provenance records of it."""
+        if self.wandb_run is None:
+            return None
+        run = self.wandb_run
+        run.summary.update({f"heldout/{k}": v for k, v in json_safe(summary).items() if isinstance(v, (int, float))})
+        info = {"project": run.project, "id": run.id, "url": getattr(run, "url", None)}
+        run.finish()
+        return info
+
+
+def _log_line(record: dict) -> str:
+    return json.dumps(json_safe(record), allow_nan=False) + "\n"
+
+
+def passes_over_data(cfg: TrainConfig, n_train_rows: int | None) -> float | None:
+    """How many times the run walks its training rows: total_steps·batch_tokens / n_train (None: a stream)."""
+    return None if not n_train_rows else cfg.total_steps * cfg.batch_tokens / n_train_rows
 
 
 # =========================================================================== training
@@ -868,10 +975,19 @@ def train_sae(
     b_dec_rows = source.init_description(
         min(cfg.b_dec_init_tokens, 32_768) if cfg.b_dec_init == "geometric_median" else cfg.b_dec_init_tokens
     )
-    if ckpt is None and cfg.progress and (ctx is None or ctx.is_main):
+    is_main = ctx is None or ctx.is_main
+    if ckpt is None and cfg.progress and is_main:
         from tqdm.auto import tqdm
 
         tqdm.write(f"b_dec init = {cfg.b_dec_init}: {b_dec_rows['method']}, {b_dec_rows['n_rows']:,} rows")
+    passes = passes_over_data(cfg, source.n_train_rows)
+    if passes is not None and passes > 1 and cfg.progress and is_main:
+        from tqdm.auto import tqdm
+
+        tqdm.write(
+            f"{cfg.total_steps * cfg.batch_tokens:,} training tokens = {passes:.1f} passes over the "
+            f"{source.n_train_rows:,} training rows of the {source.identity['source']} (each pass reshuffled)"
+        )
     provenance = {
         "b_dec_init": cfg.b_dec_init,
         "b_dec_init_tokens": cfg.b_dec_init_tokens,
@@ -879,15 +995,27 @@ def train_sae(
         "preprocessing": "none",
         "data": source.identity,
         "train_config": asdict(cfg),
+        "training_rows": source.n_train_rows,
+        "passes_over_data": passes,
     }
     # live references: saved as they stand
     ckpt_extra = {"history": history, "provenance": provenance, "data_fingerprint": source.fingerprint}
 
     # live metrics accumulate on the device; read back only every log_every steps (no per-step sync)
-    acc = {k: torch.zeros((), device=device, dtype=torch.float64) for k in ("sse", "css", "l0", "aux", "n")}
+    acc = {
+        k: torch.zeros((), device=device, dtype=torch.float64)
+        for k in ("sse", "css", "l0", "aux", "loss", "n", "steps")
+    }
+    loss_known = True  # False for the first interval after resuming a version-3 checkpoint (no loss accumulated)
     if ckpt is not None:
         for k in acc:
-            acc[k] += tensors[f"acc.{k}"].to(device).reshape(())
+            if f"acc.{k}" in tensors:
+                acc[k] += tensors[f"acc.{k}"].to(device).reshape(())
+            elif k == "steps":  # the steps since the last log (the accumulators are zeroed at each log)
+                acc[k] += start_step % cfg.log_every
+            else:
+                loss_known = False
+    log = _TrainingLog(cfg, history, write=True) if is_main else None  # rank 0 writes the log, as the checkpoints
 
     def checkpoint_tensors() -> dict:
         return {
@@ -920,17 +1048,21 @@ def train_sae(
     if ctx is not None:
         provenance["world_size"] = world
     t0, tokens_timed = time.perf_counter(), 0
+    # --dtype bfloat16: the forward (and the hand-written backwards, which read the autocast state) in bfloat16;
+    # the parameters, their gradients, Adam's moments and the sums of the metrics stay float32 / float64
+    low_precision = cfg.dtype != "float32"
     sae.train()
     for step in range(start_step, cfg.total_steps):
         x = next(batches).to(device, non_blocking=True)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg) * g["lr_scale"]
-        out = forward_train(
-            x,
-            dead_mask=since_fired > cfg.dead_window_tokens,
-            centred_ss_fn=centred_ss_fn,
-            **arch.step_options(cfg, step, source.d),
-        )
+        with torch.autocast(device.type, dtype=getattr(torch, cfg.dtype), enabled=low_precision):
+            out = forward_train(
+                x,
+                dead_mask=since_fired > cfg.dead_window_tokens,
+                centred_ss_fn=centred_ss_fn,
+                **arch.step_options(cfg, step, source.d),
+            )
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         if unit_decoder:
@@ -949,7 +1081,9 @@ def train_sae(
         acc["css"] += out.centred_ss.detach()
         acc["l0"] += out.l0_sum
         acc["aux"] += out.aux_loss
+        acc["loss"] += out.loss.detach()
         acc["n"] += x.shape[0]
+        acc["steps"] += 1
         tokens_timed += x.shape[0] * world
 
         done = step + 1
@@ -971,18 +1105,27 @@ def train_sae(
             last_checked = done
         if is_log:
             vals = dict(zip(acc, distributed.sum_across_ranks(torch.stack(list(acc.values()))).tolist()))
-            vals["aux"] /= world  # each rank's aux is already a mean over the global batch
+            # each rank's aux and loss are already means over the global batch; steps are counted on every rank
+            steps = vals["steps"] / world
+            vals["aux"] /= world
+            vals["loss"] /= world
             live = {
                 "step": done,
                 "tokens": done * cfg.batch_tokens,
+                "passes": done * cfg.batch_tokens / source.n_train_rows if source.n_train_rows else None,
+                "loss": vals["loss"] / steps if loss_known else None,
+                arch.aux_loss_name: vals["aux"] / steps,
                 "mse": vals["sse"] / (vals["n"] * source.d),
                 "fve": 1 - vals["sse"] / vals["css"],
                 "l0": vals["l0"] / vals["n"],
-                "aux": vals["aux"] / cfg.log_every,
                 "dead": float((since_fired > cfg.dead_window_tokens).float().mean()),
+                "lr": lr_at(step, cfg),
                 "tok_s": tokens_timed / (time.perf_counter() - t0),
             }
             history.append(live)
+            if log is not None:
+                log.add(live)
+            loss_known = True
             for v in acc.values():
                 v.zero_()
             if bar is not None:
@@ -1014,6 +1157,8 @@ def train_sae(
         heldout["nonfinite_rows_skipped"] = distributed.from_main(lambda: source.skipped["heldout"], "counting")
         provenance["nonfinite_rows_skipped"] = dict(source.skipped)
     provenance["metrics"] = {"heldout": heldout, "final_live": history[-1] if history else {}}
+    if log is not None and (wandb_info := log.close(heldout)) is not None:
+        provenance["wandb"] = wandb_info
     if cfg.out_dir and (ctx is None or ctx.is_main):
         sae.save(cfg.out_dir, provenance)
         if cfg.checkpoint_every:

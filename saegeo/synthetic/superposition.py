@@ -36,7 +36,7 @@ from jaxtyping import Float, Int
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from saegeo.config import BATCH_ROWS, check, option, require_memory
+from saegeo.config import BATCH_ROWS, check, option, parse_dtype, require_memory
 from saegeo.errors import BadInputError
 from saegeo.geometry.amplification import dictionary_anisotropy
 from saegeo.io import dump_json
@@ -536,11 +536,9 @@ class SuperpositionGenerator:
     def write_safetensors(self, path: str | os.PathLike, n: int, *, dtype: str = "float32") -> Path:
         """Write n rows as one safetensors file (key ``activations``) and the truth beside it as
         ``<stem>.truth.safetensors``. The rows are held in memory: for large n use ``write_store``."""
-        dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-        if dtype not in dtypes:
-            raise BadInputError(f"dtype must be one of {sorted(dtypes)}, got {dtype!r}")
+        torch_dtype = getattr(torch, parse_dtype(dtype))
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        x = torch.cat(list(self.activations(n, BATCH_ROWS))).to(dtypes[dtype])
+        x = torch.cat(list(self.activations(n, BATCH_ROWS))).to(torch_dtype)
         save_file({"activations": x}, str(path), metadata={"synthetic": dump_json(asdict(self.config), indent=None)})
         return self.truth.save(path.with_name(path.stem + ".truth.safetensors"))

@@ -55,6 +55,7 @@ class BatchTopK(Architecture):
     """k·n codes per batch in training; one scalar threshold at inference."""
 
     uses_k = True
+    aux_loss_name = "auxk_loss"  # the AuxK term, before aux_coefficient
 
     def encode(self, sae, pre):
         # dictionary_learning BatchTopK at inference: one global scalar threshold, not per-row TopK.

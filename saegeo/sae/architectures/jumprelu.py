@@ -99,6 +99,7 @@ class JumpReLU(Architecture):
     """codes = relu(pre)·[pre > θ_i], one trained threshold per latent."""
 
     uses_k = True  # the L0 target, recorded in SAEConfig.k (inference does not read it)
+    aux_loss_name = "l0_loss"  # (L0/l0_target − 1)² (or L0 without a target), before l0_coefficient
 
     def add_threshold(self, sae, cfg, **tensor_kw) -> None:
         # a parameter (the trainer turns its gradient on); SAE.load fills it from the file

@@ -11,6 +11,12 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype torch.autocast runs matmuls in on this device type now (the trainer's --dtype bf16), or None
+    when autocast is off. Hand-written backwards use it to run their GEMMs in the same dtype as the forward."""
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
 def rectangle_window(pre: Tensor, threshold: Tensor, bandwidth: float) -> Tensor:
     """Rectangle kernel K((pre − θ)/ε) = 1[|pre − θ| < ε/2], in the dtype of pre."""
     return ((pre - threshold).abs() < bandwidth / 2).to(pre.dtype)
@@ -105,7 +111,8 @@ def auxk_loss(
             aux_idx = dead_pre.topk(k_aux, dim=-1, sorted=False).indices
     aux_vals = F.relu(gathered(aux_idx)) * dead_mask[aux_idx]  # rows with < k_aux dead latents: mask the rest
     e = err.detach()
-    e_hat = F.embedding_bag(aux_idx, sae.W_dec, per_sample_weights=aux_vals, mode="sum")
+    # the bag's weights in the decoder's dtype (under autocast the gathered pre-activations are bfloat16)
+    e_hat = F.embedding_bag(aux_idx, sae.W_dec, per_sample_weights=aux_vals.to(sae.W_dec.dtype), mode="sum")
     aux = (e - e_hat).pow(2).sum() / centred_ss_fn(e)
     aux = aux * (n_dead.float() / k_aux).clamp(max=1.0)
     return torch.nan_to_num(aux, nan=0.0)

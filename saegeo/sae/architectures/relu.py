@@ -15,6 +15,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from saegeo.sae.architectures.base import Architecture, TrainOutput, register_architecture
+from saegeo.sae.architectures.kernels import autocast_dtype
 
 
 class ReLUStep(torch.autograd.Function):
@@ -29,32 +30,41 @@ class ReLUStep(torch.autograd.Function):
     Five GEMMs of n·d·d_sae and four elementwise passes over (n, d_sae): relu, its backward, two column sums.
     (Folding the biases and sums into the GEMMs as an extra row/column was measured slower: d + 1 = 385
     columns cost the GEMMs ~8 %, more than the passes they save.)
+    Under torch.autocast (the trainer's dtype bfloat16) the five GEMMs run in the autocast dtype, forward and
+    backward alike; x̂, the sums, the norms and every gradient returned stay in the weights' dtype (float32).
     """
 
     @staticmethod
     def forward(ctx, x, W_enc, b_enc, W_dec, b_dec, apply_b_dec: bool):
+        low = autocast_dtype(x.device.type)
+        cast = (lambda t: t.to(low)) if low is not None else (lambda t: t)
         xc = x - b_dec if apply_b_dec else x
-        codes = torch.addmm(b_enc, xc, W_enc).relu_()
-        x_hat = torch.addmm(b_dec, codes, W_dec)
+        codes = torch.addmm(cast(b_enc), cast(xc), cast(W_enc)).relu_()
+        x_hat = torch.addmm(cast(b_dec), codes, cast(W_dec)).to(W_dec.dtype)
         norms = W_dec.norm(dim=1)
-        code_sums = codes.sum(dim=0)
+        code_sums = codes.sum(dim=0, dtype=W_dec.dtype)
         l1 = code_sums @ norms / x.shape[0]
         fire_count = torch.count_nonzero(codes, dim=0).to(torch.float32)
         ctx.save_for_backward(xc, codes, W_enc, W_dec, norms, code_sums)
-        ctx.apply_b_dec = apply_b_dec
+        ctx.apply_b_dec, ctx.low = apply_b_dec, low
         ctx.mark_non_differentiable(fire_count)
         return x_hat, l1, fire_count
 
     @staticmethod
     def backward(ctx, grad_x_hat, grad_l1, _):
         xc, codes, W_enc, W_dec, norms, code_sums = ctx.saved_tensors
+        cast = (lambda t: t.to(ctx.low)) if ctx.low is not None else (lambda t: t)
         g = grad_l1 / xc.shape[0]
         # ∂pre = ∂codes where codes > 0: ReLU's own fused backward kernel, one pass
-        grad_pre = torch.ops.aten.threshold_backward(torch.addmm(g * norms, grad_x_hat, W_dec.t()), codes, 0.0)
-        grad_W_enc = xc.t() @ grad_pre
-        grad_b_enc = grad_pre.sum(dim=0)
+        grad_pre = torch.ops.aten.threshold_backward(
+            torch.addmm(cast(g * norms), cast(grad_x_hat), cast(W_dec).t()), codes, 0.0
+        )
+        grad_W_enc = (cast(xc).t() @ grad_pre).to(W_enc.dtype)
+        grad_b_enc = grad_pre.sum(dim=0, dtype=W_enc.dtype)
         del grad_pre
-        grad_W_dec = torch.addmm((g * code_sums / norms.clamp_min(1e-12))[:, None] * W_dec, codes.t(), grad_x_hat)
+        grad_W_dec = torch.addmm(
+            cast((g * code_sums / norms.clamp_min(1e-12))[:, None] * W_dec), codes.t(), cast(grad_x_hat)
+        ).to(W_dec.dtype)
         grad_b_dec = grad_x_hat.sum(dim=0)
         if ctx.apply_b_dec:
             grad_b_dec = grad_b_dec - W_enc @ grad_b_enc
@@ -71,6 +81,7 @@ class ReLU(Architecture):
     """codes = relu(pre); L1 on codes·‖W_dec[i]‖."""
 
     saelens_name = "standard"
+    aux_loss_name = "l1_loss"  # mean_rows Σ_i codes_i·‖W_dec[i]‖, before its coefficient
     # Why 0.1: with W_enc = W_decᵀ about half of the d_sae latents fire on a row, and x̂ − b_dec ≈
     # (d_sae / 2d_in)·(x − b_dec), several times the data, so the L1 term dominates early and the run ends
     # dense and poorly fit. SAELens starts decoder rows at norm 0.1 with a tied encoder (initial x̂ 0.01× that);

@@ -37,6 +37,7 @@ class TopK(Architecture):
 
     uses_k = True
     topk_codes = True
+    aux_loss_name = "auxk_loss"  # the AuxK term, before aux_coefficient
 
     def check_config(self, cfg) -> None:
         if not (cfg.k and 0 < cfg.k <= cfg.d_sae):
