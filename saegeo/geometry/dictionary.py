@@ -277,11 +277,16 @@ def near_duplicate_pairs(
 
 
 def encoder_decoder_cosines(
-    W_enc: Float[Tensor, "d N"], W_dec: Float[Tensor, "N d"], *, block_rows: int = DEFAULT_BLOCK_ROWS
+    W_enc: Float[Tensor, "d N"],
+    W_dec: Float[Tensor, "N d"],
+    *,
+    block_rows: int = DEFAULT_BLOCK_ROWS,
+    after_block: Callable[[int, int], None] | None = None,
 ) -> Float[Tensor, " N"]:
     """cos(e_i, w_i) between latent i's encoder column e_i = W_enc[:, i] and its decoder row w_i (float64;
     0 where either is zero). Near 1 for tied or well-trained SAEs; ≤ 0 means the latent reads a
-    direction it does not write."""
+    direction it does not write. Latents s … e − 1 at a time; ``after_block(s, e)`` is called after each
+    (a caller frees what those columns used)."""
     if W_enc.ndim != 2 or W_dec.ndim != 2 or W_enc.shape != (W_dec.shape[1], W_dec.shape[0]):
         raise BadInputError(
             f"encoder_decoder_cosines needs W_enc (d, N) and W_dec (N, d), got {tuple(W_enc.shape)} and {tuple(W_dec.shape)}"
@@ -298,4 +303,6 @@ def encoder_decoder_cosines(
             torch.float64
         )
         out.append(torch.where(denom > 0, dot / denom.clamp_min(1e-300), 0.0))
+        if after_block is not None:
+            after_block(s, min(s + block_rows, W_dec.shape[0]))
     return torch.cat(out)

@@ -50,6 +50,7 @@ from saegeo.report.flags import (
     rounded,
     sort_flags,
 )
+from saegeo.sae.formats.base import release_pages
 from saegeo.sae.model import SAE
 
 CHECK_SCHEMA_VERSION = 1
@@ -166,8 +167,10 @@ class DictionaryCheck:
 
 # =========================================================================== measurements
 def check_dictionary(sae: SAE, *, options: CheckOptions | None = None, name: str | None = None) -> DictionaryCheck:
-    """All dictionary-only checks of a loaded SAE (see the module docstring). Memory: the weights plus
-    O(block_rows² + d²) -- never a d_sae × d_sae matrix."""
+    """All dictionary-only checks of a loaded SAE (see the module docstring). Memory: W_dec, blocks of W_enc (a
+    memory-mapped W_enc, as `SAE.load` gives for safetensors files, is handed back block by block), the duplicate
+    screen's N·(screen_dim + 2) floats, and O(block_rows² + d²) -- never a d_sae × d_sae matrix, nor a copy of a
+    weight matrix (benchmarks/check_bench.py measures it at 16k-262k latents)."""
     opts = options or CheckOptions()
     t0 = time.perf_counter()
     info = sae.format_info
@@ -202,7 +205,10 @@ def check_dictionary(sae: SAE, *, options: CheckOptions | None = None, name: str
     )
     if bar is not None:
         bar.close()
-    enc_dec = encoder_decoder_cosines(W_enc, W_dec, block_rows=opts.block_rows)
+    # a mapped W_enc's pages go back after each block: W_enc and W_dec are never both resident
+    enc_dec = encoder_decoder_cosines(
+        W_enc, W_dec, block_rows=opts.block_rows, after_block=lambda s, e: release_pages(W_enc[:, s:e])
+    )
     enc_dec_alive = enc_dec[~zero]
 
     b_norm = float(b_dec.norm())
@@ -258,12 +264,7 @@ def check_dictionary(sae: SAE, *, options: CheckOptions | None = None, name: str
         )
     check.flags = sort_flags(
         _dictionary_only_flags(check, pairs, pair_cos, enc_dec, zero, opts, subject)
-        + dictionary_flags(
-            W_dec if not zero_rows else torch.where(zero[:, None], 0.0, W_dec),
-            b_dec,
-            thresholds=opts.thresholds,
-            subject=subject,
-        )
+        + dictionary_flags(W_dec, b_dec, thresholds=opts.thresholds, subject=subject, norms=alive_norms)
         + config_check_flags(sae, subject=subject, thresholds=opts.thresholds)
     )
     check.seconds = time.perf_counter() - t0
