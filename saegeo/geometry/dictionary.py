@@ -31,6 +31,7 @@ __all__ = [
     "near_duplicate_pairs",
     "screen_projection",
     "encoder_decoder_cosines",
+    "nearest_decoder_neighbours",
 ]
 
 DEFAULT_BLOCK_ROWS = 4096  # a 4096 × 4096 float32 tile of cosines is 64 MiB
@@ -306,3 +307,73 @@ def encoder_decoder_cosines(
         if after_block is not None:
             after_block(s, min(s + block_rows, W_dec.shape[0]))
     return torch.cat(out)
+
+
+def nearest_decoder_neighbours(
+    rows: Float[Tensor, "N d"], k: int = 5, block_rows: int = DEFAULT_BLOCK_ROWS
+) -> tuple[Int[Tensor, "N k"], Float[Tensor, "N k"]]:
+    """The k nearest other rows of every row by cosine, cos(w_i, w_j) = w_i·w_j/(‖w_i‖‖w_j‖), j ≠ i, exactly.
+
+    Tiles of B × B float32 products u_i·u_j of the unit rows keep a running top-(k + 4) per row (memory
+    N·d float32 + B² + N·(k + 4), never N × N); the survivors' cosines are then recomputed in float64 from
+    the rows and the best k kept, so float32 rounding cannot reorder neighbours closer than 4 places to the
+    k-th. Zero rows are nobody's neighbour and have none. Work N²d multiply-adds.
+
+    Returns ``(indices, cosines)``, each (N, k), nearest first (ties: smaller index first); slots beyond the
+    N − 1 other rows, and every slot of a zero row, hold index −1 and cosine NaN.
+    """
+    _check_rows(rows, "nearest_decoder_neighbours")
+    if k < 1:
+        raise BadInputError(f"nearest_decoder_neighbours needs k ≥ 1, got {k}")
+    if block_rows < 1:
+        raise BadInputError(f"block_rows must be ≥ 1, got {block_rows}")
+    n_rows = rows.shape[0]
+    norms = row_norms(rows, block_rows=block_rows)
+    alive = norms > 0
+    inv = torch.where(alive, 1.0 / norms.clamp_min(1e-300), 0.0)
+    unit = torch.empty(rows.shape, dtype=torch.float32)
+    for s in range(0, n_rows, block_rows):
+        unit[s : s + block_rows] = rows[s : s + block_rows].to("cpu", torch.float32) * inv[s : s + block_rows, None]
+    screen = min(k + 4, n_rows - 1)
+    best_cos = torch.full((n_rows, max(screen, 0)), -torch.inf, dtype=torch.float32)
+    best_idx = torch.full((n_rows, max(screen, 0)), -1, dtype=torch.long)
+    dead_cols = ~alive
+    for i0 in range(0, n_rows if screen > 0 else 0, block_rows):
+        ui = unit[i0 : i0 + block_rows]
+        b = ui.shape[0]
+        run_cos, run_idx = best_cos[i0 : i0 + b], best_idx[i0 : i0 + b]
+        for j0 in range(0, n_rows, block_rows):
+            tile = ui @ unit[j0 : j0 + block_rows].T
+            tile[:, dead_cols[j0 : j0 + block_rows]] = -torch.inf
+            if i0 == j0:  # the blocks are aligned: a row meets itself only on the diagonal tile
+                tile.fill_diagonal_(-torch.inf)
+            take = min(screen, tile.shape[1])
+            c, j = tile.topk(take, dim=1)
+            merged_cos = torch.cat([run_cos, c], 1)
+            merged_idx = torch.cat([run_idx, j + j0], 1)
+            top = merged_cos.topk(screen, dim=1).indices
+            run_cos, run_idx = merged_cos.gather(1, top), merged_idx.gather(1, top)
+        best_cos[i0 : i0 + b], best_idx[i0 : i0 + b] = run_cos, run_idx
+    out_idx = torch.full((n_rows, k), -1, dtype=torch.long)
+    out_cos = torch.full((n_rows, k), float("nan"), dtype=torch.float64)
+    if screen <= 0:
+        return out_idx, out_cos
+    valid = torch.isfinite(best_cos) & alive[:, None]
+    safe = best_idx.clamp_min(0)
+    exact = torch.full(best_idx.shape, -torch.inf, dtype=torch.float64)
+    chunk = max(1, min(block_rows, 512))  # (chunk, k + 4, d) float64 gathered rows at a time
+    for s in range(0, n_rows, chunk):
+        w_i = rows[s : s + chunk].to("cpu", torch.float64)
+        w_j = rows[safe[s : s + chunk]].to("cpu", torch.float64)
+        dots = torch.einsum("bd,bsd->bs", w_i, w_j) * inv[s : s + chunk, None] * inv[safe[s : s + chunk]]
+        exact[s : s + chunk] = torch.where(valid[s : s + chunk], dots, -torch.inf)
+    # nearest first, ties by the smaller index: sort by index, then stably by cosine
+    by_index = torch.where(valid, best_idx, n_rows).argsort(dim=1)
+    exact, best_idx = exact.gather(1, by_index), best_idx.gather(1, by_index)
+    order = exact.argsort(dim=1, descending=True, stable=True)[:, :k]
+    kept_cos, kept_idx = exact.gather(1, order), best_idx.gather(1, order)
+    kept_ok = torch.isfinite(kept_cos)
+    width = kept_cos.shape[1]
+    out_idx[:, :width] = torch.where(kept_ok, kept_idx, -1)
+    out_cos[:, :width] = torch.where(kept_ok, kept_cos, float("nan"))
+    return out_idx, out_cos
