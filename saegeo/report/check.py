@@ -38,6 +38,7 @@ from saegeo.geometry.dictionary import (
     dictionary_geometry,
     encoder_decoder_cosines,
     near_duplicate_pairs,
+    nearest_neighbour_summary,
     summary_stats,
 )
 from saegeo.io import dump_json, json_safe
@@ -97,6 +98,13 @@ class CheckOptions:
         DEFAULT_BLOCK_ROWS, "rows per block of the duplicate search (memory ~ block² floats)", low=1
     )
     max_pairs_listed: int = option(50, "near-duplicate pairs listed in the result", low=0)
+    nearest_exact_rows: int = option(
+        16384, "nearest-neighbour cosine of every latent up to this many latents (d_sae²·d work), else sampled", low=2
+    )
+    nearest_sample: int = option(
+        2048, "latents drawn (with replacement) for the nearest-neighbour cosines above nearest_exact_rows", low=2
+    )
+    device: str = option("cpu", "where the pairwise parts compute (nearest neighbours, duplicate screen), e.g. cuda")
     progress: bool = option(True, "progress bars")
     verify: bool = option(True, "sha256 check of each --acts store shard as it is read")
     skip_nonfinite: bool = option(
@@ -136,6 +144,8 @@ class DictionaryCheck:
     options: dict[str, Any]
     seconds: float
     notes: list[str] = field(default_factory=list)
+    # max_{j≠i} cos(w_i, w_j) over latents: exact or sampled with its error (nearest_neighbour_summary)
+    nearest_neighbour_cos: dict[str, Any] | None = None
 
     def flag_names(self) -> list[str]:
         return [f.name for f in self.flags]
@@ -202,12 +212,21 @@ def check_dictionary(sae: SAE, *, options: CheckOptions | None = None, name: str
         block_rows=opts.block_rows,
         max_pairs=max(opts.max_pairs_listed, opts.thresholds.max_latents),
         progress=(lambda done: bar.update(done - bar.n)) if bar is not None else None,
+        device=opts.device,
+    )
+    nearest = nearest_neighbour_summary(
+        W_dec,
+        norms=alive_norms,
+        exact_max_rows=opts.nearest_exact_rows,
+        sample=opts.nearest_sample,
+        block_rows=opts.block_rows,
+        device=opts.device,
     )
     if bar is not None:
         bar.close()
-    # a mapped W_enc's pages go back after each block: W_enc and W_dec are never both resident
+    # a mapped W_enc's pages go back after each chunk of its rows: W_enc and W_dec are never both resident
     enc_dec = encoder_decoder_cosines(
-        W_enc, W_dec, block_rows=opts.block_rows, after_block=lambda s, e: release_pages(W_enc[:, s:e])
+        W_enc, W_dec, block_rows=opts.block_rows, after_block=lambda r, r_end: release_pages(W_enc[r:r_end])
     )
     enc_dec_alive = enc_dec[~zero]
 
@@ -257,6 +276,7 @@ def check_dictionary(sae: SAE, *, options: CheckOptions | None = None, name: str
         flags=[],
         options=json_safe(opts.to_dict()),
         seconds=0.0,
+        nearest_neighbour_cos=nearest,
     )
     if zero_rows:
         check.notes.append(
@@ -264,7 +284,9 @@ def check_dictionary(sae: SAE, *, options: CheckOptions | None = None, name: str
         )
     check.flags = sort_flags(
         _dictionary_only_flags(check, pairs, pair_cos, enc_dec, zero, opts, subject)
-        + dictionary_flags(W_dec, b_dec, thresholds=opts.thresholds, subject=subject, norms=alive_norms)
+        + dictionary_flags(
+            W_dec, b_dec, thresholds=opts.thresholds, subject=subject, norms=alive_norms, block_rows=opts.block_rows
+        )
         + config_check_flags(sae, subject=subject, thresholds=opts.thresholds)
     )
     check.seconds = time.perf_counter() - t0

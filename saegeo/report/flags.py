@@ -1055,6 +1055,7 @@ def dictionary_flags(
     thresholds: FlagThresholds | None = None,
     subject: str = "dictionary",
     norms: Float[Tensor, " d_sae"] | None = None,
+    block_rows: int = 4096,
 ) -> list[Flag]:
     """Mean-direction features without activations: latents whose unit decoder row u_i has
     |cos(u_i, b_dec)| ≥ dictionary_min_cos, or, when b_dec is zero/absent, cos(u_i, ū) ≥ it
@@ -1063,18 +1064,18 @@ def dictionary_flags(
     to leave out, e.g. ``DictionaryGeometry.direction_norms``) saves a pass; such rows get cos 0."""
     t = thresholds or FlagThresholds()
     w = W_dec.detach()
-    norms = row_norms(w) if norms is None else norms.to(torch.float64)
+    norms = row_norms(w, block_rows=block_rows) if norms is None else norms.to(torch.float64)
     use_b = b_dec is not None and float(b_dec.detach().to(torch.float64).norm()) > 0
     if use_b:
         direction = b_dec.detach().to(torch.float64)
     else:
         direction = torch.zeros(w.shape[1], dtype=torch.float64)
-        for block in unit_row_blocks(w, norms, dtype=torch.float64):
+        for block in unit_row_blocks(w, norms, block_rows=block_rows, dtype=torch.float64):
             direction += block.sum(0)
     dnorm = float(direction.norm())
     if dnorm == 0:
         return []
-    cos = row_cosines(w, direction)
+    cos = row_cosines(w, direction, block_rows=block_rows)
     cos[norms == 0] = 0.0
     guilty = (cos.abs() >= t.dictionary_min_cos).nonzero().flatten()
     if not guilty.numel():

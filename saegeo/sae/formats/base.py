@@ -312,7 +312,7 @@ def make_dictionary(cfg: SAEConfig, tensors: dict[str, torch.Tensor], where: obj
     return Dictionary(cfg, {name: value.detach() for name, value in tensors.items()}, info)
 
 
-def _all_finite(value: torch.Tensor, block_elements: int = 1 << 24) -> bool:
+def _all_finite(value: torch.Tensor, block_elements: int = 1 << 20) -> bool:
     if value.ndim < 2:
         return bool(torch.isfinite(value).all())
     rows = max(1, block_elements // max(1, value[0].numel()))
