@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from check_bench import planted_pairs, write_saelens  # noqa: E402
 
 from saegeo.geometry.dictionary import (  # noqa: E402
+    near_duplicate_pairs,
     nearest_decoder_neighbours,
     nearest_neighbour_summary,
-    near_duplicate_pairs,
     row_norms,
 )
 from saegeo.report.check import CheckOptions, check_dictionary  # noqa: E402
@@ -74,7 +74,9 @@ def main() -> None:
     idx_cpu, cos_cpu = nearest_decoder_neighbours(w, 3, 4096, queries=q, norms=norms)
     diff = float((cos_dev - cos_cpu).abs().max())
     ok &= line(
-        "neigh", torch.equal(idx_dev, idx_cpu) and diff < 1e-12, f"1,024 rows × k 3: indices equal, max |Δcos| {diff:.1e}"
+        "neigh",
+        torch.equal(idx_dev, idx_cpu) and diff < 1e-12,
+        f"1,024 rows × k 3: indices equal, max |Δcos| {diff:.1e}",
     )
 
     t0 = time.perf_counter()

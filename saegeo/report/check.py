@@ -118,6 +118,10 @@ class CheckOptions:
 
     def __post_init__(self) -> None:
         check(self)
+        try:
+            torch.device(self.device)
+        except (RuntimeError, TypeError):
+            raise BadInputError(f"device {self.device!r} is not a torch device (cpu, cuda, cuda:1, mps)") from None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -167,7 +167,9 @@ def _mapped_safetensors(file: Path) -> dict[str, torch.Tensor] | None:
         size = f.seek(0, 2)
         f.seek(0)
         if size < 8:
-            raise FormatError(f"{file}: cannot read safetensors ({size} bytes); the file is truncated, download it again")
+            raise FormatError(
+                f"{file}: cannot read safetensors ({size} bytes); the file is truncated, download it again"
+            )
         (n_header,) = struct.unpack("<Q", f.read(8))
         if n_header > size - 8:
             raise FormatError(f"{file}: cannot read safetensors (header of {n_header} bytes in a {size}-byte file)")
