@@ -1,4 +1,4 @@
-"""The import order of the package (DESIGN.md "Layout"), held by the import-linter contracts in pyproject.toml.
+"""The import order of the package (docs/design.md "Layout"), held by the import-linter contracts in pyproject.toml.
 
     {errors, io, config, distributed} <- geometry <- {activations, synthetic} <- sae <- report <- render
         <- pipeline <- cli

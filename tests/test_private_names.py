@@ -1,4 +1,4 @@
-"""No private name (``_name``) is imported across modules (DESIGN.md "Layout", issue 22 item 8): what two modules
+"""No private name (``_name``) is imported across modules (docs/design.md "Layout"): what two modules
 share is public, in the module whose job it is. The walk is static (``ast``), every import wherever it sits."""
 
 from __future__ import annotations

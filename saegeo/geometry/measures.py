@@ -18,7 +18,7 @@ Scalar measures (pure functions, reusable by the report and other modules):
     influence), the finite-d bias of the pooled null, null_z = (A − A_null − bias)/sd.
 Summary:
 ``activation_geometry(acc, *, top_k_eigvecs=10, n_rogue=10, rank_rel_tol=None) -> ActivationGeometry``  every number of
-    DESIGN.md "The math" (except the amplification law); ``.to_dict()`` is JSON-safe (no NaN/inf: undefined → None),
+    docs/design.md "The math" (except the amplification law); ``.to_dict()`` is JSON-safe (no NaN/inf: undefined → None),
     keys as the dataclass fields (A_sd, null_sd, null_bias, null_z; unit_effective_rank, unit_top1_share;
     mp_sigma2_bulk (bulk) / mp_sigma2_trace, mp_bulk, n_spikes (None: no flat bulk); row_norm_histogram, coordinate_rms),
     ``ActivationGeometry.from_dict(d)`` inverts it
@@ -381,7 +381,7 @@ def fields_of(cls: type) -> list[str]:
 
 @dataclass
 class ActivationGeometry:
-    """Everything DESIGN.md "The math" asks of one set of rows. Undefined values are None, never NaN."""
+    """Everything docs/design.md "The math" asks of one set of rows. Undefined values are None, never NaN."""
 
     n: int
     d: int

@@ -389,7 +389,7 @@ def token_type_geometry(
     n_list: int = 10,
     min_count: int = 5,
 ) -> TokenTypeGeometry:
-    """Read the per-type sums out (formulas in DESIGN.md "Token types" and on TokenTypeGeometry's fields).
+    """Read the per-type sums out (formulas in docs/design.md "Token types, self-similarity" and on TokenTypeGeometry's fields).
 
     within (corrected) = Σ_{t: c_t ≥ 2} c_t·v_t / Σ_{t: c_t ≥ 2} c_t with v_t = Σ_{i∈t}‖x_i − μ_t‖²/(c_t − 1):
     unbiased for the token-weighted within-type variance when singleton types spread like repeated ones
