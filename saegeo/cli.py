@@ -421,7 +421,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 _COMMANDS: list[tuple[str, str, str | None, Any, Any]] = [
     (
         "geometry",
-        "geometry summary of 2-D tensors in .safetensors/.npy/.pt files or activation stores",
+        "geometry summary of (rows, d) or (batch, pos, d) tensors in .safetensors/.npy/.pt files or activation stores",
         "Stream the rows of one or more files (or activation-store directories) through one GeometryAccumulator and "
         "print the activation geometry: offset, A against the sign-aware null, mean vs spread, spectrum vs "
         "Marchenko-Pastur, IsoScore, rogue dimensions. Memory does not grow with rows.",

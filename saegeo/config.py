@@ -351,7 +351,7 @@ class GeometryOptions:
     """`saegeo geometry FILES...`: how the rows are read and what is written."""
 
     key: str | None = option(
-        None, "tensor name in .safetensors/.pt files (default: 'activations' or the only 2-D tensor)"
+        None, "tensor name in .safetensors/.pt files (default: 'activations', else the only 2-D or 3-D one)"
     )
     json: str | None = option(None, "write the full result (all eigenvalues, top eigenvectors) as JSON here")
     overwrite: bool = option(False, "replace output files that exist already (refused otherwise)")

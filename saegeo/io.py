@@ -204,3 +204,12 @@ def parse_int(text: str | int | float, what: str = "count") -> int:
         return int(str(text).strip())  # plain integers, including 0 and negatives (seeds, "0 = off" options)
     except ValueError:
         return parse_size(text, what)
+
+
+def hf_download_command(repo_id: str, files: Any = (), include: str | None = None) -> str:
+    """The one command saegeo's messages name for something missing from the Hugging Face cache (huggingface_hub's
+    own CLI, `hf`): `hf download REPO [FILE ...]`, or with `include` a glob of files (`--include 'SUB/*'`)."""
+    parts = ["hf", "download", repo_id, *files]
+    if include:
+        parts += ["--include", f"'{include}'"]
+    return " ".join(parts)

@@ -62,15 +62,15 @@ def test_errors_name_the_file_and_what_to_do(tmp_path, capsys):
     assert main(["geometry", str(tmp_path / "nan.npy"), "--skip-nonfinite", "--json", str(out), "--no-progress"]) == 0
     assert json.loads(out.read_text())["n_nonfinite_skipped"] == 1
 
-    # ambiguous safetensors key, wrong --key, 3-D tensor, unknown type, mismatched d
+    # ambiguous safetensors key, wrong --key, 4-D tensor, unknown type, mismatched d
     save_file({"a": torch.zeros(3, 4), "b": torch.zeros(5, 4)}, tmp_path / "two.safetensors")
     assert main(["geometry", str(tmp_path / "two.safetensors"), "--no-progress"]) == 2
     assert "--key" in capsys.readouterr().err
     assert main(["geometry", str(tmp_path / "two.safetensors"), "--key", "zz", "--no-progress"]) == 2
     assert "no tensor named 'zz'" in capsys.readouterr().err
-    np.save(tmp_path / "cube.npy", np.zeros((2, 3, 4)))
-    assert main(["geometry", str(tmp_path / "cube.npy"), "--no-progress"]) == 2
-    assert "expected (rows, d)" in capsys.readouterr().err
+    np.save(tmp_path / "hypercube.npy", np.zeros((2, 3, 4, 5)))  # (batch, pos, d) is read; 4-D is not
+    assert main(["geometry", str(tmp_path / "hypercube.npy"), "--no-progress"]) == 2
+    assert "activations are (rows, d) or (batch, pos, d)" in capsys.readouterr().err
     (tmp_path / "x.csv").write_text("1,2\n")
     assert main(["geometry", str(tmp_path / "x.csv"), "--no-progress"]) == 2
     assert "unknown file type" in capsys.readouterr().err

@@ -63,7 +63,9 @@ class CacheConfig:
     """One caching run: which model, which hooks, which text, where the stores go."""
 
     model: str = option(
-        "minilm", "'minilm' (bundled), a local HF dir, a cached hub name, or a .json HookedTransformerConfig"
+        "minilm",
+        "'minilm' (bundled), a local HF dir, a cached hub name, or a .json HookedTransformerConfig (Python: also a "
+        "model object, see load_model)",
     )
     hooks: tuple[str, ...] = option(("blocks.3.hook_resid_post",), "hook names, one store each")
     corpus: str = option(
@@ -170,8 +172,10 @@ def _refuse_shrinking(cfg: CacheConfig, hooks: tuple[str, ...], total: int) -> N
             )
 
 
-def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> CacheResult:
-    """Cache cfg.hooks over cfg.corpus into one store per hook under cfg.out (resumes if present)."""
+def cache_activations(cfg: CacheConfig, loaded: Any = None) -> CacheResult:
+    """Cache cfg.hooks over cfg.corpus into one store per hook under cfg.out (resumes if present). The model is
+    `loaded`, else cfg.model: anything `load_model` takes (a name, a directory, a transformer-lens model, an HF
+    model with its tokenizer as (model, tokenizer), a LoadedModel)."""
     if cfg.max_tokens is not None and cfg.max_tokens < 1:
         raise BadInputError(f"max_tokens must be positive, got {cfg.max_tokens}")
     device = resolve_device(cfg.device)  # before loading the model: a bad device fails fast
@@ -179,7 +183,7 @@ def cache_activations(cfg: CacheConfig, loaded: LoadedModel | None = None) -> Ca
         source=cfg.corpus, context=cfg.context, exclude_special=cfg.exclude_special, text_field=cfg.text_field
     )
     open_corpus(spec)  # ... and so does a bad corpus or --text-field
-    loaded = loaded or load_model(cfg.model)
+    loaded = load_model(loaded if loaded is not None else cfg.model)  # a name, a directory, a model object
     loaded.to(device)
     hooks = tuple(cfg.hooks)
     stop_layer = _validate_hooks(loaded, hooks)

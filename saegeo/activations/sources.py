@@ -2,15 +2,20 @@
 
 ``open_rows(source, *, key=None, verify=True, skip_nonfinite=False) -> Rows``
     source: an ActivationStore or its directory; a ``.safetensors`` file (the tensor ``activations``, the
-    only 2-D tensor, or ``key``); a ``.npy`` file (memory-mapped); a ``.pt``/``.pth`` file (read with
-    ``torch.load(weights_only=True)``, memory-mapped); an (n, d) tensor or array; an iterable of (m, d)
-    batches (or of (activations, codes) tuples, e.g. ``SuperpositionGenerator.batches``); a ``Rows``.
+    only 2-D or 3-D tensor (floating ones first), or ``key``); a ``.npy`` file (memory-mapped); a ``.pt``/``.pth``
+    file (read with ``torch.load(weights_only=True)``, memory-mapped); an (n, d) tensor or array; an iterable of
+    (m, d) batches (or of (activations, codes) tuples, e.g. ``SuperpositionGenerator.batches``); a ``Rows``.
+    A tensor, array or file tensor shaped (batch, pos, d), as transformer-lens' run_with_cache gives it, is read
+    as batch·pos rows in order (row g is position g mod pos of batch row g div pos: ``Rows.window`` = pos, and
+    ``batches(metadata=True)`` yields those positions, so the position-0 / BOS checks see them); any other shape
+    is refused with SHAPE_RULE.
     A store's shards are checked against its manifest on open and hashed on every read (verify=False:
     ``--no-verify``, skips the hash).
 ``Rows.batches(batch_size, rank=0, world_size=1, *, stop_row=None, metadata=False) -> (iterator, first_row)``
     the rows in order, never all in memory; under torch.distributed a store or array yields only this
     rank's contiguous share (``first_row`` is its global index), an iterator is this rank's own data;
-    stop_row: no row at or after that global index; metadata (stores): (activations, token_ids, positions).
+    stop_row: no row at or after that global index; metadata: (activations, token_ids, positions) from a store,
+    (activations, None, positions) from a (batch, pos, d) source.
 ``Rows.read(index) -> (m, d)`` random access by global row index (store, file, tensor), verified like every read.
 ``Rows.screen(x, at, ...)`` the one NaN policy, applied to every batch ``batches`` yields and by the trainer to
     the rows it gathers: a row with NaN/inf is a BadInputError naming the source, the shard and the row, or,
@@ -37,6 +42,7 @@ from saegeo.errors import BadInputError, FormatError
 from saegeo.geometry.accumulate import as_rows
 
 FILE_SUFFIXES = (".safetensors", ".npy", ".pt", ".pth")
+SHAPE_RULE = "activations are (rows, d) or (batch, pos, d) (transformer-lens' layout, read as batch·pos rows)"
 
 
 NONFINITE_ADVICE = (
@@ -55,6 +61,7 @@ class Rows:
     store: ActivationStore | None = None
     skip_nonfinite: bool = False  # the NaN policy: skip and count (True) or refuse naming the row (False)
     n_nonfinite_skipped: int = 0  # rows dropped by screen() so far
+    window: int | None = None  # pos of a (batch, pos, d) source: global row g sits at position g mod window
     _array: Any = None  # row-sliceable (n, d): tensor, numpy array / memmap, safetensors slice
     _iterable: Iterable[Any] | None = None
 
@@ -70,8 +77,11 @@ class Rows:
         """(screened batches of at most ``batch_size`` rows, global index of the first row) for this rank."""
         if batch_size < 1:
             raise BadInputError(f"batch_size must be ≥ 1, got {batch_size}")
-        if metadata and self.store is None:
-            raise BadInputError(f"token ids and positions are read from an activation store, not from a {self.kind}")
+        if metadata and self.store is None and self.window is None:
+            raise BadInputError(
+                f"token ids and positions are read from an activation store (positions also from a (batch, pos, d) "
+                f"source), not from a {self.kind} of rows"
+            )
         if self.store is not None:
             block, first = None, 0
             if world_size > 1:
@@ -81,8 +91,13 @@ class Rows:
         elif self._array is not None:
             share = rank_rows(self.n_rows, rank, world_size)
             first, stop = share.start, share.stop if stop_row is None else max(share.start, min(share.stop, stop_row))
-            array = self._array
+            array, window = self._array, self.window
             raw = (array[lo : min(lo + batch_size, stop)] for lo in range(first, stop, batch_size))
+            if metadata:  # a (batch, pos, d) source: no token ids, the positions its layout gives
+                raw = (
+                    (a, None, torch.arange(lo, lo + len(a)) % window)
+                    for lo, a in zip(range(first, stop, batch_size), raw)
+                )
         else:
             first, raw = 0, self._unwrap(stop_row)
         return self._screened(raw, first, metadata), first
@@ -174,29 +189,65 @@ def _nonfinite_rows(x: Tensor) -> Tensor | None:
     return bad if bool(bad.any()) else None
 
 
-def _pick_key(names_shapes: dict[str, tuple], key: str | None, path: Path) -> str:
+def shape_error(where: str, shape: tuple) -> BadInputError:
+    """The one message for a tensor whose shape cannot be rows (every source: tensors, arrays, files, --key)."""
+    return BadInputError(f"{where}: shape {tuple(shape)}; {SHAPE_RULE}. Reshape it to one of these")
+
+
+def _pick_key(tensors: dict[str, tuple[tuple, bool]], key: str | None, path: Path) -> str:
+    """The tensor to read: ``key``, else ``activations``, else the only tensor, else the only 2-D or 3-D one (among floating tensors
+    first: token ids beside activations are not a second candidate). ``tensors``: name -> (shape, floating)."""
     if key is not None:
-        if key not in names_shapes:
-            raise BadInputError(f"{path}: no tensor named '{key}'; it holds {sorted(names_shapes)}")
+        if key not in tensors:
+            raise BadInputError(f"{path}: no tensor named '{key}'; it holds {sorted(tensors)}")
         return key
-    if "activations" in names_shapes:
+    if "activations" in tensors:
         return "activations"
-    two_d = [k for k, shape in names_shapes.items() if len(shape) == 2]
-    if len(two_d) == 1:
-        return two_d[0]
+    if len(tensors) == 1:  # the only tensor: its shape is checked where it is read
+        return next(iter(tensors))
+    rows_like = [k for k, (shape, _) in tensors.items() if len(shape) in (2, 3)]
+    floating = [k for k in rows_like if tensors[k][1]]
+    candidates = floating if floating else rows_like
+    if len(candidates) == 1:
+        return candidates[0]
+    shapes = {k: tuple(shape) for k, (shape, _) in tensors.items()}
     raise BadInputError(
-        f"{path}: cannot tell which tensor to read (2-D tensors: {sorted(two_d) or 'none'}); pass --key NAME"
+        f"{path}: tensors that could be activations: {sorted(candidates) or 'none'} (it holds {shapes}); "
+        f"pass --key NAME ({SHAPE_RULE})"
     )
 
 
+def _row_layout(array: Any, shape: tuple, where: str) -> tuple[Any, int, int, int | None]:
+    """(row-sliceable (n, d) view, n, d, window) of a (rows, d) or (batch, pos, d) tensor, array or file slice;
+    a (batch, pos, d) tensor or array is reshaped without a copy where its layout allows (a memory map stays one)."""
+    if len(shape) == 2:
+        return array, int(shape[0]), int(shape[1]), None
+    if len(shape) != 3:
+        raise shape_error(where, shape)
+    b, p, d = (int(s) for s in shape)
+    if isinstance(array, _SafetensorsRows):
+        array.window = p
+    else:
+        array = array.reshape(b * p, d)
+    return array, b * p, d, p
+
+
 class _SafetensorsRows:
-    """Row slices of one safetensors tensor, read lazily."""
+    """Row slices of one safetensors tensor, read lazily; of a (batch, pos, d) tensor (``window`` = pos), the
+    flattened rows lo..hi are cut from the batch rows that hold them."""
 
     def __init__(self, tensor_slice: Any):
         self.slice = tensor_slice
+        self.window: int | None = None
 
     def __getitem__(self, index: slice) -> Tensor:
-        return self.slice[index]
+        if self.window is None:
+            return self.slice[index]
+        b, p, d = self.slice.get_shape()
+        lo, hi, _ = index.indices(b * p)
+        first = lo // p
+        block = self.slice[first : -(-hi // p)]
+        return block.reshape(-1, d)[lo - first * p : hi - first * p]
 
 
 def _open_file(path: Path, key: str | None) -> Rows:
@@ -213,17 +264,20 @@ def _open_file(path: Path, key: str | None) -> Rows:
             )
         if rows.dtype.kind not in "fiu":
             raise FormatError(f"{path}: a .npy array of dtype {rows.dtype}; activations must be numbers")
-        tensors, shape = {"array": rows.shape}, tuple(rows.shape)
+        name, shape = "array", tuple(rows.shape)
     elif ext == ".safetensors":
         from safetensors import SafetensorError, safe_open
 
         try:
             handle = safe_open(str(path), framework="pt")
-            tensors = {k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()}
+            tensors = {}
+            for k in handle.keys():
+                tensor_slice = handle.get_slice(k)
+                tensors[k] = (tuple(tensor_slice.get_shape()), tensor_slice.get_dtype().startswith(("F", "BF")))
         except (SafetensorError, OSError) as err:
             raise FormatError(f"{path}: not a readable .safetensors file ({err})") from None
         name = _pick_key(tensors, key, path)
-        rows, shape = _SafetensorsRows(handle.get_slice(name)), tensors[name]
+        rows, shape = _SafetensorsRows(handle.get_slice(name)), tensors[name][0]
     elif ext in (".pt", ".pth"):
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -233,17 +287,16 @@ def _open_file(path: Path, key: str | None) -> Rows:
             obj = {"tensor": obj}
         if not isinstance(obj, dict):
             raise FormatError(f"{path}: holds a {type(obj).__name__}; expected a tensor or a dict of tensors")
-        tensors = {k: tuple(v.shape) for k, v in obj.items() if isinstance(v, Tensor)}
+        tensors = {k: (tuple(v.shape), v.is_floating_point()) for k, v in obj.items() if isinstance(v, Tensor)}
         name = _pick_key(tensors, key, path)
-        rows, shape = obj[name], tensors[name]
+        rows, shape = obj[name], tensors[name][0]
     else:
         raise BadInputError(
             f"{path}: unknown file type '{ext}'; use {', '.join(FILE_SUFFIXES)} or an activation-store directory"
         )
-    if len(shape) != 2:
-        raise BadInputError(f"{path}: tensor has shape {shape}; expected (rows, d). Tensors here: {tensors}")
-    n, d = int(shape[0]), int(shape[1])
-    return Rows("file", n, d, {"kind": "file", "path": str(path), "d": d, "n_tokens_in_source": n}, _array=rows)
+    rows, n, d, window = _row_layout(rows, shape, str(path) if ext == ".npy" else f"{path} (tensor {name!r})")
+    describe = {"kind": "file", "path": str(path), "d": d, "n_tokens_in_source": n, "shape": list(shape)}
+    return Rows("file", n, d, describe, window=window, _array=rows)
 
 
 def open_rows(source: Any, *, key: str | None = None, verify: bool = True, skip_nonfinite: bool = False) -> Rows:
@@ -288,9 +341,11 @@ def _open(source: Any, key: str | None, verify: bool) -> Rows:
         }
         return Rows("store", source.n_tokens, source.d, describe, store=source)
     if isinstance(source, (Tensor, np.ndarray)):
-        x = as_rows(source)
-        n, d = int(x.shape[0]), int(x.shape[1])
-        return Rows("tensor", n, d, {"kind": "tensor", "d": d, "n_tokens_in_source": n}, _array=x)
+        shape = tuple(source.shape)
+        flat, n, d, window = _row_layout(source, shape, f"the {type(source).__name__.lower()}")
+        x = as_rows(flat)
+        describe = {"kind": "tensor", "d": d, "n_tokens_in_source": n, "shape": list(shape)}
+        return Rows("tensor", n, d, describe, window=window, _array=x)
     if isinstance(source, Iterable) or hasattr(source, "__next__"):
         return Rows("iterator", None, None, {"kind": "iterator"}, _iterable=source)
     raise BadInputError(

@@ -52,7 +52,7 @@ from saegeo.report.flags import (
     sort_flags,
 )
 from saegeo.sae.formats.base import release_pages
-from saegeo.sae.model import SAE
+from saegeo.sae.model import SAE, as_sae
 
 CHECK_SCHEMA_VERSION = 1
 
@@ -180,13 +180,14 @@ class DictionaryCheck:
 
 
 # =========================================================================== measurements
-def check_dictionary(sae: SAE, *, options: CheckOptions | None = None, name: str | None = None) -> DictionaryCheck:
-    """All dictionary-only checks of a loaded SAE (see the module docstring). Memory: W_dec, blocks of W_enc (a
-    memory-mapped W_enc, as `SAE.load` gives for safetensors files, is handed back block by block), the duplicate
-    screen's N·(screen_dim + 2) floats, and O(block_rows² + d²) -- never a d_sae × d_sae matrix, nor a copy of a
-    weight matrix (benchmarks/check_bench.py measures it at 16k-262k latents)."""
+def check_dictionary(sae: Any, *, options: CheckOptions | None = None, name: str | None = None) -> DictionaryCheck:
+    """All dictionary-only checks of an SAE (anything `saegeo.sae.model.as_sae` takes; see the module docstring).
+    Memory: W_dec, blocks of W_enc (a memory-mapped W_enc, as `SAE.load` gives for safetensors files, is handed
+    back chunk by chunk), the duplicate screen's N·(screen_dim + 2) floats, and O(block_rows² + d²) -- never a
+    d_sae × d_sae matrix, nor a copy of a weight matrix (benchmarks/check_bench.py measures it at 16k-262k)."""
     opts = options or CheckOptions()
     t0 = time.perf_counter()
+    sae = as_sae(sae)  # a path, an id or a peer library's SAE object: the one conversion
     info = sae.format_info
     subject = name or Path(str(info.source or "dictionary")).name or "dictionary"
     W_dec, W_enc = sae.W_dec.detach().cpu(), sae.W_enc.detach().cpu()
@@ -461,7 +462,7 @@ def config_check_flags(
 
 # =========================================================================== with activations
 def check_with_activations(
-    sae: SAE, acts: Any, *, options: CheckOptions | None = None, name: str | None = None, report_options: Any = None
+    sae: Any, acts: Any, *, options: CheckOptions | None = None, name: str | None = None, report_options: Any = None
 ):
     """`geometry_report(acts, sae)` plus the dictionary-only flags above (duplicates, zero rows, alignment,
     config) and `activations_match_flags`, merged into one report so the same renderings apply; an
@@ -471,6 +472,7 @@ def check_with_activations(
     from saegeo.report.report import geometry_report
 
     opts = options or CheckOptions()
+    sae = as_sae(sae)
     dcheck = check_dictionary(sae, options=opts, name=name)
     subject = dcheck.source["name"]
     match_notes: list[str] = []
@@ -652,7 +654,9 @@ def _store_measures(acts: Any, opts: MatchOptions) -> dict[str, Any] | None:
     norm = torch.cat(norms)
     mean_norm = float(norm.mean())
     position0 = None
-    if rows.store is not None:
+    if rows.window is not None:  # a (batch, pos, d) source: rows g < n with g mod pos = 0
+        position0 = -(-n // rows.window)
+    elif rows.store is not None:
         position0, seen = 0, 0
         for i, shard in enumerate(rows.store.shards):
             pos = rows.store.read_positions(i)

@@ -82,7 +82,7 @@ from saegeo.report.flags import (
 )
 from saegeo.sae.formats import CFG_FILENAME
 from saegeo.sae.metrics import SAEMetrics
-from saegeo.sae.model import SAE
+from saegeo.sae.model import as_sae
 
 SCHEMA_VERSION = 2  # 2: one name per quantity (null_z / isotropic_z, null_sd / isotropic_sd, mp_sigma2_bulk)
 COFIRING_LATENTS = 256  # co-firing pairs are looked for among the latents with the largest E[a_i²]
@@ -353,18 +353,22 @@ def cosine_histogram(rows: Float[Tensor, "k d"], bins: int = 100) -> dict[str, A
 
 # =========================================================================== SAEs
 def _resolve_sae(obj: Any) -> tuple[Any, dict[str, Any], str | None]:
-    """SAE object or directory -> (module with encode/decode/W_dec/b_dec, its config dict, default name)."""
+    """SAE, path, id or peer object -> (module with encode/decode/W_dec/b_dec, its config dict, default name), through
+    the one conversion (`saegeo.sae.model.as_sae`). An object it does not take (a custom module, or a peer
+    architecture saegeo does not reproduce) that has its own encode, decode, W_dec and b_dec is measured through
+    those."""
+    try:
+        module = as_sae(obj)
+    except (BadInputError, FormatError):
+        if isinstance(obj, (str, os.PathLike)) or not all(
+            hasattr(obj, a) for a in ("encode", "decode", "W_dec", "b_dec")
+        ):
+            raise
+        module = obj
     if isinstance(obj, (str, os.PathLike)):
-        path = Path(obj)
-        module = SAE.load(path)  # any format; a cfg.json it read is valid JSON
-        cfg_file = path / CFG_FILENAME
-        config: dict[str, Any] = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
-        return module, config, path.name
-    for attr in ("encode", "decode", "W_dec", "b_dec"):
-        if not hasattr(obj, attr):
-            raise BadInputError(
-                f"geometry_report: the SAE object lacks {attr!r}; pass a saegeo/SAELens SAE or a directory"
-            )
+        cfg_file = Path(obj) / CFG_FILENAME
+        config: dict[str, Any] = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}  # read by as_sae
+        return module, config, Path(obj).name
     cfg = getattr(obj, "cfg", None)
     if hasattr(cfg, "to_dict"):
         config = dict(cfg.to_dict())
@@ -374,7 +378,7 @@ def _resolve_sae(obj: Any) -> tuple[Any, dict[str, Any], str | None]:
         config = dict(cfg)
     else:
         config = {}
-    return obj, config, None
+    return module, config, None
 
 
 def _named_saes(sae: Any) -> list[tuple[str, Any]]:

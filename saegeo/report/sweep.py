@@ -273,7 +273,7 @@ def sweep_model(options: SweepOptions, *, thresholds: FlagThresholds | None = No
     )
     result = cache_activations(cfg, loaded)
     cache = {
-        "model": opts.model,
+        "model": loaded.name,
         "hooks": list(hooks),
         "corpus": opts.corpus,
         "context": opts.context,

@@ -26,10 +26,10 @@ from torch import Tensor, nn
 
 from saegeo.errors import BadInputError
 from saegeo.sae.architectures import Architecture, SAEConfig, TrainOutput, get_architecture
-from saegeo.sae.formats import Dictionary, FormatInfo, read_dictionary
+from saegeo.sae.formats import OBJECT_KINDS, Dictionary, FormatInfo, object_dictionary, read_dictionary
 from saegeo.sae.formats.saelens import write_sae_dir
 
-__all__ = ["SAE", "SAEConfig", "FormatInfo", "TrainOutput", "load_dictionary"]
+__all__ = ["SAE", "SAEConfig", "FormatInfo", "TrainOutput", "as_sae", "load_dictionary"]
 
 
 class SAE(nn.Module):
@@ -255,3 +255,26 @@ def load_dictionary(path: str | os.PathLike, device: str = "cpu") -> SAE:
     (saegeo.sae.formats.resolve_hub_id) fetched through the Hugging Face cache. `sae.format_info` records the
     format, the source and the config facts `saegeo check` reads."""
     return SAE.load(path, device=device)
+
+
+def as_sae(obj: Any, device: str = "cpu") -> SAE:
+    """The one conversion of everything an entry point accepts as an SAE (report, check, eval, the pipeline) to a
+    saegeo SAE whose encode/decode is its library's:
+
+      SAE                          itself
+      str / PathLike               `SAE.load`: a directory or file in any supported format, a hub id
+                                   (org/repo[/subfolder]) or a SAELens release id (RELEASE/sae_id)
+      SAELens SAE, sparsify SparseCoder, dictionary_learning dictionary (in memory)
+                                   read from its config and state dict exactly as from the files its library
+                                   saves (saegeo.sae.formats.object_dictionary); format_info.source says
+                                   "in memory: <class>"
+
+    Anything else is a BadInputError naming what is accepted."""
+    if isinstance(obj, SAE):
+        return obj
+    if isinstance(obj, (str, os.PathLike)):
+        return SAE.load(obj, device=device)
+    found = object_dictionary(obj)
+    if found is None:
+        raise BadInputError(f"cannot use a {type(obj).__name__} as an SAE; pass {OBJECT_KINDS}")
+    return SAE.from_dictionary(found, device=device)

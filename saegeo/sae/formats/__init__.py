@@ -10,25 +10,38 @@
 
 Each reader returns a `Dictionary` (SAEConfig, tensors in the SAELens layout, FormatInfo) with its library's own
 encode/decode (see base.py); `read_dictionary` detects the format of a path (or resolves a hub id, hub.py) and
-reads it; `saegeo.sae.model.SAE.load` and `load_dictionary` build the SAE from it.
+reads it; `object_dictionary` reads the same from a peer library's SAE object in memory (SAELens, sparsify,
+dictionary_learning); `saegeo.sae.model.as_sae` builds the SAE from either.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 from saegeo.errors import FormatError
 from saegeo.sae.formats.base import EXPECTED_LAYOUTS, Dictionary, FormatInfo, read_json, read_pickle
-from saegeo.sae.formats.dictionary_learning import read_dictionary_learning
+from saegeo.sae.formats.dictionary_learning import (
+    DICTIONARY_LEARNING_CLASSES,
+    dictionary_learning_state_dictionary,
+    read_dictionary_learning,
+)
 from saegeo.sae.formats.gemma_scope import read_gemma_scope_2, read_gemma_scope_npz
 from saegeo.sae.formats.goodfire import read_goodfire
 from saegeo.sae.formats.hub import HUB_RELEASES, HubDictionary, download_hub_dictionary, resolve_hub_id
 from saegeo.sae.formats.llama_scope import read_llama_scope
 from saegeo.sae.formats.openai import read_openai
-from saegeo.sae.formats.saelens import CFG_FILENAME, COMMIT_FILENAME, WEIGHTS_FILENAME, read_saelens
-from saegeo.sae.formats.sparsify import read_sparsify
+from saegeo.sae.formats.saelens import (
+    CFG_FILENAME,
+    COMMIT_FILENAME,
+    WEIGHTS_FILENAME,
+    read_saelens,
+    saelens_state_dictionary,
+)
+from saegeo.sae.formats.sparsify import read_sparsify, sparsify_state_dictionary
 
 __all__ = [
     "CFG_FILENAME",
@@ -38,12 +51,15 @@ __all__ = [
     "Dictionary",
     "FormatInfo",
     "HubDictionary",
+    "OBJECT_KINDS",
     "detect_format",
+    "object_dictionary",
     "read_dictionary",
     "resolve_hub_id",
     "download_hub_dictionary",
 ]
 
+_INFO_FIELDS = {f.name for f in dataclasses.fields(FormatInfo)} - {"format", "source", "written_by", "hub_id"}
 LOADERS: dict[str, Callable[[str | os.PathLike], Dictionary]] = {
     "saelens": read_saelens,
     "sparsify": read_sparsify,
@@ -130,23 +146,82 @@ def detect_format(path: str | os.PathLike) -> str:
 
 def read_dictionary(path: str | os.PathLike) -> Dictionary:
     """The dictionary at `path`, in any supported format (auto-detected): a local file or directory, or a hub id
-    (see `resolve_hub_id`) fetched through the Hugging Face cache. Its `info` records the format, the source and
-    the config facts `saegeo check` reads."""
+    (see `resolve_hub_id`: org/repo[/subfolder], or a SAELens RELEASE/sae_id) fetched through the Hugging Face
+    cache. A release is read by the reader of its conversion function, with its config_overrides applied as
+    SAELens applies them. Its `info` records the format, the source and the config facts `saegeo check` reads."""
     if Path(path).exists():
         return LOADERS[detect_format(path)](path)
     hub = resolve_hub_id(str(path))
     if hub is None:
         raise FormatError(
             f"{path}: does not exist, and is not a hub id (org/repo[/subfolder], or RELEASE/sae_id "
-            "for a release of saegeo.sae.formats.HUB_RELEASES such as gemma-scope-2b-pt-res)"
+            "for a SAELens release such as gpt2-small-res-jb/blocks.8.hook_resid_pre)"
         )
     local = download_hub_dictionary(hub)
-    found = LOADERS[detect_format(local)](local)
+    fmt = hub.reader or detect_format(local)
+    overrides = hub.config_overrides
+    found = read_saelens(local, overrides) if fmt == "saelens" else LOADERS[fmt](local)
     info = found.info
     info.hub_id = str(path)
-    layer = next((part[len("layer_") :] for part in hub.subfolder.split("/") if part.startswith("layer_")), None)
+    if hub.release:
+        info.release = {"release": hub.release, "repo_id": hub.repo_id, "path": hub.subfolder, "registry": hub.registry}
+        if fmt != "saelens":  # the SAELens reader applied them to the config it read; here, to what the files said
+            for key, value in overrides.items():
+                if key in _INFO_FIELDS:
+                    setattr(info, key, value)
+        info.config_overrides = overrides or None
+    layer = next((m.group(1) for m in re.finditer(r"(?:^|/)layer_(\d+)", hub.subfolder)), None)
     if hub.model_name and not info.model_name:
         info.model_name = hub.model_name
-    if hub.hook_template and layer is not None and layer.isdigit():
+    if hub.hook_template and layer is not None:
         info.hook_name = hub.hook_template.format(layer=int(layer))
     return found
+
+
+OBJECT_KINDS = (
+    "saegeo's SAE, a path or hub id, SAELens' SAE classes (cfg.to_dict() and W_enc/W_dec/b_enc/b_dec), "
+    "sparsify's SparseCoder (cfg, d_in, encoder, W_dec, b_dec) or a dictionary_learning dictionary "
+    f"({', '.join(DICTIONARY_LEARNING_CLASSES)})"
+)
+
+
+def _state(obj) -> dict:
+    return {k: v.detach().cpu() for k, v in obj.state_dict().items()}
+
+
+def object_dictionary(obj) -> Dictionary | None:
+    """A peer library's SAE object in memory -> the Dictionary its saved files would give, read by the same reader
+    as those files; None when `obj` is none of them. Recognised by the attribute layout each library defines:
+
+      SAELens     obj.cfg.to_dict() (architecture, d_in, d_sae, metadata, ...) and W_enc, W_dec, b_enc, b_dec: the
+                  config and state dict that `save_model` writes (process_state_dict_for_saving), or for a training
+                  SAE the inference form `save_inference_model` writes (process_state_dict_for_saving_inference,
+                  cfg.get_inference_sae_cfg_dict(): BatchTopK becomes JumpReLU with its threshold)
+      sparsify    obj.cfg (SparseCoderConfig), obj.d_in, obj.encoder (nn.Linear), W_dec, b_dec: `save_to_disk`'s
+                  {**cfg.to_dict(), "d_in": d_in} and state dict
+      dictionary_learning  an instance of one of its dictionary classes (by class name): its state dict, as ae.pt
+    """
+    import dataclasses
+
+    name = type(obj).__name__
+    where = f"in memory: {name}"
+    cfg = getattr(obj, "cfg", None)
+    if not hasattr(obj, "state_dict"):
+        return None
+    if cfg is not None and hasattr(cfg, "to_dict") and hasattr(obj, "W_enc") and hasattr(obj, "b_dec"):
+        state = dict(obj.state_dict())
+        if hasattr(obj, "process_state_dict_for_saving_inference") and hasattr(cfg, "get_inference_sae_cfg_dict"):
+            obj.process_state_dict_for_saving_inference(state)
+            raw = dict(cfg.get_inference_sae_cfg_dict())
+        else:
+            if hasattr(obj, "process_state_dict_for_saving"):
+                obj.process_state_dict_for_saving(state)
+            raw = dict(cfg.to_dict())
+        weights = {k: v.detach().cpu() for k, v in state.items()}
+        return saelens_state_dictionary(raw, weights, where, where)
+    if cfg is not None and hasattr(obj, "encoder") and hasattr(obj, "W_dec") and hasattr(obj, "d_in"):
+        raw_cfg = cfg.to_dict() if hasattr(cfg, "to_dict") else dataclasses.asdict(cfg)
+        return sparsify_state_dictionary({**raw_cfg, "d_in": obj.d_in}, _state(obj), where, where, where)
+    if name in DICTIONARY_LEARNING_CLASSES:
+        return dictionary_learning_state_dictionary(_state(obj), {}, where, where, dict_class=name)
+    return None

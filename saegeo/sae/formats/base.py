@@ -55,6 +55,8 @@ class FormatInfo:
     hook_name: str | None = None
     source_dtype: str | None = None  # dtype(s) of the stored weights (they are loaded as float32)
     hub_id: str | None = None  # the hub id it was resolved from (load_dictionary("org/repo[/sub]" or a release id))
+    release: dict | None = None  # a SAELens release id's {release, repo_id, path, registry: "saegeo" or the yaml}
+    config_overrides: dict | None = None  # the release's config_overrides, applied as SAELens applies them
     # what the activations must be (SAELens metadata; `saegeo check --acts` compares them with the store)
     hook_head_index: int | None = None  # one attention head of a hook_z activation
     model_from_pretrained_kwargs: dict | None = None  # e.g. {"center_writing_weights": false}

@@ -43,13 +43,14 @@ _DL_CLASSES = {
     ),
     "JumpReluAutoEncoder": ("jumprelu", False, ("W_enc", "b_enc", "W_dec", "b_dec", "threshold")),
 }
+DICTIONARY_LEARNING_CLASSES = (*_DL_CLASSES, "GatedAutoEncoder", "CrossCoder")  # known names (the last two refused)
 _DL_UNSUPPORTED = {
     "GatedAutoEncoder": "gated (separate gate and magnitude paths)",
     "CrossCoder": "a crosscoder (several layers)",
 }
 
 
-def _dictionary_learning_class(state: dict, where: Path) -> str:
+def _dictionary_learning_class(state: dict, where: object) -> str:
     keys = set(state)
     if {"r_mag", "gate_bias", "mag_bias"} <= keys:
         return "GatedAutoEncoder"
@@ -71,7 +72,7 @@ def _dictionary_learning_class(state: dict, where: Path) -> str:
     )
 
 
-def _tensor_count(where: Path, value: torch.Tensor, name: str) -> int:
+def _tensor_count(where: object, value: torch.Tensor, name: str) -> int:
     """A count stored as a one-element tensor (dictionary_learning's k buffer), refused unless an integer >= 1."""
     if value.numel() != 1 or value.is_complex() or not float(value) == int(value) or int(value) < 1:
         raise FormatError(f"{where}: {name} must be one integer >= 1, found {value.tolist()!r}")
@@ -102,7 +103,21 @@ def read_dictionary_learning(path: str | os.PathLike) -> Dictionary:
             f"step {state.get('step')}), not a saved dictionary: its weights are for inputs divided by norm_factor. Load it with "
             "dictionary_learning, call ae.scale_biases(norm_factor) and save ae.state_dict() as ae.pt (what training writes at the end)"
         )
-    dict_class = trainer.get("dict_class") or _dictionary_learning_class(state, pt)
+    return dictionary_learning_state_dictionary(state, trainer, pt, str(pt), config_file)
+
+
+def dictionary_learning_state_dictionary(
+    state: dict,
+    trainer: dict,
+    pt: object,
+    source: str,
+    config_file: object = "config.json",
+    dict_class: str | None = None,
+) -> Dictionary:
+    """A dictionary_learning state dict (ae.pt's, or `state_dict()` of a dictionary in memory, whose class name is
+    `dict_class`) and its training config's `trainer` block ({} when there is none) -> the Dictionary (see
+    read_dictionary_learning). `pt` and `config_file` name them in messages; `source` is FormatInfo.source."""
+    dict_class = dict_class or trainer.get("dict_class") or _dictionary_learning_class(state, pt)
     if dict_class in _DL_UNSUPPORTED:
         raise FormatError(
             f"{pt}: dictionary_learning {dict_class} is {_DL_UNSUPPORTED[dict_class]}; not in saegeo's encode contract"
@@ -135,16 +150,16 @@ def read_dictionary_learning(path: str | os.PathLike) -> Dictionary:
     implied = f"{'W_enc' if 'W_enc' in keys else 'encoder.weight'} (d_in={d_in}, d_sae={d_sae})"
     for name, expected in (("activation_dim", d_in), ("dict_size", d_sae)):
         if name in trainer and count_field(config_file, trainer, name, label=f"trainer.{name}") != expected:
-            raise FormatError(f"{config_file}: trainer.{name}={trainer[name]} but {pt.name} holds {implied}")
+            raise FormatError(f"{config_file}: trainer.{name}={trainer[name]} but {Path(str(pt)).name} holds {implied}")
     expect_shape(pt, "W_dec" if "W_dec" in keys else "decoder.weight.T", tensors["W_dec"], (d_sae, d_in), implied)
     expect_shape(pt, "b_enc" if "b_enc" in keys else "encoder.bias", tensors["b_enc"], (d_sae,), implied)
     expect_shape(pt, "b_dec", tensors["b_dec"], (d_in,), implied)
     k = _tensor_count(pt, t["k"], "k") if "k" in t else None
     if k is not None and "k" in trainer and count_field(config_file, trainer, "k", label="trainer.k") != k:
-        raise FormatError(f"{pt}: k={k} in the weights but trainer.k={trainer['k']} in {config_file.name}")
+        raise FormatError(f"{pt}: k={k} in the weights but trainer.k={trainer['k']} in {Path(str(config_file)).name}")
     info = FormatInfo(
         format="dictionary_learning",
-        source=str(pt),
+        source=source,
         dict_class=dict_class,
         source_dtype=dtype_name(t),
         trainer_class=trainer.get("trainer_class"),

@@ -180,13 +180,14 @@ def finish_commit(d: Path) -> None:
         (d / f"{name}.new").unlink(missing_ok=True)
 
 
-def read_saelens(path: str | os.PathLike) -> Dictionary:
+def read_saelens(path: str | os.PathLike, overrides: dict | None = None) -> Dictionary:
     """A SAELens-layout directory (or a file in it): saegeo-written (its saegeo block restores the exact
     SAEConfig) or written by any SAELens version (see `_saelens_config`: older key names, apply_b_dec_to_input,
     normalize_activations, JumpReLU threshold / log_threshold, finetuning scaling factors).
 
     Architectures: standard (ReLU), topk, jumprelu. SAELens' TopK applies ReLU after TopK
-    (topk_order "topk_then_relu").
+    (topk_order "topk_then_relu"). `overrides` (a SAELens release's config_overrides) update the config read
+    from cfg.json before anything else reads it, as SAELens' get_sae_lens_config_from_disk does (cfg_dict.update).
     """
     d = Path(path)
     d = d.parent if d.is_file() else d
@@ -197,6 +198,7 @@ def read_saelens(path: str | os.PathLike) -> Dictionary:
         found = sorted(p.name for p in d.iterdir()) if d.is_dir() else "no such directory"
         raise FormatError(f"{d}: expected {CFG_FILENAME} and {WEIGHTS_FILENAME} (SAELens layout); found {found}")
     raw, weights = read_json(cfg_path), read_safetensors(w_path)
+    raw.update(overrides or {})
     missing = [key for key in ("d_in", "d_sae") if key not in raw]
     if missing:  # `{}` would otherwise load as a ReLU SAE shaped by whatever weights lie beside it
         raise FormatError(
@@ -219,7 +221,7 @@ def read_saelens(path: str | os.PathLike) -> Dictionary:
             **_saelens_activation_facts(raw, meta),
         )
     else:  # any SAELens version: older key names, normalisation, scaling factors (see _saelens_config)
-        cfg, info = _saelens_config(raw, cfg_path, weights)
+        return saelens_state_dictionary(raw, weights, cfg_path, str(d), w_path)
     tensors = _saelens_tensors(cfg, info, weights, w_path, bool(raw.get("finetuning_scaling_factor", False)))
     expected = block.get("weights_sha256") if isinstance(block, dict) else None
     if expected and sha256_file(w_path) != expected:  # in chunks: a 5 GB file is not read into memory
@@ -228,6 +230,19 @@ def read_saelens(path: str | os.PathLike) -> Dictionary:
             "corrupt); restore both files from one save, or train again"
         )
     return make_dictionary(cfg, tensors, w_path, info)
+
+
+def saelens_state_dictionary(
+    raw: dict, weights: dict, where: object, source: str, weights_where: object = None
+) -> Dictionary:
+    """A config dict and a state dict as SAELens writes them (cfg.json and sae_weights.safetensors of any SAELens
+    version; `SAE.cfg.to_dict()` and `state_dict()` of an SAE in memory) -> the Dictionary, read exactly as a
+    directory is. `where` / `weights_where` name the config and the weights in messages, `source` is recorded
+    as FormatInfo.source."""
+    weights_where = where if weights_where is None else weights_where
+    cfg, info = _saelens_config(raw, where, weights, source)
+    tensors = _saelens_tensors(cfg, info, weights, weights_where, bool(raw.get("finetuning_scaling_factor", False)))
+    return make_dictionary(cfg, tensors, weights_where, info)
 
 
 def _saegeo_block_config(block: dict, raw: dict, cfg_path: Path) -> SAEConfig:
@@ -283,7 +298,7 @@ _SAELENS_NORMALIZATIONS = {  # SAELens normalize_activations -> saegeo input_nor
 }
 
 
-def _saelens_config(raw: dict, where: Path, weights: dict) -> tuple[SAEConfig, FormatInfo]:
+def _saelens_config(raw: dict, where: object, weights: dict, source: str) -> tuple[SAEConfig, FormatInfo]:
     """SAELens cfg.json (6.x, or < 6: hook_point, activation_fn_str/activation_fn_kwargs, boolean
     normalize_activations, no architecture) -> SAEConfig, as sae_lens' handle_config_defaulting reads it."""
     meta = raw.get("metadata") or {}
@@ -309,7 +324,7 @@ def _saelens_config(raw: dict, where: Path, weights: dict) -> tuple[SAEConfig, F
         )
     w_enc = weights.get("W_enc")
     if w_enc is None or w_enc.ndim != 2:
-        raise FormatError(f"{where.parent / WEIGHTS_FILENAME}: no 2-D W_enc (d_in, d_sae); found {sorted(weights)}")
+        raise FormatError(f"{source}: the weights hold no 2-D W_enc (d_in, d_sae); found {sorted(weights)}")
     d_in = count_field(where, raw, "d_in") if raw.get("d_in") is not None else int(w_enc.shape[0])
     d_sae = count_field(where, raw, "d_sae") if raw.get("d_sae") is not None else int(w_enc.shape[1])
     k = raw.get("k", fn_kwargs.get("k")) if arch == "topk" else None
@@ -331,7 +346,7 @@ def _saelens_config(raw: dict, where: Path, weights: dict) -> tuple[SAEConfig, F
     )
     info = FormatInfo(
         format="saelens",
-        source=str(where.parent),
+        source=source,
         sae_lens_version=version,
         architecture=arch,
         normalize_activations=norm,
@@ -362,7 +377,7 @@ def _saelens_activation_facts(raw: dict, meta: dict) -> dict:
 
 
 def _saelens_tensors(
-    cfg: SAEConfig, info: FormatInfo, weights: dict, where: Path, scaling_factor_on: bool
+    cfg: SAEConfig, info: FormatInfo, weights: dict, where: object, scaling_factor_on: bool
 ) -> dict[str, torch.Tensor]:
     """The state dict in the contract's names: log_threshold -> threshold; a finetuning scaling factor
     s (SAELens < 6 decodes (a·s) @ W_dec) folded into the decoder rows, W_dec[i] ·= s_i."""

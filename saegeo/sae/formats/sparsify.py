@@ -45,23 +45,30 @@ def read_sparsify(path: str | os.PathLike) -> Dictionary:
     raw = read_json(d / "cfg.json")
     weights_file = d / "sae.safetensors"
     weights = read_safetensors(weights_file)
+    return sparsify_state_dictionary(raw, weights, d / "cfg.json", weights_file, str(d), hook_name=d.name)
+
+
+def sparsify_state_dictionary(
+    raw: dict, weights: dict, cfg_file: object, weights_file: object, source: str, hook_name: str | None = None
+) -> Dictionary:
+    """sparsify's cfg.json (`{**SparseCoderConfig.to_dict(), "d_in": d_in}`, what `save_to_disk` writes) and its
+    state dict (a file's, or a SparseCoder's `state_dict()` in memory) -> the Dictionary (see read_sparsify)."""
     if "d_in" not in raw:
-        raise FormatError(f"{d / 'cfg.json'}: missing d_in (sparsify writes it next to the SparseCoderConfig fields)")
-    cfg_file = d / "cfg.json"
+        raise FormatError(f"{cfg_file}: missing d_in (sparsify writes it next to the SparseCoderConfig fields)")
     d_in = count_field(cfg_file, raw, "d_in")
     if raw.get("activation", "topk") != "topk":
         raise FormatError(
-            f"{d / 'cfg.json'}: sparsify activation {raw.get('activation')!r} is not supported (saegeo reproduces topk)"
+            f"{cfg_file}: sparsify activation {raw.get('activation')!r} is not supported (saegeo reproduces topk)"
         )
     if raw.get("signed"):
         raise FormatError(
-            f"{d / 'cfg.json'}: sparsify signed: true (the decisive key): this SAE takes the top k of |pre| and keeps "
+            f"{cfg_file}: sparsify signed: true (the decisive key): this SAE takes the top k of |pre| and keeps "
             "negative codes, outside saegeo's non-negative code contract (and the amplification law's); it is refused "
             "rather than loaded as unsigned. Use sparsify's own SparseCoder to encode it."
         )
     used = [key for key in _SPARSIFY_UNSUPPORTED if raw.get(key)] + (["W_skip"] if "W_skip" in weights else [])
     if used:
-        raise FormatError(f"{d}: sparsify options {used} change the encode/decode beyond TopK; not supported")
+        raise FormatError(f"{source}: sparsify options {used} change the encode/decode beyond TopK; not supported")
     num_latents = count_field(cfg_file, raw, "num_latents", 0, minimum=0) if raw.get("num_latents") is not None else 0
     d_sae = num_latents or count_field(cfg_file, raw, "expansion_factor", 32) * d_in
     k = count_field(cfg_file, raw, "k", 32)
@@ -85,11 +92,11 @@ def read_sparsify(path: str | os.PathLike) -> Dictionary:
     )
     info = FormatInfo(
         format="sparsify",
-        source=str(d),
+        source=source,
         transcoder=transcoder,
         source_dtype=dtype_name(weights),
         normalize_decoder=bool(raw.get("normalize_decoder", True)),
-        hook_name=d.name,
+        hook_name=hook_name,
     )
     tensors = {
         "W_enc": weights["encoder.weight"].T,
