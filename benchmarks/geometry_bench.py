@@ -98,6 +98,43 @@ def measure_memory(n: int) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def entry_histogram_cost(rounds: int) -> None:
+    """CPU seconds (one thread) on one BATCH × D float32 chunk, interleaved rounds, best of each: the whole
+    ``GeometryAccumulator.add``, the entry histogram (``entry_bin_sums``: count, Σx, Σx² per bin), and the Σx²
+    bincount it gained in issue 25 (the same bit keys, float64 weights x², then the key → bin index_add)."""
+    from saegeo.geometry.accumulate import N_ENTRY_BINS, entry_bin_sums
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    chunk = next(make_batches(BATCH, seed=2))
+    flat = chunk.reshape(-1)
+    flat64 = flat.to(torch.float64)
+    keys = (flat.view(torch.int32) >> 19) & (2**13 - 1)  # float32: sign | 8 exponent bits | top 4 mantissa bits
+    table = torch.randint(N_ENTRY_BINS, (2**13,))  # any key → bin map: the index_add costs the same
+
+    def cpu(fn) -> float:
+        t0 = time.process_time()
+        fn()
+        return time.process_time() - t0
+
+    def sq_bincount() -> None:
+        out = torch.zeros(N_ENTRY_BINS, dtype=torch.float64)
+        out.index_add_(0, table, torch.bincount(keys, weights=flat64 * flat64, minlength=2**13))
+
+    add, hist, sq = [], [], []
+    for _ in range(rounds):
+        add.append(cpu(lambda: GeometryAccumulator(D).add(chunk)))
+        hist.append(cpu(lambda: entry_bin_sums(flat, flat64)))
+        sq.append(cpu(sq_bincount))
+    torch.set_num_threads(threads)
+    t_add, t_hist, t_sq = min(add), min(hist), min(sq)
+    print(
+        f"entry histogram, one {BATCH:,} × {D} chunk (CPU s, 1 thread, best of {rounds}): add {t_add:.4f}, "
+        f"entry_bin_sums {t_hist:.4f} ({t_hist / t_add:.0%} of add), its Σx² bincount {t_sq:.4f} "
+        f"({t_sq / t_add:.1%} of add)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="n = 200,000 rows (the issue's size)")
@@ -108,9 +145,15 @@ def main() -> None:
     ap.add_argument("--skip-textbook", action="store_true")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds; the best of each is reported")
     ap.add_argument("--memory-child", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--entry-histogram-cost", action="store_true", help="only the cost of the entry histogram's Σx² bincount"
+    )
     args = ap.parse_args()
     if args.memory_child is not None:
         memory_child(args.memory_child)
+        return
+    if args.entry_histogram_cost:
+        entry_histogram_cost(max(args.rounds, 5))
         return
     n = args.n or (200_000 if args.full else 50_000)
     print(

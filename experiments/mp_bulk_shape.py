@@ -5,7 +5,8 @@ fitted as ``calibrated_mp_bulk`` does) on white-noise spectra drawn from the bid
 of d and γ = d/(n − 1). Printed in units of log(m)/m (m = bulk eigenvalues), where it is nearly constant; the
 threshold ``MP_SHAPE_THRESHOLD_C``·log(m)/m in saegeo.geometry.nulls is 1.5× the largest value seen here.
 (2) Cases: white noise, 9 spikes at 1.5–4× the critical eigenvalue, 3 subcritical spikes, Toeplitz ρ = 0.1 and
-0.3, a shared component of variance 0.5 per 64-row window — the spike count before and after the shape test.
+0.3, a shared component of variance 0.5 per 64-row window, and the 9 spikes planted in each correlated noise —
+the spike count before and after the shape test, and the edge-distribution count (Onatski 2010) where no MP bulk.
 Writes mp_bulk_shape_calibration.csv and mp_bulk_shape_cases.csv.
 
     python experiments/mp_bulk_shape.py [--samples 100]      (≈ 5 min on 2 cores)
@@ -47,6 +48,14 @@ def case_rows(kind: str, n: int, d: int, g: torch.Generator) -> torch.Tensor:
     return z
 
 
+def planted_rows(noise: str, n: int, d: int, g: torch.Generator) -> torch.Tensor:
+    """Rows of a noise case plus 9 spikes of population variance f·(1 + √γ), f = 1.5 … 4, on random directions."""
+    x = case_rows(noise, n, d, g)
+    directions, _ = torch.linalg.qr(torch.randn(d, 9, generator=g, dtype=torch.float64))
+    ell = torch.tensor(np.linspace(1.5, 4, 9) * (1 + math.sqrt(d / (n - 1))))
+    return x + (torch.randn(n, 9, generator=g, dtype=torch.float64) * ell.sqrt()) @ directions.T
+
+
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--samples", type=int, default=100)
@@ -73,10 +82,12 @@ def main() -> None:
     print("wrote", write_csv(args.out / "mp_bulk_shape_calibration.csv", rows))
     cases = []
     for n, d in ((5000, 256), (20000, 256)):
-        for kind in ("white", "spikes_9", "spikes_3_subcritical", "toeplitz_0.1", "toeplitz_0.3", "window"):
+        kinds = ("white", "spikes_9", "spikes_3_subcritical", "toeplitz_0.1", "toeplitz_0.3", "window")
+        for kind in (*kinds, "toeplitz_0.1+9", "toeplitz_0.3+9", "window+9"):
             g = torch.Generator().manual_seed(args.seed + 1)
             for rep in range(5):
-                bulk = calibrated_mp_bulk(spectrum(case_rows(kind, n, d, g)), n, d)
+                x = planted_rows(kind[:-2], n, d, g) if kind.endswith("+9") else case_rows(kind, n, d, g)
+                bulk = calibrated_mp_bulk(spectrum(x), n, d)
                 cases.append(
                     dict(
                         case=kind,
@@ -85,6 +96,8 @@ def main() -> None:
                         rep=rep,
                         n_spikes=bulk.n_spikes,
                         spikes_without_shape_test=bulk.n_spikes_fitted,
+                        n_spikes_edge=bulk.n_spikes_edge,
+                        edge_gap=bulk.edge_spike_gap,
                         distance=bulk.mp_distance,
                         threshold=bulk.mp_distance_threshold,
                         sigma2=bulk.sigma2_bulk,

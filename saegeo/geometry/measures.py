@@ -15,7 +15,9 @@ Scalar measures (pure functions, reusable by the report and other modules):
 ``sign_null(acc) -> SignNull``                          the sign-aware null, regime, q, r and canonical forms.
 ``unit_moment_u_statistics(Σx̂, Σx̂x̂ᵀ, n) -> (‖m‖², tr C², mᵀCm, ‖m‖⁴)``   unbiased, over distinct rows.
 ``null_test(acc, A, A_null) -> NullTest``              sd of Â − A_null (non-degenerate U-statistic + the null's
-    influence), the finite-d bias of the pooled null, null_z = (A − A_null − bias)/sd.
+    influence), the finite-d bias of the pooled null, null_z = (A − A_null − bias)/sd; it is
+    ``null_test_from_sums(null_test_sums(acc), A, A_null)``, and ``null_test_sums_from_rows(rows)`` gives the same
+    sums from a row sample (n × n unit gram; ``entry_marginal_from_bins`` the two-point law of the entry bins).
 Summary:
 ``activation_geometry(acc, *, top_k_eigvecs=10, n_rogue=10, rank_rel_tol=None) -> ActivationGeometry``  every number of
     docs/design.md "The math" (except the amplification law); ``.to_dict()`` is JSON-safe (no NaN/inf: undefined → None),
@@ -42,7 +44,13 @@ from jaxtyping import Float
 from torch import Tensor
 
 from saegeo.errors import BadInputError
-from saegeo.geometry.accumulate import GeometryAccumulator, anisotropy_from_unit_mean, as_rows
+from saegeo.geometry.accumulate import (
+    N_ENTRY_BINS,
+    GeometryAccumulator,
+    anisotropy_from_unit_mean,
+    as_rows,
+    entry_bin_sums,
+)
 from saegeo.geometry.nulls import (
     MPBulk,
     SignNull,
@@ -229,9 +237,13 @@ def unit_moment_u_statistics(
     """
     s = torch.as_tensor(unit_sum, dtype=torch.float64)
     g = torch.as_tensor(unit_outer, dtype=torch.float64)
-    s_sq = float(s @ s)
-    tr_g2 = float((g * g).sum())
-    sgs = float(s @ g @ s)
+    return unit_moment_u_statistics_from_forms(float(s @ s), float((g * g).sum()), float(s @ g @ s), n)
+
+
+def unit_moment_u_statistics_from_forms(
+    s_sq: float, tr_g2: float, sgs: float, n: int
+) -> tuple[float, float, float, float]:
+    """:func:`unit_moment_u_statistics` from the three forms ‖S‖², tr G² and SᵀGS it needs."""
     if n < 4:
         m_sq = s_sq / n**2
         return m_sq, tr_g2 / n**2, sgs / n**3, m_sq**2
@@ -243,7 +255,101 @@ def unit_moment_u_statistics(
     return p_pairs / n2, t2 / n2, t3 / n3, t4 / n4
 
 
+@dataclass
+class NullTestSums:
+    """The sums over the n nonzero rows that :func:`null_test_from_sums` reads (x̂ = x/‖x‖, p_k = Σ_j x_j^k)."""
+
+    n: int  # nonzero rows
+    d: int
+    unit_sum: Float[Tensor, " d"]  # S = Σ x̂
+    unit_outer_sq_trace: float  # tr G², G = Σ x̂x̂ᵀ
+    unit_sum_outer_form: float  # SᵀGS
+    power_sum: Float[Tensor, " 2"]  # Σ_i (p₁, p₂)
+    power_outer: Float[Tensor, "2 2"]  # Σ_i p pᵀ
+    unit_by_power: Float[Tensor, "d 2"]  # Σ_i x̂_i p_k(i)
+    entry_weights: np.ndarray  # the marginal law of the nonzero rows' entries: weights …
+    entry_values: np.ndarray  # … and values (two points per histogram bin: GeometryAccumulator.entry_marginal)
+
+
+def null_test_sums(acc: GeometryAccumulator) -> NullTestSums:
+    """The null test's sums from a streaming accumulator (the zero rows' entries taken out of the marginal)."""
+    n = acc.n_unit
+    total = acc.unit_mean * n
+    gram = acc.unit_second_moment() * n
+    power_sum, power_outer, unit_by_power = acc.row_power_sums()
+    weights, values = (t.numpy().copy() for t in acc.entry_marginal())
+    if acc.n_zero:  # the zero rows' entries are not part of the marginal A is measured on
+        weights[values == 0] -= acc.n_zero * acc.d
+    return NullTestSums(
+        n=n,
+        d=acc.d,
+        unit_sum=total,
+        unit_outer_sq_trace=float((gram * gram).sum()),
+        unit_sum_outer_form=float(total @ gram @ total),
+        power_sum=power_sum,
+        power_outer=power_outer,
+        unit_by_power=unit_by_power,
+        entry_weights=weights,
+        entry_values=values,
+    )
+
+
+def entry_marginal_from_bins(
+    count: Float[Tensor, " bins"], total: Float[Tensor, " bins"], sq_total: Float[Tensor, " bins"]
+) -> tuple[Tensor, Tensor]:
+    """(weights, values) of the two-point law of :meth:`GeometryAccumulator.entry_marginal` from the per-bin
+    (count, Σx, Σx²) of :func:`entry_bin_sums` (N_ENTRY_BINS long, the zero bin in the middle): each occupied
+    bin becomes c ± s with half its count each (c = Σx/count, s² = Σx²/count − c²), one point c where s = 0;
+    the zero bin is the point 0."""
+    occupied = count > 0
+    n_bins = count[occupied]
+    centroid = total[occupied] / n_bins
+    spread = (sq_total[occupied] / n_bins - centroid.square()).clamp(min=0).sqrt()
+    zero = torch.nonzero(occupied).squeeze(1) == (N_ENTRY_BINS - 1) // 2
+    centroid[zero], spread[zero] = 0.0, 0.0
+    spread = torch.where(torch.isfinite(spread) & (spread < centroid.abs()), spread, 0.0)  # rounding, overflow
+    single = spread == 0
+    weights = torch.cat([torch.where(single, n_bins, n_bins / 2), (n_bins / 2)[~single]])
+    values = torch.cat([centroid - spread, (centroid + spread)[~single]])
+    return weights, values
+
+
+def null_test_sums_from_rows(rows: Float[Tensor, "n d"]) -> NullTestSums:
+    """The same sums straight from a (small) row sample, zero rows dropped: tr G² = ‖UUᵀ‖²_F and SᵀGS = ‖US‖²
+    through the n × n gram of the unit rows U (O(n²d), not O(nd²)); the entry marginal from the same 1/16-octave
+    bins and two-point law as the accumulator's (:func:`entry_bin_sums`, :func:`entry_marginal_from_bins`).
+    Equal to :func:`null_test_sums` of an accumulator over the same rows up to rounding."""
+    x = as_rows(rows)
+    if x.dtype not in (torch.float32, torch.float64):
+        x = x.to(torch.float32)
+    x64 = x.to(torch.float64)
+    norms = torch.linalg.vector_norm(x64, dim=1)
+    keep = norms > 0
+    x, x64, norms = x[keep], x64[keep], norms[keep]
+    unit = x64 / norms[:, None]
+    total = unit.sum(0)
+    powers = torch.stack([x64.sum(1), norms.square()], dim=1)
+    weights, values = entry_marginal_from_bins(*entry_bin_sums(x.reshape(-1), x64.reshape(-1)))
+    return NullTestSums(
+        n=int(x.shape[0]),
+        d=int(x.shape[1]),
+        unit_sum=total,
+        unit_outer_sq_trace=float((unit @ unit.T).square().sum()),
+        unit_sum_outer_form=float((unit @ total).square().sum()),
+        power_sum=powers.sum(0),
+        power_outer=powers.T @ powers,
+        unit_by_power=unit.T @ powers,
+        entry_weights=weights.numpy(),
+        entry_values=values.numpy(),
+    )
+
+
 def null_test(acc: GeometryAccumulator, anisotropy: float, null: float) -> NullTest:
+    """:func:`null_test_from_sums` of the accumulator's sums (:func:`null_test_sums`)."""
+    return null_test_from_sums(null_test_sums(acc), anisotropy, null)
+
+
+def null_test_from_sums(sums: NullTestSums, anisotropy: float, null: float) -> NullTest:
     """z of Â against the sign-aware null A_null = m̄²/s̄ and its finite-d bias, valid when A_null ≠ 0.
 
     Statistic: T = Â − Q(F̂), Q = N·(1 + β) = E‖E x̂‖² for coordinates iid from the pooled marginal F (N = m₁²/m₂,
@@ -266,18 +372,19 @@ def null_test(acc: GeometryAccumulator, anisotropy: float, null: float) -> NullT
     (experiments/null_z_calibration.py, 200 samples per family): sd(z) 0.93–1.10 and |mean| ≤ 0.16 for ReLU,
     GELU and sparse Exp at q = 0.05, 0.1, 0.2, d = 256 and 1,024 (without the β̂ term: 0.51 at q = 0.05).
     """
-    n, d = acc.n_unit, acc.d
-    m = acc.unit_mean
-    total = m * n  # S = Σ x̂
-    gram = acc.unit_second_moment() * n  # G = Σ x̂x̂ᵀ
-    m_sq, tr_c2, mcm, m_4 = unit_moment_u_statistics(total, gram, n)
+    n, d = sums.n, sums.d
+    total = sums.unit_sum  # S = Σ x̂
+    m = total / n
+    m_sq, tr_c2, mcm, m_4 = unit_moment_u_statistics_from_forms(
+        float(total @ total), sums.unit_outer_sq_trace, sums.unit_sum_outer_form, n
+    )
     p_pairs = m_sq * n * (n - 1)  # Σ_{i≠j} x̂_i·x̂_j
     n2, n3 = n * (n - 1), n * (n - 1) * (n - 2)
     zeta1 = max(mcm - m_4, 0.0)  # Var(x̂·m)
     zeta2 = max(tr_c2 - m_4, 0.0)  # Var(x̂·ŷ)
 
     # the pooled moments and their per-row contributions q_k
-    power_sum, power_outer, unit_by_power = acc.row_power_sums()
+    power_sum, power_outer, unit_by_power = sums.power_sum, sums.power_outer, sums.unit_by_power
     q_sum = power_sum / d
     mk = q_sum / n  # m₁..m₄
     cov_q = (power_outer / d**2 - n * torch.outer(mk, mk)) / max(n - 1, 1)
@@ -289,9 +396,7 @@ def null_test(acc: GeometryAccumulator, anisotropy: float, null: float) -> NullT
     m1, m2 = (float(v) for v in mk)
 
     # the pooled marginal of the nonzero rows' entries, two points per histogram bin (each bin's Σx and Σx²)
-    weights, values = (t.numpy().copy() for t in acc.entry_marginal())
-    if acc.n_zero:  # the zero rows' entries are not part of the marginal A is measured on
-        weights[values == 0] -= acc.n_zero * d
+    weights, values = sums.entry_weights, sums.entry_values
     if null > 0:
         pooled = iid_unit_mean_sq_norm_influence(weights, values, d)
         influence = pooled.influence

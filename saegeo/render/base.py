@@ -39,6 +39,16 @@ def fmt_pct(x: Any) -> str:
     return "—" if x is None else f"{100 * float(x):.1f}%"
 
 
+def edge_spike_phrase(bulk: Mapping[str, Any]) -> str:
+    """'; k spike(s) by <method> (gap ≥ δ)' for a bulk that is not MP-shaped and has the correlated-noise count,
+    else ''. k equal to r_max reads 'at least'."""
+    k = bulk.get("n_spikes_edge")
+    if k is None:
+        return ""
+    at_least = "at least " if k == bulk.get("edge_spike_r_max") else ""
+    return f"; {at_least}{k} spike(s) by {bulk.get('edge_spike_method')} (gap ≥ {fmt_num(bulk.get('edge_spike_gap'))})"
+
+
 # =========================================================================== flags
 def flag_counts(flags: list[Flag]) -> str:
     counts = {sev: sum(f.severity == sev for f in flags) for sev in reversed(SEVERITIES)}

@@ -23,6 +23,7 @@ from typing import Any
 from saegeo.io import atomic_write
 from saegeo.render.base import (
     FORMATS,
+    edge_spike_phrase,
     flag_counts,
     fmt_num,
     fmt_pct,
@@ -68,8 +69,8 @@ def activation_lines(report: GeometryReport) -> list[tuple[str, str]]:
     if g.get("n_spikes") is None and bulk.get("has_flat_bulk"):
         spikes = (
             f"{bulk.get('verdict')}: KS distance {fmt_num(bulk.get('mp_distance'))} to MP "
-            f"> {fmt_num(bulk.get('mp_distance_threshold'))} (white noise), so no spike count; power-law slope "
-            f"α = {fmt_num(bulk.get('power_law_alpha'))}"
+            f"> {fmt_num(bulk.get('mp_distance_threshold'))} (white noise), so no MP spike count; power-law slope "
+            f"α = {fmt_num(bulk.get('power_law_alpha'))}{edge_spike_phrase(bulk)}"
         )
     elif g.get("n_spikes") is None and bulk:
         spikes = (

@@ -17,7 +17,7 @@ from typing import Any
 
 from saegeo.activations.cache import exclusion_shares
 from saegeo.geometry.measures import ActivationGeometry
-from saegeo.render.base import fmt_num, terminal_flags
+from saegeo.render.base import edge_spike_phrase, fmt_num, terminal_flags
 
 
 # =========================================================================== geometry
@@ -59,7 +59,7 @@ def geometry_summary(geo: ActivationGeometry) -> str:
             f"{bulk.get('verdict')}: KS distance to MP {f(bulk.get('mp_distance'), '.3g')} "
             f"> {f(bulk.get('mp_distance_threshold'), '.3g')} (white noise); no spike count "
             f"({bulk.get('n_spikes_fitted')} above the edge would be noise); power-law slope alpha = "
-            f"{f(bulk.get('power_law_alpha'), '.3f')}"
+            f"{f(bulk.get('power_law_alpha'), '.3f')}{edge_spike_phrase(bulk)}"
         )
     elif geo.n_spikes is None:
         alpha = bulk.get("power_law_alpha")

@@ -680,15 +680,16 @@ def activation_diagnosis(
         "top1": rounded(geo.get("top1_share")),
         "unit_erank": rounded(geo.get("unit_effective_rank"), 1),
         "n_spikes": geo.get("n_spikes"),
+        "n_spikes_edge": bulk.get("n_spikes_edge"),
         "sigma2_bulk": rounded(geo.get("mp_sigma2_bulk")),
         "power_law_alpha": rounded(bulk.get("power_law_alpha")),
     }
     if INVISIBLE in names:
         finding = "anisotropy invisible to A: a concentrated spectrum with A at its null"
     elif geo.get("n_spikes") is None and bulk.get("has_flat_bulk"):
-        finding = (
-            f"{bulk.get('verdict', 'no MP bulk')}, KS distance {bulk.get('mp_distance') or 0:.3g} to MP; no spike count"
-        )
+        finding = f"{bulk.get('verdict', 'no MP bulk')}, KS distance {bulk.get('mp_distance') or 0:.3g} to MP; no MP spike count"
+        if bulk.get("n_spikes_edge") is not None:
+            finding += f"; {bulk['n_spikes_edge']} spike(s) by {bulk.get('edge_spike_method')}"
     elif geo.get("n_spikes") is None:
         finding = f"no flat MP bulk: a power-law spectrum (alpha = {bulk.get('power_law_alpha') or 0:.2f})"
     else:
