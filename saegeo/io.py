@@ -16,6 +16,7 @@ Public API
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -87,6 +88,15 @@ def atomic_write(path: str | os.PathLike, data: bytes | str, crash_tag: str | No
 
 
 # =========================================================================== JSON
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 24) -> str:
+    """sha256 hex digest of a file read in chunks of `chunk` bytes (memory O(chunk) at any file size)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def json_safe(value: Any) -> Any:
     """``value`` as plain JSON data: mappings (keys as strings), lists, str, int, float, bool, None.
 

@@ -9,6 +9,7 @@ Pure math on tensors: no I/O, no models.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ __all__ = [
     "screen_projection",
     "encoder_decoder_cosines",
     "nearest_decoder_neighbours",
+    "nearest_neighbour_summary",
 ]
 
 DEFAULT_BLOCK_ROWS = 4096  # a 4096 × 4096 float32 tile of cosines is 64 MiB
@@ -43,14 +45,17 @@ def _check_rows(rows: Tensor, what: str) -> None:
 
 
 def row_norms(rows: Float[Tensor, "N d"], *, block_rows: int = DEFAULT_BLOCK_ROWS) -> Float[Tensor, " N"]:
-    """‖w_i‖ for every row, in float64 (blocks of rows, never a float64 copy of the matrix)."""
+    """‖w_i‖ for every row, in float64 (blocks of rows through one reused float64 buffer: never a float64 copy
+    of the matrix, and no allocation per block for the allocator to scatter)."""
     _check_rows(rows, "row_norms")
-    return torch.cat(
-        [
-            torch.linalg.vector_norm(rows[s : s + block_rows].to(torch.float64), dim=1)
-            for s in range(0, rows.shape[0], block_rows)
-        ]
-    )
+    n_rows = rows.shape[0]
+    out = torch.empty(n_rows, dtype=torch.float64, device=rows.device)
+    buffer = torch.empty(min(block_rows, n_rows), rows.shape[1], dtype=torch.float64, device=rows.device)
+    for s in range(0, n_rows, block_rows):
+        block = buffer[: min(block_rows, n_rows - s)]
+        block.copy_(rows[s : s + block_rows])
+        torch.linalg.vector_norm(block, dim=1, out=out[s : s + block.shape[0]])
+    return out
 
 
 def summary_stats(values: Float[Tensor, " N"]) -> dict[str, float | None]:
@@ -205,6 +210,7 @@ def near_duplicate_pairs(
     screen_dim: int | None = 128,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
+    device: str | torch.device = "cpu",
 ) -> tuple[Int[Tensor, "p 2"], Float[Tensor, " p"], int]:
     """All pairs i < j with cos(w_i, w_j) = w_i·w_j/(‖w_i‖‖w_j‖) > threshold, exactly, without an N × N matrix.
 
@@ -218,7 +224,8 @@ def near_duplicate_pairs(
 
     Returns ``(pairs, cosines, n_pairs)``: pairs (p, 2) with i < j sorted by decreasing cosine, their
     float64 cosines, and the total count (pairs beyond ``max_pairs`` are counted but not returned).
-    ``progress(rows_done)`` is called after each block of rows.
+    ``progress(rows_done)`` is called after each block of rows. ``device`` (e.g. "cuda"): the screening vectors
+    and tiles live there (size block_rows for it: 16384 on a GPU); the float64 confirmation stays on the CPU.
     """
     _check_rows(rows, "near_duplicate_pairs")
     if not -1.0 <= threshold <= 1.0:
@@ -232,14 +239,16 @@ def near_duplicate_pairs(
         cut = -(1.0 - threshold) - 1e-4  # slack for float32 rounding of the screen
     else:
         cut = threshold - 1e-4
+    dev = torch.device(device)
     width = d if projection is None else screen_dim + 2
-    left = torch.empty(n_rows, width, dtype=torch.float32)
-    right = left if projection is None else torch.empty(n_rows, width, dtype=torch.float32)
+    left = torch.empty(n_rows, width, dtype=torch.float32, device=dev)
+    right = left if projection is None else torch.empty(n_rows, width, dtype=torch.float32, device=dev)
+    projection = None if projection is None else projection.to(dev)
     for s in range(0, n_rows, block_rows):
         unit = rows[s : s + block_rows].to(torch.float32) * inv[s : s + block_rows, None].to(torch.float32)
-        left[s : s + block_rows], right[s : s + block_rows] = _screen_vectors(unit, projection)
+        left[s : s + block_rows], right[s : s + block_rows] = _screen_vectors(unit.to(dev), projection)
     alive = norms > 0
-    buffer = torch.empty(min(block_rows, n_rows), min(block_rows, n_rows), dtype=torch.float32)
+    buffer = torch.empty(min(block_rows, n_rows), min(block_rows, n_rows), dtype=torch.float32, device=dev)
     found_i, found_j, found_c = [], [], []
     total = 0
     for i0 in range(0, n_rows, block_rows):
@@ -253,7 +262,7 @@ def near_duplicate_pairs(
                 tile = li @ rj.T
             if j0 != i0 and float(tile.max()) <= cut:  # one read of the tile; most tiles hold no candidate
                 continue
-            cand = (tile > cut).nonzero()
+            cand = (tile > cut).nonzero().cpu()
             if j0 == i0:
                 cand = cand[cand[:, 0] < cand[:, 1]]  # upper triangle only (drops i = j)
             if cand.numel() == 0:
@@ -278,41 +287,61 @@ def near_duplicate_pairs(
 
 
 def encoder_decoder_cosines(
-    W_enc: Float[Tensor, "d N"], W_dec: Float[Tensor, "N d"], *, block_rows: int = DEFAULT_BLOCK_ROWS
+    W_enc: Float[Tensor, "d N"],
+    W_dec: Float[Tensor, "N d"],
+    *,
+    block_rows: int = DEFAULT_BLOCK_ROWS,
+    after_block: Callable[[int, int], None] | None = None,
 ) -> Float[Tensor, " N"]:
     """cos(e_i, w_i) between latent i's encoder column e_i = W_enc[:, i] and its decoder row w_i (float64;
     0 where either is zero). Near 1 for tied or well-trained SAEs; ≤ 0 means the latent reads a
-    direction it does not write."""
+    direction it does not write.
+
+    W_enc is read in its own order, rows r … r' − 1 of it at a time (contiguous, about block_rows·d elements),
+    accumulating e_i·w_i = Σ_r W_enc[r, i]·W_dec[i, r] and ‖e_i‖² in float64 over the chunks (each chunk's
+    partial sums in the weights' dtype); ``after_block(r, r')`` is called after each (a caller hands back the
+    pages those rows of a memory-mapped W_enc used). No float64 copies of float32 weights."""
     if W_enc.ndim != 2 or W_dec.ndim != 2 or W_enc.shape != (W_dec.shape[1], W_dec.shape[0]):
         raise BadInputError(
             f"encoder_decoder_cosines needs W_enc (d, N) and W_dec (N, d), got {tuple(W_enc.shape)} and {tuple(W_dec.shape)}"
         )
-    out = []
-    dtype = (
-        torch.float64 if torch.float64 in (W_enc.dtype, W_dec.dtype) else torch.float32
-    )  # no float64 copies of float32 weights
-    for s in range(0, W_dec.shape[0], block_rows):
-        e = W_enc[:, s : s + block_rows].to(dtype)
-        w = W_dec[s : s + block_rows].to(dtype)
-        dot = torch.einsum("di,id->i", e, w).to(torch.float64)
-        denom = torch.linalg.vector_norm(e, dim=0).to(torch.float64) * torch.linalg.vector_norm(w, dim=1).to(
-            torch.float64
-        )
-        out.append(torch.where(denom > 0, dot / denom.clamp_min(1e-300), 0.0))
-    return torch.cat(out)
+    d, n_lat = W_enc.shape
+    dtype = torch.float64 if torch.float64 in (W_enc.dtype, W_dec.dtype) else torch.float32
+    dot = torch.zeros(n_lat, dtype=torch.float64, device=W_dec.device)
+    enc_sq = torch.zeros(n_lat, dtype=torch.float64, device=W_dec.device)
+    chunk = max(1, block_rows * d // n_lat)
+    for r in range(0, d, chunk):
+        e = W_enc[r : r + chunk].to(dtype)  # (c, N), contiguous in the file
+        w = W_dec[:, r : r + chunk].to(dtype)  # (N, c)
+        dot += torch.einsum("cn,nc->n", e, w).to(torch.float64)
+        enc_sq += e.square().sum(0).to(torch.float64)
+        if after_block is not None:
+            after_block(r, min(r + chunk, d))
+    denom = enc_sq.sqrt() * row_norms(W_dec, block_rows=block_rows)
+    return torch.where(denom > 0, dot / denom.clamp_min(1e-300), 0.0)
 
 
 def nearest_decoder_neighbours(
-    rows: Float[Tensor, "N d"], k: int = 5, block_rows: int = DEFAULT_BLOCK_ROWS
-) -> tuple[Int[Tensor, "N k"], Float[Tensor, "N k"]]:
-    """The k nearest other rows of every row by cosine, cos(w_i, w_j) = w_i·w_j/(‖w_i‖‖w_j‖), j ≠ i, exactly.
+    rows: Float[Tensor, "N d"],
+    k: int = 5,
+    block_rows: int = DEFAULT_BLOCK_ROWS,
+    *,
+    queries: Int[Tensor, " m"] | None = None,
+    norms: Float[Tensor, " N"] | None = None,
+    device: str | torch.device = "cpu",
+) -> tuple[Int[Tensor, "m k"], Float[Tensor, "m k"]]:
+    """The k nearest other rows of each query row by cosine, cos(w_i, w_j) = w_i·w_j/(‖w_i‖‖w_j‖), j ≠ i, exactly.
 
-    Tiles of B × B float32 products u_i·u_j of the unit rows keep a running top-(k + 4) per row (memory
-    N·d float32 + B² + N·(k + 4), never N × N); the survivors' cosines are then recomputed in float64 from
-    the rows and the best k kept, so float32 rounding cannot reorder neighbours closer than 4 places to the
-    k-th. Zero rows are nobody's neighbour and have none. Work N²d multiply-adds.
+    queries: the rows i to answer for (default all N, m = N); each is compared with all N rows. Tiles of
+    B × B float32 products u_i·u_j of unit rows (B = block_rows, normalised a block at a time: no float32 copy
+    of the matrix on the CPU) keep a running top-(k + 4) per query (memory B·d + B² + m·(k + 4), never N × N);
+    the survivors' cosines are then recomputed in float64 from the rows and the best k kept, so float32
+    rounding cannot reorder neighbours closer than 4 places to the k-th. Zero rows (or rows whose ``norms``
+    entry is 0) are nobody's neighbour and have none. Work m·N·d multiply-adds. ``device`` (e.g. "cuda"): the
+    tiles are computed there, with the unit rows held there once (N·d float32); the float64 recomputation
+    stays on the CPU. Size block_rows for the device (4096 on a CPU, 16384 or more on a GPU).
 
-    Returns ``(indices, cosines)``, each (N, k), nearest first (ties: smaller index first); slots beyond the
+    Returns ``(indices, cosines)``, each (m, k), nearest first (ties: smaller index first); slots beyond the
     N − 1 other rows, and every slot of a zero row, hold index −1 and cosine NaN.
     """
     _check_rows(rows, "nearest_decoder_neighbours")
@@ -321,44 +350,62 @@ def nearest_decoder_neighbours(
     if block_rows < 1:
         raise BadInputError(f"block_rows must be ≥ 1, got {block_rows}")
     n_rows = rows.shape[0]
-    norms = row_norms(rows, block_rows=block_rows)
+    norms = row_norms(rows, block_rows=block_rows) if norms is None else norms.to("cpu", torch.float64)
     alive = norms > 0
     inv = torch.where(alive, 1.0 / norms.clamp_min(1e-300), 0.0)
-    unit = torch.empty(rows.shape, dtype=torch.float32)
-    for s in range(0, n_rows, block_rows):
-        unit[s : s + block_rows] = rows[s : s + block_rows].to("cpu", torch.float32) * inv[s : s + block_rows, None]
+    q_idx = torch.arange(n_rows) if queries is None else queries.to("cpu", torch.long)
+    if q_idx.numel() and not (0 <= int(q_idx.min()) and int(q_idx.max()) < n_rows):
+        raise BadInputError(f"nearest_decoder_neighbours: query indices must lie in [0, {n_rows})")
+    dev = torch.device(device)
+
+    def unit(index: slice | Tensor) -> Tensor:
+        return (rows[index].to("cpu", torch.float64) * inv[index, None]).to(dev, torch.float32)
+
+    resident = None
+    if dev.type != "cpu":  # the unit rows once on the device, not every sweep over the host link
+        resident = torch.empty(n_rows, rows.shape[1], dtype=torch.float32, device=dev)
+        for s in range(0, n_rows, block_rows):
+            resident[s : s + block_rows] = unit(slice(s, s + block_rows))
+    n_q = q_idx.numel()
     screen = min(k + 4, n_rows - 1)
-    best_cos = torch.full((n_rows, max(screen, 0)), -torch.inf, dtype=torch.float32)
-    best_idx = torch.full((n_rows, max(screen, 0)), -1, dtype=torch.long)
-    dead_cols = ~alive
-    for i0 in range(0, n_rows if screen > 0 else 0, block_rows):
-        ui = unit[i0 : i0 + block_rows]
+    best_cos = torch.full((n_q, max(screen, 0)), -torch.inf, dtype=torch.float32)
+    best_idx = torch.full((n_q, max(screen, 0)), -1, dtype=torch.long)
+    dead_cols = (~alive).to(dev)
+    for a in range(0, n_q if screen > 0 else 0, block_rows):
+        qb = q_idx[a : a + block_rows]
+        ui = resident[qb.to(dev)] if resident is not None else unit(qb)
         b = ui.shape[0]
-        run_cos, run_idx = best_cos[i0 : i0 + b], best_idx[i0 : i0 + b]
+        run_cos = torch.full((b, screen), -torch.inf, dtype=torch.float32, device=dev)
+        run_idx = torch.full((b, screen), -1, dtype=torch.long, device=dev)
+        q_dev = qb.to(dev)
         for j0 in range(0, n_rows, block_rows):
-            tile = ui @ unit[j0 : j0 + block_rows].T
+            uj = resident[j0 : j0 + block_rows] if resident is not None else unit(slice(j0, j0 + block_rows))
+            tile = ui @ uj.T
             tile[:, dead_cols[j0 : j0 + block_rows]] = -torch.inf
-            if i0 == j0:  # the blocks are aligned: a row meets itself only on the diagonal tile
-                tile.fill_diagonal_(-torch.inf)
-            take = min(screen, tile.shape[1])
-            c, j = tile.topk(take, dim=1)
+            rel = q_dev - j0  # a query meets itself in the tile holding its own row
+            own = ((rel >= 0) & (rel < tile.shape[1])).nonzero().flatten()
+            if own.numel():
+                tile[own, rel[own]] = -torch.inf
+            c, j = tile.topk(min(screen, tile.shape[1]), dim=1)
             merged_cos = torch.cat([run_cos, c], 1)
             merged_idx = torch.cat([run_idx, j + j0], 1)
             top = merged_cos.topk(screen, dim=1).indices
             run_cos, run_idx = merged_cos.gather(1, top), merged_idx.gather(1, top)
-        best_cos[i0 : i0 + b], best_idx[i0 : i0 + b] = run_cos, run_idx
-    out_idx = torch.full((n_rows, k), -1, dtype=torch.long)
-    out_cos = torch.full((n_rows, k), float("nan"), dtype=torch.float64)
+        best_cos[a : a + b], best_idx[a : a + b] = run_cos.cpu(), run_idx.cpu()
+    del resident
+    out_idx = torch.full((n_q, k), -1, dtype=torch.long)
+    out_cos = torch.full((n_q, k), float("nan"), dtype=torch.float64)
     if screen <= 0:
         return out_idx, out_cos
-    valid = torch.isfinite(best_cos) & alive[:, None]
+    valid = torch.isfinite(best_cos) & alive[q_idx][:, None]
     safe = best_idx.clamp_min(0)
     exact = torch.full(best_idx.shape, -torch.inf, dtype=torch.float64)
     chunk = max(1, min(block_rows, 512))  # (chunk, k + 4, d) float64 gathered rows at a time
-    for s in range(0, n_rows, chunk):
-        w_i = rows[s : s + chunk].to("cpu", torch.float64)
+    for s in range(0, n_q, chunk):
+        qi = q_idx[s : s + chunk]
+        w_i = rows[qi].to("cpu", torch.float64)
         w_j = rows[safe[s : s + chunk]].to("cpu", torch.float64)
-        dots = torch.einsum("bd,bsd->bs", w_i, w_j) * inv[s : s + chunk, None] * inv[safe[s : s + chunk]]
+        dots = torch.einsum("bd,bsd->bs", w_i, w_j) * inv[qi, None] * inv[safe[s : s + chunk]]
         exact[s : s + chunk] = torch.where(valid[s : s + chunk], dots, -torch.inf)
     # nearest first, ties by the smaller index: sort by index, then stably by cosine
     by_index = torch.where(valid, best_idx, n_rows).argsort(dim=1)
@@ -370,3 +417,78 @@ def nearest_decoder_neighbours(
     out_idx[:, :width] = torch.where(kept_ok, kept_idx, -1)
     out_cos[:, :width] = torch.where(kept_ok, kept_cos, float("nan"))
     return out_idx, out_cos
+
+
+NEAREST_QUANTILES = (0.5, 0.9, 0.99)
+
+
+def nearest_neighbour_summary(
+    rows: Float[Tensor, "N d"],
+    *,
+    norms: Float[Tensor, " N"] | None = None,
+    exact_max_rows: int = 16384,
+    sample: int = 2048,
+    seed: int = 0,
+    confidence: float = 0.95,
+    block_rows: int = DEFAULT_BLOCK_ROWS,
+    device: str | torch.device = "cpu",
+) -> dict[str, Any]:
+    """The distribution over latents of c_i = max_{j≠i} cos(w_i, w_j), each latent's nearest-neighbour cosine
+    (zero rows, norms entry 0, left out; N' rows remain).
+
+    exact (N' ≤ exact_max_rows): c_i of every row by ``nearest_decoder_neighbours`` (N'²·d multiply-adds).
+    sampled (beyond it): m = ``sample`` query rows drawn uniformly *with replacement* (seeded) from the N'; each
+    c_i is still exact (against all N rows, m·N·d multiply-adds), so c_1 … c_m are i.i.d. draws from the
+    population of the N' values and the errors are those of an i.i.d. sample:
+      * mean: c̄ ± z·s/√m (s the sample sd, z the two-sided normal quantile of ``confidence``; the CLT
+        interval, ``mean_error_bound`` = z·s/√m);
+      * quantiles: by Dvoretzky–Kiefer–Wolfowitz (Massart's constant), sup_x |F_m(x) − F(x)| ≤
+        ε = √(ln(2/α)/(2m)) with probability ≥ 1 − α = confidence, so the population q-quantile lies in
+        [F_m⁻¹(q − ε), F_m⁻¹(q + ε)] (``quantile_intervals``; None where q ± ε leaves (0, 1));
+      * max: the sample's maximum is only a lower bound of the population's (the exact duplicate search,
+        ``near_duplicate_pairs``, counts every pair above a threshold).
+    Returns a dict: method, n_rows, n_queries, mean, sd, quantiles {q: value}, max, and (sampled) seed,
+    confidence, mean_error_bound, dkw_epsilon, quantile_intervals.
+    """
+    _check_rows(rows, "nearest_neighbour_summary")
+    norms = row_norms(rows, block_rows=block_rows) if norms is None else norms.to("cpu", torch.float64)
+    alive = (norms > 0).nonzero().flatten()
+    n_alive = alive.numel()
+    if n_alive < 2:
+        return {"method": "exact", "n_rows": n_alive, "n_queries": 0, "mean": None}
+    exact = n_alive <= exact_max_rows
+    if exact:
+        queries = alive
+    else:
+        gen = torch.Generator().manual_seed(seed)
+        queries = alive[torch.randint(n_alive, (sample,), generator=gen)]
+    _, cos = nearest_decoder_neighbours(rows, 1, block_rows, queries=queries, norms=norms, device=device)
+    c = cos[:, 0]
+    m = c.numel()
+    values = torch.sort(c).values
+    out: dict[str, Any] = {
+        "method": "exact" if exact else "sampled",
+        "n_rows": n_alive,
+        "n_queries": m,
+        "mean": float(c.mean()),
+        "sd": float(c.std()) if m > 1 else 0.0,
+        "quantiles": {str(q): float(torch.quantile(values, q)) for q in NEAREST_QUANTILES},
+        "max": float(values[-1]),
+    }
+    if not exact:
+        from statistics import NormalDist
+
+        z = NormalDist().inv_cdf(0.5 + confidence / 2)
+        eps = math.sqrt(math.log(2 / (1 - confidence)) / (2 * m))
+
+        def at(level: float) -> float | None:
+            return float(torch.quantile(values, level)) if 0 < level < 1 else None
+
+        out.update(
+            seed=seed,
+            confidence=confidence,
+            mean_error_bound=z * out["sd"] / math.sqrt(m),
+            dkw_epsilon=eps,
+            quantile_intervals={str(q): [at(q - eps), at(q + eps)] for q in NEAREST_QUANTILES},
+        )
+    return out

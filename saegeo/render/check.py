@@ -59,6 +59,7 @@ def check_lines(check: DictionaryCheck) -> list[tuple[str, str]]:
                 else ""
             ),
         ),
+        *_nearest_line(check),
         (
             "enc·dec",
             f"cos(encoder, decoder) median {f(ed['median'])}  min {f(ed['min'])}  below {check.options['misaligned_cos']:g}: {ed['n_below']}",
@@ -67,6 +68,30 @@ def check_lines(check: DictionaryCheck) -> list[tuple[str, str]]:
             "b_dec",
             f"‖b_dec‖ {f(b['norm'])} ({f(b['norm_over_median_decoder_norm'])}× median ‖w‖)  cos(b_dec, ū) {f(b['cos_mean_direction'])}",
         ),
+    ]
+
+
+def _nearest_line(check: DictionaryCheck) -> list[tuple[str, str]]:
+    """The nearest-neighbour cosine row: exact, or sampled with its 95 % error (older checks: none)."""
+    nn = check.nearest_neighbour_cos
+    if not nn or nn.get("mean") is None:
+        return []
+    q = nn["quantiles"]
+    if nn["method"] == "exact":
+        how = f"all {nn['n_rows']:,} latents"
+        mean = fmt_num(nn["mean"], 4)
+        median = fmt_num(q["0.5"], 4)
+    else:
+        lo, hi = nn["quantile_intervals"]["0.5"]
+        how = f"{nn['n_queries']:,} sampled latents (seed {nn['seed']}), {nn['confidence']:.0%} error"
+        mean = f"{fmt_num(nn['mean'], 4)} ± {fmt_num(nn['mean_error_bound'], 2)}"
+        median = f"{fmt_num(q['0.5'], 4)} [{fmt_num(lo, 4)}, {fmt_num(hi, 4)}]"
+    return [
+        (
+            "nearest",
+            f"max_j cos(w_i, w_j): mean {mean}  median {median}  p99 {fmt_num(q['0.99'], 4)}  "
+            f"max {fmt_num(nn['max'], 4)}  ({how})",
+        )
     ]
 
 

@@ -38,6 +38,7 @@ from saegeo.geometry.dictionary import (
     dictionary_geometry,
     encoder_decoder_cosines,
     near_duplicate_pairs,
+    nearest_neighbour_summary,
     summary_stats,
 )
 from saegeo.io import dump_json, json_safe
@@ -50,6 +51,7 @@ from saegeo.report.flags import (
     rounded,
     sort_flags,
 )
+from saegeo.sae.formats.base import release_pages
 from saegeo.sae.model import SAE, as_sae
 
 CHECK_SCHEMA_VERSION = 1
@@ -96,6 +98,13 @@ class CheckOptions:
         DEFAULT_BLOCK_ROWS, "rows per block of the duplicate search (memory ~ block² floats)", low=1
     )
     max_pairs_listed: int = option(50, "near-duplicate pairs listed in the result", low=0)
+    nearest_exact_rows: int = option(
+        16384, "nearest-neighbour cosine of every latent up to this many latents (d_sae²·d work), else sampled", low=2
+    )
+    nearest_sample: int = option(
+        2048, "latents drawn (with replacement) for the nearest-neighbour cosines above nearest_exact_rows", low=2
+    )
+    device: str = option("cpu", "where the pairwise parts compute (nearest neighbours, duplicate screen), e.g. cuda")
     progress: bool = option(True, "progress bars")
     verify: bool = option(True, "sha256 check of each --acts store shard as it is read")
     skip_nonfinite: bool = option(
@@ -109,6 +118,10 @@ class CheckOptions:
 
     def __post_init__(self) -> None:
         check(self)
+        try:
+            torch.device(self.device)
+        except (RuntimeError, TypeError):
+            raise BadInputError(f"device {self.device!r} is not a torch device (cpu, cuda, cuda:1, mps)") from None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,6 +148,8 @@ class DictionaryCheck:
     options: dict[str, Any]
     seconds: float
     notes: list[str] = field(default_factory=list)
+    # max_{j≠i} cos(w_i, w_j) over latents: exact or sampled with its error (nearest_neighbour_summary)
+    nearest_neighbour_cos: dict[str, Any] | None = None
 
     def flag_names(self) -> list[str]:
         return [f.name for f in self.flags]
@@ -166,8 +181,10 @@ class DictionaryCheck:
 
 # =========================================================================== measurements
 def check_dictionary(sae: Any, *, options: CheckOptions | None = None, name: str | None = None) -> DictionaryCheck:
-    """All dictionary-only checks of an SAE (anything `saegeo.sae.model.as_sae` takes; see the module docstring). Memory: the weights plus
-    O(block_rows² + d²) -- never a d_sae × d_sae matrix."""
+    """All dictionary-only checks of an SAE (anything `saegeo.sae.model.as_sae` takes; see the module docstring).
+    Memory: W_dec, blocks of W_enc (a memory-mapped W_enc, as `SAE.load` gives for safetensors files, is handed
+    back chunk by chunk), the duplicate screen's N·(screen_dim + 2) floats, and O(block_rows² + d²) -- never a
+    d_sae × d_sae matrix, nor a copy of a weight matrix (benchmarks/check_bench.py measures it at 16k-262k)."""
     opts = options or CheckOptions()
     t0 = time.perf_counter()
     sae = as_sae(sae)  # a path, an id or a peer library's SAE object: the one conversion
@@ -200,10 +217,22 @@ def check_dictionary(sae: Any, *, options: CheckOptions | None = None, name: str
         block_rows=opts.block_rows,
         max_pairs=max(opts.max_pairs_listed, opts.thresholds.max_latents),
         progress=(lambda done: bar.update(done - bar.n)) if bar is not None else None,
+        device=opts.device,
+    )
+    nearest = nearest_neighbour_summary(
+        W_dec,
+        norms=alive_norms,
+        exact_max_rows=opts.nearest_exact_rows,
+        sample=opts.nearest_sample,
+        block_rows=opts.block_rows,
+        device=opts.device,
     )
     if bar is not None:
         bar.close()
-    enc_dec = encoder_decoder_cosines(W_enc, W_dec, block_rows=opts.block_rows)
+    # a mapped W_enc's pages go back after each chunk of its rows: W_enc and W_dec are never both resident
+    enc_dec = encoder_decoder_cosines(
+        W_enc, W_dec, block_rows=opts.block_rows, after_block=lambda r, r_end: release_pages(W_enc[r:r_end])
+    )
     enc_dec_alive = enc_dec[~zero]
 
     b_norm = float(b_dec.norm())
@@ -252,6 +281,7 @@ def check_dictionary(sae: Any, *, options: CheckOptions | None = None, name: str
         flags=[],
         options=json_safe(opts.to_dict()),
         seconds=0.0,
+        nearest_neighbour_cos=nearest,
     )
     if zero_rows:
         check.notes.append(
@@ -260,10 +290,7 @@ def check_dictionary(sae: Any, *, options: CheckOptions | None = None, name: str
     check.flags = sort_flags(
         _dictionary_only_flags(check, pairs, pair_cos, enc_dec, zero, opts, subject)
         + dictionary_flags(
-            W_dec if not zero_rows else torch.where(zero[:, None], 0.0, W_dec),
-            b_dec,
-            thresholds=opts.thresholds,
-            subject=subject,
+            W_dec, b_dec, thresholds=opts.thresholds, subject=subject, norms=alive_norms, block_rows=opts.block_rows
         )
         + config_check_flags(sae, subject=subject, thresholds=opts.thresholds)
     )

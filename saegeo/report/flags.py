@@ -31,6 +31,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from saegeo.config import check
+from saegeo.geometry.dictionary import row_cosines, row_norms, unit_row_blocks
 from saegeo.geometry.measures import FieldDict, checked_geometry
 
 SEVERITIES = ("info", "warning", "error")
@@ -1054,20 +1055,28 @@ def dictionary_flags(
     *,
     thresholds: FlagThresholds | None = None,
     subject: str = "dictionary",
+    norms: Float[Tensor, " d_sae"] | None = None,
+    block_rows: int = 4096,
 ) -> list[Flag]:
     """Mean-direction features without activations: latents whose unit decoder row u_i has
     |cos(u_i, b_dec)| ≥ dictionary_min_cos, or, when b_dec is zero/absent, cos(u_i, ū) ≥ it
-    (ū = mean unit decoder row, the dictionary's own mean direction). Blockwise; no d_sae² matrix."""
+    (ū = mean unit decoder row, the dictionary's own mean direction). Blockwise (``row_cosines``,
+    ``unit_row_blocks``): no d_sae² matrix and no float64 copy of W_dec. ``norms`` (‖w_i‖, float64, 0 for rows
+    to leave out, e.g. ``DictionaryGeometry.direction_norms``) saves a pass; such rows get cos 0."""
     t = thresholds or FlagThresholds()
-    w = W_dec.detach().to(torch.float64)
-    norms = w.norm(dim=1)
-    unit = w / norms.clamp_min(1e-300)[:, None]
+    w = W_dec.detach()
+    norms = row_norms(w, block_rows=block_rows) if norms is None else norms.to(torch.float64)
     use_b = b_dec is not None and float(b_dec.detach().to(torch.float64).norm()) > 0
-    direction = b_dec.detach().to(torch.float64) if use_b else unit.sum(0)
+    if use_b:
+        direction = b_dec.detach().to(torch.float64)
+    else:
+        direction = torch.zeros(w.shape[1], dtype=torch.float64)
+        for block in unit_row_blocks(w, norms, block_rows=block_rows, dtype=torch.float64):
+            direction += block.sum(0)
     dnorm = float(direction.norm())
     if dnorm == 0:
         return []
-    cos = (unit @ direction) / dnorm
+    cos = row_cosines(w, direction, block_rows=block_rows)
     cos[norms == 0] = 0.0
     guilty = (cos.abs() >= t.dictionary_min_cos).nonzero().flatten()
     if not guilty.numel():

@@ -72,12 +72,24 @@ class SAE(nn.Module):
 
     @classmethod
     def from_dictionary(cls, found: Dictionary, device: str = "cpu") -> SAE:
-        """Build the SAE of a reader's Dictionary (its tensors cast to cfg.dtype)."""
-        sae = cls(found.cfg, device=device, format_info=found.info)
+        """Build the SAE of a reader's Dictionary (its tensors cast to cfg.dtype). A tensor already of cfg.dtype
+        on `device` becomes the parameter as it is, not a copy: the weights of a memory-mapped file stay mapped
+        (saegeo.sae.formats.base.read_safetensors), so a 262k-latent dictionary is not held twice. The module
+        is built on the meta device first (no memory); what the files do not hold is zero."""
+        sae = cls(found.cfg, device="meta", format_info=found.info)
         with torch.no_grad():
             for name, value in found.tensors.items():
                 target = getattr(sae, name)
-                target.copy_(value.reshape(target.shape).to(target.dtype))
+                tensor = value.detach().reshape(target.shape).to(device=device, dtype=target.dtype)
+                if isinstance(target, nn.Parameter):
+                    setattr(sae, name, nn.Parameter(tensor, requires_grad=target.requires_grad))
+                else:
+                    sae.register_buffer(name, tensor)
+            for holder in (sae._parameters, sae._buffers):  # what the files do not hold (a relu SAE's threshold)
+                for key, left in list(holder.items()):
+                    if left is not None and left.is_meta:
+                        zeros = torch.zeros(left.shape, dtype=left.dtype, device=device)
+                        holder[key] = nn.Parameter(zeros, left.requires_grad) if holder is sae._parameters else zeros
         return sae
 
     # ------------------------------------------------------------------ init

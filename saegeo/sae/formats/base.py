@@ -26,7 +26,11 @@ are refused by name rather than loaded with the wrong semantics.
 from __future__ import annotations
 
 import json
+import mmap
 import pickle
+import struct
+import sys
+import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -117,13 +121,135 @@ def read_json(file: Path) -> dict:
     return raw
 
 
-def read_safetensors(file: Path) -> dict[str, torch.Tensor]:
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+class _FileMap(mmap.mmap):
+    """A private (copy-on-write) map of a weights file; a subclass only so that `release_pages` can hold it weakly."""
+
+
+_LINUX_MADV_PAGEOUT = 21  # <linux/mman.h> (Linux >= 5.4); Python's mmap module names it only from 3.13
+_MAPS: list[tuple[int, int, weakref.ref]] = []  # (first address, length, the _FileMap) of each live map
+
+
+def read_safetensors(file: Path, *, mapped: bool = True) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file. mapped (the default): each tensor is a view of one private,
+    copy-on-write memory map of the file (safetensors' layout: an 8-byte little-endian header length n, n bytes
+    of JSON {name: {dtype, shape, data_offsets}}, then the data): nothing is copied, a page is read when first
+    touched, and an in-place write changes this process's copy only, never the file. Unknown dtypes, misaligned
+    data or a big-endian host fall back to safetensors' own reader (a copy), as does mapped=False."""
     try:
+        if mapped and sys.byteorder == "little":
+            found = _mapped_safetensors(file)
+            if found is not None:
+                return found
         return load_file(str(file))
+    except FormatError:
+        raise
     except Exception as err:  # SafetensorError, OSError, ... : all mean "not a readable safetensors file"
         raise FormatError(
             f"{file}: cannot read safetensors ({err}); the file is truncated or not safetensors, download it again"
         ) from None
+
+
+def _mapped_safetensors(file: Path) -> dict[str, torch.Tensor] | None:
+    """`read_safetensors`'s mapped path; None where it must fall back to the copying reader."""
+    with open(file, "rb") as f:
+        size = f.seek(0, 2)
+        f.seek(0)
+        if size < 8:
+            raise FormatError(
+                f"{file}: cannot read safetensors ({size} bytes); the file is truncated, download it again"
+            )
+        (n_header,) = struct.unpack("<Q", f.read(8))
+        if n_header > size - 8:
+            raise FormatError(f"{file}: cannot read safetensors (header of {n_header} bytes in a {size}-byte file)")
+        header = json.loads(f.read(n_header))
+        start = 8 + n_header
+        entries = {k: v for k, v in header.items() if k != "__metadata__"}
+        for name, entry in entries.items():
+            dtype = _SAFETENSORS_DTYPES.get(entry.get("dtype"))
+            begin, end = entry["data_offsets"]
+            numel = 1
+            for n in entry["shape"]:
+                numel *= int(n)
+            if dtype is None or (start + begin) % dtype.itemsize:
+                return None  # a dtype torch.frombuffer cannot view here, or misaligned data
+            if end - begin != numel * dtype.itemsize or start + end > size:
+                raise FormatError(
+                    f"{file}: cannot read safetensors ({name}: {end - begin} bytes at {begin} for shape "
+                    f"{entry['shape']} {entry['dtype']} in a {size}-byte file); the file is truncated, download it again"
+                )
+        if size == start or not any(e["data_offsets"][1] > e["data_offsets"][0] for e in entries.values()):
+            return load_file(str(file))  # nothing to map (an empty map is refused)
+        mapped = _FileMap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    tensors = {}
+    for name, entry in entries.items():
+        dtype, (begin, end) = _SAFETENSORS_DTYPES[entry["dtype"]], entry["data_offsets"]
+        shape = [int(n) for n in entry["shape"]]
+        if end == begin:
+            tensors[name] = torch.empty(shape, dtype=dtype)
+            continue
+        tensors[name] = torch.frombuffer(
+            mapped, dtype=dtype, count=(end - begin) // dtype.itemsize, offset=start + begin
+        ).reshape(shape)
+    first = next(t for t in tensors.values() if t.numel())
+    base = first.data_ptr() - (start + entries[next(k for k, t in tensors.items() if t is first)]["data_offsets"][0])
+    _MAPS[:] = [m for m in _MAPS if m[2]() is not None]
+    _MAPS.append((base, len(mapped), weakref.ref(mapped)))
+    return tensors
+
+
+def is_mapped(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is a view of a file mapped by `read_safetensors` (its storage is the file's pages)."""
+    return _map_of(tensor) is not None
+
+
+def _map_of(tensor: torch.Tensor) -> tuple[int, _FileMap] | None:
+    if tensor.device.type != "cpu" or not tensor.numel():
+        return None
+    ptr = tensor.data_ptr()
+    for base, length, ref in _MAPS:
+        mapped = ref()
+        if mapped is not None and base <= ptr < base + length:
+            return base, mapped
+    return None
+
+
+def release_pages(tensor: torch.Tensor) -> None:
+    """Hand the resident pages of a mapped tensor (`read_safetensors`) back to the kernel: madvise MADV_PAGEOUT
+    over the bytes it spans, so they stop counting in this process's memory; the next read pages them in again
+    from the file. Pages this process wrote are kept (pageout never drops data). A no-op for any other tensor
+    and where the platform lacks MADV_PAGEOUT."""
+    found = _map_of(tensor)
+    advice = getattr(mmap, "MADV_PAGEOUT", _LINUX_MADV_PAGEOUT if sys.platform.startswith("linux") else None)
+    if found is None or advice is None:
+        return
+    base, mapped = found
+    page = mmap.PAGESIZE
+    first = tensor.data_ptr() - base
+    last = first + _span_elements(tensor) * tensor.element_size()
+    lo, hi = first // page * page, min(len(mapped), -(-last // page) * page)
+    try:
+        mapped.madvise(advice, lo, hi - lo)
+    except OSError:  # an older kernel without MADV_PAGEOUT: the pages stay resident
+        pass
+
+
+def _span_elements(tensor: torch.Tensor) -> int:
+    """Elements from a strided tensor's first to its last one (inclusive)."""
+    return 1 + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride()) if n > 0)
 
 
 def read_pickle(file: Path) -> dict:
@@ -176,15 +302,25 @@ def require_keys(where: object, tensors: dict, names: tuple[str, ...], what: str
 
 
 def make_dictionary(cfg: SAEConfig, tensors: dict[str, torch.Tensor], where: object, info: FormatInfo) -> Dictionary:
-    """The tensors (already in the SAELens orientation) as a Dictionary, refusing non-finite weights."""
+    """The tensors (already in the SAELens orientation) as a Dictionary, refusing non-finite weights. The check
+    reads a matrix in blocks of rows (no whole-matrix temporary) and hands a mapped one's pages back after it
+    (`release_pages`), so checking W_enc and W_dec never holds both in memory."""
     for name, value in tensors.items():
         value = value.detach()
-        if value.is_floating_point() and not torch.isfinite(value).all():
+        if value.is_floating_point() and not _all_finite(value):
             bad = (~torch.isfinite(value)).reshape(value.shape[0], -1).any(1).nonzero()[:, 0] if value.ndim else [0]
             raise FormatError(
                 f"{where}: {name} has non-finite values (first at index {int(bad[0])}, {len(bad)} in all)"
             )
+        release_pages(value)
     return Dictionary(cfg, {name: value.detach() for name, value in tensors.items()}, info)
+
+
+def _all_finite(value: torch.Tensor, block_elements: int = 1 << 20) -> bool:
+    if value.ndim < 2:
+        return bool(torch.isfinite(value).all())
+    rows = max(1, block_elements // max(1, value[0].numel()))
+    return all(bool(torch.isfinite(value[s : s + rows]).all()) for s in range(0, value.shape[0], rows))
 
 
 def count_field(

@@ -28,7 +28,7 @@ from safetensors.torch import save as safetensors_bytes
 
 import saegeo
 from saegeo.errors import BadInputError, FormatError
-from saegeo.io import atomic_write, crash_point, dump_json
+from saegeo.io import atomic_write, crash_point, dump_json, sha256_file
 from saegeo.sae.architectures import SAEConfig, architecture_for_saelens, get_architecture
 from saegeo.sae.formats.base import (
     Dictionary,
@@ -224,7 +224,7 @@ def read_saelens(path: str | os.PathLike, overrides: dict | None = None) -> Dict
         return saelens_state_dictionary(raw, weights, cfg_path, str(d), w_path)
     tensors = _saelens_tensors(cfg, info, weights, w_path, bool(raw.get("finetuning_scaling_factor", False)))
     expected = block.get("weights_sha256") if isinstance(block, dict) else None
-    if expected and hashlib.sha256(w_path.read_bytes()).hexdigest() != expected:
+    if expected and sha256_file(w_path) != expected:  # in chunks: a 5 GB file is not read into memory
         raise FormatError(
             f"{w_path}: does not match the sha256 recorded in {CFG_FILENAME} (the weights of another save, or "
             "corrupt); restore both files from one save, or train again"

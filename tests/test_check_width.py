@@ -1,0 +1,188 @@
+"""Dictionaries of published width: weights read through a memory map (no copy), the check's results the same as
+from weights in memory, no full-matrix copies while checking, and the sampled nearest-neighbour cosines within
+their stated error of the exact ones."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from saegeo.geometry.dictionary import nearest_decoder_neighbours, nearest_neighbour_summary
+from saegeo.report.check import CheckOptions, check_dictionary
+from saegeo.sae.formats import read_dictionary
+from saegeo.sae.formats.base import Dictionary, is_mapped, read_safetensors
+from saegeo.sae.model import SAE
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "published" / "saelens_jumprelu"
+LINUX = sys.platform.startswith("linux")
+
+
+def _mapped_path(address: int) -> str | None:
+    """The file /proc/self/maps names for the mapping holding `address` (None: anonymous or not found)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        parts = line.split()
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        if lo <= address < hi:
+            return parts[5] if len(parts) > 5 else None
+    return None
+
+
+def test_mapped_read_equals_the_copying_read():
+    mapped = read_safetensors(FIXTURE / "sae_weights.safetensors")
+    copied = read_safetensors(FIXTURE / "sae_weights.safetensors", mapped=False)
+    assert sorted(mapped) == sorted(copied)
+    for name, value in copied.items():
+        assert mapped[name].dtype == value.dtype and torch.equal(mapped[name], value), name
+        assert is_mapped(mapped[name]) and not is_mapped(value)
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc/self/maps")
+def test_loaded_weights_are_views_of_the_file_and_writes_stay_private(tmp_path):
+    import shutil
+
+    d = tmp_path / "sae"
+    shutil.copytree(FIXTURE, d)
+    before = (d / "sae_weights.safetensors").read_bytes()
+    sae = SAE.load(d)
+    weights = (d / "sae_weights.safetensors").resolve()
+    for name in ("W_enc", "W_dec", "b_enc", "b_dec", "threshold"):
+        t = getattr(sae, name)
+        assert _mapped_path(t.data_ptr()) == str(weights), name  # the file's pages, not a heap copy
+    with torch.no_grad():
+        sae.W_dec.mul_(2.0)  # copy-on-write: this process's pages only
+    assert (d / "sae_weights.safetensors").read_bytes() == before
+
+
+def test_check_and_codes_equal_on_mapped_and_in_memory_weights():
+    mapped = SAE.load(FIXTURE)
+    found = read_dictionary(FIXTURE)
+    copied = SAE.from_dictionary(Dictionary(found.cfg, {k: v.clone() for k, v in found.tensors.items()}, found.info))
+    assert is_mapped(mapped.W_dec) and not is_mapped(copied.W_dec)
+    x = torch.randn(16, mapped.cfg.d_in, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(mapped.encode(x), copied.encode(x)) and torch.equal(mapped(x), copied(x))
+    opts = CheckOptions(progress=False)
+    a, b = (check_dictionary(s, options=opts, name="x").to_dict() for s in (mapped, copied))
+    a.pop("seconds"), b.pop("seconds")
+    assert a == b
+
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys, threading, time
+    from pathlib import Path
+    import torch
+    torch.set_num_threads(1)
+    from saegeo.report.check import CheckOptions, check_dictionary
+    from saegeo.sae.model import SAE
+
+    def status(key):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    peak = {"anon": 0, "rss": 0, "file": 0}
+    stop = threading.Event()
+    def poll():
+        while not stop.is_set():
+            peak["anon"] = max(peak["anon"], status("RssAnon"))
+            peak["rss"] = max(peak["rss"], status("VmRSS"))
+            peak["file"] = max(peak["file"], status("RssFile"))
+            time.sleep(0.002)
+    base_anon, base_rss, base_file = status("RssAnon"), status("VmRSS"), status("RssFile")
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    sae = SAE.load(sys.argv[1])
+    time.sleep(0.05)
+    after_load = status("RssAnon") - base_anon
+    opts = CheckOptions(progress=False, block_rows=512, nearest_exact_rows=2, nearest_sample=256)
+    check = check_dictionary(sae, options=opts, name="x")
+    time.sleep(0.05)
+    stop.set()
+    thread.join()
+    print(json.dumps({"after_load_anon": after_load, "peak_anon": peak["anon"] - base_anon,
+                      "peak_rss": peak["rss"] - base_rss, "peak_file": peak["file"] - base_file,
+                      "pairs": check.n_duplicate_pairs}))
+    """
+)
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc/self/status")
+def test_a_100_mb_dictionary_is_loaded_and_checked_without_a_copy(tmp_path):
+    """W_enc and W_dec of 100 MB each (32,768 × 768). Loading adds no anonymous memory of that order (the pages
+    are the file's); the whole check's anonymous peak is the duplicate screen's 2·N·(128 + 2) float32 plus blocks
+    (< 0.5 matrix at block_rows 512), and its file-backed peak W_dec's pages: W_enc is handed back. A float64
+    copy, zero-filled parameters or W_enc kept resident each add ≥ one matrix. RSS polled every 2 ms in a child."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from check_bench import write_saelens
+
+    n, d = 32_768, 768
+    write_saelens(tmp_path / "sae", n, d, n_dup=2)
+    matrix, screens = n * d * 4, 2 * n * (128 + 2) * 4
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path / "sae")], capture_output=True, text=True, env=env, timeout=900
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["pairs"] == 2
+    assert got["after_load_anon"] < 0.3 * matrix, got
+    assert got["peak_anon"] < screens + 0.5 * matrix, got
+    assert got["peak_file"] < 1.6 * matrix, got  # W_dec's pages + a chunk of W_enc's; W_enc kept: ≥ 2 matrices
+
+
+def _population(n: int, d: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, d, generator=g)
+    w[: n // 4] += 2.0 * torch.randn(1, d, generator=g)  # a cluster: a skewed, two-humped NN distribution
+    w[5] = 0.0
+    return w
+
+
+def test_sampled_neighbours_are_the_exact_ones_of_the_sampled_rows():
+    w = _population(600, 12, 0)
+    _, exact_cos = nearest_decoder_neighbours(w, 3)
+    q = torch.tensor([0, 17, 17, 599, 300])
+    idx, cos = nearest_decoder_neighbours(w, 3, 64, queries=q)
+    ref_idx, _ = nearest_decoder_neighbours(w, 3)
+    assert torch.equal(idx, ref_idx[q]) and torch.allclose(cos, exact_cos[q], rtol=0, atol=1e-12)
+
+
+def test_sampled_nearest_summary_within_its_stated_error_of_the_exact():
+    """Over 60 seeds the exact mean lies within mean ± mean_error_bound (95 % CLT interval) and every exact
+    quantile within its DKW interval at the stated rates (≥ 95 % expected; binomial sd over 60 seeds is 2.8 %,
+    so ≥ 85 % is 3.5 sd below), and ε = √(ln(2/α)/(2m))."""
+    w = _population(3000, 16, 1)
+    exact = nearest_neighbour_summary(w, exact_max_rows=10**9)
+    assert exact["method"] == "exact" and exact["n_queries"] == exact["n_rows"] == 2999
+    mean_hits, quantile_hits, seeds, m = 0, 0, 60, 300
+    for seed in range(seeds):
+        s = nearest_neighbour_summary(w, exact_max_rows=100, sample=m, seed=seed)
+        assert s["method"] == "sampled" and s["n_queries"] == m
+        assert s["dkw_epsilon"] == pytest.approx(math.sqrt(math.log(2 / 0.05) / (2 * m)))
+        mean_hits += abs(s["mean"] - exact["mean"]) <= s["mean_error_bound"]
+        inside = []
+        for q, (lo, hi) in s["quantile_intervals"].items():
+            true = exact["quantiles"][q]
+            inside.append((lo is None or lo <= true) and (hi is None or true <= hi))
+        quantile_hits += all(inside)  # DKW holds for all quantiles at once
+        assert s["max"] <= exact["max"]  # a sample's max never exceeds the population's
+    assert mean_hits / seeds >= 0.85, mean_hits
+    assert quantile_hits / seeds >= 0.85, quantile_hits
+
+
+def test_sampled_error_shrinks_as_one_over_root_m():
+    w = _population(3000, 16, 2)
+    small = nearest_neighbour_summary(w, exact_max_rows=100, sample=250, seed=0)
+    large = nearest_neighbour_summary(w, exact_max_rows=100, sample=1000, seed=0)
+    ratio = small["mean_error_bound"] / large["mean_error_bound"]
+    assert 1.5 < ratio < 2.7  # √4 = 2, times the ratio of the two sample sd's
+    assert small["dkw_epsilon"] / large["dkw_epsilon"] == pytest.approx(2.0)
+    assert np.isfinite(small["mean"])
