@@ -2,7 +2,8 @@
 
 Public API
 ----------
-``GeometryAccumulator(d, *, skip_nonfinite=False, chunk_rows=8192, gram_dtype=None)``
+``GeometryAccumulator(d, *, skip_nonfinite=False, chunk_rows=8192, gram_dtype=None, sample_rows=SD_SAMPLE_ROWS,
+sample_seed=0, row_start=0)``
     ``add(batch, *, source=None)``  (n, d) torch or numpy, any float dtype; rows are never kept.
     ``merge(other) -> self``, ``acc + other -> new``, ``copy()``.
     ``state_dict() -> dict[str, Tensor | int]``, ``GeometryAccumulator.from_state_dict(sd)``.
@@ -13,9 +14,12 @@ Public API
     Sign statistics (pooled over all n·d entries): ``pooled_mean`` m̄, ``pooled_mean_square`` s̄,
     ``fraction_nonzero`` q, ``negative_energy_fraction`` Σx₋²/Σx², ``magnitude_ratio`` r = E|a|²/E[a²]
     over the nonzero entries.
-    Second moment of the unit vectors (the non-degenerate sd of Â, the "uniformity of directions"):
-    ``unit_second_moment()`` C = mean of x̂x̂ᵀ; ``row_power_sums()``: with the row power sums
-    p_k = Σ_j x_j^k (k = 1, 2), Σ p_k, Σ p_k p_l and Σ x̂ p_k — what the sd of Â − A_null − bias needs.
+    Second moment of the unit vectors (the non-degenerate sd of Â, the "uniformity of directions"), from
+    ``sample``, a seeded uniform sample of ``sample_rows`` nonzero rows (bottom-k by global row index
+    row_start + i; exact while n_unit ≤ sample_rows, ``sample_exact``): ``unit_pair_sums(power_weights)``
+    (‖S‖², tr G², SᵀGS) of S = Σx̂, G = Σx̂x̂ᵀ and ``unit_second_moment()`` C = mean of x̂x̂ᵀ;
+    ``row_power_sums()``: with the row power sums p_k = Σ_j x_j^k (k = 1, 2), Σ p_k, Σ p_k p_l and Σ x̂ p_k —
+    what the sd of Â − A_null − bias needs. Parts of one stream merged later (ranks) pass their ``row_start``.
     Histograms (fixed, scale-free log₂ bins, mergeable): ``entry_histogram()`` of all entries (count and
     Σx per bin: the pooled marginal, for the finite-d bias of the sign-aware null) and
     ``row_norm_histogram()`` of ‖x‖ (count and Σ‖x‖² per bin: massive rows, median norm).
@@ -31,9 +35,9 @@ input) and converted to the centred scatter M₂ = Σ(x−c)(x−c)ᵀ − n(x̄
 accumulators are combined with Chan's parallel update
     M₂ = M₂ᵃ + M₂ᵇ + δδᵀ·nₐn_b/n,   μ = μₐ + δ·n_b/n,   δ = μ_b − μₐ,
 so the mean never cancels against the spread. Every other sum over rows (Σx, the norms, Σx̂, the row power sums,
-Σx̂p_k) is taken in float64 from a float64 copy of the chunk, and Σx̂x̂ᵀ leaves only x̂'s part orthogonal to the
-running unit mean to the compute dtype (see ``_add_unit_moments``): the null test's sd, a small difference of
-these sums when A is near 1, is then the same to ~1e-9 whatever the chunking or the split across ranks.
+Σx̂p_k) is taken in float64 from a float64 copy of the chunk; the sums of G are read off the row sample at the end
+(v = x̂ − m̂ in float64, centred on the exact m̂): the null test's sd, a small difference of these sums when A is
+near 1, does not depend on the chunking or the split across ranks (the sample is the same rows in the same order).
 """
 
 from __future__ import annotations
