@@ -3,31 +3,43 @@
 Same float32 rows (n × 768, in 8,192-row batches), one run, side by side:
   (a) textbook: numpy SVD of the full centred matrix + the unit-vector mean (holds all rows);
   (b) floor:    bare torch.matmul of each batch's gram (float32) accumulated in float64 — nothing else;
-  saegeo:       GeometryAccumulator.add over the batches + activation_geometry (the full report).
+  saegeo:       GeometryAccumulator.add over the batches (each part of it timed: its share is printed), then
+                activation_geometry (the read-out), and geometry_report on the same batches (activations only:
+                the accumulator, the cosine reservoir, the sample diagnostics, flags).
+The floor and saegeo run interleaved in one process, --rounds times; medians of CPU seconds (time.process_time,
+both threads) and of wall seconds are printed, the ratios in CPU seconds (the machine may be shared).
 Then peak memory (VmHWM of a fresh child process) of saegeo streaming n rows from a generator at two n.
 
     python benchmarks/geometry_bench.py            # n = 50,000 and memory at 200k / 1M  (≈ 2–3 min on 2 cores)
     python benchmarks/geometry_bench.py --full     # n = 200,000 as in the issue (the textbook SVD dominates)
-Targets (issue 2): ≥ 5× faster than (a); ≥ 60% of (b)'s throughput; memory growth from 200k to 1M ≈ 0.
+Targets (issue 26): accumulation ≥ 60 % of (b)'s throughput, the full report ≥ 50 %, ≥ 5× faster than (a);
+memory growth from 200k to 1M ≈ 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
+from collections import defaultdict
 
 import numpy as np
 import torch
 
 from saegeo.geometry.accumulate import GeometryAccumulator
 from saegeo.geometry.measures import activation_geometry
+from saegeo.report.report import ReportOptions, geometry_report
 
 D = 768
 BATCH = 8192
+# the accumulator's parts, timed by wrapping its methods (what is left of _add_chunk: the float64 copy, the norms,
+# the non-finite screen)
+PARTS = ("_add_centred_gram", "_row_sums", "_add_histograms", "_add_sample")
 
 
 def make_batches(n: int, seed: int = 0):
@@ -41,26 +53,70 @@ def make_batches(n: int, seed: int = 0):
         yield (z * scales + offset).contiguous()
 
 
-def run_floor(batches) -> float:
+class Clock:
+    """(CPU seconds, wall seconds) of a block."""
+
+    def __enter__(self):
+        self.cpu0, self.wall0 = time.process_time(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.cpu, self.wall = time.process_time() - self.cpu0, time.perf_counter() - self.wall0
+
+
+def run_floor(batches) -> Clock:
     gram = torch.zeros(D, D, dtype=torch.float64)
-    t0 = time.perf_counter()
-    for b in batches:
-        gram += torch.matmul(b.T, b).to(torch.float64)
-    return time.perf_counter() - t0
+    with Clock() as c:
+        for b in batches:
+            gram += torch.matmul(b.T, b).to(torch.float64)
+    return c
 
 
-def run_saegeo(batches):
-    t0 = time.perf_counter()
-    acc = GeometryAccumulator(D)
-    for b in batches:
-        acc.add(b)
-    t_acc = time.perf_counter() - t0
-    geo = activation_geometry(acc)
-    return t_acc, time.perf_counter() - t0, geo
+def timed_parts(shares: dict[str, float]):
+    """Wrap the accumulator's part methods so that their CPU seconds add up in ``shares``; returns an undo."""
+    originals = {
+        name: getattr(GeometryAccumulator, name)
+        for name in PARTS + ("_add_chunk",)
+        if hasattr(GeometryAccumulator, name)
+    }
+
+    def wrap(name, fn):
+        def timed(self, *args, **kwargs):
+            t0 = time.process_time()
+            try:
+                return fn(self, *args, **kwargs)
+            finally:
+                shares[name] += time.process_time() - t0
+
+        return timed
+
+    for name, fn in originals.items():
+        setattr(GeometryAccumulator, name, wrap(name, fn))
+    return lambda: [setattr(GeometryAccumulator, k, v) for k, v in originals.items()]
+
+
+def run_saegeo(batches, shares: dict[str, float] | None = None):
+    undo = timed_parts(shares) if shares is not None else None
+    try:
+        with Clock() as c_acc:
+            acc = GeometryAccumulator(D)
+            for b in batches:
+                acc.add(b)
+    finally:
+        if undo:
+            undo()
+    with Clock() as c_read:
+        geo = activation_geometry(acc)
+    return c_acc, c_read, geo
+
+
+def run_report(batches) -> Clock:
+    with Clock() as c:
+        geometry_report(iter(batches), options=ReportOptions(progress=False, artifact_components=0))
+    return c
 
 
 def run_textbook(batches):
-    t0 = time.perf_counter()
     x = np.concatenate([b.numpy() for b in batches])
     xc = x - x.mean(axis=0)
     s = np.linalg.svd(xc, full_matrices=False, compute_uv=False)
@@ -68,7 +124,7 @@ def run_textbook(batches):
     unit_mean = (x / np.linalg.norm(x, axis=1, keepdims=True)).mean(axis=0)
     n = len(x)
     a = (n * float(unit_mean @ unit_mean) - 1) / (n - 1)
-    return time.perf_counter() - t0, eig, a
+    return eig, a
 
 
 def _peak_rss_mib() -> float:
@@ -143,7 +199,7 @@ def main() -> None:
     )
     ap.add_argument("--memory-sizes", default="200000,1000000", help="n values for the memory check")
     ap.add_argument("--skip-textbook", action="store_true")
-    ap.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds; the best of each is reported")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds; medians are reported")
     ap.add_argument("--memory-child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument(
         "--entry-histogram-cost", action="store_true", help="only the cost of the entry histogram's Σx² bincount"
@@ -156,32 +212,65 @@ def main() -> None:
         entry_histogram_cost(max(args.rounds, 5))
         return
     n = args.n or (200_000 if args.full else 50_000)
+    load = os.getloadavg()
     print(
         f"geometry benchmark: n = {n:,} × d = {D} float32 rows in {BATCH:,}-row batches, "
-        f"torch threads = {torch.get_num_threads()}, best of {args.rounds} interleaved rounds"
+        f"torch threads = {torch.get_num_threads()}, median of {args.rounds} interleaved rounds; "
+        f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
     )
     batches = list(make_batches(n))
 
-    # Interleaved rounds, best of each: the machine is shared, and the minimum is the least disturbed run.
-    floors, accs, totals = [], [], []
-    for _ in range(args.rounds):
-        floors.append(run_floor(batches))
-        t_acc, t_total, geo = run_saegeo(batches)
-        accs.append(t_acc)
-        totals.append(t_total)
-    t_floor, t_acc, t_total = min(floors), min(accs), min(totals)
+    # Interleaved rounds: the machine may be shared; CPU seconds and medians are the least disturbed measures.
+    rows = defaultdict(list)
+    shares: dict[str, float] = defaultdict(float)
+    for i in range(args.rounds):
+        rows["floor"].append(run_floor(batches))
+        c_acc, c_read, geo = run_saegeo(batches, shares if i == 0 else None)
+        rows["acc"].append(c_acc)
+        rows["read"].append(c_read)
+        rows["report"].append(run_report(batches))
+    med = {k: (statistics.median(c.cpu for c in v), statistics.median(c.wall for c in v)) for k, v in rows.items()}
+    floor_cpu, floor_wall = med["floor"]
     gflops = 2 * n * D * D / 1e9
-    print(f"(b) bare float32 gram, float64 sum : {t_floor:7.2f} s  ({gflops / t_floor:5.1f} GFLOP/s)")
+    print(f"{'':36s}  CPU s   wall s")
     print(
-        f"saegeo accumulate                  : {t_acc:7.2f} s  -> {t_floor / t_acc:.0%} of (b)'s throughput (target ≥ 60%)"
+        f"(b) bare float32 gram, float64 sum : {floor_cpu:6.2f}  {floor_wall:6.2f}  ({gflops / floor_cpu:5.1f} GFLOP/CPU-s)"
     )
-    print(f"saegeo accumulate + full report    : {t_total:7.2f} s  -> {t_floor / t_total:.0%} of (b)'s throughput")
+    acc_cpu, acc_wall = med["acc"]
+    total_cpu, total_wall = acc_cpu + med["read"][0], acc_wall + med["read"][1]
+    print(
+        f"saegeo accumulate                  : {acc_cpu:6.2f}  {acc_wall:6.2f}  -> {floor_cpu / acc_cpu:.0%} of (b)'s "
+        f"throughput in CPU s ({floor_wall / acc_wall:.0%} wall; target ≥ 60%)"
+    )
+    print(
+        f"saegeo accumulate + read-out       : {total_cpu:6.2f}  {total_wall:6.2f}  -> {floor_cpu / total_cpu:.0%} "
+        f"({floor_wall / total_wall:.0%} wall)"
+    )
+    rep_cpu, rep_wall = med["report"]
+    print(
+        f"geometry_report (activations only) : {rep_cpu:6.2f}  {rep_wall:6.2f}  -> {floor_cpu / rep_cpu:.0%} "
+        f"({floor_wall / rep_wall:.0%} wall; target ≥ 50%)"
+    )
+    total_parts = shares.pop("_add_chunk")
+    print(f"shares of the accumulation's CPU time (round 1, {total_parts:.2f} CPU s in its chunks):")
+    labels = {
+        "_add_centred_gram": "centred float32 gram + Chan update",
+        "_row_sums": "float64 row sums (Σx, Σx̂, p_k, Σx̂p_k)",
+        "_add_histograms": "entry + row-norm histograms (+ sign sums)",
+        "_add_sample": "seeded row sample (bottom-k)",
+    }
+    for name in [p for p in PARTS if p in shares]:
+        print(f"    {labels[name]:<42s} {shares[name] / total_parts:6.1%}  ({shares[name]:.2f} s)")
+    rest = total_parts - sum(shares.values())
+    print(f"    {'float64 copy, norms, screen (the rest)':<42s} {rest / total_parts:6.1%}  ({rest:.2f} s)")
     if not args.skip_textbook:
-        t_text, eig_text, a_text = run_textbook(batches)
+        with Clock() as c_text:
+            eig_text, a_text = run_textbook(batches)
         lam = np.array(geo.eigenvalues)
         rel = np.abs(lam - eig_text).max() / eig_text.max()
         print(
-            f"(a) textbook numpy SVD + unit mean : {t_text:7.2f} s  -> saegeo is {t_text / t_total:.1f}× faster (target ≥ 5×)"
+            f"(a) textbook numpy SVD + unit mean : {c_text.cpu:6.2f}  {c_text.wall:6.2f}  -> the report is "
+            f"{c_text.cpu / rep_cpu:.1f}× faster in CPU s ({c_text.wall / rep_wall:.1f}× wall; target ≥ 5×)"
         )
         print(f"    agreement: max |Δλ|/λ_max = {rel:.1e}, |ΔA| = {abs(a_text - geo.anisotropy):.1e}")
     del batches

@@ -181,6 +181,9 @@ def main() -> None:
         f"SAE FVE {r_gpu.saes[0].fve:.4f}; max |{gpu} − cpu| {diff:.1e}; {r_gpu.seconds:.1f} s on {gpu}",
     )
 
+    # 3b. the GeometryAccumulator alone on the device against the CPU, past its row sample (the sampled sd path)
+    ok &= check_accumulator(gpu, dry)
+
     # 4. the SAE spliced into the model on the device (saegeo eval) against the CPU
     from saegeo.sae.model import SAE
     from saegeo.sae.splice import EvalConfig, splice_eval_many
@@ -237,6 +240,45 @@ def main() -> None:
     )
     print("ALL PASS" if ok else "SOME CHECKS FAILED", flush=True)
     sys.exit(0 if ok else 1)
+
+
+def check_accumulator(gpu: str, dry: bool) -> bool:
+    """GeometryAccumulator + activation_geometry with the batches on ``gpu`` and on the CPU: n rows past the
+    seeded row sample (so the null test's sd takes the sampled path), the same rows in the same batches. The exact
+    read-outs agree to float32 rounding of the grams (tolerance 1e-4 relative), the sampled sd to the same (the
+    sample is the same rows, by global row index), and the time of each side is printed."""
+    from saegeo.geometry.accumulate import GeometryAccumulator
+    from saegeo.geometry.measures import activation_geometry
+
+    n, d, sample = (6_000, 64, 1_024) if dry else (400_000, 768, 8_192)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(n, d, generator=gen) * torch.logspace(0.5, -1, d) + torch.randn(d, generator=gen) * 0.5
+    out, secs = {}, {}
+    for side, dev in (("cpu", "cpu"), ("gpu", gpu)):
+        batches = [b.to(dev) for b in x.split(8_192)]
+        if dev != "cpu":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        acc = GeometryAccumulator(d, sample_rows=sample)
+        for b in batches:
+            acc.add(b)
+        if dev != "cpu":
+            torch.cuda.synchronize()
+        secs[side] = time.perf_counter() - t0
+        out[side] = activation_geometry(acc.to("cpu"))
+    a, b = out["cpu"], out["gpu"]
+    rel = max(
+        abs(a.anisotropy - b.anisotropy) / abs(a.anisotropy),
+        abs(a.null_sd - b.null_sd) / a.null_sd,
+        max(abs(u - v) for u, v in zip(a.eigenvalues, b.eigenvalues)) / a.eigenvalues[0],
+    )
+    return check(
+        "accum",
+        rel < 1e-4,
+        f"{n:,} x {d} rows, sample {sample:,}: A {b.anisotropy:.5f}, null_sd {b.null_sd:.3e}; max relative "
+        f"|{gpu} − cpu| over A, null_sd, λ {rel:.1e} (tolerance 1e-4); accumulate {secs['gpu']:.2f} s on {gpu} "
+        f"vs {secs['cpu']:.2f} s on the CPU",
+    )
 
 
 def torchrun_worker(store: str, gpu: str, dry: bool) -> None:

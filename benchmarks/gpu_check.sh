@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU checks in under 10 minutes, one line each: cache GPU vs CPU, TopK training tokens/s GPU vs CPU, a report on
-# the GPU, saegeo eval on the GPU vs CPU, torchrun --nproc_per_node 1 with NCCL (benchmarks/gpu_check.py does the work),
-# then the width-262k dictionary check on the GPU (benchmarks/gpu_width_check.py).
+# the GPU, the GeometryAccumulator past its row sample on the GPU vs CPU, saegeo eval on the GPU vs CPU,
+# torchrun --nproc_per_node 1 with NCCL (benchmarks/gpu_check.py does the work), then the width-262k dictionary
+# check on the GPU (benchmarks/gpu_width_check.py).
 #
 #   benchmarks/gpu_check.sh --prepare      here, with pip and the project venv: fill artifacts/gpu_carry/ with
 #                                          the pure-Python wheels the GPU machine lacks and MiniLM's tokenizer

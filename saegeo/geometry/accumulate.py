@@ -2,7 +2,8 @@
 
 Public API
 ----------
-``GeometryAccumulator(d, *, skip_nonfinite=False, chunk_rows=8192, gram_dtype=None)``
+``GeometryAccumulator(d, *, skip_nonfinite=False, chunk_rows=8192, gram_dtype=None, sample_rows=SD_SAMPLE_ROWS,
+sample_seed=0, row_start=0)``
     ``add(batch, *, source=None)``  (n, d) torch or numpy, any float dtype; rows are never kept.
     ``merge(other) -> self``, ``acc + other -> new``, ``copy()``.
     ``state_dict() -> dict[str, Tensor | int]``, ``GeometryAccumulator.from_state_dict(sd)``.
@@ -13,9 +14,12 @@ Public API
     Sign statistics (pooled over all n·d entries): ``pooled_mean`` m̄, ``pooled_mean_square`` s̄,
     ``fraction_nonzero`` q, ``negative_energy_fraction`` Σx₋²/Σx², ``magnitude_ratio`` r = E|a|²/E[a²]
     over the nonzero entries.
-    Second moment of the unit vectors (the non-degenerate sd of Â, the "uniformity of directions"):
-    ``unit_second_moment()`` C = mean of x̂x̂ᵀ; ``row_power_sums()``: with the row power sums
-    p_k = Σ_j x_j^k (k = 1, 2), Σ p_k, Σ p_k p_l and Σ x̂ p_k — what the sd of Â − A_null − bias needs.
+    Second moment of the unit vectors (the non-degenerate sd of Â, the "uniformity of directions"), from
+    ``sample``, a seeded uniform sample of ``sample_rows`` nonzero rows (bottom-k by global row index
+    row_start + i; exact while n_unit ≤ sample_rows, ``sample_exact``): ``unit_pair_sums(power_weights)``
+    (‖S‖², tr G², SᵀGS) of S = Σx̂, G = Σx̂x̂ᵀ and ``unit_second_moment()`` C = mean of x̂x̂ᵀ;
+    ``row_power_sums()``: with the row power sums p_k = Σ_j x_j^k (k = 1, 2), Σ p_k, Σ p_k p_l and Σ x̂ p_k —
+    what the sd of Â − A_null − bias needs. Parts of one stream merged later (ranks) pass their ``row_start``.
     Histograms (fixed, scale-free log₂ bins, mergeable): ``entry_histogram()`` of all entries (count and
     Σx per bin: the pooled marginal, for the finite-d bias of the sign-aware null) and
     ``row_norm_histogram()`` of ‖x‖ (count and Σ‖x‖² per bin: massive rows, median norm).
@@ -31,9 +35,9 @@ input) and converted to the centred scatter M₂ = Σ(x−c)(x−c)ᵀ − n(x̄
 accumulators are combined with Chan's parallel update
     M₂ = M₂ᵃ + M₂ᵇ + δδᵀ·nₐn_b/n,   μ = μₐ + δ·n_b/n,   δ = μ_b − μₐ,
 so the mean never cancels against the spread. Every other sum over rows (Σx, the norms, Σx̂, the row power sums,
-Σx̂p_k) is taken in float64 from a float64 copy of the chunk, and Σx̂x̂ᵀ leaves only x̂'s part orthogonal to the
-running unit mean to the compute dtype (see ``_add_unit_moments``): the null test's sd, a small difference of
-these sums when A is near 1, is then the same to ~1e-9 whatever the chunking or the split across ranks.
+Σx̂p_k) is taken in float64 from a float64 copy of the chunk; the sums of G are read off the row sample at the end
+(v = x̂ − m̂ in float64, centred on the exact m̂): the null test's sd, a small difference of these sums when A is
+near 1, does not depend on the chunking or the split across ranks (the sample is the same rows in the same order).
 """
 
 from __future__ import annotations
@@ -47,13 +51,17 @@ from jaxtyping import Float
 from torch import Tensor
 
 from saegeo.errors import BadInputError
+from saegeo.geometry.sample import RowReservoir
 
-STATE_VERSION = 3  # 2: + unit second moment, null-influence sums, entry and row-norm histograms; 3: + Σx² per entry bin
+# 2: + unit second moment, null-influence sums, entry and row-norm histograms; 3: + Σx² per entry bin;
+# 4: the full Σx̂x̂ᵀ replaced by a seeded sample of SD_SAMPLE_ROWS rows (what feeds only the sd of Â)
+STATE_VERSION = 4
+SD_SAMPLE_ROWS = 8192  # rows of the seeded sample behind the unit-vector second moment (docs/statistics.md)
 _INT_KEYS = ("version", "d", "n", "n_zero", "n_nonfinite_skipped", "n_batches", "n_rows_seen", "n_nonzero_entries")
+_SAMPLE_KEYS = ("sample_k", "sample_seed", "sample_seen", "sample_rows", "sample_priority")
 _TENSOR_KEYS = ("mean", "scatter", "unit_sum", "norm_sum", "sq_sum", "abs_sum", "neg_sq_sum", "gram_eps")
 # sums added in version 2 (all plain sums: merged by addition)
 _SUM_KEYS = (
-    "unit_outer",
     "row_power_sum",
     "row_power_outer",
     "unit_by_row_power",
@@ -109,23 +117,26 @@ def _key_table(dtype: torch.dtype, device: torch.device) -> Tensor:
 
 
 def entry_bin_sums(
-    flat: Float[Tensor, " m"], flat64: Float[Tensor, " m"] | None = None
+    flat: Float[Tensor, " m"], flat64: Float[Tensor, " m"] | None = None, sq64: Float[Tensor, " m"] | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(count, Σx, Σx²) per signed log₂ bin (N_ENTRY_BINS, float64) of a float32 / float64 vector of finite
     entries. Σx² lets the finite-d bias see each bin's spread, not only its centroid (``entry_marginal``).
-    ``flat64``: the same entries already in float64 (the accumulator's copy), so they are not converted again."""
+    ``flat64``, ``sq64``: the same entries and their squares already in float64 (the accumulator's), so they are
+    not formed again. One bincount of the bit keys for the counts, two scatter-adds of the float64 values and
+    squares over the keys, then the key → bin table."""
     int_dtype, exp_bits, mantissa_bits = _INT_VIEW[flat.dtype]
-    keys = (flat.contiguous().view(int_dtype) >> (mantissa_bits - 4)) & (2 ** (exp_bits + 5) - 1)
     n_keys = 2 ** (exp_bits + 5)
+    keys = ((flat.contiguous().view(int_dtype) >> (mantissa_bits - 4)) & (n_keys - 1)).to(torch.int64)
     table = _key_table(flat.dtype, flat.device)
-    count = torch.zeros(N_ENTRY_BINS, dtype=torch.float64, device=flat.device)
-    total = torch.zeros_like(count)
-    sq_total = torch.zeros_like(count)
     flat64 = flat.to(torch.float64) if flat64 is None else flat64
-    count.index_add_(0, table, torch.bincount(keys, minlength=n_keys).to(torch.float64))
-    total.index_add_(0, table, torch.bincount(keys, weights=flat64, minlength=n_keys))
-    sq_total.index_add_(0, table, torch.bincount(keys, weights=flat64 * flat64, minlength=n_keys))
-    return count, total, sq_total
+    sq64 = flat64 * flat64 if sq64 is None else sq64
+    by_key = torch.zeros(2, n_keys, dtype=torch.float64, device=flat.device)
+    by_key[0].scatter_add_(0, keys, flat64)
+    by_key[1].scatter_add_(0, keys, sq64)
+    out = torch.zeros(3, N_ENTRY_BINS, dtype=torch.float64, device=flat.device)
+    out[0].index_add_(0, table, torch.bincount(keys, minlength=n_keys).to(torch.float64))
+    out[1:].index_add_(1, table, by_key)
+    return out[0], out[1], out[2]
 
 
 def as_rows(batch: Any, d: int | None = None) -> Float[Tensor, "n d"]:
@@ -240,6 +251,9 @@ class GeometryAccumulator:
         skip_nonfinite: bool = False,
         chunk_rows: int = 8192,
         gram_dtype: torch.dtype | None = None,
+        sample_rows: int = SD_SAMPLE_ROWS,
+        sample_seed: int = 0,
+        row_start: int = 0,
     ):
         if int(d) < 1:
             raise BadInputError(f"d must be ≥ 1, got {d}")
@@ -266,7 +280,6 @@ class GeometryAccumulator:
             (), **f64
         )  # largest unit roundoff used in a gram (sets the numerical-rank tolerance)
         # version 2: the unit-vector second moment and the row sums of the null's influence function
-        self._unit_outer = torch.zeros(self.d, self.d, **f64)  # Σ x̂x̂ᵀ over nonzero rows
         self._row_power_sum = torch.zeros(N_ROW_POWERS, **f64)  # Σ_i p_k(i), p_k(i) = Σ_j x_ij^k, k = 1, 2
         self._row_power_outer = torch.zeros(N_ROW_POWERS, N_ROW_POWERS, **f64)  # Σ_i p_k(i) p_l(i)
         self._unit_by_row_power = torch.zeros(self.d, N_ROW_POWERS, **f64)  # Σ_i x̂_i p_k(i)
@@ -275,6 +288,10 @@ class GeometryAccumulator:
         self._entry_hist_sq_sum = torch.zeros(N_ENTRY_BINS, **f64)  # Σ x² per bin (spread within each bin)
         self._norm_hist_count = torch.zeros(N_NORM_BINS, **f64)  # rows per log₂ bin of ‖x‖
         self._norm_hist_sq_sum = torch.zeros(N_NORM_BINS, **f64)  # Σ ‖x‖² per bin
+        # version 4: a seeded uniform sample of the nonzero rows (bottom-k by global row index row_start + i) in
+        # place of the full Σx̂x̂ᵀ: what only the sd of Â needs (see unit_sample_sums)
+        self.sample = RowReservoir(sample_rows, self.d, sample_seed, start=row_start, dtype=torch.float32)
+        self._sample_cache: tuple | None = None  # (v·S, Σ‖v‖⁴, VᵀV) of the sample, until rows are added
 
     # ------------------------------------------------------------------ adding rows
     def add(self, batch: Any, *, source: str | None = None) -> GeometryAccumulator:
@@ -291,6 +308,7 @@ class GeometryAccumulator:
             self._add_chunk(x[start : start + self.chunk_rows], batch_index, row_offset, start, source)
         self.n_batches += 1
         self.n_rows_seen += x.shape[0]
+        self._sample_cache = None
         return self
 
     def _add_chunk(self, x: Tensor, batch_index: int, row_offset: int, start: int, source: str | None) -> None:
@@ -302,7 +320,9 @@ class GeometryAccumulator:
         # are taken from it (see _row_sums); a float32 sum over rows is what made the null test's sd depend on the
         # chunking.
         x64 = x.to(torch.float64)
-        sq_norms = torch.linalg.vector_norm(x64, dim=1).square()
+        keep, n_offered = None, x.shape[0]
+        x64sq = x64 * x64  # the squares: the norms and the histogram's Σx² per bin
+        sq_norms = x64sq.sum(dim=1)
         bad = ~torch.isfinite(sq_norms)
         if bad.any():
             nonfinite = ~torch.isfinite(x[bad]).all(dim=1)
@@ -319,17 +339,40 @@ class GeometryAccumulator:
                 keep = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
                 keep[bad_rows] = False
                 self.n_nonfinite_skipped += len(bad_rows)
-                x, x64, sq_norms = x[keep], x64[keep], sq_norms[keep]
+                x, x64, x64sq, sq_norms = x[keep], x64[keep], x64sq[keep], sq_norms[keep]
         if x.dtype != torch.float64 and x.shape[0] and float(sq_norms.max()) > torch.finfo(x.dtype).max:
             x = x64  # finite rows whose norm overflows the compute dtype: their grams in float64
         m = x.shape[0]
         if m == 0:
+            self.sample.seen += n_offered  # every row skipped: they still take their global indices
             return
         norms = sq_norms.sqrt()
         nonzero = norms > 0
-        row_sum, r, t, t_unit = self._row_sums(x, x64, sq_norms, norms, nonzero)
-        self._add_histograms(x, x64, sq_norms, norms, nonzero)  # before the float64 copy is freed: no second one
-        del x64
+        self._add_sample(x, nonzero, keep, n_offered)
+        row_sum = self._row_sums(x64, sq_norms, norms, nonzero)
+        self._add_histograms(x, x64, x64sq, sq_norms, norms, nonzero, row_sum)  # the float64 copy's last use
+        del x64, x64sq
+        self._add_centred_gram(x, row_sum)
+        self.n_zero += m - int(nonzero.sum())
+        self._norm_sum += norms.sum()
+        self._sq_sum += sq_norms.sum()
+
+    def _add_sample(self, x: Tensor, nonzero: Tensor, keep: Tensor | None, n_offered: int) -> None:
+        """Offer the chunk's nonzero rows to the seeded sample (global row indices: skipped rows take theirs)."""
+        if x.dtype == torch.float64 and self.sample.dtype != torch.float64:
+            self.sample.rows = self.sample.rows.to(torch.float64)  # float64 rows: the sample keeps their precision
+        if keep is None:
+            self.sample.add(x, nonzero)
+            return
+        eligible = torch.zeros(n_offered, dtype=torch.bool, device=x.device)
+        eligible[keep] = nonzero
+        full = torch.zeros(n_offered, x.shape[1], dtype=x.dtype, device=x.device)
+        full[keep] = x
+        self.sample.add(full, eligible)
+
+    def _add_centred_gram(self, x: Tensor, row_sum: Tensor) -> None:
+        """(n, μ, M₂) with the chunk: the gram of its rows shifted by c, then Chan's update."""
+        m = x.shape[0]
         # Shift by the running mean (the chunk's own mean for the first chunk), rounded to the compute dtype:
         # the gram then sees only the spread, whatever the size of the mean. Σ(x − c) is exact (c is a
         # compute-dtype number, Σx is float64): the gram is the one sum over rows left in the compute dtype.
@@ -351,72 +394,39 @@ class GeometryAccumulator:
         self._mean.add_(delta, alpha=m / n)
         self.n = n
 
-        self.n_zero += m - int(nonzero.sum())
-        self._norm_sum += norms.sum()
-        self._sq_sum += sq_norms.sum()
-        # sign statistics: Σ|x| = Σx − 2Σx₋ and Σx₋², from one clamped copy
-        negative = x.clamp(max=0)
-        neg_sum = float(negative.sum())
-        self._abs_sum += float(row_sum.sum()) - 2 * neg_sum
-        self._neg_sq_sum += float(torch.linalg.vector_norm(negative)) ** 2
-        del negative
-        self.n_nonzero_entries += int(torch.count_nonzero(x))
-        self._add_unit_gram(x, norms, nonzero, r, t, t_unit)
-
-    def _row_sums(
-        self, x: Tensor, x64: Tensor, sq_norms: Tensor, norms: Tensor, nonzero: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Add Σx̂, the row power sums Σp_k, Σp_kp_l and Σx̂p_k, and return (Σx, r, t, Σt·x̂): the O(m·d) sums, all in
-        float64, from two float64 products with the chunk.
+    def _row_sums(self, x64: Tensor, sq_norms: Tensor, norms: Tensor, nonzero: Tensor) -> Tensor:
+        """Add Σx̂, the row power sums Σp_k, Σp_kp_l and Σx̂p_k, and return Σx: the O(m·d) sums, all in float64,
+        from one float64 product with the chunk (and its row sums).
 
         Why float64: the null test's sd is a small difference of these sums (ζ₁ = mᵀCm − ‖m‖⁴ ≈ 3e-4 where
         ‖m‖⁴ ≈ 0.88 when A is near 1), and float32 sums over a chunk (relative error ~1e-7) moved it by ~1 % with
-        the chunk size. r is the reference direction of the unit gram (:meth:`_add_unit_gram`): the running
-        Σx̂, normalised (for the first chunk a compute-dtype estimate of its own: any r near the mean direction
-        serves, the decomposition is exact for every r); t = x̂·r per row.
+        the chunk size.
         """
         inv_norm = torch.where(nonzero, 1.0 / torch.where(nonzero, norms, 1.0), 0.0)  # zero rows: no direction
-        reference = self._unit_sum if bool(self._unit_sum.any()) else (inv_norm.to(x.dtype) @ x).to(torch.float64)
-        ref_norm = torch.linalg.vector_norm(reference)
-        r = reference / ref_norm if ref_norm > 0 else torch.zeros_like(reference)
-        by_row = x64 @ torch.stack([torch.ones_like(r), r], dim=1)  # (m, 2): p₁ = Σ_j x_j and x·r
-        p1, t = by_row[:, 0], by_row[:, 1] * inv_norm
-        weights = torch.stack([torch.ones_like(p1), inv_norm, inv_norm * p1, inv_norm * sq_norms, t * inv_norm])
-        col = weights @ x64  # (5, d): Σx, Σx̂, Σx̂p₁, Σx̂p₂, Σt·x̂
+        p1 = x64.sum(dim=1)
+        weights = torch.stack([torch.ones_like(p1), inv_norm, inv_norm * p1, inv_norm * sq_norms])
+        col = weights @ x64  # (4, d): Σx, Σx̂, Σx̂p₁, Σx̂p₂
         powers = torch.stack([p1, sq_norms], dim=1)
         self._row_power_sum += powers.sum(dim=0)
         self._row_power_outer += powers.T @ powers
         self._unit_sum += col[1]
         self._unit_by_row_power += col[2:4].T
-        return col[0], r, t, col[4]
+        return col[0]
 
-    def _add_unit_gram(self, x: Tensor, norms: Tensor, nonzero: Tensor, r: Tensor, t: Tensor, t_unit: Tensor) -> None:
-        """Add Σx̂x̂ᵀ with only the part of each x̂ orthogonal to r summed in the compute dtype:
-
-            x̂ = t·r + w,  t = x̂·r,  w ⊥ r,   Σx̂x̂ᵀ = Σwwᵀ + r(Σtw)ᵀ + (Σtw)rᵀ + (Σt²)·rrᵀ,
-
-        Σtw = Σt·x̂ − (Σt²)·r and Σt² in float64. The gram's rounding (≲ √m·ε·Σ|w_a w_b|, ‖w‖² ≈ 1 − A) is
-        projected onto r^⊥ (the exact Σwwᵀ has Σwwᵀr = 0), so it reaches ζ₁ ∝ SᵀGS (S = Σx̂) only through S's
-        part ⊥ r: scaled by sin²∠(S, r) on top of 1 − A. w itself is formed in the compute dtype: its rounding
-        (≲ ε·|x̂| per entry) enters the same way, through the projected gram only.
-        """
-        inv_norm = torch.where(nonzero, 1.0 / torch.where(nonzero, norms, 1.0), 0.0).to(x.dtype)
-        w = (x * inv_norm[:, None]).addr_(t.to(x.dtype), r.to(x.dtype), alpha=-1)
-        gram_w = (w.T @ w).to(torch.float64)
-        del w
-        along_r = gram_w @ r  # exactly 0 without rounding
-        gram_w.addr_(r, along_r, alpha=-1).addr_(along_r, r, alpha=-1).addr_(r, r, alpha=float(r @ along_r))
-        t_sq = t @ t
-        t_w = t_unit - t_sq * r
-        self._unit_outer += gram_w
-        self._unit_outer += torch.outer(r, t_w) + torch.outer(t_w, r) + t_sq * torch.outer(r, r)
-
-    def _add_histograms(self, x: Tensor, x64: Tensor, sq_norms: Tensor, norms: Tensor, nonzero: Tensor) -> None:
-        """The entry and row-norm histograms (fixed log₂ bins); ``x64`` is ``x`` in float64."""
-        count, total, sq_total = entry_bin_sums(x.reshape(-1), x64.reshape(-1))
+    def _add_histograms(
+        self, x: Tensor, x64: Tensor, x64sq: Tensor, sq_norms: Tensor, norms: Tensor, nonzero: Tensor, row_sum: Tensor
+    ) -> None:
+        """The entry and row-norm histograms (fixed log₂ bins) and the sign sums; ``x64`` is ``x`` in float64,
+        ``x64sq`` its squares. Σx₋ and Σx₋² are the negative bins' Σx and Σx² (the same float64 sums, grouped;
+        float32 subnormals below 2^−130 sit in the zero bin and are left out: |Σ| < 2^−130 per entry), Σ|x| =
+        Σx − 2Σx₋."""
+        count, total, sq_total = entry_bin_sums(x.reshape(-1), x64.reshape(-1), x64sq.reshape(-1))
         self._entry_hist_count += count
         self._entry_hist_sum += total
         self._entry_hist_sq_sum += sq_total
+        self._abs_sum += float(row_sum.sum()) - 2 * float(total[:_N_MAG_BINS].sum())
+        self._neg_sq_sum += sq_total[:_N_MAG_BINS].sum()
+        self.n_nonzero_entries += int(torch.count_nonzero(x))
         norm_bins = torch.where(nonzero, 1 + log2_bin(torch.where(nonzero, norms, 1.0)), 0)
         self._norm_hist_count += torch.bincount(norm_bins, minlength=N_NORM_BINS).to(torch.float64)
         self._norm_hist_sq_sum.index_add_(0, norm_bins, sq_norms)
@@ -447,6 +457,13 @@ class GeometryAccumulator:
         ):
             getattr(self, name).add_(getattr(other, name).to(self._mean.device))
         self._gram_eps = torch.maximum(self._gram_eps, other._gram_eps.to(self._mean.device))
+        if (other.sample.k, other.sample.seed) != (self.sample.k, self.sample.seed):
+            raise BadInputError(
+                f"cannot merge accumulators with different row samples (k = {self.sample.k}, seed = "
+                f"{self.sample.seed} and k = {other.sample.k}, seed = {other.sample.seed})"
+            )
+        self.sample.merge(other.sample)
+        self._sample_cache = None
         return self
 
     def __add__(self, other: GeometryAccumulator) -> GeometryAccumulator:
@@ -461,6 +478,13 @@ class GeometryAccumulator:
         sd["version"] = STATE_VERSION
         for k in _TENSOR_KEYS + _SUM_KEYS:
             sd[k] = getattr(self, "_" + k).detach().clone()
+        sd.update(
+            sample_k=self.sample.k,
+            sample_seed=self.sample.seed,
+            sample_seen=self.sample.seen,
+            sample_rows=self.sample.rows.clone(),
+            sample_priority=torch.from_numpy(self.sample.priority.view(np.int64).copy()),  # uint64 bits
+        )
         return sd
 
     @classmethod
@@ -472,7 +496,7 @@ class GeometryAccumulator:
                 f"accumulator state version {version} is not supported (expected {STATE_VERSION}; version 1 lacks "
                 "the unit-vector second moment and the histograms): re-accumulate the rows"
             )
-        missing = [k for k in _INT_KEYS + _TENSOR_KEYS + _SUM_KEYS if k not in sd and k != "version"]
+        missing = [k for k in _INT_KEYS + _TENSOR_KEYS + _SUM_KEYS + _SAMPLE_KEYS if k not in sd and k != "version"]
         if missing:
             raise BadInputError(f"accumulator state dict lacks {missing}")
         acc = cls(int(sd["d"]), **kwargs)
@@ -485,6 +509,17 @@ class GeometryAccumulator:
             if t.shape != expected:
                 raise BadInputError(f"accumulator state '{k}' has shape {tuple(t.shape)}, expected {tuple(expected)}")
             setattr(acc, "_" + k, t)
+        rows = torch.as_tensor(sd["sample_rows"])
+        acc.sample = RowReservoir.from_state_dict(
+            {
+                "k": int(sd["sample_k"]),
+                "d": acc.d,
+                "seed": int(sd["sample_seed"]),
+                "seen": int(sd["sample_seen"]),
+                "rows": rows if rows.dtype == torch.float64 else rows.to(torch.float32),
+                "priority": torch.as_tensor(sd["sample_priority"]).to(torch.int64).numpy().view(np.uint64),
+            }
+        )
         return acc
 
     def to(self, device: torch.device | str) -> GeometryAccumulator:
@@ -577,14 +612,79 @@ class GeometryAccumulator:
         return mean_abs**2 / (float(self._sq_sum) / self.n_nonzero_entries)
 
     # unit-vector second moment and the null's influence sums (version 2)
+    @property
+    def sample_exact(self) -> bool:
+        """True when the row sample holds every nonzero row (n_unit ≤ its k): the unit-vector sums are exact."""
+        return self.sample.rows.shape[0] >= self.n_unit
+
+    def _unit_sample(self) -> tuple[Tensor, Tensor, float, Tensor]:
+        """(v_i·S, p_k(i) per sampled row, Σ‖v_i‖⁴, VᵀV), v_i = x̂_i − m̂ over the sampled rows, m̂ = S/n the exact
+        unit mean, p_k = Σ_j x_j^k (k = 1, 2).
+
+        float64 throughout when the sample is every row (exact); VᵀV from a float32 gram of the centred v
+        otherwise (its rounding, ≲ √k·2⁻²⁴ relative, is far below the sampling error it sits beside)."""
+        if self._sample_cache is None:
+            rows = self.sample.rows.to(torch.float64)
+            unit = rows / torch.linalg.vector_norm(rows, dim=1, keepdim=True)
+            v = unit - self._unit_sum.cpu() / self.n_unit
+            v_dot_s = v @ self._unit_sum.cpu()
+            powers = torch.stack([rows.sum(dim=1), rows.square().sum(dim=1)], dim=1)
+            fourth = float(torch.linalg.vector_norm(v, dim=1).pow(4).sum())
+            if self.sample_exact:
+                gram = v.T @ v
+            else:
+                v32 = v.to(torch.float32)
+                gram = (v32.T @ v32).to(torch.float64)
+            self._sample_cache = (v_dot_s, powers, fourth, (gram + gram.T) / 2)
+        return self._sample_cache
+
+    def unit_pair_sums(self, power_weights: Tensor | None = None) -> tuple[float, float, float]:
+        """(‖S‖², tr G², SᵀGS) of S = Σx̂_i, G = Σx̂_ix̂_iᵀ over the n nonzero rows: ‖S‖² exact, the two sums
+        of G exact when the sample holds every row, else design-unbiased from the k sampled rows (a simple random
+        sample without replacement) with S, m̂ = S/n and the row power sums exact. With v_i = x̂_i − m̂
+        (Σ_all v_i = 0) and h̃_i = v_i·S,
+
+            SᵀGS  = ‖S‖⁴/n + Σ_all h̃_i²,
+            tr G² = ‖S‖⁴/n² + (2/n)·Σ_all h̃_i² + Σ_all ‖v_i‖⁴ + Σ_{i≠j} (v_i·v_j)²;
+
+        Σ_all f_i is estimated by (n/k)·Σ_sample f_i and Σ_{i≠j} by n(n−1)/(k(k−1))·Σ_{i≠j in sample}. For
+        Σ_all h̃_i², ``power_weights`` w (2,) makes it a regression estimator: with ℓ̃_i = h̃_i + wᵀ(p(i) − p̄),
+            Σ_all h̃² = Σ_all ℓ̃² − 2wᵀ(Σ_all h̃_i p(i)) − wᵀM_p w,   Σ_all h̃_i p_k(i) = S·U_k − (‖S‖²/n)·P_k,
+        U_k = Σ x̂_i p_k(i), P_k = Σ p_k(i), M_p = Σ_all (p − p̄)(p − p̄)ᵀ all exact, only Σ_all ℓ̃² sampled: the null
+        test passes the w of its influence function, so what is sampled is the variance it reports, not a larger
+        term it cancels against (docs/statistics.md bounds the error)."""
+        if self.n_unit < 1:
+            raise BadInputError(f"the unit-vector sums need a nonzero row; all {self.n} row(s) have zero norm")
+        n, k = self.n_unit, self.sample.rows.shape[0]
+        unit_sum = self._unit_sum.cpu()
+        s_sq = float(unit_sum @ unit_sum)
+        v_dot_s, powers, fourth, gram = self._unit_sample()
+        scale = n / k
+        if power_weights is None or self.sample_exact:
+            along = scale * float(v_dot_s @ v_dot_s)  # Σ_all h̃²
+        else:
+            w = torch.as_tensor(power_weights, dtype=torch.float64).cpu()
+            p_sum, p_outer = self._row_power_sum.cpu(), self._row_power_outer.cpu()
+            p_mean = p_sum / n
+            ell = v_dot_s + (powers - p_mean) @ w
+            h_by_p = unit_sum @ self._unit_by_row_power.cpu() - (s_sq / n) * p_sum
+            m_p = p_outer - torch.outer(p_sum, p_sum) / n
+            along = scale * float(ell @ ell) - 2 * float(w @ h_by_p) - float(w @ m_p @ w)
+        pairs = float((gram * gram).sum()) - fourth  # Σ_{i≠j in sample} (v_i·v_j)²
+        pair_scale = n * (n - 1) / (k * (k - 1)) if k > 1 else 0.0
+        sgs = s_sq**2 / n + along
+        tr_g2 = s_sq**2 / n**2 + 2 * along / n + scale * fourth + pair_scale * pairs
+        return s_sq, tr_g2, sgs
+
     def unit_second_moment(self) -> Float[Tensor, "d d"]:
-        """C = (1/n_unit) Σ x̂x̂ᵀ over the nonzero rows (tr C = 1); its spectrum is the uniformity of directions."""
+        """C = (1/n_unit) Σ x̂x̂ᵀ over the nonzero rows (tr C = 1); its spectrum is the uniformity of directions.
+        Exact when the sample holds every nonzero row, else m̂m̂ᵀ + (1/k)Σ_sample v_iv_iᵀ (design-unbiased, m̂ exact)."""
         if self.n_unit < 1:
             raise BadInputError(
                 f"the unit-vector second moment needs a nonzero row; all {self.n} row(s) have zero norm"
             )
-        c = self._unit_outer / self.n_unit
-        return (c + c.T) / 2
+        m = self._unit_sum.cpu() / self.n_unit
+        return torch.outer(m, m) + self._unit_sample()[3] / self.sample.rows.shape[0]
 
     def row_power_sums(self) -> tuple[Tensor, Tensor, Tensor]:
         """(Σ_i p_k, Σ_i p_k p_l, Σ_i x̂_i p_k) with p_k(i) = Σ_j x_ij^k, k = 1, 2 (columns/entries in k order);

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -138,19 +138,23 @@ class Spectrum:
     eigenvectors: Float[Tensor, "d d"]
 
 
-def _eigh(matrix: Float[Tensor, "d d"]) -> tuple[Tensor, Tensor]:
-    """torch.linalg.eigh, single-threaded on CPU.
+def _eigh(matrix: Float[Tensor, "d d"], vectors: bool = True) -> tuple[Tensor, Tensor | None]:
+    """torch.linalg.eigh (``vectors=False``: eigvalsh, the eigenvalues alone), single-threaded on CPU.
 
     The tridiagonalisation is a chain of small BLAS-2 steps; multithreaded LAPACK spin-waits between them,
     and on a busy machine that costs 10–50× (measured on 2 loaded cores: d = 768, 14 s with 2 threads and
     1.1 s with 1; d = 2304, 20–60 s against 1.2 s).
     """
+
+    def decompose() -> tuple[Tensor, Tensor | None]:
+        return torch.linalg.eigh(matrix) if vectors else (torch.linalg.eigvalsh(matrix), None)
+
     if matrix.device.type != "cpu":
-        return torch.linalg.eigh(matrix)
+        return decompose()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return torch.linalg.eigh(matrix)
+        return decompose()
     finally:
         torch.set_num_threads(threads)
 
@@ -269,13 +273,17 @@ class NullTestSums:
     unit_by_power: Float[Tensor, "d 2"]  # Σ_i x̂_i p_k(i)
     entry_weights: np.ndarray  # the marginal law of the nonzero rows' entries: weights …
     entry_values: np.ndarray  # … and values (two points per histogram bin: GeometryAccumulator.entry_marginal)
+    # (tr G², SᵀGS) given the weights w on p_k of L (h̃ units): a row-sampled accumulator's regression estimator
+    # (GeometryAccumulator.unit_pair_sums); None where the two forms above are exact
+    unit_forms_given_weights: Callable[[Tensor], tuple[float, float]] | None = None
 
 
 def null_test_sums(acc: GeometryAccumulator) -> NullTestSums:
     """The null test's sums from a streaming accumulator (the zero rows' entries taken out of the marginal)."""
     n = acc.n_unit
     total = acc.unit_mean * n
-    gram = acc.unit_second_moment() * n
+    # tr G², SᵀGS: exact up to SD_SAMPLE_ROWS nonzero rows, beyond from the accumulator's seeded row sample
+    _, tr_g2, sgs = acc.unit_pair_sums()
     power_sum, power_outer, unit_by_power = acc.row_power_sums()
     weights, values = (t.numpy().copy() for t in acc.entry_marginal())
     if acc.n_zero:  # the zero rows' entries are not part of the marginal A is measured on
@@ -284,13 +292,14 @@ def null_test_sums(acc: GeometryAccumulator) -> NullTestSums:
         n=n,
         d=acc.d,
         unit_sum=total,
-        unit_outer_sq_trace=float((gram * gram).sum()),
-        unit_sum_outer_form=float(total @ gram @ total),
+        unit_outer_sq_trace=tr_g2,
+        unit_sum_outer_form=sgs,
         power_sum=power_sum,
         power_outer=power_outer,
         unit_by_power=unit_by_power,
         entry_weights=weights,
         entry_values=values,
+        unit_forms_given_weights=None if acc.sample_exact else (lambda w: acc.unit_pair_sums(power_weights=w)[1:]),
     )
 
 
@@ -375,13 +384,6 @@ def null_test_from_sums(sums: NullTestSums, anisotropy: float, null: float) -> N
     n, d = sums.n, sums.d
     total = sums.unit_sum  # S = Σ x̂
     m = total / n
-    m_sq, tr_c2, mcm, m_4 = unit_moment_u_statistics_from_forms(
-        float(total @ total), sums.unit_outer_sq_trace, sums.unit_sum_outer_form, n
-    )
-    p_pairs = m_sq * n * (n - 1)  # Σ_{i≠j} x̂_i·x̂_j
-    n2, n3 = n * (n - 1), n * (n - 1) * (n - 2)
-    zeta1 = max(mcm - m_4, 0.0)  # Var(x̂·m)
-    zeta2 = max(tr_c2 - m_4, 0.0)  # Var(x̂·ŷ)
 
     # the pooled moments and their per-row contributions q_k
     power_sum, power_outer, unit_by_power = sums.power_sum, sums.power_outer, sums.unit_by_power
@@ -389,10 +391,6 @@ def null_test_from_sums(sums: NullTestSums, anisotropy: float, null: float) -> N
     mk = q_sum / n  # m₁..m₄
     cov_q = (power_outer / d**2 - n * torch.outer(mk, mk)) / max(n - 1, 1)
     r_dot_s = (unit_by_power / d).T @ total  # R_k·S, R_k = Σ x̂_i q_k(i)
-    if n >= 3:  # Cov(h, q_k) = E[(x̂·m)q_k] − ‖m‖²m_k, both unbiased
-        cov_hq = (r_dot_s - q_sum) / n2 - (p_pairs * q_sum - 2 * (r_dot_s - q_sum)) / n3
-    else:
-        cov_hq = r_dot_s / n**2 - m_sq * mk
     m1, m2 = (float(v) for v in mk)
 
     # the pooled marginal of the nonzero rows' entries, two points per histogram bin (each bin's Σx and Σx²)
@@ -421,6 +419,22 @@ def null_test_from_sums(sums: NullTestSums, anisotropy: float, null: float) -> N
         rel_bias, var_residual = 0.0, 0.0
         g = torch.zeros(2, dtype=torch.float64)
     bias = rel_bias * null
+
+    # tr G², SᵀGS: exact, or (a row-sampled accumulator) SᵀGS as a regression on the rows' q_k with L's own
+    # weights, so that what is sampled is Var(2h + gᵀq), not the 4ζ₁ it cancels against (h̃ = n(h − h̄):
+    # w = n·g/(2d) on p_k = d·q_k; docs/statistics.md)
+    tr_g2, sgs = sums.unit_outer_sq_trace, sums.unit_sum_outer_form
+    if sums.unit_forms_given_weights is not None:
+        tr_g2, sgs = sums.unit_forms_given_weights(g * (n / (2 * d)))
+    m_sq, tr_c2, mcm, m_4 = unit_moment_u_statistics_from_forms(float(total @ total), tr_g2, sgs, n)
+    p_pairs = m_sq * n * (n - 1)  # Σ_{i≠j} x̂_i·x̂_j
+    n2, n3 = n * (n - 1), n * (n - 1) * (n - 2)
+    zeta1 = max(mcm - m_4, 0.0)  # Var(x̂·m)
+    zeta2 = max(tr_c2 - m_4, 0.0)  # Var(x̂·ŷ)
+    if n >= 3:  # Cov(h, q_k) = E[(x̂·m)q_k] − ‖m‖²m_k, both unbiased
+        cov_hq = (r_dot_s - q_sum) / n2 - (p_pairs * q_sum - 2 * (r_dot_s - q_sum)) / n3
+    else:
+        cov_hq = r_dot_s / n**2 - m_sq * mk
 
     if m2 > 0:
         var_linear = 4 * zeta1 + float(g @ cov_q @ g) + 4 * float(g @ cov_hq) + var_residual
@@ -545,9 +559,8 @@ class ActivationGeometry:
     coordinate_rms: list[float] | None = None  # √S_jj = √E[x_j²] per coordinate
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe dict (floats, ints, lists, None, nested dicts)."""
-        out = asdict(self)
-        return json_safe(out)
+        """JSON-safe dict (floats, ints, lists, None, nested dicts); json_safe copies, so no deep copy first."""
+        return json_safe({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ActivationGeometry:
@@ -631,7 +644,7 @@ def activation_geometry(
         isotropic_z = (anisotropy - sign.null) / isotropic_sd
         tested = null_test(acc, anisotropy, sign.null)
     if n_unit >= 1:
-        unit_lam = _eigh(acc.unit_second_moment())[0].flip(0).clamp(min=0)
+        unit_lam = _eigh(acc.unit_second_moment(), vectors=False)[0].flip(0).clamp(min=0)
         unit_erank = effective_rank(unit_lam)
         unit_top1 = float(spectrum_shares(unit_lam)[0])
 

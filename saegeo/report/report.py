@@ -38,7 +38,6 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -63,6 +62,7 @@ from saegeo.geometry.amplification import (
 from saegeo.geometry.diagnosis import sample_diagnostics
 from saegeo.geometry.dictionary import dictionary_geometry
 from saegeo.geometry.measures import FieldDict, checked_geometry, fields_of
+from saegeo.geometry.sample import RowReservoir
 from saegeo.geometry.transforms import Whitening
 from saegeo.io import dump_json, json_safe
 from saegeo.report.flags import (
@@ -281,76 +281,6 @@ class GeometryReport:
 
 
 # =========================================================================== streaming helpers
-def _row_priority(seed: int, index: np.ndarray) -> np.ndarray:
-    """A fixed pseudo-random uint64 per (seed, global row index): splitmix64 of index·φ + splitmix64(seed)."""
-
-    def splitmix(z: np.ndarray) -> np.ndarray:
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
-
-    with np.errstate(over="ignore"):  # uint64 arithmetic wraps by design
-        salt = splitmix(np.array([seed % 2**64], dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15))
-        return splitmix(index.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + salt)
-
-
-class RowReservoir:
-    """Uniform sample of k rows from a stream, seeded; memory k·d.
-
-    Bottom-k sampling: keep the k rows with the smallest priority h(seed, global row index). A row's
-    priority depends only on its position in the stream, never on how the stream was cut, so partial
-    samples merge exactly: ranks that each stream part of a store (torch.distributed, ``start`` = the
-    global index of their first row) end with the single-process sample.
-    """
-
-    def __init__(self, k: int, d: int, seed: int, start: int = 0):
-        self.k, self.d, self.seed, self.seen = int(k), int(d), int(seed), int(start)
-        self.rows = torch.zeros(0, d, dtype=torch.float32)
-        self.priority = np.zeros(0, dtype=np.uint64)
-
-    def add(self, x: Tensor) -> None:
-        m = x.shape[0]
-        priority = _row_priority(self.seed, np.arange(self.seen, self.seen + m, dtype=np.uint64))
-        self.seen += m
-        if self.k == 0 or m == 0:
-            return
-        if len(self.priority) == self.k:  # full: only rows that beat the current k-th can enter
-            take = priority < self.priority[-1]
-            priority, x = priority[take], x[torch.from_numpy(take).to(x.device)]
-        self._keep(
-            np.concatenate([self.priority, priority]), torch.cat([self.rows, x.detach().to("cpu", torch.float32)])
-        )
-
-    def _keep(self, priority: np.ndarray, rows: Tensor) -> None:
-        order = np.argsort(priority, kind="stable")[: self.k]  # sorted: the k smallest, in priority order
-        self.priority, self.rows = priority[order], rows[torch.from_numpy(order)]
-
-    def merge(self, other: RowReservoir) -> RowReservoir:
-        """The sample of both streams together (their rows must have distinct global indices)."""
-        self._keep(np.concatenate([self.priority, other.priority]), torch.cat([self.rows, other.rows]))
-        self.seen = max(self.seen, other.seen)
-        return self
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "k": self.k,
-            "d": self.d,
-            "seed": self.seed,
-            "seen": self.seen,
-            "rows": self.rows,
-            "priority": self.priority,
-        }
-
-    @classmethod
-    def from_state_dict(cls, sd: Mapping[str, Any]) -> RowReservoir:
-        res = cls(sd["k"], sd["d"], sd["seed"], sd["seen"])
-        res.rows, res.priority = sd["rows"].clone(), np.asarray(sd["priority"], dtype=np.uint64).copy()
-        return res
-
-    def sample(self) -> Tensor:
-        return self.rows
-
-
 _Reservoir = RowReservoir  # the former private name (tests)
 
 
@@ -657,7 +587,7 @@ def geometry_report(
                 if x.shape[0] == 0:
                     continue  # every row of the first batch skipped as non-finite
                 d = int(x.shape[1])
-                acc = GeometryAccumulator(d)
+                acc = GeometryAccumulator(d, row_start=sample_start)
                 reservoir = RowReservoir(opts.cosine_sample_rows, d, opts.seed, start=sample_start)
                 for p in passes:
                     if p.d_in != d:
