@@ -108,7 +108,7 @@ def test_cli_geometry_reads_a_batch_pos_d_file(tmp_path):
         )
         assert res.returncode == 0, res.stderr
         out[name] = json.loads((tmp_path / f"{name}.json").read_text())
-    assert "15 rows x 4 dims" in res.stdout
+    assert "15 rows × 4 dims" in res.stdout
     a, b = out["cache.pt"], out["flat.npy"]
     assert a["anisotropy"] == pytest.approx(b["anisotropy"], rel=1e-12)
     bad = tmp_path / "bad.pt"
