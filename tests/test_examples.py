@@ -40,7 +40,7 @@ def test_example_a_caches_my_text_and_prints_its_geometry(quickstart):
     store = ActivationStore(cwd / "q" / "acts" / "blocks.3.hook_resid_post")
     assert (store.n_tokens, store.d) == (1024, 384)
     geometry = json.loads((cwd / "q" / "geometry.json").read_text())
-    assert "cached 1,024 new tokens" in printed and "1,024 rows x 384 dims" in printed
+    assert "cached 1,024 new tokens" in printed and "1,024 rows × 384 dims" in printed
     assert f"A = {geometry['anisotropy']:.4f}" in printed  # the printed summary is the written numbers
 
 

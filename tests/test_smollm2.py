@@ -281,7 +281,9 @@ def test_cli_eval_json(smol, corpus, tmp_path, monkeypatch, capsys):
     from saegeo.sae import splice
 
     sae_dir = random_topk().save(tmp_path / "sae", provenance={"data": {"model": smol.name, "hook": HOOK}})
-    monkeypatch.setattr(splice, "load_model", lambda spec: smol)  # the model is already loaded in this module
+    monkeypatch.setattr(
+        splice, "load_model", lambda spec, dtype=None: smol
+    )  # the model is already loaded in this module
     out = tmp_path / "eval.json"
     rc = cli.main(
         [

@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 DEFAULT_BLOCK_ROWS = 4096  # a 4096 × 4096 float32 tile of cosines is 64 MiB
+DICTIONARY_SAMPLE_ROWS = 1024  # the accumulator's row sample in dictionary_geometry (unused by what it reports)
 
 
 def _check_rows(rows: Tensor, what: str) -> None:
@@ -160,7 +161,10 @@ def dictionary_geometry(
     _check_rows(W_dec, "dictionary_geometry")
     norms = row_norms(W_dec, block_rows=block_rows)
     zero = (norms <= zero_rel_norm * float(norms.median())) | (norms == 0)
-    acc = GeometryAccumulator(W_dec.shape[1], gram_dtype=gram_dtype)
+    # A_dict and the spectrum come from the exact sums; the accumulator's row sample feeds only the null test's sd,
+    # which a dictionary does not report: a small one (8,192 float64 rows would cost 2-3 × 8,192·d·8 bytes at
+    # published widths while the sample sorts)
+    acc = GeometryAccumulator(W_dec.shape[1], gram_dtype=gram_dtype, sample_rows=DICTIONARY_SAMPLE_ROWS)
     for block in unit_row_blocks(W_dec, torch.where(zero, 0.0, norms), block_rows=block_rows, dtype=gram_dtype):
         acc.add(block)
     if acc.n < 1:
