@@ -176,3 +176,18 @@ def test_sign_null_ignores_zero_rows_like_the_anisotropy_does():
     assert null.null == pytest.approx(nonzero.mean() ** 2 / np.square(nonzero).mean(), rel=1e-9)
     assert null.null == pytest.approx(1 / np.pi, rel=0.03)
     assert null.fraction_nonzero == pytest.approx(np.count_nonzero(nonzero) / nonzero.size, rel=1e-9)
+
+
+def test_mp_shape_of_a_zero_bulk_is_a_number_not_nan():
+    """Low-rank data leave a bulk of zeros and a fitted σ² = 0: the MP law is then a point mass, its CDF a step
+    (not 0/0), and the KS distance a finite number that fails the shape test (no spike count is made on it)."""
+    import warnings
+
+    from saegeo.geometry.nulls import marchenko_pastur_cdf, mp_bulk_distance, mp_shape_threshold
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cdf = marchenko_pastur_cdf(np.array([-1.0, 0.0, 1.0]), 0.5, 0.0)
+        distance = mp_bulk_distance(np.zeros(20), 0.5, 0.0)
+    assert cdf.tolist() == [0.0, 1.0, 1.0]
+    assert distance == 1.0 and distance > mp_shape_threshold(20)

@@ -316,6 +316,8 @@ def marchenko_pastur_cdf(x: np.ndarray, gamma: float, sigma2: float = 1.0, n_nod
     t = centre + half * np.cos(theta)
     density = half**2 * np.sin(theta) ** 2 / np.maximum(t, 1e-300)
     cum = np.concatenate([[0.0], np.cumsum((density[1:] + density[:-1]) / 2 * np.abs(np.diff(theta)))])
+    if not cum[-1] > 0:  # σ² = 0 (a bulk of zeros, low-rank data): the law is a point mass at a = 0
+        return np.where(np.asarray(x, dtype=np.float64) >= a, 1.0, 0.0)
     return np.interp(np.asarray(x, dtype=np.float64), t, cum / cum[-1], left=0.0, right=1.0)
 
 
