@@ -139,6 +139,26 @@ def entry_bin_sums(
     return out[0], out[1], out[2]
 
 
+def entry_marginal_from_bins(
+    count: Float[Tensor, " bins"], total: Float[Tensor, " bins"], sq_total: Float[Tensor, " bins"]
+) -> tuple[Tensor, Tensor]:
+    """(weights, values) of the two-point law of ``GeometryAccumulator.entry_marginal`` from the per-bin
+    (count, Σx, Σx²) of :func:`entry_bin_sums` (N_ENTRY_BINS long, the zero bin in the middle): each occupied
+    bin becomes c ± s with half its count each (c = Σx/count, s² = Σx²/count − c²), one point c where s = 0;
+    the zero bin is the point 0."""
+    occupied = count > 0
+    n_bins = count[occupied]
+    centroid = total[occupied] / n_bins
+    spread = (sq_total[occupied] / n_bins - centroid.square()).clamp(min=0).sqrt()
+    zero = torch.nonzero(occupied).squeeze(1) == _N_MAG_BINS
+    centroid[zero], spread[zero] = 0.0, 0.0
+    spread = torch.where(torch.isfinite(spread) & (spread < centroid.abs()), spread, 0.0)  # rounding, overflow
+    single = spread == 0
+    weights = torch.cat([torch.where(single, n_bins, n_bins / 2), (n_bins / 2)[~single]])
+    values = torch.cat([centroid - spread, (centroid + spread)[~single]])
+    return weights, values
+
+
 def as_rows(batch: Any, d: int | None = None) -> Float[Tensor, "n d"]:
     """Return ``batch`` as a floating (n, d) CPU-or-device tensor without copying when possible.
 
@@ -708,17 +728,7 @@ class GeometryAccumulator:
         off it is exact to third order in the bin width (one point per bin, the centroid, loses the within-bin
         variance: ~0.2 % of the bias for ReLU at 1/16 octave). Zero rows' entries included, as in
         ``entry_histogram``."""
-        occupied = self._entry_hist_count > 0
-        count = self._entry_hist_count[occupied]
-        centroid = self._entry_hist_sum[occupied] / count
-        spread = (self._entry_hist_sq_sum[occupied] / count - centroid.square()).clamp(min=0).sqrt()
-        zero = torch.nonzero(occupied).squeeze(1) == _N_MAG_BINS
-        centroid[zero], spread[zero] = 0.0, 0.0
-        spread = torch.where(torch.isfinite(spread) & (spread < centroid.abs()), spread, 0.0)  # rounding, overflow
-        single = spread == 0
-        weights = torch.cat([torch.where(single, count, count / 2), (count / 2)[~single]])
-        values = torch.cat([centroid - spread, (centroid + spread)[~single]])
-        return weights, values
+        return entry_marginal_from_bins(self._entry_hist_count, self._entry_hist_sum, self._entry_hist_sq_sum)
 
     def row_norm_histogram(self) -> tuple[Tensor, Tensor, Tensor]:
         """(lower bin edge of ‖x‖, count, Σ‖x‖²) for each occupied row-norm bin, ascending (zero rows: edge 0)."""

@@ -45,11 +45,11 @@ from torch import Tensor
 
 from saegeo.errors import BadInputError
 from saegeo.geometry.accumulate import (
-    N_ENTRY_BINS,
     GeometryAccumulator,
     anisotropy_from_unit_mean,
     as_rows,
     entry_bin_sums,
+    entry_marginal_from_bins,
 )
 from saegeo.geometry.nulls import (
     MPBulk,
@@ -301,26 +301,6 @@ def null_test_sums(acc: GeometryAccumulator) -> NullTestSums:
         entry_values=values,
         unit_forms_given_weights=None if acc.sample_exact else (lambda w: acc.unit_pair_sums(power_weights=w)[1:]),
     )
-
-
-def entry_marginal_from_bins(
-    count: Float[Tensor, " bins"], total: Float[Tensor, " bins"], sq_total: Float[Tensor, " bins"]
-) -> tuple[Tensor, Tensor]:
-    """(weights, values) of the two-point law of :meth:`GeometryAccumulator.entry_marginal` from the per-bin
-    (count, Σx, Σx²) of :func:`entry_bin_sums` (N_ENTRY_BINS long, the zero bin in the middle): each occupied
-    bin becomes c ± s with half its count each (c = Σx/count, s² = Σx²/count − c²), one point c where s = 0;
-    the zero bin is the point 0."""
-    occupied = count > 0
-    n_bins = count[occupied]
-    centroid = total[occupied] / n_bins
-    spread = (sq_total[occupied] / n_bins - centroid.square()).clamp(min=0).sqrt()
-    zero = torch.nonzero(occupied).squeeze(1) == (N_ENTRY_BINS - 1) // 2
-    centroid[zero], spread[zero] = 0.0, 0.0
-    spread = torch.where(torch.isfinite(spread) & (spread < centroid.abs()), spread, 0.0)  # rounding, overflow
-    single = spread == 0
-    weights = torch.cat([torch.where(single, n_bins, n_bins / 2), (n_bins / 2)[~single]])
-    values = torch.cat([centroid - spread, (centroid + spread)[~single]])
-    return weights, values
 
 
 def null_test_sums_from_rows(rows: Float[Tensor, "n d"]) -> NullTestSums:
