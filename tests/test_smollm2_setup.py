@@ -7,6 +7,7 @@ import pytest
 
 from saegeo.activations import models
 from saegeo.errors import BadInputError
+from saegeo.io import sha256_file
 
 
 def test_missing_package_names_the_install_line(monkeypatch):
@@ -27,7 +28,7 @@ def gguf():
 def test_half_written_conversion_is_never_reused(gguf, monkeypatch, tmp_path):
     """A directory without the completion marker (e.g. config.json written, weights half) is converted anew."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    digest = models._sha256_file(gguf)[:16]
+    digest = sha256_file(gguf)[:16]
     partial = tmp_path / "saegeo" / f"smollm2-{digest}"
     partial.mkdir(parents=True)
     (partial / "config.json").write_text("{}")  # save_pretrained writes the config first
@@ -43,7 +44,7 @@ def test_half_written_conversion_is_never_reused(gguf, monkeypatch, tmp_path):
 
 def test_conversion_replaces_debris_and_is_then_reused(gguf, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    target = tmp_path / "saegeo" / f"smollm2-{models._sha256_file(gguf)[:16]}"
+    target = tmp_path / "saegeo" / f"smollm2-{sha256_file(gguf)[:16]}"
     target.mkdir(parents=True)
     (target / "config.json").write_text('{"half": true}')  # save_pretrained writes the config first
     (target / "model.safetensors").write_bytes(b"half")

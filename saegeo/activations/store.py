@@ -43,7 +43,7 @@ from torch import Tensor
 
 from saegeo.config import Dtype, parse_dtype
 from saegeo.errors import BadInputError, StoreError
-from saegeo.io import atomic_write, crash_point, json_safe
+from saegeo.io import atomic_write, crash_point, json_safe, sha256_file
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -161,14 +161,6 @@ def check_manifest(manifest: Any, mpath: Path) -> None:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _sha256_file(path: Path, chunk: int = 1 << 24) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _sha256_mapped(path: Path) -> str:
@@ -720,7 +712,7 @@ class ActivationStore:
                 problems.append(f"{where}: truncated ({size} of {info.bytes} bytes)")
             elif size > info.bytes:
                 problems.append(f"{where}: {size - info.bytes} extra bytes ({size}, expected {info.bytes})")
-            elif full and _sha256_file(fpath) != info.sha256:
+            elif full and sha256_file(fpath) != info.sha256:
                 problems.append(f"{where}: checksum mismatch (content changed or corrupt)")
             else:  # the rows the shard itself holds, from its header: a consistently edited manifest is caught
                 try:
