@@ -104,10 +104,14 @@ def json_safe(value: Any) -> Any:
     objects with ``to_dict()`` that dict, paths strings; NaN and ±inf become None (strict JSON has neither).
     Anything else is written as ``str(value)``.
     """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (list, tuple)):
+        if all(type(v) is float for v in value) and math.isfinite(sum(value)):  # a spectrum, say: as it is
+            return list(value)
+        return [json_safe(v) for v in value]
     if isinstance(value, Mapping):
         return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, (str, int, bool)) or value is None:

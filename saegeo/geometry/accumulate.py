@@ -43,6 +43,7 @@ near 1, does not depend on the chunking or the split across ranks (the sample is
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -51,11 +52,13 @@ from jaxtyping import Float
 from torch import Tensor
 
 from saegeo.errors import BadInputError
+from saegeo.geometry import fused
 from saegeo.geometry.sample import RowReservoir
 
 # 2: + unit second moment, null-influence sums, entry and row-norm histograms; 3: + Σx² per entry bin;
 # 4: the full Σx̂x̂ᵀ replaced by a seeded sample of SD_SAMPLE_ROWS rows (what feeds only the sd of Â)
 STATE_VERSION = 4
+_SAMPLE_BLOCK_ROWS = 256  # rows per block of the sample's read-out (float64 temporaries of 512·d stay in cache)
 SD_SAMPLE_ROWS = 8192  # rows of the seeded sample behind the unit-vector second moment (docs/statistics.md)
 _INT_KEYS = ("version", "d", "n", "n_zero", "n_nonfinite_skipped", "n_batches", "n_rows_seen", "n_nonzero_entries")
 _SAMPLE_KEYS = ("sample_k", "sample_seed", "sample_seen", "sample_rows", "sample_priority")
@@ -121,22 +124,81 @@ def entry_bin_sums(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(count, Σx, Σx²) per signed log₂ bin (N_ENTRY_BINS, float64) of a float32 / float64 vector of finite
     entries. Σx² lets the finite-d bias see each bin's spread, not only its centroid (``entry_marginal``).
-    ``flat64``, ``sq64``: the same entries and their squares already in float64 (the accumulator's), so they are
-    not formed again. One bincount of the bit keys for the counts, two scatter-adds of the float64 values and
-    squares over the keys, then the key → bin table."""
+    ``flat64``, ``sq64``: the same entries and their squares already in float64, so they are not formed again.
+    One bincount of the bit keys for the counts, two scatter-adds of the float64 values and squares over the
+    keys, then the key → bin table (:func:`bins_from_key_sums`)."""
     int_dtype, exp_bits, mantissa_bits = _INT_VIEW[flat.dtype]
     n_keys = 2 ** (exp_bits + 5)
     keys = ((flat.contiguous().view(int_dtype) >> (mantissa_bits - 4)) & (n_keys - 1)).to(torch.int64)
-    table = _key_table(flat.dtype, flat.device)
     flat64 = flat.to(torch.float64) if flat64 is None else flat64
     sq64 = flat64 * flat64 if sq64 is None else sq64
     by_key = torch.zeros(2, n_keys, dtype=torch.float64, device=flat.device)
     by_key[0].scatter_add_(0, keys, flat64)
     by_key[1].scatter_add_(0, keys, sq64)
-    out = torch.zeros(3, N_ENTRY_BINS, dtype=torch.float64, device=flat.device)
-    out[0].index_add_(0, table, torch.bincount(keys, minlength=n_keys).to(torch.float64))
-    out[1:].index_add_(1, table, by_key)
+    return bins_from_key_sums(torch.bincount(keys, minlength=n_keys), by_key[0], by_key[1], flat.dtype)
+
+
+def bins_from_key_sums(
+    key_count: Tensor, key_sum: Tensor, key_sq: Tensor, dtype: torch.dtype
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(count, Σx, Σx²) per signed log₂ bin (N_ENTRY_BINS, float64) from the same sums per IEEE bit key of
+    ``dtype`` (sign | exponent | top 4 mantissa bits; see ``_key_table``)."""
+    table = _key_table(dtype, key_sum.device)
+    out = torch.zeros(3, N_ENTRY_BINS, dtype=torch.float64, device=key_sum.device)
+    out[0].index_add_(0, table, key_count.to(torch.float64))
+    out[1].index_add_(0, table, key_sum)
+    out[2].index_add_(0, table, key_sq)
     return out[0], out[1], out[2]
+
+
+@dataclass
+class ChunkSums:
+    """Every O(m·d) sum of one chunk of rows x (m, d), in float64 unless said:
+    ``row_sq`` ‖x_i‖², ``row_p1`` p₁(i) = Σ_j x_ij (m,); ``unit_cols`` (4, d) = [Σx_i, Σx̂_i, Σx̂_i p₁(i),
+    Σx̂_i p₂(i)] (x̂ = x/‖x‖, zero rows add 0); ``entry_bins`` (count, Σx, Σx²) per signed log₂ entry bin;
+    ``n_nonzero`` #{x_ij ≠ 0}; ``centred`` x − shift in x's dtype when a shift was given, else None."""
+
+    row_sq: Tensor
+    row_p1: Tensor
+    unit_cols: Tensor
+    entry_bins: tuple[Tensor, Tensor, Tensor]
+    n_nonzero: int
+    centred: Tensor | None
+
+
+def chunk_sums(x: Float[Tensor, "m d"], shift: Float[Tensor, " d"] | None = None) -> ChunkSums:
+    """The :class:`ChunkSums` of a float32 / float64 chunk: on the CPU one fused compiled pass
+    (``saegeo.geometry.fused``), elsewhere (a GPU) the same sums as torch operations on a float64 copy.
+    Rows with a NaN or inf give a non-finite ``row_sq`` (their other sums are not to be used)."""
+    _, exp_bits, mantissa_bits = _INT_VIEW[x.dtype]
+    if x.device.type == "cpu" and fused.available():
+        row_sq, row_p1, cols, k_count, k_sum, k_sq, n_nonzero, centred = fused.fused_chunk_sums(
+            x.detach().numpy(), None if shift is None else shift.numpy(), exp_bits, mantissa_bits
+        )
+        as_t = torch.from_numpy
+        bins = bins_from_key_sums(as_t(k_count), as_t(k_sum), as_t(k_sq), x.dtype)
+        return ChunkSums(
+            as_t(row_sq), as_t(row_p1), as_t(cols), bins, n_nonzero, None if centred is None else as_t(centred)
+        )
+    return torch_chunk_sums(x, shift)
+
+
+def torch_chunk_sums(x: Float[Tensor, "m d"], shift: Float[Tensor, " d"] | None = None) -> ChunkSums:
+    """:func:`chunk_sums` as torch operations on a float64 copy of the chunk (any device; the CPU's fused pass
+    equals it to float64 rounding)."""
+    x64 = x.to(torch.float64)
+    x64sq = x64 * x64
+    row_sq = x64sq.sum(dim=1)
+    row_p1 = x64.sum(dim=1)
+    nonzero = row_sq > 0
+    inv_norm = torch.where(nonzero, 1.0 / torch.where(nonzero, row_sq, 1.0).sqrt(), 0.0)  # zero rows: no direction
+    weights = torch.stack([torch.ones_like(row_p1), inv_norm, inv_norm * row_p1, inv_norm * row_sq])
+    finite = torch.isfinite(row_sq)
+    bins = entry_bin_sums(
+        x[finite].reshape(-1), x64[finite].reshape(-1), x64sq[finite].reshape(-1)
+    )  # rows with a NaN would break the bit keys' table; their sums are not used
+    centred = None if shift is None else x - shift
+    return ChunkSums(row_sq, row_p1, weights @ x64, bins, int(torch.count_nonzero(x)), centred)
 
 
 def entry_marginal_from_bins(
@@ -336,14 +398,12 @@ class GeometryAccumulator:
             x = x.to(torch.float32)  # half / bfloat16: compute in float32
         if self.gram_dtype is not None and x.dtype != self.gram_dtype:
             x = x.to(self.gram_dtype)
-        # The chunk in float64 (a copy of ≤ 32-bit rows): the norms and every sum over rows but the covariance gram
-        # are taken from it (see _row_sums); a float32 sum over rows is what made the null test's sd depend on the
-        # chunking.
-        x64 = x.to(torch.float64)
+        # Shift for the gram: the running mean rounded to the compute dtype (the first chunk: its own mean, known
+        # only after the row sums, so its shifted copy is made afterwards).
+        shift = self._mean.to(x.dtype, copy=True) if self.n > 0 else None
+        sums = chunk_sums(x, shift)
         keep, n_offered = None, x.shape[0]
-        x64sq = x64 * x64  # the squares: the norms and the histogram's Σx² per bin
-        sq_norms = x64sq.sum(dim=1)
-        bad = ~torch.isfinite(sq_norms)
+        bad = ~torch.isfinite(sums.row_sq)
         if bad.any():
             nonfinite = ~torch.isfinite(x[bad]).all(dim=1)
             if nonfinite.any():
@@ -359,20 +419,22 @@ class GeometryAccumulator:
                 keep = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
                 keep[bad_rows] = False
                 self.n_nonfinite_skipped += len(bad_rows)
-                x, x64, x64sq, sq_norms = x[keep], x64[keep], x64sq[keep], sq_norms[keep]
-        if x.dtype != torch.float64 and x.shape[0] and float(sq_norms.max()) > torch.finfo(x.dtype).max:
-            x = x64  # finite rows whose norm overflows the compute dtype: their grams in float64
+                x = x[keep]
+                sums = chunk_sums(x, shift)  # the chunk's sums again, without the rows skipped
         m = x.shape[0]
         if m == 0:
             self.sample.seen += n_offered  # every row skipped: they still take their global indices
             return
+        sq_norms = sums.row_sq
         norms = sq_norms.sqrt()
         nonzero = norms > 0
         self._add_sample(x, nonzero, keep, n_offered)
-        row_sum = self._row_sums(x64, sq_norms, norms, nonzero)
-        self._add_histograms(x, x64, x64sq, sq_norms, norms, nonzero, row_sum)  # the float64 copy's last use
-        del x64, x64sq
-        self._add_centred_gram(x, row_sum)
+        row_sum = self._add_row_sums(sums)
+        self._add_histograms(sums, sq_norms, norms, nonzero, row_sum)
+        centred = sums.centred
+        if x.dtype != torch.float64 and float(sq_norms.max()) > torch.finfo(x.dtype).max:
+            x, centred = x.to(torch.float64), None  # finite rows whose norm overflows the compute dtype: a float64 gram
+        self._add_centred_gram(x, row_sum, centred)
         self.n_zero += m - int(nonzero.sum())
         self._norm_sum += norms.sum()
         self._sq_sum += sq_norms.sum()
@@ -390,17 +452,18 @@ class GeometryAccumulator:
         full[keep] = x
         self.sample.add(full, eligible)
 
-    def _add_centred_gram(self, x: Tensor, row_sum: Tensor) -> None:
-        """(n, μ, M₂) with the chunk: the gram of its rows shifted by c, then Chan's update."""
+    def _add_centred_gram(self, x: Tensor, row_sum: Tensor, centred: Tensor | None = None) -> None:
+        """(n, μ, M₂) with the chunk: the gram of its rows shifted by c, then Chan's update. ``centred``: x − c
+        already formed by the fused pass (c the running mean), else it is formed here."""
         m = x.shape[0]
         # Shift by the running mean (the chunk's own mean for the first chunk), rounded to the compute dtype:
         # the gram then sees only the spread, whatever the size of the mean. Σ(x − c) is exact (c is a
         # compute-dtype number, Σx is float64): the gram is the one sum over rows left in the compute dtype.
         shift = (self._mean if self.n > 0 else row_sum / m).to(x.dtype, copy=True)
         shift64 = shift.to(torch.float64)
-        xc = x - shift
+        xc = x - shift if centred is None else centred
         gram = xc.T @ xc
-        del xc
+        del xc, centred
         centred_sum = row_sum - m * shift64
         self._gram_eps = torch.maximum(self._gram_eps, torch.tensor(torch.finfo(x.dtype).eps, dtype=torch.float64))
         # Chan's update with a block of m rows: mean_b = c + s/m, M₂ᵇ = G − s sᵀ/m, δ = mean_b − mean_a.
@@ -414,39 +477,33 @@ class GeometryAccumulator:
         self._mean.add_(delta, alpha=m / n)
         self.n = n
 
-    def _row_sums(self, x64: Tensor, sq_norms: Tensor, norms: Tensor, nonzero: Tensor) -> Tensor:
-        """Add Σx̂, the row power sums Σp_k, Σp_kp_l and Σx̂p_k, and return Σx: the O(m·d) sums, all in float64,
-        from one float64 product with the chunk (and its row sums).
+    def _add_row_sums(self, sums: ChunkSums) -> Tensor:
+        """Add Σx̂, the row power sums Σp_k, Σp_kp_l and Σx̂p_k, and return Σx: the O(m·d) sums, all in float64.
 
         Why float64: the null test's sd is a small difference of these sums (ζ₁ = mᵀCm − ‖m‖⁴ ≈ 3e-4 where
         ‖m‖⁴ ≈ 0.88 when A is near 1), and float32 sums over a chunk (relative error ~1e-7) moved it by ~1 % with
         the chunk size.
         """
-        inv_norm = torch.where(nonzero, 1.0 / torch.where(nonzero, norms, 1.0), 0.0)  # zero rows: no direction
-        p1 = x64.sum(dim=1)
-        weights = torch.stack([torch.ones_like(p1), inv_norm, inv_norm * p1, inv_norm * sq_norms])
-        col = weights @ x64  # (4, d): Σx, Σx̂, Σx̂p₁, Σx̂p₂
-        powers = torch.stack([p1, sq_norms], dim=1)
+        powers = torch.stack([sums.row_p1, sums.row_sq], dim=1)
         self._row_power_sum += powers.sum(dim=0)
         self._row_power_outer += powers.T @ powers
-        self._unit_sum += col[1]
-        self._unit_by_row_power += col[2:4].T
-        return col[0]
+        self._unit_sum += sums.unit_cols[1]
+        self._unit_by_row_power += sums.unit_cols[2:4].T
+        return sums.unit_cols[0]
 
     def _add_histograms(
-        self, x: Tensor, x64: Tensor, x64sq: Tensor, sq_norms: Tensor, norms: Tensor, nonzero: Tensor, row_sum: Tensor
+        self, sums: ChunkSums, sq_norms: Tensor, norms: Tensor, nonzero: Tensor, row_sum: Tensor
     ) -> None:
-        """The entry and row-norm histograms (fixed log₂ bins) and the sign sums; ``x64`` is ``x`` in float64,
-        ``x64sq`` its squares. Σx₋ and Σx₋² are the negative bins' Σx and Σx² (the same float64 sums, grouped;
-        float32 subnormals below 2^−130 sit in the zero bin and are left out: |Σ| < 2^−130 per entry), Σ|x| =
-        Σx − 2Σx₋."""
-        count, total, sq_total = entry_bin_sums(x.reshape(-1), x64.reshape(-1), x64sq.reshape(-1))
+        """The entry and row-norm histograms (fixed log₂ bins) and the sign sums. Σx₋ and Σx₋² are the negative
+        bins' Σx and Σx² (the same float64 sums, grouped; float32 subnormals below 2^−130 sit in the zero bin and
+        are left out: |Σ| < 2^−130 per entry), Σ|x| = Σx − 2Σx₋."""
+        count, total, sq_total = sums.entry_bins
         self._entry_hist_count += count
         self._entry_hist_sum += total
         self._entry_hist_sq_sum += sq_total
         self._abs_sum += float(row_sum.sum()) - 2 * float(total[:_N_MAG_BINS].sum())
         self._neg_sq_sum += sq_total[:_N_MAG_BINS].sum()
-        self.n_nonzero_entries += int(torch.count_nonzero(x))
+        self.n_nonzero_entries += sums.n_nonzero
         norm_bins = torch.where(nonzero, 1 + log2_bin(torch.where(nonzero, norms, 1.0)), 0)
         self._norm_hist_count += torch.bincount(norm_bins, minlength=N_NORM_BINS).to(torch.float64)
         self._norm_hist_sq_sum.index_add_(0, norm_bins, sq_norms)
@@ -644,18 +701,36 @@ class GeometryAccumulator:
         float64 throughout when the sample is every row (exact); VᵀV from a float32 gram of the centred v
         otherwise (its rounding, ≲ √k·2⁻²⁴ relative, is far below the sampling error it sits beside)."""
         if self._sample_cache is None:
-            rows = self.sample.rows.to(torch.float64)
-            unit = rows / torch.linalg.vector_norm(rows, dim=1, keepdim=True)
-            v = unit - self._unit_sum.cpu() / self.n_unit
-            v_dot_s = v @ self._unit_sum.cpu()
-            powers = torch.stack([rows.sum(dim=1), rows.square().sum(dim=1)], dim=1)
-            fourth = float(torch.linalg.vector_norm(v, dim=1).pow(4).sum())
-            if self.sample_exact:
-                gram = v.T @ v
-            else:
-                v32 = v.to(torch.float32)
-                gram = (v32.T @ v32).to(torch.float64)
-            self._sample_cache = (v_dot_s, powers, fourth, (gram + gram.T) / 2)
+            rows = self.sample.rows
+            k = rows.shape[0]
+            unit_sum = self._unit_sum.cpu()
+            unit_mean = unit_sum / self.n_unit
+            v_dtype = torch.float64 if self.sample_exact else torch.float32  # the gram's dtype
+            if fused.available():
+                v_all, v_dot_s, powers, fourth = (
+                    torch.from_numpy(a)
+                    for a in fused.unit_sample_rows(
+                        rows.numpy(),
+                        unit_mean.numpy(),
+                        unit_sum.numpy(),
+                        np.float64 if self.sample_exact else np.float32,
+                    )
+                )
+            else:  # the same numbers in blocks of rows (float64 temporaries that stay in cache)
+                v_dot_s = torch.empty(k, dtype=torch.float64)
+                powers = torch.empty(k, N_ROW_POWERS, dtype=torch.float64)
+                fourth = torch.empty(k, dtype=torch.float64)
+                v_all = torch.empty(k, self.d, dtype=v_dtype)
+                for lo in range(0, k, _SAMPLE_BLOCK_ROWS):
+                    block = rows[lo : lo + _SAMPLE_BLOCK_ROWS].to(torch.float64)
+                    v = block / torch.linalg.vector_norm(block, dim=1, keepdim=True) - unit_mean
+                    hi = lo + block.shape[0]
+                    v_dot_s[lo:hi] = v @ unit_sum
+                    powers[lo:hi, 0], powers[lo:hi, 1] = block.sum(dim=1), block.square().sum(dim=1)
+                    fourth[lo:hi] = torch.linalg.vector_norm(v, dim=1).pow(4)
+                    v_all[lo:hi] = v
+            gram = (v_all.T @ v_all).to(torch.float64)
+            self._sample_cache = (v_dot_s, powers, float(fourth.sum()), (gram + gram.T) / 2)
         return self._sample_cache
 
     def unit_pair_sums(self, power_weights: Tensor | None = None) -> tuple[float, float, float]:

@@ -79,32 +79,45 @@ def _kmeans_between_share(x: Tensor, k: int, iters: int, restarts: int, seed: in
     if total <= 0 or x.shape[0] <= k:
         return 0.0, 0.0
     g = torch.Generator().manual_seed(seed)
-    sq = x.square().sum(1, keepdim=True)
+    # Lloyd's iterations only choose labels: float32 distances (half the memory traffic of float64; a label
+    # differs only for a row within float32 rounding of equidistant); the within-cluster sum that is reported is
+    # taken in float64 from the final labels' own means.
+    x32 = x.to(torch.float32)
+    sq = x32.square().sum(1, keepdim=True)
 
     def sq_dist(centres: Tensor) -> Tensor:  # ‖x − c‖² by one matmul (cdist is slow on busy cores)
-        return (sq - 2 * x @ centres.T + centres.square().sum(1)).clamp(min=0)
+        return (sq - 2 * x32 @ centres.T + centres.square().sum(1)).clamp(min=0)
 
     best_within, best_fraction = float("inf"), 0.0
     for _ in range(restarts):
-        centres = x[torch.randint(x.shape[0], (1,), generator=g)]
+        centres = x32[torch.randint(x.shape[0], (1,), generator=g)]
         for _ in range(1, k):  # k-means++: next centre ∝ squared distance to the nearest one
-            dist = sq_dist(centres).min(dim=1).values
-            centres = torch.cat([centres, x[torch.multinomial(dist / dist.sum(), 1, generator=g)]])
+            dist = sq_dist(centres).min(dim=1).values.to(torch.float64)
+            centres = torch.cat([centres, x32[torch.multinomial(dist / dist.sum(), 1, generator=g)]])
         label = sq_dist(centres).argmin(dim=1)
         for _ in range(iters):
-            one_hot = torch.nn.functional.one_hot(label, k).to(x.dtype)
+            one_hot = torch.nn.functional.one_hot(label, k).to(x32.dtype)
             size = one_hot.sum(0)
-            centres = torch.where(size[:, None] > 0, (one_hot.T @ x) / size.clamp(min=1)[:, None], centres)
+            centres = torch.where(size[:, None] > 0, (one_hot.T @ x32) / size.clamp(min=1)[:, None], centres)
             new_label = sq_dist(centres).argmin(dim=1)
             if torch.equal(new_label, label):
                 break
             label = new_label
-        dist, label = sq_dist(centres).min(dim=1)
-        within = float(dist.sum())
+        label = sq_dist(centres).argmin(dim=1)
+        within = _within_sum_of_squares(x, label, k)
         if within < best_within:
             best_within = within
             best_fraction = float(torch.bincount(label, minlength=k).min()) / x.shape[0]
     return max(0.0, 1.0 - best_within / total), best_fraction
+
+
+def _within_sum_of_squares(x: Tensor, label: Tensor, k: int) -> float:
+    """W = Σ_c Σ_{i in c} ‖x_i − x̄_c‖² (float64), x̄_c the mean of the rows labelled c."""
+    one_hot = torch.nn.functional.one_hot(label, k).to(x.dtype)
+    size = one_hot.sum(0)
+    sums = one_hot.T @ x
+    # Σ‖x_i − x̄_c‖² = Σ‖x_i‖² − ‖Σ_c x_i‖²/n_c per cluster
+    return float(x.square().sum() - (sums.square().sum(1) / size.clamp(min=1)).sum())
 
 
 def _anisotropy_of(rows: Tensor) -> float | None:

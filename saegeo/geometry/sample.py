@@ -46,22 +46,26 @@ class RowReservoir:
 
     def __init__(self, k: int, d: int, seed: int, start: int = 0, dtype: torch.dtype = torch.float32):
         self.k, self.d, self.seed, self.seen = int(k), int(d), int(seed), int(start)
+        # The kept rows and their priorities in slot order; once k are kept, a row that enters overwrites the slot
+        # of the one it pushes out (only entering rows are copied: O(k·log(n/k)) row copies for a stream of n).
+        # ``rows`` puts them in priority order when read (the order the sums over the sample are taken in).
         self._rows = torch.zeros(0, d, dtype=dtype)
         self._priority = np.zeros(0, dtype=np.uint64)
-        # candidates not yet sorted in: kept until they are k more than the sample (then one sort), so a stream
-        # costs O(rows admitted) copies and O(n/k) sorts instead of a sort of k rows per batch
-        self._pending: list[tuple[np.ndarray, Tensor]] = []
-        self._n_pending = 0
+        self._in_order = True
+        self._filling: list[
+            tuple[np.ndarray, Tensor]
+        ] = []  # rows offered while fewer than k are kept, not yet sorted in
+        self._n_filling = 0
 
     @property
     def rows(self) -> Tensor:
         """The sampled rows (≤ k), in priority order."""
-        self._compact()
+        self._sort()
         return self._rows
 
     @rows.setter
     def rows(self, value: Tensor) -> None:
-        self._compact()
+        self._sort()
         self._rows = value
 
     @property
@@ -70,25 +74,16 @@ class RowReservoir:
 
     @property
     def priority(self) -> np.ndarray:
-        self._compact()
+        self._sort()
         return self._priority
 
-    def _compact(self) -> None:
-        """Sort the pending candidates in: the k smallest priorities of all, their rows gathered once."""
-        if not self._pending:
-            return
-        parts = [(self._priority, self._rows)] + self._pending
-        self._pending, self._n_pending = [], 0
-        priority = np.concatenate([p for p, _ in parts])
-        order = np.argsort(priority, kind="stable")[: self.k]
-        source = np.repeat(np.arange(len(parts)), [len(p) for p, _ in parts])[order]
-        offset = np.cumsum([0] + [len(p) for p, _ in parts])
-        rows = torch.empty(len(order), self.d, dtype=self._rows.dtype)
-        for j, (_, part) in enumerate(parts):
-            at = np.nonzero(source == j)[0]
-            if len(at):
-                rows[torch.from_numpy(at)] = part[torch.from_numpy(order[at] - offset[j])].to(rows.dtype)
-        self._priority, self._rows = priority[order], rows
+    def _sort(self) -> None:
+        """Put the kept rows in priority order (one gather, only after rows entered by replacement)."""
+        self._settle()
+        if not self._in_order:
+            order = np.argsort(self._priority, kind="stable")
+            self._priority, self._rows = self._priority[order], self._rows[torch.from_numpy(order)]
+            self._in_order = True
 
     def add(self, x: Float[Tensor, "m d"], eligible: Tensor | None = None) -> None:
         """Offer the next m rows of the stream (global indices seen .. seen + m − 1); ``eligible`` (bool, m):
@@ -99,22 +94,46 @@ class RowReservoir:
         if self.k == 0 or m == 0:
             return
         take = np.ones(m, dtype=bool) if eligible is None else eligible.cpu().numpy().copy()  # not a view of it
-        if len(self._priority) == self.k:  # full: only rows that beat the k-th of the last sort can enter
-            take &= priority < self._priority[-1]
-        if not take.any():
+        n_kept = len(self._priority) + self._n_filling
+        if n_kept == self.k:  # full: only rows that beat the largest kept priority can enter
+            take &= priority < self._priority.max()
+        candidates = np.nonzero(take)[0]
+        if len(candidates) == 0:
             return
-        everything = bool(take.all())
-        rows = (x if everything else x[torch.from_numpy(take).to(x.device)]).detach().to("cpu", self._rows.dtype)
-        self._pending.append((priority[take], rows))
-        self._n_pending += len(rows)
-        if self._n_pending >= max(self.k, 1):
-            self._compact()  # copies the rows it keeps
-        elif everything and rows.data_ptr() == x.data_ptr():
-            self._pending[-1] = (self._pending[-1][0], rows.clone())  # x itself: the caller may reuse it
+        if n_kept < self.k:  # filling: set aside, sorted in once k are offered (or when read)
+            rows = x if len(candidates) == m else x[torch.from_numpy(candidates).to(x.device)]
+            rows = rows.detach().to("cpu", self._rows.dtype, copy=True)  # a copy: the caller may reuse x
+            self._filling.append((priority[candidates], rows))
+            self._n_filling += len(candidates)
+            if n_kept + len(candidates) >= self.k:
+                self._settle()
+            return
+        # full: the k smallest of kept ∪ candidates (stable: on a tie the kept row stays); each candidate that makes
+        # it takes the slot of a kept row that does not
+        everything = np.concatenate([self._priority, priority[candidates]])
+        order = np.argsort(everything, kind="stable")
+        entering = order[: self.k]
+        entering = entering[entering >= n_kept] - n_kept
+        if len(entering) == 0:
+            return
+        leaving = order[self.k :]
+        leaving = leaving[leaving < n_kept]
+        source = torch.from_numpy(candidates[entering]).to(x.device)
+        self._rows[torch.from_numpy(leaving)] = x[source].detach().to("cpu", self._rows.dtype)
+        self._priority[leaving] = priority[candidates[entering]]
+        self._in_order = False
+
+    def _settle(self) -> None:
+        """Sort the rows set aside while filling in: the k smallest priorities of all, in priority order."""
+        if self._filling:
+            parts = [(self._priority, self._rows)] + self._filling
+            self._filling, self._n_filling = [], 0
+            self._keep(np.concatenate([p for p, _ in parts]), torch.cat([r for _, r in parts]))
 
     def _keep(self, priority: np.ndarray, rows: Tensor) -> None:
         order = np.argsort(priority, kind="stable")[: self.k]  # sorted: the k smallest, in priority order
         self._priority, self._rows = priority[order], rows[torch.from_numpy(order)]
+        self._in_order = True
 
     def merge(self, other: RowReservoir) -> RowReservoir:
         """The sample of both streams together (their rows must have distinct global indices)."""
@@ -139,6 +158,7 @@ class RowReservoir:
         rows = torch.as_tensor(sd["rows"])
         res = cls(int(sd["k"]), int(sd["d"]), int(sd["seed"]), int(sd["seen"]), dtype=rows.dtype)
         res._rows, res._priority = rows.clone(), np.asarray(sd["priority"], dtype=np.uint64).copy()
+        res._in_order = bool(np.all(res._priority[1:] >= res._priority[:-1]))
         return res
 
     def sample(self) -> Tensor:
