@@ -22,6 +22,12 @@ U64 = 2.0**-53
 pytestmark = pytest.mark.skipif(not fused.available(), reason="numba is not installed")
 
 
+@pytest.fixture(autouse=True)
+def fused_for_every_size(monkeypatch):
+    """The fused loop for chunks of any size (it normally starts at fused.MIN_ENTRIES entries)."""
+    monkeypatch.setattr(fused, "MIN_ENTRIES", 0)
+
+
 def assert_sum_close(got, want, n_terms: int, abs_terms) -> None:
     """|got − want| ≤ 2·N·u·Σ|terms| elementwise (two float64 summation orders of N terms)."""
     got, want, abs_terms = (np.asarray(torch.as_tensor(a, dtype=torch.float64)) for a in (got, want, abs_terms))
@@ -84,7 +90,7 @@ def test_fused_pass_without_a_shift_leaves_the_centred_copy_out():
 def test_accumulator_on_the_fused_pass_equals_the_torch_path(monkeypatch):
     x = awkward_rows(torch.float32, m=600, d=24, seed=3)
     fast = GeometryAccumulator(24, chunk_rows=128).add(x)
-    monkeypatch.setattr(fused, "available", lambda: False)
+    monkeypatch.setattr(fused, "worth_it", lambda n_entries: False)
     slow = GeometryAccumulator(24, chunk_rows=128).add(x)
     a64 = x.double()
     for name in ("_mean", "_unit_sum", "_row_power_sum", "_unit_by_row_power", "_entry_hist_sum"):

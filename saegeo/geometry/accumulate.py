@@ -168,10 +168,11 @@ class ChunkSums:
 
 def chunk_sums(x: Float[Tensor, "m d"], shift: Float[Tensor, " d"] | None = None) -> ChunkSums:
     """The :class:`ChunkSums` of a float32 / float64 chunk: on the CPU one fused compiled pass
-    (``saegeo.geometry.fused``), elsewhere (a GPU) the same sums as torch operations on a float64 copy.
+    (``saegeo.geometry.fused``) when the chunk is large enough to pay for numba's start, else (small chunks, a GPU)
+    the same sums as torch operations on a float64 copy.
     Rows with a NaN or inf give a non-finite ``row_sq`` (their other sums are not to be used)."""
     _, exp_bits, mantissa_bits = _INT_VIEW[x.dtype]
-    if x.device.type == "cpu" and fused.available():
+    if x.device.type == "cpu" and fused.worth_it(x.numel()):
         row_sq, row_p1, cols, k_count, k_sum, k_sq, n_nonzero, centred = fused.fused_chunk_sums(
             x.detach().numpy(), None if shift is None else shift.numpy(), exp_bits, mantissa_bits
         )
@@ -706,7 +707,7 @@ class GeometryAccumulator:
             unit_sum = self._unit_sum.cpu()
             unit_mean = unit_sum / self.n_unit
             v_dtype = torch.float64 if self.sample_exact else torch.float32  # the gram's dtype
-            if fused.available():
+            if fused.worth_it(rows.numel()):
                 v_all, v_dot_s, powers, fourth = (
                     torch.from_numpy(a)
                     for a in fused.unit_sample_rows(
