@@ -199,6 +199,7 @@ def main() -> None:
     ap.add_argument("--memory-sizes", default="200000,1000000", help="n values for the memory check")
     ap.add_argument("--skip-textbook", action="store_true")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds; medians are reported")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, 2 on this machine)")
     ap.add_argument("--memory-child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument(
         "--entry-histogram-cost", action="store_true", help="only the cost of the entry histogram's Σx² bincount"
@@ -210,6 +211,14 @@ def main() -> None:
     if args.entry_histogram_cost:
         entry_histogram_cost(max(args.rounds, 5))
         return
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        try:  # numpy's BLAS too (the textbook SVD), so both sides run on the same number of threads
+            from threadpoolctl import threadpool_limits
+
+            threadpool_limits(args.threads)
+        except ImportError:
+            pass
     n = args.n or (200_000 if args.full else 50_000)
     load = os.getloadavg()
     print(
@@ -224,7 +233,7 @@ def main() -> None:
     shares: dict[str, float] = defaultdict(float)
     for i in range(args.rounds):
         rows["floor"].append(run_floor(batches))
-        c_acc, c_read, geo = run_saegeo(batches, shares if i == 0 else None)
+        c_acc, c_read, geo = run_saegeo(batches, shares if i == args.rounds - 1 else None)
         rows["acc"].append(c_acc)
         rows["read"].append(c_read)
         rows["report"].append(run_report(batches))
@@ -251,7 +260,7 @@ def main() -> None:
         f"({floor_wall / rep_wall:.0%} wall; target ≥ 50%)"
     )
     total_parts = shares.pop("_add_chunk")
-    print(f"shares of the accumulation's CPU time (round 1, {total_parts:.2f} CPU s in its chunks):")
+    print(f"shares of the accumulation's CPU time (last round, {total_parts:.2f} CPU s in its chunks):")
     labels = {
         "chunk_sums": "fused pass: float64 sums, entry keys, x − c",
         "_add_centred_gram": "centred float32 gram + Chan update",

@@ -190,3 +190,16 @@ def test_json_safe_fast_path_still_replaces_nonfinite_values():
     assert json_safe([1e308, 1e308]) == [1e308, 1e308]  # finite entries whose plain sum overflows
     assert json_safe((0.5, 2.0)) == [0.5, 2.0]
     assert json_safe([1.0, float("nan"), 2]) == [1.0, None, 2]
+
+
+@pytest.mark.parametrize("d", [5, 383, 384, 700, 1031])
+def test_symmetric_gram_is_the_full_product(d):
+    from saegeo.geometry.accumulate import symmetric_gram
+
+    g = torch.Generator().manual_seed(d)
+    x = torch.randn(64, d, generator=g, dtype=torch.float64)
+    got = symmetric_gram(x)
+    want = x.numpy().T @ x.numpy()
+    assert torch.equal(got, got.T)
+    bound = 2 * 64 * U64 * (np.abs(x.numpy()).T @ np.abs(x.numpy()))
+    assert np.all(np.abs(got.numpy() - want) <= bound)

