@@ -83,27 +83,27 @@ def _kmeans_between_share(x: Tensor, k: int, iters: int, restarts: int, seed: in
     # differs only for a row within float32 rounding of equidistant); the within-cluster sum that is reported is
     # taken in float64 from the final labels' own means.
     x32 = x.to(torch.float32)
-    sq = x32.square().sum(1, keepdim=True)
+    sq = x32.square().sum(1)
 
-    def sq_dist(centres: Tensor) -> Tensor:  # ‖x − c‖² by one matmul (cdist is slow on busy cores)
-        return (sq - 2 * x32 @ centres.T + centres.square().sum(1)).clamp(min=0)
+    def sq_dist(centres: Tensor) -> Tensor:  # (k, m) ‖x − c‖² by one matmul (c·xᵀ: 3× faster than x·cᵀ here)
+        return (sq - 2 * (centres @ x32.T) + centres.square().sum(1, keepdim=True)).clamp(min=0)
 
     best_within, best_fraction = float("inf"), 0.0
     for _ in range(restarts):
         centres = x32[torch.randint(x.shape[0], (1,), generator=g)]
         for _ in range(1, k):  # k-means++: next centre ∝ squared distance to the nearest one
-            dist = sq_dist(centres).min(dim=1).values.to(torch.float64)
+            dist = sq_dist(centres).min(dim=0).values.to(torch.float64)
             centres = torch.cat([centres, x32[torch.multinomial(dist / dist.sum(), 1, generator=g)]])
-        label = sq_dist(centres).argmin(dim=1)
+        label = sq_dist(centres).argmin(dim=0)
         for _ in range(iters):
             one_hot = torch.nn.functional.one_hot(label, k).to(x32.dtype)
             size = one_hot.sum(0)
             centres = torch.where(size[:, None] > 0, (one_hot.T @ x32) / size.clamp(min=1)[:, None], centres)
-            new_label = sq_dist(centres).argmin(dim=1)
+            new_label = sq_dist(centres).argmin(dim=0)
             if torch.equal(new_label, label):
                 break
             label = new_label
-        label = sq_dist(centres).argmin(dim=1)
+        label = sq_dist(centres).argmin(dim=0)
         within = _within_sum_of_squares(x, label, k)
         if within < best_within:
             best_within = within
