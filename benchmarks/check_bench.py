@@ -304,7 +304,7 @@ def main() -> None:
         f"{'d_sae':>8} {'W_dec GB':>9} {'write s':>8} {'check s':>8} {'CPU s':>8} {'peak GB':>8} {'budget':>7} "
         f"{'pairs':>6} {'NN cos mean':>12} {'(± / method)':>22}"
     )
-    rows = []
+    rows, reference = [], None
     for n in a.widths:
         folder = work / f"width_{n // 1024}k"
         t0 = time.perf_counter()
@@ -343,6 +343,17 @@ def main() -> None:
                 f"FVE {sae.get('fve')} (rc {acts_res['rc']}) {tail}",
                 flush=True,
             )
+            if reference is None:  # the activation report alone (no SAE): its fixed part, the same at every width
+                shutil.rmtree(out, ignore_errors=True)
+                cmd = [sys.executable, "-m", "saegeo.cli", "report", "--acts", str(store), "--no-progress"]
+                ref = timed([*cmd, "--out", str(out), "--format", "json"], env)
+                reference = {k: ref[k] for k in ("rc", "peak_rss_gb", "cpu_s", "wall_s")}
+                print(
+                    f"  report --acts without an SAE (the pass's own cost): {ref['wall_s']:.1f} s, CPU "
+                    f"{ref['cpu_s']:.1f} s, peak RSS {ref['peak_rss_gb']:.2f} GB (rc {ref['rc']})",
+                    flush=True,
+                )
+            row["acts"]["report_without_sae"] = reference
             shutil.rmtree(store, ignore_errors=True)
         rows.append(row)
         if a.results:  # every width as it finishes (a long run can be read, and extended, run by run)
