@@ -189,22 +189,28 @@ def test_sampled_error_shrinks_as_one_over_root_m():
 
 
 # =========================================================================== check --acts at published width
-def _exact_sae(d: int, d_sae: int, seed: int) -> SAE:
-    """A JumpReLU SAE on which float32 arithmetic is exact, so any row blocking must give identical bits: W_enc in
+def _exact_sae(d: int, d_sae: int, seed: int, activation: str = "jumprelu") -> SAE:
+    """An SAE on which float32 arithmetic is exact, so any row blocking must give identical bits: W_enc in
     {−1, 0, 1}, b_enc in {−2 … 2} and threshold 1.5 make integer pre-activations (|pre| ≤ 2d + 2 for inputs in
     {−2 … 2}) that never tie the threshold; each decoder row holds four ±1 (‖w_i‖ = 2 exactly, so the folded codes
-    are integers too) and b_dec is in {−1, 0, 1}, so x̂ and every sum of codes is an integer below 2^24."""
+    are integers too) and b_dec is in {−1, 0, 1}, so x̂ and every sum of codes is an integer below 2^24. TopK (k 8):
+    b_enc also carries i/1024 for latent i (d_sae ≤ 1024), so no two latents of a row tie, the codes keep 10 binary
+    places and every sum of them and their squares stays exact (< 2^53 in float64, x̂ < 2^24 in float32)."""
     from saegeo.sae.model import SAEConfig
 
     g = torch.Generator().manual_seed(seed)
-    sae = SAE(SAEConfig(d_in=d, d_sae=d_sae, activation="jumprelu"))
+    topk = activation == "topk"
+    sae = SAE(SAEConfig(d_in=d, d_sae=d_sae, activation=activation, k=8 if topk else None))
     w_dec = torch.zeros(d_sae, d)
     cols = torch.rand(d_sae, d, generator=g).argsort(dim=1)[:, :4]
     w_dec.scatter_(1, cols, torch.randint(0, 2, (d_sae, 4), generator=g).float() * 2 - 1)
     with torch.no_grad():
         sae.W_enc.copy_(torch.randint(-1, 2, (d, d_sae), generator=g).float())
         sae.b_enc.copy_(torch.randint(-2, 3, (d_sae,), generator=g).float())
-        sae.threshold.fill_(1.5)
+        if topk:
+            sae.b_enc.add_(torch.arange(d_sae) / 1024)
+        else:
+            sae.threshold.fill_(1.5)
         sae.W_dec.copy_(w_dec)
         sae.b_dec.copy_(torch.randint(-1, 2, (d,), generator=g).float())
     return sae
@@ -246,19 +252,20 @@ def _same_state(a: dict, b: dict, path: str = "") -> None:
             assert va == vb, f"{path}{key}: {va!r} != {vb!r}"
 
 
-def test_codes_encoded_in_row_blocks_equal_the_whole_batch_and_brute_force(monkeypatch):
+@pytest.mark.parametrize("activation", ["jumprelu", "topk"])
+def test_codes_encoded_in_row_blocks_equal_the_whole_batch_and_brute_force(monkeypatch, activation):
     """Blocks of 1 row, odd sizes and the whole batch give bit-identical SAEMetrics sums, latent top-k (ties
     across block edges: the earlier row) and histograms, equal to brute force from the dense codes; with the code
     accumulator fed block by block only the mean-cosine sum Σ_rows S/√(S²‖ū‖² + (1−‖ū‖²)Q) changes order: n float64
     terms in [0, 1/‖ū‖] summed two ways differ by at most 2(n − 1)·2⁻⁵³·Σ terms."""
     n, d, d_sae = 300, 16, 512
-    sae, x = _exact_sae(d, d_sae, 0), _integer_rows(n, d, 1)
+    sae, x = _exact_sae(d, d_sae, 0, activation), _integer_rows(n, d, 1)
     whole, whole_cards = _metrics_at(monkeypatch, sae, x, n)
     with torch.no_grad():
         codes = (sae.encode(x) * 2.0).double()  # folded: ‖w_i‖ = 2
         recon = sae.decode(sae.encode(x)).double()
     state = whole.state_dict()
-    assert 0 < whole.codes.l0_sum < n * d_sae / 2  # sparse enough to be codes, dense enough to tie
+    assert 0 < whole.codes.l0_sum < n * d_sae / 2  # sparse enough to be codes, dense enough to tie (JumpReLU)
     assert torch.equal(state["codes"]["fire_count"], (codes > 0).sum(0).double())
     assert torch.equal(state["codes"]["latent_sum"], codes.sum(0))  # integers: exact in any order
     assert torch.equal(state["codes"]["latent_sq_sum"], codes.square().sum(0))
