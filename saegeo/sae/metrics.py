@@ -144,10 +144,14 @@ class SAEMetrics:
         unit = y[norms > 0] / norms[norms > 0, None].to(y.dtype)
         self.recon_unit_scatter += (unit.T @ unit).to("cpu", torch.float64)  # float32 gram: an sd needs no more
         self.input_unit.add(x_normalized - self._b_dec)
+        # in place on one float64 copy at a time (the same values and sums as x64 − x̂64 and x64 − x̄: a float32
+        # operand is widened exactly): (rows × d) float64 temporaries are 151 MB each at 8,192 × 2,304
+        error = x.double().sub_(recon_out)
+        self.sse += float(error.square_().sum())
+        del error
         x64 = x.double()
-        self.sse += float((x64 - recon_out.double()).square().sum())
         batch_mean = x64.mean(dim=0)
-        self._combine(x.shape[0], batch_mean.cpu(), float((x64 - batch_mean).square().sum()))
+        self._combine(x.shape[0], batch_mean.cpu(), float(x64.sub_(batch_mean).square_().sum()))
         return self
 
     def _encode_batch(self, x: Float[Tensor, "m d"]) -> tuple[Tensor, Tensor, Tensor]:
@@ -159,8 +163,11 @@ class SAEMetrics:
         block = self.encode_rows
         normalized, recons, outs, pending = [], [], [], []
         group_start, n_pending = 0, 0  # the first row of the pending COO parts, their nonzeros
+        unnormalized = True  # x' is x itself (no input normalisation): no copy of it is made
         for lo in range(0, x.shape[0], block):
-            x_normalized, norm_state, recon, codes = self._encode(x[lo : lo + block])
+            rows = x[lo : lo + block]
+            x_normalized, norm_state, recon, codes = self._encode(rows)
+            unnormalized &= x_normalized is rows
             dense = codes if isinstance(codes, Tensor) else None
             coo = _COO(*coo_codes(codes)) if dense is not None else codes
             for observer in self.code_observers:
@@ -177,7 +184,9 @@ class SAEMetrics:
         self._add_codes(pending)
         if len(recons) == 1:
             return normalized[0], recons[0], outs[0]
-        return torch.cat(normalized), torch.cat(recons), torch.cat(outs)
+        recon = torch.cat(recons)
+        out = recon if all(o is r for o, r in zip(outs, recons)) else torch.cat(outs)
+        return (x if unnormalized else torch.cat(normalized)), recon, out
 
     def _add_codes(self, parts: list[_COO]) -> None:
         """Add the COO codes of consecutive row blocks (rows numbered from the first block's first row)."""
