@@ -41,6 +41,7 @@ from torch import Tensor
 
 from saegeo.errors import BadInputError
 from saegeo.geometry.accumulate import UnitMean, anisotropy_from_unit_mean
+from saegeo.geometry.dictionary import row_norms
 
 __all__ = [
     "dictionary_anisotropy",
@@ -211,11 +212,13 @@ def independent_codes_anisotropy(
     seeded): the rows then hold the product of the sample's per-latent marginals, co-firing removed,
     norms fluctuating as they do. Returns (mean pairwise cosine of the k·replicates rows, its sampling sd),
     the sd from ``anisotropy_sampling_sd`` at n = k (the sample's marginals, not the permutations, set the
-    error). Memory O(nnz + k·d + d²); one randperm(k) per active latent and replicate.
+    error). Memory O(nnz + k·d + d²): the rows a block of entries reads are gathered and normalised in float64
+    then (a float64 copy of a published-width dictionary would be 2 × its float32 size); one randperm(k) per
+    active latent and replicate.
     """
     k, rows, cols, values = _sample_coo(codes)
-    unit_rows = _as_tensor(unit_rows).to(torch.float64)
-    unit_rows = unit_rows / unit_rows.norm(dim=1, keepdim=True).clamp_min(1e-300)
+    unit_rows = _as_tensor(unit_rows)
+    latent_norms = row_norms(unit_rows).clamp_min(1e-300)  # ‖w_i‖, float64, blockwise
     d = unit_rows.shape[1]
     if k < 3 or not values.numel():
         return float("nan"), None
@@ -234,7 +237,8 @@ def independent_codes_anisotropy(
         x = torch.zeros(k, d, dtype=torch.float64)
         for lo in range(0, len(values), _BLOCK_ROWS):  # Σ_i a_i u_i per permuted row, entries in blocks
             part = slice(lo, lo + _BLOCK_ROWS)
-            x.index_add_(0, new_rows[part], values[part, None] * unit_rows[cols[part]])
+            unit = unit_rows[cols[part]].to(torch.float64) / latent_norms[cols[part], None]
+            x.index_add_(0, new_rows[part], values[part, None] * unit)
         norms = x.norm(dim=1)
         unit = x[norms > 0] / norms[norms > 0, None]
         unit_sum += unit.sum(0)

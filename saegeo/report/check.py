@@ -52,6 +52,7 @@ from saegeo.report.flags import (
     sort_flags,
 )
 from saegeo.sae.formats.base import release_pages
+from saegeo.sae.metrics import encode_block_rows
 from saegeo.sae.model import SAE, as_sae
 
 CHECK_SCHEMA_VERSION = 1
@@ -682,8 +683,12 @@ def _store_measures(acts: Any, opts: MatchOptions) -> dict[str, Any] | None:
 
 
 def _fve(sae: SAE, x: torch.Tensor) -> float | None:
+    """1 − Σ‖x − x̂‖²/Σ‖x − x̄‖² of the kept rows, reconstructed ``encode_block_rows(d_sae)`` rows at a time (the
+    (rows × d_sae) pre-activations of 4,096 rows would be 1 GB at 65k latents)."""
+    block = encode_block_rows(int(sae.W_dec.shape[0]), sae.W_enc.element_size())
     with torch.no_grad():
-        x_hat = sae(x.to(sae.W_enc.dtype)).to(torch.float64)
+        parts = [sae(x[lo : lo + block].to(sae.W_enc.dtype)) for lo in range(0, max(1, x.shape[0]), block)]
+        x_hat = torch.cat(parts).to(torch.float64)
     x = x.to(torch.float64)
     centred = float((x - x.mean(0)).pow(2).sum())
     return 1 - float((x - x_hat).pow(2).sum()) / centred if centred > 0 else None

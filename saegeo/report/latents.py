@@ -22,12 +22,11 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import numpy as np
-import torch
 from torch import Tensor
 
 from saegeo.config import BATCH_ROWS, check, option
 from saegeo.errors import BadInputError
-from saegeo.geometry.dictionary import nearest_decoder_neighbours
+from saegeo.geometry.dictionary import nearest_decoder_neighbours, row_norms
 from saegeo.geometry.latents import BINS_PER_OCTAVE, LatentHistogram, LatentTopK
 from saegeo.io import json_safe
 
@@ -315,7 +314,7 @@ class LatentCollector:
         """Set ``section.latent_table``, ``.latents`` and ``.latent_info`` (SAEGeometry); ``why`` may be a
         function of the table (e.g. the top latents by a column)."""
         nn = nearest_decoder_neighbours(w_dec, N_NEIGHBOURS) if neighbours else None
-        norms = torch.linalg.vector_norm(w_dec.to(torch.float64), dim=1)
+        norms = row_norms(w_dec)  # float64 a block at a time: no float64 copy of W_dec
         table = latent_table(section, metrics.codes.mean_sq_code, norms, nn, dense_frequency)
         chosen = why(table) if callable(why) else why
         section.latent_table = table

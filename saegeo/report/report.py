@@ -554,7 +554,9 @@ def geometry_report(
     own (which supersede a given flag of the same name and subject); an activations_mismatch error withholds that
     SAE's WITHHELD_METRICS and the flags computed from them. notes, then the withheld notes, then closing_notes
     follow the pass's own notes.
-    Memory: O(d² + k_sample·d + Σ d_sae + batch), independent of the number of tokens.
+    Memory: O(d² + k_sample·d + Σ d_sae + batch·d), independent of the number of tokens; an SAE's dense
+    (rows × d_sae) codes exist ``encode_block_rows(d_sae)`` rows at a time (ENCODE_BLOCK_BYTES, saegeo.sae.metrics),
+    whatever batch_rows.
     """
     from saegeo import __version__
 

@@ -15,6 +15,16 @@ Per batch x (m, d), through the SAE (saegeo ``SAE`` or a SAELens-like object wit
     which give the sampling sd of their A (``anisotropy_sampling_sd``).
 Everything is a float64 sum: ``state_dict`` / ``from_state_dict`` / ``merge`` (so
 ``saegeo.distributed.merge_across_ranks`` works), and ``summary`` reads out the metrics.
+
+Memory at published width: a batch is encoded ``encode_block_rows(d_sae)`` rows at a time, so the dense
+(rows × d_sae) codes and their temporaries (pre-activations, masks, folded copies) stay within
+ENCODE_BLOCK_BYTES whatever the batch; only each block's nonzero codes (COO) and its (rows × d) x̂ are kept, and the
+batch's sums are taken over their concatenation in the order the whole batch gives (the COO is row-major either
+way). What may differ is the encode's own float32 rounding: a GEMM's result for a row can depend on how many rows
+it is given (by ≤ 2γ_d·Σ_j |x_j W_ji| per pre-activation, γ_d = d·2⁻²⁴/(1 − d·2⁻²⁴)), exactly as between two
+batch sizes; on arithmetic that is exact (tests/test_check_width.py) every block size gives the same bits. The
+encode must be row-wise -- each row's codes a function of that row alone -- as every inference encode is
+(BatchTopK at inference is a fixed threshold).
 """
 
 from __future__ import annotations
@@ -29,6 +39,26 @@ from saegeo.errors import BadInputError
 from saegeo.geometry.accumulate import UnitMean
 from saegeo.geometry.amplification import CodeMomentAccumulator, coo_codes
 from saegeo.geometry.dictionary import row_cosines, row_norms
+
+ENCODE_BLOCK_BYTES = 256 * 2**20  # the dense codes of one encode block and their temporaries stay below this
+# the most (rows × d_sae) arrays alive at once, in copies of the codes' element size: a JumpReLU encode holds pre,
+# ReLU(pre), the mask [pre > θ] (¼) and their product (3¼); after it, the codes, their folded copy a_i·‖W_dec,i‖ and
+# the top-k screen's two masks (2½); a dense TopK scatters into zeros_like(pre) beside pre and ReLU(pre) (3)
+CODE_TEMPORARIES = 4
+COO_ENTRY_BYTES = 8 + 8 + 4  # row, latent (int64) and value (float32) of one nonzero code
+# the nonzero codes of a batch's blocks kept for one call of the code accumulator (its sums then run in the whole
+# batch's order); codes so dense that a batch's pass this are added a part at a time (a JumpReLU batch of 8,192
+# rows reaches it at L0 ≈ 1,600)
+PENDING_CODES_BYTES = 256 * 2**20
+
+
+def encode_block_rows(d_sae: int, element_size: int = 4, budget_bytes: int | None = None) -> int:
+    """Rows encoded at once so that the dense codes of a block and their temporaries fit ``budget_bytes``
+    (default ENCODE_BLOCK_BYTES): max(1, ⌊budget / (CODE_TEMPORARIES · d_sae · element_size)⌋), element_size the
+    bytes of the codes' dtype (at least float32's 4: the codes are folded in float32). 256 MiB gives 1,024 rows at
+    16k latents, 256 at 65k, 64 at 262k."""
+    budget = ENCODE_BLOCK_BYTES if budget_bytes is None else budget_bytes
+    return max(1, budget // (CODE_TEMPORARIES * int(d_sae) * max(int(element_size), 4)))
 
 
 class _COO(NamedTuple):
@@ -90,22 +120,23 @@ class SAEMetrics:
             self._b_dec = sae.b_dec.detach().to(self.device, torch.float32)
 
     # ------------------------------------------------------------------ streaming
+    @property
+    def encode_rows(self) -> int:
+        """Rows per encode block (``encode_block_rows`` of this SAE's d_sae and code dtype)."""
+        weights = getattr(self.sae, "W_enc", None)  # a peer SAE measured through its own encode may have none
+        return encode_block_rows(self.d_sae, (weights if weights is not None else self.sae.W_dec).element_size())
+
     @torch.inference_mode()
     def add(self, x: Float[Tensor, "m d"]) -> SAEMetrics:
-        """Stream one batch of activations through the SAE and add its sums."""
+        """Stream one batch of activations through the SAE and add its sums (encoded ``encode_rows`` rows at a
+        time; the sums over the whole batch)."""
         sae = self.sae
         if sae is None:
             raise BadInputError("SAEMetrics.add needs the SAE: SAEMetrics(sae) or from_state_dict(sd, sae=sae)")
         x = x.to(self.device, torch.float32)
         if x.shape[0] == 0:
             return self
-        x_normalized, norm_state, recon, coo = self._encode(x)
-        if self.code_observers:  # one conversion of dense codes to their nonzeros, read by every consumer
-            dense = coo if isinstance(coo, Tensor) else None
-            coo = _COO(*coo_codes(coo))
-            for observer in self.code_observers:
-                observer.add(coo, dense=dense)
-        self.codes.add(coo)
+        x_normalized, recon, recon_out = self._encode_batch(x)
         y = recon - self._b_dec
         self.recon_unit.add(y)
         norms = torch.linalg.vector_norm(y.double(), dim=1)
@@ -113,16 +144,65 @@ class SAEMetrics:
         unit = y[norms > 0] / norms[norms > 0, None].to(y.dtype)
         self.recon_unit_scatter += (unit.T @ unit).to("cpu", torch.float64)  # float32 gram: an sd needs no more
         self.input_unit.add(x_normalized - self._b_dec)
-        if norm_state is not None:
-            recon = sae.denormalize(recon, norm_state)
+        # in place on one float64 copy at a time (the same values and sums as x64 − x̂64 and x64 − x̄: a float32
+        # operand is widened exactly): (rows × d) float64 temporaries are 151 MB each at 8,192 × 2,304
+        error = x.double().sub_(recon_out)
+        self.sse += float(error.square_().sum())
+        del error
         x64 = x.double()
-        self.sse += float((x64 - recon.double()).square().sum())
         batch_mean = x64.mean(dim=0)
-        self._combine(x.shape[0], batch_mean.cpu(), float((x64 - batch_mean).square().sum()))
+        self._combine(x.shape[0], batch_mean.cpu(), float(x64.sub_(batch_mean).square_().sum()))
         return self
 
+    def _encode_batch(self, x: Float[Tensor, "m d"]) -> tuple[Tensor, Tensor, Tensor]:
+        """(x', x̂ in the normalised space, x̂ denormalised) of a batch, encoded ``encode_rows`` rows at a time.
+        Each block's dense codes are screened by the code observers (their own block: the top-k and histogram are
+        exact whatever the blocks) and kept as COO; the code accumulator gets the batch's concatenated COO (the
+        whole batch's row-major order) once, or a part of it whenever the kept nonzeros pass PENDING_CODES_BYTES
+        (codes nearly dense: its float sums are then over those parts, rounding differently)."""
+        block = self.encode_rows
+        normalized, recons, outs, pending = [], [], [], []
+        group_start, n_pending = 0, 0  # the first row of the pending COO parts, their nonzeros
+        unnormalized = True  # x' is x itself (no input normalisation): no copy of it is made
+        for lo in range(0, x.shape[0], block):
+            rows = x[lo : lo + block]
+            x_normalized, norm_state, recon, codes = self._encode(rows)
+            unnormalized &= x_normalized is rows
+            dense = codes if isinstance(codes, Tensor) else None
+            coo = _COO(*coo_codes(codes)) if dense is not None else codes
+            for observer in self.code_observers:
+                observer.add(coo, dense=dense)
+            del dense, codes  # the block's (rows × d_sae) codes go before the next block's
+            normalized.append(x_normalized)
+            recons.append(recon)
+            outs.append(recon if norm_state is None else self.sae.denormalize(recon, norm_state))
+            pending.append(coo._replace(rows=coo.rows + (lo - group_start)))
+            n_pending += coo.values.numel()
+            if n_pending * COO_ENTRY_BYTES > PENDING_CODES_BYTES:
+                self._add_codes(pending)
+                pending, n_pending, group_start = [], 0, lo + coo.n_rows
+        self._add_codes(pending)
+        if len(recons) == 1:
+            return normalized[0], recons[0], outs[0]
+        recon = torch.cat(recons)
+        out = recon if all(o is r for o, r in zip(outs, recons)) else torch.cat(outs)
+        return (x if unnormalized else torch.cat(normalized)), recon, out
+
+    def _add_codes(self, parts: list[_COO]) -> None:
+        """Add the COO codes of consecutive row blocks (rows numbered from the first block's first row)."""
+        if parts:
+            self.codes.add(
+                _COO(
+                    sum(p.n_rows for p in parts),
+                    torch.cat([p.rows for p in parts]),
+                    torch.cat([p.cols for p in parts]),
+                    torch.cat([p.values for p in parts]),
+                )
+            )
+
     def _encode(self, x: Float[Tensor, "m d"]) -> tuple[Tensor, Any, Tensor, Any]:
-        """(x', the normalisation state, x̂ in the normalised space, the folded codes as COO or a dense matrix)."""
+        """(x', the normalisation state, x̂ in the normalised space, the folded codes as COO or a dense matrix) of
+        one block of rows."""
         sae = self.sae
         # SAEs with input normalisation (OpenAI LayerNorm, SAELens layer_norm / constant_norm_rescale) decode in
         # the normalised space: the cone is measured there, the error on the denormalised reconstruction.
@@ -143,9 +223,11 @@ class SAEMetrics:
         return x_normalized, norm_state, recon, (codes if self._rescaled else codes * self._fold).float().cpu()
 
     @torch.inference_mode()
-    def sample_codes(self, x: Float[Tensor, "m d"], *, chunk: int = 1024) -> _COO:
-        """The folded codes a_i·‖W_dec,i‖ of a few rows (e.g. the report's row sample) as COO, encoded in
-        chunks (no (m, d_sae) matrix beyond ``chunk`` rows); nothing is added to the sums."""
+    def sample_codes(self, x: Float[Tensor, "m d"], *, chunk: int | None = None) -> _COO:
+        """The folded codes a_i·‖W_dec,i‖ of a few rows (e.g. the report's row sample) as COO, encoded ``chunk``
+        rows at a time (default ``encode_rows``: no (m, d_sae) matrix beyond a block); nothing is added to the
+        sums."""
+        chunk = chunk or self.encode_rows
         parts = []
         for lo in range(0, x.shape[0], chunk):
             *_, coo = self._encode(x[lo : lo + chunk].to(self.device, torch.float32))
