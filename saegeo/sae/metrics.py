@@ -75,8 +75,8 @@ class SAEMetrics:
         self.input_unit = UnitMean(self.d_in)  # Σ unit(x' − b_dec)
         self.recon_sq_sum = 0.0  # Σ‖x̂ − b_dec‖²
         self.recon_unit_scatter = torch.zeros(self.d_in, self.d_in, dtype=torch.float64)  # Σ ŷŷᵀ, ŷ = unit(x̂ − b_dec)
-        # accumulators of the same folded codes, fed every batch as observer.add(coo, dense=the (m, d_sae) matrix
-        # or None) (the report's LatentCollector); not in the state
+        # accumulators of the same folded codes, fed every batch as observer.add(coo) (the report's
+        # LatentCollector); not in the state
         self.code_observers: list[Any] = []
         if sae is not None:
             cfg = getattr(sae, "cfg", None)
@@ -101,10 +101,9 @@ class SAEMetrics:
             return self
         x_normalized, norm_state, recon, coo = self._encode(x)
         if self.code_observers:  # one conversion of dense codes to their nonzeros, read by every consumer
-            dense = coo if isinstance(coo, Tensor) else None
             coo = _COO(*coo_codes(coo))
             for observer in self.code_observers:
-                observer.add(coo, dense=dense)
+                observer.add(coo)
         self.codes.add(coo)
         y = recon - self._b_dec
         self.recon_unit.add(y)
