@@ -196,77 +196,20 @@ def _store(path: Path, x, *, hook: str, seed: int):
     return ActivationStore(path)
 
 
-def hand_built_latents(s: Any, n_cards: int = 4) -> tuple[dict[str, list], list[dict]]:
-    """A latent_table and cards of an SAEGeometry in the report.json contract, from the section's own
-    per-latent lists, where the report has none of its own (contexts made up from WORDS)."""
-    import numpy as np
-
-    n = s.d_sae
-    rate = np.asarray(s.firing_frequency, dtype=float)
-    mean = np.asarray(s.mean_activation, dtype=float)
-    cos = np.asarray(s.cos_decoder_mean, dtype=float)
-    share = s.cone_shares or [None] * n
-    table = {
-        "id": list(range(n)),
-        "rate": rate.tolist(),
-        "mean_activation": mean.tolist(),
-        "mean_sq_activation": (mean**2 / np.maximum(rate, 1e-12)).tolist(),
-        "cos_mu": cos.tolist(),
-        "cone_share": list(share),
-        "decoder_norm": [1.0] * n,
-        "dead": (rate == 0).tolist(),
-        "dense": (rate > 0.5).tolist(),
-        "nn_id": [(i + 1) % n for i in range(n)],
-        "nn_cos": [0.1] * n,
-    }
-    cards = []
-    for i in np.argsort(-rate)[:n_cards].tolist():
-        top = float(mean[i] / max(rate[i], 1e-12)) * 3
-        cards.append(
-            {
-                "id": i,
-                "why": ["asked"],
-                "firing_rate": float(rate[i]),
-                "mean_activation": float(mean[i]),
-                "mean_sq_activation": table["mean_sq_activation"][i],
-                "cos_mu": float(cos[i]),
-                "cone_share": share[i],
-                "decoder_norm": 1.0,
-                "dead": False,
-                "dense": bool(rate[i] > 0.5),
-                "histogram": {
-                    "edges": [0.01 * 1.33**k for k in range(25)],
-                    "counts": [k * (24 - k) for k in range(24)],
-                },
-                "neighbours": [{"id": (i + j) % n, "cos": 0.3 / j} for j in range(1, 6)],
-                "top_contexts": [
-                    {
-                        "row": 100 * r + i,
-                        "activation": top / (1 + 0.1 * r),
-                        "token_id": r % len(WORDS),
-                        "position": 16,
-                        "text": " " + WORDS[r % len(WORDS)],
-                        "context": [" " + WORDS[(r * 7 + j) % len(WORDS)] for j in range(16)],
-                        "after": [" " + WORDS[(r + j) % len(WORDS)] for j in range(4)],
-                    }
-                    for r in range(20)
-                ],
-            }
-        )
-    return table, cards
-
-
 def build_pages(out: Path) -> dict[str, Path]:
-    """The four pages from real computations on small synthetic stores: report.html (two SAEs, their latents),
-    check.html, sweep.html (four layers) and latents.html. {page: path}."""
+    """The four pages from real computations on small synthetic stores: report.html (two SAEs, the table and cards
+    of the latents its flags name), check.html, sweep.html (four layers) and latents.html (`saegeo latents`' own
+    run: the cards of the six latents firing most often, contexts read from the store). {page: path}."""
     import math
 
     import torch
 
     from saegeo.render import write_report, write_sweep
-    from saegeo.render.latents import render_latents_html
+    from saegeo.render.latents import write_latents
     from saegeo.report import ReportOptions, geometry_report
     from saegeo.report.check import CheckOptions, check_dictionary
+    from saegeo.report.latents import LatentsOptions
+    from saegeo.report.report import latents_report
     from saegeo.report.sweep import SweepOptions, sweep_stores
     from saegeo.sae.model import SAE, SAEConfig
 
@@ -286,9 +229,8 @@ def build_pages(out: Path) -> dict[str, Path]:
         planted.W_enc[:, 0] = 0.0
         planted.b_enc[0] = 6.0
     report = geometry_report(store, {"b_dec=0": planted, "b_dec=mean": clean}, options=ReportOptions(progress=False))
-    for s in report.saes:
-        if not getattr(s, "latent_table", None):
-            s.latent_table, s.latents = hand_built_latents(s)
+    for s in report.saes:  # the report's own cards: a page without them would test nothing
+        assert s.latent_table and s.latents, f"the report has no latent cards for {s.name}"
     pages = {"report": write_report(report, out / "report", formats=("html",))["html"]}
     check = check_dictionary(planted, name="b_dec=0", options=CheckOptions(progress=False))
     pages["check"] = write_report(check, out / "check", formats=("html",))["html"]
@@ -305,25 +247,8 @@ def build_pages(out: Path) -> dict[str, Path]:
     ]
     sweep = sweep_stores(stores, SweepOptions(artifact_k=2, progress=False))
     pages["sweep"] = write_sweep(sweep, out / "sweep", formats=("html",))["html"]
-    doc = {
-        "schema_version": 1,
-        "kind": "latents",
-        "source": report.source,
-        "saes": [
-            {
-                "name": s.name,
-                "d_sae": s.d_sae,
-                "n_tokens": s.n_tokens,
-                "latent_info": None,
-                "latents": s.latents,
-                "latent_table": s.latent_table,
-            }
-            for s in report.saes
-        ],
-    }
-    pages["latents"] = out / "latents" / "latents.html"
-    pages["latents"].parent.mkdir(exist_ok=True)
-    pages["latents"].write_text(render_latents_html(doc))
+    latents = latents_report(store, planted, LatentsOptions(top=6, progress=False), name="b_dec=0")
+    pages["latents"] = write_latents(latents, out / "latents", formats=("html",))["html"]
     return pages
 
 
