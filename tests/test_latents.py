@@ -491,3 +491,49 @@ def test_saegeo_report_refuses_a_latent_outside_an_sae_before_the_pass(planted, 
     )
     err = capsys.readouterr().err
     assert rc == 2 and "latent 99 is not a latent of SAE 'sae'" in err and len(err.strip().splitlines()) == 1
+
+
+# =========================================================================== the tokenizer of a store's model
+_TOKENIZER_PROBE = """import sys
+from saegeo.activations.models import tokenizer_for
+tok = tokenizer_for(sys.argv[1])
+print(tok is not None, sorted(m for m in ('transformers', 'transformer_lens') if m in sys.modules))
+"""
+
+
+def _probe_tokenizer(name: str, hf_cache) -> str:
+    """tokenizer_for(name) in a fresh interpreter with HF_HUB_CACHE = hf_cache: found?, the packages imported."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_CACHE": str(hf_cache), "HF_HUB_OFFLINE": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", _TOKENIZER_PROBE, name], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip()
+
+
+def test_a_model_name_found_nowhere_imports_neither_transformers_nor_transformer_lens(tmp_path):
+    """A store written by a script (model "bench") has no tokenizer: finding that out must not import
+    transformer-lens for its name mapping (~8 CPU s, a third of a 100k-row report) nor transformers."""
+    assert _probe_tokenizer("bench", tmp_path / "empty-cache") == "False []"
+
+
+def test_a_repo_id_in_the_hub_cache_is_found_as_given_without_transformer_lens(tmp_path):
+    """A snapshot of "acme/tok" in the Hugging Face cache (refs/main → snapshots/<commit>, MiniLM's tokenizer files):
+    found under its own id, without asking transformer-lens to map the name."""
+    import shutil
+
+    from saegeo.activations.models import minilm_path
+
+    repo = tmp_path / "hub" / "models--acme--tok"
+    commit = "0" * 40
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json"):
+        shutil.copy(minilm_path() / name, snapshot / name)
+    assert _probe_tokenizer("acme/tok", tmp_path / "hub") == "True ['transformers']"
