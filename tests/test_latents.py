@@ -497,12 +497,13 @@ def test_saegeo_report_refuses_a_latent_outside_an_sae_before_the_pass(planted, 
 _TOKENIZER_PROBE = """import sys
 from saegeo.activations.models import tokenizer_for
 tok = tokenizer_for(sys.argv[1])
-print(tok is not None, sorted(m for m in ('transformers', 'transformer_lens') if m in sys.modules))
+heavy = ('transformers', 'transformer_lens', 'huggingface_hub._snapshot_download')
+print(tok is not None, sorted(m for m in heavy if m in sys.modules))
 """
 
 
 def _probe_tokenizer(name: str, hf_cache) -> str:
-    """tokenizer_for(name) in a fresh interpreter with HF_HUB_CACHE = hf_cache: found?, the packages imported."""
+    """tokenizer_for(name) in a fresh interpreter with HF_HUB_CACHE = hf_cache: found?, the heavy modules imported."""
     import os
     import subprocess
     import sys
@@ -517,7 +518,8 @@ def _probe_tokenizer(name: str, hf_cache) -> str:
 
 def test_a_model_name_found_nowhere_imports_neither_transformers_nor_transformer_lens(tmp_path):
     """A store written by a script (model "bench") has no tokenizer: finding that out must not import
-    transformer-lens for its name mapping (~8 CPU s, a third of a 100k-row report) nor transformers."""
+    transformer-lens for its name mapping (~8 CPU s, a third of a 100k-row report), transformers (~1 s) nor
+    huggingface_hub's download code (~1 s)."""
     assert _probe_tokenizer("bench", tmp_path / "empty-cache") == "False []"
 
 
@@ -536,4 +538,6 @@ def test_a_repo_id_in_the_hub_cache_is_found_as_given_without_transformer_lens(t
     snapshot.mkdir(parents=True)
     for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json"):
         shutil.copy(minilm_path() / name, snapshot / name)
-    assert _probe_tokenizer("acme/tok", tmp_path / "hub") == "True ['transformers']"
+    assert (
+        _probe_tokenizer("acme/tok", tmp_path / "hub") == "True ['huggingface_hub._snapshot_download', 'transformers']"
+    )

@@ -626,20 +626,26 @@ def _cached_hub_snapshot(name: str) -> Path | None:
     """The local Hugging Face cache's snapshot of a hub name: the name as a repo id, else the repo transformer-lens
     maps it to (``hub_repo_for``). The mapping imports transformer-lens (~8 CPU s), so it is only asked when the
     name itself is not cached and the cache holds some model at all."""
-    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub import constants
 
     cache = os.environ.get("HF_HUB_CACHE") or None
+    root = Path(cache or constants.HF_HUB_CACHE)
 
     def snapshot(repo: str) -> Path | None:
+        # the cache's layout, models--<org>--<name>: a repo it lacks costs no import of the download code (~1 s)
+        if not (root / f"models--{repo.replace('/', '--')}").is_dir():
+            return None
+        from huggingface_hub import snapshot_download
+
         try:
             return Path(snapshot_download(repo, local_files_only=True, cache_dir=cache))
-        except Exception:  # not cached (LocalEntryNotFoundError), or not a valid repo id
+        except Exception:  # not cached after all (no snapshot for its ref), or not a valid repo id
             return None
 
     found = snapshot(name)
     if found is not None:
         return found
-    if not any(Path(cache or constants.HF_HUB_CACHE).glob("models--*")):
+    if not any(root.glob("models--*")):
         return None
     repo = hub_repo_for(name)
     return snapshot(repo) if repo != name else None
