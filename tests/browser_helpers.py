@@ -181,92 +181,74 @@ class Browser:
 WORDS = "the of and to in a is that for it as was with be by on not he this are or his from at which".split()
 
 
-def _store(path: Path, x, *, hook: str, seed: int):
-    """A store of ``x`` with token ids and positions (windows of 32), as `saegeo cache` writes one."""
+def _store(path: Path, x, *, hook: str, seed: int, extra_meta: dict | None = None):
+    """A store of ``x`` with token ids and positions (windows of 32), as `saegeo cache` writes one; with
+    ``extra_meta`` (exclusions: each window's first token left out) positions 1 … 31. Its model is the bundled
+    MiniLM and its tokens are WORDS in MiniLM's vocabulary, so the cards' contexts decode to text as a real store's
+    do."""
     import torch
 
+    from saegeo.activations.models import BUNDLED, tokenizer_for
     from saegeo.activations.store import ActivationStore, StoreWriter
 
     n = x.shape[0]
-    ids = torch.randint(0, len(WORDS), (n,), generator=torch.Generator().manual_seed(seed))
-    positions = torch.arange(n) % 32
-    with StoreWriter(path, d=x.shape[1], hook=hook, model="toy", shard_rows=1000) as w:
+    vocab = torch.tensor(tokenizer_for(BUNDLED["minilm"]).convert_tokens_to_ids(WORDS))
+    ids = vocab[torch.randint(0, len(WORDS), (n,), generator=torch.Generator().manual_seed(seed))]
+    positions = torch.arange(n) % 31 + 1 if extra_meta else torch.arange(n) % 32
+    model = BUNDLED["minilm"]
+    with StoreWriter(path, d=x.shape[1], hook=hook, model=model, shard_rows=1000, extra_meta=extra_meta) as w:
         for lo in range(0, n, 500):
             w.append(x[lo : lo + 500], token_ids=ids[lo : lo + 500], positions=positions[lo : lo + 500])
     return ActivationStore(path)
 
 
-def hand_built_latents(s: Any, n_cards: int = 4) -> tuple[dict[str, list], list[dict]]:
-    """A latent_table and cards of an SAEGeometry in the report.json contract, from the section's own
-    per-latent lists, where the report has none of its own (contexts made up from WORDS)."""
-    import numpy as np
+def _exclusions(x, generator) -> dict:
+    """The manifest's exclusion record of a store of ``x`` cached as SmolLM2's is (`saegeo cache --exclude-special
+    --exclude-norm-ratio`): each window's first token, a special one, left out (so the special positions and the
+    first position are the same rows) and a few norm outliers; their float64 sums beside those of all rows."""
+    import torch
 
-    n = s.d_sae
-    rate = np.asarray(s.firing_frequency, dtype=float)
-    mean = np.asarray(s.mean_activation, dtype=float)
-    cos = np.asarray(s.cos_decoder_mean, dtype=float)
-    share = s.cone_shares or [None] * n
-    table = {
-        "id": list(range(n)),
-        "rate": rate.tolist(),
-        "mean_activation": mean.tolist(),
-        "mean_sq_activation": (mean**2 / np.maximum(rate, 1e-12)).tolist(),
-        "cos_mu": cos.tolist(),
-        "cone_share": list(share),
-        "decoder_norm": [1.0] * n,
-        "dead": (rate == 0).tolist(),
-        "dense": (rate > 0.5).tolist(),
-        "nn_id": [(i + 1) % n for i in range(n)],
-        "nn_cos": [0.1] * n,
+    n_windows, d = -(-x.shape[0] // 31), x.shape[1]  # 31 stored rows a window
+    first = 8 * x.mean(0) + torch.randn(n_windows, d, generator=generator)  # BOS: far out along the mean
+    outliers = 20 * torch.randn(5, d, generator=generator)
+
+    def sums(rows) -> dict:
+        r = rows.double()
+        return {"n": r.shape[0], "sum": r.sum(0).tolist(), "sum_sq": float(r.square().sum())}
+
+    excluded = torch.cat([first, outliers])
+    return {
+        "exclusion_rule": {
+            "special_positions": {"prefix": ["<|im_start|>"], "prefix_ids": [1], "suffix": [], "suffix_ids": []},
+            "first_position_excluded": True,
+            "norm_ratio": 4.0,
+            "norm_rule": "rows with ‖x‖ > 4 × the median ‖x‖ of their window (non-special rows), at any cached hook",
+        },
+        "excluded": {
+            "finished": True,
+            "all": sums(torch.cat([x, excluded])),
+            "excluded": sums(excluded),
+            "excluded_special": sums(first),
+            "excluded_norm": sums(outliers),
+            "first_position": sums(first),
+        },
     }
-    cards = []
-    for i in np.argsort(-rate)[:n_cards].tolist():
-        top = float(mean[i] / max(rate[i], 1e-12)) * 3
-        cards.append(
-            {
-                "id": i,
-                "why": ["asked"],
-                "firing_rate": float(rate[i]),
-                "mean_activation": float(mean[i]),
-                "mean_sq_activation": table["mean_sq_activation"][i],
-                "cos_mu": float(cos[i]),
-                "cone_share": share[i],
-                "decoder_norm": 1.0,
-                "dead": False,
-                "dense": bool(rate[i] > 0.5),
-                "histogram": {
-                    "edges": [0.01 * 1.33**k for k in range(25)],
-                    "counts": [k * (24 - k) for k in range(24)],
-                },
-                "neighbours": [{"id": (i + j) % n, "cos": 0.3 / j} for j in range(1, 6)],
-                "top_contexts": [
-                    {
-                        "row": 100 * r + i,
-                        "activation": top / (1 + 0.1 * r),
-                        "token_id": r % len(WORDS),
-                        "position": 16,
-                        "text": " " + WORDS[r % len(WORDS)],
-                        "context": [" " + WORDS[(r * 7 + j) % len(WORDS)] for j in range(16)],
-                        "after": [" " + WORDS[(r + j) % len(WORDS)] for j in range(4)],
-                    }
-                    for r in range(20)
-                ],
-            }
-        )
-    return table, cards
 
 
 def build_pages(out: Path) -> dict[str, Path]:
-    """The four pages from real computations on small synthetic stores: report.html (two SAEs, their latents),
-    check.html, sweep.html (four layers) and latents.html. {page: path}."""
+    """The four pages from real computations on small synthetic stores: report.html (two SAEs, the table and cards
+    of the latents its flags name; its store cached with exclusions), check.html, sweep.html (four layers) and latents.html (`saegeo latents`' own
+    run: the cards of four latents, contexts read from the store and decoded). {page: path}."""
     import math
 
     import torch
 
     from saegeo.render import write_report, write_sweep
-    from saegeo.render.latents import render_latents_html
+    from saegeo.render.latents import write_latents
     from saegeo.report import ReportOptions, geometry_report
     from saegeo.report.check import CheckOptions, check_dictionary
+    from saegeo.report.latents import LatentsOptions
+    from saegeo.report.report import latents_report
     from saegeo.report.sweep import SweepOptions, sweep_stores
     from saegeo.sae.model import SAE, SAEConfig
 
@@ -276,7 +258,7 @@ def build_pages(out: Path) -> dict[str, Path]:
     offset = torch.randn(d, generator=g)
     offset = 6 * offset / offset.norm()
     x = torch.randn(n, d, generator=g) * torch.linspace(0.3, 2.0, d) + offset
-    store = _store(out / "acts", x, hook="blocks.3.hook_resid_post", seed=1)
+    store = _store(out / "acts", x, hook="blocks.3.hook_resid_post", seed=1, extra_meta=_exclusions(x, g))
     planted = SAE(SAEConfig(d_in=d, d_sae=n_lat, activation="relu")).init_weights(torch.Generator().manual_seed(1))
     clean = SAE(SAEConfig(d_in=d, d_sae=n_lat, activation="topk", k=8)).init_weights(
         torch.Generator().manual_seed(2), b_dec=x.mean(0)
@@ -286,9 +268,8 @@ def build_pages(out: Path) -> dict[str, Path]:
         planted.W_enc[:, 0] = 0.0
         planted.b_enc[0] = 6.0
     report = geometry_report(store, {"b_dec=0": planted, "b_dec=mean": clean}, options=ReportOptions(progress=False))
-    for s in report.saes:
-        if not getattr(s, "latent_table", None):
-            s.latent_table, s.latents = hand_built_latents(s)
+    for s in report.saes:  # the report's own cards: a page without them would test nothing
+        assert s.latent_table and s.latents, f"the report has no latent cards for {s.name}"
     pages = {"report": write_report(report, out / "report", formats=("html",))["html"]}
     check = check_dictionary(planted, name="b_dec=0", options=CheckOptions(progress=False))
     pages["check"] = write_report(check, out / "check", formats=("html",))["html"]
@@ -305,25 +286,10 @@ def build_pages(out: Path) -> dict[str, Path]:
     ]
     sweep = sweep_stores(stores, SweepOptions(artifact_k=2, progress=False))
     pages["sweep"] = write_sweep(sweep, out / "sweep", formats=("html",))["html"]
-    doc = {
-        "schema_version": 1,
-        "kind": "latents",
-        "source": report.source,
-        "saes": [
-            {
-                "name": s.name,
-                "d_sae": s.d_sae,
-                "n_tokens": s.n_tokens,
-                "latent_info": None,
-                "latents": s.latents,
-                "latent_table": s.latent_table,
-            }
-            for s in report.saes
-        ],
-    }
-    pages["latents"] = out / "latents" / "latents.html"
-    pages["latents"].parent.mkdir(exist_ok=True)
-    pages["latents"].write_text(render_latents_html(doc))
+    # the cards of latents firing on most tokens with spread activations first (the card the README shows), then
+    # latent 0, the planted mean direction (6.0 on every token: one histogram bar, 20 tied contexts)
+    latents = latents_report(store, planted, LatentsOptions(latents=(8, 4, 15, 0), progress=False), name="b_dec=0")
+    pages["latents"] = write_latents(latents, out / "latents", formats=("html",))["html"]
     return pages
 
 

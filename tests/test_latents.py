@@ -121,6 +121,53 @@ def test_latent_histogram_counts_every_nonzero_activation_in_its_log_bin():
     assert hist.histogram(1, 2e5)["edges"][-1] == 2e5
 
 
+def test_a_batch_cut_at_its_own_bin_edge_keeps_the_ties_on_that_edge():
+    """The first batch lets in more than 2k·N entries: they are cut per latent at the lower edge of the bin where
+    the batch's count from the top reaches k. Latent 0: 2 entries at 3.5 (bin [3, 4)) and 4 at 2.0 exactly, the
+    lower edge of [2, 3) where the count reaches k = 5: the k-th is one of the ties on the edge (the earliest
+    rows win); a spread of smaller values below is cut. Latent 1 has fewer than k entries: nothing is cut."""
+    from saegeo.geometry.latents import LatentTopK
+
+    g = torch.Generator().manual_seed(3)
+    codes = torch.zeros(200, 3)
+    codes[:, 0] = torch.where(torch.rand(200, generator=g) < 0.9, 0.1 + 1.8 * torch.rand(200, generator=g), 0.0)
+    codes[[150, 40], 0] = 3.5
+    codes[[120, 7, 180, 60], 0] = 2.0
+    codes[[5, 9, 30], 1] = torch.tensor([0.5, 0.25, 0.5])
+    codes[:, 2] = torch.where(torch.rand(200, generator=g) < 0.5, 2.0, 0.0)  # all tied, in one bin
+    for layout in ("dense", "sparse"):
+        acc = LatentTopK(3, 5).add(codes if layout == "dense" else codes.to_sparse())
+        ref = _full_sort_top(codes.numpy(), 5)
+        for i in range(3):
+            values, rows = acc.top(i)
+            assert [(float(v), int(r)) for v, r in zip(values, rows)] == ref[i], (layout, i)
+    assert LatentTopK(3, 5).add(codes).top(0)[1].tolist() == [40, 150, 7, 60, 120]
+
+
+def test_the_scattered_histogram_add_of_a_wide_dictionary_counts_as_the_dense_one(monkeypatch):
+    """Above DENSE_COUNT_CELLS (latent, bin) cells a batch is added entry by entry: the same counts."""
+    from saegeo.geometry import latents
+
+    codes = _sparse_codes(300, 20, 4)
+    dense = latents.LatentHistogram(20).add(codes).add(codes[:100])
+    monkeypatch.setattr(latents, "DENSE_COUNT_CELLS", 0)
+    scattered = latents.LatentHistogram(20).add(codes).add(codes[:100])
+    assert torch.equal(scattered.counts, dense.counts)
+    assert int(dense.counts.sum()) == int((codes > 0).sum() + (codes[:100] > 0).sum())
+
+
+@pytest.mark.parametrize("latent", [7, -1])
+def test_a_latent_index_outside_the_accumulators_is_a_clear_error(latent):
+    from saegeo.errors import BadInputError
+    from saegeo.geometry.latents import LatentHistogram, LatentTopK
+    from saegeo.sae.metrics import _COO
+
+    coo = _COO(2, torch.tensor([0, 1]), torch.tensor([1, latent]), torch.tensor([1.0, 2.0]))
+    for acc in (LatentTopK(4, 3), LatentHistogram(4)):
+        with pytest.raises(BadInputError, match=f"latent index {latent} but"):
+            acc.add(coo)
+
+
 # =========================================================================== cards from a store
 N_ROWS, D, WINDOW = 3000, 8, 32
 
@@ -444,3 +491,53 @@ def test_saegeo_report_refuses_a_latent_outside_an_sae_before_the_pass(planted, 
     )
     err = capsys.readouterr().err
     assert rc == 2 and "latent 99 is not a latent of SAE 'sae'" in err and len(err.strip().splitlines()) == 1
+
+
+# =========================================================================== the tokenizer of a store's model
+_TOKENIZER_PROBE = """import sys
+from saegeo.activations.models import tokenizer_for
+tok = tokenizer_for(sys.argv[1])
+heavy = ('transformers', 'transformer_lens', 'huggingface_hub._snapshot_download')
+print(tok is not None, sorted(m for m in heavy if m in sys.modules))
+"""
+
+
+def _probe_tokenizer(name: str, hf_cache) -> str:
+    """tokenizer_for(name) in a fresh interpreter with HF_HUB_CACHE = hf_cache: found?, the heavy modules imported."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_CACHE": str(hf_cache), "HF_HUB_OFFLINE": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", _TOKENIZER_PROBE, name], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip()
+
+
+def test_a_model_name_found_nowhere_imports_neither_transformers_nor_transformer_lens(tmp_path):
+    """A store written by a script (model "bench") has no tokenizer: finding that out must not import
+    transformer-lens for its name mapping (~8 CPU s, a third of a 100k-row report), transformers (~1 s) nor
+    huggingface_hub's download code (~1 s)."""
+    assert _probe_tokenizer("bench", tmp_path / "empty-cache") == "False []"
+
+
+def test_a_repo_id_in_the_hub_cache_is_found_as_given_without_transformer_lens(tmp_path):
+    """A snapshot of "acme/tok" in the Hugging Face cache (refs/main → snapshots/<commit>, MiniLM's tokenizer files):
+    found under its own id, without asking transformer-lens to map the name."""
+    import shutil
+
+    from saegeo.activations.models import minilm_path
+
+    repo = tmp_path / "hub" / "models--acme--tok"
+    commit = "0" * 40
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json"):
+        shutil.copy(minilm_path() / name, snapshot / name)
+    assert (
+        _probe_tokenizer("acme/tok", tmp_path / "hub") == "True ['huggingface_hub._snapshot_download', 'transformers']"
+    )

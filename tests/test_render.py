@@ -160,7 +160,8 @@ def test_a_flag_raised_at_many_layers_gives_its_advice_once():
 
 def test_identical_exclusion_groups_read_as_one_line():
     """BOS only: all excluded rows = the special positions = position 0 (the same rows): one line, not three;
-    a norm rule that drops other rows keeps its own line. The shares are group_shares' of float64 sums."""
+    a norm rule that drops other rows keeps its own line. The shares are group_shares' of float64 sums. Each line
+    reads "label: numbers" without the terminal's padding (a page collapses it), the total said once."""
     from saegeo.render.text import exclusion_lines
 
     d = 4
@@ -173,9 +174,10 @@ def test_identical_exclusion_groups_read_as_one_line():
     }
     lines = exclusion_lines(extra)
     assert len(lines) == 2, lines
-    assert lines[1].startswith("all excluded rows = special positions = first position (stored or not)")
+    assert lines[1].startswith("all excluded rows = special positions = first position (stored or not): ")
     # (Σ_G x)·μ/(N‖μ‖²) = 20·0.5·4 / (100·0.25·4) = 0.4
-    assert "10 rows (10.00%): 40.0% of ‖μ‖²" in lines[1]
+    assert "10 rows (10.00%), 40.0% of ‖μ‖²" in lines[1]
+    assert "of all 100 rows, stored + excluded" in lines[0] and "100 rows" not in lines[1]  # said once
     norm = {"n": 5, "sum": [1.0] * d, "sum_sq": 300.0}
     both = {"n": 15, "sum": [21.0] * d, "sum_sq": 500.0}
     rule2 = {**rule, "norm_rule": "norm > 3× median"}
@@ -190,8 +192,11 @@ def test_identical_exclusion_groups_read_as_one_line():
         },
     }
     lines2 = exclusion_lines(extra2)
-    assert len(lines2) == 4 and lines2[1].startswith("all excluded rows ")
-    assert lines2[2].startswith("  special positions = first position")
+    assert len(lines2) == 4 and lines2[1].startswith("all excluded rows: ")
+    # a page collapses the terminal's indent: a subgroup says so in words, each label ends in a colon
+    assert lines2[2].startswith("  of which special positions = first position (stored or not): ")
+    assert lines2[3].startswith("  of which norm outliers: ")
+    assert " ".join(lines2[3].split()).startswith("of which norm outliers: 5 rows (5.00%), 2.0% of ‖μ‖²")
 
 
 def test_every_rendering_uses_the_reports_symbols(report):
@@ -261,3 +266,20 @@ def test_latent_table_and_cards_embed_escaped_and_complete():
     assert page.count("class='latents'") == 1 and "<script>" in page
     assert "http://" not in page and "https://" not in page
     assert html_lib.escape("1,000 latents") in page
+
+
+def test_the_sweep_figure_marks_whole_layers_only(monkeypatch):
+    """Depth is a count of blocks: the x ticks of every panel are whole numbers (not 1.5, 2.5 between layers)."""
+    from saegeo.render import sweep as render_sweep
+    from saegeo.report.sweep import LayerSweep
+
+    figures = []
+    monkeypatch.setattr(render_sweep, "png", lambda fig, dpi: figures.append(fig) or b"")
+    rows = [{"layer": L, "hook": f"b{L}", "n": 10, "A": 0.1 * L, "A_null": 0.01, "offset": 0.5} for L in (1, 2, 3, 4)]
+    render_sweep.sweep_figure(LayerSweep(1, "m", rows, [], 0.0, {}))
+    plotted = [ax for ax in figures[0].axes if any(len(line.get_xdata()) for line in ax.get_lines())]
+    assert len(plotted) >= 2  # A with its null, the offset
+    figures[0].canvas.draw()  # the ticks of the laid-out figure
+    for ax in plotted:
+        ticks = [t for t in ax.get_xticks() if 1 <= t <= 4]
+        assert ticks and all(float(t).is_integer() for t in ticks), (ax.get_title(), ticks)

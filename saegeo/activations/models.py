@@ -588,29 +588,64 @@ def tokenizer_for(model: str) -> Any | None:
 
     The bundled MiniLM and SmolLM2 (once converted: never converted here), a local model directory, a JSON
     config file (its "tokenizer", default MiniLM's) and a hub name already in the Hugging Face cache are known;
-    a config given as an object ("config:<hash>") records no tokenizer."""
-    _quiet_transformers()
+    a config given as an object ("config:<hash>") records no tokenizer. transformers is imported only once a
+    source is found (a name found nowhere costs no import: ~1 CPU s for transformers, ~8 for transformer-lens)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if model.startswith(BUNDLED["minilm"]):
-                return _load_tokenizer(minilm_path())
-            if model.startswith(BUNDLED["smollm2"]):
-                target = _cache_root() / f"smollm2-{sha256_file(smollm2_gguf())[:16]}"
-                return _load_tokenizer(target) if (target / SMOLLM2_MARKER).is_file() else None
-            if model.startswith("config:"):
-                path = Path(model.removeprefix("config:"))
-                if not path.is_file():
-                    return None
-                tokenizer = json.loads(path.read_text()).get("tokenizer")
-                return _load_tokenizer(minilm_path() if tokenizer in (None, "minilm") else tokenizer)
-            if model and Path(model).is_dir():
-                return _load_tokenizer(model)
-            if not model or model == "none":
+            source = _tokenizer_source(model)
+            if source is None:
                 return None
-            from huggingface_hub import snapshot_download
-
-            cache = os.environ.get("HF_HUB_CACHE") or None
-            return _load_tokenizer(snapshot_download(hub_repo_for(model), local_files_only=True, cache_dir=cache))
+            _quiet_transformers()
+            return _load_tokenizer(source)
     except Exception:  # a missing package, file or cache entry: the contexts show token ids instead
         return None
+
+
+def _tokenizer_source(model: str) -> str | Path | None:
+    """Where ``tokenizer_for`` loads the tokenizer of a model name from (None: nowhere on this machine)."""
+    if model.startswith(BUNDLED["minilm"]):
+        return minilm_path()
+    if model.startswith(BUNDLED["smollm2"]):
+        target = _cache_root() / f"smollm2-{sha256_file(smollm2_gguf())[:16]}"
+        return target if (target / SMOLLM2_MARKER).is_file() else None
+    if model.startswith("config:"):
+        path = Path(model.removeprefix("config:"))
+        if not path.is_file():
+            return None
+        tokenizer = json.loads(path.read_text()).get("tokenizer")
+        return minilm_path() if tokenizer in (None, "minilm") else tokenizer
+    if model and Path(model).is_dir():
+        return model
+    if not model or model == "none":
+        return None
+    return _cached_hub_snapshot(model)
+
+
+def _cached_hub_snapshot(name: str) -> Path | None:
+    """The local Hugging Face cache's snapshot of a hub name: the name as a repo id, else the repo transformer-lens
+    maps it to (``hub_repo_for``). The mapping imports transformer-lens (~8 CPU s), so it is only asked when the
+    name itself is not cached and the cache holds some model at all."""
+    from huggingface_hub import constants
+
+    cache = os.environ.get("HF_HUB_CACHE") or None
+    root = Path(cache or constants.HF_HUB_CACHE)
+
+    def snapshot(repo: str) -> Path | None:
+        # the cache's layout, models--<org>--<name>: a repo it lacks costs no import of the download code (~1 s)
+        if not (root / f"models--{repo.replace('/', '--')}").is_dir():
+            return None
+        from huggingface_hub import snapshot_download
+
+        try:
+            return Path(snapshot_download(repo, local_files_only=True, cache_dir=cache))
+        except Exception:  # not cached after all (no snapshot for its ref), or not a valid repo id
+            return None
+
+    found = snapshot(name)
+    if found is not None:
+        return found
+    if not any(root.glob("models--*")):
+        return None
+    repo = hub_repo_for(name)
+    return snapshot(repo) if repo != name else None

@@ -7,7 +7,8 @@ number of rows.
 ``LatentHistogram(n_latents)``          counts of a_i > 0 in fixed half-octave bins (``HISTOGRAM_EDGES``).
 Both take a batch of codes as anything ``coo_codes`` reads (dense (m, N), torch sparse, COO), are mergeable
 (``merge``, ``state_dict`` / ``from_state_dict``: ``saegeo.distributed.merge_across_ranks`` works) and exact.
-Pure math on tensors: no I/O, no models.
+Pure math on tensors (the per-batch screen and merge run in NumPy on CPU views of the state: its gathers and sorts
+cost a fraction of torch's at these sizes): no I/O, no models.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ BINS_PER_OCTAVE = 2  # edges 2^e and 1.5·2^e: read off a float32's exponent and
 _LOW_EXP, _HIGH_EXP = -14, 14
 _N_INNER = (_HIGH_EXP - _LOW_EXP) * BINS_PER_OCTAVE  # bins in [2^-14, 2^14)
 # [0, 2^-14), then [2^e, 1.5·2^e) and [1.5·2^e, 2^(e+1)) for e = −14 … 13, then [2^14, ∞): all exact in float32
+# up to this many (latent, bin) cells a batch's histogram is one bincount of all of them (8M cells: 64 MB); above,
+# a scattered add of its entries only
+DENSE_COUNT_CELLS = 1 << 23
 HISTOGRAM_EDGES = np.array(
     [0.0] + [m * 2.0**e for e in range(_LOW_EXP, _HIGH_EXP) for m in (1.0, 1.5)] + [2.0**_HIGH_EXP, np.inf]
 )
@@ -38,10 +42,13 @@ class LatentTopK:
     """The k largest positive activations of each of ``n_latents`` latents over a stream of code batches,
     with the global index of their rows (batch row j of the t-th batch is ``start`` + rows seen before + j).
 
-    Per batch only the entries above their latent's current k-th value enter (one compare over the batch; a
-    dense batch that would let in more than 2k per latent, the first ones, is first cut to its own top k per
-    latent, ties kept); those are merged with the latents' kept entries by one stable sort on the int64 key
-    (latent, −a), rows in order. State: values (N, k) float32 (0 = empty slot), rows (N, k) int64 (−1 = empty).
+    Per batch only the entries a > v_k(latent) (the latent's current k-th kept value, 0 while a slot is empty)
+    enter: one gather and compare over the batch's nonzeros. When more than 2k·N enter (the first batches), they
+    are first cut per latent at the lower edge of the half-octave bin (``histogram_bins``) where the count of the
+    batch's entries from the top reaches k: at least k of its own entries lie at or above that edge, so nothing
+    below it can be among the k largest (exact, ties included). The rest are merged with the kept entries by one
+    stable sort on the int64 key (latent, −a), rows in order. State: values (N, k) float32 (0 = empty slot), rows
+    (N, k) int64 (−1 = empty).
     """
 
     def __init__(self, n_latents: int, k: int, start: int = 0):
@@ -51,75 +58,88 @@ class LatentTopK:
         self.values = torch.zeros(self.n_latents, self.k, dtype=torch.float32)
         self.rows = torch.full((self.n_latents, self.k), -1, dtype=torch.long)
 
+    def _threshold(self) -> np.ndarray:
+        """v_k per latent: the k-th kept value (0 while a slot is empty), contiguous for the gather."""
+        return np.ascontiguousarray(self.values.numpy()[:, -1])
+
     def add(self, codes: Any) -> LatentTopK:
         """Add one batch of codes (its rows are the next rows of the stream): a dense (m, N) tensor is screened
         against the kept k-th values directly (no list of its nonzeros), anything else through ``coo_codes``."""
-        if isinstance(codes, Tensor) and codes.layout == torch.strided and codes.ndim == 2:
-            return self._add_dense(codes)
-        n_rows, rows, cols, values = coo_codes(codes)
         start = self.seen
+        if isinstance(codes, Tensor) and codes.layout == torch.strided and codes.ndim == 2:
+            if codes.shape[1] != self.n_latents:
+                raise BadInputError(f"codes have {codes.shape[1]} latents but LatentTopK has N = {self.n_latents}")
+            self.seen += codes.shape[0]
+            if self.k == 0 or codes.shape[0] == 0:
+                return self
+            dense = codes.detach().to("cpu", torch.float32).numpy()
+            rows, cols = np.nonzero(dense > self._threshold())  # row-major: rows in increasing order
+            self._enter(cols, dense[rows, cols], rows + start)
+            return self
+        n_rows, rows, cols, values = coo_codes(codes)
         self.seen += n_rows
         if self.k == 0 or values.numel() == 0:
             return self
-        rows, cols = rows.to("cpu", torch.long), cols.to("cpu", torch.long)
-        values = values.detach().to("cpu", torch.float32)
-        if int(cols.max()) >= self.n_latents:
-            raise BadInputError(f"codes have latent index {int(cols.max())} but LatentTopK has N = {self.n_latents}")
-        enter = values > self.values[:, -1].contiguous()[cols]  # beats the k-th kept (0 while a slot is empty)
-        if bool(enter.any()):
+        rows, cols = rows.to("cpu", torch.long).numpy(), cols.to("cpu", torch.long).numpy()
+        values = values.detach().to("cpu", torch.float32).numpy()
+        if int(cols.max()) >= self.n_latents or int(cols.min()) < 0:
+            bad = int(cols.max()) if int(cols.max()) >= self.n_latents else int(cols.min())
+            raise BadInputError(f"codes have latent index {bad} but LatentTopK has N = {self.n_latents}")
+        enter = np.flatnonzero(values > self._threshold()[cols])  # beats the k-th kept
+        if enter.size:
             rows, cols, values = rows[enter], cols[enter], values[enter]
-            if rows.numel() > 1 and bool((rows[1:] < rows[:-1]).any()):  # COO of an unknown order: rows first
-                by_row = torch.argsort(rows, stable=True)
+            if rows.size > 1 and bool((rows[1:] < rows[:-1]).any()):  # COO of an unknown order: rows first
+                by_row = np.argsort(rows, kind="stable")
                 rows, cols, values = rows[by_row], cols[by_row], values[by_row]
-            # the batch's rows come after every kept row, in order: a stable sort keeps ties in row order
-            self._merge_entries(cols, values, rows + start)
+            self._enter(cols, values, rows + start)
         return self
 
-    def _add_dense(self, codes: Float[Tensor, "m N"]) -> LatentTopK:
-        if codes.shape[1] != self.n_latents:
-            raise BadInputError(f"codes have {codes.shape[1]} latents but LatentTopK has N = {self.n_latents}")
-        start = self.seen
-        self.seen += codes.shape[0]
-        if self.k == 0 or codes.shape[0] == 0:
-            return self
-        codes = codes.detach().to("cpu", torch.float32)
-        enter = codes > self.values[:, -1]  # beats the k-th kept (0 while a slot is empty)
-        if int(enter.sum()) > 2 * self.k * self.n_latents:  # the first batches: cut to the batch's own top k
-            kth = codes.topk(min(self.k, codes.shape[0]), dim=0).values[-1]
-            enter &= codes >= kth  # ≥: every entry tied with a latent's k-th stays, the sort decides by row
-        rows, cols = enter.nonzero(as_tuple=True)  # row-major: rows in increasing order
-        if rows.numel():
-            self._merge_entries(cols, codes[rows, cols], rows + start)
-        return self
+    def _enter(self, cols: np.ndarray, values: np.ndarray, rows: np.ndarray) -> None:
+        """Entries of one batch that beat their latent's k-th kept value, in row order (after every kept row):
+        cut at their own bin edge when there are many, then merged."""
+        if cols.size > 2 * self.k * self.n_latents:
+            bins = _float32_bins(values)
+            n_bins = len(HISTOGRAM_EDGES) - 1
+            counts = np.bincount(cols * n_bins + bins, minlength=self.n_latents * n_bins).reshape(-1, n_bins)
+            from_top = counts[:, ::-1].cumsum(axis=1)[:, ::-1]  # entries in bins ≥ b
+            cut = np.maximum((from_top >= self.k).sum(axis=1) - 1, 0)  # the highest bin with ≥ k at or above it
+            keep = np.flatnonzero(bins >= cut[cols])
+            cols, values, rows = cols[keep], values[keep], rows[keep]
+        if cols.size:
+            self._merge_entries(cols, values, rows)
 
-    def _merge_entries(self, cols: Tensor, values: Tensor, rows: Tensor, *, rows_after_kept: bool = True) -> None:
+    def _merge_entries(
+        self, cols: np.ndarray, values: np.ndarray, rows: np.ndarray, *, rows_after_kept: bool = True
+    ) -> None:
         """Merge entries (latent, a > 0, row) into the kept ones: one stable sort by (latent, −a), ties in row
         order, the first k of each latent kept. ``rows_after_kept``: the entries' rows are in increasing order and
         after every kept row (a stream), else everything is put in row order first (a merge)."""
-        touched = torch.unique(cols)
         k = self.k
-        kept_v, kept_r = self.values[touched], self.rows[touched]
-        occupied = kept_r.flatten() >= 0
-        all_c = torch.cat([touched.repeat_interleave(k)[occupied], cols])
-        all_v = torch.cat([kept_v.flatten()[occupied], values])
-        all_r = torch.cat([kept_r.flatten()[occupied], rows])
+        new_per_latent = np.bincount(cols, minlength=self.n_latents)
+        touched = np.flatnonzero(new_per_latent)
+        kept_v, kept_r = self.values.numpy()[touched], self.rows.numpy()[touched]
+        occupied = kept_r >= 0  # a prefix of each latent's slots
+        n_kept = occupied.sum(axis=1)
+        all_c = np.concatenate([np.repeat(touched, n_kept), cols])
+        all_v = np.concatenate([kept_v[occupied], values])
+        all_r = np.concatenate([kept_r[occupied], rows])
         if not rows_after_kept:
-            by_row = torch.argsort(all_r, stable=True)
+            by_row = np.argsort(all_r, kind="stable")
             all_c, all_v, all_r = all_c[by_row], all_v[by_row], all_r[by_row]
         # a > 0 in float32: its bit pattern as an int increases with a, so (latent, −a) is one int64 key
-        key = (all_c << 31) | (0x7FFFFFFF - all_v.contiguous().view(torch.int32).to(torch.long))
-        order = torch.argsort(key, stable=True)
-        c_sorted = all_c[order]
-        slot_of = torch.searchsorted(touched, c_sorted)
-        first = torch.searchsorted(c_sorted, touched)
-        rank = torch.arange(len(order)) - first[slot_of]
+        key = (all_c << 31) | (0x7FFFFFFF - all_v.view(np.int32).astype(np.int64))
+        order = np.argsort(key, kind="stable")
+        # sorted, the entries of the t-th touched latent are one block of n_kept + new; rank = place in it
+        sizes = n_kept + new_per_latent[touched]
+        slot = np.repeat(np.arange(len(touched)), sizes)
+        rank = np.arange(len(order)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
         keep = rank < k
-        new_v = torch.zeros(len(touched), k, dtype=torch.float32)
-        new_r = torch.full((len(touched), k), -1, dtype=torch.long)
-        slot, place, src = slot_of[keep], rank[keep], order[keep]
-        new_v[slot, place] = all_v[src]
-        new_r[slot, place] = all_r[src]
-        self.values[touched], self.rows[touched] = new_v, new_r
+        new_v = np.zeros((len(touched), k), dtype=np.float32)
+        new_r = np.full((len(touched), k), -1, dtype=np.int64)
+        src = order[keep]
+        new_v[slot[keep], rank[keep]] = all_v[src]
+        new_r[slot[keep], rank[keep]] = all_r[src]
+        self.values.numpy()[touched], self.rows.numpy()[touched] = new_v, new_r
 
     def top(self, latent: int) -> tuple[Float[Tensor, " m"], Int[Tensor, " m"]]:
         """(activations, global rows) of one latent, largest first; m ≤ k (fewer when it fired less often)."""
@@ -134,8 +154,9 @@ class LatentTopK:
             )
         filled = other.rows >= 0
         if bool(filled.any()):
-            cols = torch.arange(self.n_latents).repeat_interleave(self.k)[filled.flatten()]
-            self._merge_entries(cols, other.values[filled], other.rows[filled], rows_after_kept=False)
+            cols = np.repeat(np.arange(self.n_latents), self.k)[filled.flatten().numpy()]
+            values, rows = other.values[filled].numpy(), other.rows[filled].numpy()
+            self._merge_entries(cols, values, rows, rows_after_kept=False)
         self.seen = max(self.seen, other.seen)
         return self
 
@@ -159,8 +180,13 @@ class LatentTopK:
 def histogram_bins(values: Float[Tensor, " n"]) -> Int[Tensor, " n"]:
     """The bin of each value a ≥ 0 in ``HISTOGRAM_EDGES`` (edges[b] ≤ a < edges[b + 1]), from its float32 bits:
     bits >> 22 = 2·(exponent + 127) + first mantissa bit, i.e. 2(e + 127) for a ∈ [2^e, 1.5·2^e), one more above."""
-    bits = values.to(torch.float32).contiguous().view(torch.int32) >> 22
-    return (bits.to(torch.long) - 2 * (127 + _LOW_EXP)).clamp_(-1, _N_INNER) + 1
+    return torch.from_numpy(_float32_bins(values.detach().to("cpu", torch.float32).numpy()))
+
+
+def _float32_bins(values: np.ndarray) -> np.ndarray:
+    """``histogram_bins`` of a float32 array a ≥ 0, as int64."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.int32) >> 22
+    return np.clip(bits - 2 * (127 + _LOW_EXP), -1, _N_INNER).astype(np.int64) + 1
 
 
 class LatentHistogram:
@@ -172,16 +198,26 @@ class LatentHistogram:
         self.counts = torch.zeros(self.n_latents, len(HISTOGRAM_EDGES) - 1, dtype=torch.long)
 
     def add(self, codes: Any) -> LatentHistogram:
+        """Add one batch of codes (anything ``coo_codes`` reads): one bincount over the keys latent·B + bin of
+        its positive entries."""
         _, _, cols, values = coo_codes(codes)
-        values, cols = values.detach().to("cpu", torch.float32), cols.to("cpu", torch.long)
-        if bool((values <= 0).any()):  # nonzeros: only negative codes to drop
+        if values.numel() == 0:
+            return self
+        values = values.detach().to("cpu", torch.float32).numpy()
+        cols = cols.to("cpu", torch.long).numpy()
+        if bool((values <= 0).any()):  # nonzeros: only negative or zero codes (TopK's) to drop
             cols, values = cols[values > 0], values[values > 0]
-        if values.numel():
-            flat = cols * self.counts.shape[1] + histogram_bins(values)
-            if self.counts.numel() <= 1 << 23:  # a dense count of all the cells beats a scattered add
-                self.counts += torch.bincount(flat, minlength=self.counts.numel()).view_as(self.counts)
+        if values.size:
+            if int(cols.max()) >= self.n_latents or int(cols.min()) < 0:
+                bad = int(cols.max()) if int(cols.max()) >= self.n_latents else int(cols.min())
+                raise BadInputError(f"codes have latent index {bad} but LatentHistogram has N = {self.n_latents}")
+            n_bins = self.counts.shape[1]
+            flat = cols * n_bins + _float32_bins(values)
+            if self.counts.numel() <= DENSE_COUNT_CELLS:  # a dense count of all the cells beats a scattered add
+                self.counts.numpy().reshape(-1)[:] += np.bincount(flat, minlength=self.counts.numel())
             else:
-                self.counts.view(-1).index_add_(0, flat, torch.ones_like(flat))
+                flat_t = torch.from_numpy(flat)
+                self.counts.view(-1).index_add_(0, flat_t, torch.ones_like(flat_t))
         return self
 
     def histogram(self, latent: int, max_value: float | None = None) -> dict[str, list]:

@@ -191,6 +191,7 @@ def sweep_figure(sweep: LayerSweep) -> bytes:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(4, 3, figsize=(12, 14), layout="constrained")
     depth = [r["layer"] if r["layer"] is not None else i for i, r in enumerate(sweep.layers)]
@@ -205,6 +206,7 @@ def sweep_figure(sweep: LayerSweep) -> bytes:
                 ax.plot([], [], " ", label=f"{label}: " + MISSING_REASON.get(key, "not measured at any layer"))
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("layer (blocks applied)", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # a layer is a count of blocks: no 1.5
         ax.set_ylabel(ylabel, fontsize=8)
         if len(series) > 1 and ax.get_legend_handles_labels()[0]:  # a panel with one series needs no legend
             ncol = 1 if missing else 3

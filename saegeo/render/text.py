@@ -114,37 +114,40 @@ def render_geometry(result: Any) -> str:
 
 # =========================================================================== shared with the pages
 def exclusion_lines(manifest_extra: Mapping[str, Any]) -> list[str]:
-    """Lines for a summary: what was excluded and the share of ‖μ‖² / tr Σ it carried ([] if nothing)."""
+    """Lines for a summary: what was excluded, then per group "label: rows (share), share of ‖μ‖², share of tr Σ,
+    RMS norm ratio" (shares of all N rows, stored and excluded, said once in the first line; [] if nothing). Each
+    label ends in a colon and a subgroup reads "of which …": a page's table collapses the terminal's padding."""
     rule, excl = manifest_extra.get("exclusion_rule"), manifest_extra.get("excluded")
     if not rule or not excl:
         return []
-    lines = []
     what = []
     sp = rule["special_positions"]
     if sp["prefix"] or sp["suffix"]:
         what.append("special positions " + " … ".join(" ".join(t) for t in (sp["prefix"], sp["suffix"]) if t))
     if rule.get("norm_rule"):
         what.append(rule["norm_rule"])
-    lines.append("excluded from the store: " + "; ".join(what))
+    lines = [
+        f"excluded from the store: {'; '.join(what)} (shares below of all {excl['all']['n']:,} rows, stored + excluded)"
+    ]
     names = {
         "excluded": "all excluded rows",
-        "excluded_special": "  special positions",
-        "excluded_norm": "  norm outliers",
+        "excluded_special": "special positions",
+        "excluded_norm": "norm outliers",
         "first_position": "first position (stored or not)",
     }
     # groups that are the same rows (all excluded = the special positions = position 0, as with BOS only): one line
     merged: dict[str, list[str]] = {}
     for g, sh in exclusion_shares(excl).items():
         numbers = (
-            f"{sh['rows']:>9,} rows ({100 * sh['row_share']:.2f}%): "
-            f"{100 * sh['mu_share']:.1f}% of ‖μ‖², {100 * sh['trace_share']:.1f}% of tr Σ, "
-            f"RMS norm {sh['norm_ratio']:.1f}× the average (shares of all {excl['all']['n']:,} rows)"
+            f"{sh['rows']:,} rows ({100 * sh['row_share']:.2f}%), {100 * sh['mu_share']:.1f}% of ‖μ‖², "
+            f"{100 * sh['trace_share']:.1f}% of tr Σ, RMS norm {sh['norm_ratio']:.1f}× the average"
         )
-        merged.setdefault(numbers, []).append(names[g])
+        merged.setdefault(numbers, []).append(g)
     for numbers, groups in merged.items():
-        indent = groups[0][: len(groups[0]) - len(groups[0].lstrip())]  # a subgroup stays indented
-        label = indent + " = ".join(name.strip() for name in groups)
-        lines.append(f"{label:<30} {numbers}")
+        # a part of the excluded rows reads as one (indented for the terminal); a group equal to them does not
+        of_which = "  of which " if groups[0] in ("excluded_special", "excluded_norm") else ""
+        label = of_which + " = ".join(names[g] for g in groups) + ":"
+        lines.append(f"{label:<42} {numbers}")
     return lines
 
 

@@ -284,10 +284,11 @@ class LatentCollector:
         self.topk = LatentTopK(d_sae, n_contexts, start)
         self.histogram = LatentHistogram(d_sae)
 
-    def add(self, codes: Any, dense: Tensor | None = None) -> None:
-        """One batch: ``codes`` as COO (or anything ``coo_codes`` reads); ``dense``, the same codes as an (m, d_sae)
-        matrix where the SAE gave one (the top-k screens it directly)."""
-        self.topk.add(codes if dense is None else dense)
+    def add(self, codes: Any) -> None:
+        """One batch: ``codes`` as COO (or anything ``coo_codes`` reads). The pass hands over the COO it builds
+        anyway, even where the SAE gave a dense matrix: a gather over the nonzeros screens the top-k, where the
+        dense matrix would cost a compare over every (row, latent) cell."""
+        self.topk.add(codes)
         self.histogram.add(codes)
 
     def merge_ranks(self) -> None:

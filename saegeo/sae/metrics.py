@@ -105,8 +105,8 @@ class SAEMetrics:
         self.input_unit = UnitMean(self.d_in)  # Σ unit(x' − b_dec)
         self.recon_sq_sum = 0.0  # Σ‖x̂ − b_dec‖²
         self.recon_unit_scatter = torch.zeros(self.d_in, self.d_in, dtype=torch.float64)  # Σ ŷŷᵀ, ŷ = unit(x̂ − b_dec)
-        # accumulators of the same folded codes, fed every batch as observer.add(coo, dense=the (m, d_sae) matrix
-        # or None) (the report's LatentCollector); not in the state
+        # accumulators of the same folded codes, fed every batch as observer.add(coo) (the report's
+        # LatentCollector); not in the state
         self.code_observers: list[Any] = []
         if sae is not None:
             cfg = getattr(sae, "cfg", None)
@@ -171,7 +171,7 @@ class SAEMetrics:
             dense = codes if isinstance(codes, Tensor) else None
             coo = _COO(*coo_codes(codes)) if dense is not None else codes
             for observer in self.code_observers:
-                observer.add(coo, dense=dense)
+                observer.add(coo)  # the COO, also of a dense block: the observers screen its nonzeros
             del dense, codes  # the block's (rows × d_sae) codes go before the next block's
             normalized.append(x_normalized)
             recons.append(recon)
