@@ -58,7 +58,7 @@ from saegeo.geometry.sample import RowReservoir
 # 2: + unit second moment, null-influence sums, entry and row-norm histograms; 3: + Σx² per entry bin;
 # 4: the full Σx̂x̂ᵀ replaced by a seeded sample of SD_SAMPLE_ROWS rows (what feeds only the sd of Â)
 STATE_VERSION = 4
-_SAMPLE_BLOCK_ROWS = 256  # rows per block of the sample's read-out (float64 temporaries of 512·d stay in cache)
+_SAMPLE_BLOCK_ROWS = 256  # rows per block of the sample read-out without numba (float64 temporaries stay in cache)
 SD_SAMPLE_ROWS = 8192  # rows of the seeded sample behind the unit-vector second moment (docs/statistics.md)
 _INT_KEYS = ("version", "d", "n", "n_zero", "n_nonfinite_skipped", "n_batches", "n_rows_seen", "n_nonzero_entries")
 _SAMPLE_KEYS = ("sample_k", "sample_seed", "sample_seen", "sample_rows", "sample_priority")
