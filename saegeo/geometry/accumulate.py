@@ -166,13 +166,16 @@ class ChunkSums:
     centred: Tensor | None
 
 
-def chunk_sums(x: Float[Tensor, "m d"], shift: Float[Tensor, " d"] | None = None) -> ChunkSums:
+def chunk_sums(
+    x: Float[Tensor, "m d"], shift: Float[Tensor, " d"] | None = None, *, stream_entries: int | None = None
+) -> ChunkSums:
     """The :class:`ChunkSums` of a float32 / float64 chunk: on the CPU one fused compiled pass
-    (``saegeo.geometry.fused``) when the chunk is large enough to pay for numba's start, else (small chunks, a GPU)
-    the same sums as torch operations on a float64 copy.
-    Rows with a NaN or inf give a non-finite ``row_sq`` (their other sums are not to be used)."""
+    (``saegeo.geometry.fused``) once the stream is large enough to pay for numba's start (``stream_entries``: its
+    entries up to and with this chunk, default the chunk's), else (small streams, a GPU) the same sums as torch
+    operations on a float64 copy. Rows with a NaN or inf give a non-finite ``row_sq`` (their other sums are not
+    to be used)."""
     _, exp_bits, mantissa_bits = _INT_VIEW[x.dtype]
-    if x.device.type == "cpu" and fused.worth_it(x.numel()):
+    if x.device.type == "cpu" and fused.worth_it(x.numel() if stream_entries is None else stream_entries):
         row_sq, row_p1, cols, k_count, k_sum, k_sq, n_nonzero, centred = fused.fused_chunk_sums(
             x.detach().numpy(), None if shift is None else shift.numpy(), exp_bits, mantissa_bits
         )
@@ -419,7 +422,9 @@ class GeometryAccumulator:
         # Shift for the gram: the running mean rounded to the compute dtype (the first chunk: its own mean, known
         # only after the row sums, so its shifted copy is made afterwards).
         shift = self._mean.to(x.dtype, copy=True) if self.n > 0 else None
-        sums = chunk_sums(x, shift)
+        # the stream's entries so far decide the path (the ragged last chunk of a long stream stays fused)
+        stream_entries = (row_offset + start + x.shape[0]) * self.d
+        sums = chunk_sums(x, shift, stream_entries=stream_entries)
         keep, n_offered = None, x.shape[0]
         bad = ~torch.isfinite(sums.row_sq)
         if bad.any():
@@ -438,7 +443,7 @@ class GeometryAccumulator:
                 keep[bad_rows] = False
                 self.n_nonfinite_skipped += len(bad_rows)
                 x = x[keep]
-                sums = chunk_sums(x, shift)  # the chunk's sums again, without the rows skipped
+                sums = chunk_sums(x, shift, stream_entries=stream_entries)  # again, without the rows skipped
         m = x.shape[0]
         if m == 0:
             self.sample.seen += n_offered  # every row skipped: they still take their global indices
