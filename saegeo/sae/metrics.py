@@ -29,6 +29,9 @@ encode must be row-wise -- each row's codes a function of that row alone -- as e
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import sys
 from typing import Any, NamedTuple
 
 import torch
@@ -50,6 +53,28 @@ COO_ENTRY_BYTES = 8 + 8 + 4  # row, latent (int64) and value (float32) of one no
 # batch's order); codes so dense that a batch's pass this are added a part at a time (a JumpReLU batch of 8,192
 # rows reaches it at L0 ≈ 1,600)
 PENDING_CODES_BYTES = 256 * 2**20
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's malloc_trim, or None (not Linux, or another C library)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def release_free_heap() -> None:
+    """Hand the C heap's free pages back to the kernel (glibc malloc_trim(0); a no-op elsewhere). Why: an encode
+    block's mid-size temporaries (its (rows × d_sae) boolean masks are below glibc's 32 MiB mmap threshold) are carved
+    from the heap between what the batch keeps (each block's nonzero codes and x̂), so every block leaves a hole the
+    next cannot reuse: +18 MB per 256-row block at 65k latents, +0.6 GB over an 8,192-row batch. Trimming after each
+    block keeps the heap flat for ~7 ms a block."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def encode_block_rows(d_sae: int, element_size: int = 4, budget_bytes: int | None = None) -> int:
@@ -173,6 +198,7 @@ class SAEMetrics:
             for observer in self.code_observers:
                 observer.add(coo)  # the COO, also of a dense block: the observers screen its nonzeros
             del dense, codes  # the block's (rows × d_sae) codes go before the next block's
+            release_free_heap()
             normalized.append(x_normalized)
             recons.append(recon)
             outs.append(recon if norm_state is None else self.sae.denormalize(recon, norm_state))
