@@ -198,7 +198,8 @@ class SAEMetrics:
             for observer in self.code_observers:
                 observer.add(coo)  # the COO, also of a dense block: the observers screen its nonzeros
             del dense, codes  # the block's (rows × d_sae) codes go before the next block's
-            release_free_heap()
+            if x.shape[0] > block:  # only a batch of several blocks leaves heap holes between them
+                release_free_heap()
             normalized.append(x_normalized)
             recons.append(recon)
             outs.append(recon if norm_state is None else self.sae.denormalize(recon, norm_state))
