@@ -203,3 +203,15 @@ def test_symmetric_gram_is_the_full_product(d):
     assert torch.equal(got, got.T)
     bound = 2 * 64 * U64 * (np.abs(x.numpy()).T @ np.abs(x.numpy()))
     assert np.all(np.abs(got.numpy() - want) <= bound)
+
+
+def test_kmeans_on_rows_too_large_for_float32_distances():
+    from saegeo.geometry.diagnosis import kmeans_between_share
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((200, 8))
+    x[:100, 0] += 6.0  # two clusters along the first axis
+    share, smaller = kmeans_between_share(torch.from_numpy(x))
+    big_share, big_smaller = kmeans_between_share(torch.from_numpy(x * 1e25))  # squares past float32's range
+    assert math.isfinite(big_share) and big_share == pytest.approx(share, rel=1e-9)
+    assert big_smaller == smaller == 0.5

@@ -82,7 +82,9 @@ def _kmeans_between_share(x: Tensor, k: int, iters: int, restarts: int, seed: in
     # Lloyd's iterations only choose labels: float32 distances (half the memory traffic of float64; a label
     # differs only for a row within float32 rounding of equidistant); the within-cluster sum that is reported is
     # taken in float64 from the final labels' own means.
-    x32 = x.to(torch.float32)
+    # float32 unless its squared distances could overflow (|x|² · 4d past float32's range: a damaged store's rows)
+    fits = float(x.abs().max()) ** 2 * 4 * x.shape[1] < torch.finfo(torch.float32).max
+    x32 = x.to(torch.float32) if fits else x
     sq = x32.square().sum(1)
 
     def sq_dist(centres: Tensor) -> Tensor:  # (k, m) ‖x − c‖² by one matmul (c·xᵀ: 3× faster than x·cᵀ here)
