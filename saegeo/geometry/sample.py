@@ -52,9 +52,8 @@ class RowReservoir:
         self._rows = torch.zeros(0, d, dtype=dtype)
         self._priority = np.zeros(0, dtype=np.uint64)
         self._in_order = True
-        self._filling: list[
-            tuple[np.ndarray, Tensor]
-        ] = []  # rows offered while fewer than k are kept, not yet sorted in
+        # rows offered while fewer than k are kept, not yet sorted in
+        self._filling: list[tuple[np.ndarray, Tensor]] = []
         self._n_filling = 0
 
     @property
