@@ -753,7 +753,7 @@ class GeometryAccumulator:
                     fourth[lo:hi] = torch.linalg.vector_norm(v, dim=1).pow(4)
                     v_all[lo:hi] = v
             gram = symmetric_gram(v_all).to(torch.float64)
-            self._sample_cache = (v_dot_s, powers, float(fourth.sum()), (gram + gram.T) / 2)
+            self._sample_cache = (v_dot_s, powers, float(fourth.sum()), gram)  # symmetric_gram: exactly symmetric
         return self._sample_cache
 
     def unit_pair_sums(self, power_weights: Tensor | None = None) -> tuple[float, float, float]:
