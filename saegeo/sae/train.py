@@ -106,7 +106,9 @@ class TrainConfig:
     decoder_norm: DecoderNorm = option(
         "unit", "relu: unit-norm decoder rows, or free norms (penalty Σ a_i‖w_i‖, folded to unit at the end)"
     )
-    grad_clip_norm: float | None = option(None, "clip the gradient to this global norm (SAELens: 1)", above=0)
+    grad_clip_norm: float | None = option(
+        None, "clip the gradient to this global norm; 0 = never (default: the architecture's; SAELens: 1)", low=0
+    )
     lr: float | None = option(
         None, "Adam learning rate (default: the architecture's, Architecture.train_defaults)", low=0, high=1
     )
@@ -179,7 +181,8 @@ class TrainConfig:
 
     def resolved(self) -> TrainConfig:
         """This config with each option left unset (None) that the architecture gives a default for filled in
-        (``Architecture.train_defaults``: lr, l1_coefficient); what ``train_sae`` trains and records."""
+        (``Architecture.train_defaults``: lr, l1_coefficient, grad_clip_norm); what ``train_sae`` trains and
+        records."""
         defaults = get_architecture(self.arch).train_defaults
         unset = {name: value for name, value in defaults.items() if getattr(self, name) is None}
         return dataclasses.replace(self, **unset) if unset else self

@@ -95,7 +95,7 @@ class Architecture:
     init_encoder_scale: float = 1.0  # SAE.init_weights' tied encoder W_enc = scale · W_decᵀ
     # TrainConfig options this architecture fills in when they are left unset (TrainConfig.resolved); the values
     # are those measured best on MiniLM layer 3 by benchmarks/train_bench.py (benchmarks/README.md)
-    train_defaults: dict[str, float] = {"lr": 3e-4, "l1_coefficient": 1.0}
+    train_defaults: dict[str, float] = {"lr": 3e-4, "l1_coefficient": 1.0, "grad_clip_norm": 0.0}
     aux_loss_name: str = "aux_loss"  # what TrainOutput.aux_loss is, as training_log.jsonl names it
 
     # ------------------------------------------------------------------ the model

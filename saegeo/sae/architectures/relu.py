@@ -93,7 +93,7 @@ class ReLU(Architecture):
     # "Training"): at 737,280 tokens, l1 1, 2e-3 beat 1e-3 and 3e-4 (FVE 0.911 at L0 126; 0.903 at 194; 0.879 at
     # 466); at 368,640 tokens 4e-3 had the lowest held-out objective at l1 1 and 2 of the grid 1e-3, 2e-3, 4e-3
     # (l1 1: FVE 0.902 at L0 151; 2e-3: 0.898 at 219). l1 1: SAELens' default, the same objective scale.
-    train_defaults = {"lr": 4e-3, "l1_coefficient": 1.0}
+    train_defaults = {"lr": 4e-3, "l1_coefficient": 1.0, "grad_clip_norm": 1.0}
 
     def encode(self, sae, pre: Float[Tensor, "n d_sae"]) -> Float[Tensor, "n d_sae"]:
         return F.relu(pre)
