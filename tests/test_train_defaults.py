@@ -28,11 +28,30 @@ def _cfg(**kw) -> TrainConfig:
 def test_unset_options_take_the_architectures_defaults(arch):
     defaults = get_architecture(arch).train_defaults
     cfg = _cfg(arch=arch)
-    assert (cfg.lr, cfg.l1_coefficient) == (None, None)  # unset until resolved
+    assert (cfg.lr, cfg.l1_coefficient, cfg.grad_clip_norm) == (None, None, None)  # unset until resolved
     done = cfg.resolved()
-    assert (done.lr, done.l1_coefficient) == (defaults["lr"], defaults["l1_coefficient"])
-    given = _cfg(arch=arch, lr=0.123, l1_coefficient=4.5).resolved()  # a given value is never replaced
-    assert (given.lr, given.l1_coefficient) == (0.123, 4.5)
+    assert (done.lr, done.l1_coefficient, done.grad_clip_norm) == (
+        defaults["lr"],
+        defaults["l1_coefficient"],
+        defaults["grad_clip_norm"],
+    )
+    given = _cfg(arch=arch, lr=0.123, l1_coefficient=4.5, grad_clip_norm=0.0).resolved()  # never replaced
+    assert (given.lr, given.l1_coefficient, given.grad_clip_norm) == (0.123, 4.5, 0.0)
+
+
+def test_relu_clips_its_gradient_by_default_and_zero_turns_it_off():
+    """ReLU's default clips the global gradient norm at 1 (SAELens' trainer does too); 0 never clips. On these rows
+    (offset 3 in 16 dims: ‖∇‖ ≫ 1 on the SAELens objective scale) the clip changes every step's update, while a
+    clip far above any gradient norm multiplies by exactly 1 and so trains the unclipped weights bit for bit."""
+    x = _rows()
+    assert get_architecture("relu").train_defaults["grad_clip_norm"] == 1.0
+    assert get_architecture("topk").train_defaults["grad_clip_norm"] == 0.0  # FVU loss: ‖∇‖ < 1 here anyway
+    clipped = train_sae(_cfg(arch="relu"), x)
+    never = train_sae(_cfg(arch="relu", grad_clip_norm=0.0), x)
+    far_above = train_sae(_cfg(arch="relu", grad_clip_norm=1e30), x)
+    assert clipped.config.grad_clip_norm == 1.0 and never.config.grad_clip_norm == 0.0
+    assert torch.equal(never.sae.W_enc, far_above.sae.W_enc) and torch.equal(never.sae.W_dec, far_above.sae.W_dec)
+    assert not torch.allclose(clipped.sae.W_enc, never.sae.W_enc, atol=1e-4)
 
 
 def test_the_trainer_trains_and_records_the_resolved_defaults(tmp_path):
