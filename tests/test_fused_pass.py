@@ -215,3 +215,55 @@ def test_kmeans_on_rows_too_large_for_float32_distances():
     big_share, big_smaller = kmeans_between_share(torch.from_numpy(x * 1e25))  # squares past float32's range
     assert math.isfinite(big_share) and big_share == pytest.approx(share, rel=1e-9)
     assert big_smaller == smaller == 0.5
+
+
+def _brute_force_lloyd(x: np.ndarray, centres: np.ndarray, iters: int) -> np.ndarray:
+    """Textbook Lloyd in float64: nearest centre by full distances (argmin: the first on a tie), then the means."""
+    label = np.argmin(((x[:, None, :] - centres[None]) ** 2).sum(-1), axis=1)
+    for _ in range(iters):
+        centres = np.stack([x[label == c].mean(0) if np.any(label == c) else centres[c] for c in range(2)])
+        new = np.argmin(((x[:, None, :] - centres[None]) ** 2).sum(-1), axis=1)
+        if np.array_equal(new, label):
+            break
+        label = new
+    return np.argmin(((x[:, None, :] - centres[None]) ** 2).sum(-1), axis=1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_two_means_step_is_textbook_lloyd(seed):
+    """k = 2's matrix-vector step gives the labels of Lloyd's full-distance iterations from the same start."""
+    from saegeo.geometry.diagnosis import _lloyd_two
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((300, 12))
+    x[: 40 + 30 * seed, :3] += 2.5  # an unequal split, so the iterations move
+    start = x[rng.choice(300, 2, replace=False)]
+    for iters in (1, 3, 30):
+        got = _lloyd_two(torch.from_numpy(x), torch.from_numpy(start), iters)
+        assert got.tolist() == _brute_force_lloyd(x, start, iters).tolist()
+
+
+def test_two_means_tie_stays_with_the_first_centre_and_an_empty_cluster_keeps_its_centre():
+    from saegeo.geometry.diagnosis import _lloyd_two
+
+    x = torch.tensor([[0.0, 0.0], [1.0, 0.0], [3.0, 0.0]], dtype=torch.float64)
+    # row 0 is equidistant from both: argmin's first index, centre 0
+    assert _lloyd_two(x, torch.tensor([[-1.0, 0.0], [1.0, 0.0]], dtype=torch.float64), 0).tolist() == [0, 1, 1]
+    far = torch.tensor([[1.0, 0.0], [100.0, 0.0]], dtype=torch.float64)  # no row nearer c₁: it stays at 100
+    assert _lloyd_two(x, far, 5).tolist() == [0, 0, 0]
+
+
+def test_cosine_histogram_decides_pairs_near_a_bin_edge_in_float64():
+    """Pairs whose cosine lies within float32 rounding of a bin edge (here 1e-9 either side of every edge, and
+    ±1) are counted in the bin of their float64 cosine, as numpy's histogram of the float64 products does
+    (the report clips to [−1, 1]: cosines of nearly parallel rows that round past ±1 count in the end bins)."""
+    from saegeo.report import report as report_module
+
+    edges = np.linspace(-1, 1, 21)
+    cosines = np.concatenate([edges[1:-1] - 1e-9, edges[1:-1] + 1e-9, [1.0 - 1e-12, -1.0 + 1e-12]])
+    rows = [np.array([1.0, 0.0])] + [np.array([c, np.sqrt(1 - c * c)]) for c in cosines]
+    x = np.stack(rows) * np.linspace(0.5, 3, len(rows))[:, None]  # norms other than 1
+    h = report_module.cosine_histogram(torch.from_numpy(x), bins=20)
+    u = x / np.linalg.norm(x, axis=1, keepdims=True)
+    cos = np.clip((u @ u.T)[np.triu_indices(len(rows), 1)], -1, 1)  # nearly parallel pairs round past 1
+    assert h["counts"] == np.histogram(cos, bins=20, range=(-1, 1))[0].tolist()

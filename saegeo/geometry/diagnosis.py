@@ -96,21 +96,50 @@ def _kmeans_between_share(x: Tensor, k: int, iters: int, restarts: int, seed: in
         for _ in range(1, k):  # k-means++: next centre ∝ squared distance to the nearest one
             dist = sq_dist(centres).min(dim=0).values.to(torch.float64)
             centres = torch.cat([centres, x32[torch.multinomial(dist / dist.sum(), 1, generator=g)]])
-        label = sq_dist(centres).argmin(dim=0)
-        for _ in range(iters):
-            one_hot = torch.nn.functional.one_hot(label, k).to(x32.dtype)
-            size = one_hot.sum(0)
-            centres = torch.where(size[:, None] > 0, (one_hot.T @ x32) / size.clamp(min=1)[:, None], centres)
-            new_label = sq_dist(centres).argmin(dim=0)
-            if torch.equal(new_label, label):
-                break
-            label = new_label
-        label = sq_dist(centres).argmin(dim=0)
+        if k == 2:
+            label = _lloyd_two(x32, centres, iters)
+        else:
+            label = sq_dist(centres).argmin(dim=0)
+            for _ in range(iters):
+                one_hot = torch.nn.functional.one_hot(label, k).to(x32.dtype)
+                size = one_hot.sum(0)
+                centres = torch.where(size[:, None] > 0, (one_hot.T @ x32) / size.clamp(min=1)[:, None], centres)
+                new_label = sq_dist(centres).argmin(dim=0)
+                if torch.equal(new_label, label):
+                    break
+                label = new_label
+            label = sq_dist(centres).argmin(dim=0)
         within = _within_sum_of_squares(x, label, k)
         if within < best_within:
             best_within = within
             best_fraction = float(torch.bincount(label, minlength=k).min()) / x.shape[0]
     return max(0.0, 1.0 - best_within / total), best_fraction
+
+
+def _lloyd_two(x: Float[Tensor, "m d"], centres: Float[Tensor, "2 d"], iters: int) -> Tensor:
+    """Lloyd's iterations for k = 2 from ``centres``; the final labels (int64, 0 or 1).
+
+    The same iterations as the general loop with one matrix-vector product per step in place of a (2, m)
+    distance matrix and its argmin: row i goes to c₁ iff ‖x_i − c₁‖² < ‖x_i − c₀‖², i.e.
+    x_i·(c₀ − c₁) < (‖c₀‖² − ‖c₁‖²)/2 (a tie stays with c₀, as argmin's first index); the new c₁ is the labelled
+    rows' mean and c₀ = (Σ_all x − Σ_{c₁} x)/m₀ (a cluster left empty keeps its centre)."""
+    total, m = x.sum(dim=0), x.shape[0]
+
+    def labels(c: Tensor) -> Tensor:
+        return x @ (c[0] - c[1]) < (c[0].square().sum() - c[1].square().sum()) / 2
+
+    label = labels(centres)
+    for _ in range(iters):
+        m1 = int(label.sum())
+        s1 = label.to(x.dtype) @ x
+        centres = torch.stack(
+            [(total - s1) / (m - m1) if m1 < m else centres[0], s1 / m1 if m1 > 0 else centres[1]]
+        )
+        new_label = labels(centres)
+        if torch.equal(new_label, label):
+            break
+        label = new_label
+    return labels(centres).long()
 
 
 def _within_sum_of_squares(x: Tensor, label: Tensor, k: int) -> float:
@@ -144,11 +173,11 @@ def sample_diagnostics(
     out: dict = {
         "n_rows": int(x.shape[0]),
         "anisotropy": _anisotropy_of(x),
-        "centred_anisotropy": _anisotropy_of(x - mu),
+        "centred_anisotropy": _anisotropy_of(centred := x - mu),
     }
     if direction is not None and x.shape[0] >= 4:
         v = torch.as_tensor(direction, dtype=torch.float64)
-        out["pc1_split"] = two_means_1d((x - mu) @ v).to_dict()
+        out["pc1_split"] = two_means_1d(centred @ v).to_dict()
     share, fraction = kmeans_between_share(x) if x.shape[0] >= 4 else (None, None)
     out["kmeans2_between_share"], out["kmeans2_smaller_fraction"] = share, fraction
     return out
