@@ -63,7 +63,7 @@ from saegeo.sae.train import TrainConfig, evaluate, train_sae  # noqa: E402
 STORE = ROOT / "artifacts/acts/minilm/blocks.3.hook_resid_post"
 SAELENS_PY = ROOT / ".venv-saelens/bin/python"
 D_SAE, BATCH, HELDOUT, D_IN = 3072, 4096, 0.1, 384  # D_IN: MiniLM's width
-LRS = (1e-3, 2e-3, 4e-3)  # the one lr grid both sides search
+LRS = (1e-3, 2e-3, 4e-3, 8e-3)  # the one lr grid both sides search
 SETTINGS = {"relu": (0.5, 1.0, 2.0), "topk": (16, 32, 64), "batchtopk": (16, 32, 64)}  # l1 coefficients; k
 SIDES = ("saegeo", "saelens")
 
@@ -611,7 +611,7 @@ def main() -> None:
     ap.add_argument(
         "--lr-order",
         nargs="*",
-        default=["saegeo=2e-3,1e-3", "saelens=1e-3,2e-3"],
+        default=["saegeo=8e-3,4e-3", "saelens=2e-3,4e-3"],
         help="the order each side's lrs run in (the best lrs of earlier runs first; the grid is --lrs)",
     )
     ap.add_argument("--no-defaults", action="store_true", help="skip the runs at saegeo's defaults")
