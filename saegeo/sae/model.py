@@ -98,8 +98,8 @@ class SAE(nn.Module):
         self, generator: torch.Generator | None = None, b_dec: Tensor | None = None, encoder_scale: float | None = None
     ) -> SAE:
         """Random unit-norm decoder rows, tied encoder W_enc = encoder_scale · W_decᵀ, b_enc = 0, b_dec as given
-        (else 0). encoder_scale defaults to the architecture's `init_encoder_scale` (relu and topk 0.1: see their
-        modules; 1 otherwise).
+        (else 0). encoder_scale defaults to the architecture's `init_encoder_scale` (relu 0.1, see its module; 1
+        otherwise: TopK picks the same latents at any scale).
         """
         if encoder_scale is None:
             encoder_scale = self.architecture.init_encoder_scale

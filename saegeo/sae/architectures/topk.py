@@ -38,11 +38,6 @@ class TopK(Architecture):
     uses_k = True
     topk_codes = True
     aux_loss_name = "auxk_loss"  # the AuxK term, before aux_coefficient
-    # The tied encoder starts at 0.1·W_decᵀ, as ReLU's: small first codes, so the first steps move the encoder
-    # and the decoder together (SAELens' TopK starts its x̂ at 0.01× of scale 1's). On MiniLM layer 3 (90 steps of
-    # 4096, k 32, benchmarks/README.md "Training"): held-out FVE 0.875 at scale 1, 0.892 at 0.1, 0.888 at 0.01 (lr
-    # 2e-3); 0.909 at 0.1 with lr 4e-3. It does not change which latents a row picks at the start.
-    init_encoder_scale = 0.1
 
     def check_config(self, cfg) -> None:
         if not (cfg.k and 0 < cfg.k <= cfg.d_sae):
