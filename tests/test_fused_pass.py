@@ -137,12 +137,13 @@ def test_sample_readout_equals_brute_force():
     np.testing.assert_allclose(gram.numpy(), v.T @ v, rtol=0, atol=4 * math.sqrt(300) * 2.0**-24 * (v**2).sum(0).max())
 
 
-@pytest.mark.parametrize("batch", [1, 7, 64, 1000])
-def test_row_sample_is_the_bottom_k_of_the_priorities(batch):
+@pytest.mark.parametrize("masked", [True, False])
+@pytest.mark.parametrize("batch", [1, 7, 64, 96, 200, 1000])  # 96 = k: one batch fills it; 200, 1000: more than k
+def test_row_sample_is_the_bottom_k_of_the_priorities(batch, masked):
     n, k, d, seed = 1000, 96, 3, 5
     g = torch.Generator().manual_seed(0)
     x = torch.randn(n, d, generator=g, dtype=torch.float64)
-    eligible = torch.rand(n, generator=g) > 0.3
+    eligible = torch.rand(n, generator=g) > 0.3 if masked else torch.ones(n, dtype=torch.bool)
     res = RowReservoir(k, d, seed, dtype=torch.float64)
     for lo in range(0, n, batch):
         res.add(x[lo : lo + batch], eligible[lo : lo + batch])

@@ -100,6 +100,8 @@ class RowReservoir:
         if len(candidates) == 0:
             return
         if n_kept < self.k:  # filling: set aside, sorted in once k are offered (or when read)
+            if len(candidates) > self.k:  # only this batch's k smallest can end in the sample: copy no more
+                candidates = np.sort(candidates[np.argsort(priority[candidates], kind="stable")[: self.k]])
             rows = x if len(candidates) == m else x[torch.from_numpy(candidates).to(x.device)]
             rows = rows.detach().to("cpu", self._rows.dtype, copy=True)  # a copy: the caller may reuse x
             self._filling.append((priority[candidates], rows))
@@ -125,9 +127,13 @@ class RowReservoir:
     def _settle(self) -> None:
         """Sort the rows set aside while filling in: the k smallest priorities of all, in priority order."""
         if self._filling:
-            parts = [(self._priority, self._rows)] + self._filling
+            parts = ([(self._priority, self._rows)] if len(self._priority) else []) + self._filling
             self._filling, self._n_filling = [], 0
-            self._keep(np.concatenate([p for p, _ in parts]), torch.cat([r for _, r in parts]))
+            if len(parts) == 1:  # one batch offered exactly what is kept: no copy, sorted when read
+                self._priority, self._rows = parts[0]
+                self._in_order = len(self._priority) < 2 or bool(np.all(self._priority[1:] >= self._priority[:-1]))
+            else:
+                self._keep(np.concatenate([p for p, _ in parts]), torch.cat([r for _, r in parts]))
 
     def _keep(self, priority: np.ndarray, rows: Tensor) -> None:
         order = np.argsort(priority, kind="stable")[: self.k]  # sorted: the k smallest, in priority order
