@@ -254,10 +254,10 @@ def test_two_means_tie_stays_with_the_first_centre_and_an_empty_cluster_keeps_it
     assert _lloyd_two(x, far, 5).tolist() == [0, 0, 0]
 
 
-def test_cosine_histogram_decides_pairs_near_a_bin_edge_in_float64():
-    """Pairs whose cosine lies within float32 rounding of a bin edge (here 1e-9 either side of every edge, and
-    ±1) are counted in the bin of their float64 cosine, as numpy's histogram of the float64 products does
-    (the report clips to [−1, 1]: cosines of nearly parallel rows that round past ±1 count in the end bins)."""
+def test_cosine_histogram_bins_pairs_near_an_edge_by_their_float64_cosine():
+    """Pairs whose cosine lies 1e-9 either side of every bin edge (and at ±1) are counted in the bin of their
+    float64 cosine, as numpy's histogram of the float64 products does (a float32 product would misplace some;
+    the report clips to [−1, 1]: nearly parallel rows that round past ±1 count in the end bins)."""
     from saegeo.report import report as report_module
 
     edges = np.linspace(-1, 1, 21)

@@ -289,39 +289,24 @@ _COSINE_BLOCK_ROWS = 512
 
 def cosine_histogram(rows: Float[Tensor, "k d"], bins: int = 100) -> dict[str, Any]:
     """Histogram over [−1, 1] of the k(k−1)/2 pairwise cosines of ``rows`` (zero rows dropped), and their mean
-    (‖Σx̂_i‖² − k)/(k(k − 1)).
-
-    Each pair's bin is that of its float64 cosine. The products are taken in float32 (half the float64 GEMM's
-    time): for unit rows rounded to float32, |cos₃₂ − cos| ≤ (d + 2)·u (u = 2⁻²⁴: the γ_d bound of the dot, 2u
-    from rounding the inputs), so a pair whose interval cos₃₂ ± (d + 16)·u lies in one bin is in that bin; the
-    few within that margin of an edge are recomputed in float64 (the 14u to spare covers the bin arithmetic)."""
+    (‖Σx̂_i‖² − k)/(k(k − 1))."""
     x = rows.to(torch.float64)
     x = x[x.norm(dim=1) > 0]
-    k, d = x.shape
+    k = x.shape[0]
     edges = torch.linspace(-1.0, 1.0, bins + 1, dtype=torch.float64)
     if k < 2:
         return {"edges": edges.tolist(), "counts": [0] * bins, "n_rows": k, "n_pairs": 0, "sample_mean": None}
     unit = x / x.norm(dim=1, keepdim=True)
-    unit32 = unit.to(torch.float32)
-    margin, per_cos = (d + 16) * 2.0**-24, bins / 2
-    counts = torch.zeros(bins, dtype=torch.float64)
     # the pairs i < j by blocks of rows: each block pair once (half the products of the full gram, no k × k matrix)
+    counts = torch.zeros(bins, dtype=torch.float64)
     for lo in range(0, k, _COSINE_BLOCK_ROWS):
-        left = unit32[lo : lo + _COSINE_BLOCK_ROWS]
+        left = unit[lo : lo + _COSINE_BLOCK_ROWS]
         for right_lo in range(lo, k, _COSINE_BLOCK_ROWS):
-            cos = left @ unit32[right_lo : right_lo + _COSINE_BLOCK_ROWS].T
-            low_bin = ((cos - margin + 1) * per_cos).floor_().clamp_(0, bins - 1)
-            unsure = low_bin != ((cos + margin + 1) * per_cos).floor_().clamp_(0, bins - 1)
-            if right_lo == lo:  # a diagonal block: only its pairs i < j
-                below = torch.ones_like(unsure).tril_()
-                low_bin.masked_fill_(below, bins)
-                unsure &= ~below
-            # unsure pairs and those not counted go to an extra bin, dropped (no gather of the sure ones)
-            counts += torch.bincount(low_bin.masked_fill_(unsure, bins).view(-1).long(), minlength=bins + 1)[:bins]
-            i, j = torch.nonzero(unsure, as_tuple=True)
-            if i.numel():
-                exact = (unit[lo + i] * unit[right_lo + j]).sum(dim=1).clamp_(-1.0, 1.0)
-                counts += torch.histc(exact, bins=bins, min=-1.0, max=1.0)
+            cos = left @ unit[right_lo : right_lo + _COSINE_BLOCK_ROWS].T
+            if right_lo == lo:
+                iu = torch.triu_indices(*cos.shape, offset=1)
+                cos = cos[iu[0], iu[1]]
+            counts += torch.histc(cos.clamp_(-1.0, 1.0), bins=bins, min=-1.0, max=1.0)
     unit_sum = unit.sum(dim=0)
     return {
         "edges": edges.tolist(),
