@@ -5,6 +5,7 @@ Data: MiniLM layer-3 `blocks.3.hook_resid_post` from the store at artifacts/acts
 token budget (737,280 = 180 steps) and held-out split (the last 10% of rows in store order) for both sides.
 SAELens 6.54.12 runs in its own venv (.venv-saelens: `make .venv-saelens/.installed`) through a subprocess, at
 its defaults except the lr (constant: SAELens' default schedule), l1_coefficient (ReLU) and k (TopK, BatchTopK).
+saegeo runs at its architecture's defaults but the lr and sparsity (ReLU: gradient clipped at norm 1, as SAELens').
 
 The grid. Per architecture, each side trains every sparsity setting (ReLU: the L1 coefficient, --l1s; TopK and
 BatchTopK: k, --ks) at every lr of the same small grid (--lrs). A point's "best lr" is, for ReLU, the lr with the
@@ -32,7 +33,7 @@ already there is skipped, so an interrupted grid resumes and two workers (`--wor
 share one grid, each claiming runs by an atomic mkdir. While /work/merge.lock (--pause-file) exists no new run
 starts. `--print` re-prints the curves from the saved results without training.
 
-Usage: .venv/bin/python benchmarks/train_bench.py [--arch relu topk batchtopk] [--lrs 1e-3 2e-3 4e-3]
+Usage: .venv/bin/python benchmarks/train_bench.py [--arch relu topk batchtopk] [--lrs 1e-3 2e-3 4e-3 8e-3]
        [--l1s 0.5 1 2] [--ks 16 32 64] [--tokens 737280] [--threads 1] [--acts PATH] [--worker] [--print]
 Dead-latent windows: saegeo marks a latent dead for AuxK after 200k tokens without firing; SAELens after
 dead_feature_window = 1000 steps (4.1M tokens), so its AuxK never switches on in this budget. Both report
