@@ -6,6 +6,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import re
 import signal
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import torch
 from saegeo.activations.store import ActivationStore, StoreWriter, write_store
 from saegeo.cli import main
 from saegeo.errors import BadInputError, FormatError, StoreError
+from saegeo.sae.architectures import get_architecture
 from saegeo.sae.model import SAE, SAEConfig
 from saegeo.sae.train import TrainConfig, train_sae
 
@@ -161,8 +163,10 @@ def test_resume_refuses_other_data_and_other_options_naming_them(tmp_path):
     state_before = (tmp_path / "sae" / "checkpoint" / "state.json").read_bytes()
     with pytest.raises(BadInputError, match=r"holds a run with data='store:.*it cannot be resumed with data="):
         train_sae(_cfg(tmp_path / "sae", checkpoint_every=2), b)
+    default_lr = get_architecture("topk").train_defaults["lr"]  # the checkpoint's lr: the one left unset
     with pytest.raises(
-        BadInputError, match=r"lr=0.0003, warmup_steps=2; it cannot be resumed with lr=0.001, warmup_steps=3"
+        BadInputError,
+        match=re.escape(f"lr={default_lr}, warmup_steps=2; it cannot be resumed with lr=0.001, warmup_steps=3"),
     ):
         train_sae(_cfg(tmp_path / "sae", checkpoint_every=2, lr=1e-3, warmup_steps=3), a)
     with pytest.raises(BadInputError, match=r"total_tokens=384; it cannot be resumed with total_tokens=192"):

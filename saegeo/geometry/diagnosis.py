@@ -132,9 +132,7 @@ def _lloyd_two(x: Float[Tensor, "m d"], centres: Float[Tensor, "2 d"], iters: in
     for _ in range(iters):
         m1 = int(label.sum())
         s1 = label.to(x.dtype) @ x
-        centres = torch.stack(
-            [(total - s1) / (m - m1) if m1 < m else centres[0], s1 / m1 if m1 > 0 else centres[1]]
-        )
+        centres = torch.stack([(total - s1) / (m - m1) if m1 < m else centres[0], s1 / m1 if m1 > 0 else centres[1]])
         new_label = labels(centres)
         if torch.equal(new_label, label):
             break
