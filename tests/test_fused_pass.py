@@ -222,7 +222,7 @@ def _brute_force_lloyd(x: np.ndarray, centres: np.ndarray, iters: int) -> np.nda
     """Textbook Lloyd in float64: nearest centre by full distances (argmin: the first on a tie), then the means."""
     label = np.argmin(((x[:, None, :] - centres[None]) ** 2).sum(-1), axis=1)
     for _ in range(iters):
-        centres = np.stack([x[label == c].mean(0) if np.any(label == c) else centres[c] for c in range(2)])
+        centres = np.stack([x[label == c].mean(0) if np.any(label == c) else centres[c] for c in range(len(centres))])
         new = np.argmin(((x[:, None, :] - centres[None]) ** 2).sum(-1), axis=1)
         if np.array_equal(new, label):
             break
@@ -231,17 +231,21 @@ def _brute_force_lloyd(x: np.ndarray, centres: np.ndarray, iters: int) -> np.nda
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_two_means_step_is_textbook_lloyd(seed):
-    """k = 2's matrix-vector step gives the labels of Lloyd's full-distance iterations from the same start."""
-    from saegeo.geometry.diagnosis import _lloyd_two
+def test_two_means_step_and_general_lloyd_are_textbook_lloyd(seed):
+    """k = 2's matrix-vector step and the general loop (k = 2 and 3) give the labels of Lloyd's full-distance
+    iterations from the same start."""
+    from saegeo.geometry.diagnosis import _lloyd, _lloyd_two
 
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((300, 12))
     x[: 40 + 30 * seed, :3] += 2.5  # an unequal split, so the iterations move
-    start = x[rng.choice(300, 2, replace=False)]
-    for iters in (1, 3, 30):
-        got = _lloyd_two(torch.from_numpy(x), torch.from_numpy(start), iters)
-        assert got.tolist() == _brute_force_lloyd(x, start, iters).tolist()
+    x[200:, 3:6] -= 2.5  # a third group for k = 3
+    for k, lloyds in ((2, (_lloyd_two, _lloyd)), (3, (_lloyd,))):
+        start = x[rng.choice(300, k, replace=False)]
+        for iters in (1, 3, 30):
+            want = _brute_force_lloyd(x, start, iters).tolist()
+            for lloyd in lloyds:
+                assert lloyd(torch.from_numpy(x), torch.from_numpy(start), iters).tolist() == want, (k, lloyd)
 
 
 def test_two_means_tie_stays_with_the_first_centre_and_an_empty_cluster_keeps_its_centre():

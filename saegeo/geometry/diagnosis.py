@@ -87,28 +87,13 @@ def _kmeans_between_share(x: Tensor, k: int, iters: int, restarts: int, seed: in
     x32 = x.to(torch.float32) if fits else x
     sq = x32.square().sum(1)
 
-    def sq_dist(centres: Tensor) -> Tensor:  # (k, m) ‖x − c‖² by one matmul (c·xᵀ: 3× faster than x·cᵀ here)
-        return (sq - 2 * (centres @ x32.T) + centres.square().sum(1, keepdim=True)).clamp(min=0)
-
     best_within, best_fraction = float("inf"), 0.0
     for _ in range(restarts):
         centres = x32[torch.randint(x.shape[0], (1,), generator=g)]
         for _ in range(1, k):  # k-means++: next centre ∝ squared distance to the nearest one
-            dist = sq_dist(centres).min(dim=0).values.to(torch.float64)
+            dist = _sq_dist(x32, sq, centres).min(dim=0).values.to(torch.float64)
             centres = torch.cat([centres, x32[torch.multinomial(dist / dist.sum(), 1, generator=g)]])
-        if k == 2:
-            label = _lloyd_two(x32, centres, iters)
-        else:
-            label = sq_dist(centres).argmin(dim=0)
-            for _ in range(iters):
-                one_hot = torch.nn.functional.one_hot(label, k).to(x32.dtype)
-                size = one_hot.sum(0)
-                centres = torch.where(size[:, None] > 0, (one_hot.T @ x32) / size.clamp(min=1)[:, None], centres)
-                new_label = sq_dist(centres).argmin(dim=0)
-                if torch.equal(new_label, label):
-                    break
-                label = new_label
-            label = sq_dist(centres).argmin(dim=0)
+        label = (_lloyd_two if k == 2 else _lloyd)(x32, centres, iters)
         within = _within_sum_of_squares(x, label, k)
         if within < best_within:
             best_within = within
@@ -116,10 +101,31 @@ def _kmeans_between_share(x: Tensor, k: int, iters: int, restarts: int, seed: in
     return max(0.0, 1.0 - best_within / total), best_fraction
 
 
+def _sq_dist(x: Float[Tensor, "m d"], sq: Float[Tensor, " m"], centres: Float[Tensor, "k d"]) -> Tensor:
+    """(k, m) ‖x_i − c‖² = ‖x_i‖² − 2c·x_i + ‖c‖² by one matmul (c·xᵀ: 3× faster than x·cᵀ here), clamped at 0."""
+    return (sq - 2 * (centres @ x.T) + centres.square().sum(1, keepdim=True)).clamp(min=0)
+
+
+def _lloyd(x: Float[Tensor, "m d"], centres: Float[Tensor, "k d"], iters: int) -> Tensor:
+    """Lloyd's iterations for any k from ``centres``; the final labels (int64): nearest centre (argmin: the first
+    on a tie), then each cluster's mean (a cluster left empty keeps its centre), until no label changes."""
+    sq, k = x.square().sum(1), centres.shape[0]
+    label = _sq_dist(x, sq, centres).argmin(dim=0)
+    for _ in range(iters):
+        one_hot = torch.nn.functional.one_hot(label, k).to(x.dtype)
+        size = one_hot.sum(0)
+        centres = torch.where(size[:, None] > 0, (one_hot.T @ x) / size.clamp(min=1)[:, None], centres)
+        new_label = _sq_dist(x, sq, centres).argmin(dim=0)
+        if torch.equal(new_label, label):
+            break
+        label = new_label
+    return _sq_dist(x, sq, centres).argmin(dim=0)
+
+
 def _lloyd_two(x: Float[Tensor, "m d"], centres: Float[Tensor, "2 d"], iters: int) -> Tensor:
     """Lloyd's iterations for k = 2 from ``centres``; the final labels (int64, 0 or 1).
 
-    The same iterations as the general loop with one matrix-vector product per step in place of a (2, m)
+    The iterations of :func:`_lloyd` with one matrix-vector product per step in place of a (2, m)
     distance matrix and its argmin: row i goes to c₁ iff ‖x_i − c₁‖² < ‖x_i − c₀‖², i.e.
     x_i·(c₀ − c₁) < (‖c₀‖² − ‖c₁‖²)/2 (a tie stays with c₀, as argmin's first index); the new c₁ is the labelled
     rows' mean and c₀ = (Σ_all x − Σ_{c₁} x)/m₀ (a cluster left empty keeps its centre)."""
