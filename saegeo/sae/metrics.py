@@ -56,12 +56,15 @@ PENDING_CODES_BYTES = 256 * 2**20
 
 
 @functools.cache
-def _malloc_trim() -> Any:
-    """glibc's malloc_trim, or None (not Linux, or another C library)."""
+def glibc() -> Any:
+    """The C library as ctypes sees it when it is glibc (malloc_trim, mallopt), else None (not Linux, or another
+    C library): the trainer's and the encode blocks' heap settings both go through it."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim, libc.mallopt  # noqa: B018  (glibc's, absent from musl and others)
+        return libc
     except (OSError, AttributeError):
         return None
 
@@ -72,9 +75,9 @@ def release_free_heap() -> None:
     from the heap between what the batch keeps (each block's nonzero codes and x̂), so every block leaves a hole the
     next cannot reuse: +18 MB per 256-row block at 65k latents, +0.6 GB over an 8,192-row batch. Trimming after each
     block keeps the heap flat for ~7 ms a block."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
+    libc = glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def encode_block_rows(d_sae: int, element_size: int = 4, budget_bytes: int | None = None) -> int:

@@ -49,7 +49,7 @@ from saegeo.config import Dtype, check, option, require_memory
 from saegeo.errors import BadInputError, FormatError, SaegeoError
 from saegeo.io import atomic_write, dump_json, json_safe
 from saegeo.sae.architectures import architecture_names, get_architecture
-from saegeo.sae.metrics import SAEMetrics
+from saegeo.sae.metrics import SAEMetrics, glibc
 from saegeo.sae.model import SAE, SAEConfig
 
 BDecInit = Literal["mean", "zeros", "geometric_median"]
@@ -902,13 +902,8 @@ def keep_freed_memory() -> bool:
     measured. Raise the mmap threshold to 1 GiB and the trim threshold to 2 GiB so the heap keeps and reuses
     them (mallopt M_MMAP_THRESHOLD = −3, M_TRIM_THRESHOLD = −1; process-wide; the same effect as the
     environment variables MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_). False where libc is not glibc."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(-3, 1 << 30)) and bool(libc.mallopt(-1, 1 << 31))
-    except (OSError, AttributeError):
-        return False
+    libc = glibc()
+    return libc is not None and bool(libc.mallopt(-3, 1 << 30)) and bool(libc.mallopt(-1, 1 << 31))
 
 
 def train_sae(
