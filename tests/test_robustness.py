@@ -18,7 +18,7 @@ from saegeo.cli import main
 from saegeo.errors import BadInputError, FormatError, StoreError
 from saegeo.sae.architectures import get_architecture
 from saegeo.sae.model import SAE, SAEConfig
-from saegeo.sae.train import TrainConfig, train_sae
+from saegeo.sae.train import TrainConfig, _state_digest, train_sae
 
 D = 8
 
@@ -176,6 +176,23 @@ def test_resume_refuses_other_data_and_other_options_naming_them(tmp_path):
     # options that cannot change the weights may differ; the run resumes and finishes
     done = train_sae(_cfg(tmp_path / "sae", checkpoint_every=4, log_every=3), a)
     assert done.provenance["data"]["path"] == str(a.path)
+
+
+def test_a_checkpoint_from_before_the_clip_default_resumes_as_never_clipped(tmp_path):
+    """Checkpoints written before grad_clip_norm had per-architecture defaults recorded None ("never"): TopK's
+    default 0 resumes them; ReLU's default 1 is another run, refused by name, and --grad-clip-norm 0 resumes it."""
+    data = write_store(tmp_path / "store", _rows(1024, seed=3), shard_rows=256)
+    for arch, out in (("topk", tmp_path / "topk"), ("relu", tmp_path / "relu")):
+        _train_until(_cfg(out, arch=arch, checkpoint_every=2), data, 5)
+        state_path = out / "checkpoint" / "state.json"
+        state = json.loads(state_path.read_text())
+        state["config"]["grad_clip_norm"] = None  # as recorded then (and its digest with it, as saved then)
+        state["state_sha256"] = _state_digest(state)
+        state_path.write_text(json.dumps(state))
+    assert train_sae(_cfg(tmp_path / "topk", checkpoint_every=2), data).config.grad_clip_norm == 0.0
+    with pytest.raises(BadInputError, match=r"grad_clip_norm=0\.0; it cannot be resumed with grad_clip_norm=1\.0"):
+        train_sae(_cfg(tmp_path / "relu", arch="relu", checkpoint_every=2), data)
+    train_sae(_cfg(tmp_path / "relu", arch="relu", checkpoint_every=2, grad_clip_norm=0.0), data)
 
 
 def test_a_finished_sae_is_never_overwritten_without_overwrite(tmp_path, store, capsys):

@@ -697,6 +697,8 @@ def _weight_options(config: Mapping[str, Any], d_sae: int) -> dict[str, Any]:
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
     config = {("batch_tokens" if k == "batch_size" else k): v for k, v in config.items()}  # saved before the rename
     merged = json_safe({**defaults, **config})
+    # grad_clip_norm None was "never" before the architectures gave it a default (0 since): the same training
+    merged["grad_clip_norm"] = merged["grad_clip_norm"] or 0.0
     return {k: v for k, v in merged.items() if k not in NOT_IN_WEIGHTS and k != "expansion"} | {"d_sae": d_sae}
 
 
