@@ -58,7 +58,7 @@ from safetensors.torch import load_file, save_file
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from saegeo.sae.model import SAE, SAEConfig  # noqa: E402
+from saegeo.sae.model import SAE, SAEConfig, load_dictionary  # noqa: E402
 from saegeo.sae.train import TrainConfig, evaluate, train_sae  # noqa: E402
 
 STORE = ROOT / "artifacts/acts/minilm/blocks.3.hook_resid_post"
@@ -594,6 +594,74 @@ def report(args) -> None:
     (Path(args.out) / "train_bench.json").write_text(json.dumps(summary, indent=1))
 
 
+# =========================================================================== where the FVE gap to SAELens' TopK comes from
+def offset_stats(sae, data: Data) -> dict:
+    """What a TopK SAE does with the activation mean μ: ‖b_dec − μ‖/‖μ‖, the share of μ that the latents carry
+    (mean over held-out rows of Σ_i a_i w_i, projected on μ, over ‖μ‖²), and the latents firing on > 30 % of the
+    held-out tokens (dense latents: what a mean the bias does not hold turns into)."""
+    mu = data.mean.float()
+    with torch.no_grad():
+        codes = sae.encode(data.held_x)
+        latent_mean = (codes @ sae.W_dec).mean(0)
+        freq = (codes > 0).float().mean(0)
+    return dict(
+        b_dec_off=float((sae.b_dec.detach() - mu).norm() / mu.norm()),
+        mean_in_latents=float(latent_mean @ mu / (mu @ mu)),
+        dense_latents=int((freq > 0.3).sum()),
+    )
+
+
+def offset_ablation(args) -> None:
+    """saegeo's TopK at one (k, lr) with its defaults, with unit rows (the former default), and with SAELens'
+    settings (b_dec 0, its clip at 1 on SSE/n — on saegeo's FVU loss a clip at n/Σ‖x − x̄‖², no warm-up, no decay,
+    AuxK off as SAELens' 1000-step window leaves it in this budget), with and without b_dec at the mean; beside
+    SAELens' own run at that (k, lr) (its SAE saved by the grid)."""
+    from dataclasses import replace
+
+    torch.set_num_threads(args.threads)
+    data = Data(args)
+    k, lr = args.ks[0], args.lrs[0]
+    base = grid_config("topk", k, lr, args)
+    train_rows = data.train_x.double()
+    mean_sq = float((train_rows - train_rows.mean(0)).pow(2).sum(1).mean())  # Σ‖x − x̄‖²/n over the training rows
+    saelens_like = dict(b_dec_init="zeros", grad_clip_norm=1 / mean_sq, warmup_steps=0, decay_fraction=0.0,
+                        aux_coefficient=0.0)  # fmt: skip
+    variants = {
+        "saegeo defaults (free rows, b_dec = mean)": base,
+        "saegeo, unit rows (before)": replace(base, decoder_norm="unit"),
+        "saegeo at SAELens' settings (b_dec = 0)": replace(base, **saelens_like),
+        "saegeo at SAELens' settings, b_dec = mean": replace(base, **{**saelens_like, "b_dec_init": "mean"}),
+    }
+    rows = {}
+    for name, cfg in variants.items():
+        c0 = time.process_time()
+        sae = train_sae(cfg, data.x, resume=False).sae
+        rows[name] = {**evaluate(sae, [data.held_x], data.mean), **offset_stats(sae, data)}
+        rows[name]["cpu_seconds"] = time.process_time() - c0
+    saelens_dir = Path(args.out) / f"saelens_topk_lr{lr:g}"
+    if k == 32 and (saelens_dir / "cfg.json").exists():  # the grid saves SAELens' k 32 runs in its own format
+        sae = load_dictionary(saelens_dir)
+        rows[f"SAELens {k} lr {lr:g} (its grid run)"] = {
+            **evaluate(sae, [data.held_x], data.mean),
+            **offset_stats(sae, data),
+        }
+    print(f"\n=== TopK k {k}, lr {lr:g}, {args.tokens:,} tokens: the FVE and what carries the mean μ ===")
+    print(f"{'':46s} {'FVE':>7s} {'dead':>6s} {'‖b_dec−μ‖/‖μ‖':>14s} {'μ in latents':>12s} {'>30% latents':>12s}")
+    for name, r in rows.items():
+        print(
+            f"{name:46s} {float(r['fve']):7.4f} {float(r['dead_fraction']):6.1%} {r['b_dec_off']:14.3f} "
+            f"{r['mean_in_latents']:12.3f} {r['dense_latents']:12d}"
+        )
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "offset_ablation.json").write_text(json.dumps(json_ready(rows), indent=1))
+
+
+def json_ready(obj):
+    if isinstance(obj, dict):
+        return {k: json_ready(v) for k, v in obj.items()}
+    return float(obj) if isinstance(obj, (torch.Tensor, float)) else obj
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", nargs="+", default=["relu", "topk", "batchtopk"])
@@ -618,8 +686,16 @@ def main() -> None:
     ap.add_argument("--no-defaults", action="store_true", help="skip the runs at saegeo's defaults")
     ap.add_argument("--worker", action="store_true", help="only run jobs (another process prints)")
     ap.add_argument("--print", action="store_true", help="only print the curves from the saved results")
+    ap.add_argument(
+        "--offset-ablation",
+        action="store_true",
+        help="only saegeo's TopK at the first --ks and --lrs, at its defaults, unit rows and SAELens' settings",
+    )
     args = ap.parse_args()
     args.results = args.results or str(Path(args.out) / "results")
+    if args.offset_ablation:
+        offset_ablation(args)
+        return
     if not args.print:
         if "saelens" in args.sides and not args.saelens_python.exists():
             sys.exit(

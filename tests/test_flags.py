@@ -45,6 +45,7 @@ def offset_case():
             batch_tokens=512,
             lr=3e-3,
             b_dec_init=init,
+            decoder_norm="unit",  # the SAEs these tests were written on (TopK's default is free rows since)
             progress=False,
             dead_window_tokens=8192,
             heldout_fraction=0.0,

@@ -195,6 +195,24 @@ def test_a_checkpoint_from_before_the_clip_default_resumes_as_never_clipped(tmp_
     train_sae(_cfg(tmp_path / "relu", arch="relu", checkpoint_every=2, grad_clip_norm=0.0), data)
 
 
+def test_a_unit_norm_topk_checkpoint_from_before_the_free_default_is_refused_by_name(tmp_path):
+    """TopK checkpoints from before decoder_norm had per-architecture defaults trained unit rows (recorded "unit",
+    or no key at all in older ones): the free default is another run, refused by name; --decoder-norm unit resumes."""
+    data = write_store(tmp_path / "store", _rows(1024, seed=3), shard_rows=256)
+    for recorded in ("unit", None):
+        out = tmp_path / f"topk-{recorded}"
+        _train_until(_cfg(out, checkpoint_every=2, decoder_norm="unit"), data, 5)
+        state_path = out / "checkpoint" / "state.json"
+        state = json.loads(state_path.read_text())
+        if recorded is None:
+            del state["config"]["decoder_norm"]
+        state["state_sha256"] = _state_digest(state)
+        state_path.write_text(json.dumps(state))
+        with pytest.raises(BadInputError, match=r"decoder_norm='unit'; it cannot be resumed with decoder_norm='free'"):
+            train_sae(_cfg(out, checkpoint_every=2), data)
+        assert train_sae(_cfg(out, checkpoint_every=2, decoder_norm="unit"), data).config.decoder_norm == "unit"
+
+
 def test_a_finished_sae_is_never_overwritten_without_overwrite(tmp_path, store, capsys):
     first = train_sae(_cfg(tmp_path / "sae"), store)
     cfg_before = (tmp_path / "sae" / "cfg.json").read_bytes()

@@ -125,15 +125,17 @@ def test_sparse_decode_equals_dense_values_and_grads():
     torch.testing.assert_close(sae.b_dec.grad, gb_sparse)
 
 
-def _dense_topk_loss(sae: SAE, x, dead_mask, aux_k, aux_coef):
-    """The TopK objective written densely with plain autograd (reference for the fused path)."""
+def _dense_topk_loss(sae: SAE, x, dead_mask, aux_k, aux_coef, rescaled=False):
+    """The TopK objective written densely with plain autograd (reference for the fused path). rescaled: the
+    latents (and AuxK's) chosen on pre_i·‖w_i‖, x̂ still Σ relu(pre_i)·w_i (SAELens' TopK, decoder_norm free)."""
     pre = (x - sae.b_dec) @ sae.W_enc + sae.b_enc
-    idx = F.relu(pre).topk(sae.cfg.k, dim=1).indices
+    score = pre * sae.W_dec.norm(dim=1).detach() if rescaled else pre
+    idx = F.relu(score).topk(sae.cfg.k, dim=1).indices
     codes = torch.zeros_like(pre).scatter(1, idx, F.relu(pre.gather(1, idx)))
     x_hat = codes @ sae.W_dec + sae.b_dec
     err = x - x_hat
     loss = err.pow(2).sum() / (x - x.mean(0)).pow(2).sum()
-    dead_pre = torch.where(dead_mask, pre, torch.full_like(pre, -torch.inf))
+    dead_pre = torch.where(dead_mask, score, torch.full_like(pre, -torch.inf))
     aidx = dead_pre.topk(aux_k, dim=1).indices
     acodes = torch.zeros_like(pre).scatter(1, aidx, F.relu(pre.gather(1, aidx)) * dead_mask[aidx])
     e = err.detach()
@@ -141,8 +143,11 @@ def _dense_topk_loss(sae: SAE, x, dead_mask, aux_k, aux_coef):
     return loss + aux_coef * aux
 
 
-def test_fused_topk_training_gradients_equal_dense_autograd():
-    sae = _sae("topk")
+@pytest.mark.parametrize("rescaled", [False, True], ids=["unit-choice", "choice-by-decoder-norm"])
+def test_fused_topk_training_gradients_equal_dense_autograd(rescaled):
+    """The fused step equals the dense objective; rescaled (rows of norms 0–2): the choice on pre·‖w_i‖ and the
+    codes' ·‖w_i‖ / ‖w_i‖ round trip through decode_sparse leave x̂ = Σ relu(pre_i)·w_i and no gradient of its own."""
+    sae = _sae("topk", rescale_acts_by_decoder_norm=rescaled)
     x = _x()
     dead = torch.zeros(D_SAE, dtype=torch.bool)
     dead[::3] = True  # 16 dead latents, aux_k 6
@@ -150,7 +155,10 @@ def test_fused_topk_training_gradients_equal_dense_autograd():
     out.loss.backward()
     fused = {n: p.grad.clone() for n, p in sae.named_parameters()}
     sae.zero_grad()
-    ref = _dense_topk_loss(sae, x, dead, 6, 0.5)
+    ref = _dense_topk_loss(sae, x, dead, 6, 0.5, rescaled)
+    with torch.no_grad():  # the two choices differ here, so a step that ignored the rescaling would fail
+        other = _dense_topk_loss(sae, x, dead, 6, 0.5, not rescaled)
+    assert abs(float(other) - float(ref.detach())) > 1e-3
     ref.backward()
     torch.testing.assert_close(out.loss, ref)
     for n, p in sae.named_parameters():
@@ -198,14 +206,18 @@ def test_parallel_gradient_removal_and_renormalisation():
     torch.testing.assert_close(raw - sae.W_dec.grad, (raw * w).sum(1, keepdim=True) * w)
 
 
-@pytest.mark.parametrize("activation", ["relu", "jumprelu"])
+@pytest.mark.parametrize("activation", ["relu", "jumprelu", "topk-rescaled"])
 def test_fold_decoder_norms_keeps_reconstructions(activation):
-    sae = _sae(activation)
+    """Folding keeps x̂ (and, for a TopK that chooses on pre·‖w_i‖, which latents fire: the rescaling becomes the
+    identity and is switched off); a TopK choosing on pre alone is refused (rows of norms 0–2 here)."""
+    rescaled = activation == "topk-rescaled"
+    sae = _sae(activation.removesuffix("-rescaled"), rescale_acts_by_decoder_norm=rescaled)
     x = _x()
-    before = sae(x).detach()
+    before, support = sae(x).detach(), sae.encode(x) > 0
     sae.fold_decoder_norms()
     torch.testing.assert_close(sae.W_dec.norm(dim=1), torch.ones(D_SAE, dtype=torch.float64))
     torch.testing.assert_close(sae(x), before)
+    assert torch.equal(sae.encode(x) > 0, support) and not sae.cfg.rescale_acts_by_decoder_norm
     with pytest.raises(FormatError, match="cannot fold decoder norms into a topk SAE"):
         _sae("topk").fold_decoder_norms()
 

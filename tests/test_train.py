@@ -131,6 +131,7 @@ def _small_cfg(tmp_path=None, **kw) -> TrainConfig:
 
 @pytest.mark.parametrize("arch", ["topk", "relu"])
 def test_decoder_rows_stay_unit_norm_after_every_step(arch):
+    """decoder_norm unit (TopK's default is free: tests/test_train_defaults.py)."""
     x, _ = _synthetic(4096)
     seen = []
     holder = {}
@@ -150,7 +151,7 @@ def test_decoder_rows_stay_unit_norm_after_every_step(arch):
 
     train_mod.SAE = Spy
     try:
-        train_sae(_small_cfg(arch=arch, l1_coefficient=0.1), x, on_step=check)
+        train_sae(_small_cfg(arch=arch, l1_coefficient=0.1, decoder_norm="unit"), x, on_step=check)
     finally:
         train_mod.SAE = orig
     assert len(seen) == 20

@@ -9,13 +9,14 @@ import json
 import pytest
 import torch
 
+from saegeo.errors import BadInputError
 from saegeo.pipeline import load_run_config
 from saegeo.sae.architectures import get_architecture
 from saegeo.sae.train import TrainConfig, train_sae
 
 
-def _rows(n: int = 1024, d: int = 16) -> torch.Tensor:
-    g = torch.Generator().manual_seed(0)
+def _rows(n: int = 1024, d: int = 16, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
     return torch.randn(n, d, generator=g) + 3.0
 
 
@@ -28,15 +29,57 @@ def _cfg(**kw) -> TrainConfig:
 def test_unset_options_take_the_architectures_defaults(arch):
     defaults = get_architecture(arch).train_defaults
     cfg = _cfg(arch=arch)
-    assert (cfg.lr, cfg.l1_coefficient, cfg.grad_clip_norm) == (None, None, None)  # unset until resolved
+    names = ("lr", "l1_coefficient", "grad_clip_norm", "decoder_norm")
+    assert [getattr(cfg, n) for n in names] == [None] * 4  # unset until resolved
     done = cfg.resolved()
-    assert (done.lr, done.l1_coefficient, done.grad_clip_norm) == (
-        defaults["lr"],
-        defaults["l1_coefficient"],
-        defaults["grad_clip_norm"],
+    assert [getattr(done, n) for n in names] == [defaults[n] for n in names]
+    assert defaults["decoder_norm"] == ("free" if arch == "topk" else "unit")
+    given = _cfg(arch=arch, lr=0.123, l1_coefficient=4.5, grad_clip_norm=0.0, decoder_norm="unit").resolved()
+    assert [getattr(given, n) for n in names] == [0.123, 4.5, 0.0, "unit"]  # never replaced
+
+
+@pytest.mark.parametrize("arch", ["batchtopk", "jumprelu"])
+def test_free_decoder_norms_are_refused_where_folding_would_change_the_codes(arch):
+    with pytest.raises(BadInputError, match=r"decoder_norm = 'free' is for \['relu', 'topk'\]"):
+        _cfg(arch=arch, decoder_norm="free")
+
+
+def test_topk_trains_with_free_rows_chosen_by_norm_and_saves_the_folded_unit_rows(monkeypatch):
+    """TopK's default (decoder_norm free, SAELens' form): rows start at norm 0.5 with W_enc = W_decᵀ, latents are
+    chosen on pre·‖w_i‖ while training, and the saved SAE has unit rows, no rescaling, and the same x̂ and codes'
+    support as the last step's SAE before the fold."""
+    from saegeo.sae.model import SAE
+
+    seen = {}
+    fold = SAE.fold_decoder_norms
+
+    def spy_fold(sae):
+        x = _rows(256, seed=5)
+        with torch.no_grad():
+            seen["rescaled"] = sae.cfg.rescale_acts_by_decoder_norm
+            seen["norms"] = sae.W_dec.norm(dim=1).clone()
+            seen["before"] = (sae.encode(x) > 0, sae(x))
+            fold(sae)
+            seen["after"] = (sae.encode(x) > 0, sae(x))
+
+    monkeypatch.setattr(SAE, "fold_decoder_norms", spy_fold)
+    init = {}
+    topk = get_architecture("topk")
+    start = type(topk).init_training
+    monkeypatch.setattr(
+        type(topk),
+        "init_training",
+        lambda self, sae, *a: (start(self, sae, *a), init.update(W_dec=sae.W_dec.clone(), W_enc=sae.W_enc.clone())),
     )
-    given = _cfg(arch=arch, lr=0.123, l1_coefficient=4.5, grad_clip_norm=0.0).resolved()  # never replaced
-    assert (given.lr, given.l1_coefficient, given.grad_clip_norm) == (0.123, 4.5, 0.0)
+    done = train_sae(_cfg(arch="topk"), _rows())
+    assert done.config.decoder_norm == "free" and seen["rescaled"]
+    torch.testing.assert_close(init["W_dec"].norm(dim=1), torch.full((32,), 0.5))
+    assert torch.equal(init["W_enc"], init["W_dec"].T)
+    assert (seen["norms"] - 0.5).abs().max() > 1e-3  # the norms moved: the fold has something to do
+    assert torch.equal(seen["before"][0], seen["after"][0])
+    torch.testing.assert_close(seen["after"][1], seen["before"][1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(done.sae.W_dec.norm(dim=1), torch.ones(32), rtol=0, atol=1e-6)
+    assert not done.sae.cfg.rescale_acts_by_decoder_norm
 
 
 def test_relu_clips_its_gradient_by_default_and_zero_turns_it_off():

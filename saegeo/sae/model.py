@@ -214,8 +214,12 @@ class SAE(nn.Module):
         (saegeo.distributed), so the mean of the ranks' losses, which DDP's gradient averaging differentiates,
         is the global batch's loss.
         """
-        if self.cfg.input_normalization != "none" or self.cfg.rescale_acts_by_decoder_norm:
-            raise BadInputError("training supports input_normalization='none' without decoder-norm rescaling")
+        if self.cfg.input_normalization != "none" or (
+            self.cfg.rescale_acts_by_decoder_norm and not self.architecture.trains_rescaled
+        ):
+            raise BadInputError(
+                "training supports input_normalization='none', and decoder-norm rescaling only for topk"
+            )
         centred_ss_fn = centred_ss_fn or (lambda t: (t - t.mean(dim=0)).pow(2).sum())
         return self.architecture.forward_train(
             self, x, centred_ss=centred_ss_fn(x), centred_ss_fn=centred_ss_fn, dead_mask=dead_mask, **options
@@ -239,14 +243,16 @@ class SAE(nn.Module):
 
     @torch.no_grad()
     def fold_decoder_norms(self) -> None:
-        """Make decoder rows unit norm without changing encode∘decode, for relu/jumprelu (positively
-        homogeneous per latent): W_enc[:, i] ·= ‖w_i‖, b_enc[i] ·= ‖w_i‖, threshold[i] ·= ‖w_i‖, w_i /= ‖w_i‖
-        (the architecture's `scale_latents`). TopK/BatchTopK compare latents with each other, so rescaling would
-        change which fire: refused."""
+        """Make decoder rows unit norm without changing encode∘decode: W_enc[:, i] ·= ‖w_i‖, b_enc[i] ·= ‖w_i‖,
+        threshold[i] ·= ‖w_i‖, w_i /= ‖w_i‖ (the architecture's `scale_latents`). Exact for relu/jumprelu
+        (positively homogeneous per latent) and for a topk SAE that chooses on pre·‖w_i‖
+        (rescale_acts_by_decoder_norm, which the unit rows then make the identity: it is switched off); refused
+        where the rescaling would change which latents fire."""
         norms = self.W_dec.norm(dim=1)
         norms = torch.where(norms > 0, norms, torch.ones_like(norms))
         self.architecture.scale_latents(self, norms)
         self.W_dec.div_(norms[:, None])
+        self.cfg.rescale_acts_by_decoder_norm = False
 
 
 def load_dictionary(path: str | os.PathLike, device: str = "cpu") -> SAE:

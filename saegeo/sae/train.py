@@ -103,8 +103,10 @@ class TrainConfig:
     l1_warmup_fraction: float = option(
         0.0, "relu: the L1 coefficient rises linearly from 0 over this fraction of the steps", low=0, high=1
     )
-    decoder_norm: DecoderNorm = option(
-        "unit", "relu: unit-norm decoder rows, or free norms (penalty Σ a_i‖w_i‖, folded to unit at the end)"
+    decoder_norm: DecoderNorm | None = option(
+        None,
+        "unit-norm decoder rows, or free norms folded to unit at the end (relu: penalty Σ a_i‖w_i‖; topk: latents "
+        "chosen by pre·‖w_i‖, SAELens' form); default: the architecture's (topk free, the others unit)",
     )
     grad_clip_norm: float | None = option(
         None, "clip the gradient to this global norm; 0 = never (default: the architecture's; SAELens: 1)", low=0
@@ -170,6 +172,13 @@ class TrainConfig:
                 f"arch = {self.arch!r}: expected one of {list(architecture_names())} (the registered "
                 "architectures, saegeo.sae.architectures)"
             )
+        arch = get_architecture(self.arch)
+        if self.decoder_norm == "free" and not arch.free_decoder:
+            free = [name for name in architecture_names() if get_architecture(name).free_decoder]
+            raise BadInputError(
+                f"decoder_norm = 'free' is for {free} (their codes scale with each decoder row); a {self.arch} "
+                "SAE trains with unit-norm decoder rows: leave decoder_norm unset or 'unit'"
+            )
         if self.b_dec_init not in B_DEC_INITS:
             raise BadInputError(f"b_dec_init={self.b_dec_init!r}; expected one of {B_DEC_INITS}")
         if self.total_tokens < self.batch_tokens:
@@ -181,8 +190,8 @@ class TrainConfig:
 
     def resolved(self) -> TrainConfig:
         """This config with each option left unset (None) that the architecture gives a default for filled in
-        (``Architecture.train_defaults``: lr, l1_coefficient, grad_clip_norm); what ``train_sae`` trains and
-        records."""
+        (``Architecture.train_defaults``: lr, l1_coefficient, grad_clip_norm, decoder_norm); what ``train_sae``
+        trains and records."""
         defaults = get_architecture(self.arch).train_defaults
         unset = {name: value for name, value in defaults.items() if getattr(self, name) is None}
         return dataclasses.replace(self, **unset) if unset else self
@@ -699,6 +708,9 @@ def _weight_options(config: Mapping[str, Any], d_sae: int) -> dict[str, Any]:
     merged = json_safe({**defaults, **config})
     # grad_clip_norm None was "never" before the architectures gave it a default (0 since): the same training
     merged["grad_clip_norm"] = merged["grad_clip_norm"] or 0.0
+    # decoder_norm None: a checkpoint from before the option had per-architecture defaults, when "unit" was the
+    # default (a recorded "unit" stays "unit": a unit-norm TopK run is refused a resume with the free default)
+    merged["decoder_norm"] = merged["decoder_norm"] or "unit"
     return {k: v for k, v in merged.items() if k not in NOT_IN_WEIGHTS and k != "expansion"} | {"d_sae": d_sae}
 
 

@@ -95,7 +95,11 @@ class Architecture:
     init_encoder_scale: float = 1.0  # SAE.init_weights' tied encoder W_enc = scale · W_decᵀ
     # TrainConfig options this architecture fills in when they are left unset (TrainConfig.resolved); the values
     # are those measured best on MiniLM layer 3 by benchmarks/train_bench.py (benchmarks/README.md)
-    train_defaults: dict[str, float] = {"lr": 3e-4, "l1_coefficient": 1.0, "grad_clip_norm": 0.0}
+    train_defaults: dict[str, Any] = {"lr": 3e-4, "l1_coefficient": 1.0, "grad_clip_norm": 0.0, "decoder_norm": "unit"}
+    # decoder_norm "free" trains this architecture with free decoder-row norms, folded to unit rows at the end
+    # (`scale_latents` must then keep which latents fire: relu by homogeneity, topk by choosing on pre·‖w_i‖)
+    free_decoder: bool = False
+    trains_rescaled: bool = False  # forward_train honours SAEConfig.rescale_acts_by_decoder_norm
     aux_loss_name: str = "aux_loss"  # what TrainOutput.aux_loss is, as training_log.jsonl names it
 
     # ------------------------------------------------------------------ the model
@@ -144,7 +148,7 @@ class Architecture:
 
     def unit_decoder(self, tcfg: Any) -> bool:
         """Whether decoder rows are kept at unit norm during training (otherwise folded to unit at the end)."""
-        return True
+        return not (self.free_decoder and tcfg.decoder_norm == "free")
 
     def param_groups(self, sae, tcfg: Any) -> list[dict]:
         """Adam's parameter groups, each with an `lr_scale` (the threshold is not trained by default)."""

@@ -58,7 +58,7 @@ class BatchTopK(Architecture):
     aux_loss_name = "auxk_loss"  # the AuxK term, before aux_coefficient
     # lr 4e-3, not the grid's best 8e-3 (MiniLM layer 3, 368,640 tokens, k 32: FVE 0.898 at L0 27 with 60 % of
     # latents dead; 4e-3: 0.887 at L0 25 with 10 % dead; benchmarks/README.md "Training"); the former 3e-4: 0.581
-    train_defaults = {"lr": 4e-3, "l1_coefficient": 1.0, "grad_clip_norm": 0.0}
+    train_defaults = {"lr": 4e-3, "l1_coefficient": 1.0, "grad_clip_norm": 0.0, "decoder_norm": "unit"}
 
     def encode(self, sae, pre):
         # dictionary_learning BatchTopK at inference: one global scalar threshold, not per-row TopK.

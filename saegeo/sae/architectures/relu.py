@@ -96,7 +96,8 @@ class ReLU(Architecture):
     # lr 8e-3: with the clip, the lowest held-out objective at l1 0.5 and 1 of the grid 1e-3 … 8e-3 (MiniLM layer 3,
     # 368,640 tokens; benchmarks/README.md "Training"): l1 1 gives FVE 0.905 at L0 48 (4e-3: 0.909 at L0 97, a
     # higher objective). l1 1: SAELens' default, the same objective scale.
-    train_defaults = {"lr": 8e-3, "l1_coefficient": 1.0, "grad_clip_norm": 1.0}
+    train_defaults = {"lr": 8e-3, "l1_coefficient": 1.0, "grad_clip_norm": 1.0, "decoder_norm": "unit"}
+    free_decoder = True
 
     def encode(self, sae, pre: Float[Tensor, "n d_sae"]) -> Float[Tensor, "n d_sae"]:
         return F.relu(pre)
@@ -114,9 +115,6 @@ class ReLU(Architecture):
         sse = (x - x_hat).pow(2).sum()
         loss = sse / x.shape[0] + l1_coefficient * l1
         return TrainOutput(loss, sse.detach(), centred_ss, fire_count.sum(), l1.detach(), fire_count > 0, fire_count)
-
-    def unit_decoder(self, tcfg) -> bool:
-        return tcfg.decoder_norm == "unit"
 
     def init_training(self, sae, tcfg, sample_rows) -> None:
         if not self.unit_decoder(tcfg):  # SAELens' start: rows of norm 0.1, encoder W_decᵀ (x̂ as encoder_scale 0.01)

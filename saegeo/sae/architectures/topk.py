@@ -7,6 +7,12 @@ pre-activations.
 Training: loss = SSE / centred SS (FVU) + aux_coefficient · AuxK, AuxK reconstructing the residual from the
 top-`aux_k` dead latents (`kernels.auxk_loss`). Gradients flow only through the k selected (and AuxK) entries
 (`kernels.GatheredLinear`) and a bagged decode: the backward never forms an (n, d_sae) matrix.
+
+decoder_norm "free" (the default): SAELens' form. Decoder rows start small (norm 0.5; SAELens 0.1) with a tied
+encoder W_decᵀ, their norms are left free, and each row's k latents are those with the largest pre_i·‖w_i‖
+(rescale_acts_by_decoder_norm while training), decoded as pre_i·w_i; at the end the norms are folded into the
+encoder (W_enc[:, i], b_enc[i] ·= ‖w_i‖, w_i /= ‖w_i‖), which keeps every code·row and every choice of latents.
+"unit": rows kept at unit norm.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from torch import Tensor
 
 from saegeo.errors import FormatError
 from saegeo.sae.architectures.base import Architecture, TrainOutput, register_architecture
-from saegeo.sae.architectures.kernels import GatheredLinear, aux_options, auxk_loss, gathered_pre
+from saegeo.sae.architectures.kernels import GatheredLinear, aux_options, auxk_loss
 
 
 def topk_codes(sae, pre: Float[Tensor, "n d_sae"]) -> tuple[Float[Tensor, "n k"], Int[Tensor, "n k"]]:
@@ -32,6 +38,9 @@ def topk_codes(sae, pre: Float[Tensor, "n d_sae"]) -> tuple[Float[Tensor, "n k"]
     return F.relu(values), indices
 
 
+FREE_INIT_NORM = 0.5  # decoder_norm "free": the rows' norm at the start (see TopK.init_training)
+
+
 class TopK(Architecture):
     """codes = the k largest of each row (per topk_order), zeros elsewhere."""
 
@@ -41,7 +50,9 @@ class TopK(Architecture):
     # lr 4e-3: the highest held-out FVE at k 16 and 32 of the grid 2e-3, 4e-3, 8e-3 (MiniLM layer 3, 368,640 tokens,
     # benchmarks/README.md "Training"): k 32 0.891 against 0.875 at 2e-3 and 0.889 (48 % dead) at 8e-3; the former
     # default 3e-4 gave 0.741. SmolLM2 layer 6, same budget, k 32: 0.921 at 4e-3 against 0.856 at 4e-4.
-    train_defaults = {"lr": 4e-3, "l1_coefficient": 1.0, "grad_clip_norm": 0.0}
+    train_defaults = {"lr": 4e-3, "l1_coefficient": 1.0, "grad_clip_norm": 0.0, "decoder_norm": "free"}
+    free_decoder = True
+    trains_rescaled = True
 
     def check_config(self, cfg) -> None:
         if not (cfg.k and 0 < cfg.k <= cfg.d_sae):
@@ -57,6 +68,26 @@ class TopK(Architecture):
     def reconstruct(self, sae, pre, norm_state):
         return sae.decode_sparse(*topk_codes(sae, pre), norm_state=norm_state)
 
+    def scale_latents(self, sae, scale: Tensor) -> None:
+        if not sae.cfg.rescale_acts_by_decoder_norm:
+            raise FormatError("cannot fold decoder norms into a topk SAE that chooses its latents on pre alone")
+        sae.W_enc.mul_(scale)
+        sae.b_enc.mul_(scale)
+
+    def sae_config_fields(self, tcfg) -> dict:
+        return super().sae_config_fields(tcfg) | {"rescale_acts_by_decoder_norm": not self.unit_decoder(tcfg)}
+
+    def init_training(self, sae, tcfg, sample_rows) -> None:
+        # Why small rows: Adam moves every entry by about lr a step whatever its size, so small rows (and the tied
+        # encoder) turn further per step while their norms grow. Why 0.5 and not SAELens' 0.1: the reconstruction
+        # starts at (norm)² of its scale, and at a low lr the rows take most of a short run to grow from 0.1.
+        # MiniLM layer 3, k 32 (benchmarks/README.md "Training"), held-out FVE by initial norm 0.1 / 0.3 / 0.5 /
+        # unit rows: lr 4e-3 0.909 / 0.909 / 0.910 / 0.892 (368,640 tokens); lr 4e-4 0.699 / 0.756 / 0.793 / 0.790
+        # (409,600 tokens, the demo's former lr).
+        if not self.unit_decoder(tcfg):
+            sae.W_dec.data.mul_(FREE_INIT_NORM)
+            sae.W_enc.data.copy_(sae.W_dec.data.T)
+
     def forward_train(
         self, sae, x, *, centred_ss, centred_ss_fn, dead_mask, aux_k: int = 0, aux_coefficient: float = 0.0, **_: Any
     ) -> TrainOutput:
@@ -65,17 +96,29 @@ class TopK(Architecture):
         xc = x - sae.b_dec if sae.cfg.apply_b_dec_to_input else x
         with torch.no_grad():
             pre = torch.addmm(sae.b_enc, xc, sae.W_enc)
+            row_norms = sae.W_dec.norm(dim=1) if sae.cfg.rescale_acts_by_decoder_norm else None
+            if row_norms is not None:
+                pre.mul_(row_norms)  # in place: latents (and AuxK's) chosen on pre_i·‖w_i‖
             if sae.cfg.topk_order == "relu_then_topk":
                 # in place: the entries used below are relu'd again, and a latent at 0 adds nothing and gets
                 # no gradient either way; saves a (n × d_sae) copy per step
                 pre.relu_()
             indices = pre.topk(int(sae.cfg.k), dim=-1, sorted=False).indices
-        values = F.relu(GatheredLinear.apply(xc, sae.W_enc, sae.b_enc, indices, pre.gather(1, indices)))
+
+        def gathered(idx: Tensor) -> Tensor:  # the chosen entries of pre itself (not ·‖w_i‖), with their gradient
+            chosen = pre.gather(1, idx)
+            if row_norms is not None:
+                chosen = chosen / row_norms[idx]
+            return GatheredLinear.apply(xc, sae.W_enc, sae.b_enc, idx, chosen)
+
+        values = F.relu(gathered(indices))
+        if row_norms is not None:  # codes in the rescaled units decode_sparse divides out: x̂ = Σ relu(pre_i)·w_i
+            values = values * sae.W_dec.norm(dim=1)[indices]
         x_hat = sae.decode_sparse(values, indices)
         err = x - x_hat
         sse = err.pow(2).sum()
         loss = sse / centred_ss
-        aux = auxk_loss(sae, err, pre, dead_mask, aux_k, aux_coefficient, centred_ss_fn, gathered_pre(xc, sae, pre))
+        aux = auxk_loss(sae, err, pre, dead_mask, aux_k, aux_coefficient, centred_ss_fn, gathered)
         loss = loss + aux_coefficient * aux
         active = values > 0
         fire_count = torch.zeros(sae.cfg.d_sae, device=x.device, dtype=torch.float32)
