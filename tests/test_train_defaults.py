@@ -12,6 +12,7 @@ import torch
 from saegeo.errors import BadInputError
 from saegeo.pipeline import load_run_config
 from saegeo.sae.architectures import get_architecture
+from saegeo.sae.architectures.topk import free_init_norm
 from saegeo.sae.train import TrainConfig, train_sae
 
 
@@ -38,6 +39,15 @@ def test_unset_options_take_the_architectures_defaults(arch):
     assert [getattr(given, n) for n in names] == [0.123, 4.5, 0.0, "unit"]  # never replaced
 
 
+def test_free_rows_start_at_half_unless_the_run_is_too_short_to_grow_them_back():
+    """n₀ = max(0.5, 1 − lr·√d·steps/10): MiniLM's grid (lr 4e-3, d 384, 90 steps) starts at 0.5; SmolLM2's demo at
+    its former lr (4e-4, d 576, 40 steps) at 1 − 0.0004·24·4 = 0.9616; a run long enough for any lr at 0.5."""
+    assert free_init_norm(4e-3, 384, 90) == 0.5
+    assert free_init_norm(4e-4, 576, 40) == pytest.approx(0.9616)
+    assert free_init_norm(2e-3, 384, 90) == pytest.approx(1 - 2e-3 * 384**0.5 * 9)
+    assert free_init_norm(1e-6, 384, 1) == pytest.approx(1 - 1e-6 * 384**0.5 / 10)
+
+
 @pytest.mark.parametrize("arch", ["batchtopk", "jumprelu"])
 def test_free_decoder_norms_are_refused_where_folding_would_change_the_codes(arch):
     with pytest.raises(BadInputError, match=r"decoder_norm = 'free' is for \['relu', 'topk'\]"):
@@ -45,7 +55,7 @@ def test_free_decoder_norms_are_refused_where_folding_would_change_the_codes(arc
 
 
 def test_topk_trains_with_free_rows_chosen_by_norm_and_saves_the_folded_unit_rows(monkeypatch):
-    """TopK's default (decoder_norm free, SAELens' form): rows start at norm 0.5 with W_enc = W_decᵀ, latents are
+    """TopK's default (decoder_norm free, SAELens' form): rows start small with W_enc = W_decᵀ, latents are
     chosen on pre·‖w_i‖ while training, and the saved SAE has unit rows, no rescaling, and the same x̂ and codes'
     support as the last step's SAE before the fold."""
     from saegeo.sae.model import SAE
@@ -73,9 +83,11 @@ def test_topk_trains_with_free_rows_chosen_by_norm_and_saves_the_folded_unit_row
     )
     done = train_sae(_cfg(arch="topk"), _rows())
     assert done.config.decoder_norm == "free" and seen["rescaled"]
-    torch.testing.assert_close(init["W_dec"].norm(dim=1), torch.full((32,), 0.5))
+    # this run is short (6 steps at lr 4e-3, d 16): rows start at 1 − lr·√d·steps/10 = 0.9904, not 0.5
+    assert free_init_norm(done.config.lr, 16, 6) == pytest.approx(1 - 4e-3 * 4 * 6 / 10)
+    torch.testing.assert_close(init["W_dec"].norm(dim=1), torch.full((32,), 1 - 4e-3 * 4 * 6 / 10))
     assert torch.equal(init["W_enc"], init["W_dec"].T)
-    assert (seen["norms"] - 0.5).abs().max() > 1e-3  # the norms moved: the fold has something to do
+    assert (seen["norms"] - 1).abs().max() > 1e-3  # the norms moved: the fold has something to do
     assert torch.equal(seen["before"][0], seen["after"][0])
     torch.testing.assert_close(seen["after"][1], seen["before"][1], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(done.sae.W_dec.norm(dim=1), torch.ones(32), rtol=0, atol=1e-6)
