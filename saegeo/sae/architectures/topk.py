@@ -9,10 +9,10 @@ top-`aux_k` dead latents (`kernels.auxk_loss`). Gradients flow only through the 
 (`kernels.GatheredLinear`) and a bagged decode: the backward never forms an (n, d_sae) matrix.
 
 decoder_norm "free" (the default): SAELens' form. Decoder rows start small (norm 0.5, nearer 1 in a run too short
-to grow them back: `free_init_norm`; SAELens 0.1) with a tied encoder W_decᵀ, their norms are left free, and each row's k latents are those with the largest pre_i·‖w_i‖
-(rescale_acts_by_decoder_norm while training), decoded as pre_i·w_i; at the end the norms are folded into the
-encoder (W_enc[:, i], b_enc[i] ·= ‖w_i‖, w_i /= ‖w_i‖), which keeps every code·row and every choice of latents.
-"unit": rows kept at unit norm.
+to grow them back: `free_init_norm`; SAELens 0.1) with a tied encoder W_decᵀ, their norms are left free, and each
+row's k latents are those with the largest pre_i·‖w_i‖ (rescale_acts_by_decoder_norm while training), decoded as
+pre_i·w_i; at the end the norms are folded into the encoder (W_enc[:, i], b_enc[i] ·= ‖w_i‖, w_i /= ‖w_i‖), which
+keeps every code·row and every choice of latents. "unit": rows kept at unit norm.
 """
 
 from __future__ import annotations
