@@ -32,6 +32,7 @@ def test_unset_options_take_the_architectures_defaults(arch):
     cfg = _cfg(arch=arch)
     names = ("lr", "l1_coefficient", "grad_clip_norm", "decoder_norm")
     assert [getattr(cfg, n) for n in names] == [None] * 4  # unset until resolved
+    assert get_architecture(arch).unit_decoder(cfg) == (arch != "topk")  # unset reads as the default already
     done = cfg.resolved()
     assert [getattr(done, n) for n in names] == [defaults[n] for n in names]
     assert defaults["decoder_norm"] == ("free" if arch == "topk" else "unit")

@@ -147,8 +147,9 @@ class Architecture:
         return {"k": tcfg.k} if self.uses_k else {}
 
     def unit_decoder(self, tcfg: Any) -> bool:
-        """Whether decoder rows are kept at unit norm during training (otherwise folded to unit at the end)."""
-        return not (self.free_decoder and tcfg.decoder_norm == "free")
+        """Whether decoder rows are kept at unit norm during training (otherwise folded to unit at the end); an unset
+        decoder_norm is this architecture's default."""
+        return not (self.free_decoder and (tcfg.decoder_norm or self.train_defaults["decoder_norm"]) == "free")
 
     def param_groups(self, sae, tcfg: Any) -> list[dict]:
         """Adam's parameter groups, each with an `lr_scale` (the threshold is not trained by default)."""
