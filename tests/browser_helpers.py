@@ -122,6 +122,16 @@ class Browser:
     def js(self, script: str, *args: Any) -> Any:
         return self._s("POST", "/execute/sync", {"script": script, "args": list(args)})
 
+    def wait_for(self, condition: str, *args: Any, timeout: float = 10.0) -> bool:
+        """Poll the JS expression ``condition`` (``arguments`` usable) until it is true or ``timeout`` seconds pass;
+        its last value. For what a page does after load (its tables are built by its scripts)."""
+        end = time.monotonic() + timeout
+        while True:
+            ok = bool(self.js(f"return !!({condition})", *args))
+            if ok or time.monotonic() > end:
+                return ok
+            time.sleep(0.05)
+
     def errors(self) -> list[str]:
         """Console errors and uncaught exceptions of the page (the trap's and the browser log's SEVERE)."""
         trapped = self.js("return window.__errors || []")

@@ -72,6 +72,7 @@ def test_a_row_opens_its_card_with_the_token_marked(pages, browser, name):
 
 def test_a_latent_a_flag_names_links_to_its_card(pages, browser):
     browser.open(pages["report"])
+    assert browser.wait_for("document.querySelector('.latents tbody tr.lat')")  # the tables' script has run
     link = browser.js(
         "const a = document.querySelector('.flag a.to-latent'); a.click();"
         "return {id: a.dataset.id, box: a.dataset.box};"
@@ -82,6 +83,14 @@ def test_a_latent_a_flag_names_links_to_its_card(pages, browser):
         " visible: !!c && c.offsetParent !== null, title: c ? c.querySelector('h4').textContent : ''};",
         link["box"],
     )
+    if opened["rows"] != [link["id"]]:  # a page still busy when clicked: give it time, then the same assertion
+        browser.wait_for(
+            "document.getElementById(arguments[0]).querySelectorAll('tbody tr.lat').length === 1", link["box"]
+        )
+        opened["rows"] = browser.js(
+            "return [...document.getElementById(arguments[0]).querySelectorAll('tbody tr.lat')].map(t => t.dataset.id)",
+            link["box"],
+        )
     assert opened["rows"] == [link["id"]]  # the table filtered to that latent
     assert opened["visible"] and f"latent {link['id']}" in opened["title"]
     assert browser.errors() == []
