@@ -58,6 +58,7 @@ from safetensors.torch import load_file, save_file
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from saegeo.io import json_safe  # noqa: E402
 from saegeo.sae.model import SAE, SAEConfig, load_dictionary  # noqa: E402
 from saegeo.sae.train import TrainConfig, evaluate, train_sae  # noqa: E402
 
@@ -653,13 +654,7 @@ def offset_ablation(args) -> None:
             f"{r['mean_in_latents']:12.3f} {r['dense_latents']:12d}"
         )
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "offset_ablation.json").write_text(json.dumps(json_ready(rows), indent=1))
-
-
-def json_ready(obj):
-    if isinstance(obj, dict):
-        return {k: json_ready(v) for k, v in obj.items()}
-    return float(obj) if isinstance(obj, (torch.Tensor, float)) else obj
+    (Path(args.out) / "offset_ablation.json").write_text(json.dumps(json_safe(rows), indent=1))
 
 
 def main() -> None:

@@ -66,9 +66,15 @@ class GatheredLinear(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None, None, None
 
 
-def gathered_pre(xc: Tensor, sae, pre: Tensor) -> Callable[[Tensor], Tensor]:
-    """idx (n, j) ↦ the entries pre[r, idx[r]] with their gradient to W_enc, b_enc and xc (`GatheredLinear`)."""
-    return lambda idx: GatheredLinear.apply(xc, sae.W_enc, sae.b_enc, idx, pre.gather(1, idx))
+def gathered_pre(xc: Tensor, sae, pre: Tensor, scale: Tensor | None = None) -> Callable[[Tensor], Tensor]:
+    """idx (n, j) ↦ the entries pre[r, idx[r]] with their gradient to W_enc, b_enc and xc (`GatheredLinear`).
+    ``scale`` (d_sae,): ``pre`` holds pre_i·scale_i (TopK choosing on pre·‖w_i‖); the entries returned are pre_i."""
+
+    def gathered(idx: Tensor) -> Tensor:
+        chosen = pre.gather(1, idx) if scale is None else pre.gather(1, idx) / scale[idx]
+        return GatheredLinear.apply(xc, sae.W_enc, sae.b_enc, idx, chosen)
+
+    return gathered
 
 
 def row_sorted_entries(flat_index: Int[Tensor, " m"], n: int, d_sae: int) -> tuple[Tensor, Tensor, Tensor]:

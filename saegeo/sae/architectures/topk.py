@@ -26,7 +26,7 @@ from torch import Tensor
 
 from saegeo.errors import FormatError
 from saegeo.sae.architectures.base import Architecture, TrainOutput, register_architecture
-from saegeo.sae.architectures.kernels import GatheredLinear, aux_options, auxk_loss
+from saegeo.sae.architectures.kernels import aux_options, auxk_loss, gathered_pre
 
 
 def topk_codes(sae, pre: Float[Tensor, "n d_sae"]) -> tuple[Float[Tensor, "n k"], Int[Tensor, "n k"]]:
@@ -104,9 +104,11 @@ class TopK(Architecture):
         # Dense pre-activations without autograd; gradients flow only through the k selected
         # (and AuxK) entries via GatheredLinear, so the backward never forms a (n, d_sae) matrix.
         xc = x - sae.b_dec if sae.cfg.apply_b_dec_to_input else x
+        # rescaled: ‖w_i‖ with its gradient, as decode_sparse divides the codes by it again
+        decoder_norms = sae.W_dec.norm(dim=1) if sae.cfg.rescale_acts_by_decoder_norm else None
+        row_norms = None if decoder_norms is None else decoder_norms.detach()
         with torch.no_grad():
             pre = torch.addmm(sae.b_enc, xc, sae.W_enc)
-            row_norms = sae.W_dec.norm(dim=1) if sae.cfg.rescale_acts_by_decoder_norm else None
             if row_norms is not None:
                 pre.mul_(row_norms)  # in place: latents (and AuxK's) chosen on pre_i·‖w_i‖
             if sae.cfg.topk_order == "relu_then_topk":
@@ -115,15 +117,10 @@ class TopK(Architecture):
                 pre.relu_()
             indices = pre.topk(int(sae.cfg.k), dim=-1, sorted=False).indices
 
-        def gathered(idx: Tensor) -> Tensor:  # the chosen entries of pre itself (not ·‖w_i‖), with their gradient
-            chosen = pre.gather(1, idx)
-            if row_norms is not None:
-                chosen = chosen / row_norms[idx]
-            return GatheredLinear.apply(xc, sae.W_enc, sae.b_enc, idx, chosen)
-
+        gathered = gathered_pre(xc, sae, pre, row_norms)  # the chosen entries of pre itself, with their gradient
         values = F.relu(gathered(indices))
-        if row_norms is not None:  # codes in the rescaled units decode_sparse divides out: x̂ = Σ relu(pre_i)·w_i
-            values = values * sae.W_dec.norm(dim=1)[indices]
+        if decoder_norms is not None:  # codes in the rescaled units decode_sparse divides out: x̂ = Σ relu(pre_i)·w_i
+            values = values * decoder_norms[indices]
         x_hat = sae.decode_sparse(values, indices)
         err = x - x_hat
         sse = err.pow(2).sum()
