@@ -6,12 +6,16 @@ Same float32 rows (n × 768, in 8,192-row batches), one run, side by side:
   saegeo:       GeometryAccumulator.add over the batches (each part of it timed: its share is printed), then
                 activation_geometry (the read-out), and geometry_report on the same batches (activations only:
                 the accumulator, the cosine reservoir, the sample diagnostics, flags).
-The floor and saegeo run interleaved in one process, --rounds times; medians of CPU seconds (time.process_time,
-both threads) and of wall seconds are printed, the ratios in CPU seconds (the machine may be shared).
+The floor, saegeo and the textbook run interleaved in one process, --rounds times; medians of CPU seconds
+(time.process_time, both threads) and of wall seconds are printed, the ratios in CPU seconds (the machine may be
+shared). torch runs as the saegeo command runs it, OMP_WAIT_POLICY=PASSIVE (idle OpenMP workers sleep), unless
+the caller set a policy or passed --spinning-workers (torch's default: they spin a while after each parallel
+region, which shows in CPU seconds).
 Then peak memory (VmHWM of a fresh child process) of saegeo streaming n rows from a generator at two n.
 
     python benchmarks/geometry_bench.py            # n = 50,000 and memory at 200k / 1M  (≈ 2–3 min on 2 cores)
     python benchmarks/geometry_bench.py --full     # n = 200,000 as in the issue (the textbook SVD dominates)
+    python benchmarks/geometry_bench.py --eigen-widths 768,2304,4096   # the read-out's eigh at wider models
 Targets (issue 26): accumulation ≥ 60 % of (b)'s throughput, the full report ≥ 50 %, ≥ 5× faster than (a);
 memory growth from 200k to 1M ≈ 0.
 """
@@ -28,12 +32,20 @@ import sys
 import time
 from collections import defaultdict
 
-import numpy as np
-import torch
+from saegeo.cli import quiet_openmp_workers
 
-from saegeo.geometry.accumulate import GeometryAccumulator
-from saegeo.geometry.measures import activation_geometry
-from saegeo.report.report import ReportOptions, geometry_report
+# As the saegeo command runs torch: OpenMP's idle workers sleep instead of spinning, unless the caller set a policy
+# or passed --spinning-workers (torch's own default: libgomp's workers spin a while after each parallel region).
+# It must be decided before torch loads libgomp, so before the arguments are parsed.
+if "--spinning-workers" not in sys.argv:
+    quiet_openmp_workers()
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from saegeo.geometry.accumulate import GeometryAccumulator  # noqa: E402
+from saegeo.geometry.measures import activation_geometry  # noqa: E402
+from saegeo.report.report import ReportOptions, geometry_report  # noqa: E402
 
 D = 768
 BATCH = 8192
@@ -190,6 +202,32 @@ def entry_histogram_cost(rounds: int) -> None:
     )
 
 
+def eigen_cost(widths: list[int], rounds: int) -> None:
+    """The read-out's eigendecomposition at widths of published models: the whole eigh (every eigenvector, what the
+    report took before) against every eigenvalue + the top 10 eigenvectors through the tridiagonal form (what
+    ``activation_geometry`` takes now), CPU seconds on one thread, best of ``rounds``, with their agreement."""
+    from saegeo.geometry.measures import symmetric_eigh
+
+    for d in widths:
+        rng = np.random.default_rng(d)
+        a = rng.standard_normal((d + 64, d)) * np.logspace(0.5, -1, d)  # a decaying spectrum, as activations have
+        matrix = torch.from_numpy(a.T @ a / (d + 64))
+        full, top = [], []
+        for _ in range(rounds):
+            with Clock() as c:
+                lam_full, vec_full = symmetric_eigh(matrix)
+            full.append(c.cpu)
+            with Clock() as c:
+                lam_top, vec_top = symmetric_eigh(matrix, top_vectors=10)
+            top.append(c.cpu)
+        overlap = (vec_full[:, -10:] * vec_top).sum(0).abs()
+        print(
+            f"d = {d:>5,}: whole eigh {min(full):7.3f} CPU s, eigenvalues + top 10 vectors {min(top):7.3f} CPU s "
+            f"-> {min(full) / min(top):.1f}× (max |Δλ|/λ_max {float((lam_full - lam_top).abs().max() / lam_full[-1]):.0e}, "
+            f"min |cos| of the 10 vectors {float(overlap.min()):.12f})"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="n = 200,000 rows (the issue's size)")
@@ -200,11 +238,24 @@ def main() -> None:
     ap.add_argument("--skip-textbook", action="store_true")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds; medians are reported")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, 2 on this machine)")
+    ap.add_argument(
+        "--spinning-workers",
+        action="store_true",
+        help="leave OMP_WAIT_POLICY unset (torch's default) instead of PASSIVE (the saegeo command's)",
+    )
     ap.add_argument("--memory-child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument(
         "--entry-histogram-cost", action="store_true", help="only the cost of the entry histogram's Σx² bincount"
     )
+    ap.add_argument(
+        "--eigen-widths",
+        default=None,
+        help="only the read-out's eigendecomposition at these d (comma-separated, e.g. 768,2304,4096)",
+    )
     args = ap.parse_args()
+    if args.eigen_widths:
+        eigen_cost([int(w) for w in args.eigen_widths.split(",")], max(args.rounds, 1))
+        return
     if args.memory_child is not None:
         memory_child(args.memory_child)
         return
@@ -223,7 +274,8 @@ def main() -> None:
     load = os.getloadavg()
     print(
         f"geometry benchmark: n = {n:,} × d = {D} float32 rows in {BATCH:,}-row batches, "
-        f"torch threads = {torch.get_num_threads()}, median of {args.rounds} interleaved rounds; "
+        f"torch threads = {torch.get_num_threads()}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, "
+        f"median of {args.rounds} interleaved rounds; "
         f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
     )
     batches = list(make_batches(n))
@@ -237,6 +289,10 @@ def main() -> None:
         rows["acc"].append(c_acc)
         rows["read"].append(c_read)
         rows["report"].append(run_report(batches))
+        if not args.skip_textbook:
+            with Clock() as c_text:
+                eig_text, a_text = run_textbook(batches)
+            rows["textbook"].append(c_text)
     med = {k: (statistics.median(c.cpu for c in v), statistics.median(c.wall for c in v)) for k, v in rows.items()}
     floor_cpu, floor_wall = med["floor"]
     gflops = 2 * n * D * D / 1e9
@@ -273,13 +329,12 @@ def main() -> None:
     rest = total_parts - sum(shares.values())
     print(f"    {'norms, screen (the rest)':<42s} {rest / total_parts:6.1%}  ({rest:.2f} s)")
     if not args.skip_textbook:
-        with Clock() as c_text:
-            eig_text, a_text = run_textbook(batches)
+        text_cpu, text_wall = med["textbook"]
         lam = np.array(geo.eigenvalues)
         rel = np.abs(lam - eig_text).max() / eig_text.max()
         print(
-            f"(a) textbook numpy SVD + unit mean : {c_text.cpu:6.2f}  {c_text.wall:6.2f}  -> the report is "
-            f"{c_text.cpu / rep_cpu:.1f}× faster in CPU s ({c_text.wall / rep_wall:.1f}× wall; target ≥ 5×)"
+            f"(a) textbook numpy SVD + unit mean : {text_cpu:6.2f}  {text_wall:6.2f}  -> the report is "
+            f"{text_cpu / rep_cpu:.1f}× faster in CPU s ({text_wall / rep_wall:.1f}× wall; target ≥ 5×)"
         )
         print(f"    agreement: max |Δλ|/λ_max = {rel:.1e}, |ΔA| = {abs(a_text - geo.anisotropy):.1e}")
     del batches

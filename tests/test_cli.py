@@ -283,3 +283,32 @@ def test_config_from_dict_coerces_by_annotation():
         from_dict(ReportOptions, {"thresholds": {"nope": 1}})
     with pytest.raises(BadInputError, match=r"unknown key\(s\) \['tokenz'\] of TrainConfig"):
         from_dict(TrainConfig, {"tokenz": 5})
+
+
+_POLICY_PROBE = """
+import os, sys
+{before}
+from saegeo import cli
+try:
+    cli.main(["geometry", "--help"])  # exits after parsing; the policy is set before anything heavy is imported
+except SystemExit:
+    pass
+print(os.environ.get("OMP_WAIT_POLICY"), "torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(
+    "before, expected",
+    [
+        ('os.environ.pop("OMP_WAIT_POLICY", None)', "PASSIVE False"),  # the command's own default
+        ('os.environ["OMP_WAIT_POLICY"] = "ACTIVE"', "ACTIVE False"),  # a user's setting wins
+        ('os.environ.pop("OMP_WAIT_POLICY", None); import torch', "None True"),  # too late to matter: left alone
+    ],
+)
+def test_the_command_lets_idle_openmp_workers_sleep_unless_told_otherwise(before, expected):
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-c", _POLICY_PROBE.format(before=before)], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split("\n")[-2] == expected

@@ -227,3 +227,65 @@ def test_summary_is_json_safe_and_consistent():
     assert len(d["eigenvalues"]) == 40 and len(d["top_eigenvectors"]) == 10
     back = ActivationGeometry.from_dict(d)
     assert back.to_dict() == d and back.sign.null == geo.sign.null
+
+
+def _planted_symmetric(rng, eigenvalues):
+    """A = U diag(λ) Uᵀ with U a random orthogonal matrix (QR of a Gaussian): the golden λ and U by construction."""
+    d = len(eigenvalues)
+    u, r = np.linalg.qr(rng.normal(size=(d, d)))
+    u = u * np.sign(np.diag(r))
+    return (u * eigenvalues) @ u.T, u
+
+
+def test_top_eigenvectors_through_the_tridiagonal_form_match_the_planted_ones():
+    from saegeo.geometry.measures import symmetric_eigh
+
+    rng = np.random.default_rng(21)
+    d, k = 200, 10
+    # ten separated top eigenvalues (gaps ≥ 0.5), a bulk in [0, 1] below, one exact zero
+    lam = np.concatenate([[0.0], np.sort(rng.uniform(0, 1, d - k - 1)), 2.0 + 0.5 * np.arange(k)])
+    a, u = _planted_symmetric(rng, lam)
+    values, vectors = symmetric_eigh(torch.from_numpy(a), top_vectors=k)
+    assert vectors.shape == (d, k)
+    # backward-stable: |Δλ| ≤ c·d·ε·‖A‖ (forming A rounds by as much), angles ≤ c·d·ε·‖A‖/gap; c = 10
+    eps_a = 10 * d * np.finfo(np.float64).eps * lam.max()
+    np.testing.assert_allclose(values.numpy(), np.sort(lam), rtol=0, atol=eps_a)
+    overlap = np.abs(np.sum(vectors.numpy() * u[:, -k:], axis=0))  # both ascending; sign is free
+    np.testing.assert_allclose(overlap, 1.0, rtol=0, atol=eps_a / 0.5)
+    np.testing.assert_allclose(vectors.numpy().T @ vectors.numpy(), np.eye(k), rtol=0, atol=eps_a)
+
+
+def test_top_eigenvectors_in_a_cluster_span_its_eigenspace():
+    from saegeo.geometry.measures import symmetric_eigh
+
+    rng = np.random.default_rng(22)
+    d, k = 128, 4
+    lam = np.concatenate([rng.uniform(0, 1, d - k), [3.0, 5.0, 5.0, 5.0]])  # a triple eigenvalue at the top
+    a, u = _planted_symmetric(rng, lam)
+    values, vectors = symmetric_eigh(torch.from_numpy(a), top_vectors=k)
+    z = vectors.numpy()
+    eps_a = 10 * d * np.finfo(np.float64).eps * 5.0
+    np.testing.assert_allclose(z.T @ z, np.eye(k), rtol=0, atol=eps_a)
+    np.testing.assert_allclose(a @ z - z * values.numpy()[-k:], 0.0, rtol=0, atol=eps_a)  # A z = λ z
+    top3 = u[:, -3:]  # the cluster's eigenspace: the same projector, whatever basis was chosen in it
+    np.testing.assert_allclose(z[:, 1:] @ z[:, 1:].T, top3 @ top3.T, rtol=0, atol=eps_a / 2.0)
+
+
+def test_report_spectrum_with_ten_vectors_equals_the_full_eigh():
+    from saegeo.geometry.measures import centred_spectrum
+
+    rng = np.random.default_rng(23)
+    x = rng.normal(size=(3000, 64)) * np.logspace(0.5, -1, 64) + 2.0
+    acc = GeometryAccumulator(64)
+    acc.add(x)
+    full, top = centred_spectrum(acc), centred_spectrum(acc, top_vectors=10)
+    assert top.eigenvectors.shape == (64, 10)
+    lam_max = float(full.eigenvalues[0])
+    tol = 10 * 64 * np.finfo(np.float64).eps * lam_max
+    np.testing.assert_allclose(top.eigenvalues.numpy(), full.eigenvalues.numpy(), rtol=0, atol=tol)
+    gaps = -np.diff(full.eigenvalues.numpy()[:11])  # the top-10 angles are ≤ tol/gap
+    np.testing.assert_allclose(
+        top.eigenvectors.numpy(), full.eigenvectors[:, :10].numpy(), rtol=0, atol=tol / gaps.min()
+    )
+    _, geo = _geometry(x)
+    np.testing.assert_allclose(np.array(geo.top_eigenvectors), top.eigenvectors.T.numpy(), rtol=0, atol=0)
