@@ -578,13 +578,19 @@ def _user_error(err: BaseException) -> str | None:
     return None
 
 
+# The commands whose time is the geometry pass: long single-threaded stretches (the fused loop over each chunk,
+# LAPACK read-outs) between torch's parallel products.
+SLEEPING_WORKER_COMMANDS = frozenset({"geometry", "report", "check", "sweep", "latents"})
+
+
 def quiet_openmp_workers() -> None:
     """OMP_WAIT_POLICY=PASSIVE for this process's torch, unless the user set a policy or torch is loaded already.
 
     Why: after each parallel region libgomp's idle workers spin (~10 ms on this machine class) on cores that the
-    single-threaded parts (the fused geometry loop, LAPACK read-outs, Python between ops) could use. Measured at 2
-    threads: the geometry report −27 % CPU seconds and −12 % wall; training −10 % CPU, wall unchanged
-    (benchmarks/README.md). libgomp reads the variable once, when torch loads it: hence before any heavy import.
+    single-threaded parts of the geometry pass could use. Measured at 2 threads (benchmarks/README.md): the
+    geometry report's core −27 % CPU seconds and −12 % wall, `saegeo report` end to end −8 % CPU, wall unchanged;
+    training −6 % CPU but +2.5 % wall, so only SLEEPING_WORKER_COMMANDS ask for it. libgomp reads the variable once,
+    when torch loads it: hence before any heavy import.
     """
     if "torch" not in sys.modules:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -593,11 +599,12 @@ def quiet_openmp_workers() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Every error a user can fix (saegeo's own, OSError, decoding) is one line on stderr,
     `saegeo: error: <what>, <which file>, <what to do>`, and exit status 2; --debug shows the traceback."""
-    quiet_openmp_workers()
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]  # a global flag, accepted before or after the command
     command = next((a for a in argv if not a.startswith("-")), "")  # the first word: the options built
+    if command in SLEEPING_WORKER_COMMANDS:
+        quiet_openmp_workers()
     args = build_parser(command).parse_args(argv)
     try:
         return int(args.func(args) or 0)

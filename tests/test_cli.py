@@ -290,25 +290,26 @@ import os, sys
 {before}
 from saegeo import cli
 try:
-    cli.main(["geometry", "--help"])  # exits after parsing; the policy is set before anything heavy is imported
+    cli.main(["{command}", "--help"])  # exits after parsing; the policy is set before anything heavy is imported
 except SystemExit:
     pass
-print(os.environ.get("OMP_WAIT_POLICY"), "torch" in sys.modules)
+print(os.environ.get("OMP_WAIT_POLICY"))
 """
 
 
 @pytest.mark.parametrize(
-    "before, expected",
+    "command, before, expected",
     [
-        ('os.environ.pop("OMP_WAIT_POLICY", None)', "PASSIVE False"),  # the command's own default
-        ('os.environ["OMP_WAIT_POLICY"] = "ACTIVE"', "ACTIVE False"),  # a user's setting wins
-        ('os.environ.pop("OMP_WAIT_POLICY", None); import torch', "None True"),  # too late to matter: left alone
+        ("report", 'os.environ.pop("OMP_WAIT_POLICY", None)', "PASSIVE"),  # a geometry command's default
+        ("check", 'os.environ.pop("OMP_WAIT_POLICY", None)', "PASSIVE"),
+        ("train", 'os.environ.pop("OMP_WAIT_POLICY", None)', "None"),  # training keeps torch's default
+        ("report", 'os.environ["OMP_WAIT_POLICY"] = "ACTIVE"', "ACTIVE"),  # a user's setting wins
+        ("report", 'os.environ.pop("OMP_WAIT_POLICY", None); import torch', "None"),  # too late: left alone
     ],
 )
-def test_the_command_lets_idle_openmp_workers_sleep_unless_told_otherwise(before, expected):
+def test_geometry_commands_let_idle_openmp_workers_sleep_unless_told_otherwise(command, before, expected):
     import subprocess
 
-    out = subprocess.run(
-        [sys.executable, "-c", _POLICY_PROBE.format(before=before)], capture_output=True, text=True, check=True
-    )
+    probe = _POLICY_PROBE.replace("{command}", command).replace("{before}", before)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[-2] == expected
