@@ -112,8 +112,6 @@ def json_safe(value: Any) -> Any:
         return [json_safe(v) for v in value]
     if isinstance(value, Mapping):
         return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
     if isinstance(value, (str, int, bool)) or value is None:
         return value
     if hasattr(value, "tolist"):  # torch tensors, numpy arrays and numpy scalars
