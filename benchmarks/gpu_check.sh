@@ -17,10 +17,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CARRY="$ROOT/artifacts/gpu_carry"
 PY="${PYTHON:-python3}"
-# transformer-lens and the pure-Python packages it imports that the GPU machine does not have (--no-deps:
+# transformer-lens and the pure-Python packages it and saegeo import that the GPU machine does not have (--no-deps:
 # torch, transformers, numpy, ... are taken from that machine as they are)
 WHEELS=(transformer-lens==3.9.0 jaxtyping==0.3.11 wadler-lindig==0.1.8 beartype==0.23.1 better-abc==0.0.3
-        fancy-einsum==0.0.3 typeguard==4.6.1)
+        fancy-einsum==0.0.3 typeguard==4.6.1 threadpoolctl==3.8.0)
 
 if [[ "${1:-}" == "--prepare" ]]; then
   mkdir -p "$CARRY/wheels" "$CARRY/tokenizer"
