@@ -589,8 +589,8 @@ def quiet_openmp_workers() -> None:
     Why: after each parallel region libgomp's idle workers spin (~10 ms on this machine class) on cores that the
     single-threaded parts of the geometry pass could use. Measured at 2 threads (benchmarks/README.md): the
     geometry report's core −12 % CPU seconds (benchmarks/geometry_bench.py), `saegeo report` end to end −7 % CPU,
-    wall unchanged; training −6 % CPU but +3.5 % wall, so only SLEEPING_WORKER_COMMANDS ask for it. libgomp reads the variable once,
-    when torch loads it: hence before any heavy import.
+    wall unchanged; training −6 % CPU but +3.5 % wall, so only SLEEPING_WORKER_COMMANDS ask for it. libgomp reads
+    the variable once, when torch loads it: hence before any heavy import.
     """
     if "torch" not in sys.modules:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
