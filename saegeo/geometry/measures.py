@@ -203,12 +203,12 @@ def _top_eigh(matrix: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | Non
         found, _, vectors, info = lapack.dstemr(diagonal, padded, 3, 0.0, 0.0, d - k + 1, d, compute_v=1)
         if info != 0 or found != k:
             return None
-    vectors = np.ascontiguousarray(vectors[:, :k])
-    for i in range(d - 2, -1, -1):  # x = H₀(H₁(…H_{d−2} z)), H_i = I − τ_i v vᵀ, v = (0…0, 1, A[i+2:, i])
-        reflector = np.empty(d - i - 1)
-        reflector[0] = 1.0
-        reflector[1:] = reflectors[i + 2 :, i]
-        vectors[i + 1 :] -= np.outer(reflector, tau[i] * (reflector @ vectors[i + 1 :]))
+        vectors = np.ascontiguousarray(vectors[:, :k])
+        for i in range(d - 2, -1, -1):  # x = H₀(H₁(…H_{d−2} z)), H_i = I − τ_i v vᵀ, v = (0…0, 1, A[i+2:, i])
+            reflector = np.empty(d - i - 1)
+            reflector[0] = 1.0
+            reflector[1:] = reflectors[i + 2 :, i]
+            vectors[i + 1 :] -= np.outer(reflector, tau[i] * (reflector @ vectors[i + 1 :]))
     return eigenvalues, vectors
 
 
