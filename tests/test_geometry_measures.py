@@ -12,6 +12,7 @@ from saegeo.geometry.measures import (
     ActivationGeometry,
     activation_geometry,
     anisotropy_from_unit_mean,
+    centred_spectrum,
     effective_rank,
     fix_eigenvector_signs,
     isoscore,
@@ -19,6 +20,7 @@ from saegeo.geometry.measures import (
     participation_ratio,
     project_top_components,
     rogue_dimensions,
+    symmetric_eigh,
     top_projection_correlation,
 )
 
@@ -238,8 +240,6 @@ def _planted_symmetric(rng, eigenvalues):
 
 
 def test_top_eigenvectors_through_the_tridiagonal_form_match_the_planted_ones():
-    from saegeo.geometry.measures import symmetric_eigh
-
     rng = np.random.default_rng(21)
     d, k = 200, 10
     # ten separated top eigenvalues (gaps ≥ 0.5), a bulk in [0, 1] below, one exact zero
@@ -256,8 +256,6 @@ def test_top_eigenvectors_through_the_tridiagonal_form_match_the_planted_ones():
 
 
 def test_top_eigenvectors_in_a_cluster_span_its_eigenspace():
-    from saegeo.geometry.measures import symmetric_eigh
-
     rng = np.random.default_rng(22)
     d, k = 128, 4
     lam = np.concatenate([rng.uniform(0, 1, d - k), [3.0, 5.0, 5.0, 5.0]])  # a triple eigenvalue at the top
@@ -272,8 +270,6 @@ def test_top_eigenvectors_in_a_cluster_span_its_eigenspace():
 
 
 def test_report_spectrum_with_ten_vectors_equals_the_full_eigh():
-    from saegeo.geometry.measures import centred_spectrum
-
     rng = np.random.default_rng(23)
     x = rng.normal(size=(3000, 64)) * np.logspace(0.5, -1, 64) + 2.0
     acc = GeometryAccumulator(64)

@@ -17,6 +17,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from saegeo.geometry.accumulate import single_threaded
+
 
 @dataclass
 class Split:
@@ -65,12 +67,8 @@ def kmeans_between_share(
 ) -> tuple[float, float]:
     """(B/T, fraction of rows in the smallest cluster). Between-cluster share B/T of the centred sum of squares after Lloyd's k-means (k-means++ starts, best of
     ``restarts``). Gaussian rows: ≈ (2/π)·λ₁/tr Σ for k = 2 (the split along PC1); two far clusters: → 1."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # many tiny matmuls: multithreaded BLAS spin-waits between them on busy cores
-    try:
+    with single_threaded():  # many tiny matmuls: multithreaded BLAS spin-waits between them on busy cores
         return _kmeans_between_share(torch.as_tensor(rows, dtype=torch.float64), k, iters, restarts, seed)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _kmeans_between_share(x: Tensor, k: int, iters: int, restarts: int, seed: int) -> tuple[float, float]:

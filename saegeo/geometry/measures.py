@@ -34,6 +34,7 @@ Second streaming pass (the artifact test):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -52,6 +53,7 @@ from saegeo.geometry.accumulate import (
     as_rows,
     entry_bin_sums,
     entry_marginal_from_bins,
+    single_threaded,
 )
 from saegeo.geometry.nulls import (
     MPBulk,
@@ -149,36 +151,26 @@ MIN_TRIDIAGONAL_D = 32
 def symmetric_eigh(matrix: Float[Tensor, "d d"], top_vectors: int | None = None) -> tuple[Tensor, Tensor | None]:
     """Eigenvalues of a symmetric float64 matrix, ascending, and eigenvectors as columns in the same order: all of
     them (``top_vectors`` None, ``torch.linalg.eigh``), none (0, ``eigvalsh``), or those of the k largest
-    eigenvalues (``top_vectors`` = k: :func:`_top_eigh`). Single-threaded on the CPU.
-
-    The tridiagonalisation is a chain of small BLAS-2 steps; multithreaded LAPACK spin-waits between them,
-    and on a busy machine that costs 10–50× (measured on 2 loaded cores: d = 768, 14 s with 2 threads and
-    1.1 s with 1; d = 2304, 20–60 s against 1.2 s).
+    eigenvalues (``top_vectors`` = k: on the CPU :func:`_top_eigh`, a GPU's solvers have no such route).
+    Single-threaded on the CPU (``single_threaded``: LAPACK's reduction is a chain of small BLAS-2 steps).
     """
     d = matrix.shape[0]
-    if matrix.device.type != "cpu":  # the GPU's solvers: no tridiagonal route to choose
+    on_cpu = matrix.device.type == "cpu"
+    with single_threaded() if on_cpu else contextlib.nullcontext():
         if top_vectors == 0:
             return torch.linalg.eigvalsh(matrix), None
-        lam, vec = torch.linalg.eigh(matrix)
-        return lam, vec if top_vectors is None else vec[:, d - top_vectors :]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        if top_vectors == 0:
-            return torch.linalg.eigvalsh(matrix), None
-        if top_vectors is not None and d >= MIN_TRIDIAGONAL_D and 4 * top_vectors <= d:
+        if on_cpu and top_vectors is not None and d >= MIN_TRIDIAGONAL_D and 4 * top_vectors <= d:
             found = _top_eigh(matrix.numpy(), top_vectors)
             if found is not None:
                 return torch.from_numpy(found[0]), torch.from_numpy(found[1])
         lam, vec = torch.linalg.eigh(matrix)
         return lam, vec if top_vectors is None else vec[:, d - top_vectors :]
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _top_eigh(matrix: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
     """(every eigenvalue ascending, the eigenvectors of the k largest as columns, ascending) of a symmetric float64
     matrix A through its tridiagonal form, or None where LAPACK reports a failure (the caller takes the full eigh).
+    Called inside ``symmetric_eigh``'s single-threaded block.
 
     A = Q T Qᵀ (dsytrd: Householder reflectors, Q = H₀H₁…H_{d−2}); the eigenvalues of T are those of A (dsterf,
     the same QL/QR as eigvalsh); T z = λz for the k largest λ (dstemr, multiple relatively robust
@@ -187,28 +179,26 @@ def _top_eigh(matrix: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | Non
     d = 768 0.043 s against 0.094 s, 2,304 0.88 s against 2.59 s, 4,096 5.7 s against 17.7 s).
     """
     from scipy.linalg import lapack
-    from threadpoolctl import threadpool_limits
 
     d = matrix.shape[0]
-    with threadpool_limits(limits=1, user_api="blas"):
-        lwork = int(lapack.dsytrd_lwork(d, lower=1)[0])
-        reflectors, diagonal, off_diagonal, tau, info = lapack.dsytrd(matrix, lower=1, lwork=lwork)
-        if info != 0:
-            return None
-        eigenvalues, info = lapack.dsterf(diagonal, off_diagonal)
-        if info != 0:
-            return None
-        padded = np.zeros(d)  # dstemr takes e with d entries (the last one is workspace)
-        padded[:-1] = off_diagonal
-        found, _, vectors, info = lapack.dstemr(diagonal, padded, 3, 0.0, 0.0, d - k + 1, d, compute_v=1)
-        if info != 0 or found != k:
-            return None
-        vectors = np.ascontiguousarray(vectors[:, :k])
-        for i in range(d - 2, -1, -1):  # x = H₀(H₁(…H_{d−2} z)), H_i = I − τ_i v vᵀ, v = (0…0, 1, A[i+2:, i])
-            reflector = np.empty(d - i - 1)
-            reflector[0] = 1.0
-            reflector[1:] = reflectors[i + 2 :, i]
-            vectors[i + 1 :] -= np.outer(reflector, tau[i] * (reflector @ vectors[i + 1 :]))
+    lwork = int(lapack.dsytrd_lwork(d, lower=1)[0])
+    reflectors, diagonal, off_diagonal, tau, info = lapack.dsytrd(matrix, lower=1, lwork=lwork)
+    if info != 0:
+        return None
+    eigenvalues, info = lapack.dsterf(diagonal, off_diagonal)
+    if info != 0:
+        return None
+    padded = np.zeros(d)  # dstemr takes e with d entries (the last one is workspace)
+    padded[:-1] = off_diagonal
+    found, _, vectors, info = lapack.dstemr(diagonal, padded, 3, 0.0, 0.0, d - k + 1, d, compute_v=1)
+    if info != 0 or found != k:
+        return None
+    vectors = np.ascontiguousarray(vectors[:, :k])
+    for i in range(d - 2, -1, -1):  # x = H₀(H₁(…H_{d−2} z)), H_i = I − τ_i v vᵀ, v = (0…0, 1, A[i+2:, i])
+        reflector = np.empty(d - i - 1)
+        reflector[0] = 1.0
+        reflector[1:] = reflectors[i + 2 :, i]
+        vectors[i + 1 :] -= np.outer(reflector, tau[i] * (reflector @ vectors[i + 1 :]))
     return eigenvalues, vectors
 
 
