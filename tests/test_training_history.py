@@ -368,3 +368,28 @@ def test_a_long_log_is_thinned_to_at_most_200_points_keeping_the_last(tmp_path):
     curve = training_curve(tmp_path)
     assert len(curve["tokens"]) <= 200 and curve["tokens"][0] == 10 and curve["tokens"][-1] == 10010
     assert training_curve(tmp_path / "missing") is None
+
+
+@pytest.mark.parametrize(
+    "arch, shown",
+    [
+        ("relu", "relu l1=0.5"),
+        ("topk", "topk k=7"),
+        ("batchtopk", "batchtopk k=7"),
+        ("jumprelu", "jumprelu L0 target=7, l0_coefficient=1"),
+    ],
+)
+def test_the_summary_names_each_architectures_own_sparsity_option(arch, shown):
+    """A BatchTopK or JumpReLU run printed `l1=1` (the summary tested the name "topk"); each architecture now says
+    which option sets its sparsity."""
+    from types import SimpleNamespace
+
+    from saegeo.render.text import render_train
+    from saegeo.sae.train import TrainConfig
+
+    cfg = TrainConfig(arch=arch, k=7, l1_coefficient=0.5)
+    result = SimpleNamespace(
+        config=cfg, sae=SimpleNamespace(cfg=SimpleNamespace(d_in=4, d_sae=8)), heldout={}, history=[], provenance={}
+    )
+    line = next(ln for ln in render_train(result).splitlines() if ln.startswith("architecture"))
+    assert line.split(None, 1)[1] == shown

@@ -18,6 +18,7 @@ from typing import Any
 from saegeo.activations.cache import exclusion_shares
 from saegeo.geometry.measures import ActivationGeometry
 from saegeo.render.base import edge_spike_phrase, fmt_num, terminal_flags
+from saegeo.sae.architectures import get_architecture
 
 
 # =========================================================================== geometry
@@ -212,7 +213,7 @@ def render_train(result: Any) -> str:
     cfg, h = result.config, result.heldout
     live = result.history[-1] if result.history else {}
     rows = [
-        ("architecture", f"{cfg.arch}" + (f" k={cfg.k}" if cfg.arch == "topk" else f" l1={cfg.l1_coefficient:g}")),
+        ("architecture", f"{cfg.arch} {get_architecture(cfg.arch).option_summary(cfg)}"),
         ("d_in → d_sae", f"{result.sae.cfg.d_in} → {result.sae.cfg.d_sae}"),
         ("b_dec init", cfg.b_dec_init),
         ("tokens trained", f"{cfg.total_steps * cfg.batch_tokens:,} ({cfg.total_steps} steps of {cfg.batch_tokens})"),

@@ -151,6 +151,10 @@ class Architecture:
         decoder_norm is this architecture's default."""
         return not (self.free_decoder and (tcfg.decoder_norm or self.train_defaults["decoder_norm"]) == "free")
 
+    def option_summary(self, tcfg: Any) -> str:
+        """The options that set this architecture's sparsity, as the trainer's summary prints them."""
+        return f"k={tcfg.k}" if self.uses_k else f"l1={tcfg.l1_coefficient:g}"
+
     def param_groups(self, sae, tcfg: Any) -> list[dict]:
         """Adam's parameter groups, each with an `lr_scale` (the threshold is not trained by default)."""
         return [{"params": [p for n, p in sae.named_parameters() if n != "threshold"], "lr_scale": 1.0}]

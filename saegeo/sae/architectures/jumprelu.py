@@ -149,6 +149,9 @@ class JumpReLU(Architecture):
         loss = sse / centred_ss + l0_coefficient * aux
         return TrainOutput(loss, sse.detach(), centred_ss, active.sum(), aux.detach(), fire_count > 0, fire_count)
 
+    def option_summary(self, tcfg) -> str:
+        return f"L0 target={tcfg.k}, l0_coefficient={tcfg.l0_coefficient:g}"
+
     def param_groups(self, sae, tcfg) -> list[dict]:
         sae.threshold.requires_grad_(True)
         return super().param_groups(sae, tcfg) + [{"params": [sae.threshold], "lr_scale": tcfg.threshold_lr_scale}]
