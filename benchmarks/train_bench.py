@@ -30,8 +30,8 @@ printed as floor / step (100 % = the step costs no more than its forward floor).
 
 Running: each run's result is one JSON file in --results (default artifacts/runs/train_bench/results); a run
 already there is skipped, so an interrupted grid resumes and two workers (`--worker`, two processes at most)
-share one grid, each claiming runs by an atomic mkdir. While /work/merge.lock (--pause-file) exists no new run
-starts. `--print` re-prints the curves from the saved results without training.
+share one grid, each claiming runs by an atomic mkdir. While the file named by --pause-file exists no new run
+starts (none by default). `--print` re-prints the curves from the saved results without training.
 
 Usage: .venv/bin/python benchmarks/train_bench.py [--arch relu topk batchtopk] [--lrs 1e-3 2e-3 4e-3 8e-3]
        [--l1s 0.5 1 2] [--ks 16 32 64] [--tokens 737280] [--threads 1] [--acts PATH] [--worker] [--print]
@@ -671,7 +671,11 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "artifacts/runs/train_bench"))
     ap.add_argument("--results", help="one JSON per run (default OUT/results)")
     ap.add_argument("--saelens-python", type=Path, default=SAELENS_PY)
-    ap.add_argument("--pause-file", default="/work/merge.lock", help="no new run starts while this path exists")
+    ap.add_argument(
+        "--pause-file",
+        default=None,
+        help="no new run starts while this path exists (e.g. a lock held while the full suite runs)",
+    )
     ap.add_argument(
         "--lr-order",
         nargs="*",
