@@ -31,6 +31,7 @@ from saegeo.render.report import (
     render_json,
     render_markdown,
     render_terminal,
+    report_figures,
     write_report,
 )
 from saegeo.render.sweep import (
@@ -38,6 +39,7 @@ from saegeo.render.sweep import (
     render_sweep_html,
     render_sweep_markdown,
     render_sweep_terminal,
+    sweep_plot,
     write_sweep,
 )
 from saegeo.render.text import (
@@ -72,11 +74,13 @@ __all__ = [
     "render_json",
     "render_markdown",
     "render_terminal",
+    "report_figures",
     "write_report",
     "SWEEP_FORMATS",
     "render_sweep_html",
     "render_sweep_markdown",
     "render_sweep_terminal",
+    "sweep_plot",
     "write_sweep",
     "exclusion_lines",
     "geometry_summary",

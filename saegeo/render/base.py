@@ -5,17 +5,21 @@ skeleton, PNG bytes of a figure, and the one writer of rendering files (names, p
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import io
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from saegeo.errors import BadInputError
 from saegeo.io import atomic_write
 from saegeo.report.flags import SEVERITIES, Flag
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 FORMATS = ("terminal", "md", "json", "html")
 SEVERITY_MARK = {"error": "✖", "warning": "▲", "info": "·"}
@@ -263,14 +267,30 @@ def html_figure(name: str, data: bytes, caption: str = "") -> str:
 FIGURE_DPI = 130  # a 9-inch figure is ~1170 px: the page's width
 
 
-def png(fig, dpi: int = FIGURE_DPI) -> bytes:
-    """The figure as PNG bytes (closed afterwards)."""
+def png(fig: Figure, dpi: int = FIGURE_DPI) -> bytes:
+    """The figure as PNG bytes (Figure.savefig draws on its own Agg canvas: no backend is switched)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
     return buf.getvalue()
+
+
+@functools.cache
+def _shown_figure() -> type:
+    """Figure that displays itself in a notebook as PNG (IPython calls ``_repr_png_``) whether or not the inline
+    backend is active; defined on first use so that importing the renderers does not import matplotlib."""
+    from matplotlib.figure import Figure
+
+    class ShownFigure(Figure):
+        def _repr_png_(self) -> bytes:
+            return png(self)
+
+    return ShownFigure
+
+
+def new_figure(**kwargs: Any) -> Figure:
+    """A matplotlib Figure made with the object-oriented API, never through pyplot: no global figure list, no
+    backend chosen or switched, rcParams only read; garbage-collected like any object."""
+    return _shown_figure()(**kwargs)
 
 
 # =========================================================================== files

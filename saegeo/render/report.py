@@ -5,7 +5,8 @@ and `write_report`, the one writer of either page's files (a report, or a Dictio
 ``render_markdown(report, figure_dir=None) -> str``   tables to paste into a paper or a bug report.
 ``render_json(report) -> str``       the schema-versioned JSON (``GeometryReport.load`` reads it back).
 ``render_html(report) -> str``       one file, plots embedded as base64 PNG (no network, no other files).
-``figures(report) -> dict[str, bytes]``   the PNG plots: spectrum (log-log, MP band), cosines (histogram,
+``report_figures(report) -> dict[str, Figure]``   the plots as matplotlib Figures (no pyplot, backend untouched);
+``figures(report) -> dict[str, bytes]``   the same as PNG bytes: spectrum (log-log, MP band), cosines (histogram,
                                      null, isotropic band), latents (firing vs cos(u_i, μ), sized by c_i),
                                      amplification (the law's curves, the measured points, the per-latent law), rogue (shares),
                                      training (loss, FVE, L0 against tokens; only when an SAE has a training log).
@@ -18,7 +19,7 @@ import html
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from saegeo.io import atomic_write
 from saegeo.render.base import (
@@ -34,6 +35,7 @@ from saegeo.render.base import (
     html_table,
     md_flags,
     md_table,
+    new_figure,
     output_dir,
     png,
     rendering_names,
@@ -55,6 +57,9 @@ from saegeo.render.text import artifact_text, exclusion_lines
 from saegeo.report.check import DictionaryCheck
 from saegeo.report.flags import FlagThresholds
 from saegeo.report.report import GeometryReport, SAEGeometry
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def _title(report: GeometryReport) -> str:
@@ -336,17 +341,13 @@ def _has_curve(report: GeometryReport) -> bool:
     return any(s.training_curve for s in report.saes)
 
 
-def training_figure(report: GeometryReport) -> bytes | None:
+def training_figure(report: GeometryReport) -> Figure | None:
     """Loss, FVE and L0 of each SAE's training log against tokens (the records saegeo.sae.train wrote beside
     the SAE, thinned by the report), one line per SAE; None when no SAE has a log."""
     if not _has_curve(report):
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(9, 2.6))
+    fig = new_figure(figsize=(9, 2.6))
+    axes = fig.subplots(1, 3)
     losses = []
     for i, s in enumerate(report.saes):
         curve = s.training_curve or {}
@@ -364,7 +365,7 @@ def training_figure(report: GeometryReport) -> bytes | None:
         axes[0].set_yscale("log")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    return png(fig)
+    return fig
 
 
 # what each figure's colours, lines and markers mean (the HTML's captions)
@@ -386,21 +387,13 @@ FIGURE_CAPTIONS = {
 LEGEND_OUTSIDE = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "fontsize": 8, "frameon": False}
 
 
-def figures(report: GeometryReport) -> dict[str, bytes]:
-    """The plots as PNG bytes (matplotlib, Agg backend: no display needed); "training" only when an SAE has a
-    training log."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def spectrum_figure(report: GeometryReport) -> Figure:
+    """Spectrum, log-log, with the Marchenko–Pastur band of isotropic noise of the same (n, d, tr Σ)."""
     import numpy as np
-    from matplotlib.lines import Line2D
 
     g = report.activations
-    out: dict[str, bytes] = {}
-
-    # spectrum, log-log, with the Marchenko–Pastur band of isotropic noise of the same (n, d, tr Σ)
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig = new_figure(figsize=(7, 4.2))
+    ax = fig.add_subplot()
     lam = np.asarray(g["eigenvalues"], dtype=float)
     pos = lam > 0
     ax.loglog(np.arange(1, lam.size + 1)[pos], lam[pos], ".-", ms=3, label="activations Σ")
@@ -431,11 +424,17 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
         fontsize=10,
     )
     ax.legend(**LEGEND_OUTSIDE)
-    out["spectrum"] = png(fig)
+    return fig
 
-    # sampled pairwise cosines with the sign-aware null and the isotropic ±2/√d band around it
+
+def cosines_figure(report: GeometryReport) -> Figure:
+    """Sampled pairwise cosines with the sign-aware null and the isotropic ±2/√d band around it."""
+    import numpy as np
+
+    g = report.activations
     h = report.cosine_histogram
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig = new_figure(figsize=(7, 4.2))
+    ax = fig.add_subplot()
     edges = np.asarray(h["edges"], dtype=float)
     counts = np.asarray(h["counts"], dtype=float)
     width = np.diff(edges)
@@ -460,14 +459,20 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
     ax.set_ylabel("density")
     ax.set_title("pairwise cosines", fontsize=10)
     ax.legend(**LEGEND_OUTSIDE)
-    out["cosines"] = png(fig)
+    return fig
 
-    # latents: firing frequency against cos(decoder, μ), sized by cone share
+
+def latents_figure(report: GeometryReport) -> Figure:
+    """Latents: firing frequency against cos(decoder, μ), sized by cone share, one panel per SAE."""
+    import numpy as np
+    from matplotlib.lines import Line2D
+
     n_sae = max(1, len(report.saes))
     n_cols = min(n_sae, 3)
     n_rows = -(-n_sae // n_cols)
     dense_at = FlagThresholds().dense_frequency
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(4.2 * n_cols, 3.6 * n_rows), squeeze=False, sharey=True)
+    fig = new_figure(figsize=(4.2 * n_cols, 3.6 * n_rows))
+    axes = fig.subplots(n_rows, n_cols, squeeze=False, sharey=True)
     for ax in axes.flat[n_sae:]:
         ax.set_axis_off()
     for ax, s in zip(axes.flat, report.saes or [None]):
@@ -499,11 +504,17 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
     ]
     fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False, bbox_to_anchor=(0.5, -0.02))
     fig.tight_layout(rect=(0, 0.07, 1, 1))
-    out["latents"] = png(fig)
+    return fig
 
-    # the amplification law: A against K·‖ū‖², textbook and exact-moment curves, measured points, per-latent
-    # law; one colour per SAE, one marker per quantity, each explained once
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+
+def amplification_figure(report: GeometryReport) -> Figure:
+    """The amplification law: A against K·‖ū‖², textbook and exact-moment curves, measured points, per-latent
+    law; one colour per SAE, one marker per quantity, each explained once."""
+    import numpy as np
+    from matplotlib.lines import Line2D
+
+    fig = new_figure(figsize=(7.5, 4.5))
+    ax = fig.add_subplot()
     x0s = [
         max(s.amplification["K"] * s.amplification["mean_sq_norm"], 1e-3)
         for s in report.saes
@@ -550,11 +561,14 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
     if sae_handles:  # one legend: what each line and marker is (in black), then the SAEs' colours
         what += [Line2D([], [], ls="", label="colour = SAE:"), *sae_handles]
     ax.legend(handles=what, **LEGEND_OUTSIDE)
-    out["amplification"] = png(fig)
+    return fig
 
-    # rogue dimensions: coordinate shares of the offset
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    rogue = g["rogue"]
+
+def rogue_figure(report: GeometryReport) -> Figure:
+    """Rogue dimensions: the coordinates' shares of the offset."""
+    fig = new_figure(figsize=(7, 3.5))
+    ax = fig.add_subplot()
+    rogue = report.activations["rogue"]
     idx, shares = rogue["top_indices"], rogue["top_shares"]
     if idx:
         ax.bar(range(len(idx)), shares, color="tab:purple")
@@ -562,10 +576,28 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
     ax.set_xlabel("coordinate j")
     ax.set_ylabel("share m̂_j²/‖m̂‖²")
     ax.set_title(f"rogue dimensions: {rogue['n_for_50']} carry 50% of the offset", fontsize=10)
-    out["rogue"] = png(fig)
-    if (training := training_figure(report)) is not None:
-        out[TRAINING_FIGURE] = training
-    return out
+    return fig
+
+
+FIGURES: dict[str, Callable[[GeometryReport], Figure | None]] = {
+    "spectrum": spectrum_figure,
+    "cosines": cosines_figure,
+    "latents": latents_figure,
+    "amplification": amplification_figure,
+    "rogue": rogue_figure,
+    TRAINING_FIGURE: training_figure,
+}
+
+
+def report_figures(report: GeometryReport) -> dict[str, Figure]:
+    """Every figure of the report as a matplotlib Figure (made without pyplot: the caller's backend and rcParams
+    are left alone; each displays itself in a notebook); "training" only when an SAE has a training log."""
+    return {name: fig for name, make in FIGURES.items() if (fig := make(report)) is not None}
+
+
+def figures(report: GeometryReport) -> dict[str, bytes]:
+    """The plots as PNG bytes (what the writers embed and save); "training" only when an SAE has a training log."""
+    return {name: png(fig) for name, fig in report_figures(report).items()}
 
 
 # =========================================================================== html

@@ -11,6 +11,7 @@ import html
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from saegeo.io import atomic_write
 from saegeo.render.base import (
@@ -23,6 +24,7 @@ from saegeo.render.base import (
     html_page,
     md_flags,
     md_table,
+    new_figure,
     output_dir,
     png,
     rendering_names,
@@ -31,6 +33,9 @@ from saegeo.render.base import (
     write_renderings,
 )
 from saegeo.report.sweep import LayerSweep
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 SWEEP_FORMATS = FORMATS
 
@@ -184,16 +189,13 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
 MISSING_REASON = {"mp_spikes": "none counted (no flat MP bulk at any layer;\nthe table gives the power-law slope α)"}
 
 
-def sweep_figure(sweep: LayerSweep) -> bytes:
-    """One PNG: a panel per quantity (PANELS) against depth, legends beneath the axes, a series that no layer
-    measured named in its panel with the reason."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def sweep_plot(sweep: LayerSweep) -> Figure:
+    """One Figure: a panel per quantity (PANELS) against depth, legends beneath the axes, a series that no layer
+    measured named in its panel with the reason (made without pyplot: the caller's backend is left alone)."""
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(4, 3, figsize=(12, 14), layout="constrained")
+    fig = new_figure(figsize=(12, 14), layout="constrained")
+    axes = fig.subplots(4, 3)
     depth = [r["layer"] if r["layer"] is not None else i for i, r in enumerate(sweep.layers)]
     for ax, (title, ylabel, series) in zip(axes.flat, PANELS):
         missing = False
@@ -212,7 +214,12 @@ def sweep_figure(sweep: LayerSweep) -> bytes:
             ncol = 1 if missing else 3
             ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=ncol, frameon=False)
     fig.suptitle(_title(sweep), fontsize=11)
-    return png(fig, dpi=100)  # 12 inches: the page's width
+    return fig
+
+
+def sweep_figure(sweep: LayerSweep) -> bytes:
+    """The sweep figure as PNG bytes (what the writers embed and save)."""
+    return png(sweep_plot(sweep), dpi=100)  # 12 inches: the page's width
 
 
 def render_sweep_html(sweep: LayerSweep, png: bytes | None = None) -> str:
