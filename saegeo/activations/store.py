@@ -556,6 +556,12 @@ class ActivationStore:
             f"n_tokens={self.n_tokens}, shards={len(self.shards)}, dtype={self.dtype})"
         )
 
+    def _repr_html_(self) -> str:
+        # drawn by the renderers, imported on first display (importing the store never loads them)
+        from saegeo.render.notebook import html_of
+
+        return html_of(self)
+
     def _load_shard_tensors(self, i: int) -> dict[str, Tensor]:
         if not -len(self.shards) <= i < len(self.shards):
             raise StoreError(f"{self.path}: shard index {i} out of range (store has {len(self.shards)} shards)")

@@ -583,6 +583,16 @@ class ActivationGeometry:
     max_row_norm_bin: float | None = None  # lower edge of the highest occupied bin
     coordinate_rms: list[float] | None = None  # √S_jj = √E[x_j²] per coordinate
 
+    def __repr__(self) -> str:
+        def num(x: float | None, spec: str = ".4f") -> str:
+            return "—" if x is None else format(x, spec)
+
+        return (
+            f"<ActivationGeometry n={self.n:,} d={self.d}: A = {num(self.anisotropy)} (null {num(self.sign.null)}), "
+            f"offset {num(self.offset)}, erank {num(self.effective_rank, '.1f')}, top-1 {num(self.top1_share, '.1%')}, "
+            f"{'no flat bulk' if self.n_spikes is None else f'{self.n_spikes} MP spike(s)'}>"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict (floats, ints, lists, None, nested dicts); json_safe copies, so no deep copy first."""
         return json_safe({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})

@@ -12,6 +12,7 @@ latents.py  latent cards and the per-latent table: latents.json / latents.csv, t
 check.py    the dictionary check page (`saegeo check` without activations)
 sweep.py    the layer sweep's table, Markdown, HTML and figure; write_sweep
 text.py     the terminal text of geometry, eval, train, cache, store, synth, run; cache exclusions, artifact test
+notebook.py what a notebook shows for a result (its _repr_html_): the pages' parts as one scoped, self-contained block
 """
 
 from saegeo.render.base import FORMATS, rendering_paths

@@ -10,13 +10,15 @@ import html
 import io
 import math
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from saegeo.errors import BadInputError
 from saegeo.io import atomic_write
-from saegeo.report.flags import SEVERITIES, Flag
+from saegeo.report.display import flag_counts
+from saegeo.report.flags import Flag
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -55,11 +57,6 @@ def edge_spike_phrase(bulk: Mapping[str, Any]) -> str:
 
 
 # =========================================================================== flags
-def flag_counts(flags: list[Flag]) -> str:
-    counts = {sev: sum(f.severity == sev for f in flags) for sev in reversed(SEVERITIES)}
-    return " · ".join(f"{n} {sev}" for sev, n in counts.items() if n) or "none"
-
-
 def group_flags(flags: list[Flag]) -> list[list[Flag]]:
     """The flags of one name together, in the order each name first appears (flags come most severe first):
     a kind raised at 13 layers is one block with one advice line, not 13 blocks repeating it."""
@@ -230,6 +227,37 @@ def html_page(title: str, body: list[str], *, script: str = "", css: str = "") -
     ]
     tail = [f"<script>{script}</script>"] if script else []
     return "\n".join(head + body + tail + ["</body></html>"])
+
+
+NOTEBOOK_SCOPE = "saegeo-out"  # the class of a notebook display's <div>: its style sheet applies inside it only
+NOTEBOOK_CSS = "\nh2{font-size:1.2em;margin:.8em 0 .3em}h3{font-size:1.05em;margin:.6em 0 .3em}"
+
+
+def scoped_css(css: str, scope: str = NOTEBOOK_SCOPE) -> str:
+    """A page's style sheet for a block inside someone else's page (a notebook): each selector prefixed with
+    ``.scope`` and the body's rule given to the block itself, so nothing outside the block changes look."""
+    out = []
+    for selectors, body in re.findall(r"([^{}]+)\{([^{}]*)\}", css):
+        if selectors.strip() == "body":  # the page's centring margins have no place in an output cell
+            body = ";".join(d for d in body.split(";") if not d.startswith(("margin", "padding", "max-width")))
+        out.append(
+            ",".join(f".{scope}" if s.strip() == "body" else f".{scope} {s.strip()}" for s in selectors.split(","))
+            + "{"
+            + body
+            + "}"
+        )
+    return "\n".join(out)
+
+
+def html_block(title: str, body: list[str], *, script: str = "", css: str = "") -> str:
+    """What `html_page` makes, as one self-contained <div> for a notebook's output cell: the same parts and the
+    same style sheet (scoped to the block), the title as a heading, an optional inline script; nothing fetched."""
+    e = html.escape
+    style = scoped_css(HTML_CSS + NOTEBOOK_CSS + css)
+    tail = [f"<script>{script}</script>"] if script else []
+    return "\n".join(
+        [f"<div class='{NOTEBOOK_SCOPE}'><style>{style}</style>", f"<h3>{e(title)}</h3>", *body, "</div>", *tail]
+    )
 
 
 def html_table(rows: list[tuple[str, str]]) -> list[str]:

@@ -9,6 +9,7 @@ from saegeo.render.base import (
     flag_counts,
     fmt_num,
     fmt_pct,
+    html_block,
     html_flags,
     html_page,
     html_table,
@@ -127,10 +128,21 @@ def render_check_markdown(check: DictionaryCheck) -> str:
 
 
 def render_check_html(check: DictionaryCheck) -> str:
+    return html_page(_check_title(check), check_html_parts(check))
+
+
+def check_html_parts(check: DictionaryCheck, *, summary: bool = True) -> list[str]:
+    """The check page's body (the page and the notebook display): flags with advice, the dictionary's numbers,
+    (``summary``) the terminal summary."""
     e = html.escape
     parts = [f"<h2>Flags ({e(flag_counts(check.flags))})</h2>"]
     parts += html_flags(check.flags, show_subject=False)
     parts.append("<h2>Dictionary</h2>")
     parts += html_table(check_lines(check))
-    parts.append(f"<h2>Terminal summary</h2><pre>{e(render_check_terminal(check))}</pre>")
-    return html_page(_check_title(check), parts)
+    if summary:
+        parts.append(f"<h2>Terminal summary</h2><pre>{e(render_check_terminal(check))}</pre>")
+    return parts
+
+
+def check_block(check: DictionaryCheck) -> str:
+    return html_block(_check_title(check), check_html_parts(check, summary=False))

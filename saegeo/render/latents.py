@@ -173,7 +173,10 @@ function init(box) {
   }));
   apply();
 }
-document.querySelectorAll('.latents').forEach(init);
+// idempotent: a notebook runs this once per output; each box is set up once, the document listener added once
+document.querySelectorAll('.latents:not([data-ready])').forEach(box => { box.dataset.ready = '1'; init(box); });
+if (window.saegeoLatentLinks) return;
+window.saegeoLatentLinks = true;
 document.addEventListener('click', ev => {  // a latent a flag names: its table filtered to it, its card open
   const a = ev.target.closest('a.to-latent'), box = a && document.getElementById(a.dataset.box);
   if (!box) return;

@@ -28,6 +28,7 @@ from saegeo.render.base import (
     flag_counts,
     fmt_num,
     fmt_pct,
+    html_block,
     html_figure,
     html_flags,
     html_grid,
@@ -55,7 +56,7 @@ from saegeo.render.latents import (
 )
 from saegeo.render.text import artifact_text, exclusion_lines
 from saegeo.report.check import DictionaryCheck
-from saegeo.report.flags import FlagThresholds
+from saegeo.report.flags import Flag, FlagThresholds
 from saegeo.report.report import GeometryReport, SAEGeometry
 
 if TYPE_CHECKING:
@@ -264,9 +265,15 @@ def _splice_on(s: SAEGeometry) -> str:
 
 
 def _sae_table(report: GeometryReport) -> tuple[list[str], list[list[str]]]:
-    header = ["", *[s.name for s in report.saes]]
+    return sae_table(report.saes, report.flags)
+
+
+def sae_table(saes: list[SAEGeometry], flags: list[Flag]) -> tuple[list[str], list[list[str]]]:
+    """The side-by-side table (header, rows): one column per SAE, a row per SAE_ROWS entry (the splice rows only
+    when some SAE was spliced), the last row each SAE's flag counts."""
+    header = ["", *[s.name for s in saes]]
     rows = []
-    spliced = [s.splice for s in report.saes if s.splice]
+    spliced = [s.splice for s in saes if s.splice]
     shown = set()
     if any("ce_loss_clean" in r for r in spliced):
         shown |= SPLICE_ROWS
@@ -276,9 +283,9 @@ def _sae_table(report: GeometryReport) -> tuple[list[str], list[list[str]]]:
         if label in SPLICE_ROWS | ENCODER_SPLICE_ROWS and label not in shown:
             continue
         if label == "flags":
-            cells = [flag_counts([f for f in report.flags if f.subject == s.name]) for s in report.saes]
+            cells = [flag_counts([f for f in flags if f.subject == s.name]) for s in saes]
         else:
-            cells = [fn(s) for s in report.saes]
+            cells = [fn(s) for s in saes]
         rows.append([label, *cells])
     return header, rows
 
@@ -603,10 +610,26 @@ def figures(report: GeometryReport) -> dict[str, bytes]:
 # =========================================================================== html
 def render_html(report: GeometryReport, pngs: dict[str, bytes] | None = None) -> str:
     """One self-contained page: flags, tables and the plots as data: URIs."""
-    e = html.escape
     pngs = pngs if pngs is not None else figures(report)
+    return html_page(_title(report), report_html_parts(report, pngs), **latents_assets(report.saes))
+
+
+def latents_assets(saes: list[SAEGeometry]) -> dict[str, str]:
+    """The script and style sheet a page needs when some SAE has a per-latent table or cards (else none)."""
+    return {"script": LATENTS_JS, "css": LATENTS_CSS} if _with_latents(saes) else {}
+
+
+def _with_latents(saes: list[SAEGeometry]) -> list[SAEGeometry]:
+    return [s for s in saes if getattr(s, "latent_table", None) or getattr(s, "latents", None)]
+
+
+def report_html_parts(report: GeometryReport, pngs: dict[str, bytes], *, summary: bool = True) -> list[str]:
+    """The report page's body, in order (the page and the notebook display are both made of it): flags,
+    activations, diagnosis, the side-by-side SAE table, each SAE's latents, the figures, notes and (``summary``)
+    the terminal summary."""
+    e = html.escape
     parts = [f"<h2>Flags ({e(flag_counts(report.flags))})</h2>"]
-    with_latents = [s for s in report.saes if getattr(s, "latent_table", None) or getattr(s, "latents", None)]
+    with_latents = _with_latents(report.saes)
     parts += html_flags(report.flags, latent_tables={s.name: latent_table_id(s.name) for s in with_latents})
     parts.append("<h2>Activations</h2>")
     parts += html_table(activation_lines(report))
@@ -620,20 +643,49 @@ def render_html(report: GeometryReport, pngs: dict[str, bytes] | None = None) ->
     for s in with_latents:
         parts.append(f"<h2>Latents of {e(s.name)}</h2>")
         parts += latent_section_html(s.name, getattr(s, "latent_table", None), getattr(s, "latents", None))
-    parts.append("<h2>Figures</h2>")
-    for name in (*FIGURE_NAMES, TRAINING_FIGURE):
-        if name in pngs:
-            parts.append(f"<h3>{e(name)}</h3>" + html_figure(name, pngs[name], FIGURE_CAPTIONS.get(name, "")))
+    parts += figure_parts(pngs)
     if report.notes:
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in report.notes) + "</ul>")
-    parts.append(f"<h2>Terminal summary</h2><pre>{e(render_terminal(report))}</pre>")
+    if summary:
+        parts.append(f"<h2>Terminal summary</h2><pre>{e(render_terminal(report))}</pre>")
     parts.append(
         f"<p class='ev'>saegeo {e(report.saegeo_version)}, report schema {report.schema_version}; "
         "the numbers behind this page are in report.json.</p>"
     )
-    if with_latents:
-        return html_page(_title(report), parts, script=LATENTS_JS, css=LATENTS_CSS)
-    return html_page(_title(report), parts)
+    return parts
+
+
+def figure_parts(pngs: dict[str, bytes]) -> list[str]:
+    """The figures section: each PNG given, in the report's order, with its caption."""
+    e = html.escape
+    shown = [name for name in (*FIGURE_NAMES, TRAINING_FIGURE) if name in pngs]
+    if not shown:
+        return []
+    return ["<h2>Figures</h2>"] + [
+        f"<h3>{e(name)}</h3>" + html_figure(name, pngs[name], FIGURE_CAPTIONS.get(name, "")) for name in shown
+    ]
+
+
+# =========================================================================== notebook
+def report_block(report: GeometryReport) -> str:
+    """The report page's body (figures included, the terminal summary left out: the block is the summary)."""
+    parts = report_html_parts(report, figures(report), summary=False)
+    return html_block(_title(report), parts, **latents_assets(report.saes))
+
+
+def section_block(section: SAEGeometry) -> str:
+    """One SAE's section: its flags with their advice, its column of the side-by-side table, its latents."""
+    e = html.escape
+    flags = section.flags
+    has_latents = bool(section.latent_table or section.latents)
+    tables = {section.name: latent_table_id(section.name)} if has_latents else {}
+    parts = [f"<h2>Flags ({e(flag_counts(flags))})</h2>", *html_flags(flags, latent_tables=tables)]
+    parts += html_grid(*sae_table([section], flags))
+    if has_latents:
+        parts.append(f"<h2>Latents of {e(section.name)}</h2>")
+        parts += latent_section_html(section.name, section.latent_table, section.latents)
+    title = f"SAE {section.name} · {section.d_sae:,} latents · {section.n_tokens:,} tokens"
+    return html_block(title, parts, **latents_assets([section]))
 
 
 # =========================================================================== files

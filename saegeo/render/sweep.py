@@ -18,6 +18,7 @@ from saegeo.render.base import (
     FORMATS,
     fmt_num,
     fmt_pct,
+    html_block,
     html_figure,
     html_flags,
     html_grid,
@@ -223,8 +224,14 @@ def sweep_figure(sweep: LayerSweep) -> bytes:
 
 
 def render_sweep_html(sweep: LayerSweep, png: bytes | None = None) -> str:
-    e = html.escape
     png = png if png is not None else sweep_figure(sweep)
+    return html_page(_title(sweep), sweep_html_parts(sweep, png))
+
+
+def sweep_html_parts(sweep: LayerSweep, png: bytes, *, summary: bool = True) -> list[str]:
+    """The sweep page's body (the page and the notebook display): the tables, the figure, flags, notes and
+    (``summary``) the terminal summary."""
+    e = html.escape
     parts = []
     for caption, header, rows in sweep_tables(sweep):
         parts += html_grid(header, rows, caption=caption, text_columns=(0, 1))
@@ -239,8 +246,9 @@ def render_sweep_html(sweep: LayerSweep, png: bytes | None = None) -> str:
     )
     parts += ["<h2>Flags</h2>"] + html_flags(sweep.flags)
     parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in sweep.notes) + "</ul>")
-    parts.append(f"<h2>Terminal summary</h2><pre>{e(render_sweep_terminal(sweep))}</pre>")
-    return html_page(_title(sweep), parts)
+    if summary:
+        parts.append(f"<h2>Terminal summary</h2><pre>{e(render_sweep_terminal(sweep))}</pre>")
+    return parts
 
 
 def write_sweep(
@@ -259,3 +267,7 @@ def write_sweep(
         "html": (names["html"], lambda: render_sweep_html(sweep, png)),
     }
     return write_renderings(out, formats, writers)
+
+
+def sweep_block(sweep: LayerSweep) -> str:
+    return html_block(_title(sweep), sweep_html_parts(sweep, sweep_figure(sweep), summary=False))

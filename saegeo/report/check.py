@@ -42,6 +42,7 @@ from saegeo.geometry.dictionary import (
     summary_stats,
 )
 from saegeo.io import dump_json, json_safe
+from saegeo.report.display import flag_counts, flags_frame, notebook_html, short
 from saegeo.report.flags import (
     ACTIVATIONS_MISMATCH,
     Flag,
@@ -154,6 +155,22 @@ class DictionaryCheck:
 
     def flag_names(self) -> list[str]:
         return [f.name for f in self.flags]
+
+    def __repr__(self) -> str:
+        s, sp = self.source, self.dictionary_spectrum
+        return (
+            f"<DictionaryCheck {s.get('name')!r}: {s.get('format')}, {s.get('d_sae', 0):,} latents × d={s.get('d_in')} · "
+            f"A_dict {short(self.a_dict, 4)} · erank {short(sp.get('effective_rank'), 1)} · "
+            f"{self.n_duplicate_pairs} duplicate pair(s) · {self.n_zero_decoder_rows} zero row(s) · "
+            f"flags: {flag_counts(self.flags)}>"
+        )
+
+    def _repr_html_(self) -> str:
+        return notebook_html(self)
+
+    def flags_frame(self) -> Any:
+        """The flags as a DataFrame (one row per flag, its evidence as columns)."""
+        return flags_frame(self.flags)
 
     def flag(self, name: str) -> Flag:
         for f in self.flags:

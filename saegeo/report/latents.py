@@ -29,6 +29,7 @@ from saegeo.errors import BadInputError
 from saegeo.geometry.dictionary import nearest_decoder_neighbours, row_norms
 from saegeo.geometry.latents import BINS_PER_OCTAVE, LatentHistogram, LatentTopK
 from saegeo.io import json_safe
+from saegeo.report.display import notebook_html, short
 
 TABLE_COLUMNS = (
     "id",
@@ -72,6 +73,37 @@ def named_latents(flags: Sequence[Any], subject: str, asked: Sequence[int] = ())
     for i in asked:
         why.setdefault(int(i), []).append(ASKED)
     return why
+
+
+# =========================================================================== a card
+@dataclass(frozen=True, repr=False)
+class LatentCard:
+    """One latent's card as the report keeps it (``data``: {id, why, firing_rate, cos_mu, cone_share, histogram,
+    neighbours, top_contexts, ...}) with the name of its SAE; shows itself in a notebook, contexts marked."""
+
+    sae: str
+    data: Mapping[str, Any]
+
+    @property
+    def id(self) -> int:
+        return int(self.data["id"])
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def __repr__(self) -> str:
+        d = self.data
+        why = d.get("why")
+        why = ", ".join(map(str, why)) if isinstance(why, list) else why
+        rate = d.get("firing_rate")
+        return (
+            f"<LatentCard {self.sae!r} latent {self.id}: firing {'—' if rate is None else f'{100 * rate:.2f}%'} · "
+            f"cos(u_i, μ) {short(d.get('cos_mu'))} · cone share {short(d.get('cone_share'))} · "
+            f"{len(d.get('top_contexts') or [])} contexts" + (f" · {why}" if why else "") + ">"
+        )
+
+    def _repr_html_(self) -> str:
+        return notebook_html(self)
 
 
 # =========================================================================== the table

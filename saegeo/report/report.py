@@ -65,6 +65,7 @@ from saegeo.geometry.measures import FieldDict, checked_geometry, fields_of
 from saegeo.geometry.sample import RowReservoir
 from saegeo.geometry.transforms import Whitening
 from saegeo.io import dump_json, json_safe
+from saegeo.report.display import columns_frame, flag_counts, flags_frame, names, notebook_html, pandas, short
 from saegeo.report.flags import (
     ACTIVATIONS_MISMATCH,
     WITHHELD_FLAGS,
@@ -83,6 +84,7 @@ from saegeo.report.flags import (
 from saegeo.report.latents import (
     ASKED,
     LATENTS_SCHEMA_VERSION,
+    LatentCard,
     LatentCollector,
     LatentsOptions,
     context_source,
@@ -196,6 +198,53 @@ class SAEGeometry:
     def from_dict(cls, d: Mapping[str, Any]) -> SAEGeometry:
         return cls(**dict(d))
 
+    @property
+    def flags(self) -> list[Flag]:
+        """The flags of the report holding this section that concern this SAE ([] for a section on its own)."""
+        report = getattr(self, "_report", None)
+        return [f for f in report.flags if f.subject == self.name] if report is not None else []
+
+    def card(self, latent: int) -> LatentCard:
+        """The card of one latent (top contexts, histogram, neighbours): the report keeps one for each latent a
+        flag names or ``ReportOptions.latents`` asked for."""
+        for c in self.latents:
+            if c["id"] == latent:
+                return LatentCard(self.name, c)
+        have = [c["id"] for c in self.latents]
+        raise KeyError(
+            f"SAE {self.name!r} has no card for latent {latent!r} (cards: {have or 'none'}); ask for it with "
+            "ReportOptions(latents=(...)) or `saegeo report --latents`"
+        )
+
+    @property
+    def cards(self) -> list[LatentCard]:
+        """Every card the report keeps for this SAE."""
+        return [LatentCard(self.name, c) for c in self.latents]
+
+    def latents_frame(self) -> Any:
+        """Every latent's row as a DataFrame indexed by latent id: the per-latent table (TABLE_COLUMNS) when the
+        report made one, else the columns every section has (firing rate, E[a], cos(u_i, μ), cone share)."""
+        table = self.latent_table or {
+            "id": list(range(self.d_sae)),
+            "rate": self.firing_frequency,
+            "mean_activation": self.mean_activation,
+            "cos_mu": self.cos_decoder_mean,
+            "cone_share": self.cone_shares if self.cone_shares is not None else [None] * self.d_sae,
+        }
+        return columns_frame(table, index="id").rename_axis("latent")
+
+    def __repr__(self) -> str:
+        a = self.amplification.get("measured_recon_minus_b_dec")
+        arch = f"{self.architecture or '?'}" + (f" k={self.k}" if self.k else "")
+        return (
+            f"<SAEGeometry {self.name!r}: {arch}, {self.d_sae:,} latents × d={self.d_in}, {self.n_tokens:,} tokens · "
+            f"FVE {short(self.fve)} · L0 {short(self.mean_l0, 1)} · dead {self.n_dead:,} · A(x̂ − b_dec) {short(a)} · "
+            f"flags: {flag_counts(self.flags)}>"
+        )
+
+    def _repr_html_(self) -> str:
+        return notebook_html(self)
+
     def top_latents(self, by: str = "cone_shares", n: int = 10) -> list[int]:
         """Indices of the n latents with the largest value of a per-latent list (default: cone share)."""
         values = getattr(self, by)
@@ -233,6 +282,60 @@ class GeometryReport:
     def __post_init__(self) -> None:
         # read by the flags and the renderers: a name no ActivationGeometry carries is a KeyError, not a None
         self.activations = checked_geometry(self.activations)
+        for s in self.saes:  # each section reads its flags from the report (SAEGeometry.flags; not in its JSON)
+            s._report = self
+
+    def __repr__(self) -> str:
+        g, src = self.activations, self.source
+        what = " ".join(str(src[k]) for k in ("model", "hook") if src.get(k))
+        saes = f"{len(self.saes)} SAE(s): {names([s.name for s in self.saes])}" if self.saes else "no SAE"
+        return (
+            f"<GeometryReport{' ' + what if what else ''}: {src.get('n_tokens', g['n']):,} tokens × d={g['d']} · "
+            f"A = {short(g['anisotropy'])} (null {short(g['sign']['null'])}) · erank {short(g['effective_rank'], 1)} · "
+            f"{saes} · flags: {flag_counts(self.flags)}>"
+        )
+
+    def _repr_html_(self) -> str:
+        return notebook_html(self)
+
+    def latents(self, sae: str | int | None = None) -> Any:
+        """One SAE's per-latent table as a DataFrame indexed by latent id (``sae``: its name or position; None:
+        the only or first SAE), e.g. ``report.latents().sort_values("cone_share", ascending=False)``."""
+        if not self.saes:
+            raise KeyError("the report has no SAE: geometry_report(acts, sae=...) measures one")
+        section = self.saes[sae] if isinstance(sae, int) else self.saes[0] if sae is None else self.sae_named(sae)
+        return section.latents_frame()
+
+    def to_pandas(self) -> Any:
+        """The SAEs side by side as a DataFrame: one row per SAE, its headline numbers as columns (the numbers
+        behind the report's SAE table; per-latent lists are in ``latents()``)."""
+        rows = {}
+        for s in self.saes:
+            amp = s.amplification
+            rows[s.name] = {
+                "architecture": s.architecture,
+                "k": s.k,
+                "d_in": s.d_in,
+                "d_sae": s.d_sae,
+                "n_tokens": s.n_tokens,
+                "fve": s.fve,
+                "mse": s.mse,
+                "mean_l0": s.mean_l0,
+                "n_dead": s.n_dead,
+                "n_dense": s.n_dense,
+                "b_dec_distance_to_mean": s.b_dec_distance_to_mean,
+                "b_dec_cos_mean": s.b_dec_cos_mean,
+                "a_dict": s.a_dict,
+                "dict_mean_sq_norm": s.dict_mean_sq_norm,
+                **{f"amplification.{k}": v for k, v in amp.items()},
+                **{f"splice.{k}": v for k, v in (s.splice or {}).items() if not isinstance(v, (dict, list))},
+                "flags": flag_counts(s.flags),
+            }
+        return pandas().DataFrame.from_dict(rows, orient="index").rename_axis("sae")
+
+    def flags_frame(self) -> Any:
+        """The flags as a DataFrame (one row per flag, its evidence as columns)."""
+        return flags_frame(self.flags)
 
     @property
     def sae(self) -> SAEGeometry | None:

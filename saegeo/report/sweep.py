@@ -24,6 +24,7 @@ from saegeo.activations.store import ActivationStore
 from saegeo.config import BATCH_ROWS, check, option
 from saegeo.errors import BadInputError
 from saegeo.io import dump_json, json_safe
+from saegeo.report.display import flag_counts, flags_frame, notebook_html, pandas, short
 from saegeo.report.flags import Flag, FlagThresholds, artifact_flags, sort_flags
 from saegeo.report.layers import StoreMeasures, measure_store
 
@@ -89,6 +90,28 @@ class LayerSweep:
 
     def to_json(self, path: str | os.PathLike | None = None) -> str:
         return dump_json(self.to_dict(), path)
+
+    def __repr__(self) -> str:
+        a = [r.get("A") for r in self.layers]
+        depth = [str(r["layer"]) for r in self.layers if r.get("layer") is not None]
+        span = f"layers {depth[0]}–{depth[-1]}" if depth else f"{len(self.layers)} store(s)"
+        return (
+            f"<LayerSweep {self.model}: {len(self.layers)} layer(s), {span} · A {short(a[0] if a else None)} → "
+            f"{short(a[-1] if a else None)} · flags: {flag_counts(self.flags)}>"
+        )
+
+    def _repr_html_(self) -> str:
+        return notebook_html(self)
+
+    def to_pandas(self) -> Any:
+        """The rows as a DataFrame, one per layer in depth order, the columns of ROW_DOC (the per-layer details
+        left out: they are nested)."""
+        rows = [{k: v for k, v in r.items() if k != "details"} for r in self.layers]
+        return pandas().DataFrame(rows)
+
+    def flags_frame(self) -> Any:
+        """The flags as a DataFrame (one row per flag, its evidence as columns)."""
+        return flags_frame(self.flags)
 
 
 def layer_row(m: StoreMeasures) -> dict[str, Any]:

@@ -51,6 +51,21 @@ class SAE(nn.Module):
         # batchtopk and the rest: one scalar (shape (1,)), a buffer (batchtopk's is estimated in training).
         self.architecture.add_threshold(self, cfg, **kw)
 
+    def extra_repr(self) -> str:
+        """What ``repr(sae)`` shows inside ``SAE(...)``: its shapes, architecture and where it came from."""
+        cfg, info = self.cfg, self.format_info
+        parts = [f"d_in={cfg.d_in}", f"d_sae={cfg.d_sae}", f"activation={cfg.activation!r}"]
+        parts += [f"k={cfg.k}"] if cfg.k else []
+        parts += [f"dtype={cfg.dtype!r}", f"format={info.format!r}"]
+        parts += [f"source={str(info.source)!r}"] if info.source else []
+        return ", ".join(parts)
+
+    def _repr_html_(self) -> str:
+        # drawn by the renderers, imported on first display (importing the SAE never loads them)
+        from saegeo.render.notebook import html_of
+
+        return html_of(self)
+
     @property
     def architecture(self) -> Architecture:
         """The registered architecture of cfg.activation: its encode, training objective and saved form."""

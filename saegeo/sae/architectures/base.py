@@ -102,6 +102,10 @@ class Architecture:
     trains_rescaled: bool = False  # forward_train honours SAEConfig.rescale_acts_by_decoder_norm
     aux_loss_name: str = "aux_loss"  # what TrainOutput.aux_loss is, as training_log.jsonl names it
 
+    def __repr__(self) -> str:
+        saved = f", saved as {self.saelens_name!r}" if self.saelens_name else ""
+        return f"<architecture {self.name!r} ({type(self).__name__}){saved}>"
+
     # ------------------------------------------------------------------ the model
     def check_config(self, cfg: SAEConfig) -> None:
         """Refuse an SAEConfig this architecture cannot run (FormatError)."""
