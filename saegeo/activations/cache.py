@@ -52,6 +52,7 @@ from saegeo.config import Dtype, check, option
 from saegeo.distributed import resolve_device
 from saegeo.errors import BadInputError
 from saegeo.geometry.tokens import group_shares
+from saegeo.progress import progress_bar
 
 EMBED_HOOK = re.compile(r"^(hook_embed|hook_pos_embed|hook_full_embed|hook_tokens|embed\..*|pos_embed\..*)$")
 BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
@@ -256,9 +257,7 @@ def cache_activations(cfg: CacheConfig, loaded: Any = None) -> CacheResult:
 
         bar = None
         if cfg.progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=total, initial=start, unit="tok", unit_scale=True, desc="cache", smoothing=0.1)
+            bar = progress_bar(total=total, initial=start, unit="tok", unit_scale=True, desc="cache", smoothing=0.1)
         seen = 0  # stored-token index of the next window's first row
         with torch.inference_mode(), loaded.model.hooks(fwd_hooks=[(h, grab) for h in hooks]):
             for batch in runner.window_batches(iter_windows(spec, tok, loaded.kind), cfg.batch_windows):

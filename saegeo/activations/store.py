@@ -44,6 +44,7 @@ from torch import Tensor
 from saegeo.config import Dtype, parse_dtype
 from saegeo.errors import BadInputError, StoreError
 from saegeo.io import atomic_write, crash_point, json_safe, sha256_file
+from saegeo.progress import progress_bar
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -777,10 +778,8 @@ class ActivationStore:
         order = order[rank::world]
         bar = None
         if progress:
-            from tqdm.auto import tqdm
-
             total = sum(min(self.shards[i].rows, stop_row - int(self.offsets[i])) for i in order)
-            bar = tqdm(total=total, unit="tok", unit_scale=True, desc=self.hook)
+            bar = progress_bar(total=total, unit="tok", unit_scale=True, desc=self.hook)
         columns = ("activations", *(k for k in ("token_ids", "positions") if metadata and k in self.columns))
         # the columns travel together: one row permutation, one cut, for all of them
         pending = [torch.empty(0, self.d, dtype=dtype)] + [torch.empty(0, dtype=torch.long) for _ in columns[1:]]

@@ -42,6 +42,7 @@ from saegeo.geometry.dictionary import (
     summary_stats,
 )
 from saegeo.io import dump_json, json_safe
+from saegeo.progress import progress_bar
 from saegeo.report.display import flag_counts, flags_frame, notebook_html, short
 from saegeo.report.flags import (
     ACTIVATIONS_MISMATCH,
@@ -215,9 +216,7 @@ def check_dictionary(sae: Any, *, options: CheckOptions | None = None, name: str
         raise BadInputError(f"{subject}: a dictionary needs at least 2 decoder rows, found {n_lat}")
     bar = None
     if opts.progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=n_lat, unit="row", unit_scale=True, desc="duplicates", dynamic_ncols=True)
+        bar = progress_bar(total=n_lat, unit="row", unit_scale=True, desc="duplicates", dynamic_ncols=True)
 
     # float32 gram: fast enough for 65,536 × 2,304 rows on a laptop; the spectrum to float32 rounding
     geom = dictionary_geometry(

@@ -25,6 +25,7 @@ from saegeo.geometry.accumulate import GeometryAccumulator
 from saegeo.geometry.diagnosis import sample_diagnostics
 from saegeo.geometry.measures import ActivationGeometry, activation_geometry
 from saegeo.io import dump_json, json_safe
+from saegeo.progress import progress_bar
 from saegeo.report.flags import Flag, activation_flags, artifact_flags, flag_inputs, sort_flags
 from saegeo.report.report import ReportOptions, RowReservoir, store_exclusions
 
@@ -83,8 +84,6 @@ def files_geometry(paths: Sequence[str | os.PathLike], options: GeometryOptions 
     (default float32 on shifted rows). Flags: ``activation_flags`` and ``artifact_flags`` of these numbers.
     ``options.json`` / ``overwrite`` are the caller's (``FilesGeometry.to_json`` writes).
     """
-    from tqdm import tqdm
-
     opts = options or GeometryOptions(progress=False)
     files = [str(p) for p in paths]
     refuse_repeated_sources(files)
@@ -111,7 +110,7 @@ def files_geometry(paths: Sequence[str | os.PathLike], options: GeometryOptions 
     defaults = ReportOptions()  # the report's row sample: what sums cannot see (the cone of the centred rows)
     reservoir = RowReservoir(defaults.cosine_sample_rows, d, defaults.seed)
     total = sum(rows.n_rows for _, rows in sources)
-    with tqdm(total=total, unit="row", unit_scale=True, disable=not opts.progress, desc="geometry") as bar:
+    with progress_bar(total=total, unit="row", unit_scale=True, enabled=opts.progress, desc="geometry") as bar:
         for path, rows in sources:
             for batch in rows.batches(opts.batch_rows)[0]:
                 acc.add(batch, source=path)

@@ -65,6 +65,7 @@ from saegeo.geometry.measures import FieldDict, checked_geometry, fields_of
 from saegeo.geometry.sample import RowReservoir
 from saegeo.geometry.transforms import Whitening
 from saegeo.io import dump_json, json_safe
+from saegeo.progress import progress_bar
 from saegeo.report.display import columns_frame, flag_counts, flags_frame, names, notebook_html, pandas, short
 from saegeo.report.flags import (
     ACTIVATIONS_MISMATCH,
@@ -693,9 +694,7 @@ def geometry_report(
     reservoir: RowReservoir | None = None
     bar = None
     if opts.progress and (ctx is None or ctx.is_main):
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=total, unit="tok", unit_scale=True, desc="report", dynamic_ncols=True)
+        bar = progress_bar(total=total, unit="tok", unit_scale=True, desc="report", dynamic_ncols=True)
     t0 = time.perf_counter()
     with distributed.all_ranks_or_none("streaming the activations"):  # a failing rank ends every rank
         for batch in batches:  # screened by the reader; max_tokens is its stop_row
@@ -808,10 +807,8 @@ def latents_report(acts: Any, sae: Any, options: LatentsOptions | None = None, *
     p = _SAEPass(sae_name, module, cfg, opts.device, latent_contexts=opts.contexts, first_row=first_row)
     bar = None
     if opts.progress:
-        from tqdm.auto import tqdm
-
         total = opts.max_tokens if opts.max_tokens is not None else rows.n_rows
-        bar = tqdm(total=total, unit="tok", unit_scale=True, desc="latents", dynamic_ncols=True)
+        bar = progress_bar(total=total, unit="tok", unit_scale=True, desc="latents", dynamic_ncols=True)
     t0 = time.perf_counter()
     for batch in batches:
         x = torch.as_tensor(batch).to(opts.device)

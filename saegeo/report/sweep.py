@@ -24,6 +24,7 @@ from saegeo.activations.store import ActivationStore
 from saegeo.config import BATCH_ROWS, check, option
 from saegeo.errors import BadInputError
 from saegeo.io import dump_json, json_safe
+from saegeo.progress import progress_bar
 from saegeo.report.display import flag_counts, flags_frame, notebook_html, pandas, short
 from saegeo.report.flags import Flag, FlagThresholds, artifact_flags, sort_flags
 from saegeo.report.layers import StoreMeasures, measure_store
@@ -234,9 +235,7 @@ def sweep_stores(
     rows, flags = [], []
     it = opened
     if opts.progress:
-        from tqdm.auto import tqdm
-
-        it = tqdm(opened, desc="sweep", unit="layer")
+        it = progress_bar(opened, desc="sweep", unit="layer")
     for store in it:
         m = measure_store(
             store,

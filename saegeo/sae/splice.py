@@ -71,6 +71,7 @@ from saegeo.activations.runner import pad_windows, window_batches
 from saegeo.config import Dtype, check, option
 from saegeo.distributed import resolve_device
 from saegeo.errors import BadInputError
+from saegeo.progress import progress_bar
 from saegeo.sae.model import SAE, as_sae
 
 VARIANTS = ("clean", "spliced", "zero", "mean", "zero_all")  # zero_all: SAELens' ablation (every position, decoders)
@@ -363,9 +364,7 @@ def _evaluate(
 
     bar = None
     if cfg.progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=cfg.max_tokens, unit="tok", unit_scale=True, desc="eval", smoothing=0.1)
+        bar = progress_bar(total=cfg.max_tokens, unit="tok", unit_scale=True, desc="eval", smoothing=0.1)
     with torch.inference_mode():
         for batch in window_batches(windows(), cfg.batch_windows):
             _eval_batch(splicers, batch, pad_id, r["pass_norm_ratio"], sums, ablation_cache)

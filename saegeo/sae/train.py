@@ -48,6 +48,7 @@ from saegeo.activations.sources import Rows, open_rows
 from saegeo.config import Dtype, check, option, require_memory
 from saegeo.errors import BadInputError, FormatError, SaegeoError
 from saegeo.io import atomic_write, dump_json, json_safe
+from saegeo.progress import progress_bar
 from saegeo.sae.architectures import architecture_names, get_architecture
 from saegeo.sae.metrics import SAEMetrics, glibc
 from saegeo.sae.model import SAE, SAEConfig
@@ -1041,9 +1042,7 @@ def train_sae(
     last_good = last_checked = start_step  # the last checkpoint written; the last step the loss was checked at
     bar = None
     if cfg.progress and (ctx is None or ctx.is_main):
-        from tqdm.auto import tqdm
-
-        bar = tqdm(
+        bar = progress_bar(
             total=cfg.total_steps * cfg.batch_tokens,
             initial=start_step * cfg.batch_tokens,
             unit="tok",

@@ -40,6 +40,7 @@ from saegeo.config import BATCH_ROWS, check, option, parse_dtype, require_memory
 from saegeo.errors import BadInputError
 from saegeo.geometry.amplification import dictionary_anisotropy
 from saegeo.io import dump_json
+from saegeo.progress import progress_bar
 
 BLOCK_ROWS = 1024
 MAGNITUDES = ("exp", "half_normal", "log_normal", "constant")
@@ -493,9 +494,7 @@ class SuperpositionGenerator:
             raise BadInputError(f"need n >= 0, start >= 0, batch_size >= 1 (got {n}, {start}, {batch_size})")
         bar = None
         if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=n, unit="row", desc="synth", dynamic_ncols=True)
+            bar = progress_bar(total=n, unit="row", desc="synth", dynamic_ncols=True)
         stop = start + n
         pending_x: list[Tensor] = []
         pending_codes: list[SparseCodes] = []

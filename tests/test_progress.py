@@ -1,0 +1,52 @@
+"""Progress bars show where someone can see them: a notebook kernel or a terminal; in a pipe, a log or a test
+they print nothing (a redrawn bar in a log file is hundreds of lines)."""
+
+from __future__ import annotations
+
+import io
+import sys
+import types
+
+import torch
+
+from saegeo.progress import progress_bar, progress_surface
+from saegeo.report import geometry_report
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _run_bar() -> None:
+    bar = progress_bar(total=10, desc="job")
+    bar.update(10)
+    bar.close()
+
+
+def test_a_bar_shows_on_a_terminal_and_in_a_kernel_only(monkeypatch):
+    monkeypatch.delitem(sys.modules, "IPython", raising=False)
+    piped = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", piped)
+    assert progress_surface() is None
+    _run_bar()
+    assert piped.getvalue() == ""
+
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert progress_surface() == "terminal"
+    _run_bar()
+    assert "job" in terminal.getvalue() and "10/10" in terminal.getvalue()
+    assert progress_bar(total=1, enabled=False).disable  # a caller that turned progress off
+
+    kernel_out = io.StringIO()  # a kernel's stderr is no terminal, yet the notebook shows the bar
+    monkeypatch.setattr(sys, "stderr", kernel_out)
+    shell = types.SimpleNamespace(kernel=object())
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell))
+    assert progress_surface() == "notebook"
+
+
+def test_a_report_with_progress_on_prints_nothing_into_a_pipe(capfd):
+    x = torch.randn(500, 8, generator=torch.Generator().manual_seed(0))
+    geometry_report(x)  # progress is on by default
+    assert capfd.readouterr().err == ""
