@@ -1,4 +1,4 @@
-"""The `saegeo` command line: geometry | sweep | cache | store | train | report | check | latents | synth | run | eval.
+"""The `saegeo` command line: geometry | sweep | cache | store | train | report | check | compare | latents | synth | run | eval.
 
 Each subcommand has one `_add_<name>(parser)` function that declares its arguments and one `cmd_<name>(args)`
 function that calls the library. Heavy imports happen inside these functions, never at the top of this module,
@@ -258,6 +258,36 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if any(SEVERITIES.index(f.severity) >= worst for f in flags) else 0
 
 
+# --------------------------------------------------------------------------- compare
+def _add_compare(p: argparse.ArgumentParser) -> None:
+    from saegeo.config import CompareOptions
+
+    p.add_argument("sae_a", help="first dictionary (any format `saegeo check` reads, or a hub id)")
+    p.add_argument("sae_b", help="second dictionary, of the same activation space")
+    p.add_argument("--acts", help="activation store or file: also match on the correlation of the latents' activations")
+    p.add_argument("--out", help="directory for summary.txt and compare.json (the matched pairs)")
+    add_options(p, CompareOptions)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from saegeo.config import CompareOptions
+    from saegeo.io import refuse_overwrite
+    from saegeo.render.compare import COMPARE_FILES, render_compare, write_compare
+    from saegeo.render.text import render_written
+    from saegeo.report.compare import compare_dictionaries
+
+    opts = from_dict(CompareOptions, passed(args, CompareOptions))
+    if args.out:
+        refuse_overwrite([Path(args.out) / name for name in COMPARE_FILES], opts.overwrite)
+    result = compare_dictionaries(args.sae_a, args.sae_b, opts, acts=args.acts, names=(args.sae_a, args.sae_b))
+    print(render_compare(result), end="")
+    if args.out:
+        print(render_written(write_compare(result, args.out)))
+    return 0
+
+
 # --------------------------------------------------------------------------- report
 def _add_report(p: argparse.ArgumentParser) -> None:
     from saegeo.config import int_arg
@@ -495,6 +525,16 @@ _COMMANDS: list[tuple[str, str, str | None, Any, Any]] = [
         "those activations plus these checks.",
         _add_check,
         cmd_check,
+    ),
+    (
+        "compare",
+        "seed consistency of two dictionaries: optimal latent matching, pairwise MCC, shared fraction",
+        "Match the latents of two dictionaries one to one (Hungarian on decoder cosines; with --acts also on the "
+        "correlation of their activations): pairwise MCC (mean matched similarity, Song et al. 2025), the shared "
+        "fraction at --threshold (Paulo & Belrose 2025), and the geometry of the unshared latents. Exact up to "
+        "--exact-max-entries pairs; above it, matched on each latent's nearest candidates without the full matrix.",
+        _add_compare,
+        cmd_compare,
     ),
     (
         "report",

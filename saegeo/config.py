@@ -411,3 +411,28 @@ class GeometryOptions:
 
     def __post_init__(self) -> None:
         check(self)
+
+
+@dataclass
+class CompareOptions:
+    """`saegeo compare SAE_A SAE_B [--acts STORE]`: the matching of two dictionaries' latents and what it reports."""
+
+    threshold: float = option(0.7, "a matched pair at or above this similarity is a shared latent", low=-1, high=1)
+    exact_max_entries: int = option(
+        4096 * 4096,
+        "dense exact matching (Hungarian) when d_sae_A·d_sae_B is at most this; above it, the k-nearest candidate "
+        "graph (see docs/design.md, Seed consistency)",
+        low=0,
+    )
+    candidates: int = option(8, "candidate latents kept per latent, both ways, above exact_max_entries", low=1)
+    max_tokens: int | None = option(None, "with --acts: stop after this many tokens (default: all)", low=1)
+    batch_rows: int = option(
+        1024, "with --acts: rows encoded per batch (two dense code blocks of this many rows)", low=1
+    )
+    verify: bool = option(True, "sha256 check of each --acts store shard as it is read")
+    skip_nonfinite: bool = option(False, "with --acts: skip and count rows with NaN/inf instead of stopping")
+    progress: bool = option(True, "progress bar")
+    overwrite: bool = option(False, "replace output files that exist already (refused otherwise)")
+
+    def __post_init__(self) -> None:
+        check(self)

@@ -12,7 +12,7 @@ import torch
 from saegeo.activations.cache import CacheConfig
 from saegeo.activations.store import write_store
 from saegeo.cli import build_parser, main
-from saegeo.config import from_dict, passed, shown
+from saegeo.config import CompareOptions, from_dict, passed, shown
 from saegeo.errors import BadInputError, SaegeoError
 from saegeo.report.check import CheckOptions
 from saegeo.report.flags import FlagThresholds
@@ -27,6 +27,7 @@ COMMANDS = [
     ("report", ReportOptions, ["--acts", "A", "--out", "O"]),
     ("check", CheckOptions, ["DICT"]),
     ("eval", EvalConfig, []),
+    ("compare", CompareOptions, ["A", "B"]),
 ]
 
 
