@@ -76,9 +76,8 @@ def _geometry(rows: torch.Tensor, matching: LatentMatching, side: str, threshold
 def _activation_matching(
     sae_a: Any, sae_b: Any, acts: str, decoder: LatentMatching, opts: CompareOptions
 ) -> dict[str, Any]:
-    from tqdm import tqdm
-
     from saegeo.activations.sources import open_rows
+    from saegeo.progress import progress_bar
 
     rows = open_rows(acts, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite)
     if rows.d is not None and rows.d != sae_a.cfg.d_in:
@@ -91,7 +90,7 @@ def _activation_matching(
     batches, _ = rows.batches(opts.batch_rows, stop_row=opts.max_tokens)
     with (
         torch.no_grad(),
-        tqdm(total=total, unit="row", unit_scale=True, disable=not opts.progress, desc="compare") as bar,
+        progress_bar(total=total, unit="row", unit_scale=True, enabled=opts.progress, desc="compare") as bar,
     ):
         for x in batches:
             x = torch.as_tensor(x, dtype=torch.float32)
