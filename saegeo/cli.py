@@ -44,13 +44,17 @@ def _add_geometry(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_geometry(args: argparse.Namespace) -> int:
+    from saegeo.activations.options import rows_path_kind
     from saegeo.config import GeometryOptions
     from saegeo.io import refuse_overwrite
-    from saegeo.render.text import render_geometry
-    from saegeo.report.geometry import files_geometry
 
     opts = from_dict(GeometryOptions, passed(args, GeometryOptions))
     refuse_overwrite([opts.json], opts.overwrite)
+    for path in args.files:
+        rows_path_kind(path)
+    from saegeo.render.text import render_geometry  # the work begins: torch from here on
+    from saegeo.report.geometry import files_geometry
+
     result = files_geometry(args.files, opts)
     print(render_geometry(result))
     if opts.json:
@@ -61,34 +65,33 @@ def cmd_geometry(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- sweep
 def _add_sweep(p: argparse.ArgumentParser) -> None:
-    from saegeo.report.sweep import SweepOptions
+    from saegeo.report.options import SweepOptions
 
     p.add_argument("stores", nargs="*", help="activation-store directories (one per layer)")
     add_options(p, SweepOptions)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from saegeo.activations.options import rows_path_kind
     from saegeo.io import refuse_overwrite
-    from saegeo.render import (
-        SWEEP_FORMATS,
-        render_sweep_cache,
-        render_sweep_terminal,
-        render_written,
-        rendering_paths,
-        write_sweep,
-    )
-    from saegeo.report.sweep import SweepOptions, sweep_model, sweep_stores
+    from saegeo.render.base import rendering_paths
+    from saegeo.report.options import SweepOptions
 
     opts = from_dict(SweepOptions, passed(args, SweepOptions))
-    refuse_overwrite(
-        [opts.json, *(rendering_paths(opts.out, SWEEP_FORMATS, "sweep") if opts.out else [])], opts.overwrite
-    )
     if opts.model and args.stores:
         raise CLIError("give stores or --model, not both")
     if not opts.model and not args.stores:
         raise CLIError(
             "saegeo sweep needs activation stores, or --model M (with --hooks all-resid) to cache them first"
         )
+    for path in args.stores:
+        rows_path_kind(path)
+    from saegeo.render import SWEEP_FORMATS, render_sweep_cache, render_sweep_terminal, render_written, write_sweep
+    from saegeo.report.sweep import sweep_model, sweep_stores
+
+    refuse_overwrite(
+        [opts.json, *(rendering_paths(opts.out, SWEEP_FORMATS, "sweep") if opts.out else [])], opts.overwrite
+    )
     if opts.model:
         sweep = sweep_model(opts)
         print(render_sweep_cache(sweep.cache))
@@ -105,15 +108,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- cache
 def _add_cache(p: argparse.ArgumentParser) -> None:
-    from saegeo.activations.cache import CacheConfig
+    from saegeo.activations.options import CacheConfig
 
     add_options(p, CacheConfig)
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from saegeo.activations.cache import CacheConfig, cache_activations
+    from saegeo.activations.options import CacheConfig
 
     cfg = from_dict(CacheConfig, passed(args, CacheConfig))
+    from saegeo.activations.cache import cache_activations  # the work begins: torch from here on
+
     try:
         result = cache_activations(cfg)
     except KeyboardInterrupt:
@@ -146,8 +151,7 @@ def cmd_store(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- synth
 def _add_synth(p: argparse.ArgumentParser) -> None:
-    from saegeo.pipeline import SynthOptions
-    from saegeo.synthetic.superposition import SyntheticConfig
+    from saegeo.synthetic.options import SyntheticConfig, SynthOptions
 
     add_options(p, SynthOptions)
     add_options(p, SyntheticConfig, show_defaults=False)  # unset: the preset's value
@@ -156,10 +160,7 @@ def _add_synth(p: argparse.ArgumentParser) -> None:
 def cmd_synth(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from saegeo.geometry.amplification import exact_moment_prediction
-    from saegeo.pipeline import SynthOptions
-    from saegeo.synthetic import SuperpositionGenerator, preset
-    from saegeo.synthetic.superposition import SyntheticConfig
+    from saegeo.synthetic.options import SyntheticConfig, SynthOptions, preset
 
     opts = from_dict(SynthOptions, passed(args, SynthOptions))
     cfg = preset(opts.preset, **passed(args, SyntheticConfig))
@@ -167,6 +168,9 @@ def cmd_synth(args: argparse.Namespace) -> int:
     single_file = out.suffix == ".safetensors"
     if (out.exists() if single_file else (out / "manifest.json").exists()) and not opts.overwrite:
         raise CLIError(f"{opts.out} already exists; pass --overwrite to replace it or choose another --out")
+    from saegeo.geometry.amplification import exact_moment_prediction  # the work begins: torch from here on
+    from saegeo.synthetic import SuperpositionGenerator
+
     gen = SuperpositionGenerator(cfg)
     if single_file:
         truth_path = gen.write_safetensors(out, opts.n, dtype=opts.dtype)
@@ -194,9 +198,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- check
 def _add_check(p: argparse.ArgumentParser) -> None:
     from saegeo.config import int_arg
-    from saegeo.render import FORMATS
-    from saegeo.report.check import CheckOptions
-    from saegeo.report.flags import SEVERITIES
+    from saegeo.render.base import FORMATS
+    from saegeo.report.options import SEVERITIES, CheckOptions
 
     p.add_argument(
         "path",
@@ -222,20 +225,23 @@ def _add_check(p: argparse.ArgumentParser) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from saegeo.activations.options import rows_path_kind
     from saegeo.io import refuse_overwrite
-    from saegeo.render import render_check_terminal, render_terminal, render_written, rendering_paths, write_report
-    from saegeo.report.check import CheckOptions, check_dictionary, check_with_activations
-    from saegeo.sae.model import SAE
+    from saegeo.render.base import rendering_paths
+    from saegeo.report.options import CheckOptions, ReportOptions
 
     if args.out:
         refuse_overwrite(rendering_paths(args.out, args.format, "report" if args.acts else "check"), args.overwrite)
-
-    from saegeo.report.report import ReportOptions
-
     opts = from_dict(CheckOptions, passed(args, CheckOptions))
     report_options = ReportOptions(
         max_tokens=args.max_tokens, progress=opts.progress, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite
     )
+    if args.acts:
+        rows_path_kind(args.acts)
+    from saegeo.render import render_check_terminal, render_terminal, render_written, write_report  # torch from here
+    from saegeo.report.check import check_dictionary, check_with_activations
+    from saegeo.sae.model import SAE
+
     sae = SAE.load(args.path)
     name = Path(args.path).resolve().name
     if args.acts:
@@ -291,7 +297,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- report
 def _add_report(p: argparse.ArgumentParser) -> None:
     from saegeo.config import int_arg
-    from saegeo.report.report import ReportOptions
+    from saegeo.report.options import ReportOptions
 
     p.add_argument("--acts", required=True, help="activation store directory (from `saegeo cache`)")
     p.add_argument(
@@ -319,11 +325,11 @@ def _add_report(p: argparse.ArgumentParser) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from saegeo.activations.options import rows_path_kind
     from saegeo.io import read_config, refuse_overwrite
-    from saegeo.render import FORMATS, render_terminal, rendering_paths, write_report
-    from saegeo.render.text import render_files
-    from saegeo.report import ReportOptions, geometry_report
-    from saegeo.sae.splice import EvalConfig
+    from saegeo.render.base import FORMATS, rendering_paths
+    from saegeo.report.options import ReportOptions
+    from saegeo.sae.options import EvalConfig
 
     formats = [f.strip() for f in args.format.split(",") if f.strip()]
     if not formats or set(formats) - set(FORMATS):
@@ -347,6 +353,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     except SaegeoError as err:  # name the flag: --eval-tokens sets EvalConfig.max_tokens
         raise CLIError(f"--eval-tokens: {err}") from None
     config = read_config(args.config) if args.config else None
+    rows_path_kind(args.acts)
+    from saegeo.render import render_terminal, write_report  # the work begins: torch from here on
+    from saegeo.render.text import render_files
+    from saegeo.report import geometry_report
+
     splice = None
     if args.model and saes:
         from saegeo.sae.splice import splice_eval_many
@@ -366,7 +377,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- latents
 def _add_latents(p: argparse.ArgumentParser) -> None:
-    from saegeo.report.latents import LatentsOptions
+    from saegeo.report.options import LatentsOptions
 
     p.add_argument("sae", help="SAE directory or file (any format `saegeo check` reads)")
     p.add_argument("--acts", required=True, help="activation store directory (or .safetensors/.npy file)")
@@ -378,18 +389,22 @@ def _add_latents(p: argparse.ArgumentParser) -> None:
 def cmd_latents(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from saegeo.activations.options import rows_path_kind
     from saegeo.io import refuse_overwrite
-    from saegeo.render import FORMATS, rendering_paths, write_latents
-    from saegeo.render.latents import render_latents_terminal
-    from saegeo.render.text import render_files
-    from saegeo.report.latents import LatentsOptions
-    from saegeo.report.report import latents_report
+    from saegeo.render.base import FORMATS, rendering_paths
+    from saegeo.report.options import LatentsOptions
 
     given = passed(args, LatentsOptions)
     if given.get("latents") and ({"top", "by"} & set(given)):
         raise CLIError("give --latents IDS or --top N [--by COLUMN], not both")
     opts = from_dict(LatentsOptions, given)
     refuse_overwrite(rendering_paths(args.out, FORMATS, "latents"), args.overwrite)
+    rows_path_kind(args.acts)
+    from saegeo.render import write_latents  # the work begins: torch from here on
+    from saegeo.render.latents import render_latents_terminal
+    from saegeo.render.text import render_files
+    from saegeo.report.report import latents_report
+
     doc = latents_report(args.acts, args.sae, opts, name=Path(args.sae).resolve().name)
     print(render_latents_terminal(doc), end="")
     print(render_files(write_latents(doc, args.out)))
@@ -398,7 +413,7 @@ def cmd_latents(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- eval
 def _add_eval(p: argparse.ArgumentParser) -> None:
-    from saegeo.sae.splice import EvalConfig
+    from saegeo.sae.options import EvalConfig
 
     add_options(p, EvalConfig)
     p.add_argument(
@@ -412,8 +427,7 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from saegeo.io import dump_json, refuse_overwrite
-    from saegeo.render.text import render_eval
-    from saegeo.sae.splice import EvalConfig, splice_eval
+    from saegeo.sae.options import EvalConfig
 
     refuse_overwrite([args.json], args.overwrite)
     options = passed(args, EvalConfig)
@@ -422,6 +436,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = from_dict(EvalConfig, options)
     if not cfg.sae:
         raise CLIError("saegeo eval needs --sae DIR (an SAE directory or file in any supported format, or a hub id)")
+    from saegeo.render.text import render_eval  # the work begins: torch from here on
+    from saegeo.sae.splice import splice_eval
+
     result = splice_eval(cfg)
     print(render_eval(result))
     if args.json:
@@ -438,18 +455,21 @@ def _add_run(p: argparse.ArgumentParser) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     import time
 
-    from saegeo.pipeline import load_run_config, run_job
+    from saegeo.io import read_config
+
+    doc = read_config(args.config)  # a missing or malformed file is named before torch is imported
+    from saegeo.pipeline import run_config, run_job
     from saegeo.render.text import render_run
 
     t0 = time.perf_counter()
-    result = run_job(load_run_config(args.config))
+    result = run_job(run_config(doc, where=args.config))
     print(render_run(result, time.perf_counter() - t0))
     return 0
 
 
 # --------------------------------------------------------------------------- train
 def _add_train(p: argparse.ArgumentParser) -> None:
-    from saegeo.sae.train import TrainConfig
+    from saegeo.sae.options import TrainConfig
 
     p.add_argument("--acts", help="activation store directory (or `acts = ...` in the config)")
     p.add_argument(
@@ -462,13 +482,19 @@ def _add_train(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from saegeo.sae.train import TrainConfig, train_sae
+    from saegeo.activations.options import rows_path_kind
+    from saegeo.sae.options import TrainConfig
 
+    if args.acts:  # before the config is resolved: its architecture check loads the registry (torch)
+        rows_path_kind(args.acts)
     # the flags given > the --config file > the dataclass defaults; every key of the file is read or refused
     cfg, extras = resolve(TrainConfig, passed(args, TrainConfig), args.config, table="train", extra=("acts",))
     acts = args.acts or extras.get("acts")
     if not acts:
         raise CLIError('saegeo train needs --acts STORE (or `acts = "..."` in the --config file)')
+    rows_path_kind(acts)
+    from saegeo.sae.train import train_sae  # the work begins
+
     result = train_sae(cfg, acts, resume=not args.no_resume)
     from saegeo.distributed import current
 

@@ -15,6 +15,7 @@ Public API
 ``add_options(parser, cls)`` / ``passed(args, cls)``   the flags of ``cls`` and the fields a user gave.
 ``require_memory(n_bytes, what)``      refuse an allocation the machine cannot hold, before it is tried.
 ``BATCH_ROWS``                         the default rows per batch of a pass over activations (8192).
+``DEFAULT_BLOCK_ROWS``                 the default rows per block of the pairwise dictionary passes (4096).
 ``Dtype`` / ``parse_dtype(text, what)``  the one dtype option type and its parser: float32/fp32, float16/fp16,
                                        bfloat16/bf16 (case-insensitive) -> the canonical torch name.
 """
@@ -36,6 +37,7 @@ from saegeo.errors import BadInputError
 from saegeo.io import parse_int, read_config
 
 BATCH_ROWS = 8192  # rows per batch of a pass over activations (report, geometry, check, sweep, the artifact pass)
+DEFAULT_BLOCK_ROWS = 4096  # rows per block of the pairwise dictionary passes (a 4096² float32 tile: 64 MiB)
 INT64_MAX = 2**63 - 1  # every count and seed must fit the int64 that torch and numpy hold it in
 
 # =========================================================================== dtypes
@@ -44,6 +46,7 @@ INT64_MAX = 2**63 - 1  # every count and seed must fit the int64 that torch and 
 # dtype is read (a flag, a config file, Python), by this one parser. Its torch dtype is getattr(torch, name).
 Dtype = Literal["float32", "float16", "bfloat16"]
 DTYPES: tuple[str, ...] = typing.get_args(Dtype)
+StorageDtype = Dtype  # a store's dtype: float32, float16, bfloat16 (fp32, fp16, bf16 accepted)
 DTYPE_ALIASES = {
     **{name: name for name in DTYPES},
     "fp32": "float32",
@@ -436,3 +439,22 @@ class CompareOptions:
 
     def __post_init__(self) -> None:
         check(self)
+
+
+# =========================================================================== light packages
+def lazy_exports(package: str, exports: Mapping[str, str]) -> Any:
+    """A package's module-level ``__getattr__`` (PEP 562) that imports ``exports[name]`` (a module) on the first
+    use of ``name`` and keeps it. Why: importing one light submodule (``saegeo.report.options``) runs its
+    package's ``__init__``; eager re-exports there would load torch before a command has checked its flags."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        import importlib
+        import sys
+
+        value = getattr(importlib.import_module(exports[name]), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    return __getattr__

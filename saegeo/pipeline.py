@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from saegeo.activations.cache import CacheConfig, cache_activations, store_dir
-from saegeo.activations.store import ActivationStore, StorageDtype, write_store
+from saegeo.activations.store import ActivationStore, write_store
 from saegeo.config import BATCH_ROWS, check, from_dict, option
 from saegeo.errors import BadInputError, StoreError
 from saegeo.io import dump_json, json_safe, read_config, same_json
@@ -29,7 +29,7 @@ from saegeo.sae.formats import CFG_FILENAME, WEIGHTS_FILENAME
 from saegeo.sae.splice import EvalConfig, splice_eval_many
 from saegeo.sae.train import NOT_IN_WEIGHTS, TrainConfig, train_sae
 from saegeo.synthetic import SuperpositionGenerator
-from saegeo.synthetic.superposition import Preset
+from saegeo.synthetic.options import SynthOptions  # noqa: F401  (re-exported: its old home)
 
 
 @dataclass
@@ -68,21 +68,6 @@ class RunConfig:
             raise BadInputError(f"[saes] {name} = {overrides!r}: expected a table of TrainConfig keys")
         given = {**asdict(self.train), **overrides, "out_dir": str(sae_directories(self.out, self.saes)[name])}
         return from_dict(TrainConfig, given, where=f"[saes] {name}")
-
-
-@dataclass
-class SynthOptions:
-    """`saegeo synth`: the rows written and where; the generator's fields come from the preset (SyntheticConfig)."""
-
-    n: int = option(help="number of rows (tokens)", low=1)
-    out: str = option(help="store directory to create, or FILE.safetensors for one file (rows held in memory)")
-    preset: Preset = option("isotropic", "regime; the SyntheticConfig options override it")
-    dtype: StorageDtype = option("float32", "storage dtype")
-    shard_rows: int = option(65536, "rows per shard", low=1)
-    overwrite: bool = option(False, "replace an existing store at --out")
-
-    def __post_init__(self) -> None:
-        check(self)
 
 
 @dataclass

@@ -7,6 +7,13 @@ cache.py    cache_activations: one forward pass, several hooks, one resumable st
 sources.py  open_rows: the one reader of rows (store, .safetensors/.npy/.pt file, tensor, iterator)
 """
 
-from saegeo.activations.store import ActivationStore, StoreWriter, write_store
+from saegeo.config import lazy_exports
 
-__all__ = ["ActivationStore", "StoreWriter", "write_store"]
+# name -> its module, imported on first use (saegeo.config.lazy_exports): `import saegeo.activations.X` stays light
+_EXPORTS = {
+    "ActivationStore": "saegeo.activations.store",
+    "StoreWriter": "saegeo.activations.store",
+    "write_store": "saegeo.activations.store",
+}
+__all__ = list(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -47,8 +47,8 @@ from saegeo.activations.corpus import (
     special_template,
 )
 from saegeo.activations.models import LoadedModel, load_model, model_fingerprint
-from saegeo.activations.store import MANIFEST, ActivationStore, StorageDtype, StoreWriter
-from saegeo.config import Dtype, check, option
+from saegeo.activations.options import CacheConfig
+from saegeo.activations.store import MANIFEST, ActivationStore, StoreWriter
 from saegeo.distributed import resolve_device
 from saegeo.errors import BadInputError
 from saegeo.geometry.tokens import group_shares
@@ -57,40 +57,6 @@ from saegeo.progress import progress_bar
 EMBED_HOOK = re.compile(r"^(hook_embed|hook_pos_embed|hook_full_embed|hook_tokens|embed\..*|pos_embed\..*)$")
 BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
 NOT_PER_TOKEN = ("hook_pattern", "hook_attn_scores")  # (batch, head, q, k): not one row per token
-
-
-@dataclass
-class CacheConfig:
-    """One caching run: which model, which hooks, which text, where the stores go."""
-
-    model: str = option(
-        "minilm",
-        "'minilm' (bundled), a local HF dir, a cached hub name, or a .json HookedTransformerConfig (Python: also a "
-        "model object, see load_model)",
-    )
-    hooks: tuple[str, ...] = option(("blocks.3.hook_resid_post",), "hook names, one store each")
-    corpus: str = option(
-        "default",
-        "'default' (pydoc topics), files (.txt .jsonl .json .parquet; token ids .npy "
-        ".safetensors), dirs, globs, datasets folders or cached names; comma-separated",
-    )
-    context: int = option(128, "tokens per window, special tokens included", low=2)
-    out: str = option("artifacts/acts/minilm", "output directory; each hook gets OUT/<hook>/")
-    max_tokens: int | None = option(None, "stop after this many stored tokens", low=1)
-    dtype: StorageDtype = option("float32", "storage dtype")
-    model_dtype: Dtype = option("float32", "dtype the model's weights are loaded in and its forward runs in")
-    batch_windows: int = option(32, "windows per forward pass", low=1)
-    shard_rows: int = option(65536, "rows per shard", low=1)
-    exclude_special: bool = option(False, "do not store [CLS]/[SEP]/BOS positions (the model still sees them)")
-    exclude_norm_ratio: float | None = option(None, "drop rows with norm > m × their window's median norm", above=1)
-    text_field: str = option("text", "the field (JSON) or column (parquet, datasets) holding the text or the token ids")
-    overwrite: bool = option(False, "replace existing stores instead of resuming them")
-    device: str = option("cpu", "torch device the model runs on (e.g. cuda); rows are written from the CPU")
-    progress: bool = option(True, "progress bar")
-
-    def __post_init__(self) -> None:
-        self.hooks = (self.hooks,) if isinstance(self.hooks, str) else tuple(self.hooks)
-        check(self)
 
 
 @dataclass

@@ -36,12 +36,12 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from saegeo.activations.store import MANIFEST, ActivationStore
+from saegeo.activations.options import FILE_SUFFIXES, rows_path_kind
+from saegeo.activations.store import ActivationStore
 from saegeo.distributed import rank_rows, split_shards
 from saegeo.errors import BadInputError, FormatError
 from saegeo.geometry.accumulate import as_rows
 
-FILE_SUFFIXES = (".safetensors", ".npy", ".pt", ".pth")
 SHAPE_RULE = "activations are (rows, d) or (batch, pos, d) (transformer-lens' layout, read as batch·pos rows)"
 
 
@@ -313,21 +313,9 @@ def open_rows(source: Any, *, key: str | None = None, verify: bool = True, skip_
 
 def _open(source: Any, key: str | None, verify: bool) -> Rows:
     if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        if path.is_dir():
-            if not (path / MANIFEST).is_file():
-                raise BadInputError(
-                    f"{path}: not an activation store (no {MANIFEST}). Cache one with `saegeo cache`, or pass a "
-                    f"file ({', '.join(FILE_SUFFIXES)}), a tensor or an iterator of batches"
-                )
-            source = ActivationStore(path, verify=verify)
-        elif path.is_file():
-            return _open_file(path, key)
-        else:
-            raise BadInputError(
-                f"{path}: not an activation store or a file (nothing is there). Cache a store with `saegeo cache`, "
-                f"or pass a file ({', '.join(FILE_SUFFIXES)})"
-            )
+        if rows_path_kind(source) == "file":
+            return _open_file(Path(source), key)
+        source = ActivationStore(source, verify=verify)
     if isinstance(source, ActivationStore):
         describe = {
             "kind": "store",

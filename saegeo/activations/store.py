@@ -41,15 +41,14 @@ from safetensors.torch import load_file as st_load_file
 from safetensors.torch import save as st_save_bytes
 from torch import Tensor
 
-from saegeo.config import Dtype, parse_dtype
+from saegeo.activations.options import MANIFEST
+from saegeo.config import StorageDtype, parse_dtype
 from saegeo.errors import BadInputError, StoreError
 from saegeo.io import atomic_write, crash_point, json_safe, sha256_file
 from saegeo.progress import progress_bar
 
 FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
 LOCK_FILE = ".writer.lock"  # flock'd by the one StoreWriter of a store; holds its pid
-StorageDtype = Dtype  # float32, float16, bfloat16 (fp32, fp16, bf16 accepted: saegeo.config.parse_dtype)
 STORAGE_DTYPES = {name: getattr(torch, name) for name in get_args(StorageDtype)}
 # Fields that define what a store contains: resuming with any of them different is refused.
 IDENTITY_FIELDS = ("d", "hook", "model", "dtype", "shard_rows", "corpus")
@@ -854,3 +853,11 @@ def write_store(
         for batch in it:
             writer.append(batch)
     return ActivationStore(path)
+
+
+def store_exclusions(store: ActivationStore | None) -> dict[str, Any] | None:
+    """A store cached with exclusions: its manifest's rule and sums (None for any other source)."""
+    extra = getattr(store, "manifest", {}).get("extra", {}) if store is not None else {}
+    if not extra.get("exclusion_rule") or not extra.get("excluded"):
+        return None
+    return json_safe({"exclusion_rule": extra["exclusion_rule"], "excluded": extra["excluded"]})

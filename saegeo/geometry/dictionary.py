@@ -18,6 +18,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from saegeo.config import DEFAULT_BLOCK_ROWS
 from saegeo.errors import BadInputError
 from saegeo.geometry.accumulate import GeometryAccumulator
 from saegeo.geometry.measures import activation_geometry
@@ -36,7 +37,6 @@ __all__ = [
     "nearest_neighbour_summary",
 ]
 
-DEFAULT_BLOCK_ROWS = 4096  # a 4096 × 4096 float32 tile of cosines is 64 MiB
 DICTIONARY_SAMPLE_ROWS = 1024  # the accumulator's row sample in dictionary_geometry (unused by what it reports)
 
 

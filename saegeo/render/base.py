@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 from saegeo.errors import BadInputError
 from saegeo.io import atomic_write
 from saegeo.report.display import flag_counts
-from saegeo.report.flags import Flag
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: this module stays torch-free (the CLI imports FORMATS from it)
     from matplotlib.figure import Figure
+
+    from saegeo.report.flags import Flag
 
 FORMATS = ("terminal", "md", "json", "html")
 SEVERITY_MARK = {"error": "✖", "warning": "▲", "info": "·"}

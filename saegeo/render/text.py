@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from saegeo.activations.cache import exclusion_shares
 from saegeo.geometry.measures import ActivationGeometry
 from saegeo.render.base import edge_spike_phrase, fmt_num, terminal_flags
 from saegeo.sae.architectures import get_architecture
@@ -138,6 +137,8 @@ def exclusion_lines(manifest_extra: Mapping[str, Any]) -> list[str]:
     }
     # groups that are the same rows (all excluded = the special positions = position 0, as with BOS only): one line
     merged: dict[str, list[str]] = {}
+    from saegeo.activations.cache import exclusion_shares  # here: `saegeo geometry` need not load the cache
+
     for g, sh in exclusion_shares(excl).items():
         numbers = (
             f"{sh['rows']:,} rows ({100 * sh['row_share']:.2f}%), {100 * sh['mu_share']:.1f}% of ‖μ‖², "

@@ -17,40 +17,26 @@ layers.py   measure_store / artifact_pass: what a store's token ids and position
 sweep.py    sweep_stores / sweep_model -> LayerSweep: one row per layer (`saegeo sweep`)
 """
 
-from saegeo.report.check import (
-    CheckOptions,
-    DictionaryCheck,
-    MatchOptions,
-    activations_match_flags,
-    check_dictionary,
-    check_with_activations,
-)
-from saegeo.report.flags import Flag, FlagThresholds, dictionary_flags
-from saegeo.report.latents import LatentsOptions
-from saegeo.report.report import (
-    GeometryReport,
-    ReportOptions,
-    SAEGeometry,
-    compute_flags,
-    geometry_report,
-    latents_report,
-)
+from saegeo.config import lazy_exports
 
-__all__ = [
-    "CheckOptions",
-    "DictionaryCheck",
-    "MatchOptions",
-    "activations_match_flags",
-    "check_dictionary",
-    "check_with_activations",
-    "Flag",
-    "FlagThresholds",
-    "dictionary_flags",
-    "GeometryReport",
-    "ReportOptions",
-    "SAEGeometry",
-    "compute_flags",
-    "geometry_report",
-    "LatentsOptions",
-    "latents_report",
-]
+# name -> its module, imported on first use (saegeo.config.lazy_exports): `import saegeo.report.X` stays light
+_EXPORTS = {
+    "CheckOptions": "saegeo.report.options",
+    "DictionaryCheck": "saegeo.report.check",
+    "MatchOptions": "saegeo.report.options",
+    "activations_match_flags": "saegeo.report.check",
+    "check_dictionary": "saegeo.report.check",
+    "check_with_activations": "saegeo.report.check",
+    "Flag": "saegeo.report.flags",
+    "FlagThresholds": "saegeo.report.options",
+    "dictionary_flags": "saegeo.report.flags",
+    "GeometryReport": "saegeo.report.report",
+    "ReportOptions": "saegeo.report.options",
+    "SAEGeometry": "saegeo.report.report",
+    "compute_flags": "saegeo.report.report",
+    "geometry_report": "saegeo.report.report",
+    "LatentsOptions": "saegeo.report.options",
+    "latents_report": "saegeo.report.report",
+}
+__all__ = list(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

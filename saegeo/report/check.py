@@ -23,18 +23,17 @@ import os
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from saegeo.activations.models import same_model
-from saegeo.config import BATCH_ROWS, check, option
+from saegeo.config import BATCH_ROWS
 from saegeo.errors import BadInputError, FormatError
 from saegeo.geometry.accumulate import as_rows
 from saegeo.geometry.dictionary import (
-    DEFAULT_BLOCK_ROWS,
     dictionary_geometry,
     encoder_decoder_cosines,
     near_duplicate_pairs,
@@ -53,6 +52,7 @@ from saegeo.report.flags import (
     rounded,
     sort_flags,
 )
+from saegeo.report.options import CheckOptions, MatchOptions
 from saegeo.sae.formats.base import release_pages
 from saegeo.sae.metrics import encode_block_rows
 from saegeo.sae.model import SAE, as_sae
@@ -80,54 +80,6 @@ DICTIONARY_FLAGS = (
     TRANSCODER,
     UNSET_THRESHOLD,
 )
-
-
-@dataclass
-class CheckOptions:
-    """Thresholds of the dictionary-only checks (the mean-direction one is FlagThresholds.dictionary_min_cos)."""
-
-    duplicate_cos: float = option(0.99, "pairs with cos(w_i, w_j) above this are near-duplicates", low=-1, high=1)
-    zero_row_rel_norm: float = option(1e-6, "‖w_i‖ ≤ this × median ‖w‖ counts as a zero row", low=0)
-    misaligned_cos: float = option(
-        0.0, "latents with cos(encoder column, decoder row) below this are misaligned", low=-1, high=1
-    )
-    misaligned_warn_fraction: float = option(
-        0.01, "above this fraction of latents the flag is a warning, else info", low=0, high=1
-    )
-    duplicate_error_fraction: float = option(
-        0.01, "latents in duplicate pairs above this fraction: error", low=0, high=1
-    )
-    block_rows: int = option(
-        DEFAULT_BLOCK_ROWS, "rows per block of the duplicate search (memory ~ block² floats)", low=1
-    )
-    max_pairs_listed: int = option(50, "near-duplicate pairs listed in the result", low=0)
-    nearest_exact_rows: int = option(
-        16384, "nearest-neighbour cosine of every latent up to this many latents (d_sae²·d work), else sampled", low=2
-    )
-    nearest_sample: int = option(
-        2048, "latents drawn (with replacement) for the nearest-neighbour cosines above nearest_exact_rows", low=2
-    )
-    device: str = option("cpu", "where the pairwise parts compute (nearest neighbours, duplicate screen), e.g. cuda")
-    progress: bool = option(True, "progress bars")
-    verify: bool = option(True, "sha256 check of each --acts store shard as it is read")
-    skip_nonfinite: bool = option(
-        False, "with --acts: skip and count rows with NaN/inf (default: an error naming the row)"
-    )
-    assume_same_model: bool = option(
-        False, "with --acts: take the store's model as the SAE's, whatever names and fingerprints say"
-    )
-    thresholds: FlagThresholds = option(factory=FlagThresholds, help="of the flags")
-    match: MatchOptions = option(factory=lambda: MatchOptions(), help="with activations: activations_match_flags")
-
-    def __post_init__(self) -> None:
-        check(self)
-        try:
-            torch.device(self.device)
-        except (RuntimeError, TypeError):
-            raise BadInputError(f"device {self.device!r} is not a torch device (cpu, cuda, cuda:1, mps)") from None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
@@ -529,29 +481,6 @@ _SITES = (
     ("attn", ("hook_z", "attn_out", "hook_attn_out", "attn.", "self_attn")),
     ("embed", ("embed",)),
 )
-
-
-@dataclass
-class MatchOptions:
-    """Thresholds of `activations_match_flags`."""
-
-    max_rows: int = option(65536, "rows read (from the start) for the scale, offset and special-row measures", low=1)
-    fve_rows: int = option(4096, "rows re-encoded to test the alternative scale", low=0)
-    scale_error_ratio: float = option(
-        2.0, "E‖x‖ vs the SAE's recorded norm off by more than this factor: error", above=1
-    )
-    scale_hint_ratio: float = option(
-        3.0, "‖μ‖/‖b_dec‖ (no recorded norm) off by more than this factor: a mismatch cause", above=1
-    )
-    offset_warn: float = option(0.5, "‖b_dec − μ‖/‖μ‖ above this (for an SAE that subtracts b_dec): warning", low=0)
-    massive_row_factor: float = option(10.0, "rows with ‖x‖ > this × median ‖x‖ are massive-activation rows", above=1)
-    centred_warn: float = option(
-        0.05, "E|x·1|/(√d E‖x‖) above this where the SAE expects centred writing weights", low=0
-    )
-    assume_same_model: bool = option(False, "skip the model comparison (said in the notes)")
-
-    def __post_init__(self) -> None:
-        check(self)
 
 
 def _hook_parts(name: str | None) -> tuple[int | None, str | None]:

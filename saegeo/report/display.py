@@ -6,9 +6,12 @@ every result's HTML from the report pages' parts), and DataFrames of its tables 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from saegeo.report.flags import SEVERITIES, Flag
+from saegeo.report.options import SEVERITIES
+
+if TYPE_CHECKING:  # annotations only: render.base imports this module and stays torch-free
+    from saegeo.report.flags import Flag
 
 PANDAS_HINT = "pip install 'saegeo[notebook]' (or pip install pandas)"
 

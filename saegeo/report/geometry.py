@@ -19,15 +19,17 @@ from typing import Any
 import torch
 
 from saegeo.activations.sources import open_rows
+from saegeo.activations.store import store_exclusions
 from saegeo.config import GeometryOptions
 from saegeo.errors import BadInputError
 from saegeo.geometry.accumulate import GeometryAccumulator
 from saegeo.geometry.diagnosis import sample_diagnostics
 from saegeo.geometry.measures import ActivationGeometry, activation_geometry
+from saegeo.geometry.sample import RowReservoir
 from saegeo.io import dump_json, json_safe
 from saegeo.progress import progress_bar
 from saegeo.report.flags import Flag, activation_flags, artifact_flags, flag_inputs, sort_flags
-from saegeo.report.report import ReportOptions, RowReservoir, store_exclusions
+from saegeo.report.options import ReportOptions
 
 
 @dataclass

@@ -18,18 +18,18 @@ The data contract is in docs/design.md ("Latent cards").
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from torch import Tensor
 
-from saegeo.config import BATCH_ROWS, check, option
 from saegeo.errors import BadInputError
 from saegeo.geometry.dictionary import nearest_decoder_neighbours, row_norms
 from saegeo.geometry.latents import BINS_PER_OCTAVE, LatentHistogram, LatentTopK
 from saegeo.io import json_safe
 from saegeo.report.display import notebook_html, short
+from saegeo.report.options import ByColumn, LatentsOptions  # noqa: F401  (re-exported: their old home)
 
 TABLE_COLUMNS = (
     "id",
@@ -48,7 +48,6 @@ ASKED = "asked"
 N_AFTER = 4  # following tokens shown after the firing one
 N_NEIGHBOURS = 5
 LATENTS_SCHEMA_VERSION = 1
-ByColumn = Literal["rate", "mean_activation", "mean_sq_activation", "cos_mu", "cone_share", "decoder_norm", "nn_cos"]
 
 
 # =========================================================================== which latents
@@ -392,29 +391,3 @@ def context_source(rows: Any, n_skipped: int, distributed_iterator: bool) -> tup
         None if tokenizer is not None else f"contexts: no tokenizer found offline for {store.model!r}: token ids shown"
     )
     return store, TokenText(tokenizer), note
-
-
-# =========================================================================== `saegeo latents`
-@dataclass
-class LatentsOptions:
-    """`saegeo latents SAE --acts STORE`: which latents get cards and how the pass runs."""
-
-    latents: tuple[int, ...] = option((), "the latents to show (ids; default: the top ones by --by)", low=0)
-    top: int = option(10, "without --latents: this many latents with the largest --by", low=1, high=100_000)
-    by: ByColumn = option("rate", "the column --top ranks by (largest first)")
-    contexts: int = option(20, "top activating contexts per latent", low=0, high=10_000)
-    context_tokens: int = option(16, "preceding tokens of the same window shown with each context", low=0, high=4096)
-    neighbours: bool = option(True, "nearest latents by decoder cosine (N²·d work: --no-neighbours skips it)")
-    batch_rows: int = option(BATCH_ROWS, "rows per batch of the pass", low=1)
-    max_tokens: int | None = option(None, "stop after this many rows (None: all)", low=1)
-    skip_nonfinite: bool = option(False, "skip and count NaN/inf rows (default: an error naming the row)")
-    device: str = option("cpu", "where the SAE encodes (e.g. cuda)")
-    progress: bool = option(True, "progress bar")
-    verify: bool = option(True, "sha256 check of each store shard as it is read")
-    dense_frequency: float = option(0.5, "a latent firing on more than this fraction of tokens is dense", low=0, high=1)
-
-    def __post_init__(self) -> None:
-        check(self)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)

@@ -43,7 +43,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from saegeo.activations.sources import open_rows
-from saegeo.config import BATCH_ROWS, check, from_dict, option
+from saegeo.activations.store import store_exclusions
+from saegeo.config import from_dict
 from saegeo.errors import BadInputError, FormatError
 from saegeo.geometry import GeometryAccumulator, activation_geometry
 from saegeo.geometry.accumulate import as_rows
@@ -93,6 +94,7 @@ from saegeo.report.latents import (
     parse_latent_ids,
     top_by,
 )
+from saegeo.report.options import ReportOptions
 from saegeo.sae.formats import CFG_FILENAME
 from saegeo.sae.metrics import SAEMetrics
 from saegeo.sae.model import as_sae
@@ -101,43 +103,6 @@ from saegeo.sae.train import read_training_log
 SCHEMA_VERSION = 3  # 2: one name per quantity (null_z / isotropic_z, null_sd / isotropic_sd, mp_sigma2_bulk);
 # 3: each SAE carries latents (cards), latent_table and latent_info
 COFIRING_LATENTS = 256  # co-firing pairs are looked for among the latents with the largest E[a_i²]
-
-
-# =========================================================================== options
-@dataclass
-class ReportOptions:
-    """How the pass runs and how its numbers are read. All have sane defaults."""
-
-    batch_rows: int = option(BATCH_ROWS, "rows per batch of the pass", low=1)
-    max_tokens: int | None = option(None, "stop after this many rows (None: all)", low=1)
-    cosine_sample_rows: int = option(
-        2048, "reservoir of rows for the pairwise-cosine histogram (k(k−1)/2 pairs)", low=0
-    )
-    histogram_bins: int = option(100, "bins of the pairwise-cosine histogram", low=1, high=10**7)
-    skip_nonfinite: bool = option(False, "skip and count NaN/inf rows (default: an error naming the batch and row)")
-    assumed_null: float = option(
-        0.0, "the baseline a reader compares A with unless told (wrong-null flag)", low=-1, high=1
-    )
-    seed: int = option(0, "seeds the cosine reservoir", low=0)
-    device: str = option("cpu", "where the SAEs encode and the float64 accumulators live (e.g. cuda)")
-    progress: bool = option(True, "progress bar")
-    artifact_components: int = option(
-        3, "top-k principal directions in the artifact test (stores only; 0: skip it)", low=0
-    )
-    verify: bool = option(True, "sha256 check of each store shard as it is read")
-    latent_cards: bool = option(
-        True, "the per-latent table and the cards (top contexts, histogram, neighbours) of the latents flags name"
-    )
-    latents: tuple[int, ...] = option((), "cards for these latents too (ids, checked against every SAE)", low=0)
-    latent_contexts: int = option(20, "top activating contexts kept per latent", low=0, high=10_000)
-    context_tokens: int = option(16, "preceding tokens of the same window shown with each context", low=0, high=4096)
-    thresholds: FlagThresholds = option(factory=FlagThresholds, help="of every flag ([report.thresholds])")
-
-    def __post_init__(self) -> None:
-        check(self)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # =========================================================================== report dataclasses
@@ -909,14 +874,6 @@ def _artifact_test(
             world_size=ctx.world_size,
         )
     return artifact_result(dist.merge_across_ranks(part)), None
-
-
-def store_exclusions(store: Any) -> dict[str, Any] | None:
-    """A store cached with exclusions: its manifest's rule and sums (None for any other source)."""
-    extra = getattr(store, "manifest", {}).get("extra", {}) if store is not None else {}
-    if not extra.get("exclusion_rule") or not extra.get("excluded"):
-        return None
-    return json_safe({"exclusion_rule": extra["exclusion_rule"], "excluded": extra["excluded"]})
 
 
 def compute_flags(report: GeometryReport, thresholds: FlagThresholds | None = None) -> list[Flag]:

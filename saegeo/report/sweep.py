@@ -21,13 +21,13 @@ from typing import Any
 
 from saegeo.activations.cache import hook_depth
 from saegeo.activations.store import ActivationStore
-from saegeo.config import BATCH_ROWS, check, option
 from saegeo.errors import BadInputError
 from saegeo.io import dump_json, json_safe
 from saegeo.progress import progress_bar
 from saegeo.report.display import flag_counts, flags_frame, notebook_html, pandas, short
 from saegeo.report.flags import Flag, FlagThresholds, artifact_flags, sort_flags
 from saegeo.report.layers import StoreMeasures, measure_store
+from saegeo.report.options import SweepOptions
 
 SWEEP_SCHEMA_VERSION = 1
 
@@ -186,33 +186,6 @@ def _order(stores: list[ActivationStore]) -> list[ActivationStore]:
             + "; pass each layer's store once"
         )
     return sorted(stores, key=lambda s: (hook_depth(s.hook) is None, hook_depth(s.hook) or 0.0, s.hook))
-
-
-@dataclass
-class SweepOptions:
-    """`saegeo sweep`: what each store's row measures; with ``model``, which hooks are cached first and where."""
-
-    model: str | None = option(None, "cache first: model to run (as in `saegeo cache --model`)")
-    hooks: str = option(
-        "all-resid",
-        "with --model: 'all-resid' (blocks.0.hook_resid_pre + every blocks.L.hook_resid_post) or a comma list",
-    )
-    corpus: str = option("default", "with --model: corpus (as in `saegeo cache`)")
-    context: int = option(128, "with --model: tokens per window", low=2)
-    max_tokens: int | None = option(None, "tokens per layer (with --model: tokens cached)", low=1)
-    cache_dir: str = option("artifacts/acts/sweep", "with --model: where the stores go")
-    max_types: int | None = option(None, "keep the most frequent V token types, pool the rest (default: all)", low=1)
-    artifact_k: int = option(3, "principal directions in the artifact test", low=0)
-    batch_rows: int = option(BATCH_ROWS, "rows per batch", low=1)
-    out: str | None = option(None, "directory for summary.txt, sweep.json, sweep.md (+ sweep.png), sweep.html")
-    json: str | None = option(None, "write the sweep JSON here")
-    overwrite: bool = option(False, "replace output files that exist already (refused otherwise)")
-    progress: bool = option(True, "progress bars")
-    skip_nonfinite: bool = option(False, "skip and count rows with NaN/inf instead of stopping")
-    verify: bool = option(True, "sha256 check of each store shard as it is read")
-
-    def __post_init__(self) -> None:
-        check(self)
 
 
 def sweep_stores(

@@ -68,11 +68,11 @@ from saegeo.activations.cache import BLOCK_HOOK, NOT_PER_TOKEN
 from saegeo.activations.corpus import CorpusSpec, iter_windows, open_corpus
 from saegeo.activations.models import LoadedModel, load_model
 from saegeo.activations.runner import pad_windows, window_batches
-from saegeo.config import Dtype, check, option
 from saegeo.distributed import resolve_device
 from saegeo.errors import BadInputError
 from saegeo.progress import progress_bar
 from saegeo.sae.model import SAE, as_sae
+from saegeo.sae.options import EvalConfig
 
 VARIANTS = ("clean", "spliced", "zero", "mean", "zero_all")  # zero_all: SAELens' ablation (every position, decoders)
 SHARE_ABLATIONS = True  # False: every window runs its own zero/mean-ablated suffix (the tests compare both)
@@ -80,44 +80,6 @@ ENCODER_MEASURE = (
     "cosine between the clean and the spliced mean-pooled final-layer sentence embeddings "
     "(the encoder has no trained LM head, so no CE loss or KL is measured)"
 )
-
-
-@dataclass
-class EvalConfig:
-    """`saegeo eval`: which model, SAE, hook and text; None fields come from the SAE's own metadata."""
-
-    model: str = option("smollm2", "'smollm2' (bundled decoder), 'minilm', a local HF dir, ...")
-    sae: str = option("", "the SAE: any SAE.load path or hub id (native or published); required")
-    hook: str | None = option(None, "default: the SAE's hook_name")
-    corpus: str = option("default", "text to evaluate on, as for `saegeo cache`")
-    context: int | None = option(None, "default: the SAE's training context, else 128", low=2)
-    max_tokens: int = option(4096, "tokens (window positions) evaluated", low=1)
-    skip_tokens: int | None = option(
-        None,
-        "skip whole windows until this many tokens; default: the positions the "
-        "SAE's training store read (held-out text)",
-        low=0,
-    )
-    batch_windows: int = option(
-        4,
-        "windows per batch (the clean logits and probabilities and one variant's "
-        "logits, batch × context × vocab each, are held; the mean ablation uses the batch's "
-        "mean)",
-        low=1,
-    )
-    pass_special: bool | None = option(
-        None, "pass BOS/[CLS]/[SEP] through unreplaced; default: as the SAE's training store (decoders: yes)"
-    )
-    pass_norm_ratio: float | None = option(
-        None, "also pass rows with ‖x‖ > m × window median (default: as the store)", above=1
-    )
-    text_field: str = option("text", "the field (JSON) or column (parquet, datasets) holding the text or the token ids")
-    device: str = option("cpu", "torch device the model and SAEs run on (e.g. cuda); the sums stay float64 on the host")
-    model_dtype: Dtype = option("float32", "dtype the model's weights are loaded in and its forward runs in")
-    progress: bool = option(True, "progress bar")
-
-    def __post_init__(self) -> None:
-        check(self)
 
 
 @dataclass

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,17 +45,15 @@ from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
 
 from saegeo.activations.sources import Rows, open_rows
-from saegeo.config import Dtype, check, option, require_memory
+from saegeo.config import require_memory
 from saegeo.errors import BadInputError, FormatError, SaegeoError
 from saegeo.io import atomic_write, dump_json, json_safe
 from saegeo.progress import progress_bar
-from saegeo.sae.architectures import architecture_names, get_architecture
+from saegeo.sae.architectures import get_architecture
 from saegeo.sae.metrics import SAEMetrics, glibc
 from saegeo.sae.model import SAE, SAEConfig
+from saegeo.sae.options import TrainConfig
 
-BDecInit = Literal["mean", "zeros", "geometric_median"]
-DecoderNorm = Literal["unit", "free"]
-B_DEC_INITS: tuple[str, ...] = get_args(BDecInit)
 # Options that do not say which SAE is trained: `saegeo run` ignores them when it decides whether an SAE is already
 # trained. Every other option must match the checkpoint's on resume. The thread count and the device do change the
 # weights bitwise (another summation order), so a checkpoint records the ones it ran with and a resume with others
@@ -83,119 +81,6 @@ OVERWRITE = "pass --overwrite (overwrite = true in a config's [train])"
 
 class NonFiniteLossError(SaegeoError):
     """Training produced a NaN/inf loss; the last good checkpoint is left untouched."""
-
-
-# =========================================================================== config
-@dataclass
-class TrainConfig:
-    """One SAE training run. Token counts are rows (tokens) of activations."""
-
-    arch: str = option(
-        "topk", "SAE architecture: relu, topk, batchtopk, jumprelu or another registered one (saegeo.sae.architectures)"
-    )
-    d_sae: int | None = option(None, "number of latents (overrides expansion); default expansion · d_in", low=1)
-    expansion: int = option(8, "d_sae = expansion · d_in", low=1)
-    k: int = option(
-        32, "active latents per token (topk; batchtopk: on average over the batch; jumprelu: the L0 target)", low=1
-    )
-    l1_coefficient: float | None = option(
-        None, "L1 coefficient (relu only; default: the architecture's); same objective scale as SAELens Standard", low=0
-    )
-    l1_warmup_fraction: float = option(
-        0.0, "relu: the L1 coefficient rises linearly from 0 over this fraction of the steps", low=0, high=1
-    )
-    decoder_norm: DecoderNorm | None = option(
-        None,
-        "unit-norm decoder rows, or free norms folded to unit at the end (relu: penalty Σ a_i‖w_i‖; topk: latents "
-        "chosen by pre·‖w_i‖, SAELens' form); default: the architecture's (topk free, the others unit)",
-    )
-    grad_clip_norm: float | None = option(
-        None, "clip the gradient to this global norm; 0 = never (default: the architecture's; SAELens: 1)", low=0
-    )
-    lr: float | None = option(
-        None, "Adam learning rate (default: the architecture's, Architecture.train_defaults)", low=0, high=1
-    )
-    adam_betas: tuple[float, float] = option((0.9, 0.999), "Adam (beta1, beta2)", low=0, below=1)
-    warmup_steps: int = option(10, "linear warm-up from lr/warmup_steps to lr", low=0)
-    decay_fraction: float = option(
-        0.2, "linear decay to 0 over the last fraction of steps (0 = constant)", low=0, high=1
-    )
-    batch_tokens: int = option(4096, "tokens per optimiser step", low=1)
-    total_tokens: int = option(2_000_000, "training tokens, e.g. 2M or 500k", low=1)
-    b_dec_init: BDecInit = option(
-        "mean", "b_dec at init: activation mean, zeros (SAELens' default) or geometric median"
-    )
-    b_dec_init_tokens: int = option(100_000, "rows used to estimate the mean / geometric median", low=1)
-    dead_window_tokens: int = option(200_000, "a latent that has not fired in this many tokens counts as dead", low=1)
-    aux_k: int | None = option(None, "AuxK latents (topk); default d_in // 2", low=1)
-    aux_coefficient: float = option(1 / 32, "weight of the AuxK loss (topk, batchtopk)", low=0)
-    threshold_ema: float = option(
-        0.05,
-        "batchtopk: inference threshold = running mean, then EMA at this rate, of the smallest code kept",
-        above=0,
-        high=1,
-    )
-    l0_coefficient: float = option(1.0, "jumprelu: weight of the sparsity loss (L0/k − 1)²", low=0)
-    bandwidth: float = option(
-        0.05, "jumprelu: width ε of the rectangle kernel of the threshold's straight-through estimator", above=0
-    )
-    threshold_lr_scale: float = option(10.0, "jumprelu: the thresholds' learning rate is lr times this", low=0)
-    heldout_fraction: float = option(0.1, "fraction of the data held out for the final metrics", low=0, below=1)
-    shuffle_buffer: int = option(65_536, "store source: rows mixed across shards", low=0)
-    seed: int = option(0, "seeds the init and the data order", low=0)
-    log_every: int = option(10, "metrics are read back from the device only every log_every steps", low=1)
-    checkpoint_every: int = option(0, "steps between checkpoints; 0 = no intermediate checkpoints", low=0)
-    out_dir: str | None = option(None, "checkpoints and the final SAE (SAELens layout) go here")
-    device: str = option("cpu", "torch device to train on")
-    num_threads: int | None = option(None, "torch.set_num_threads; None leaves torch's default", low=1, high=4096)
-    progress: bool = option(True, "progress bar")
-    overwrite: bool = option(False, "replace a finished SAE and discard a checkpoint in out_dir (start a new run)")
-    verify: bool = option(True, "sha256 check of each store shard as it is read")
-    skip_nonfinite: bool = option(False, "skip and count rows with NaN/inf (default: an error naming the row)")
-    dtype: Dtype = option(
-        "float32",
-        "compute dtype of the SAE's matmuls: bfloat16 runs the steps under torch.autocast (weights, Adam and "
-        "the metrics stay float32); float16 is refused (it needs loss scaling)",
-    )
-    wandb: bool = option(False, "also log the training_log.jsonl records to Weights & Biases (pip install wandb)")
-    wandb_project: str = option("saegeo", "the W&B project of --wandb")
-
-    def __post_init__(self) -> None:
-        self.adam_betas = tuple(self.adam_betas)
-        check(self)
-        if self.dtype == "float16":
-            raise BadInputError(
-                "dtype = float16: training in float16 needs loss scaling, which saegeo does not do; use bfloat16 "
-                "(bf16) for mixed precision, or float32"
-            )
-        if self.arch not in architecture_names():  # registered at run time: not a Literal
-            raise BadInputError(
-                f"arch = {self.arch!r}: expected one of {list(architecture_names())} (the registered "
-                "architectures, saegeo.sae.architectures)"
-            )
-        arch = get_architecture(self.arch)
-        if self.decoder_norm == "free" and not arch.free_decoder:
-            free = [name for name in architecture_names() if get_architecture(name).free_decoder]
-            raise BadInputError(
-                f"decoder_norm = 'free' is for {free} (their codes scale with each decoder row); a {self.arch} "
-                "SAE trains with unit-norm decoder rows: leave decoder_norm unset or 'unit'"
-            )
-        if self.b_dec_init not in B_DEC_INITS:
-            raise BadInputError(f"b_dec_init={self.b_dec_init!r}; expected one of {B_DEC_INITS}")
-        if self.total_tokens < self.batch_tokens:
-            raise BadInputError(f"total_tokens ({self.total_tokens}) must be at least one batch ({self.batch_tokens})")
-
-    @property
-    def total_steps(self) -> int:
-        return self.total_tokens // self.batch_tokens
-
-    def resolved(self) -> TrainConfig:
-        """This config with each option left unset (None) that the architecture gives a default for filled in
-        (``Architecture.train_defaults``: lr, l1_coefficient, grad_clip_norm, decoder_norm); what ``train_sae``
-        trains and records."""
-        defaults = get_architecture(self.arch).train_defaults
-        unset = {name: value for name, value in defaults.items() if getattr(self, name) is None}
-        return dataclasses.replace(self, **unset) if unset else self
 
 
 @dataclass

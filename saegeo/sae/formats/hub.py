@@ -153,7 +153,9 @@ def installed_saelens_registry() -> tuple[dict[str, dict[str, Any]], str] | None
     key = (str(files[0]), files[0].stat().st_mtime)
     if key not in _REGISTRY_CACHE:
         try:
-            raw = yaml.safe_load(files[0].read_text()) or {}
+            # libyaml's loader where PyYAML has it: the pure-Python one took seconds on this multi-MB file
+            loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+            raw = yaml.load(files[0].read_text(), Loader=loader) or {}
         except (OSError, yaml.YAMLError) as err:
             raise FormatError(f"{files[0]}: sae_lens' registry cannot be read ({err})") from None
         _REGISTRY_CACHE[key] = {
