@@ -77,10 +77,12 @@ def main() -> None:
 
     torch_wall, torch_cpu = best["import torch"][:2]
     print(f"start-up, minimum of {args.repeats} fresh interpreters (wall and CPU seconds)")
-    print(f"{'case':<16} {'wall s':>7} {'cpu s':>7} {'wall / import torch':>20}  exit  says")
+    print(f"{'case':<16} {'wall s':>7} {'cpu s':>7} {'wall/torch':>10} {'cpu/torch':>9}  exit  says")
     for name, _ in cases:
         wall, cpu, code, line = best[name]
-        print(f"{name:<16} {wall:7.2f} {cpu:7.2f} {wall / torch_wall:20.2f}  {code:>4}  {line[:70]}")
+        print(
+            f"{name:<16} {wall:7.2f} {cpu:7.2f} {wall / torch_wall:10.2f} {cpu / torch_cpu:9.2f}  {code:>4}  {line[:60]}"
+        )
     print(
         f"argument error {best['argument error'][0]:.2f} s, path error {best['path error'][0]:.2f} s (goal < 1 s); "
         f"geometry small {best['geometry small'][0]:.2f} s (goal < 2 s); import torch {torch_wall:.2f} s "
