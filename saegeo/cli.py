@@ -278,13 +278,17 @@ def _add_compare(p: argparse.ArgumentParser) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from saegeo.activations.options import rows_path_kind
     from saegeo.config import CompareOptions
     from saegeo.io import refuse_overwrite
-    from saegeo.render.compare import COMPARE_FILES, render_compare, write_compare
+
+    opts = from_dict(CompareOptions, passed(args, CompareOptions))
+    if args.acts:
+        rows_path_kind(args.acts)
+    from saegeo.render.compare import COMPARE_FILES, render_compare, write_compare  # torch from here on
     from saegeo.render.text import render_written
     from saegeo.report.compare import compare_dictionaries
 
-    opts = from_dict(CompareOptions, passed(args, CompareOptions))
     if args.out:
         refuse_overwrite([Path(args.out) / name for name in COMPARE_FILES], opts.overwrite)
     result = compare_dictionaries(args.sae_a, args.sae_b, opts, acts=args.acts, names=(args.sae_a, args.sae_b))

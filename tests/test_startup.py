@@ -28,6 +28,8 @@ ERROR_CASES = [
     (["check", "sae_dir", "--duplicate-cos", "2"], "duplicate_cos"),
     (["report", "--acts", "missing_store", "--out", "OUT"], "missing_store"),
     (["report", "--acts", "x", "--out", "OUT", "--format", "pdf"], "--format"),
+    (["compare", "a_dir", "b_dir", "--acts", "missing_store"], "missing_store"),
+    (["compare", "a_dir", "b_dir", "--threshold", "2"], "threshold"),
     (["latents", "sae_dir", "--acts", "missing_store", "--out", "OUT"], "missing_store"),
     (["latents", "sae_dir", "--acts", "x", "--out", "OUT", "--by", "nope"], "--by"),
     (["run", "missing.toml"], "missing.toml"),
