@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
@@ -22,6 +23,7 @@ from saegeo.config import DEFAULT_BLOCK_ROWS
 from saegeo.errors import BadInputError
 from saegeo.geometry.accumulate import GeometryAccumulator
 from saegeo.geometry.measures import activation_geometry
+from saegeo.geometry.nulls import power_law_slope
 
 __all__ = [
     "DictionaryGeometry",
@@ -116,7 +118,7 @@ class DictionaryGeometry:
     a_dict: float | None  # (N‖ū‖² − 1)/(N − 1), the mean pairwise cosine of the u_i (None if N < 2)
     mean_sq_norm: float  # ‖ū‖², ū = mean of the u_i
     mean_direction: Float[Tensor, " d"]  # ū
-    spectrum: dict[str, Any]  # eigenvalues, shares, erank, IsoScore, MP edges, spikes of the u_i's covariance
+    spectrum: dict[str, Any]  # eigenvalues, shares, erank, IsoScore, MP edges, spikes, power law of the u_i
 
     @property
     def n_zero(self) -> int:
@@ -170,6 +172,9 @@ def dictionary_geometry(
     if acc.n < 1:
         raise BadInputError(f"all {W_dec.shape[0]} dictionary rows are zero: no directions to measure")
     geo = activation_geometry(acc, top_k_eigvecs=0).to_dict()
+    # the decoder point cloud's power law (Li, Michaud, Tegmark et al. 2025), fitted as the activations' is
+    fit = power_law_slope(np.asarray(geo["eigenvalues"], dtype=np.float64))
+    power_law = dict(zip(("power_law_alpha", "power_law_r2", "power_law_ranks"), fit or (None, None, None)))
     mean_direction = acc.unit_mean
     return DictionaryGeometry(
         norms=norms,
@@ -178,7 +183,7 @@ def dictionary_geometry(
         a_dict=geo["anisotropy"],
         mean_sq_norm=float(mean_direction.square().sum()),
         mean_direction=mean_direction,
-        spectrum={k: geo.get(k) for k in SPECTRUM_KEYS},
+        spectrum={**{k: geo.get(k) for k in SPECTRUM_KEYS}, **power_law},
     )
 
 
