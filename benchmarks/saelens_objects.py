@@ -1,6 +1,6 @@
 """Run in the SAELens venv: PYTHONPATH=. .venv-saelens/bin/python benchmarks/saelens_objects.py
 
-Real SAELens objects of every architecture through saegeo.sae.model.as_sae (codes against SAELens' own encode, or
+Real SAELens objects of every architecture through saegeo.SAE.load (codes against SAELens' own encode, or
 for a training SAE the inference SAE SAELens saves and loads back), and saegeo's release table and the installed
 registry against SAELens' own lookup (get_repo_id_and_folder_name, get_config_overrides). No network, no timing."""
 
@@ -20,7 +20,7 @@ from sae_lens.loading.pretrained_saes_directory import (
 from saegeo.report import geometry_report
 from saegeo.report.report import ReportOptions
 from saegeo.sae.formats import hub
-from saegeo.sae.model import as_sae
+from saegeo.sae.model import SAE
 
 warnings.simplefilter("ignore")
 torch.manual_seed(0)
@@ -55,7 +55,7 @@ for name, obj in cases.items():
     if hasattr(obj, "topk_threshold"):
         obj.topk_threshold.fill_(0.8)
     try:
-        sae = as_sae(obj)
+        sae = SAE.load(obj)
     except Exception as err:
         print(f"{name:32s} refused: {type(err).__name__}: {str(err)[:150]}")
         continue

@@ -59,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from saegeo.io import json_safe  # noqa: E402
-from saegeo.sae.model import SAE, SAEConfig, load_dictionary  # noqa: E402
+from saegeo.sae.model import SAE, SAEConfig  # noqa: E402
 from saegeo.sae.train import TrainConfig, evaluate, train_sae  # noqa: E402
 
 STORE = ROOT / "artifacts/acts/minilm/blocks.3.hook_resid_post"
@@ -641,7 +641,7 @@ def offset_ablation(args) -> None:
         rows[name]["cpu_seconds"] = time.process_time() - c0
     saelens_dir = Path(args.out) / f"saelens_topk_lr{lr:g}"
     if k == 32 and (saelens_dir / "cfg.json").exists():  # the grid saves SAELens' k 32 runs in its own format
-        sae = load_dictionary(saelens_dir)
+        sae = SAE.load(saelens_dir)
         rows[f"SAELens {k} lr {lr:g} (its grid run)"] = {
             **evaluate(sae, [data.held_x], data.mean),
             **offset_stats(sae, data),

@@ -65,7 +65,7 @@ def test_loaded_weights_are_views_of_the_file_and_writes_stay_private(tmp_path):
 def test_check_and_codes_equal_on_mapped_and_in_memory_weights():
     mapped = SAE.load(FIXTURE)
     found = read_dictionary(FIXTURE)
-    copied = SAE.from_dictionary(Dictionary(found.cfg, {k: v.clone() for k, v in found.tensors.items()}, found.info))
+    copied = SAE.load(Dictionary(found.cfg, {k: v.clone() for k, v in found.tensors.items()}, found.info))
     assert is_mapped(mapped.W_dec) and not is_mapped(copied.W_dec)
     x = torch.randn(16, mapped.cfg.d_in, generator=torch.Generator().manual_seed(0))
     assert torch.equal(mapped.encode(x), copied.encode(x)) and torch.equal(mapped(x), copied(x))

@@ -16,7 +16,7 @@ from saegeo.activations.cache import CacheConfig, cache_activations
 from saegeo.activations.models import _load_tokenizer, _quiet_transformers, load_model, minilm_path
 from saegeo.activations.store import ActivationStore
 from saegeo.report.check import ACTIVATIONS_MISMATCH, MatchOptions, activations_match_flags
-from saegeo.sae.model import load_dictionary
+from saegeo.sae.model import SAE
 from saegeo.sae.train import TrainConfig, train_sae
 
 try:
@@ -86,7 +86,7 @@ def setup(tmp_path_factory):
         ),
         ActivationStore(stores["sae"]),
     )
-    return root, stores, load_dictionary(root / "sae")
+    return root, stores, SAE.load(root / "sae")
 
 
 def test_fingerprint_is_what_the_model_is(setup):

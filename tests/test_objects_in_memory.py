@@ -1,7 +1,7 @@
 """Objects in memory, everywhere: every entry point that takes a model takes a transformer-lens HookedTransformer /
 HookedEncoder or an HF PreTrainedModel with its tokenizer, and every entry point that takes an SAE takes saegeo's
 SAE, SAELens' SAE classes, sparsify's SparseCoder, dictionary_learning's dictionaries, a path or an id, all through
-one conversion (`saegeo.sae.model.as_sae`). sae_lens, sparsify and dictionary_learning are not installed in the
+one conversion (`SAE.load`). sae_lens, sparsify and dictionary_learning are not installed in the
 test venv: tests/peer_mirrors.py mirrors their classes' layout and carries each library's own encode."""
 
 import json
@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from saegeo.activations.models import load_model, minilm_path
 from saegeo.errors import BadInputError
-from saegeo.sae.model import SAE, SAEConfig, as_sae
+from saegeo.sae.model import SAE, SAEConfig
 
 D_IN, D_SAE = 16, 48
 HOOK = "blocks.0.hook_resid_post"
@@ -57,7 +57,7 @@ def _saelens_objects():
 @pytest.mark.parametrize("arch", ["standard", "topk", "jumprelu"])
 def test_saelens_objects_encode_as_saelens_does(arch):
     obj = _saelens_objects()[arch]
-    sae = as_sae(obj)
+    sae = SAE.load(obj)
     assert isinstance(sae, SAE) and sae.format_info.format == "saelens"
     x = _x()
     with torch.no_grad():
@@ -69,7 +69,7 @@ def test_saelens_objects_encode_as_saelens_does(arch):
 def test_saelens_training_batchtopk_is_read_in_its_inference_form():
     obj = pm.BatchTopKTrainingSAE(pm.BatchTopKTrainingSAEConfig(d_in=D_IN, d_sae=D_SAE, k=4)).randomize(5)
     obj.topk_threshold.fill_(0.7)
-    sae = as_sae(obj)
+    sae = SAE.load(obj)
     assert sae.cfg.activation == "jumprelu"
     x = _x()
     with torch.no_grad():
@@ -79,29 +79,29 @@ def test_saelens_training_batchtopk_is_read_in_its_inference_form():
 def test_sparsify_and_dictionary_learning_objects():
     x = _x()
     coder = pm.randomize(pm.SparseCoder(D_IN, pm.SparseCoderConfig(k=6, expansion_factor=3)), 7)
-    sae = as_sae(coder)
+    sae = SAE.load(coder)
     assert sae.format_info.format == "sparsify" and sae.cfg.d_sae == 3 * D_IN
     with torch.no_grad():
         torch.testing.assert_close(sae.encode(x), coder.reference_codes(x), atol=1e-5, rtol=1e-5)
     for dl in (pm.randomize(pm.AutoEncoder(D_IN, D_SAE), 8), pm.randomize(pm.AutoEncoderTopK(D_IN, D_SAE, 5), 9)):
         if hasattr(dl, "k"):
             dl.k.fill_(5)
-        sae = as_sae(dl)
+        sae = SAE.load(dl)
         assert sae.format_info.format == "dictionary_learning" and sae.format_info.dict_class == type(dl).__name__
         with torch.no_grad():
             torch.testing.assert_close(sae.encode(x), dl.encode(x), atol=1e-5, rtol=1e-5)
     skip = pm.SparseCoder(D_IN, pm.SparseCoderConfig(k=6, expansion_factor=3, skip_connection=True))
     with pytest.raises(Exception, match="skip_connection"):
-        as_sae(skip)
+        SAE.load(skip)
 
 
 def test_unknown_objects_and_paths(tmp_path):
     with pytest.raises(BadInputError, match="SAELens.*sparsify.*dictionary_learning"):
-        as_sae(object())
+        SAE.load(object())
     native = SAE(SAEConfig(d_in=D_IN, d_sae=D_SAE, activation="relu"))
-    assert as_sae(native) is native
+    assert SAE.load(native) is native
     native.save(tmp_path / "s")
-    assert isinstance(as_sae(tmp_path / "s"), SAE) and isinstance(as_sae(str(tmp_path / "s")), SAE)
+    assert isinstance(SAE.load(tmp_path / "s"), SAE) and isinstance(SAE.load(str(tmp_path / "s")), SAE)
 
 
 def test_every_sae_entry_point_takes_a_saelens_object(tmp_path):
@@ -121,7 +121,7 @@ def test_every_sae_entry_point_takes_a_saelens_object(tmp_path):
     assert rep.saes[0].architecture == "topk"
     opts = CheckOptions(progress=False)
     assert check_dictionary(obj, options=opts).a_dict == pytest.approx(
-        check_dictionary(as_sae(obj), options=opts).a_dict
+        check_dictionary(SAE.load(obj), options=opts).a_dict
     )
     report, _ = check_with_activations(obj, x, options=opts, report_options=ReportOptions(progress=False))
     assert report.saes[0].fve == pytest.approx(ref.saes[0].fve, rel=1e-9)

@@ -1,5 +1,5 @@
 """Files written by the real libraries (tests/fixtures/published, built by make_fixtures.py in a side venv) load
-through load_dictionary and reproduce the library's own codes and reconstructions to 1e-5."""
+through SAE.load and reproduce the library's own codes and reconstructions to 1e-5."""
 
 from __future__ import annotations
 

@@ -186,6 +186,10 @@ def python_drift(text: str) -> list[str]:
         tree = ast.parse(source)
         names: dict[str, object] = {}
         for node in ast.walk(tree):
+            if isinstance(node, ast.Import):  # `import saegeo`: its names, checked as attributes below
+                names.update(
+                    {a.asname or a.name: importlib.import_module(a.name) for a in node.names if a.name == "saegeo"}
+                )
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("saegeo"):
                 try:
                     module = importlib.import_module(node.module)
@@ -202,12 +206,18 @@ def python_drift(text: str) -> list[str]:
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in names:
                 if not hasattr(names[node.value.id], node.attr):
                     problems.append(f"{line}: {node.value.id} has no attribute {node.attr}")
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names:
-                target = names[node.func.id]
+            called = node.func if isinstance(node, ast.Call) else None
+            if isinstance(called, ast.Attribute) and isinstance(called.value, ast.Name) and called.value.id in names:
+                target, label = getattr(names[called.value.id], called.attr, None), f"{called.value.id}.{called.attr}"
+            elif isinstance(called, ast.Name) and called.id in names:
+                target, label = names[called.id], called.id
+            else:
+                target = label = None
+            if target is not None:
                 if dataclasses.is_dataclass(target):
                     fields = {f.name for f in dataclasses.fields(target)}
                     problems += [
-                        f"{line}: {node.func.id} has no field {kw.arg}"
+                        f"{line}: {label} has no field {kw.arg}"
                         for kw in node.keywords
                         if kw.arg is not None and kw.arg not in fields
                     ]
@@ -242,6 +252,10 @@ def test_the_python_check_catches_a_renamed_name() -> None:
     assert any("has no GeometryAccumulatr" in p for p in problems), problems
     assert any("has no field total_tokns" in p for p in problems), problems
     assert any("has no attribute no_such_method" in p for p in problems), problems
+    top = "```python\nimport saegeo\nsaegeo.TrainConfig(k=32, total_tokns=5)\nsaegeo.geometry_reprt(x)\n```\n"
+    problems = python_drift(top)  # the same through `import saegeo`
+    assert any("saegeo.TrainConfig has no field total_tokns" in p for p in problems), problems
+    assert any("saegeo has no attribute geometry_reprt" in p for p in problems), problems
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """`saegeo check`: should you trust a downloaded dictionary? Checks that need no activations.
 
-From the weights alone (any format `load_dictionary` reads):
+From the weights alone (any format `SAE.load` reads):
   * A_dict = (N‖ū‖² − 1)/(N − 1) of the unit decoder rows and their own spectrum (erank, top-1, MP edges);
   * decoder-norm statistics and zero rows;
   * near-duplicate decoder rows, cos(w_i, w_j) > 0.99, found exactly and blockwise (no N × N matrix);
@@ -55,7 +55,7 @@ from saegeo.report.flags import (
 from saegeo.report.options import CheckOptions, MatchOptions
 from saegeo.sae.formats.base import release_pages
 from saegeo.sae.metrics import encode_block_rows
-from saegeo.sae.model import SAE, as_sae
+from saegeo.sae.model import SAE
 
 CHECK_SCHEMA_VERSION = 1
 
@@ -152,13 +152,13 @@ class DictionaryCheck:
 
 # =========================================================================== measurements
 def check_dictionary(sae: Any, *, options: CheckOptions | None = None, name: str | None = None) -> DictionaryCheck:
-    """All dictionary-only checks of an SAE (anything `saegeo.sae.model.as_sae` takes; see the module docstring).
+    """All dictionary-only checks of an SAE (anything `SAE.load` takes; see the module docstring).
     Memory: W_dec, blocks of W_enc (a memory-mapped W_enc, as `SAE.load` gives for safetensors files, is handed
     back chunk by chunk), the duplicate screen's N·(screen_dim + 2) floats, and O(block_rows² + d²) -- never a
     d_sae × d_sae matrix, nor a copy of a weight matrix (benchmarks/check_bench.py measures it at 16k-262k)."""
     opts = options or CheckOptions()
     t0 = time.perf_counter()
-    sae = as_sae(sae)  # a path, an id or a peer library's SAE object: the one conversion
+    sae = SAE.load(sae)  # a path, an id or a peer library's SAE object: the one conversion
     info = sae.format_info
     subject = name or Path(str(info.source or "dictionary")).name or "dictionary"
     W_dec, W_enc = sae.W_dec.detach().cpu(), sae.W_enc.detach().cpu()
@@ -441,7 +441,7 @@ def check_with_activations(
     from saegeo.report.report import geometry_report
 
     opts = options or CheckOptions()
-    sae = as_sae(sae)
+    sae = SAE.load(sae)
     dcheck = check_dictionary(sae, options=opts, name=name)
     subject = dcheck.source["name"]
     match_notes: list[str] = []

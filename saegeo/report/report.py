@@ -97,7 +97,7 @@ from saegeo.report.latents import (
 from saegeo.report.options import ReportOptions
 from saegeo.sae.formats import CFG_FILENAME
 from saegeo.sae.metrics import SAEMetrics
-from saegeo.sae.model import as_sae
+from saegeo.sae.model import SAE
 from saegeo.sae.train import read_training_log
 
 SCHEMA_VERSION = 3  # 2: one name per quantity (null_z / isotropic_z, null_sd / isotropic_sd, mp_sigma2_bulk);
@@ -349,6 +349,12 @@ class GeometryReport:
             raise FormatError(f"{path}: cannot read a saegeo report ({err})") from None
 
 
+def load_report(path: str | os.PathLike) -> GeometryReport:
+    """A report written by `write_report` or `saegeo report`: its report.json, or the directory holding it."""
+    path = Path(path)
+    return GeometryReport.load(path / "report.json" if path.is_dir() else path)
+
+
 # =========================================================================== streaming helpers
 _Reservoir = RowReservoir  # the former private name (tests)
 
@@ -389,11 +395,11 @@ def cosine_histogram(rows: Float[Tensor, "k d"], bins: int = 100) -> dict[str, A
 # =========================================================================== SAEs
 def _resolve_sae(obj: Any) -> tuple[Any, dict[str, Any], str | None]:
     """SAE, path, id or peer object -> (module with encode/decode/W_dec/b_dec, its config dict, default name), through
-    the one conversion (`saegeo.sae.model.as_sae`). An object it does not take (a custom module, or a peer
+    the one conversion (`SAE.load`). An object it does not take (a custom module, or a peer
     architecture saegeo does not reproduce) that has its own encode, decode, W_dec and b_dec is measured through
     those."""
     try:
-        module = as_sae(obj)
+        module = SAE.load(obj)
     except (BadInputError, FormatError):
         if isinstance(obj, (str, os.PathLike)) or not all(
             hasattr(obj, a) for a in ("encode", "decode", "W_dec", "b_dec")
@@ -402,7 +408,7 @@ def _resolve_sae(obj: Any) -> tuple[Any, dict[str, Any], str | None]:
         module = obj
     if isinstance(obj, (str, os.PathLike)):
         cfg_file = Path(obj) / CFG_FILENAME
-        config: dict[str, Any] = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}  # read by as_sae
+        config: dict[str, Any] = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}  # read by SAE.load
         return module, config, Path(obj).name
     cfg = getattr(obj, "cfg", None)
     if hasattr(cfg, "to_dict"):

@@ -15,6 +15,7 @@ module under saegeo.sae.architectures; the SAE asks the registry, so a new archi
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from saegeo.sae.architectures import Architecture, SAEConfig, TrainOutput, get_a
 from saegeo.sae.formats import OBJECT_KINDS, Dictionary, FormatInfo, object_dictionary, read_dictionary
 from saegeo.sae.formats.saelens import write_sae_dir
 
-__all__ = ["SAE", "SAEConfig", "FormatInfo", "TrainOutput", "as_sae", "load_dictionary"]
+__all__ = ["SAE", "SAEConfig", "FormatInfo", "TrainOutput"]
 
 
 class SAE(nn.Module):
@@ -80,13 +81,37 @@ class SAE(nn.Module):
         return write_sae_dir(self, path, provenance)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, device: str = "cpu") -> SAE:
-        """The SAE at `path`: a directory `SAE.save` wrote, or any published format, local path or hub id
-        (saegeo.sae.formats.read_dictionary detects it); `format_info` says what was read."""
-        return cls.from_dictionary(read_dictionary(path), device=device)
+    def load(cls, source: Any, device: str = "cpu") -> SAE:
+        """The one way to get an SAE, from anything that holds one:
+
+          SAE                          itself
+          str / PathLike               a directory `SAE.save` wrote, or a file or directory in any supported
+                                       published format (detected), a hub id (org/repo[/subfolder]) or a SAELens
+                                       release id (RELEASE/sae_id), read through the Hugging Face cache
+          SAELens SAE, sparsify SparseCoder, dictionary_learning dictionary (in memory)
+                                       read from its config and state dict exactly as from the files its library
+                                       saves (saegeo.sae.formats.object_dictionary); format_info.source says
+                                       "in memory: <class>"
+          Dictionary                   a format reader's result (saegeo.sae.formats)
+
+        ``format_info`` says what was read; anything else is a BadInputError naming what is accepted."""
+        if isinstance(source, SAE):
+            return source
+        if isinstance(source, (str, os.PathLike)):
+            return cls._build(read_dictionary(source), device)
+        found = source if isinstance(source, Dictionary) else object_dictionary(source)
+        if found is None:
+            raise BadInputError(f"cannot use a {type(source).__name__} as an SAE; pass a path, an id or {OBJECT_KINDS}")
+        return cls._build(found, device)
 
     @classmethod
     def from_dictionary(cls, found: Dictionary, device: str = "cpu") -> SAE:
+        """Deprecated: `SAE.load(found)` (kept for one release)."""
+        warnings.warn("SAE.from_dictionary is deprecated; use SAE.load(dictionary)", DeprecationWarning, stacklevel=2)
+        return cls._build(found, device)
+
+    @classmethod
+    def _build(cls, found: Dictionary, device: str) -> SAE:
         """Build the SAE of a reader's Dictionary (its tensors cast to cfg.dtype). A tensor already of cfg.dtype
         on `device` becomes the parameter as it is, not a copy: the weights of a memory-mapped file stay mapped
         (saegeo.sae.formats.base.read_safetensors), so a 262k-latent dictionary is not held twice. The module
@@ -271,31 +296,12 @@ class SAE(nn.Module):
 
 
 def load_dictionary(path: str | os.PathLike, device: str = "cpu") -> SAE:
-    """Load a dictionary in any supported published format (auto-detected) as a saegeo SAE whose encode/decode
-    reproduces its library's: the same as `SAE.load`. `path` is a local file or directory, or a hub id
-    (saegeo.sae.formats.resolve_hub_id) fetched through the Hugging Face cache. `sae.format_info` records the
-    format, the source and the config facts `saegeo check` reads."""
+    """Deprecated: `SAE.load(path)` (kept for one release)."""
+    warnings.warn("load_dictionary is deprecated; use saegeo.SAE.load(path)", DeprecationWarning, stacklevel=2)
     return SAE.load(path, device=device)
 
 
 def as_sae(obj: Any, device: str = "cpu") -> SAE:
-    """The one conversion of everything an entry point accepts as an SAE (report, check, eval, the pipeline) to a
-    saegeo SAE whose encode/decode is its library's:
-
-      SAE                          itself
-      str / PathLike               `SAE.load`: a directory or file in any supported format, a hub id
-                                   (org/repo[/subfolder]) or a SAELens release id (RELEASE/sae_id)
-      SAELens SAE, sparsify SparseCoder, dictionary_learning dictionary (in memory)
-                                   read from its config and state dict exactly as from the files its library
-                                   saves (saegeo.sae.formats.object_dictionary); format_info.source says
-                                   "in memory: <class>"
-
-    Anything else is a BadInputError naming what is accepted."""
-    if isinstance(obj, SAE):
-        return obj
-    if isinstance(obj, (str, os.PathLike)):
-        return SAE.load(obj, device=device)
-    found = object_dictionary(obj)
-    if found is None:
-        raise BadInputError(f"cannot use a {type(obj).__name__} as an SAE; pass {OBJECT_KINDS}")
-    return SAE.from_dictionary(found, device=device)
+    """Deprecated: `SAE.load(obj)`, which takes everything this took (kept for one release)."""
+    warnings.warn("as_sae is deprecated; use saegeo.SAE.load(obj)", DeprecationWarning, stacklevel=2)
+    return SAE.load(obj, device=device)

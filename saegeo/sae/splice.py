@@ -71,7 +71,7 @@ from saegeo.activations.runner import pad_windows, window_batches
 from saegeo.distributed import resolve_device
 from saegeo.errors import BadInputError
 from saegeo.progress import progress_bar
-from saegeo.sae.model import SAE, as_sae
+from saegeo.sae.model import SAE
 from saegeo.sae.options import EvalConfig
 
 VARIANTS = ("clean", "spliced", "zero", "mean", "zero_all")  # zero_all: SAELens' ablation (every position, decoders)
@@ -260,20 +260,20 @@ def _pass_mask(acts: Tensor, store: Bool[Tensor, "b p"], attend: Bool[Tensor, "b
 
 def splice_eval(cfg: EvalConfig, loaded: Any = None, sae: Any = None) -> dict[str, Any]:
     """Evaluate cfg.sae spliced into cfg.model at its hook; the JSON-ready result (see module docstring)."""
-    sae = as_sae(sae if sae is not None else cfg.sae)
+    sae = SAE.load(sae if sae is not None else cfg.sae)
     return splice_eval_many(cfg, {cfg.sae or "sae": sae}, loaded)[cfg.sae or "sae"]
 
 
 def splice_eval_many(cfg: EvalConfig, saes: Mapping[str, Any], loaded: Any = None) -> dict[str, dict[str, Any]]:
     """Several SAEs on the same tokens: SAEs that share a hook and pass-through rules share the prefix and
     the clean, zero and mean suffixes of every batch; each adds only its spliced suffix. Each SAE is anything
-    `saegeo.sae.model.as_sae` takes; the model is `loaded`, else cfg.model (anything `load_model` takes: a name,
+    `SAE.load` takes; the model is `loaded`, else cfg.model (anything `load_model` takes: a name,
     a directory, a transformer-lens model or an HF model with its tokenizer as (model, tokenizer))."""
     if cfg.max_tokens < 2:
         raise BadInputError(f"max_tokens must be at least 2, got {cfg.max_tokens}")
     device = resolve_device(cfg.device)  # before loading anything: a bad device fails fast
     open_corpus(CorpusSpec(source=cfg.corpus, text_field=cfg.text_field))  # ... and so does a bad corpus
-    saes = {name: as_sae(s) for name, s in saes.items()}  # paths, ids and peer objects: the one conversion
+    saes = {name: SAE.load(s) for name, s in saes.items()}  # paths, ids and peer objects: the one conversion
     loaded = load_model(loaded if loaded is not None else cfg.model, dtype=getattr(torch, cfg.model_dtype))
     groups: dict[str, list[str]] = {}
     resolved = {}

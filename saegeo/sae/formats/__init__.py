@@ -11,7 +11,7 @@
 Each reader returns a `Dictionary` (SAEConfig, tensors in the SAELens layout, FormatInfo) with its library's own
 encode/decode (see base.py); `read_dictionary` detects the format of a path (or resolves a hub id, hub.py) and
 reads it; `object_dictionary` reads the same from a peer library's SAE object in memory (SAELens, sparsify,
-dictionary_learning); `saegeo.sae.model.as_sae` builds the SAE from either.
+dictionary_learning); `saegeo.sae.model.SAE.load` builds the SAE from either.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ class FormatInfo:
     model_fingerprint: dict | None = None  # what the training store's model is (models.model_fingerprint)
     hook_name: str | None = None
     source_dtype: str | None = None  # dtype(s) of the stored weights (they are loaded as float32)
-    hub_id: str | None = None  # the hub id it was resolved from (load_dictionary("org/repo[/sub]" or a release id))
+    hub_id: str | None = None  # the hub id it was resolved from (SAE.load("org/repo[/sub]" or a release id))
     release: dict | None = None  # a SAELens release id's {release, repo_id, path, registry: "saegeo" or the yaml}
     config_overrides: dict | None = None  # the release's config_overrides, applied as SAELens applies them
     # what the activations must be (SAELens metadata; `saegeo check --acts` compares them with the store)
