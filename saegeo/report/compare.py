@@ -148,16 +148,16 @@ def compare_dictionaries(
     acts: str | None = None,
     names: tuple[str, str] | None = None,
 ) -> Comparison:
-    """Match the latents of ``sae_a`` and ``sae_b`` (SAE objects, or anything ``saegeo.sae.model.as_sae`` reads:
+    """Match the latents of ``sae_a`` and ``sae_b`` (SAE objects, or anything ``SAE.load`` reads:
     a directory, file or hub id) and report the consistency measures of saegeo.geometry.consistency."""
-    from saegeo.sae.model import as_sae
+    from saegeo.sae.model import SAE
 
     opts = options or CompareOptions(progress=False)
     names = names or (
         str(sae_a) if isinstance(sae_a, (str, os.PathLike)) else "A",
         str(sae_b) if isinstance(sae_b, (str, os.PathLike)) else "B",
     )
-    sae_a, sae_b = as_sae(sae_a), as_sae(sae_b)
+    sae_a, sae_b = SAE.load(sae_a), SAE.load(sae_b)
     if sae_a.cfg.d_in != sae_b.cfg.d_in:
         raise BadInputError(
             f"{names[0]} reads d={sae_a.cfg.d_in} but {names[1]} reads d={sae_b.cfg.d_in}: only dictionaries of "
