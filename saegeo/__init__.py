@@ -40,9 +40,9 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "latents": ("saegeo.report.report", "latents_report"),
     # training and evaluation
     "train": ("saegeo.sae.train", "train_sae"),
-    "TrainConfig": ("saegeo.sae.train", "TrainConfig"),
+    "TrainConfig": ("saegeo.sae.options", "TrainConfig"),
     "eval": ("saegeo.sae.splice", "splice_eval"),
-    "EvalConfig": ("saegeo.sae.splice", "EvalConfig"),
+    "EvalConfig": ("saegeo.sae.options", "EvalConfig"),
     # files and figures
     "write_report": ("saegeo.render", "write_report"),
     "report_figures": ("saegeo.render", "report_figures"),
