@@ -87,3 +87,40 @@ def test_two_pairs_span_two_dimensions():
     assert (basis @ basis.T).numpy() == pytest.approx(q @ q.T, abs=1e-12)
     inside = torch.from_numpy(q @ np.array([1.0, 2.0]))
     assert subspace_alignment(basis, {"r": inside})["r"] == pytest.approx(1.0, abs=1e-12)
+
+
+def test_sae_structure_on_a_planted_sae():
+    """A ReLU SAE with latents ±e_i (i < 3, dense antipodal pairs) reading the first 3 coordinates at 0.8 of their
+    size, and sparse latents on the others: the error e = x − x̂ is 0.2·x on the first 3 coordinates (linear)."""
+    from saegeo.report.structure import StructureOptions, sae_structure
+    from saegeo.sae.model import SAE, SAEConfig
+
+    d = 6
+    sae = SAE(SAEConfig(d_in=d, d_sae=2 * d, activation="relu"))
+    with torch.no_grad():
+        eye = torch.eye(d)
+        sae.W_enc.copy_(torch.cat([eye, -eye], 1))
+        sae.W_dec.copy_(0.8 * torch.cat([eye, -eye], 0))
+        sae.b_enc.copy_(torch.tensor([0.0] * 3 + [-3.0] * 3 + [0.0] * 3 + [-3.0] * 3))  # coords 3..5 rarely fire
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.normal(size=(6000, d))).float()
+    x[:, 3:] = torch.from_numpy(rng.normal(size=(6000, 3)) ** 3).float()  # heavy tails: mostly unread
+    got = sae_structure(sae, x, StructureOptions(top_components=1))
+    # brute force: the numpy error, its held-out linear fit is 1 on the linear part; compare with the streamed
+    x_hat = sae(x).detach().double().numpy()
+    err = x.double().numpy() - x_hat
+    assert np.abs(err[:, :3] - 0.2 * x[:, :3].double().numpy()).max() < 1e-6
+    from test_dark_matter import _brute  # the fold-by-fold numpy ridge
+
+    want = _brute(x.double().numpy(), err, 5, 1024, 1e-6)
+    assert got["dark_matter"]["n_rows"] == 6000
+    assert got["dark_matter"]["r2_vector"] == pytest.approx(want["r2_vector"], rel=1e-6)
+    assert got["dark_matter"]["r2_norm"] == pytest.approx(want["r2_norm"], rel=1e-6)
+    dense = got["dense"]
+    assert set(dense["latents"]) == {0, 1, 2, 6, 7, 8}
+    assert sorted((min(p["i"], p["j"]), max(p["i"], p["j"])) for p in dense["pairs"]) == [(0, 6), (1, 7), (2, 8)]
+    assert all(p["decoder_cos"] == pytest.approx(-1.0) and p["cofire_share"] == 0.0 for p in dense["pairs"])
+    sub = dense["subspace"]
+    assert sub["dim"] == 3 and sub["chance"] == 0.5
+    mu = x.double().numpy().mean(0)
+    assert sub["mean"] == pytest.approx((mu[:3] ** 2).sum() / (mu**2).sum(), abs=1e-9)
