@@ -237,3 +237,25 @@ def test_compare_command_end_to_end(tmp_path):
     # bad input: one line, exit 2
     bad = _cli("compare", tmp_path / "a", tmp_path / "nowhere", "--no-progress")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+
+
+def test_activation_matching_above_the_dense_limit(tmp_path):
+    """Above exact_max_entries the activations are correlated on the decoder candidate pairs only: the planted
+    copies still come out at correlation 1, matched to their originals."""
+    from saegeo.config import CompareOptions
+    from saegeo.report.compare import compare_dictionaries
+
+    perm, keep = _pair_of_saes(tmp_path)
+    rows = torch.randn(2000, 64, generator=torch.Generator().manual_seed(3))
+    opts = CompareOptions(exact_max_entries=0, candidates=4, progress=False, batch_rows=300)
+    got = compare_dictionaries(str(tmp_path / "a"), str(tmp_path / "b"), opts, acts=rows)
+    assert got.decoder["method"] == "candidates"
+    act = got.activations
+    assert act["method"] == "candidates" and act["n_rows"] == 2000
+    ones = {
+        (i, j)
+        for i, j, s in zip(act["pairs"]["index_a"], act["pairs"]["index_b"], act["pairs"]["similarity"])
+        if s > 0.999
+    }
+    assert ones == {(int(perm[j]), j) for j in keep.nonzero().flatten().tolist()}
+    assert act["mcc"] <= act["mcc_upper_bound"] + 1e-12

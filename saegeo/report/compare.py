@@ -104,8 +104,8 @@ def _activation_matching(
     else:
         i, j, rho = acc.pair_correlations()
         ri, rj, rs = match_sparse(n_a, n_b, i.numpy(), j.numpy(), rho.numpy())
-        best_a = torch.full((n_a,), float("nan"), dtype=torch.float64).scatter_reduce(0, i, rho, "amax")
-        best_b = torch.full((n_b,), float("nan"), dtype=torch.float64).scatter_reduce(0, j, rho, "amax")
+        best_a = torch.zeros(n_a, dtype=torch.float64).scatter_reduce(0, i, rho, "amax", include_self=False)
+        best_b = torch.zeros(n_b, dtype=torch.float64).scatter_reduce(0, j, rho, "amax", include_self=False)
         matching = LatentMatching(
             index_a=torch.from_numpy(ri).long(),
             index_b=torch.from_numpy(rj).long(),
@@ -113,8 +113,8 @@ def _activation_matching(
             n_a=n_a,
             n_b=n_b,
             method="candidates",
-            best_a=best_a.nan_to_num(0.0),
-            best_b=best_b.nan_to_num(0.0),
+            best_a=best_a,  # 0 for a latent in no candidate pair
+            best_b=best_b,
             k=decoder.k,
             n_candidate_edges=len(decoder.edges[0]),
         )
