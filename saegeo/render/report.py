@@ -362,7 +362,8 @@ def training_figure(report: GeometryReport) -> Figure | None:
         for ax, key in zip(axes, ("loss", "fve", "l0")):
             points = [(t, v) for t, v in zip(tokens, curve.get(key) or []) if t is not None and v is not None]
             if points:
-                ax.plot(*zip(*points), "-", color=f"C{i}", lw=1.2, label=s.name)
+                dots = "o" if len(points) < 5 else None  # a short run logs few points: a line alone would not show
+                ax.plot(*zip(*points), "-", marker=dots, ms=3, color=f"C{i}", lw=1.2, label=s.name)
                 losses += [v for _, v in points] if key == "loss" else []
     for ax, label in zip(axes, ("training loss", "FVE (live, per interval)", "L0")):
         ax.set_xlabel("tokens", fontsize=8)
