@@ -231,7 +231,9 @@ def html_page(title: str, body: list[str], *, script: str = "", css: str = "") -
 
 
 NOTEBOOK_SCOPE = "saegeo-out"  # the class of a notebook display's <div>: its style sheet applies inside it only
-NOTEBOOK_CSS = "\n.title{font-size:1.3em;font-weight:bold;margin:.4em 0}h2{font-size:1.15em;margin:.8em 0 .3em}h3{font-size:1em}"
+NOTEBOOK_CSS = (
+    "\n.title{font-size:1.3em;font-weight:bold;margin:.4em 0}h2{font-size:1.15em;margin:.8em 0 .3em}h3{font-size:1em}"
+)
 
 
 def scoped_css(css: str, scope: str = NOTEBOOK_SCOPE) -> str:
@@ -257,7 +259,13 @@ def html_block(title: str, body: list[str], *, script: str = "", css: str = "") 
     style = scoped_css(HTML_CSS + NOTEBOOK_CSS + css)
     tail = [f"<script>{script}</script>"] if script else []
     return "\n".join(
-        [f"<div class='{NOTEBOOK_SCOPE}'><style>{style}</style>", f"<div class='title'>{e(title)}</div>", *body, "</div>", *tail]
+        [
+            f"<div class='{NOTEBOOK_SCOPE}'><style>{style}</style>",
+            f"<div class='title'>{e(title)}</div>",
+            *body,
+            "</div>",
+            *tail,
+        ]
     )
 
 
