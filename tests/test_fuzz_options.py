@@ -44,6 +44,7 @@ COUNTS = {
     "sweep": ["--batch-rows", "--context", "--max-types", "--max-tokens"],
     "synth": ["--n", "--d", "--n-features", "--shard-rows", "--group-size"],
     "check": ["--block-rows", "--max-tokens"],
+    "compare": ["--candidates", "--batch-rows", "--max-tokens"],
 }
 # options where a negative value cannot be meant (seeds, offsets into the text, how many to list)
 NOT_NEGATIVE = {
@@ -64,6 +65,7 @@ NOT_NEGATIVE = {
     "sweep": ["--artifact-k"],
     "synth": ["--seed", "--noise", "--offset", "--n-groups"],
     "check": ["--max-pairs-listed"],
+    "compare": ["--exact-max-entries"],
 }
 NOT_A_NUMBER = ["nan", "NaN", "inf", "-inf", "1e999", "-1e999", "abc", "", "1,5", "0x10", "--", "1e5e5"]
 TOO_BIG_INT = [str(2**63), str(2**70), "-" + str(2**70), "1e30", "2.5"]
@@ -97,6 +99,7 @@ def _argv(command: str, inputs: dict, out: Path) -> list[str]:
         "sweep": ["sweep", inputs["store"], "--out", str(out / "sweep"), "--no-progress"],
         "synth": ["synth", "--n", "64", "--d", "8", "--n-features", "16", "--out", str(out / "synth")],
         "check": ["check", inputs["sae"], "--out", str(out / "check"), "--no-progress"],
+        "compare": ["compare", inputs["sae"], inputs["sae"], "--out", str(out / "compare"), "--no-progress"],
     }[command]
 
 
