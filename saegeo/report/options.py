@@ -128,9 +128,19 @@ class MatchOptions:
         2.0, "E‖x‖ vs the SAE's recorded norm off by more than this factor: error", above=1
     )
     scale_hint_ratio: float = option(
-        3.0, "‖μ‖/‖b_dec‖ (no recorded norm) off by more than this factor: a mismatch cause", above=1
+        3.0, "‖μ‖/‖b_dec‖ (no recorded norm) off by more than this factor: test x/ratio against x", above=1
     )
-    offset_warn: float = option(0.5, "‖b_dec − μ‖/‖μ‖ above this (for an SAE that subtracts b_dec): warning", low=0)
+    scale_fve_gain: float = option(
+        0.2, "the FVE of x/ratio above that of x by more than this: a scale error (b_dec alone is no evidence)", low=0
+    )
+    fit_accept_fve: float = option(
+        0.65,
+        "names missing or disagreeing: the SAE's FVE on the sampled rows at or above this accepts the pair, below "
+        "fit_refuse_fve refuses it, between is a warning (docs/design.md 'Do an SAE and a store belong together')",
+        low=-1e9,
+        high=1,
+    )
+    fit_refuse_fve: float = option(0.0, "see fit_accept_fve", low=-1e9, high=1)
     massive_row_factor: float = option(10.0, "rows with ‖x‖ > this × median ‖x‖ are massive-activation rows", above=1)
     centred_warn: float = option(
         0.05, "E|x·1|/(√d E‖x‖) above this where the SAE expects centred writing weights", low=0
@@ -139,6 +149,10 @@ class MatchOptions:
 
     def __post_init__(self) -> None:
         check(self)
+        if self.fit_refuse_fve > self.fit_accept_fve:
+            raise BadInputError(
+                f"fit_refuse_fve {self.fit_refuse_fve:g} is above fit_accept_fve {self.fit_accept_fve:g}"
+            )
 
 
 @dataclass

@@ -141,7 +141,11 @@ class TrainConfig:
 class EvalConfig:
     """`saegeo eval`: which model, SAE, hook and text; None fields come from the SAE's own metadata."""
 
-    model: str = option("smollm2", "'smollm2' (bundled decoder), 'minilm', a local HF dir, ...")
+    model: str | None = option(
+        None,
+        "'smollm2' (bundled decoder), 'minilm', a local HF dir, ...; default: the model the SAE's metadata names "
+        "(its cfg.json model_name), refused before loading anything when it names none",
+    )
     sae: str = option("", "the SAE: any SAE.load path or hub id (native or published); required")
     hook: str | None = option(None, "default: the SAE's hook_name")
     corpus: str = option("default", "text to evaluate on, as for `saegeo cache`")

@@ -66,7 +66,7 @@ from torch import Tensor
 
 from saegeo.activations.cache import BLOCK_HOOK, NOT_PER_TOKEN
 from saegeo.activations.corpus import CorpusSpec, iter_windows, open_corpus
-from saegeo.activations.models import LoadedModel, load_model
+from saegeo.activations.models import LoadedModel, bundled_alias, load_model, model_key
 from saegeo.activations.runner import pad_windows, window_batches
 from saegeo.distributed import resolve_device
 from saegeo.errors import BadInputError
@@ -274,7 +274,8 @@ def splice_eval_many(cfg: EvalConfig, saes: Mapping[str, Any], loaded: Any = Non
     device = resolve_device(cfg.device)  # before loading anything: a bad device fails fast
     open_corpus(CorpusSpec(source=cfg.corpus, text_field=cfg.text_field))  # ... and so does a bad corpus
     saes = {name: SAE.load(s) for name, s in saes.items()}  # paths, ids and peer objects: the one conversion
-    loaded = load_model(loaded if loaded is not None else cfg.model, dtype=getattr(torch, cfg.model_dtype))
+    model = loaded if loaded is not None else cfg.model if cfg.model is not None else _model_of(saes)
+    loaded = load_model(model, dtype=getattr(torch, cfg.model_dtype))
     groups: dict[str, list[str]] = {}
     resolved = {}
     for name, sae in saes.items():
@@ -296,6 +297,23 @@ def splice_eval_many(cfg: EvalConfig, saes: Mapping[str, Any], loaded: Any = Non
     for key, names in groups.items():
         out.update(_evaluate(cfg, loaded, {n: saes[n].eval().to(device) for n in names}, json.loads(key)))
     return {name: out[name] for name in saes}
+
+
+def _model_of(saes: Mapping[str, Any]) -> str:
+    """The model the SAEs' metadata names (its bundled alias when it is one: minilm, smollm2), when no --model was
+    given; refused in one line, before any model is loaded, when they name none or disagree."""
+    names = {name: sae.format_info.model_name for name, sae in saes.items()}
+    keys = {model_key(n) for n in names.values()}
+    if None in keys or not keys:
+        unnamed = ", ".join(n for n, m in names.items() if model_key(m) is None)
+        raise BadInputError(
+            f"saegeo eval: no --model given and the metadata of {unnamed} names no model; pass --model "
+            "(minilm, smollm2, a local HF directory or a cached hub name)"
+        )
+    if len(keys) > 1:
+        raise BadInputError(f"saegeo eval: no --model given and the SAEs name different models ({names}); pass --model")
+    name = next(iter(names.values()))
+    return bundled_alias(name) or name
 
 
 def _evaluate(

@@ -1,0 +1,136 @@
+"""SAEs trained and saved by SAELens' own code (SAETrainer, save_inference_model: its layout, zeros-initialised
+b_dec, its metadata naming `sentence-transformers/all-MiniLM-L6-v2`; tests/fixtures/published/make_saelens_trained.py)
+against saegeo stores: the same model and hook is accepted with FVE shown and `offset_not_absorbed` raised (b_dec
+did not absorb the mean: a finding about b_dec, not about the rows), another layer's and another model's store are
+refused, and `check --acts`, `report --sae` and `latents` give the same verdict and the same numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from saegeo.activations.cache import CacheConfig, cache_activations
+from saegeo.report.check import ACTIVATIONS_MISMATCH, CheckOptions, check_with_activations, sae_verdict
+from saegeo.report.flags import OFFSET_NOT_ABSORBED
+from saegeo.report.report import ReportOptions
+
+FIXTURES = Path(__file__).parent / "fixtures" / "published"
+SAES = ("saelens_trained_topk", "saelens_trained_batchtopk", "saelens_trained_standard_norm")
+TOKENS = 3000
+
+
+def _cache(model, hooks, out):
+    cache_activations(
+        CacheConfig(model=str(model), hooks=hooks, context=128, max_tokens=TOKENS, out=str(out), progress=False)
+    )
+    return {h: out / h for h in hooks}
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from saegeo.activations.models import _load_tokenizer, _quiet_transformers, minilm_path
+
+    root = tmp_path_factory.mktemp("saelens_trained")
+    minilm = _cache("minilm", ("blocks.1.hook_resid_post", "blocks.3.hook_resid_post"), root / "minilm")
+    _quiet_transformers()
+    torch.manual_seed(0)  # another model of MiniLM's width, cached at the SAE's hook name
+    cfg = LlamaConfig(
+        vocab_size=30522,
+        hidden_size=384,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=6,
+        num_key_value_heads=6,
+        max_position_embeddings=256,
+    )
+    LlamaForCausalLM(cfg).save_pretrained(root / "other-model")
+    _load_tokenizer(minilm_path()).save_pretrained(root / "other-model")
+    other = _cache(root / "other-model", ("blocks.3.hook_resid_post",), root / "other")
+    return {
+        "same": minilm["blocks.3.hook_resid_post"],
+        "other_layer": minilm["blocks.1.hook_resid_post"],
+        "other_model": other["blocks.3.hook_resid_post"],
+    }
+
+
+def _mismatch(flags):
+    return next((f for f in flags if f.name == ACTIVATIONS_MISMATCH), None)
+
+
+@pytest.mark.parametrize("name", SAES)
+def test_same_model_and_hook_is_accepted_with_fve_and_offset_not_absorbed(stores, name):
+    opts, ropts = CheckOptions(progress=False), ReportOptions(progress=False, latent_cards=False)
+    report, _ = check_with_activations(FIXTURES / name, stores["same"], options=opts, name=name, report_options=ropts)
+    section = report.sae_named(name)
+    assert ACTIVATIONS_MISMATCH not in report.flag_names(name)
+    assert OFFSET_NOT_ABSORBED in report.flag_names(name)  # b_dec zeros-initialised, ‖b_dec − μ‖/‖μ‖ ≈ 0.94-0.99
+    assert section.fve is not None and section.fve > 0.6 and section.cone_shares is not None
+    assert any(f"{name} on these activations: accepted" in n and "by name" in n for n in report.notes)
+
+
+@pytest.mark.parametrize("name", SAES)
+def test_another_layer_and_another_model_are_refused(stores, name):
+    opts = CheckOptions(progress=False)
+    for store, cause in (("other_layer", "hook"), ("other_model", "model")):
+        flags, notes, _ = sae_verdict(FIXTURES / name, stores[store], options=opts, name=name)
+        flag = _mismatch(flags)
+        assert flag is not None and flag.severity == "error" and flag.evidence["causes"] == [cause], (store, flags)
+        assert any(f"{name} on these activations: refused ({cause})" in n for n in notes)
+    # the other model refused on the rows' evidence: its name differs and the SAE reconstructs its rows worse than
+    # their mean
+    flag = _mismatch(sae_verdict(FIXTURES / name, stores["other_model"], options=opts, name=name)[0])
+    assert flag.evidence["model"]["compared_by"] == "name and rows" and flag.evidence["model"]["fve"] < 0
+
+
+def _run(argv, capsys):
+    from saegeo.cli import main
+
+    assert main(argv) == 0, capsys.readouterr()
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("store", ["same", "other_layer"])
+def test_check_report_and_latents_give_one_verdict(stores, store, tmp_path, capsys):
+    name = "saelens_trained_topk"
+    sae = str(FIXTURES / name)
+    common = ["--no-progress", "--max-tokens", "2000"]
+    _run(
+        ["check", sae, "--acts", str(stores[store]), "--out", str(tmp_path / "c"), "--format", "json", *common], capsys
+    )
+    _run(
+        [
+            "report",
+            "--acts",
+            str(stores[store]),
+            "--sae",
+            sae,
+            "--out",
+            str(tmp_path / "r"),
+            "--format",
+            "json",
+            *common,
+        ],
+        capsys,
+    )
+    _run(["latents", sae, "--acts", str(stores[store]), "--out", str(tmp_path / "l"), "--top", "2", *common], capsys)
+    check = json.loads((tmp_path / "c" / "report.json").read_text())
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    latents = json.loads((tmp_path / "l" / "latents.json").read_text())
+
+    def verdict(doc):
+        return sorted((f["name"], f["severity"]) for f in doc["flags"] if f["subject"] == name)
+
+    assert verdict(check) == verdict(report)
+    mismatch = {(f["name"], f["severity"]) for f in latents["flags"] if f["name"] == ACTIVATIONS_MISMATCH}
+    assert mismatch == {f for f in verdict(check) if f[0] == ACTIVATIONS_MISMATCH}
+    assert (ACTIVATIONS_MISMATCH, "error") in verdict(check) if store == "other_layer" else True
+    assert check["saes"][0]["fve"] == report["saes"][0]["fve"]  # the same numbers (None when withheld)
+    assert check["saes"][0]["mean_l0"] == report["saes"][0]["mean_l0"]
+    if store == "same":
+        assert ("duplicate_decoder_rows", "error") not in verdict(report)
+        assert report["saes"][0]["fve"] is not None
