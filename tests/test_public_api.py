@@ -66,3 +66,22 @@ def test_load_report_reads_a_written_report(tmp_path):
     report.to_json(tmp_path / "report.json")
     for where in (tmp_path, tmp_path / "report.json"):
         assert saegeo.load_report(where).to_json() == report.to_json()
+
+
+def test_the_reports_activation_geometry_reads_as_the_dataclass_does():
+    """One shape for one thing: the report's activations (a dict, for report.json) read by attribute as the
+    ActivationGeometry that activation_geometry() returns; a misspelt name fails naming the fields; the JSON is
+    unchanged by the reading."""
+    from saegeo.geometry import GeometryAccumulator, activation_geometry
+
+    x = torch.randn(600, 8, generator=torch.Generator().manual_seed(1)) + 0.5
+    geo = activation_geometry(GeometryAccumulator(8).add(x))
+    report = saegeo.geometry_report(x, options=saegeo.ReportOptions(progress=False))
+    before = report.to_json()
+    acts = report.activations
+    for name in ("anisotropy", "offset", "effective_rank", "n", "d", "top1_share", "null_z"):
+        assert getattr(acts, name) == getattr(geo, name) == acts[name], name
+    assert acts.sign.null == geo.sign.null and acts.rogue.top_indices == geo.rogue.top_indices
+    with pytest.raises(AttributeError, match="has no field 'anisotropyy'.*anisotropy"):
+        acts.anisotropyy  # noqa: B018
+    assert len(repr(acts)) < 100 and report.to_json() == before

@@ -505,6 +505,20 @@ class FieldDict(dict):
         self._check(key)
         return super().get(key, default)
 
+    def __getattr__(self, key: str) -> Any:
+        """A field read as an attribute, as on the dataclass itself: ``report.activations.anisotropy`` and
+        ``report.activations.sign.null`` read what ``activation_geometry(acc).anisotropy`` / ``.sign.null`` do."""
+        fields = self.__dict__.get("fields")
+        if fields is None or key.startswith("_") or key not in fields:
+            raise AttributeError(
+                f"{self.__dict__.get('name', 'FieldDict')} has no field {key!r}"
+                + (f" (its fields: {', '.join(sorted(fields))})" if fields else "")
+            )
+        return super().get(key)
+
+    def __repr__(self) -> str:
+        return f"<{self.name} ({len(self)} fields, as a dict)>"
+
 
 def checked_geometry(data: Mapping[str, Any], extra: Iterable[str] = ()) -> FieldDict:
     """``ActivationGeometry.to_dict()`` (or its JSON) as a FieldDict over the dataclass fields plus ``extra``;
