@@ -87,3 +87,65 @@ def test_big_text_files_are_read_in_blocks_without_changing_the_windows(tmp_path
     (tmp_path / "bad.txt").write_bytes(b"fine\n" * 100 + b"\xff broken\n")
     with pytest.raises(BadInputError, match=r"bad\.txt: not UTF-8"):
         list(iter_windows(CorpusSpec(source=str(tmp_path / "bad.txt"), context=16), tok))
+
+
+# ---------------------------------------------------------------- long lines (issue 37 item 6)
+def _recording(tok, seen: list):
+    """The tokenizer, recording the length of every text it is given."""
+
+    def call(text, **kw):
+        seen.append(len(text))
+        return tok(text, **kw)
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(tok, name)
+
+        def __call__(self, text, **kw):
+            return call(text, **kw)
+
+        def __len__(self):
+            return len(tok)
+
+    return Recording()
+
+
+@pytest.mark.parametrize("kind", ["txt", "jsonl"])
+def test_one_long_line_is_tokenized_in_pieces_giving_the_same_windows(tmp_path, tok, monkeypatch, kind):
+    import saegeo.activations.corpus as corpus
+
+    text = " ".join(f"word{i % 97} and  more\ttext" for i in range(300))  # one line, runs of spaces, tabs
+    if kind == "txt":
+        (tmp_path / "long.txt").write_text(text + "\nshort second line\n")
+        whole = text + "\nshort second line\n"
+    else:
+        (tmp_path / "long.jsonl").write_text(json.dumps({"text": text}) + "\n")
+        whole = text
+    monkeypatch.setattr(corpus, "PIECE_CHARS", 200)
+    seen: list[int] = []
+    spec = CorpusSpec(source=str(tmp_path / f"long.{kind}"), context=16)
+    body = [t for w in iter_windows(spec, _recording(tok, seen)) for t in w.input_ids[1:-1]]
+    assert body == tok(whole, add_special_tokens=False)["input_ids"]
+    assert max(seen) <= 2 * 200 and len(seen) > len(text) // 200  # pieces, never the whole line
+
+
+def test_max_tokens_bounds_the_work_whatever_the_line_length(tmp_path, tok):
+    """A 4 MB line: the first 4,096 tokens are made from the first pieces only (the whole line was tokenized
+    before: 10 MB took 277 s and 2.1 GB)."""
+    import saegeo.activations.corpus as corpus
+
+    (tmp_path / "one.txt").write_text("plain words in one very long line " * 120_000)  # 4.1 MB, no newline
+    seen: list[int] = []
+    spec = CorpusSpec(source=str(tmp_path / "one.txt"), context=128)
+    assert count_tokens(spec, _recording(tok, seen), limit=4096) == 4096
+    assert max(seen) <= 2 * corpus.PIECE_CHARS and sum(seen) < 8 * corpus.PIECE_CHARS
+
+
+def test_a_long_run_without_whitespace_is_cut_where_it_stands(tmp_path, tok, monkeypatch):
+    import saegeo.activations.corpus as corpus
+
+    monkeypatch.setattr(corpus, "PIECE_CHARS", 100)
+    (tmp_path / "run.txt").write_text("x" * 1000)
+    seen: list[int] = []
+    windows = list(iter_windows(CorpusSpec(source=str(tmp_path / "run.txt"), context=16), _recording(tok, seen)))
+    assert windows and max(seen) <= 200

@@ -49,6 +49,7 @@ TOKEN_SUFFIXES = (".npy", ".safetensors")  # token-id arrays
 DIR_SUFFIXES = (*TEXT_SUFFIXES, ".jsonl", ".parquet")  # what a directory source collects
 TOKEN_KEYS = ("input_ids", "tokens", "token_ids")  # column / key names of pre-tokenised ids
 BLOCK_CHARS = 1 << 20  # large text files are read and tokenized in ~1 MB blocks split at line ends
+PIECE_CHARS = 1 << 16  # a longer line or document is read and tokenized in pieces of at most this many characters
 ROW_BATCH = 1024  # rows read at a time from parquet and datasets sources
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(:[\w.-]+)?$")
 DATA_INSTALL = "pip install pyarrow datasets  (or: pip install 'saegeo[data]')"
@@ -163,18 +164,51 @@ def _resolve(source: str) -> list[tuple[str, str, str | None]]:
     return found
 
 
+def _cut(text: str) -> int:
+    """Where to end a piece of `text`: before its last whitespace character (where a tokenizer starts a word: GPT-2's
+    " word", SentencePiece's "▁word"; cut before a run's last space, the run splits as it would whole), else all
+    of it (a run of PIECE_CHARS characters without whitespace is cut where it stands)."""
+    cut = max(text.rfind(c) for c in " \n\t")
+    return cut if cut > 0 else len(text)
+
+
+def _pieces(text: str) -> Iterator[str]:
+    """`text` in pieces of at most PIECE_CHARS characters (see `_cut`), so that a tokenizer never takes a whole
+    long document at once and --max-tokens stops the work after the first pieces."""
+    while len(text) > PIECE_CHARS:
+        cut = _cut(text[:PIECE_CHARS])
+        yield text[:cut]
+        text = text[cut:]
+    if text:
+        yield text
+
+
 def _text_blocks(path: Path) -> Iterator[str]:
-    """A text file in blocks of about BLOCK_CHARS characters split at line ends, read as consumed
-    (a big file is never held in memory whole)."""
+    """A text file in blocks of about BLOCK_CHARS characters split at line ends, read as consumed (a big file is
+    never held in memory whole); a line longer than PIECE_CHARS is read and given in pieces (`_pieces`), so one
+    50 MB line is never held or tokenized whole."""
     try:
         with open(path, encoding="utf-8") as f:
-            block, size = [], 0
-            for line in f:
-                block.append(line)
-                size += len(line)
+            block, size, partial = [], 0, ""
+            while piece := f.readline(PIECE_CHARS):
+                if partial or (len(piece) == PIECE_CHARS and not piece.endswith("\n")):  # inside a long line
+                    partial += piece
+                    if len(piece) == PIECE_CHARS and not piece.endswith("\n"):  # the line goes on
+                        if block:
+                            yield "".join(block)
+                            block, size = [], 0
+                        cut = _cut(partial)
+                        yield partial[:cut]
+                        partial = partial[cut:]
+                        continue
+                    piece, partial = partial, ""  # its last piece
+                block.append(piece)
+                size += len(piece)
                 if size >= BLOCK_CHARS:
                     yield "".join(block)
                     block, size = [], 0
+            if partial:
+                block.append(partial)
             if block:
                 yield "".join(block)
     except UnicodeDecodeError as err:
@@ -381,16 +415,16 @@ def _source_documents(src: Source) -> Iterator[Iterable[str] | TokenRow]:
     path = Path(src.path)
     if src.kind == "jsonl":
         for lineno, record in _jsonl_records(path):
-            yield [_record_text(record, src.column or "text", f"{path}:{lineno}")]
+            yield _pieces(_record_text(record, src.column or "text", f"{path}:{lineno}"))
     elif src.kind == "json":
         for i, record in enumerate(_json_array(path), 1):
-            yield [_record_text(record, src.column or "text", f"{path}: record {i}")]
+            yield _pieces(_record_text(record, src.column or "text", f"{path}: record {i}"))
     elif src.kind in ("parquet", "datasets", "hub"):
         for i, value in enumerate(_table_rows(src)):
             if src.token_column:
                 yield TokenRow(list(value or []), f"{src.path}: row {i}")
             elif isinstance(value, str):
-                yield [value]
+                yield _pieces(value)
             else:
                 raise BadInputError(
                     f"{src.path}: row {i}: column {src.column!r} holds {type(value).__name__}, "
@@ -409,7 +443,7 @@ def iter_documents(spec: CorpusSpec) -> Iterator[Iterable[str] | TokenRow]:
     """Documents in corpus order, each as a list of text blocks or, pre-tokenised, a TokenRow."""
     if spec.source == "default":
         for text in _default_documents():
-            yield [text]
+            yield _pieces(text)
         return
     for src in open_corpus(spec):
         yield from _source_documents(src)

@@ -25,7 +25,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,6 +144,7 @@ class Rows:
         of the rows to keep, their number counted in n_nonfinite_skipped. ``context`` adds what the rows are for."""
         bad = _nonfinite_rows(x)
         if bad is None:
+            self._within_range(x, at, batch)
             return None
         j = int(bad.nonzero()[0])
         if not self.skip_nonfinite:
@@ -152,7 +155,33 @@ class Rows:
                 f"{int(bad.sum())} such row(s) in this batch. {NONFINITE_ADVICE}"
             )
         self.n_nonfinite_skipped += int(bad.sum())
+        self._within_range(x[~bad], at[~bad] if isinstance(at, Tensor) else (at + torch.arange(len(x)))[~bad], batch)
         return ~bad
+
+    def _within_range(self, x: Tensor, at: int | Tensor, batch: int | None) -> None:
+        """Refuse (BadInputError naming the row) finite values whose squares leave the range the geometry computes
+        in (float64 for float64 input, float32 otherwise; see `magnitude_range`): sums of squares would overflow to
+        inf or underflow to 0 and every second moment would be wrong. Zeros are fine."""
+        if x.numel() == 0:
+            return
+        lo, hi = torch.aminmax(x)
+        top = max(-float(lo), float(hi))
+        smallest, largest = magnitude_range(x.dtype)
+        if top == 0 or smallest <= top <= largest:
+            return
+        j = int((x.abs() == top).any(dim=1).nonzero()[0])
+        g = int(at[j]) if isinstance(at, Tensor) else at + j
+        in_batch = f", batch {batch} row {j}" if batch is not None else ""
+        compute = "float64" if x.dtype == torch.float64 else "float32"
+        if top > largest:
+            why = f"above {largest:.3g}, where sums of their powers overflow {compute}"
+        else:
+            why = f"every value below {smallest:.3g}, where their powers underflow {compute} (lose digits or become 0)"
+        raise BadInputError(
+            f"{self.row_place(g)}{in_batch} (global row {g}): values of magnitude up to {top:.3g}, {why}; the "
+            "geometry would be wrong. Multiply the activations by one constant (every measure but the norms is "
+            f"scale-free){'' if compute == 'float64' else ', or save them as float64'}"
+        )
 
     def screen(self, x: Tensor, at: int | Tensor, *, context: str = "") -> Tensor:
         """``x`` under the NaN policy (see finite_rows): unchanged, refused, or without its non-finite rows."""
@@ -180,13 +209,23 @@ class Rows:
 
 
 def _nonfinite_rows(x: Tensor) -> Tensor | None:
-    """Rows holding a NaN/inf, None if there are none. The row sums screen cheaply (one pass, no (n, d) mask);
-    only a non-finite sum, which a huge finite row can give too, is looked at entry-wise."""
-    suspect = ~torch.isfinite(x.sum(dim=1))
-    if not bool(suspect.any()):
+    """Rows holding a NaN/inf, None if there are none. The smallest and largest entry screen cheaply (one pass,
+    no (n, d) mask; NaN propagates into both); only a non-finite one is looked at entry-wise."""
+    if x.numel() == 0:
+        return None
+    lo, hi = torch.aminmax(x)
+    if math.isfinite(float(lo)) and math.isfinite(float(hi)):
         return None
     bad = (~torch.isfinite(x)).any(dim=1)
     return bad if bool(bad.any()) else None
+
+
+def magnitude_range(dtype: torch.dtype) -> tuple[float, float]:
+    """(smallest, largest) value the largest |x| of a batch may take for the geometry to be computed exactly: in
+    float32 (rows of 32 bits or fewer) a square must be a normal float32 with room for a sum of 2²⁴ of them:
+    (2⁻⁶³ = √tiny, 2⁴⁰ = √max·2⁻²⁴) ≈ (1.1e-19, 1.1e12); in float64 the null test's variance takes sixth powers of
+    the entries (m₂³), which must stay normal float64s over up to 2⁴⁰ entries: (2⁻¹³⁰, 2¹³⁰) ≈ (7.3e-40, 1.4e39)."""
+    return (2.0**-63, 2.0**40) if dtype != torch.float64 else (2.0**-130, 2.0**130)
 
 
 def shape_error(where: str, shape: tuple) -> BadInputError:
@@ -250,6 +289,19 @@ class _SafetensorsRows:
         return block.reshape(-1, d)[lo - first * p : hi - first * p]
 
 
+def _dense_values(path: Path, name: str, tensor: Tensor) -> Tensor:
+    """A .pt tensor as a strided tensor of its values: sparse -> dense, quantized -> dequantized (q·scale + zero
+    point); a meta tensor (a shape without values) is refused."""
+    if tensor.is_meta:
+        raise FormatError(
+            f"{path}: tensor {name!r} is a meta tensor (shape {tuple(tensor.shape)}, no values: saved from a model "
+            "on the meta device); save the activations themselves"
+        )
+    if tensor.layout != torch.strided:
+        tensor = tensor.to_dense()
+    return tensor.dequantize() if tensor.is_quantized else tensor
+
+
 def _open_file(path: Path, key: str | None) -> Rows:
     ext = path.suffix.lower()
     if ext == ".npy":
@@ -262,8 +314,8 @@ def _open_file(path: Path, key: str | None) -> Rows:
                 f"{path}: a {'big' if rows.dtype.byteorder == '>' else 'little'}-endian .npy array; rewrite it in "
                 "native order, e.g. numpy.save(path, x.astype(x.dtype.newbyteorder('=')))"
             )
-        if rows.dtype.kind not in "fiu":
-            raise FormatError(f"{path}: a .npy array of dtype {rows.dtype}; activations must be numbers")
+        if rows.dtype.kind not in "biuf":  # booleans are read as 0/1, as from .safetensors and .pt
+            raise FormatError(f"{path}: a .npy array of dtype {rows.dtype}; activations must be real numbers")
         name, shape = "array", tuple(rows.shape)
     elif ext == ".safetensors":
         from safetensors import SafetensorError, safe_open
@@ -280,7 +332,11 @@ def _open_file(path: Path, key: str | None) -> Rows:
         rows, shape = _SafetensorsRows(handle.get_slice(name)), tensors[name][0]
     elif ext in (".pt", ".pth"):
         try:
-            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            with (
+                warnings.catch_warnings()
+            ):  # torch warns that quantized tensors (and their storages) are deprecated: they are read here
+                warnings.filterwarnings("ignore", message=".*(quantiz|TypedStorage)", category=UserWarning)
+                obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except Exception as err:  # weights_only refuses pickled code; corrupt files raise various errors
             raise FormatError(f"{path}: cannot load with torch.load(weights_only=True): {err}") from None
         if isinstance(obj, Tensor):
@@ -289,7 +345,7 @@ def _open_file(path: Path, key: str | None) -> Rows:
             raise FormatError(f"{path}: holds a {type(obj).__name__}; expected a tensor or a dict of tensors")
         tensors = {k: (tuple(v.shape), v.is_floating_point()) for k, v in obj.items() if isinstance(v, Tensor)}
         name = _pick_key(tensors, key, path)
-        rows, shape = obj[name], tensors[name][0]
+        rows, shape = _dense_values(path, name, obj[name]), tensors[name][0]
     else:
         raise BadInputError(
             f"{path}: unknown file type '{ext}'; use {', '.join(FILE_SUFFIXES)} or an activation-store directory"

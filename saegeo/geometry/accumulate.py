@@ -263,11 +263,19 @@ def symmetric_gram(x: Float[Tensor, "m d"]) -> Float[Tensor, "d d"]:
     return upper + upper.triu(1).T
 
 
+_FLOAT8 = tuple(
+    getattr(torch, n)
+    for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, n)
+)
+
+
 def as_rows(batch: Any, d: int | None = None) -> Float[Tensor, "n d"]:
     """Return ``batch`` as a floating (n, d) CPU-or-device tensor without copying when possible.
 
     Accepts torch tensors, numpy arrays (including read-only memory maps) and nested lists; a 1-D
-    input of length d is read as one row. Integer input is converted to float64.
+    input of length d is read as one row. Integer and boolean input is converted to float64, float8 to float32
+    (both exact).
     """
     if isinstance(batch, np.ndarray):
         if not batch.flags.writeable:
@@ -280,6 +288,8 @@ def as_rows(batch: Any, d: int | None = None) -> Float[Tensor, "n d"]:
         t = batch.detach()
     else:
         t = torch.as_tensor(np.asarray(batch))
+    if t.dtype in _FLOAT8:  # every float8 value is a float32 one; torch has no sums or matmuls in float8
+        t = t.float()
     if not (t.is_floating_point()):
         if t.dtype.is_complex:
             raise BadInputError(f"complex input ({t.dtype}) is not supported; pass real activations")

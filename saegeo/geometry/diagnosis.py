@@ -11,6 +11,7 @@ Public API
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -73,6 +74,9 @@ def kmeans_between_share(
 
 def _kmeans_between_share(x: Tensor, k: int, iters: int, restarts: int, seed: int) -> tuple[float, float]:
     x = x - x.mean(0)
+    top = float(x.abs().max()) if x.numel() else 0.0
+    if top > 0:  # B/T is scale-free: a power of two (exact) brings the rows near 1, so no square leaves float32
+        x = x * 2.0 ** -math.frexp(top)[1]
     total = float(x.square().sum())
     if total <= 0 or x.shape[0] <= k:
         return 0.0, 0.0

@@ -25,12 +25,16 @@ are refused by name rather than loaded with the wrong semantics.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import mmap
 import pickle
 import struct
 import sys
+import warnings
 import weakref
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -39,7 +43,7 @@ import torch
 from safetensors.torch import load_file
 
 from saegeo.errors import FormatError
-from saegeo.sae.architectures import SAEConfig
+from saegeo.sae.architectures import SAEConfig, get_architecture
 
 
 @dataclass
@@ -116,6 +120,10 @@ def read_json(file: Path) -> dict:
         raw = json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise FormatError(f"{file}: cannot read JSON ({err}); the file is truncated or not a config") from None
+    except RecursionError:  # json's C parser recurses once per nesting level
+        raise FormatError(
+            f"{file}: cannot read JSON (nested deeper than Python's parser allows); no SAE config is nested like this"
+        ) from None
     if not isinstance(raw, dict):
         raise FormatError(f"{file}: expected a JSON object, found {type(raw).__name__}")
     return raw
@@ -154,7 +162,7 @@ def read_safetensors(file: Path, *, mapped: bool = True) -> dict[str, torch.Tens
             found = _mapped_safetensors(file)
             if found is not None:
                 return found
-        return load_file(str(file))
+        return _upcast_float8(load_file(str(file)))
     except FormatError:
         raise
     except Exception as err:  # SafetensorError, OSError, ... : all mean "not a readable safetensors file"
@@ -255,7 +263,9 @@ def _span_elements(tensor: torch.Tensor) -> int:
 def read_pickle(file: Path) -> dict:
     """torch.load with weights_only=True: tensors and plain containers only, never code."""
     try:
-        obj = torch.load(file, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns that quantized tensors (and their storages) are deprecated
+            warnings.filterwarnings("ignore", message=".*(quantiz|TypedStorage)", category=UserWarning)
+            obj = torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()] or [type(err).__name__]
         first = next(
@@ -273,19 +283,67 @@ def read_pickle(file: Path) -> dict:
     if not isinstance(obj, dict):
         raise FormatError(f"{file}: expected a state dict (a dict of tensors), found {type(obj).__name__}")
     # torch.compile'd modules save keys as "_orig_mod.<name>"
-    return {k.removeprefix("_orig_mod."): v for k, v in obj.items()}
+    return {k.removeprefix("_orig_mod."): _plain_tensor(file, k, v) for k, v in obj.items()}
+
+
+_FLOAT8 = tuple(
+    getattr(torch, n)
+    for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, n)
+)
+
+
+def _upcast_float8(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """float8 tensors (F8_E4M3 / F8_E5M2) as float32: every float8 value is a float32 value, so nothing changes;
+    torch has no isfinite, matmul or norm for float8."""
+    return {k: v.float() if isinstance(v, torch.Tensor) and v.dtype in _FLOAT8 else v for k, v in tensors.items()}
+
+
+def _plain_tensor(file: object, name: str, value: object) -> object:
+    """A tensor of a pickle as a plain dense CPU tensor of its values: sparse -> dense, quantized -> dequantized
+    (q·scale + zero point, what the model computes with), float8 -> float32 (exact); a meta tensor, which holds
+    no values, is refused. Anything else is returned as it is."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.is_meta:
+        raise FormatError(
+            f"{file}: {name} is a meta tensor (shape {tuple(value.shape)}, no values: saved from a model built on the "
+            "meta device); save the model's real weights"
+        )
+    if value.layout != torch.strided:  # sparse COO / CSR / CSC / BSR
+        value = value.to_dense()
+    if value.is_quantized:
+        value = value.dequantize()
+    return value.float() if value.dtype in _FLOAT8 else value
+
+
+def require_floating(where: object, tensors: dict[str, torch.Tensor], names: tuple[str, ...] | None = None) -> None:
+    """Refuse, in one line naming the tensor, weights that are not real floating point: integers, booleans or
+    complex numbers in W_enc, W_dec, b_enc, b_dec or a threshold are never a trained SAE's (any float dtype,
+    float8 included, is read)."""
+    for name in names or tuple(tensors):
+        value = tensors.get(name)
+        if isinstance(value, torch.Tensor) and not value.is_floating_point():
+            raise FormatError(
+                f"{where}: {name} is {str(value.dtype).removeprefix('torch.')}; an SAE's weights are real floating "
+                "point numbers (float32, bfloat16, float16, float64 or float8): this is not a trained SAE's tensor"
+            )
 
 
 def read_npz(file: Path) -> dict[str, torch.Tensor]:
     try:
         with np.load(file, allow_pickle=False) as data:
-            return {
-                key: torch.from_numpy(np.ascontiguousarray(data[key])) for key in data.files
-            }  # each read is a fresh array
+            arrays = {key: data[key] for key in data.files}  # each read is a fresh array
     except Exception as err:  # BadZipFile, ValueError (pickled arrays), EOFError, OSError
         raise FormatError(
             f"{file}: cannot read npz ({type(err).__name__}: {err}); the file is truncated or not an npz archive, download it again"
         ) from None
+    odd = {key: str(a.dtype) for key, a in arrays.items() if a.dtype.kind not in "biufc"}
+    if odd:  # object, string, datetime or void arrays
+        raise FormatError(f"{file}: arrays {odd} are not numbers; save the weights as float32")
+    # a big-endian array is read in native order (the same values); torch views native order only
+    native = {key: a if a.dtype.isnative else a.astype(a.dtype.newbyteorder("=")) for key, a in arrays.items()}
+    return {key: torch.from_numpy(np.ascontiguousarray(a)) for key, a in native.items()}
 
 
 def expect_shape(where: object, name: str, tensor: torch.Tensor, shape: tuple, implied_by: str) -> None:
@@ -305,6 +363,26 @@ def make_dictionary(cfg: SAEConfig, tensors: dict[str, torch.Tensor], where: obj
     """The tensors (already in the SAELens orientation) as a Dictionary, refusing non-finite weights. The check
     reads a matrix in blocks of rows (no whole-matrix temporary) and hands a mapped one's pages back after it
     (`release_pages`), so checking W_enc and W_dec never holds both in memory."""
+    require_floating(where, tensors)
+    expected = {
+        "W_enc": (cfg.d_in, cfg.d_sae),
+        "W_dec": (cfg.d_sae, cfg.d_in),
+        "b_enc": (cfg.d_sae,),
+        "b_dec": (cfg.d_in,),
+    }
+    threshold = get_architecture(cfg.activation).threshold_shape(cfg)
+    if threshold is not None:
+        expected["threshold"] = threshold
+    for name, shape in expected.items():  # a reader's own checks name the file's keys; this one backs them all
+        value = tensors.get(name)
+        if value is None:
+            raise FormatError(
+                f"{where}: missing {name} for a {cfg.activation} SAE with d_in={cfg.d_in}, d_sae={cfg.d_sae}"
+            )
+        if tuple(value.shape) != shape and (value.ndim > 1 or value.numel() != math.prod(shape)):
+            raise FormatError(
+                f"{where}: {name} has shape {tuple(value.shape)}, expected {shape} (d_in={cfg.d_in}, d_sae={cfg.d_sae})"
+            )
     for name, value in tensors.items():
         value = value.detach()
         if value.is_floating_point() and not _all_finite(value):
@@ -346,3 +424,106 @@ def dtype_name(tensors: dict) -> str:
         }
     )
     return ",".join(dtypes)
+
+
+# --------------------------------------------------------------------------- typed configs
+# Each format's module declares the schema of its config file (`schema_types` gives the field types), built on
+# first use: pydantic is imported only when a foreign config is read, never at CLI start-up. Strict mode: no
+# string is read as a number or a boolean, no number as a boolean (benchmarks/README.md "Config schemas").
+
+
+@functools.cache
+def schema_types():
+    """The field types every format schema is written in (pydantic, strict), as attributes:
+    Config (the base model: unknown keys kept, values never coerced), Count (an integer >= 1; a whole float such
+    as 12.0 is read as 12), Size (an integer >= 0), Flag (true/false), OptFlag (true/false/null: null is false,
+    as the libraries' `if cfg.x:` reads it), Text (a string or null), Number (a finite number, not a boolean),
+    Positive (a finite number > 0), NonNegative (a finite number >= 0), Object (a JSON object or null), and
+    either(expected, accepts): a field of several JSON types, `accepts(value)` deciding and `expected` naming them."""
+    from typing import Annotated, Any
+
+    from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+
+    def whole(value: Any) -> Any:
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+
+    def either(expected: str, accepts: Callable[[Any], bool]) -> Any:
+        """A field of several JSON types (a union), checked by `accepts` and named by `expected` in the message."""
+
+        def check(value: Any) -> Any:
+            if not accepts(value):
+                raise ValueError(expected)
+            return value
+
+        return Annotated[Any, AfterValidator(check)]
+
+    class Config(BaseModel):
+        model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+    finite = dict(allow_inf_nan=False)
+    return type(
+        "SchemaTypes",
+        (),
+        dict(
+            Config=Config,
+            Count=Annotated[int, BeforeValidator(whole), Field(ge=1)],
+            Size=Annotated[int, BeforeValidator(whole), Field(ge=0)],
+            Flag=bool,
+            OptFlag=bool | None,
+            Text=str | None,
+            Number=Annotated[float, Field(**finite)],
+            Positive=Annotated[float, Field(gt=0, **finite)],
+            NonNegative=Annotated[float, Field(ge=0, **finite)],
+            Object=dict[str, Any] | None,
+            either=staticmethod(either),
+        ),
+    )
+
+
+_EXPECTED = {  # pydantic error type -> what the field must be, in the words of a JSON file
+    "int_type": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "finite_number": "a finite number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "dict_type": "a JSON object",
+    "model_type": "a JSON object",
+    "model_attributes_type": "a JSON object",
+    "list_type": "a list",
+    "missing": "present",
+}
+
+
+def check_config(file: object, raw: dict, schema: type, *, within: str = "") -> None:
+    """Check a config read from `file` against a format's schema (a `schema_types().Config` subclass); the first
+    mismatch is one FormatError line: the file, the field (dotted, `within` first: e.g. "trainer.dict_class"),
+    what it must be and the value found. A string where a boolean belongs is refused, never read as true."""
+    from pydantic import ValidationError
+
+    try:
+        schema.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        loc = [str(part) for part in first["loc"]]
+        field = ".".join(filter(None, [within, *loc])) or "the top level"
+        kind, ctx = first["type"], first.get("ctx") or {}
+        expected = _EXPECTED.get(kind)
+        if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+            sign = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
+            bound = next(iter(ctx.values()))
+            is_int = isinstance(first["input"], int)
+            bound = int(bound) if float(bound).is_integer() else bound
+            expected = f"{'an integer' if is_int else 'a number'} {sign} {bound}"
+        elif kind == "value_error":
+            expected = str(ctx.get("error", first["msg"]))
+        elif expected is None:
+            expected = first["msg"].removeprefix("Input should be ").removeprefix("Value error, ")
+        value = first.get("input")
+        note = ""
+        if kind == "bool_type" and isinstance(value, str):
+            note = " (a string is not a boolean: the libraries would read any non-empty string, even 'false', as true)"
+        shown = repr(value)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        found = "nothing" if kind == "missing" else shown
+        raise FormatError(f"{file}: {field} must be {expected}, found {found}{note}") from None

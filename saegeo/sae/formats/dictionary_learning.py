@@ -7,6 +7,7 @@ TopK ignores the stored threshold by default.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from saegeo.sae.architectures import SAEConfig
 from saegeo.sae.formats.base import (
     Dictionary,
     FormatInfo,
+    check_config,
     count_field,
     dtype_name,
     expect_shape,
@@ -24,6 +26,7 @@ from saegeo.sae.formats.base import (
     read_json,
     read_pickle,
     require_keys,
+    schema_types,
 )
 
 # dict_class -> (activation, subtracts b_dec before encoding, state-dict keys). From dictionary.py and trainers/.
@@ -48,6 +51,29 @@ _DL_UNSUPPORTED = {
     "GatedAutoEncoder": "gated (separate gate and magnitude paths)",
     "CrossCoder": "a crosscoder (several layers)",
 }
+
+
+@functools.cache
+def dictionary_learning_schema() -> type:
+    """The keys of a dictionary_learning config.json that saegeo reads: its `trainer` block, as the trainers'
+    `config` properties write it (dict_class and trainer_class names, activation_dim, dict_size, k, layer,
+    lm_name, submodule_name). Other keys pass unread; `check_config` reports the first mismatch."""
+    T = schema_types()
+
+    class Trainer(T.Config):
+        dict_class: T.Text = None
+        trainer_class: T.Text = None
+        activation_dim: T.Count | None = None
+        dict_size: T.Count | None = None
+        k: T.Count | None = None
+        layer: T.Size | None = None
+        lm_name: T.Text = None
+        submodule_name: T.Text = None
+
+    class DictionaryLearningConfig(T.Config):
+        trainer: Trainer | None = None
+
+    return DictionaryLearningConfig
 
 
 def _dictionary_learning_class(state: dict, where: object) -> str:
@@ -95,7 +121,9 @@ def read_dictionary_learning(path: str | os.PathLike) -> Dictionary:
     if not pt.is_file():
         raise FormatError(f"{p}: no ae.pt found (dictionary_learning saves ae.pt next to config.json)")
     config_file = pt.parent / "config.json"
-    trainer = (read_json(config_file).get("trainer") or {}) if config_file.is_file() else {}
+    config = read_json(config_file) if config_file.is_file() else {}
+    check_config(config_file, config, dictionary_learning_schema())
+    trainer = config.get("trainer") or {}
     state = read_pickle(pt)
     if {"ae", "optimizer"} <= set(state):
         raise FormatError(

@@ -4,6 +4,7 @@ config.json (lowercase w_enc / w_dec, architecture jump_relu).
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from saegeo.sae.architectures import SAEConfig
 from saegeo.sae.formats.base import (
     Dictionary,
     FormatInfo,
+    check_config,
     dtype_name,
     expect_shape,
     make_dictionary,
@@ -19,6 +21,7 @@ from saegeo.sae.formats.base import (
     read_npz,
     read_safetensors,
     require_keys,
+    schema_types,
 )
 
 
@@ -54,6 +57,20 @@ def read_gemma_scope_npz(path: str | os.PathLike) -> Dictionary:
     return make_dictionary(cfg, tensors, file, info)
 
 
+@functools.cache
+def gemma_scope_2_schema() -> type:
+    """The keys of a Gemma Scope 2 config.json that saegeo reads. Other keys pass unread."""
+    T = schema_types()
+
+    class GemmaScope2Config(T.Config):
+        architecture: T.Text = None
+        model_name: T.Text = None
+        hf_hook_point_in: T.Text = None
+        hf_hook_point_out: T.Text = None
+
+    return GemmaScope2Config
+
+
 def _gemma_scope_2_tensors(file: Path, raw: dict) -> dict:
     params = {{"w_enc": "W_enc", "w_dec": "W_dec"}.get(k, k): v for k, v in raw.items()}
     require_keys(
@@ -84,6 +101,7 @@ def read_gemma_scope_2(path: str | os.PathLike) -> Dictionary:
     d = p.parent if p.is_file() else p
     file, config_file = d / "params.safetensors", d / "config.json"
     raw_cfg = read_json(config_file) if config_file.is_file() else {}
+    check_config(config_file, raw_cfg, gemma_scope_2_schema())
     if raw_cfg.get("architecture", "jump_relu") != "jump_relu":
         raise FormatError(
             f"{config_file}: Gemma Scope 2 architecture {raw_cfg.get('architecture')!r}; saegeo reads jump_relu"

@@ -4,6 +4,7 @@ input scale and the decoder-norm threshold folded in exactly.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -14,14 +15,46 @@ from saegeo.sae.architectures import SAEConfig
 from saegeo.sae.formats.base import (
     Dictionary,
     FormatInfo,
+    check_config,
     count_field,
     dtype_name,
     expect_shape,
     make_dictionary,
     read_json,
     read_safetensors,
+    require_floating,
     require_keys,
+    schema_types,
 )
+
+
+@functools.cache
+def llama_scope_schema() -> type:
+    """The keys of a Llama Scope hyperparams.json that saegeo reads (lm-saes' SAEConfig): the scalar JumpReLU
+    threshold θ >= 0 (θ/‖W_dec,i‖ is a threshold on relu(pre), so negative θ were 0), the dataset-wise input norm
+    (> 0: inputs are scaled by √d / it), the dimensions and switches. Other keys pass unread."""
+    from pydantic import Field
+
+    T = schema_types()
+
+    class ActivationNorm(T.Config):
+        # "in" is a Python keyword: the field is named in_ and read from the JSON key "in"
+        in_: T.Positive | None = Field(None, alias="in")
+        out: T.Positive | None = None
+
+    class LlamaScopeConfig(T.Config):
+        d_model: T.Count | None = None
+        d_sae: T.Count | None = None
+        jump_relu_threshold: T.NonNegative
+        norm_activation: T.Text = None
+        dataset_average_activation_norm: ActivationNorm | None = None
+        apply_decoder_bias_to_pre_encoder: T.OptFlag = None
+        sparsity_include_decoder_norm: T.OptFlag = None
+        act_fn: T.Text = None
+        hook_point_in: T.Text = None
+        model_name: T.Text = None
+
+    return LlamaScopeConfig
 
 
 def read_llama_scope(path: str | os.PathLike) -> Dictionary:
@@ -47,15 +80,23 @@ def read_llama_scope(path: str | os.PathLike) -> Dictionary:
         raise FormatError(
             f"{hp_file}: missing jump_relu_threshold (Llama Scope's scalar JumpReLU threshold); is this a Llama Scope SAE?"
         )
+    check_config(hp_file, hp, llama_scope_schema())
     if not w_file.is_file():
         raise FormatError(
             f"{d}: missing checkpoints/final.safetensors next to hyperparams.json; download the whole folder"
         )
     w = read_safetensors(w_file)
     require_keys(w_file, w, ("encoder.weight", "encoder.bias", "decoder.weight", "decoder.bias"), "a Llama Scope SAE")
+    if w["encoder.weight"].ndim != 2:
+        raise FormatError(
+            f"{w_file}: encoder.weight must be 2-D (d_sae, d_in), found shape {tuple(w['encoder.weight'].shape)}"
+        )
     d_sae, d_in = w["encoder.weight"].shape
     implied = f"encoder.weight (d_sae={d_sae}, d_in={d_in})"
     expect_shape(w_file, "decoder.weight", w["decoder.weight"], (d_in, d_sae), implied)
+    expect_shape(w_file, "encoder.bias", w["encoder.bias"], (d_sae,), implied)
+    expect_shape(w_file, "decoder.bias", w["decoder.bias"], (d_in,), implied)
+    require_floating(w_file, w)  # before the float64 cast below, which would read integers or booleans as numbers
     for name in ("d_model", "d_sae"):
         if name in hp and count_field(hp_file, hp, name) != (d_in if name == "d_model" else d_sae):
             raise FormatError(f"{hp_file}: {name}={hp[name]} but {w_file.name} holds {implied}")

@@ -4,6 +4,7 @@ LayerNorm (undone after decode), or ReLU.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -12,12 +13,31 @@ from saegeo.sae.architectures import SAEConfig
 from saegeo.sae.formats.base import (
     Dictionary,
     FormatInfo,
+    check_config,
     dtype_name,
     expect_shape,
     make_dictionary,
     read_pickle,
     require_keys,
+    schema_types,
 )
+
+
+@functools.cache
+def openai_schema() -> type:
+    """The non-tensor entries of an openai/sparse_autoencoder state dict (what `Autoencoder.state_dict` adds
+    beside the tensors): the activation's class name and its own state dict ({k, postact_fn} for TopK)."""
+    T = schema_types()
+
+    class ActivationState(T.Config):
+        k: T.Size | None = None  # 0 is refused below with the reason (no dense ReLU SAE)
+        postact_fn: T.Text = None
+
+    class OpenAIStateDict(T.Config):
+        activation: T.Text = None
+        activation_state_dict: ActivationState | None = None
+
+    return OpenAIStateDict
 
 
 def read_openai(path: str | os.PathLike) -> Dictionary:
@@ -28,6 +48,9 @@ def read_openai(path: str | os.PathLike) -> Dictionary:
     file = Path(path)
     state = read_pickle(file)
     require_keys(file, state, ("pre_bias", "latent_bias", "encoder.weight"), "an OpenAI sparse_autoencoder state dict")
+    check_config(
+        file, {k: v for k, v in state.items() if k in ("activation", "activation_state_dict")}, openai_schema()
+    )
     activation = state.get("activation", "ReLU")
     if activation not in ("TopK", "ReLU"):
         raise FormatError(f"{file}: OpenAI activation {activation!r} is not supported (expected TopK or ReLU)")

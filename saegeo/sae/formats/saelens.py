@@ -17,6 +17,7 @@ the global threshold broadcast to every latent; the saegeo block keeps trained_a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -33,6 +34,7 @@ from saegeo.sae.architectures import SAEConfig, architecture_for_saelens, get_ar
 from saegeo.sae.formats.base import (
     Dictionary,
     FormatInfo,
+    check_config,
     count_field,
     dtype_name,
     expect_shape,
@@ -40,6 +42,7 @@ from saegeo.sae.formats.base import (
     read_json,
     read_safetensors,
     require_keys,
+    schema_types,
 )
 
 CFG_FILENAME = "cfg.json"
@@ -199,6 +202,7 @@ def read_saelens(path: str | os.PathLike, overrides: dict | None = None) -> Dict
         raise FormatError(f"{d}: expected {CFG_FILENAME} and {WEIGHTS_FILENAME} (SAELens layout); found {found}")
     raw, weights = read_json(cfg_path), read_safetensors(w_path)
     raw.update(overrides or {})
+    check_config(cfg_path, raw, saelens_schema())
     missing = [key for key in ("d_in", "d_sae") if key not in raw]
     if missing:  # `{}` would otherwise load as a ReLU SAE shaped by whatever weights lie beside it
         raise FormatError(
@@ -240,6 +244,7 @@ def saelens_state_dictionary(
     directory is. `where` / `weights_where` name the config and the weights in messages, `source` is recorded
     as FormatInfo.source."""
     weights_where = where if weights_where is None else weights_where
+    check_config(where, raw, saelens_schema())
     cfg, info = _saelens_config(raw, where, weights, source)
     tensors = _saelens_tensors(cfg, info, weights, weights_where, bool(raw.get("finetuning_scaling_factor", False)))
     return make_dictionary(cfg, tensors, weights_where, info)
@@ -290,6 +295,55 @@ def _saegeo_block_config(block: dict, raw: dict, cfg_path: Path) -> SAEConfig:
 
 
 # --------------------------------------------------------------------------- SAELens
+@functools.cache
+def saelens_schema() -> type:
+    """The keys of a SAELens cfg.json that saegeo reads, typed as SAELens' config dataclasses declare them (any
+    version: SAELens < 6 kept the metadata keys at the top level, hook_point, activation_fn_str/_kwargs and a
+    boolean normalize_activations). Other keys pass unread; `check_config` reports the first mismatch."""
+    T = schema_types()
+
+    class ActivationKwargs(T.Config):
+        k: T.Count | None = None
+
+    class Metadata(T.Config):
+        sae_lens_version: T.Text = None
+        model_name: T.Text = None
+        hook_name: T.Text = None
+        hook_head_index: T.Size | None = None
+        model_from_pretrained_kwargs: T.Object = None
+        exclude_special_tokens: T.either(
+            "true, false, null or a list of token ids",
+            lambda v: (
+                v is None
+                or isinstance(v, bool)
+                or (isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v))
+            ),
+        ) = None
+        prepend_bos: T.OptFlag = None
+        context_size: T.Count | None = None
+
+    class SAELensConfig(Metadata):
+        architecture: T.Text = None
+        activation_fn: T.Text = None
+        activation_fn_str: T.Text = None
+        activation_fn_kwargs: ActivationKwargs | None = None
+        normalize_activations: T.either(
+            f"one of {list(_SAELENS_NORMALIZATIONS)}, or true/false/null (SAELens < 6)",
+            lambda v: v is None or isinstance(v, (bool, str)),
+        ) = None
+        d_in: T.Count | None = None
+        d_sae: T.Count | None = None
+        k: T.Count | None = None
+        apply_b_dec_to_input: T.OptFlag = None
+        rescale_acts_by_decoder_norm: T.OptFlag = None
+        finetuning_scaling_factor: T.OptFlag = None
+        hook_point: T.Text = None
+        metadata: Metadata | None = None
+        saegeo: T.Object = None
+
+    return SAELensConfig
+
+
 _SAELENS_NORMALIZATIONS = {  # SAELens normalize_activations -> saegeo input_normalization at inference
     "none": "none",
     "expected_average_only_in": "none",  # a constant factor folded at from_pretrained time; not in the files

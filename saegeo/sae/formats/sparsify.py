@@ -7,6 +7,7 @@ copied here.)
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from saegeo.sae.architectures import SAEConfig
 from saegeo.sae.formats.base import (
     Dictionary,
     FormatInfo,
+    check_config,
     count_field,
     dtype_name,
     expect_shape,
@@ -22,6 +24,7 @@ from saegeo.sae.formats.base import (
     read_json,
     read_safetensors,
     require_keys,
+    schema_types,
 )
 
 _SPARSIFY_UNSUPPORTED = (
@@ -33,6 +36,26 @@ _SPARSIFY_UNSUPPORTED = (
     "encoder_kron",
     "monet",
 )
+
+
+@functools.cache
+def sparsify_schema() -> type:
+    """The keys of a sparsify cfg.json that saegeo reads (SparseCoderConfig + d_in): counts, the activation name
+    and every switch (a string "false" would be truthy where sparsify tests the switch). Other keys pass unread."""
+    T = schema_types()
+    switches = {key: (T.OptFlag, None) for key in ("signed", "transcode", "normalize_decoder", *_SPARSIFY_UNSUPPORTED)}
+    from pydantic import create_model
+
+    return create_model(
+        "SparsifyConfig",
+        __base__=T.Config,
+        d_in=(T.Count | None, None),
+        num_latents=(T.Size | None, None),
+        expansion_factor=(T.Count | None, None),
+        k=(T.Count | None, None),
+        activation=(T.Text, None),
+        **switches,
+    )
 
 
 def read_sparsify(path: str | os.PathLike) -> Dictionary:
@@ -55,6 +78,7 @@ def sparsify_state_dictionary(
     state dict (a file's, or a SparseCoder's `state_dict()` in memory) -> the Dictionary (see read_sparsify)."""
     if "d_in" not in raw:
         raise FormatError(f"{cfg_file}: missing d_in (sparsify writes it next to the SparseCoderConfig fields)")
+    check_config(cfg_file, raw, sparsify_schema())
     d_in = count_field(cfg_file, raw, "d_in")
     if raw.get("activation", "topk") != "topk":
         raise FormatError(
