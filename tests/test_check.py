@@ -251,3 +251,29 @@ def test_check_with_activations_merges_dictionary_flags(tmp_path, capsys):
     fve = 1 - ((acts - recon) ** 2).sum() / ((acts - acts.mean(0)) ** 2).sum()
     assert report["saes"][0]["fve"] == pytest.approx(fve, abs=1e-4)
     assert "saegeo report" in capsys.readouterr().out
+
+
+def test_report_raises_the_duplicate_rows_check_raises(tmp_path, capsys):
+    """`report --sae` takes the verdict `check --acts` takes (sae_verdict): an exact duplicate decoder row (cos 1.0)
+    is `duplicate_decoder_rows` in both, with the same latents."""
+    weights = _planted_dictionary(9)
+    weights["W_dec"][250] = weights["W_dec"][40]  # an exact copy, as a careless merge leaves
+    path = _write_saelens(tmp_path / "p", weights)
+    rng = np.random.default_rng(9)
+    np.save(tmp_path / "acts.npy", (rng.standard_normal((1500, D_IN)) + weights["b_dec"]).astype(np.float32))
+    common = ["--no-progress", "--format", "json"]
+    assert main(["check", str(path), "--acts", str(tmp_path / "acts.npy"), "--out", str(tmp_path / "c"), *common]) == 0
+    assert (
+        main(
+            ["report", "--acts", str(tmp_path / "acts.npy"), "--sae", str(path), "--out", str(tmp_path / "r"), *common]
+        )
+        == 0
+    )
+    found = {}
+    for run in ("c", "r"):
+        report = json.loads((tmp_path / run / "report.json").read_text())
+        [dup] = [f for f in report["flags"] if f["name"] == DUPLICATES]
+        found[run] = sorted(dup["latents"])
+        assert dup["evidence"]["max_cos"] == pytest.approx(1.0, abs=1e-6)
+    assert found["c"] == found["r"] and {40, 250} <= set(found["r"])
+    capsys.readouterr()

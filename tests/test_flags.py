@@ -21,6 +21,7 @@ from saegeo.sae.train import TrainConfig, train_sae
 from saegeo.synthetic import SuperpositionGenerator, preset
 
 QUIET = ReportOptions(progress=False)
+BARE = ReportOptions(progress=False, latent_cards=False, artifact_components=0)  # the flags alone
 # the flags that speak about geometry (as opposed to the SAE's health or the input's hygiene)
 GEOMETRY = (F.MEAN_DIRECTION, F.OFFSET_NOT_ABSORBED, F.WHITENING, F.WRONG_NULL, F.AMPLIFICATION)
 
@@ -145,21 +146,46 @@ def test_thresholds_are_configurable(offset_case):
     assert (F.DEAD, "b_dec=0") in names  # other flags untouched
 
 
-def test_whitened_inputs_are_flagged():
-    gen = SuperpositionGenerator(preset("whitened", d=32, n_features=256, seed=2))
-    x = torch.cat(list(gen.activations(20000, 8192)))
-    # independent: the population-whitened rows have unit variance per direction and ~zero mean
-    cov = np.cov(x.double().numpy().T, bias=True)
-    assert np.trace(cov) / 32 == pytest.approx(1.0, abs=0.05)
-    report = geometry_report(x, options=QUIET)
-    [w] = _flags(report, F.WHITENING)
-    assert w.severity == "info"  # no dictionary is learned from it here
-    assert w.evidence["variance_per_direction"] == pytest.approx(np.trace(cov) / 32, rel=1e-3)
-    # fed to an SAE it is a warning
-    sae = SAE(SAEConfig(d_in=32, d_sae=64, activation="topk", k=4)).init_weights(torch.Generator().manual_seed(0))
-    report = geometry_report(x, {"sae": sae}, options=QUIET)
-    [w] = _flags(report, F.WHITENING, "activations")
-    assert w.severity == "warning"
+def _whiten(fit: torch.Tensor, x: torch.Tensor, pca: bool = False) -> torch.Tensor:
+    """x whitened with the mean and covariance of `fit` (ZCA: Σ^-1/2, PCA: Λ^-1/2 Uᵀ), written here from eigh."""
+    mu = fit.mean(0)
+    lam, u = torch.linalg.eigh(torch.cov((fit - mu).T))
+    w = u / lam.sqrt() if pca else (u / lam.sqrt()) @ u.T
+    return (x - mu) @ w
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_whitening_flag_calibrated_on_clean_in_sample_out_of_sample_and_pca_rows(seed):
+    """Clean iid N(0, 1) rows: no flag (they are what whitening aims at, not evidence of it). Rows whitened in
+    sample (ZCA or PCA: Σ̂ = I exactly, narrower than sampling noise), and rows whitened with a transform fitted
+    on 10d or 50d other rows (λmax past the MP edge, variance per direction ≈ m/(m − d)): flagged, info alone, warning fed to an SAE."""
+    g = torch.Generator().manual_seed(seed)
+    d, n = 32, 4096
+    mix = torch.randn(d, d, generator=g, dtype=torch.float64) * torch.logspace(0, -1.5, d, dtype=torch.float64)
+
+    def raw(m):
+        return torch.randn(m, d, generator=g, dtype=torch.float64) @ mix.T + 3.0
+
+    sae = SAE(SAEConfig(d_in=d, d_sae=64, activation="topk", k=4)).init_weights(torch.Generator().manual_seed(0))
+    x = raw(n)
+    cases = {
+        "clean": (torch.randn(n, d, generator=g, dtype=torch.float64), None),
+        "in_sample_zca": (_whiten(x, x), True),
+        "in_sample_pca": (_whiten(x, x, pca=True), True),
+        "out_of_sample_10d": (_whiten(raw(10 * d), raw(n)), False),
+        "out_of_sample_50d": (_whiten(raw(50 * d), raw(n)), False),
+        "out_of_sample_pca_10d": (_whiten(raw(10 * d), raw(n), pca=True), False),
+        "raw": (x, None),
+    }
+    for case, (rows, in_sample) in cases.items():
+        alone = _flags(geometry_report(rows, options=BARE), F.WHITENING)
+        if in_sample is None:
+            assert not alone, case
+            continue
+        assert [w.severity for w in alone] == ["info"] and alone[0].evidence["in_sample"] is in_sample, case
+        if case in ("in_sample_zca", "out_of_sample_10d"):  # the severity depends on the SAE only, not the case
+            fed = _flags(geometry_report(rows, {"sae": sae}, options=BARE), F.WHITENING, "activations")
+            assert [w.severity for w in fed] == ["warning"], case
 
 
 def test_whitening_in_config_reports_its_measured_cost():

@@ -185,23 +185,30 @@ def activation_flags(
             )
         )
 
-    # ---- inputs that look whitened (flat spectrum at the MP null, zero mean, unit or too-even variance)
+    # ---- inputs that look whitened: Σ̂ = I exactly (whitened in sample), or I plus another sample's fitting error
     mean_share = geo.get("mean_share_of_second_moment")
     sigma2 = float(geo.get("mp_sigma2_trace") or 0.0)  # tr Σ/d: variance per direction
     if eig and mean_share is not None and sigma2 > 0 and n > d and lam_min > 0:
         edge_ratio = lam_max / upper if upper > 0 else math.inf
         spread = lam_max / lam_min
         mp_spread = upper / lower if lower > 0 else math.inf
-        unit_variance = abs(sigma2 - 1.0) <= t.whitened_unit_variance_tol
-        too_even = spread <= 1 + t.whitened_narrow_fraction * (mp_spread - 1)
-        # a power law is not whitened; a bulk narrower than MP (no MP shape, but flat) may well be
-        flat_bulk = (geo.get("mp_bulk") or {}).get("has_flat_bulk", geo.get("n_spikes", 0) is not None)
-        if (
+        # iid N(0, 1) rows fill the MP interval; rows whitened in sample are narrower than sampling noise allows
+        in_sample = (
             mean_share <= t.whitened_max_mean_share
             and edge_ratio <= t.whitened_max_edge_ratio
-            and flat_bulk
-            and (unit_variance or too_even)
-        ):
+            and spread <= 1 + t.whitened_narrow_fraction * (mp_spread - 1)
+        )
+        out_of_sample = (
+            mean_share <= t.whitened_oos_max_mean_share
+            and t.whitened_max_edge_ratio < edge_ratio <= t.whitened_oos_max_edge_ratio
+            and abs(sigma2 - 1.0) <= t.whitened_unit_variance_tol
+        )
+        if in_sample or out_of_sample:
+            how = (
+                "whitened in sample: spread narrower than sampling noise"
+                if in_sample
+                else "whitened with a transform fitted on other rows: unit variance, λmax past the MP edge"
+            )
             flags.append(
                 Flag(
                     WHITENING,
@@ -213,14 +220,14 @@ def activation_flags(
                         "variance_per_direction": rounded(sigma2),
                         "eigenvalue_spread": rounded(spread),
                         "mp_spread": rounded(mp_spread),
+                        "in_sample": in_sample,
                     },
                     "If these inputs were whitened, an SAE learns an arbitrary rotation of a flat space (no variance "
                     "ordering, noise amplified along weak directions): train on the raw or mean-centred activations "
                     "unless the whitening is the point of the experiment.",
                     summary=(
-                        f"looks whitened: zero mean (share {mean_share:.1e}), no eigenvalue above the MP edge "
-                        f"(λmax/edge {edge_ratio:.2f}), variance per direction {sigma2:.3g}"
-                        + (", spread narrower than sampling noise" if too_even else "")
+                        f"looks {how} (mean share {mean_share:.1e}, λmax/edge {edge_ratio:.2f}, "
+                        f"variance per direction {sigma2:.3g}, λmax/λmin {spread:.3g} against MP's {mp_spread:.3g})"
                     ),
                 )
             )

@@ -36,14 +36,19 @@ class FlagThresholds:
     offset_error_distance: float = 0.9
     # ... when the mean matters at all: outlier severity γ = ‖μ‖/√tr Σ ≥ this.
     offset_min_outlier_severity: float = 0.5
-    # inputs that look whitened: mean share ‖μ‖²/tr S ≤ this, λ_max ≤ ratio × the calibrated MP upper edge (σ² of the
-    # bulk; a flat bulk at all),
-    # and either per-direction variance tr Σ/d within whitened_unit_variance_tol of 1 or a spectrum
-    # narrower than sampling noise allows (λ_max/λ_min ≤ narrow_fraction × the MP edge ratio).
+    # inputs that look whitened (docs/design.md "Flags"; calibrated in tests/test_flags.py): in sample, mean share
+    # ‖μ‖²/tr S ≤ whitened_max_mean_share, λ_max ≤ whitened_max_edge_ratio × the MP upper edge and a spectrum
+    # narrower than sampling noise allows (λ_max/λ_min ≤ 1 + narrow_fraction × (the MP edge ratio − 1)): Σ̂ = I
+    # exactly. With a transform fitted on other rows, Σ̂ ≈ I plus that fit's error: mean share ≤
+    # whitened_oos_max_mean_share, λ_max between whitened_max_edge_ratio and whitened_oos_max_edge_ratio × the MP
+    # edge and variance per direction tr Σ/d within whitened_unit_variance_tol of 1 (a fit on m rows leaves
+    # ≈ m/(m − d)). Clean iid N(0, 1) rows (λ_max at the edge, a spread as wide as MP) are neither.
     whitened_max_mean_share: float = 1e-3
     whitened_max_edge_ratio: float = 1.1
-    whitened_unit_variance_tol: float = 0.1
+    whitened_unit_variance_tol: float = 0.5
     whitened_narrow_fraction: float = 0.5
+    whitened_oos_max_mean_share: float = 1e-2
+    whitened_oos_max_edge_ratio: float = 10.0
     # whitening in a config: the noise amplification √(λ_max/λ_min) the summary calls huge
     whitening_max_amplification: float = 100.0
     # wrong null: the sign-aware null exceeds the assumed baseline by ≥ this, and A is ≥ wrong_null_min_z
