@@ -178,3 +178,34 @@ def test_transformer_lens_names_load_from_the_offline_cache(offline_cache, tmp_p
     with pytest.raises(BadInputError) as err:
         load_model("pythia-70m")
     assert "hf download EleutherAI/pythia-70m" in str(err.value) and "huggingface-cli" not in str(err.value)
+
+
+def test_an_unknown_release_says_so_and_how_to_get_the_registry(offline_cache):
+    """A SAELens release saegeo's table does not list, sae_lens not installed (as in the test venv): the message
+    says the release is unknown and how to get sae_lens' registry first, then the hf download fix for a repo with
+    the cache it looked in."""
+    from saegeo.sae.formats.hub import installed_saelens_registry
+
+    assert installed_saelens_registry() is None
+    with pytest.raises(FormatError) as err:
+        SAE.load("gemma-scope-2b-pt-res-canonical/layer_12/width_16k/canonical")
+    text = str(err.value)
+    assert text.startswith(
+        "gemma-scope-2b-pt-res-canonical/layer_12/width_16k/canonical: if 'gemma-scope-2b-pt-res-canonical' is a "
+        "SAELens release, saegeo's table does not list it"
+    )
+    assert "pip install sae-lens" in text and f"(into {offline_cache})" in text
+    assert text.index("pip install sae-lens") < text.index("hf download") < text.index("is not in that cache")
+
+
+def test_a_missing_local_path_is_said_before_any_hub_lookup(tmp_path, monkeypatch):
+    """out/nonexistent_typo with out/ here: a typo in a local path, not a hub id (no hub lookup is made)."""
+
+    (tmp_path / "out" / "sae_a").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(
+        "saegeo.sae.formats.download_hub_dictionary", lambda h: pytest.fail("looked on the hub"), raising=True
+    )
+    with pytest.raises(FormatError) as err:
+        SAE.load("out/nonexistent_typo")
+    assert str(err.value).startswith("out/nonexistent_typo: does not exist (out/ does, holding sae_a)")

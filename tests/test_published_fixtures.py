@@ -184,9 +184,10 @@ def test_org_repo_subfolder_id_equals_path_load(offline_cache, name):
 def test_hub_id_offline_not_cached_names_what_it_looked_for(offline_cache):
     with pytest.raises(
         FormatError,
-        match=r"gemma-scope-2b-pt-res/layer_3/width_16k/average_l0_9: google/gemma-scope-2b-pt-res"
-        r"/layer_3/width_16k/average_l0_9 is not in .*HF_HUB_OFFLINE.*looked for "
-        r"models--google--gemma-scope-2b-pt-res/snapshots/\*/layer_3/width_16k/average_l0_9",
+        match=r"gemma-scope-2b-pt-res/layer_3/width_16k/average_l0_9: on a machine with network run `hf download "
+        r"google/gemma-scope-2b-pt-res .*` \(into .*\) or pass a local path; google/gemma-scope-2b-pt-res"
+        r"/layer_3/width_16k/average_l0_9 is not in that cache and HF_HUB_OFFLINE is set \(looked for "
+        r".*models--google--gemma-scope-2b-pt-res/snapshots/\*/layer_3/width_16k/average_l0_9",
     ):
         SAE.load("gemma-scope-2b-pt-res/layer_3/width_16k/average_l0_9")
 

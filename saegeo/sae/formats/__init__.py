@@ -144,6 +144,19 @@ def detect_format(path: str | os.PathLike) -> str:
     return _detect_file(p) if p.is_file() else _detect_dir(p)
 
 
+def _refuse_missing_local_path(path: Path) -> None:
+    """A path whose folder exists here (out/nonexistent_typo with out/ present) is a local path that is missing, not a
+    hub id: said before any hub lookup, with what that folder holds."""
+    parent = path.parent
+    if str(parent) in ("", ".") or not parent.is_dir():
+        return
+    near = sorted(p.name for p in parent.iterdir())[:8]
+    raise FormatError(
+        f"{path}: does not exist ({parent}/ does, holding {', '.join(near) if near else 'nothing'}"
+        f"{' …' if len(near) == 8 else ''}); check the path (it is not read as a hub id: its folder is local)"
+    )
+
+
 def read_dictionary(path: str | os.PathLike) -> Dictionary:
     """The dictionary at `path`, in any supported format (auto-detected): a local file or directory, or a hub id
     (see `resolve_hub_id`: org/repo[/subfolder], or a SAELens RELEASE/sae_id) fetched through the Hugging Face
@@ -151,6 +164,7 @@ def read_dictionary(path: str | os.PathLike) -> Dictionary:
     SAELens applies them. Its `info` records the format, the source and the config facts `saegeo check` reads."""
     if Path(path).exists():
         return LOADERS[detect_format(path)](path)
+    _refuse_missing_local_path(Path(path))
     hub = resolve_hub_id(str(path))
     if hub is None:
         raise FormatError(

@@ -258,6 +258,21 @@ def resolve_hub_id(hub_id: str) -> HubDictionary | None:
     return HubDictionary(hub_id, "/".join(parts[:2]), "/".join(parts[2:]))
 
 
+def _unknown_release(hub: HubDictionary) -> str:
+    """The first words when a hub id read as org/repo may be a SAELens release that saegeo's table does not list."""
+    if hub.release:
+        return ""
+    release = hub.hub_id.strip("/").split("/")[0]
+    installed = installed_saelens_registry()
+    if installed is None:
+        return (
+            f"if {release!r} is a SAELens release, saegeo's table does not list it and sae_lens (whose registry "
+            "lists every release) is not installed: `pip install sae-lens` and run again, or download the SAE's "
+            "files and pass their folder; if it is a hub repo, "
+        )
+    return f"{release!r} is not a release in sae_lens' registry ({installed[1]}) either; as a hub repo, "
+
+
 def download_hub_dictionary(hub: HubDictionary) -> Path:
     """The local path of hub.subfolder in hub.repo_id, through huggingface_hub's snapshot_download (only that
     subfolder's files, or the release layout's own files), so a populated cache works offline. HF_HUB_CACHE and
@@ -275,11 +290,16 @@ def download_hub_dictionary(hub: HubDictionary) -> Path:
             snapshot_download(hub.repo_id, allow_patterns=patterns, cache_dir=cache, local_files_only=offline)
         )
     except LocalEntryNotFoundError:
-        where = cache or "the default Hugging Face cache"
+        from huggingface_hub import constants
+
+        where = Path(cache or constants.HF_HUB_CACHE)
+        why = "HF_HUB_OFFLINE is set" if offline else "the hub cannot be reached"
+        release = _unknown_release(hub)
         raise FormatError(
-            f"{hub.hub_id}: {wanted} is not in {where}{' and HF_HUB_OFFLINE is set' if offline else ' and the hub cannot be reached'}; "
-            f"looked for models--{hub.repo_id.replace('/', '--')}/snapshots/*/{sub or ''} (a dictionary: {EXPECTED_LAYOUTS}). "
-            f"Download it once online ({hub.download_command()}) or pass a local path"
+            f"{hub.hub_id}: {release}on a machine with network run `{hub.download_command()}` (into {where}) or "
+            f"pass a local path; {wanted} is not in that cache and {why} (looked for "
+            f"{where / ('models--' + hub.repo_id.replace('/', '--'))}/snapshots/*/{sub or ''}; a dictionary is "
+            f"{EXPECTED_LAYOUTS})"
         ) from None
     except HfHubHTTPError as err:
         raise FormatError(
