@@ -30,6 +30,7 @@ from saegeo.geometry.consistency import (
     set_geometry,
 )
 from saegeo.io import dump_json
+from saegeo.report.display import short
 
 
 @dataclass
@@ -59,6 +60,14 @@ class Comparison:
 
     def to_json(self, path: str | os.PathLike | None = None) -> str:
         return dump_json(self.to_dict(), path)
+
+    def __repr__(self) -> str:
+        dec = self.decoder
+        return (
+            f"<Comparison {self.names[0]!r} vs {self.names[1]!r}: {dec.get('n_a', 0):,} × {dec.get('n_b', 0):,} "
+            f"latents, d={self.d} · decoder MCC {short(dec.get('mcc'))} · {dec.get('n_shared', 0):,} shared at "
+            f"cos ≥ {self.threshold:g} ({short(dec.get('shared_fraction_a'))} of A)>"
+        )
 
 
 def _geometry(rows: torch.Tensor, matching: LatentMatching, side: str, threshold: float) -> dict[str, dict]:

@@ -55,10 +55,10 @@ class StructureOptions:
 def sae_structure(sae: Any, acts: Any, options: StructureOptions | None = None) -> dict[str, Any]:
     """Dark matter and dense-latent structure of ``sae`` on the rows of ``acts`` (module docstring); JSON-safe."""
     from saegeo.activations.sources import open_rows
-    from saegeo.sae.model import as_sae
+    from saegeo.sae.model import SAE
 
     opts = options or StructureOptions()
-    sae = as_sae(sae)
+    sae = SAE.load(sae)
     d, n_lat = sae.cfg.d_in, sae.cfg.d_sae
     rows = open_rows(acts, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite)
     if rows.d is not None and rows.d != d:
