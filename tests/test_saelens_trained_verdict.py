@@ -134,3 +134,60 @@ def test_check_report_and_latents_give_one_verdict(stores, store, tmp_path, caps
     if store == "same":
         assert ("duplicate_decoder_rows", "error") not in verdict(report)
         assert report["saes"][0]["fve"] is not None
+
+
+def _edited_copy(name, tmp_path, *, weights=None, metadata=None):
+    """The SAELens-written fixture copied, with its weights or its cfg.json metadata edited."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    path = tmp_path / name
+    shutil.copytree(FIXTURES / name, path)
+    if weights:
+        tensors = load_file(path / "sae_weights.safetensors")
+        save_file({**tensors, **weights(tensors)}, path / "sae_weights.safetensors")
+    if metadata:
+        cfg = json.loads((path / "cfg.json").read_text())
+        cfg["metadata"].update(metadata)
+        (path / "cfg.json").write_text(json.dumps(cfg))
+    return path
+
+
+def _names(flags):
+    return {(f.name, f.severity) for f in flags}
+
+
+def test_a_removed_threshold_is_caught(stores, tmp_path):
+    """SAELens' BatchTopK saved as JumpReLU with its threshold zeroed (the silent load of SAELens issue 608): L0 on
+    the rows far above the recorded 16 is threshold_not_applied, an error; the SAE as saved raises nothing."""
+    opts = CheckOptions(progress=False)
+    name = "saelens_trained_batchtopk"
+    flags, _, _ = sae_verdict(FIXTURES / name, stores["same"], options=opts, name=name)
+    assert not {n for n, _ in _names(flags)} & {"threshold_not_applied", "recorded_metrics_contradicted"}
+    zeroed = _edited_copy(name, tmp_path, weights=lambda t: {"threshold": torch.zeros_like(t["threshold"])})
+    flags, _, _ = sae_verdict(zeroed, stores["same"], options=opts, name=name)
+    [flag] = [f for f in flags if f.name == "threshold_not_applied"]
+    assert flag.severity == "error" and flag.evidence["l0_on_rows"] > 3 * 16 and flag.evidence["max_abs_threshold"] == 0
+
+
+def test_recorded_metrics_the_rows_contradict(stores, tmp_path):
+    """Metadata edited: an L0 of 2 recorded for a TopK k = 16 SAE, and an explained variance that is the one
+    measured about zero (SAELens before 6.45.1, its issue 659), computed here from the rows directly."""
+    from saegeo.activations.store import ActivationStore
+    from saegeo.sae.model import SAE
+
+    name = "saelens_trained_topk"
+    x = ActivationStore(stores["same"]).read_shard(0)[:4096]
+    with torch.no_grad():
+        x_hat = SAE.load(FIXTURES / name)(x)
+    about_zero = float(1 - (x - x_hat).double().pow(2).sum() / x.double().pow(2).sum())
+    about_mean = float(1 - (x - x_hat).double().pow(2).sum() / (x - x.mean(0)).double().pow(2).sum())
+    assert about_zero - about_mean > 0.03  # the offset-heavy hook: the two baselines differ (0.85 vs 0.81)
+    edited = _edited_copy(name, tmp_path, metadata={"l0": 2.0, "explained_variance": about_zero})
+    flags, _, _ = sae_verdict(edited, stores["same"], options=CheckOptions(progress=False), name=name)
+    found = [f for f in flags if f.name == "recorded_metrics_contradicted"]
+    assert len(found) == 2 and all(f.severity == "warning" for f in found)
+    ev = next(f for f in found if "recorded_explained_variance" in f.evidence)
+    assert ev.evidence["measured_about_zero"] is True and "about zero" in ev.summary
+    assert ev.evidence["fve_on_rows"] == pytest.approx(about_mean, abs=1e-3)

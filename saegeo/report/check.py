@@ -69,6 +69,10 @@ FOLDED_SCALING = "scaling_factor_folded"
 ZERO_B_DEC = "b_dec_zero"
 TRANSCODER = "transcoder"
 UNSET_THRESHOLD = "batchtopk_threshold_unset"
+THRESHOLD_NOT_APPLIED = "threshold_not_applied"
+RECORDED_CONTRADICTED = "recorded_metrics_contradicted"
+THRESHOLD_L0_FACTOR = 3.0  # L0 on the rows above this × the recorded L0 / k: the threshold is not what training used
+RECORDED_FVE_TOLERANCE = 0.03  # |recorded explained variance − FVE on the rows| above this: contradicted
 DICTIONARY_FLAGS = (
     ZERO_ROWS,
     DUPLICATES,
@@ -443,10 +447,96 @@ def sae_verdict(
     dcheck = check_dictionary(sae, options=opts, name=name)
     notes: list[str] = []
     match = replace(opts.match, assume_same_model=opts.assume_same_model or opts.match.assume_same_model)
-    mismatch = activations_match_flags(sae, acts, subject=dcheck.source["name"], options=match, notes=notes)
+    measured: dict[str, Any] = {}
+    subject = dcheck.source["name"]
+    mismatch = activations_match_flags(sae, acts, subject=subject, options=match, notes=notes, measured=measured)
     # the activation-based mean-direction flag supersedes the dictionary-only guess; keep the rest
     dictionary_only = [f for f in dcheck.flags if f.name in DICTIONARY_FLAGS]
-    return dictionary_only + mismatch, notes, dcheck
+    refused = any(f.severity == "error" for f in mismatch)
+    recorded = [] if refused or "sample" not in measured else recorded_metrics_flags(sae, measured, subject=subject)
+    return dictionary_only + mismatch + recorded, notes, dcheck
+
+
+def recorded_metrics_flags(sae: SAE, measured: Mapping[str, Any], *, subject: str) -> list[Flag]:
+    """What the SAE's training recorded about itself (FormatInfo.recorded_metrics: SAELens metadata l0 and
+    explained_variance, a BatchTopK's training k) against the same rows `activations_match_flags` read:
+      threshold_not_applied     a thresholded SAE (JumpReLU; BatchTopK / Matryoshka saved as one) whose L0 on the rows
+                                is above THRESHOLD_L0_FACTOR × the recorded L0 (else the training k): its threshold is missing,
+                                zero or not applied (error; SAELens issue 608)
+      recorded_metrics_contradicted  L0 above that factor for any other SAE; a recorded explained variance more than
+                                RECORDED_FVE_TOLERANCE from FVE = 1 − Σ‖x − x̂‖²/Σ‖x − x̄‖² on the rows, named as
+                                measured about zero when it matches 1 − Σ‖x − x̂‖²/Σ‖x‖² (SAELens issue 659) (warning)
+    """
+    recorded = sae.format_info.recorded_metrics or {}
+    x = measured["sample"]
+    if not recorded or x.shape[0] == 0:
+        return []
+    flags: list[Flag] = []
+    block = encode_block_rows(int(sae.W_dec.shape[0]), sae.W_enc.element_size())
+    with torch.no_grad():
+        l0_sum, sse = 0.0, 0.0
+        for lo in range(0, x.shape[0], block):
+            part = x[lo : lo + block].to(sae.W_enc.dtype)
+            codes = sae.encode(part)
+            l0_sum += float((codes != 0).sum())
+            sse += float((part.double() - sae(part).double()).pow(2).sum())
+    l0 = l0_sum / x.shape[0]
+    # the L0 training recorded; else the k it trained with (a BatchTopK's, or a TopK's own)
+    expected = next((v for v in (recorded.get("l0"), recorded.get("training_k"), sae.cfg.k) if v is not None), None)
+    if expected is not None and expected > 0 and l0 > THRESHOLD_L0_FACTOR * expected:
+        thresholded = sae.cfg.activation == "jumprelu"
+        threshold = getattr(sae, "threshold", None)
+        t_max = float(threshold.detach().abs().max()) if threshold is not None else None
+        flags.append(
+            Flag(
+                THRESHOLD_NOT_APPLIED if thresholded else RECORDED_CONTRADICTED,
+                "error" if thresholded else "warning",
+                {
+                    "l0_on_rows": rounded(l0),
+                    "recorded_l0": rounded(recorded.get("l0")),
+                    "training_k": recorded.get("training_k") or sae.cfg.k,
+                    "max_abs_threshold": rounded(t_max),
+                    "rows": int(x.shape[0]),
+                },
+                "The threshold this SAE was trained with is missing, zero or not applied: its codes are dense and "
+                "every number computed from them is not the trained SAE's; load the threshold (or the k) it recorded."
+                if thresholded
+                else "The SAE's codes on these rows are far denser than training recorded: check the loader and the "
+                "sparsity settings before trusting its codes.",
+                summary=f"L0 {l0:.1f} on {x.shape[0]} rows against {expected:g} recorded in training"
+                + (f" (max |threshold| {t_max:.3g})" if thresholded and t_max is not None else ""),
+                subject=subject,
+            )
+        )
+    ev = recorded.get("explained_variance")
+    fve = measured.get("fve")
+    if ev is not None and fve is not None and abs(ev - fve) > RECORDED_FVE_TOLERANCE:
+        xd = x.double()
+        about_zero = 1 - sse / float(xd.pow(2).sum())
+        zero_baseline = abs(ev - about_zero) <= 0.01  # the recorded figure is the about-zero one
+        flags.append(
+            Flag(
+                RECORDED_CONTRADICTED,
+                "warning",
+                {
+                    "recorded_explained_variance": rounded(ev),
+                    "fve_on_rows": rounded(fve),
+                    "explained_variance_about_zero": rounded(about_zero),
+                    "measured_about_zero": zero_baseline,
+                },
+                "Read the FVE measured here: the recorded explained variance does not describe these rows"
+                + (" (it was measured about zero, not about the mean)." if zero_baseline else "."),
+                summary=f"recorded explained variance {ev:.3f}, FVE on these rows {fve:.3f}"
+                + (
+                    f": the recorded figure is the variance explained about zero ({about_zero:.3f}), not about the "
+                    "mean (SAELens before 6.45.1, its issue 659)"
+                    if zero_baseline
+                    else ""
+                ),
+                subject=subject,
+            )
+        )
+    return flags
 
 
 def check_with_activations(
@@ -648,6 +738,7 @@ def activations_match_flags(
     subject: str = "dictionary",
     options: MatchOptions | None = None,
     notes: list[str] | None = None,
+    measured: dict[str, Any] | None = None,
 ) -> list[Flag]:
     """Do the SAE and `acts` belong together? The one decision `saegeo check --acts`, `report --sae` and `latents`
     take (through `sae_verdict`): from the SAE's metadata (sae.format_info) against the store's manifest, and
@@ -687,6 +778,8 @@ def activations_match_flags(
         }
 
     fve, cos = _sample_fit(sae, m["sample"]) if m["sample"].shape[0] else (None, None)
+    if measured is not None:  # for the recorded-metrics check: the same rows, read once
+        measured.update(sample=m["sample"], fve=fve)
     fit = f"FVE {fve:.3f}, cos(x, x̂) {cos:.3f} on {m['sample'].shape[0]} rows" if fve is not None else "no fit measured"
 
     # hook: the names are the evidence (a wrong layer can reconstruct well: neighbouring layers are alike)

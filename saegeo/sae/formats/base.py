@@ -76,6 +76,9 @@ class FormatInfo:
     architecture: str | None = None
     normalize_activations: str | None = None  # inputs must be scaled by a factor the files may not hold
     folded_scaling_factor: dict[str, float] | None = None  # {min, max} of a finetuning factor folded into W_dec
+    # what training recorded about itself (SAELens metadata l0, num_dead_features, explained_variance; k of a
+    # BatchTopK saved as JumpReLU): `saegeo check --acts` holds them against the rows
+    recorded_metrics: dict | None = None
     # sparsify
     transcoder: bool = False  # reconstructs another activation than it reads (no b_dec subtraction)
     normalize_decoder: bool | None = None

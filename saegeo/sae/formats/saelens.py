@@ -421,7 +421,16 @@ def _saelens_activation_facts(raw: dict, meta: dict) -> dict:
         return meta.get(key, raw.get(key))
 
     kwargs = get("model_from_pretrained_kwargs")
+    details = meta.get("training_architecture_details") or {}
+    recorded = {
+        key: get(key)
+        for key in ("l0", "num_dead_features", "explained_variance")
+        if isinstance(get(key), (int, float)) and not isinstance(get(key), bool)
+    }
+    if isinstance(details.get("k"), int) and not isinstance(details.get("k"), bool):
+        recorded["training_k"] = details["k"]
     return {
+        "recorded_metrics": recorded or None,
         "hook_head_index": get("hook_head_index"),
         "model_from_pretrained_kwargs": kwargs if isinstance(kwargs, dict) else None,
         "exclude_special_tokens": get("exclude_special_tokens"),
