@@ -191,3 +191,27 @@ def test_recorded_metrics_the_rows_contradict(stores, tmp_path):
     ev = next(f for f in found if "recorded_explained_variance" in f.evidence)
     assert ev.evidence["measured_about_zero"] is True and "about zero" in ev.summary
     assert ev.evidence["fve_on_rows"] == pytest.approx(about_mean, abs=1e-3)
+
+
+def test_eval_takes_the_model_the_sae_names_or_refuses_before_loading(monkeypatch, tmp_path):
+    """`saegeo eval` without --model: the SAELens SAE's cfg.json names sentence-transformers/all-MiniLM-L6-v2, so
+    the bundled minilm is loaded (not SmolLM2); an SAE whose metadata names no model is refused in one line before
+    any model is loaded."""
+    from saegeo.errors import BadInputError
+    from saegeo.sae import splice
+    from saegeo.sae.options import EvalConfig
+
+    asked = []
+
+    def fake_load(spec, **_):
+        asked.append(spec)
+        raise RuntimeError("stop after choosing the model")
+
+    monkeypatch.setattr(splice, "load_model", fake_load)
+    with pytest.raises(RuntimeError, match="stop after choosing"):
+        splice.splice_eval_many(EvalConfig(progress=False), {"s": FIXTURES / "saelens_trained_topk"})
+    assert asked == ["minilm"]
+    unnamed = _edited_copy("saelens_trained_topk", tmp_path, metadata={"model_name": None})
+    with pytest.raises(BadInputError, match="no --model given and the metadata of s names no model"):
+        splice.splice_eval_many(EvalConfig(progress=False), {"s": unnamed})
+    assert asked == ["minilm"]  # nothing more was loaded
