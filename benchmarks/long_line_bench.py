@@ -7,7 +7,8 @@ The same run on a file of the same words in ordinary 80-character lines is the r
 cost what a normal file costs. Also the time to tokenize the first piece alone and the whole-line tokenization
 of a smaller prefix (--whole-mb), which is what the old reader did, for scale.
 
-Usage: python benchmarks/long_line_bench.py [--mb 50] [--max-tokens 4096] [--whole-mb 2]
+Usage: python benchmarks/long_line_bench.py [--mb 50] [--max-tokens 4096] [--whole-mb 2] [--old-tree DIR --old-mb 2]
+  (--old-tree: e.g. `git archive <rev> saegeo | tar -x -C DIR`, the reader before the change)
 """
 
 from __future__ import annotations
@@ -39,13 +40,26 @@ def write_corpus(path: Path, mb: float, line_chars: int | None) -> None:
         f.write("\n")
 
 
-def cache_run(corpus: Path, out: Path, max_tokens: int) -> dict:
-    """One `saegeo cache` process: wall s, CPU s (user + system of the child), peak RSS (MB)."""
+# runs the CLI and writes its own peak resident set (kB) to the file named by the last argument
+_MEASURED = (
+    "import resource, runpy, sys\n"
+    "peak_file = sys.argv.pop()\n"
+    "sys.argv[0] = 'saegeo'\n"
+    "try:\n    runpy.run_module('saegeo.cli', run_name='__main__')\n"
+    "finally:\n    open(peak_file, 'w').write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))\n"
+)
+
+
+def cache_run(corpus: Path, out: Path, max_tokens: int, saegeo_path: str | None = None) -> dict:
+    """One `saegeo cache` process (the saegeo under `saegeo_path` where given): wall s, CPU s (user + system of
+    the child), its own peak RSS (MB)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    cmd = [sys.executable, "-m", "saegeo.cli", "cache", "--corpus", str(corpus), "--out", str(out)]
-    cmd += ["--max-tokens", str(max_tokens), "--no-progress"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    peak = out.parent / f"{out.name}.peak"
+    cmd = [sys.executable, "-c", _MEASURED, "cache", "--corpus", str(corpus), "--out", str(out)]
+    cmd += ["--max-tokens", str(max_tokens), "--no-progress", str(peak)]
+    env = dict(os.environ, **({"PYTHONPATH": saegeo_path} if saegeo_path else {}))
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=out.parent)  # not this tree
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode:
@@ -53,7 +67,7 @@ def cache_run(corpus: Path, out: Path, max_tokens: int) -> dict:
     return {
         "wall_s": wall,
         "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
-        "peak_rss_mb": after.ru_maxrss / 1024,  # the largest child so far (Linux: kB)
+        "peak_rss_mb": int(peak.read_text()) / 1024,  # Linux: kB
     }
 
 
@@ -62,19 +76,29 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=50.0, help="size of the one-line corpus")
     ap.add_argument("--max-tokens", type=int, default=4096)
     ap.add_argument("--whole-mb", type=float, default=2.0, help="prefix tokenized whole (the old reader), for scale")
+    ap.add_argument("--old-tree", help="a directory holding an earlier saegeo package, run on --old-mb of one line")
+    ap.add_argument("--old-mb", type=float, default=2.0)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         write_corpus(root / "lines.txt", args.mb, 80)
         write_corpus(root / "one_line.txt", args.mb, None)
         assert (root / "one_line.txt").read_bytes().count(b"\n") == 1
-        # the reference first (its peak RSS is the running maximum over children)
         lines = cache_run(root / "lines.txt", root / "a", args.max_tokens)
         one = cache_run(root / "one_line.txt", root / "b", args.max_tokens)
         print(f"corpus: {args.mb:g} MB, --max-tokens {args.max_tokens}, `saegeo cache` (MiniLM) in a fresh process")
-        print(f"{'file':<28}{'wall s':>8}{'CPU s':>8}{'peak RSS MB (max so far)':>26}")
-        for name, r in (("80-character lines", lines), ("one line", one)):
-            print(f"{name:<28}{r['wall_s']:>8.1f}{r['cpu_s']:>8.1f}{r['peak_rss_mb']:>26.0f}")
+        runs = [(f"{args.mb:g} MB, 80-character lines", lines), (f"{args.mb:g} MB, one line", one)]
+        if args.old_tree:
+            write_corpus(root / "old.txt", args.old_mb, None)
+            runs.append(
+                (
+                    f"{args.old_mb:g} MB, one line, --old-tree",
+                    cache_run(root / "old.txt", root / "c", args.max_tokens, args.old_tree),
+                )
+            )
+        print(f"{'file':<36}{'wall s':>8}{'CPU s':>8}{'peak RSS MB':>13}")
+        for name, r in runs:
+            print(f"{name:<36}{r['wall_s']:>8.1f}{r['cpu_s']:>8.1f}{r['peak_rss_mb']:>13.0f}")
 
         from saegeo.activations.corpus import PIECE_CHARS
         from saegeo.activations.models import _load_tokenizer, _quiet_transformers, minilm_path

@@ -7,6 +7,8 @@ with an arbitrary JSON value, through `saegeo check`; `make fuzz` runs it with m
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import io
 import json
 import os
@@ -69,6 +71,14 @@ def _write(path: pathlib.Path, fmt: str, config: dict | None = None, tensors: di
         cfg = {"architecture": "jump_relu", "model_name": "gemma-3-1b-pt", "hf_hook_point_in": "model.layers.3"}
         (path / "config.json").write_text(json.dumps(cfg if config is None else config))
         return path
+    if fmt == "saegeo":  # saegeo's own SAELens-layout directory, with its "saegeo" block
+        from saegeo.sae.model import SAE, SAEConfig
+
+        sae = SAE(SAEConfig(d_in=D_IN, d_sae=D_SAE, activation="topk", k=5))
+        sae.init_weights(torch.Generator().manual_seed(0)).save(path, provenance={"data": {"model": "m", "hook": "h"}})
+        if config is not None:
+            (path / "cfg.json").write_text(json.dumps(config))
+        return path
     if fmt == "openai":
         sd = tensors or _openai_state_dict("TopK")
         if config is not None:
@@ -85,10 +95,51 @@ CONFIG_FILE = {
     "llama_scope": "hyperparams.json",
     "gemma_scope_2": "config.json",
     "openai": "ae.pt",
+    "saegeo": "cfg.json",
 }
 
 
+def _schema(fmt: str) -> type:
+    from saegeo.sae.formats import dictionary_learning, gemma_scope, llama_scope, openai, saelens, sparsify
+
+    return {
+        "saelens": saelens.saelens_schema,
+        "saegeo": saelens.saelens_schema,
+        "sparsify": sparsify.sparsify_schema,
+        "dictionary_learning": dictionary_learning.dictionary_learning_schema,
+        "llama_scope": llama_scope.llama_scope_schema,
+        "gemma_scope_2": gemma_scope.gemma_scope_2_schema,
+        "openai": openai.openai_schema,
+    }[fmt]()
+
+
+def _declared(fmt: str, path: list[str]) -> bool:
+    """Whether the schema declares the field at `path` (the fuzz asserts a refusal only for fields a reader reads;
+    other keys pass unread)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    model = _schema(fmt)
+    for i, key in enumerate(path):
+        field = next((f for name, f in model.model_fields.items() if key in (name, f.alias)), None)
+        if field is None:
+            return False
+        if i == len(path) - 1:
+            return True
+        kinds = [field.annotation, *typing.get_args(field.annotation)]
+        model = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
+        if model is None:
+            return False
+    return False
+
+
 def _valid_config(fmt: str) -> dict:
+    return copy.deepcopy(_valid_config_once(fmt))
+
+
+@functools.cache
+def _valid_config_once(fmt: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         target = _write(pathlib.Path(tmp), fmt)
         if fmt == "openai":
@@ -175,6 +226,26 @@ def test_a_wrong_type_in_a_foreign_config_is_one_line_naming_file_field_value(
         assert "not a boolean" in text
 
 
+@pytest.mark.parametrize(
+    "path, value, expected",
+    [
+        (("saegeo", "data"), "store", "a JSON object"),
+        (("saegeo", "sae_config", "dtype"), "int8", "one of ['float32'"),
+        (("saegeo", "sae_config", "k"), "5", "an integer"),
+        (("saegeo", "sae_config", "layer_norm_eps"), -1.0, "a number > 0"),
+    ],
+)
+def test_saegeos_own_block_is_checked_like_a_foreign_config(tmp_path, path, value, expected):
+    """A file saegeo wrote can be edited: its block is typed too (dtype int8 built an SAE that failed later)."""
+    config = _valid_config("saegeo")
+    holder = config
+    for key in path[:-1]:
+        holder = holder[key]
+    holder[path[-1]] = value
+    target = _write(tmp_path / "sae", "saegeo", config)
+    _assert_refused(tmp_path, target, "cfg.json", ".".join(path), repr(value), expected)
+
+
 def test_a_config_nested_100000_levels_deep_is_refused_in_one_line(tmp_path):
     target = _write(tmp_path / "sae", "saelens")
     (target / "cfg.json").write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
@@ -223,16 +294,17 @@ def _kind(value) -> str:
 def broken_config(draw):
     fmt = draw(st.sampled_from(sorted(CONFIG_FILE)))
     config = _valid_config(fmt)
-    key = draw(st.sampled_from(sorted(config)))
-    nested = isinstance(config[key], dict) and config[key] and draw(st.booleans())
-    if nested:
-        inner = draw(st.sampled_from(sorted(config[key])))
-        old, value = config[key][inner], draw(_json)
-        config[key] = {**config[key], inner: value}
-    else:
-        old, value = config[key], draw(_json)
-        config[key] = value
-    return fmt, config, key, _kind(old) != _kind(value) and value is not None
+    path, holder = [], config  # descend up to three levels (saegeo.sae_config.k), then replace that value
+    while True:
+        key = draw(st.sampled_from(sorted(holder)))
+        path.append(key)
+        if not (isinstance(holder[key], dict) and holder[key] and len(path) < 3 and draw(st.booleans())):
+            break
+        holder = holder[key]
+    old, value = holder[key], draw(_json)
+    holder[key] = value
+    wrong = _kind(old) != _kind(value) and value is not None and _declared(fmt, path)
+    return fmt, config, ".".join(path), wrong
 
 
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))

@@ -349,6 +349,15 @@ def read_npz(file: Path) -> dict[str, torch.Tensor]:
     return {key: torch.from_numpy(np.ascontiguousarray(a)) for key, a in native.items()}
 
 
+def matrix_shape(where: object, name: str, tensor: object, layout: str) -> tuple[int, int]:
+    """The two dimensions of a weight matrix, refused in one line unless it is a 2-D tensor (`layout` names them,
+    e.g. "(d_sae, d_in)")."""
+    if not isinstance(tensor, torch.Tensor) or tensor.ndim != 2:
+        found = f"shape {tuple(tensor.shape)}" if isinstance(tensor, torch.Tensor) else f"a {type(tensor).__name__}"
+        raise FormatError(f"{where}: {name} must be a 2-D tensor {layout}, found {found}")
+    return int(tensor.shape[0]), int(tensor.shape[1])
+
+
 def expect_shape(where: object, name: str, tensor: torch.Tensor, shape: tuple, implied_by: str) -> None:
     got = tuple(tensor.shape)
     if got != tuple(shape):

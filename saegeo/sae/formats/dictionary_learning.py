@@ -23,6 +23,7 @@ from saegeo.sae.formats.base import (
     dtype_name,
     expect_shape,
     make_dictionary,
+    matrix_shape,
     read_json,
     read_pickle,
     require_keys,
@@ -158,10 +159,10 @@ def dictionary_learning_state_dictionary(
     require_keys(pt, state, keys, f"dictionary_learning {dict_class}")
     t = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
     if "W_enc" in keys:  # nn.Parameter layout: W_enc (d_in, d_sae), W_dec (d_sae, d_in)
-        d_in, d_sae = t["W_enc"].shape
+        d_in, d_sae = matrix_shape(pt, "W_enc", t["W_enc"], "(d_in, d_sae)")
         tensors = {"W_enc": t["W_enc"], "b_enc": t["b_enc"], "W_dec": t["W_dec"], "b_dec": t["b_dec"]}
     else:  # nn.Linear layout: encoder.weight (d_sae, d_in), decoder.weight (d_in, d_sae)
-        d_sae, d_in = t["encoder.weight"].shape
+        d_sae, d_in = matrix_shape(pt, "encoder.weight", t["encoder.weight"], "(d_sae, d_in)")
         b_dec = (
             t["bias"]
             if dict_class == "AutoEncoder"

@@ -17,6 +17,7 @@ from saegeo.sae.formats.base import (
     dtype_name,
     expect_shape,
     make_dictionary,
+    matrix_shape,
     read_json,
     read_npz,
     read_safetensors,
@@ -33,9 +34,7 @@ def read_gemma_scope_npz(path: str | os.PathLike) -> Dictionary:
     raw = read_npz(file)
     params = {("W_" + k[2:] if k.startswith("w_") else k): v for k, v in raw.items()}  # older files: w_enc, w_dec
     require_keys(file, params, ("W_enc", "W_dec", "b_enc", "b_dec", "threshold"), "a Gemma Scope JumpReLU SAE")
-    if params["W_enc"].ndim != 2:
-        raise FormatError(f"{file}: W_enc must be 2-D (d_in, d_sae), found shape {tuple(params['W_enc'].shape)}")
-    d_in, d_sae = params["W_enc"].shape
+    d_in, d_sae = matrix_shape(file, "W_enc", params["W_enc"], "(d_in, d_sae)")
     implied = f"W_enc (d_in={d_in}, d_sae={d_sae})"
     for name, shape in (("W_dec", (d_sae, d_in)), ("b_enc", (d_sae,)), ("b_dec", (d_in,)), ("threshold", (d_sae,))):
         expect_shape(file, name, params[name], shape, implied)
@@ -107,7 +106,7 @@ def read_gemma_scope_2(path: str | os.PathLike) -> Dictionary:
             f"{config_file}: Gemma Scope 2 architecture {raw_cfg.get('architecture')!r}; saegeo reads jump_relu"
         )
     params = _gemma_scope_2_tensors(file, read_safetensors(file))
-    d_in, d_sae = params["W_enc"].shape
+    d_in, d_sae = matrix_shape(file, "w_enc", params["W_enc"], "(d_in, d_sae)")
     implied = f"w_enc (d_in={d_in}, d_sae={d_sae})"
     for name, shape in (("W_dec", (d_sae, d_in)), ("b_enc", (d_sae,)), ("b_dec", (d_in,)), ("threshold", (d_sae,))):
         expect_shape(file, name, params[name], shape, implied)

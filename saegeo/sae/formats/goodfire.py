@@ -13,6 +13,7 @@ from saegeo.sae.formats.base import (
     dtype_name,
     expect_shape,
     make_dictionary,
+    matrix_shape,
     read_pickle,
     require_keys,
 )
@@ -35,7 +36,7 @@ def read_goodfire(path: str | os.PathLike) -> Dictionary:
         ("encoder_linear.weight", "encoder_linear.bias", "decoder_linear.weight", "decoder_linear.bias"),
         "a Goodfire SAE",
     )
-    d_sae, d_in = state["encoder_linear.weight"].shape
+    d_sae, d_in = matrix_shape(file, "encoder_linear.weight", state["encoder_linear.weight"], "(d_sae, d_in)")
     implied = f"encoder_linear.weight (d_sae={d_sae}, d_in={d_in})"
     expect_shape(file, "decoder_linear.weight", state["decoder_linear.weight"], (d_in, d_sae), implied)
     expect_shape(file, "decoder_linear.bias", state["decoder_linear.bias"], (d_in,), implied)

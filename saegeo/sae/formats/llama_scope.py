@@ -20,6 +20,7 @@ from saegeo.sae.formats.base import (
     dtype_name,
     expect_shape,
     make_dictionary,
+    matrix_shape,
     read_json,
     read_safetensors,
     require_floating,
@@ -87,11 +88,7 @@ def read_llama_scope(path: str | os.PathLike) -> Dictionary:
         )
     w = read_safetensors(w_file)
     require_keys(w_file, w, ("encoder.weight", "encoder.bias", "decoder.weight", "decoder.bias"), "a Llama Scope SAE")
-    if w["encoder.weight"].ndim != 2:
-        raise FormatError(
-            f"{w_file}: encoder.weight must be 2-D (d_sae, d_in), found shape {tuple(w['encoder.weight'].shape)}"
-        )
-    d_sae, d_in = w["encoder.weight"].shape
+    d_sae, d_in = matrix_shape(w_file, "encoder.weight", w["encoder.weight"], "(d_sae, d_in)")
     implied = f"encoder.weight (d_sae={d_sae}, d_in={d_in})"
     expect_shape(w_file, "decoder.weight", w["decoder.weight"], (d_in, d_sae), implied)
     expect_shape(w_file, "encoder.bias", w["encoder.bias"], (d_sae,), implied)

@@ -17,6 +17,7 @@ from saegeo.sae.formats.base import (
     dtype_name,
     expect_shape,
     make_dictionary,
+    matrix_shape,
     read_pickle,
     require_keys,
     schema_types,
@@ -55,7 +56,7 @@ def read_openai(path: str | os.PathLike) -> Dictionary:
     if activation not in ("TopK", "ReLU"):
         raise FormatError(f"{file}: OpenAI activation {activation!r} is not supported (expected TopK or ReLU)")
     enc = state["encoder.weight"]
-    d_sae, d_in = enc.shape
+    d_sae, d_in = matrix_shape(file, "encoder.weight", enc, "(d_sae, d_in)")
     implied = f"encoder.weight (d_sae={d_sae}, d_in={d_in})"
     if "decoder.weight" in state:
         expect_shape(file, "decoder.weight", state["decoder.weight"], (d_in, d_sae), implied)

@@ -250,6 +250,26 @@ def saelens_state_dictionary(
     return make_dictionary(cfg, tensors, weights_where, info)
 
 
+@functools.cache
+def _sae_config_schema() -> type:
+    """SAEConfig's fields with their declared types, strict (a count is an integer >= 1, eps a finite number > 0):
+    saegeo's own block is checked like a foreign config, since a file can be edited."""
+    import typing
+
+    from pydantic import create_model
+
+    T = schema_types()
+    floats = ("float32", "float64", "float16", "bfloat16")
+    special = {"d_in": T.Count, "d_sae": T.Count, "k": T.Count | None, "layer_norm_eps": T.Positive}
+    special["dtype"] = T.either(f"one of {list(floats)}", lambda v: v in floats)
+    hints = typing.get_type_hints(SAEConfig)
+    fields = {
+        f.name: (special.get(f.name, hints[f.name]), ... if f.default is dataclasses.MISSING else f.default)
+        for f in dataclasses.fields(SAEConfig)
+    }
+    return create_model("SaegeoSAEConfig", __base__=T.Config, **fields)
+
+
 def _saegeo_block_config(block: dict, raw: dict, cfg_path: Path) -> SAEConfig:
     """The exact SAEConfig of a saegeo-written cfg.json, refused unless the SAELens fields beside it say the same
     (other tools read only those: an edited file must not make saegeo and SAELens run different SAEs)."""
@@ -265,6 +285,7 @@ def _saegeo_block_config(block: dict, raw: dict, cfg_path: Path) -> SAEConfig:
     if missing or unknown:
         what = ", ".join(filter(None, [missing and f"lacks {missing}", unknown and f"has unknown key(s) {unknown}"]))
         raise FormatError(f"{cfg_path}: the saegeo.sae_config block {what}; restore the file or save the SAE again")
+    check_config(cfg_path, kept, _sae_config_schema(), within="saegeo.sae_config")
     try:
         cfg = SAEConfig(**kept)
     except (TypeError, FormatError) as err:
@@ -322,6 +343,14 @@ def saelens_schema() -> type:
         prepend_bos: T.OptFlag = None
         context_size: T.Count | None = None
 
+    class SaegeoBlock(T.Config):  # what saegeo writes beside SAELens' keys (write_sae_dir)
+        format_version: T.Count | None = None
+        sae_config: T.Object = None  # SAEConfig's own fields, checked by SAEConfig (_saegeo_block_config)
+        data: T.Object = None
+        trained_as: T.Text = None
+        training_k: T.Count | None = None
+        weights_sha256: T.Text = None
+
     class SAELensConfig(Metadata):
         architecture: T.Text = None
         activation_fn: T.Text = None
@@ -338,8 +367,10 @@ def saelens_schema() -> type:
         rescale_acts_by_decoder_norm: T.OptFlag = None
         finetuning_scaling_factor: T.OptFlag = None
         hook_point: T.Text = None
+        dtype: T.Text = None
+        device: T.Text = None
         metadata: Metadata | None = None
-        saegeo: T.Object = None
+        saegeo: SaegeoBlock | None = None
 
     return SAELensConfig
 
