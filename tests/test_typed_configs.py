@@ -364,3 +364,13 @@ def test_fuzz_the_tensor_table_is_read_or_refused_in_one_line(case):
         assert code in (0, 2), (fmt, {k: (v.dtype, tuple(v.shape)) for k, v in table.items()}, text)
         assert "Traceback" not in text and text.count("\n") == 0, text
         assert _files(root) == before
+
+
+def test_the_validation_library_is_imported_only_when_a_config_is_read():
+    """pydantic costs ~0.1 s to import (benchmarks/README.md): not at the CLI's start, nor with the readers."""
+    import subprocess
+    import sys
+
+    code = "import sys, saegeo.cli, saegeo.sae.formats, saegeo.sae.model; print('pydantic' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
