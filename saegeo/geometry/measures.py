@@ -264,9 +264,13 @@ class NullTest:
     null_sd: float  # sd of Â − Â_null (the null is estimated from the same rows)
     null_bias: float  # finite-d bias b·A_null of Â for coordinates iid from the pooled marginal
     null_bias_relative: float  # b
-    null_z: float | None  # (Â − A_null − bias)/null_sd
+    null_z: float | None  # (Â − A_null − bias)/null_sd; None when undefined or withheld (null_z_withheld)
     zeta1: float  # Var(x̂·m)
     zeta2: float  # Var(x̂·ŷ)
+    # relative standard error of null_sd itself, ½√((κ_L − 1)/k) from the kurtosis κ_L of the per-row influence L
+    # over the k rows it is measured on (0 when the null is 0: no influence term)
+    null_sd_rel_error: float = 0.0
+    null_z_withheld: str | None = None  # why null_z is None although A and the null exist (the sd cannot be trusted)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -318,9 +322,12 @@ class NullTestSums:
     unit_by_power: Float[Tensor, "d 2"]  # Σ_i x̂_i p_k(i)
     entry_weights: np.ndarray  # the marginal law of the nonzero rows' entries: weights …
     entry_values: np.ndarray  # … and values (two points per histogram bin: GeometryAccumulator.entry_marginal)
-    # (tr G², SᵀGS) given the weights w on p_k of L (h̃ units): a row-sampled accumulator's regression estimator
-    # (GeometryAccumulator.unit_pair_sums); None where the two forms above are exact
-    unit_forms_given_weights: Callable[[Tensor], tuple[float, float]] | None = None
+    # zero rows beside the n nonzero ones: their d zeros belong to the law Q(F) is taken under (Q conditions on x ≠ 0
+    # itself, through D = 1 − P(x = 0)^d; without them Q is that of a law with too few zeros: z −20 at q·d = 3)
+    n_zero_rows: int = 0
+    # the nonzero rows the per-row influence L of T is measured on: every row, or a simple random sample of them
+    # (the accumulator's seeded row sample beyond SD_SAMPLE_ROWS); None: no rows (the null is 0, L = 2h)
+    influence_rows: Float[Tensor, "k d"] | None = None
 
 
 def null_test_sums(acc: GeometryAccumulator) -> NullTestSums:
@@ -344,7 +351,8 @@ def null_test_sums(acc: GeometryAccumulator) -> NullTestSums:
         unit_by_power=unit_by_power,
         entry_weights=weights,
         entry_values=values,
-        unit_forms_given_weights=None if acc.sample_exact else (lambda w: acc.unit_pair_sums(power_weights=w)[1:]),
+        n_zero_rows=acc.n_zero,
+        influence_rows=acc.sample.rows,
     )
 
 
@@ -375,12 +383,68 @@ def null_test_sums_from_rows(rows: Float[Tensor, "n d"]) -> NullTestSums:
         unit_by_power=unit.T @ powers,
         entry_weights=weights.numpy(),
         entry_values=values.numpy(),
+        n_zero_rows=int((~keep).sum()),
+        influence_rows=x,
     )
 
 
 def null_test(acc: GeometryAccumulator, anisotropy: float, null: float) -> NullTest:
     """:func:`null_test_from_sums` of the accumulator's sums (:func:`null_test_sums`)."""
     return null_test_from_sums(null_test_sums(acc), anisotropy, null)
+
+
+# Past this relative standard error of null_sd (½√((κ_L − 1)/k), κ_L the kurtosis of the per-row influence over the
+# k rows it is measured on) the sd is not trusted and no z is printed: 15 % of the sd moves a z of 3 by 0.45. (Light
+# tails: κ_L ≈ 3, 4.5 % at k = 250; rectified t(5): κ_L ≈ 6, 2–5 % of samples of 250–600 rows pass 10 %.)
+NULL_SD_MAX_REL_ERROR = 0.15
+# IF is evaluated exactly on a grid of this many points per octave of |x| and linearly in log|x| between them:
+# error ≲ (ln 2/64)²/8 ≈ 1.5e-5 of IF's curvature in log|x| (tests: ≤ 1e-4 of r's spread)
+INFLUENCE_GRID_PER_OCTAVE = 64
+_INFLUENCE_BLOCK_ROWS = 512
+
+
+def row_influence_means(
+    influence_at: Callable[[np.ndarray], np.ndarray], rows: Float[Tensor, "k d"]
+) -> Float[np.ndarray, " k"]:
+    """r_i = (1/d)·Σ_j IF(x_ij) for each row: the pooled null's influence function (IF of Q, any point:
+    ``PooledNullInfluence.influence_at``) averaged over the row's entries.
+
+    IF is computed exactly at 0 and on a grid of INFLUENCE_GRID_PER_OCTAVE points per octave of |x| (each sign)
+    spanning the rows' entries, and read off linearly in log₂|x| in between."""
+    x = rows.detach().cpu().to(torch.float64).numpy()
+    k, d = x.shape
+    magnitude = np.abs(x)
+    nonzero = magnitude[magnitude > 0]
+    out = np.zeros(k)
+    if nonzero.size == 0:
+        return out + float(influence_at(np.zeros(1))[0])
+    per = INFLUENCE_GRID_PER_OCTAVE
+    lo = math.floor(math.log2(float(nonzero.min())) * per)
+    hi = max(math.ceil(math.log2(float(nonzero.max())) * per), lo + 1)
+    grid = np.exp2(np.arange(lo, hi + 1) / per)
+    size = grid.size
+    # one table [positive grid | negative grid | 0]: entry e reads base[i] + slope[i]·f, f ∈ [0, 1) within its cell
+    values = np.concatenate(
+        [influence_at(grid), influence_at(-grid) if (x < 0).any() else np.zeros(size), influence_at(np.zeros(1))]
+    )
+    base = values.copy()
+    slope = np.zeros_like(values)
+    slope[: size - 1], slope[size : 2 * size - 1] = np.diff(values[:size]), np.diff(values[size : 2 * size])
+    for start in range(0, k, _INFLUENCE_BLOCK_ROWS):
+        block = x[start : start + _INFLUENCE_BLOCK_ROWS]
+        mag = magnitude[start : start + _INFLUENCE_BLOCK_ROWS]
+        zero = mag == 0
+        mag[zero] = 1.0  # any finite log; these entries read the 0 slot below
+        u = np.log2(mag)
+        u *= per
+        u -= lo
+        cell = np.minimum(u.astype(np.int64), size - 2)
+        u -= cell
+        cell += size * (block < 0)
+        cell[zero] = 2 * size
+        u[zero] = 0.0
+        out[start : start + block.shape[0]] = (base[cell] + slope[cell] * u).sum(axis=1) / d
+    return out
 
 
 def null_test_from_sums(sums: NullTestSums, anisotropy: float, null: float) -> NullTest:
@@ -390,21 +454,25 @@ def null_test_from_sums(sums: NullTestSums, anisotropy: float, null: float) -> N
     β the relative finite-d bias, m_k the pooled k-th moment of the entries), F̂ the entries of the n nonzero
     rows read off the entry histogram (two points per bin: :meth:`GeometryAccumulator.entry_marginal`).
 
-    sd: the influence function of T, β̂'s fluctuation included (docs/statistics.md). Per row, with h = x̂·m and
-    q_k = Σ_j x_j^k/d, Q's influence IF(x) on one entry (:func:`~saegeo.geometry.nulls.iid_unit_mean_sq_norm_influence`)
-    is split into its L²(F) projection c₀ + c₁x + c₂x² and a residual IF_res; then
-        L = 2h + g₁q₁ + g₂q₂ − r_res,   g_k = −c_k,   r_res = Σ_j IF_res(x_j)/d,
+    sd: the influence function of T, β̂'s fluctuation included (docs/statistics.md §3). Per row,
+        L_i = 2·x̂_i·m − r_i,   r_i = (1/d)·Σ_j IF(x_ij),
+    IF the influence of one entry on Q (:func:`~saegeo.geometry.nulls.iid_unit_mean_sq_norm_influence`, bounded in x:
+    Q is scale-free), so that T ≈ (1/n)Σ_i (L_i − E L) and
         Var(T) ≈ Var(L)/n + 2E[(v·v' − uu')²]/(n(n − 1)),
-        Var(L) = 4ζ₁ + gᵀCov(q)g + 4gᵀCov(h, q) + E_F[IF_res²]/d − 4m₁E_F[IF_res·k],
-    the first three measured across rows, the last two for entries iid within a row (k: the row-sum kernel,
-    m₁ = E[x₁/‖x‖]; Cov(q, r_res) = 0 by the projection). v = x̂ − m (Â's degenerate kernel v·v'),
-    u = (q₁ − m₁)/√m₂ − m₁(q₂ − m₂)/m₂^{3/2} (N's quadratic Taylor term is uu'), E[(v·v' − uu')²] =
-    ζ₂ − 2ζ₁ − 2‖E[x̂u]‖² + (E u²)². ζ₁ = Var(x̂·m) = mᵀCm − ‖m‖⁴ and ζ₂ = Var(x̂·ŷ) = tr C² − ‖m‖⁴ are
-    estimated without bias by U-statistics (below); under the null the plug-in m̂ᵀĈm̂ would add ~tr(C·Cov x̂)/n,
-    as large as the variance itself. Under isotropy (m = 0, N = 0) everything reduces to √(2/(n(n−1)d)).
-    ``A_sd`` is the sd of Â alone, exact (Hoeffding): Var(Â) = [4(n−2)ζ₁ + 2ζ₂]/(n(n−1)). Checked by simulation
-    (experiments/null_z_calibration.py, 200 samples per family): sd(z) 0.93–1.10 and |mean| ≤ 0.16 for ReLU,
-    GELU and sparse Exp at q = 0.05, 0.1, 0.2, d = 256 and 1,024 (without the β̂ term: 0.51 at q = 0.05).
+    Var(L) = 4ζ₁ − 4Cov(h, r) + Var(r) measured over ``sums.influence_rows`` (every nonzero row, or a simple random
+    sample of them: design-unbiased) whatever the rows' structure, ζ₁ and Cov(h, r) as U-statistics over distinct rows
+    (Cov(h, r) = Σ_{i≠j}(x̂_i·x̂_j)r_i/n₂ − Σ_{i,j,l distinct}(x̂_i·x̂_j)r_l/n₃, the old cov_hq form), Var(r) the sample
+    variance. v = x̂ − m (Â's degenerate kernel v·v'),
+    u = (q₁ − m₁)/√m₂ − m₁(q₂ − m₂)/m₂^{3/2}, q_k = Σ_j x_j^k/d (N's quadratic Taylor term is uu'),
+    E[(v·v' − uu')²] = ζ₂ − 2ζ₁ − 2‖E[x̂u]‖² + (E u²)². ζ₁ = Var(x̂·m) = mᵀCm − ‖m‖⁴ and ζ₂ = Var(x̂·ŷ) = tr C² − ‖m‖⁴
+    are estimated without bias by U-statistics; under the null the plug-in m̂ᵀĈm̂ would add ~tr(C·Cov x̂)/n, as large
+    as the variance itself. Null 0 (sign-symmetric): Var(L) = 4ζ₁; under isotropy everything reduces to
+    √(2/(n(n−1)d)). ``A_sd`` is the sd of Â alone, exact (Hoeffding): Var(Â) = [4(n−2)ζ₁ + 2ζ₂]/(n(n−1)).
+
+    (Until issue 36 IF was split into c₀ + c₁x + c₂x² measured through q₁, q₂ and an analytic residual: both parts
+    grow like x², cancel to a bounded L, and their sampled difference collapsed on heavy tails.) ``null_sd_rel_error``
+    = ½√((κ_L − 1)/k) is the sd's own relative error; past NULL_SD_MAX_REL_ERROR no z is given
+    (``null_z_withheld`` says why). Calibration: experiments/null_z_calibration.py, docs/statistics.md §3.
     """
     n, d = sums.n, sums.d
     total = sums.unit_sum  # S = Σ x̂
@@ -413,73 +481,79 @@ def null_test_from_sums(sums: NullTestSums, anisotropy: float, null: float) -> N
     # the pooled moments and their per-row contributions q_k
     power_sum, power_outer, unit_by_power = sums.power_sum, sums.power_outer, sums.unit_by_power
     q_sum = power_sum / d
-    mk = q_sum / n  # m₁..m₄
+    mk = q_sum / n  # m₁, m₂
     cov_q = (power_outer / d**2 - n * torch.outer(mk, mk)) / max(n - 1, 1)
-    r_dot_s = (unit_by_power / d).T @ total  # R_k·S, R_k = Σ x̂_i q_k(i)
     m1, m2 = (float(v) for v in mk)
+
+    tr_g2, sgs = sums.unit_outer_sq_trace, sums.unit_sum_outer_form
+    m_sq, tr_c2, mcm, m_4 = unit_moment_u_statistics_from_forms(float(total @ total), tr_g2, sgs, n)
+    zeta1 = max(mcm - m_4, 0.0)  # Var(x̂·m)
+    zeta2 = max(tr_c2 - m_4, 0.0)  # Var(x̂·ŷ)
 
     # the pooled marginal of the nonzero rows' entries, two points per histogram bin (each bin's Σx and Σx²)
     weights, values = sums.entry_weights, sums.entry_values
+    rel_bias, var_linear, sd_rel_error = 0.0, 4 * zeta1, 0.0
     if null > 0:
-        pooled = iid_unit_mean_sq_norm_influence(weights, values, d)
-        influence = pooled.influence
+        # Q(F) and its influence under the law of all rows' entries, the zero rows' zeros included (Q is E‖m‖² given
+        # x ≠ 0 for rows iid from F); N = m₁²/m₂ of the nonzero rows' entries, the null A is read against
+        q_weights, q_values = weights, values
+        if sums.n_zero_rows:
+            q_weights, q_values = np.append(weights, sums.n_zero_rows * d), np.append(values, 0.0)
+        pooled = iid_unit_mean_sq_norm_influence(q_weights, q_values, d)
         w = weights / weights.sum()
         law_m1, law_m2 = float(w @ values), float(w @ values**2)
         rel_bias = pooled.expected / (law_m1**2 / law_m2) - 1.0
-        # Q = N(1 + β) = E‖m‖² of the pooled iid law; T = Â − Q(F̂). Split Q's influence on the entries, IF(x),
-        # into its projection c₀ + c₁x + c₂x² (L²(F)) and a residual: the projection acts on the rows through
-        # q₁, q₂ (measured across rows below), the residual enters as Var_F(IF_res)/d (iid entries in a row).
-        powers = values[None, :] ** np.arange(5)[:, None]
-        moments = powers @ w  # E x^k, k = 0..4
-        gram_x = np.array([[moments[i + j] for j in range(3)] for i in range(3)])
-        coef = np.linalg.lstsq(gram_x, powers[:3] @ (w * influence), rcond=None)[0]
-        residual = influence - coef @ powers[:3]
-        # Var(r_res) = E_F[IF_res²]/d and Cov(h, r_res) = m₁·E_F[IF_res·k] for iid entries (h = m₁Σx_k/‖x‖);
-        # Cov(q_k, r_res) = 0 by the projection
-        var_residual = float(w @ residual**2) / d - 4 * pooled.coordinate_mean * float(
-            w @ (residual * pooled.row_sum_kernel)
-        )
-        g = -torch.tensor(coef[1:], dtype=torch.float64)  # ∂T/∂m_k through Q, the β̂ fluctuation included
-    else:
-        rel_bias, var_residual = 0.0, 0.0
-        g = torch.zeros(2, dtype=torch.float64)
+        if sums.influence_rows is not None and sums.influence_rows.shape[0] >= 2 and n >= 3:
+            # Var(L) = 4ζ₁ − 4Cov(h, r) + Var(r) over the same k rows (their sampling errors cancel as the terms
+            # do): ζ₁ and Cov(h, r) as U-statistics over distinct rows (plug-ins of m̂ = S/n are biased by O(1/n),
+            # which at n = 250 is twice Var(L) itself), Var(r) the sample variance; Σ over all rows ≈ (n/k)Σ_sample
+            rows = sums.influence_rows
+            unit = rows.to(torch.float64)
+            unit = unit / torch.linalg.vector_norm(unit, dim=1, keepdim=True)
+            h_sum = (unit @ total).numpy()  # x̂_i·S
+            r = row_influence_means(pooled.influence_at, rows)
+            k = r.size
+            scale = n / k
+            r_sum, rh_sum = scale * float(r.sum()), scale * float(r @ (h_sum - 1))  # Σr_i, Σ_{i≠j}(x̂_i·x̂_j)r_i
+            p_pairs = float(total @ total) - n  # Σ_{i≠j} x̂_i·x̂_j
+            cov_hr = rh_sum / (n * (n - 1)) - (p_pairs * r_sum - 2 * rh_sum) / (n * (n - 1) * (n - 2))
+            var_r = float(np.var(r, ddof=1))
+            var_linear = 4 * zeta1 - 4 * cov_hr + var_r
+            ell = 2 * (h_sum / n - float(total @ total) / n**2) - (r - r.mean())
+            second = float(np.mean(ell**2))
+            if var_linear > 0 and second > 0:
+                kurtosis = float(np.mean(ell**4)) / second**2
+                sd_rel_error = 0.5 * math.sqrt(max(kurtosis - 1.0, 0.0) / k)
     bias = rel_bias * null
 
-    # tr G², SᵀGS: exact, or (a row-sampled accumulator) SᵀGS as a regression on the rows' q_k with L's own
-    # weights, so that what is sampled is Var(2h + gᵀq), not the 4ζ₁ it cancels against (h̃ = n(h − h̄):
-    # w = n·g/(2d) on p_k = d·q_k; docs/statistics.md)
-    tr_g2, sgs = sums.unit_outer_sq_trace, sums.unit_sum_outer_form
-    if sums.unit_forms_given_weights is not None:
-        tr_g2, sgs = sums.unit_forms_given_weights(g * (n / (2 * d)))
-    m_sq, tr_c2, mcm, m_4 = unit_moment_u_statistics_from_forms(float(total @ total), tr_g2, sgs, n)
-    p_pairs = m_sq * n * (n - 1)  # Σ_{i≠j} x̂_i·x̂_j
-    n2, n3 = n * (n - 1), n * (n - 1) * (n - 2)
-    zeta1 = max(mcm - m_4, 0.0)  # Var(x̂·m)
-    zeta2 = max(tr_c2 - m_4, 0.0)  # Var(x̂·ŷ)
-    if n >= 3:  # Cov(h, q_k) = E[(x̂·m)q_k] − ‖m‖²m_k, both unbiased
-        cov_hq = (r_dot_s - q_sum) / n2 - (p_pairs * q_sum - 2 * (r_dot_s - q_sum)) / n3
-    else:
-        cov_hq = r_dot_s / n**2 - m_sq * mk
-
     if m2 > 0:
-        var_linear = 4 * zeta1 + float(g @ cov_q @ g) + 4 * float(g @ cov_hq) + var_residual
         e_xu = (unit_by_power[:, 0] / (d * n) - m * m1) / math.sqrt(m2) - (m1 / m2**1.5) * (
             unit_by_power[:, 1] / (d * n) - m * m2
         )
         e_uu = float(cov_q[0, 0] / m2 - 2 * (m1 / m2**2) * cov_q[0, 1] + (m1**2 / m2**3) * cov_q[1, 1])
         degenerate = zeta2 - 2 * zeta1 - 2 * float(e_xu @ e_xu) + e_uu**2
     else:
-        var_linear, degenerate = 4 * zeta1, zeta2 - 2 * zeta1
+        degenerate = zeta2 - 2 * zeta1
+    n2 = n * (n - 1)
     var_t = max(var_linear, 0.0) / n + 2 * max(degenerate, 0.0) / n2
     sd_t = math.sqrt(var_t)
+    withheld = None
+    if sd_rel_error > NULL_SD_MAX_REL_ERROR:
+        withheld = (
+            f"too heavy-tailed for a calibrated sd: the per-row influence has kurtosis {kurtosis:.3g} over "
+            f"{k:,} rows, so the sd itself is uncertain by ±{100 * sd_rel_error:.0f} % (> "
+            f"{100 * NULL_SD_MAX_REL_ERROR:.0f} %)"
+        )
     return NullTest(
         A_sd=math.sqrt(anisotropy_u_statistic_variance(zeta1, zeta2, n)),
         null_sd=sd_t,
         null_bias=bias,
         null_bias_relative=rel_bias,
-        null_z=(anisotropy - null - bias) / sd_t if sd_t > 0 else None,
+        null_z=(anisotropy - null - bias) / sd_t if sd_t > 0 and withheld is None else None,
         zeta1=zeta1,
         zeta2=zeta2,
+        null_sd_rel_error=sd_rel_error,
+        null_z_withheld=withheld,
     )
 
 
@@ -585,6 +659,7 @@ class ActivationGeometry:
     null_bias: float | None = None  # finite-d bias of Â for coordinates iid from the pooled marginal
     null_bias_relative: float | None = None  # the same, relative to A_null
     null_z: float | None = None  # (A − A_null − bias)/null_sd
+    null_z_withheld: str | None = None  # why there is no null_z although A and the null exist (the sd is not trusted)
     # ---- the unit vectors' second moment C = E x̂x̂ᵀ ("uniformity of normalised directions")
     unit_effective_rank: float | None = None  # erank of C (d for uniform directions)
     unit_top1_share: float | None = None  # λ_max(C)/tr C (1/d for uniform directions)
@@ -761,6 +836,7 @@ def activation_geometry(
         null_bias=tested.null_bias if tested else None,
         null_bias_relative=tested.null_bias_relative if tested else None,
         null_z=tested.null_z if tested else None,
+        null_z_withheld=tested.null_z_withheld if tested else None,
         unit_effective_rank=unit_erank,
         unit_top1_share=unit_top1,
         mp_sigma2_trace=sigma2_trace,

@@ -93,7 +93,7 @@ def activation_lines(report: GeometryReport) -> list[tuple[str, str]]:
     elif g.get("n_spikes") is None and bulk:
         spikes = (
             f"no flat MP bulk: power law, slope α = {fmt_num(bulk.get('power_law_alpha'))} over ranks "
-            f"{bulk.get('power_law_ranks')}"
+            f"{bulk.get('power_law_ranks')}{edge_spike_phrase(bulk)}"
         )
     else:
         spikes = (
@@ -117,6 +117,8 @@ def activation_lines(report: GeometryReport) -> list[tuple[str, str]]:
                 f"isotropic sd {fmt_num(g.get('isotropic_sd'))} (isotropic z {fmt_num(g['isotropic_z'], 1)})",
             )
         )
+    elif g.get("null_z_withheld"):
+        lines.append(("vs null", f"no z: {g['null_z_withheld']}"))
     if g.get("unit_effective_rank") is not None:
         lines.append(
             (

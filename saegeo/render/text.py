@@ -35,6 +35,8 @@ def geometry_summary(geo: ActivationGeometry) -> str:
             f"vs null:   z = {geo.null_z:,.1f} = (A − null − finite-d bias {geo.null_bias:.2g}) / sd {geo.null_sd:.2g} "
             f"(sd of A alone {geo.A_sd:.2g}; isotropic sd {f(geo.isotropic_sd, '.2g')}, isotropic z {f(geo.isotropic_z, ',.1f')})"
         )
+    elif geo.null_z_withheld:
+        lines.append(f"vs null:   no z: {geo.null_z_withheld}")
     if geo.unit_effective_rank is not None:
         lines.append(
             f"unit x̂:   erank of E[x̂x̂ᵀ] {geo.unit_effective_rank:.1f} of {geo.d}, top-1 {f(geo.unit_top1_share, '.1%')} "
@@ -66,7 +68,7 @@ def geometry_summary(geo: ActivationGeometry) -> str:
         counted = (
             f"no flat bulk (it would hold {bulk.get('bulk_fraction', 0):.0%} of the eigenvalues, "
             f"{bulk.get('fraction_below_lower_edge', 0):.0%} of those below its lower edge): "
-            f"power law, slope α = {f(alpha, '.3f')} over ranks {bulk.get('power_law_ranks')}"
+            f"power law, slope α = {f(alpha, '.3f')} over ranks {bulk.get('power_law_ranks')}{edge_spike_phrase(bulk)}"
         )
     else:
         counted = (
