@@ -329,14 +329,18 @@ _DTYPES += [torch.uint8, torch.complex64, torch.float8_e4m3fn, torch.float8_e5m2
 
 @st.composite
 def broken_table(draw):
-    fmt = draw(st.sampled_from(["saelens", "sparsify", "llama_scope", "gemma_scope_2"]))
+    fmt = draw(
+        st.sampled_from(["saelens", "sparsify", "llama_scope", "gemma_scope_2", "dictionary_learning", "openai"])
+    )
     with tempfile.TemporaryDirectory() as tmp:
-        _write(pathlib.Path(tmp), fmt)
-        weights = next(pathlib.Path(tmp).rglob("*.safetensors"))
-        from safetensors.torch import load_file
+        target = _write(pathlib.Path(tmp), fmt)
+        if target.suffix == ".pt":  # a pickled state dict: its non-tensor entries (k, activation) stay
+            table = torch.load(target, weights_only=True)
+        else:
+            from safetensors.torch import load_file
 
-        table = load_file(weights)
-    name = draw(st.sampled_from(sorted(table)))
+            table = load_file(next(pathlib.Path(tmp).rglob("*.safetensors")))
+    name = draw(st.sampled_from(sorted(k for k, v in table.items() if isinstance(v, torch.Tensor))))
     action = draw(st.sampled_from(["dtype", "shape", "drop", "extra"]))
     if action == "drop":
         del table[name]

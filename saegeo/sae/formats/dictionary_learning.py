@@ -8,6 +8,7 @@ TopK ignores the stored threshold by default.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from pathlib import Path
 
@@ -101,7 +102,13 @@ def _dictionary_learning_class(state: dict, where: object) -> str:
 
 def _tensor_count(where: object, value: torch.Tensor, name: str) -> int:
     """A count stored as a one-element tensor (dictionary_learning's k buffer), refused unless an integer >= 1."""
-    if value.numel() != 1 or value.is_complex() or not float(value) == int(value) or int(value) < 1:
+    if (
+        value.numel() != 1
+        or value.is_complex()
+        or not math.isfinite(float(value))
+        or not float(value) == int(value)
+        or int(value) < 1
+    ):
         raise FormatError(f"{where}: {name} must be one integer >= 1, found {value.tolist()!r}")
     return int(value)
 
@@ -204,11 +211,21 @@ def dictionary_learning_state_dictionary(
                 f"{pt}: {dict_class} threshold must be one scalar, found shape {tuple(t['threshold'].shape)}"
             )
         tensors["threshold"] = t["threshold"].reshape(1)
-        info.threshold = float(t["threshold"])
+        info.threshold = float(t["threshold"].real)  # a complex one is refused by name in make_dictionary
         info.threshold_unset = info.threshold < 0  # -1 = never updated in training: every ReLU code passes (dense)
     elif activation == "topk":
-        info.stored_threshold_ignored = float(t["threshold"]) if "threshold" in t else None
+        stored = t.get("threshold")
+        if stored is not None and stored.numel() == 1 and not stored.is_complex():  # unused: recorded when readable
+            info.stored_threshold_ignored = float(stored)
     if dict_class == "MatryoshkaBatchTopKSAE":
+        if (
+            t["group_sizes"].is_floating_point()
+            or t["group_sizes"].is_complex()
+            or t["group_sizes"].dtype == torch.bool
+        ):
+            raise FormatError(
+                f"{pt}: group_sizes must be integers, found {str(t['group_sizes'].dtype).removeprefix('torch.')}"
+            )
         sizes = [int(s) for s in t["group_sizes"].reshape(-1)]
         if sum(sizes) != d_sae:
             raise FormatError(f"{pt}: group_sizes {sizes} sum to {sum(sizes)}, not dict_size {d_sae}")
