@@ -665,6 +665,92 @@ def _user_error(err: BaseException) -> str | None:
     return None
 
 
+# --------------------------------------------------------------------------- what each command reads and writes
+def _local(path: Any) -> str | None:
+    """A path that exists on this machine (a hub id or a bundled model's name is not a path of ours)."""
+    return str(path) if path and os.path.exists(os.path.expanduser(str(path))) else None
+
+
+def _paths(args: argparse.Namespace) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+    """(inputs, output files, output directories, output-set directories) of a parsed command line: every path
+    the command reads and writes, known before it runs (the config files are read, no model or data)."""
+    from pathlib import Path
+
+    def rendered(out: Any, formats: Any, stem: str, *extra: str) -> list[Any]:
+        from saegeo.render.base import FORMATS, rendering_paths
+
+        formats = FORMATS if formats is None else formats
+        return [*rendering_paths(out, formats, stem), *(Path(out) / e for e in extra)] if out else []
+
+    def figures(out: Any) -> list[Any]:
+        return [Path(out) / "figures"] if out else []
+
+    c, get = args.command, lambda name: getattr(args, name, None)
+    if c == "geometry":
+        return list(args.files), [get("json")], [], []
+    if c == "sweep":
+        from saegeo.report.sweep import SweepOptions
+
+        o = from_dict(SweepOptions, passed(args, SweepOptions))
+        caches = [o.cache_dir] if o.model else []
+        return [*args.stores, _local(o.corpus)], [o.json, *rendered(o.out, None, "sweep", "sweep.png")], caches, [o.out]
+    if c == "cache":
+        from saegeo.activations.cache import CacheConfig, store_dir
+
+        cc = from_dict(CacheConfig, passed(args, CacheConfig))
+        return [_local(cc.corpus), _local(cc.model)], [], [store_dir(cc.out, h) for h in cc.hooks], []
+    if c == "synth":
+        out = get("out")
+        if out and out.endswith(".safetensors"):
+            return [], [out], [], []
+        return [], [Path(out) / "truth.safetensors"] if out else [], [out], []
+    if c == "check":
+        stem = "report" if args.acts else "check"
+        return [_local(args.path), args.acts], rendered(args.out, args.format, stem), figures(args.out), [args.out]
+    if c == "report":
+        formats = [f.strip() for f in args.format.split(",") if f.strip()]
+        saes = [spec.rpartition("=")[2] for spec in args.sae]
+        inputs = [args.acts, *saes, args.config, _local(args.model)]
+        return inputs, rendered(args.out, formats, "report"), figures(args.out), [args.out]
+    if c == "latents":
+        return [args.sae, args.acts], rendered(args.out, None, "latents"), [], [args.out]
+    if c == "eval":
+        from saegeo.sae.splice import EvalConfig
+
+        e = from_dict(EvalConfig, {k: v for k, v in passed(args, EvalConfig).items() if k != "sae"})
+        return [_local(get("sae")), _local(e.model), _local(e.corpus)], [args.json], [], []
+    if c == "train":
+        from saegeo.sae.train import TrainConfig
+
+        cfg, extras = resolve(TrainConfig, passed(args, TrainConfig), args.config, table="train", extra=("acts",))
+        return [args.acts or extras.get("acts"), args.config], [], [cfg.out_dir], []
+    if c == "run":
+        from saegeo.activations.cache import store_dir
+        from saegeo.pipeline import load_run_config
+
+        rc = load_run_config(args.config)
+        out = Path(rc.out)
+        stores = [rc.acts] if rc.acts else [store_dir(rc.cache.out, h) for h in rc.cache.hooks]
+        inputs = [args.config, *stores, _local(rc.cache.corpus), _local(rc.cache.model)]
+        report = rendered(out / "report", rc.formats, "report")
+        saes = [Path(rc.sae_config(name).out_dir) for name in rc.saes]
+        return inputs, [*report, out / "cache_config.json"], [*saes, *figures(out / "report")], [out / "report"]
+    return [], [], [], []
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """Before any command runs: no output is, contains or lies inside an input (or an activation store), every
+    output can be written, and an output set an interruption left half moved is finished or discarded."""
+    from saegeo.io import recover_output_set, refuse_outputs_over_inputs, require_writable
+
+    inputs, files, directories, sets = _paths(args)
+    refuse_outputs_over_inputs([*files, *directories], inputs)
+    require_writable(files, directories)
+    for out in sets:
+        if out and os.path.isdir(out):
+            recover_output_set(out)
+
+
 # The commands whose time is the geometry pass: long single-threaded stretches (the fused loop over each chunk,
 # LAPACK read-outs) between torch's parallel products.
 SLEEPING_WORKER_COMMANDS = frozenset({"geometry", "report", "check", "sweep", "latents"})
@@ -694,6 +780,7 @@ def main(argv: list[str] | None = None) -> int:
         quiet_openmp_workers()
     args = build_parser(command).parse_args(argv)
     try:
+        _check_paths(args)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("saegeo: interrupted", file=sys.stderr)

@@ -21,7 +21,6 @@ its rows from the safetensors header.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import mmap
@@ -44,7 +43,7 @@ from torch import Tensor
 from saegeo.activations.options import MANIFEST
 from saegeo.config import StorageDtype, parse_dtype
 from saegeo.errors import BadInputError, StoreError
-from saegeo.io import atomic_write, crash_point, json_safe, sha256_file
+from saegeo.io import atomic_write, crash_point, json_safe, sha256_file, writer_lock
 from saegeo.progress import progress_bar
 
 FORMAT_VERSION = 1
@@ -207,27 +206,6 @@ def _read_header(head: bytes | mmap.mmap | Any) -> tuple[dict[str, dict[str, Any
 SAFETENSORS_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 
 
-def _take_lock(path: Path):
-    """An exclusive flock on STORE/.writer.lock (released when the file closes, also when the process dies);
-    StoreError naming the holder's pid if another writer has it."""
-    f = open(path / LOCK_FILE, "a+")
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        pid = f.read().strip() or "unknown"
-        f.close()
-        raise StoreError(
-            f"{path}: another process (pid {pid}) is writing this store; wait for it to finish (or stop it), "
-            "then rerun, or write to another directory"
-        ) from None
-    f.seek(0)
-    f.truncate()
-    f.write(str(os.getpid()))
-    f.flush()
-    return f
-
-
 # --------------------------------------------------------------------------- writer
 class StoreWriter:
     """Append rows to a sharded store; full shards are written atomically as they fill.
@@ -273,7 +251,9 @@ class StoreWriter:
         self._buffered = 0
         self._closed = False
         self.path.mkdir(parents=True, exist_ok=True)
-        self._lock = _take_lock(self.path)  # one writer per store: two would interleave shards
+        self._lock = writer_lock(
+            self.path, "store", LOCK_FILE, StoreError
+        )  # one writer per store: two would interleave shards
         try:
             self._open(mode, identity, extra_meta)
         except BaseException:

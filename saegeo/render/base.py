@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from saegeo.errors import BadInputError
-from saegeo.io import atomic_write
+from saegeo.io import atomic_write, output_set
 from saegeo.report.display import flag_counts
 
 if TYPE_CHECKING:  # annotations only: this module stays torch-free (the CLI imports FORMATS from it)
@@ -356,6 +356,22 @@ def output_dir(out_dir: str | os.PathLike, formats: Sequence[str], known: Sequen
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def write_output_set(
+    out_dir: str | os.PathLike,
+    formats: Sequence[str],
+    known: Sequence[str],
+    what: str,
+    write: Callable[[Path], dict[str, Path]],
+) -> dict[str, Path]:
+    """``write(stage)`` writes a command's whole set of files into a staging directory; they are moved into
+    out_dir as one set (saegeo.io.output_set: an interruption leaves the old set or the new one, never a mix).
+    Returns {format: final path}."""
+    out = output_dir(out_dir, formats, known, what)
+    with output_set(out) as stage:
+        written = write(stage)
+    return {key: out / path.relative_to(stage) for key, path in written.items()}
 
 
 def write_renderings(

@@ -39,8 +39,8 @@ from saegeo.render.base import (
     fmt_pct,
     html_page,
     md_table,
-    output_dir,
     rendering_names,
+    write_output_set,
     write_renderings,
 )
 from saegeo.report.latents import LATENTS_SCHEMA_VERSION, TABLE_COLUMNS
@@ -535,17 +535,20 @@ def write_latents(
 ) -> dict[str, Path]:
     """`saegeo latents` output: summary.txt, latents.md, latents.json + latents.csv (json), latents.html."""
     doc = latents_document(page)
-    out = output_dir(out_dir, formats, ("terminal", "md", "json", "html"), "latents")
     names = rendering_names("latents")
-    written = write_renderings(
-        out,
-        [f for f in formats if f != "json"],
-        {
-            "terminal": (names["terminal"], lambda: render_latents_terminal(doc)),
-            "md": (names["md"], lambda: render_latents_markdown(doc)),
-            "html": (names["html"], lambda: render_latents_html(doc)),
-        },
-    )
-    if "json" in formats:
-        written.update(write_latent_files(doc, out))
-    return written
+
+    def write(out: Path) -> dict[str, Path]:
+        written = write_renderings(
+            out,
+            [f for f in formats if f != "json"],
+            {
+                "terminal": (names["terminal"], lambda: render_latents_terminal(doc)),
+                "md": (names["md"], lambda: render_latents_markdown(doc)),
+                "html": (names["html"], lambda: render_latents_html(doc)),
+            },
+        )
+        if "json" in formats:
+            written.update(write_latent_files(doc, out))
+        return written
+
+    return write_output_set(out_dir, formats, ("terminal", "md", "json", "html"), "latents", write)

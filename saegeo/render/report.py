@@ -37,11 +37,11 @@ from saegeo.render.base import (
     md_flags,
     md_table,
     new_figure,
-    output_dir,
     png,
     rendering_names,
     terminal_flags,
     text_table,
+    write_output_set,
     write_renderings,
 )
 from saegeo.render.check import render_check_html, render_check_markdown, render_check_terminal
@@ -697,26 +697,32 @@ def write_report(
 ) -> dict[str, Path]:
     """Write the requested renderings of a report (summary.txt, report.md + figures/, report.json, report.html)
     or of a dictionary check (summary.txt, check.md, check.json, check.html) into ``out_dir``; returns {format: path}."""
-    out = output_dir(out_dir, formats, FORMATS, "report")
     is_report = isinstance(page, GeometryReport)
     pngs = figures(page) if is_report and ("html" in formats or "md" in formats) else {}
     stem = "report" if is_report else "check"
-    if is_report and "md" in formats:  # the Markdown links its figures as files
-        fig_dir = out / "figures"
-        fig_dir.mkdir(exist_ok=True)
-        for name, data in pngs.items():
-            atomic_write(fig_dir / f"{name}.png", data)
-    names = rendering_names(stem)
-    writers = {
-        "terminal": (names["terminal"], lambda: render_terminal(page) if is_report else render_check_terminal(page)),
-        "json": (names["json"], lambda: page.to_json()),
-        "md": (
-            names["md"],
-            lambda: render_markdown(page, figure_dir="figures") if is_report else render_check_markdown(page),
-        ),
-        "html": (names["html"], lambda: render_html(page, pngs) if is_report else render_check_html(page)),
-    }
-    written = write_renderings(out, formats, writers)
-    if is_report and "json" in formats and has_latents(page):  # latents.csv and latents.json beside report.json
-        written.update(write_latent_files(latents_document(page), out))
-    return written
+
+    def write(out: Path) -> dict[str, Path]:
+        if is_report and "md" in formats:  # the Markdown links its figures as files
+            fig_dir = out / "figures"
+            fig_dir.mkdir(exist_ok=True)
+            for name, data in pngs.items():
+                atomic_write(fig_dir / f"{name}.png", data)
+        names = rendering_names(stem)
+        writers = {
+            "terminal": (
+                names["terminal"],
+                lambda: render_terminal(page) if is_report else render_check_terminal(page),
+            ),
+            "json": (names["json"], lambda: page.to_json()),
+            "md": (
+                names["md"],
+                lambda: render_markdown(page, figure_dir="figures") if is_report else render_check_markdown(page),
+            ),
+            "html": (names["html"], lambda: render_html(page, pngs) if is_report else render_check_html(page)),
+        }
+        written = write_renderings(out, formats, writers)
+        if is_report and "json" in formats and has_latents(page):  # latents.csv and latents.json beside report.json
+            written.update(write_latent_files(latents_document(page), out))
+        return written
+
+    return write_output_set(out_dir, formats, FORMATS, "report", write)

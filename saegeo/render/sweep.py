@@ -26,11 +26,11 @@ from saegeo.render.base import (
     md_flags,
     md_table,
     new_figure,
-    output_dir,
     png,
     rendering_names,
     terminal_flags,
     text_table,
+    write_output_set,
     write_renderings,
 )
 from saegeo.report.sweep import LayerSweep
@@ -255,10 +255,7 @@ def write_sweep(
     sweep: LayerSweep, out_dir: str | os.PathLike, formats: Sequence[str] = SWEEP_FORMATS
 ) -> dict[str, Path]:
     """summary.txt, sweep.json, sweep.md (+ sweep.png beside it), sweep.html in ``out_dir``; returns {format: path}."""
-    out = output_dir(out_dir, formats, SWEEP_FORMATS, "sweep")
     png = sweep_figure(sweep) if {"md", "html"} & set(formats) else None
-    if "md" in formats:
-        atomic_write(out / "sweep.png", png)
     names = rendering_names("sweep")
     writers = {
         "terminal": (names["terminal"], lambda: render_sweep_terminal(sweep)),
@@ -266,7 +263,13 @@ def write_sweep(
         "md": (names["md"], lambda: render_sweep_markdown(sweep, figure="sweep.png")),
         "html": (names["html"], lambda: render_sweep_html(sweep, png)),
     }
-    return write_renderings(out, formats, writers)
+
+    def write(out: Path) -> dict[str, Path]:
+        if "md" in formats:
+            atomic_write(out / "sweep.png", png)
+        return write_renderings(out, formats, writers)
+
+    return write_output_set(out_dir, formats, SWEEP_FORMATS, "sweep", write)
 
 
 def sweep_block(sweep: LayerSweep) -> str:

@@ -1,0 +1,272 @@
+"""No output is an input, output sets are whole, no work is lost to a late error (issue 37).
+
+Every command that writes is given an output that is, contains or lies inside one of its inputs (or a store):
+refused before any work, in one line naming both, the input untouched, --overwrite or not. A report's set of
+files is killed (os._exit, as SIGKILL) or interrupted (KeyboardInterrupt, as Ctrl-C) at every rename and must be
+whole afterwards: the old set or the new one, byte for byte."""
+
+import errno
+import hashlib
+import multiprocessing as mp
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from saegeo import io
+from saegeo.activations.store import write_store
+from saegeo.cli import main
+from saegeo.sae.model import SAE, SAEConfig
+
+D = 8
+
+
+def _tree(path: Path) -> dict[str, str]:
+    """sha256 of every file under path (or of path itself): what 'untouched' means."""
+    path = Path(path)
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return {str(f): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+
+
+@pytest.fixture(scope="module")
+def fx(tmp_path_factory):
+    root = tmp_path_factory.mktemp("io37")
+    g = torch.Generator().manual_seed(0)
+    write_store(root / "store", torch.randn(512, D, generator=g), shard_rows=128)
+    write_store(root / "store2", torch.randn(512, D, generator=g) * 3 + 1, shard_rows=128)
+    sae = SAE(SAEConfig(d_in=D, d_sae=16, activation="topk", k=2))
+    sae.init_weights(torch.Generator().manual_seed(0))
+    sae.save(root / "sae")
+    (root / "docs.txt").write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    (root / "run.toml").write_text(f'out = "{root / "store"}"\nacts = "{root / "store"}"\n[saes.a]\nk = 2\n')
+    from safetensors.torch import save_file
+
+    save_file({"activations": torch.randn(64, D, generator=g)}, str(root / "in.safetensors"))
+    return root
+
+
+def _cases(fx: Path) -> dict[str, tuple[list[str], str, str]]:
+    """name -> (argv, the output named, the input named): each output is, contains or lies inside an input."""
+    store, sae, file = str(fx / "store"), str(fx / "sae"), str(fx / "in.safetensors")
+    return {
+        "geometry --json is the input file": (["geometry", file, "--json", file], file, file),
+        "geometry --json is a shard of the input store": (
+            ["geometry", store, "--json", f"{store}/shard_00000.safetensors"],
+            "shard_00000",
+            store,
+        ),
+        "synth --out is a shard inside a store": (
+            ["synth", "--n", "100", "--d", "8", "--out", f"{store}/shard_00000.safetensors"],
+            "shard_00000",
+            store,
+        ),
+        "synth --out is a new file inside a store": (
+            ["synth", "--n", "100", "--d", "8", "--out", f"{store}/extra.safetensors"],
+            "extra.safetensors",
+            store,
+        ),
+        "sweep --out is the store": (["sweep", store, "--out", store], store, store),
+        "sweep --json inside the store": (["sweep", store, "--json", f"{store}/manifest.json"], "manifest.json", store),
+        "report --out is the store": (["report", "--acts", store, "--out", store], store, store),
+        "report --out is the SAE directory": (
+            ["report", "--acts", store, "--sae", sae, "--out", sae, "--format", "json"],
+            sae,
+            sae,
+        ),
+        "check --out is the SAE directory": (["check", sae, "--out", sae], sae, sae),
+        "check --out is the acts store": (["check", sae, "--acts", store, "--out", store], store, store),
+        "latents --out inside the store": (["latents", sae, "--acts", store, "--out", f"{store}/cards"], store, store),
+        "eval --json is the SAE's weights": (
+            ["eval", "--sae", sae, "--json", f"{sae}/sae_weights.safetensors"],
+            "sae_weights",
+            sae,
+        ),
+        "train --out-dir is the store": (["train", "--acts", store, "--k", "2", "--out-dir", store], store, store),
+        "train --out-dir contains the store": (
+            ["train", "--acts", store, "--k", "2", "--out-dir", str(fx)],
+            str(fx),
+            store,
+        ),
+        "cache --out holds the corpus where a store goes": (
+            ["cache", "--corpus", str(fx / "blocks.3.hook_resid_post"), "--out", str(fx)],
+            "blocks.3.hook_resid_post",
+            "blocks.3.hook_resid_post",
+        ),
+        "run with out set to the store": (["run", str(fx / "run.toml")], store, store),
+    }
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_no_output_of_any_command_may_be_an_input(fx, capsys, monkeypatch, overwrite):
+    (fx / "blocks.3.hook_resid_post").write_text("a corpus file where cache would put its store")
+    before = _tree(fx)
+    for name, (argv, out, inp) in _cases(fx).items():
+        if overwrite and argv[0] not in ("run",):
+            argv = [*argv, "--overwrite"]
+        capsys.readouterr()
+        rc = main(argv)
+        err = capsys.readouterr().err
+        assert rc == 2, (name, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("saegeo: error: output "), (name, err)
+        assert out in lines[0] and inp in lines[0], (name, lines[0])
+        assert _tree(fx) == before, name  # nothing written, nothing replaced
+
+
+def test_links_and_dotdot_are_resolved(fx, tmp_path, capsys):
+    file = fx / "in.safetensors"
+    (tmp_path / "link").symlink_to(file)
+    os.link(file, tmp_path / "hard.safetensors")
+    (tmp_path / "dir").symlink_to(fx / "store")
+    before = _tree(fx)
+    for out, why in [
+        (tmp_path / "link", "through links"),
+        (tmp_path / "hard.safetensors", "hard links"),
+        (fx / "store" / ".." / "in.safetensors", ""),
+        (tmp_path / "dir" / "g.json", "through links"),
+    ]:
+        src = str(fx / "store") if "dir" in str(out) else str(file)
+        assert main(["geometry", src, "--json", str(out), "--overwrite", "--no-progress"]) == 2, out
+        err = capsys.readouterr().err
+        assert why in err and len(err.strip().splitlines()) == 1, err
+    assert _tree(fx) == before
+
+
+# =========================================================================== whole output sets
+@pytest.fixture(scope="module")
+def reports(fx):
+    """An old and a new report (two different stores, one SAE: latents files too), computed once."""
+    from saegeo.report import ReportOptions, geometry_report
+
+    opts = ReportOptions(progress=False)
+    return [geometry_report(str(fx / s), {"a": str(fx / "sae")}, options=opts) for s in ("store", "store2")]
+
+
+_FIGURES: dict[int, dict] = {}
+
+
+@pytest.fixture
+def fast_figures(monkeypatch):
+    """Each report's figures drawn once (matplotlib takes seconds): the renames, not the drawing, are tested."""
+    from saegeo.render import report as render_report
+
+    draw = render_report.figures
+    def drawn_once(page):
+        if id(page) not in _FIGURES:
+            _FIGURES[id(page)] = draw(page)
+        return _FIGURES[id(page)]
+
+    monkeypatch.setattr(render_report, "figures", drawn_once)
+
+
+def _write_and_crash(report, out: str, crash_at: str) -> None:
+    os.environ[io.CRASH_ENV] = crash_at
+    from saegeo.render import write_report
+
+    write_report(report, out)
+
+
+def _whole(out: Path, old: dict[str, bytes], new: dict[str, bytes]) -> str:
+    """'old' or 'new' when every file of the set in ``out`` is that set's, byte for byte; fails on a mix."""
+    have = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert not [n for n in have if n.endswith(".tmp") or io.STAGING in n or n == io.JOURNAL], sorted(have)
+    if have == old:
+        return "old"
+    assert have == new, sorted(n for n in have if have[n] != new.get(n))
+    return "new"
+
+
+def _set(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+
+def test_a_report_killed_at_every_rename_is_whole_after_the_rerun(fx, reports, fast_figures, tmp_path, capsys):
+    from saegeo.render import write_report
+
+    old_report, new_report = reports
+    write_report(new_report, tmp_path / "ref")
+    new = _set(tmp_path / "ref")
+    write_report(old_report, tmp_path / "ref_old")
+    old = _set(tmp_path / "ref_old")
+    assert len(new) >= 8 and all(old[n] != new[n] for n in new), "the two sets differ in every file"
+    for k in range(0, len(new) + 1):  # k = 0: killed with the set staged, before the journal
+        out = tmp_path / f"out{k}"
+        write_report(old_report, out)
+        crash_at = f"output_set_rename:{k}" if k else "output_set_staged:1"
+        p = mp.get_context("fork").Process(target=_write_and_crash, args=(new_report, str(out), crash_at))
+        p.start()
+        p.join(120)
+        assert p.exitcode == 137, k
+        capsys.readouterr()
+        said = io.recover_output_set(out)  # what a rerun does first (saegeo's commands call it before any work)
+        assert ("discarded" if k == 0 else "completed") in said, said
+        assert _whole(out, old, new) == ("old" if k == 0 else "new"), k
+        assert io.recover_output_set(out) is None  # nothing left pending
+
+
+def test_a_rerun_of_the_command_says_which_set_and_recovers(fx, reports, fast_figures, tmp_path, capsys):
+    old_report, new_report = reports
+    from saegeo.render import write_report
+
+    out = tmp_path / "r"
+    write_report(old_report, out)
+    p = mp.get_context("fork").Process(target=_write_and_crash, args=(new_report, str(out), "output_set_rename:3"))
+    p.start()
+    p.join(120)
+    assert p.exitcode == 137
+    assert (out / io.JOURNAL).exists()
+    capsys.readouterr()
+    rc = main(["report", "--acts", str(fx / "store2"), "--sae", f"a={fx / 'sae'}", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "an interrupted write was completed; its files are the new set" in err, err
+    assert "already exists" in err.splitlines()[-1]
+    assert not (out / io.JOURNAL).exists() and not (out / io.STAGING).exists()
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_ctrl_c_between_two_renames_finishes_the_new_set(fx, reports, fast_figures, tmp_path, monkeypatch, k):
+    from saegeo.render import write_report
+
+    old_report, new_report = reports
+    write_report(new_report, tmp_path / "ref")
+    out = tmp_path / "out"
+    write_report(old_report, out)
+    old = _set(out)
+    seen = []
+
+    def interrupt(where):
+        seen.append(where)
+        if where == "output_set_rename" and seen.count(where) == k:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(io, "crash_point", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        write_report(new_report, out)
+    assert _whole(out, old, _set(tmp_path / "ref")) == "new"
+
+
+def test_an_error_while_staging_leaves_the_old_set_and_no_temp_file(fx, reports, fast_figures, tmp_path, monkeypatch):
+    from saegeo.render import report as render_report
+    from saegeo.render import write_report
+
+    old_report, new_report = reports
+    out = tmp_path / "out"
+    write_report(old_report, out)
+    old = _set(out)
+    monkeypatch.setattr(render_report, "render_html", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(RuntimeError):
+        write_report(new_report, out)
+    assert _whole(out, old, {}) == "old"
+
+
+def test_a_full_disk_names_the_file_and_leaves_no_temp_file(fx, tmp_path, capsys, monkeypatch):
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(io.os, "fsync", full)
+    out = tmp_path / "g.json"
+    rc = main(["geometry", str(fx / "store"), "--json", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "No space left on device" in err and str(out) in err, err
+    assert list(tmp_path.iterdir()) == []
