@@ -166,6 +166,9 @@ def cmd_synth(args: argparse.Namespace) -> int:
     cfg = preset(opts.preset, **passed(args, SyntheticConfig))
     out = Path(opts.out)
     single_file = out.suffix == ".safetensors"
+    from saegeo.io import require_disk
+
+    require_disk(out, opts.n * cfg.d * (4 if opts.dtype == "float32" else 2), f"{opts.n:,} rows of d={cfg.d}")
     if (out.exists() if single_file else (out / "manifest.json").exists()) and not opts.overwrite:
         raise CLIError(f"{opts.out} already exists; pass --overwrite to replace it or choose another --out")
     from saegeo.geometry.amplification import exact_moment_prediction  # the work begins: torch from here on
@@ -702,7 +705,7 @@ def _paths(args: argparse.Namespace) -> tuple[list[Any], list[Any], list[Any], l
     if c == "synth":
         out = get("out")
         if out and out.endswith(".safetensors"):
-            return [], [out], [], []
+            return [], [out, Path(out).with_name(Path(out).stem + ".truth.safetensors")], [], []
         return [], [Path(out) / "truth.safetensors"] if out else [], [out], []
     if c == "check":
         stem = "report" if args.acts else "check"

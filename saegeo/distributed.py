@@ -129,6 +129,8 @@ def resolve_device(spec: str | torch.device, what: str = "--device") -> torch.de
                 f"{what} {spec!r}: only {torch.cuda.device_count()} GPU(s) are visible "
                 f"(cuda:0 … cuda:{torch.cuda.device_count() - 1})"
             )
+    elif device.type == "meta":  # shapes without data: a run would fail (or train nothing) after its set-up
+        raise BadInputError(f"{what} {spec!r} holds no data, so nothing can be computed on it; use cpu, cuda or mps")
     elif device.type == "mps" and not torch.backends.mps.is_available():
         raise BadInputError(f"{what} {spec!r}: MPS is not available on this machine; use --device cpu")
     return device

@@ -152,6 +152,7 @@ def fast_figures(monkeypatch):
     from saegeo.render import report as render_report
 
     draw = render_report.figures
+
     def drawn_once(page):
         if id(page) not in _FIGURES:
             _FIGURES[id(page)] = draw(page)
@@ -270,3 +271,93 @@ def test_a_full_disk_names_the_file_and_leaves_no_temp_file(fx, tmp_path, capsys
     err = capsys.readouterr().err
     assert rc == 2 and "No space left on device" in err and str(out) in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+# =========================================================================== no work lost to a late error
+def test_an_unwritable_output_is_refused_before_the_pass(fx, tmp_path, capsys, monkeypatch):
+    """Tests run as root: a path under a file is what nobody can write. Found before the pass, not after it."""
+    from saegeo.report import geometry as report_geometry
+    from saegeo.report import report as report_report
+
+    (tmp_path / "a_file").write_text("x")
+    monkeypatch.setattr(report_geometry, "files_geometry", lambda *a, **k: pytest.fail("the pass ran"))
+    monkeypatch.setattr(report_report, "geometry_report", lambda *a, **k: pytest.fail("the pass ran"))
+    for argv in (
+        ["geometry", str(fx / "store"), "--json", str(tmp_path / "a_file" / "g.json")],
+        ["report", "--acts", str(fx / "store"), "--out", str(tmp_path / "a_file" / "r")],
+        ["sweep", str(fx / "store"), "--out", str(tmp_path / "a_file" / "s")],
+        ["train", "--acts", str(fx / "store"), "--k", "2", "--out-dir", str(tmp_path / "a_file" / "t")],
+    ):
+        assert main([*argv, "--no-progress"]) == 2, argv
+        err = capsys.readouterr().err
+        assert "a_file" in err and "is a file, not a directory" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_synth_refuses_more_rows_than_the_disk_holds(tmp_path, capsys):
+    import shutil
+
+    free = shutil.disk_usage(tmp_path).free
+    n = free // (4 * 8) + 1000  # float32 rows of d = 8: just beyond the free space
+    assert main(["synth", "--n", str(n), "--d", "8", "--out", str(tmp_path / "big")]) == 2
+    err = capsys.readouterr().err
+    assert "free there" in err and str(tmp_path / "big") in err, err
+    assert not (tmp_path / "big").exists()
+
+
+def _train_holding(out: str, store: str, started, release) -> None:
+    from saegeo.sae.train import TrainConfig, train_sae
+
+    def hold(step, _):
+        if step == 1:
+            started.set()
+            release.wait(60)
+
+    cfg = TrainConfig(d_sae=16, k=2, batch_tokens=32, total_tokens=32 * 3, progress=False, out_dir=out, num_threads=1)
+    train_sae(cfg, store, on_step=hold)
+
+
+def test_a_second_training_into_one_out_dir_is_refused_with_the_first_ones_pid(fx, tmp_path, capsys):
+    ctx = mp.get_context("fork")
+    started, release = ctx.Event(), ctx.Event()
+    out = tmp_path / "sae"
+    p = ctx.Process(target=_train_holding, args=(str(out), str(fx / "store"), started, release))
+    p.start()
+    try:
+        assert started.wait(120)
+        capsys.readouterr()
+        rc = main(["train", "--acts", str(fx / "store"), "--k", "2", "--d-sae", "16", "--out-dir", str(out)])
+        err = capsys.readouterr().err
+        assert rc == 2 and f"another process (pid {p.pid})" in err and len(err.strip().splitlines()) == 1, err
+    finally:
+        release.set()
+        p.join(120)
+    assert p.exitcode == 0
+    assert (out / "cfg.json").is_file()  # the first run finished untouched
+
+
+@pytest.mark.parametrize(
+    "rows, reason",
+    [
+        (torch.zeros(256, D), "all zeros"),
+        (torch.full((256, D), 3.0), "one and the same vector"),
+        (torch.randn(256, D, generator=torch.Generator().manual_seed(0)) * 1e30, "beyond float32's range"),
+        (torch.randn(256, D, generator=torch.Generator().manual_seed(0)).double() * 1e-30, "smallest normal"),
+    ],
+    ids=["zeros", "constant", "1e30", "1e-30"],
+)
+def test_untrainable_data_is_refused_up_front_with_the_reason(tmp_path, capsys, rows, reason):
+    from safetensors.torch import save_file
+
+    save_file({"activations": rows}, str(tmp_path / "x.safetensors"))
+    argv = ["train", "--acts", str(tmp_path / "x.safetensors"), "--k", "2", "--d-sae", "16"]
+    rc = main([*argv, "--batch-tokens", "32", "--total-tokens", "320", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and reason in err and "learning rate" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_train_on_the_meta_device_is_one_line(fx, tmp_path, capsys):
+    argv = ["train", "--acts", str(fx / "store"), "--k", "2", "--out-dir", str(tmp_path / "t"), "--device", "meta"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "'meta' holds no data" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "t").exists()

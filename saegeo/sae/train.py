@@ -47,7 +47,7 @@ from torch import Tensor
 from saegeo.activations.sources import Rows, open_rows
 from saegeo.config import require_memory
 from saegeo.errors import BadInputError, FormatError, SaegeoError
-from saegeo.io import atomic_write, dump_json, json_safe
+from saegeo.io import atomic_write, dump_json, json_safe, writer_lock
 from saegeo.progress import progress_bar
 from saegeo.sae.architectures import get_architecture
 from saegeo.sae.metrics import SAEMetrics, glibc
@@ -806,7 +806,69 @@ def keep_freed_memory() -> bool:
     return libc is not None and bool(libc.mallopt(-3, 1 << 30)) and bool(libc.mallopt(-1, 1 << 31))
 
 
+def refuse_untrainable(x: Float[Tensor, "n d"], where: str) -> None:
+    """BadInputError, before any training step, for rows no float32 training can learn from, with the reason:
+    every row the same vector (total variance Σ_j Var(x_j) = 0: all zeros, or one constant row repeated);
+    values whose squared norm max|x|²·d exceeds float32's maximum (3.4e38: the loss overflows); a spread
+    sqrt(Σ_j Var(x_j)/d) below sqrt(float32's smallest normal) ≈ 1.1e-19 (the residuals square to zero)."""
+    import math
+
+    x64 = x.double()
+    n, d = x64.shape
+    f32 = torch.finfo(torch.float32)
+    finite = x64[torch.isfinite(x64).all(dim=1)]
+    if finite.shape[0] == 0:
+        return  # non-finite rows are named (or skipped) by the source's own screen
+    big = finite.abs().max().item()
+    if big * big * d > f32.max:
+        raise BadInputError(
+            f"{where}: values reach {big:.3g}, so squared norms reach {big * big * d:.3g}, beyond float32's range "
+            f"({f32.max:.3g}) that training computes its loss in; rescale the activations (e.g. divide by their "
+            "RMS norm) and rerun"
+        )
+    spread = math.sqrt(finite.var(dim=0, unbiased=False).sum().item() / d)
+    if spread == 0:
+        what = "all zeros" if big == 0 else "one and the same vector"
+        raise BadInputError(
+            f"{where}: the {finite.shape[0]:,} rows read to initialise b_dec are {what} (zero variance): there "
+            "is nothing for an SAE to learn; check the hook or the layer the activations came from"
+        )
+    if spread < math.sqrt(f32.tiny):
+        raise BadInputError(
+            f"{where}: the rows vary by only {spread:.3g} per coordinate; their squares fall below float32's "
+            f"smallest normal ({f32.tiny:.3g}), so training would see zeros; rescale the activations and rerun"
+        )
+
+
 def train_sae(
+    cfg: TrainConfig,
+    data: Any,
+    *,
+    resume: bool = True,
+    on_step: Callable[[int, dict], None] | None = None,
+) -> TrainResult:
+    """Train an SAE on `data` as configured (see _train_sae), holding out_dir's writer lock while it runs:
+    two trainings into one out_dir would race on its checkpoint files, so the second is refused naming the
+    first one's pid."""
+    from saegeo import distributed
+
+    distributed.resolve_device(cfg.device)  # a bad device is refused before out_dir is created
+    lock, out = None, Path(cfg.out_dir) if cfg.out_dir else None
+    created = out is not None and not out.exists()
+    if out is not None and distributed.env_rank_world()[0] == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        lock = writer_lock(out, "SAE directory (a training run)")
+    try:
+        return _train_sae(cfg, data, resume=resume, on_step=on_step)
+    finally:
+        if lock is not None:
+            lock.truncate(0)  # no stale pid once done
+            lock.close()
+            if created and os.listdir(out) == [Path(lock.name).name]:  # refused before any work: nothing left
+                shutil.rmtree(out, ignore_errors=True)
+
+
+def _train_sae(
     cfg: TrainConfig,
     data: Any,
     *,
@@ -857,6 +919,8 @@ def train_sae(
     else:
         start_step, history = 0, []
         torch.manual_seed(cfg.seed)
+        where = source.identity.get("path") or f"the training {source.identity['source']}"
+        refuse_untrainable(next(iter(source.init_rows(min(cfg.b_dec_init_tokens, 65_536)))), where)
         # b_dec init: the streamed float64 mean is computed for every choice, as the metrics need it
         # (mean_across_ranks is the plain streamed mean without torchrun)
         activation_mean = distributed.mean_across_ranks(source.init_rows(cfg.b_dec_init_tokens))

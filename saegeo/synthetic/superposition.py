@@ -32,13 +32,14 @@ from pathlib import Path
 import numpy as np
 import torch
 from jaxtyping import Float, Int
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
 
 from saegeo.config import BATCH_ROWS, parse_dtype
 from saegeo.errors import BadInputError
 from saegeo.geometry.amplification import dictionary_anisotropy
-from saegeo.io import dump_json
+from saegeo.io import atomic_write, dump_json
 from saegeo.progress import progress_bar
 from saegeo.synthetic.options import PRESETS, SyntheticConfig, preset  # noqa: F401  (re-exported: their old home)
 
@@ -233,7 +234,7 @@ class SyntheticTruth:
             "format": "saegeo.synthetic.truth/1",
         }
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(path), metadata=meta)
+        atomic_write(path, safetensors_bytes(tensors, metadata=meta))
         return path
 
     @classmethod
@@ -480,5 +481,6 @@ class SuperpositionGenerator:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         x = torch.cat(list(self.activations(n, BATCH_ROWS))).to(torch_dtype)
-        save_file({"activations": x}, str(path), metadata={"synthetic": dump_json(asdict(self.config), indent=None)})
+        meta = {"synthetic": dump_json(asdict(self.config), indent=None)}
+        atomic_write(path, safetensors_bytes({"activations": x}, metadata=meta))
         return self.truth.save(path.with_name(path.stem + ".truth.safetensors"))
