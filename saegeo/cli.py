@@ -676,12 +676,13 @@ def _local(path: Any) -> str | None:
 
 def _paths(args: argparse.Namespace) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
     """(inputs, output files, output directories, output-set directories) of a parsed command line: every path
-    the command reads and writes, known before it runs (the config files are read, no model or data)."""
+    the command reads and writes, known before it runs (the config files are read; torch is not imported, but
+    for `run`, whose config needs the pipeline)."""
     from pathlib import Path
 
-    def rendered(out: Any, formats: Any, stem: str, *extra: str) -> list[Any]:
-        from saegeo.render.base import FORMATS, rendering_paths
+    from saegeo.render.base import FORMATS, rendering_paths
 
+    def rendered(out: Any, formats: Any, stem: str, *extra: str) -> list[Any]:
         formats = FORMATS if formats is None else formats
         return [*rendering_paths(out, formats, stem), *(Path(out) / e for e in extra)] if out else []
 
@@ -692,13 +693,13 @@ def _paths(args: argparse.Namespace) -> tuple[list[Any], list[Any], list[Any], l
     if c == "geometry":
         return list(args.files), [get("json")], [], []
     if c == "sweep":
-        from saegeo.report.sweep import SweepOptions
+        from saegeo.report.options import SweepOptions
 
         o = from_dict(SweepOptions, passed(args, SweepOptions))
         caches = [o.cache_dir] if o.model else []
         return [*args.stores, _local(o.corpus)], [o.json, *rendered(o.out, None, "sweep", "sweep.png")], caches, [o.out]
     if c == "cache":
-        from saegeo.activations.cache import CacheConfig, store_dir
+        from saegeo.activations.options import CacheConfig, store_dir
 
         cc = from_dict(CacheConfig, passed(args, CacheConfig))
         return [_local(cc.corpus), _local(cc.model)], [], [store_dir(cc.out, h) for h in cc.hooks], []
@@ -710,6 +711,11 @@ def _paths(args: argparse.Namespace) -> tuple[list[Any], list[Any], list[Any], l
     if c == "check":
         stem = "report" if args.acts else "check"
         return [_local(args.path), args.acts], rendered(args.out, args.format, stem), figures(args.out), [args.out]
+    if c == "compare":
+        from saegeo.render.compare import COMPARE_FILES
+
+        files = [Path(args.out) / name for name in COMPARE_FILES] if args.out else []
+        return [_local(args.sae_a), _local(args.sae_b), args.acts], files, [], [args.out]
     if c == "report":
         formats = [f.strip() for f in args.format.split(",") if f.strip()]
         saes = [spec.rpartition("=")[2] for spec in args.sae]
@@ -718,20 +724,29 @@ def _paths(args: argparse.Namespace) -> tuple[list[Any], list[Any], list[Any], l
     if c == "latents":
         return [args.sae, args.acts], rendered(args.out, None, "latents"), [], [args.out]
     if c == "eval":
-        from saegeo.sae.splice import EvalConfig
+        from saegeo.sae.options import EvalConfig
 
         e = from_dict(EvalConfig, {k: v for k, v in passed(args, EvalConfig).items() if k != "sae"})
         return [_local(get("sae")), _local(e.model), _local(e.corpus)], [args.json], [], []
     if c == "train":
-        from saegeo.sae.train import TrainConfig
+        from saegeo.io import read_config
+        from saegeo.sae.options import TrainConfig
 
-        cfg, extras = resolve(TrainConfig, passed(args, TrainConfig), args.config, table="train", extra=("acts",))
-        return [args.acts or extras.get("acts"), args.config], [], [cfg.out_dir], []
+        # the two keys read as `resolve` reads them (flag > [train] table > top level), without building the
+        # config: its checks load the architectures, and torch with them; the command checks the rest
+        doc = read_config(args.config) if args.config else {}
+        table = doc["train"] if isinstance(doc.get("train"), dict) else {}
+        out_dir = passed(args, TrainConfig).get("out_dir") or table.get("out_dir") or doc.get("out_dir")
+        acts = args.acts or table.get("acts") or doc.get("acts")
+        return [acts, args.config], [], [out_dir], []
     if c == "run":
-        from saegeo.activations.cache import store_dir
-        from saegeo.pipeline import load_run_config
+        from saegeo.activations.options import store_dir
+        from saegeo.io import read_config
 
-        rc = load_run_config(args.config)
+        doc = read_config(args.config)  # a missing or malformed file is named before torch is imported
+        from saegeo.pipeline import run_config
+
+        rc = run_config(doc, where=args.config)
         out = Path(rc.out)
         stores = [rc.acts] if rc.acts else [store_dir(rc.cache.out, h) for h in rc.cache.hooks]
         inputs = [args.config, *stores, _local(rc.cache.corpus), _local(rc.cache.model)]

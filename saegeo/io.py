@@ -120,6 +120,12 @@ def _absolute(path: str | os.PathLike) -> Path:
     return Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
 
 
+def _given(path: Any) -> bool:
+    """A path to check: a non-empty str or PathLike (None is "not given"; a config's wrong type is refused
+    by the config's own check, with its name)."""
+    return isinstance(path, (str, os.PathLike)) and os.fspath(path) != ""
+
+
 def _inode(path: Path) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
@@ -150,9 +156,9 @@ def refuse_outputs_over_inputs(outputs: Iterable[Any], inputs: Iterable[Any]) ->
     link of an input (same device and inode) counts as that input. Called before any work, so a refusal
     costs nothing and destroys nothing. None entries are skipped.
     """
-    ins = [(p, _resolved(p), _inode(_resolved(p))) for p in inputs if p is not None and str(p) != ""]
+    ins = [(p, _resolved(p), _inode(_resolved(p))) for p in inputs if _given(p)]
     for out in outputs:
-        if out is None or str(out) == "":
+        if not _given(out):
             continue
         o = _resolved(out)
         o_inode = _inode(o)
@@ -191,7 +197,7 @@ def require_writable(files: Iterable[Any] = (), directories: Iterable[Any] = ())
     probed: set[Path] = set()
     outputs = [(f, False) for f in files] + [(d, True) for d in directories]
     for out, is_dir in outputs:
-        if out is None or str(out) == "":
+        if not _given(out):
             continue
         p = _absolute(out)
         if not is_dir and p.is_dir():

@@ -76,6 +76,7 @@ def _cases(fx: Path) -> dict[str, tuple[list[str], str, str]]:
         ),
         "check --out is the SAE directory": (["check", sae, "--out", sae], sae, sae),
         "check --out is the acts store": (["check", sae, "--acts", store, "--out", store], store, store),
+        "compare --out is the first SAE": (["compare", sae, sae, "--out", sae], sae, sae),
         "latents --out inside the store": (["latents", sae, "--acts", store, "--out", f"{store}/cards"], store, store),
         "eval --json is the SAE's weights": (
             ["eval", "--sae", sae, "--json", f"{sae}/sae_weights.safetensors"],

@@ -47,7 +47,7 @@ from saegeo.activations.corpus import (
     special_template,
 )
 from saegeo.activations.models import LoadedModel, load_model, model_fingerprint
-from saegeo.activations.options import CacheConfig
+from saegeo.activations.options import CacheConfig, store_dir  # noqa: F401  (store_dir re-exported: its old home)
 from saegeo.activations.store import MANIFEST, ActivationStore, StoreWriter
 from saegeo.distributed import resolve_device
 from saegeo.errors import BadInputError
@@ -101,11 +101,6 @@ def hook_depth(hook: str) -> float | None:
         return int(m.group(1)) + {"resid_pre": 0.0, "resid_mid": 0.5}.get(m.group(2), 1.0)
     m = BLOCK_HOOK.match(hook)
     return int(m.group(1)) + 0.5 if m else None
-
-
-def store_dir(out: str | Path, hook: str) -> Path:
-    """Each hook gets its own store under the output directory, named after the hook."""
-    return Path(out) / hook
 
 
 def _validate_hooks(loaded: LoadedModel, hooks: tuple[str, ...]) -> int | None:

@@ -17,6 +17,11 @@ MANIFEST = "manifest.json"  # an activation store's manifest (store.py)
 FILE_SUFFIXES = (".safetensors", ".npy", ".pt", ".pth")  # the files sources.open_rows reads
 
 
+def store_dir(out: str | Path, hook: str) -> Path:
+    """Each hook gets its own store under the output directory, named after the hook."""
+    return Path(out) / hook
+
+
 def rows_path_kind(path: str | os.PathLike) -> Literal["store", "file"]:
     """What ``sources.open_rows`` reads at ``path``: an activation store (a directory with a manifest) or a
     file with a known suffix; BadInputError naming the path and what to pass otherwise."""

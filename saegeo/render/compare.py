@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from saegeo.io import atomic_write
-from saegeo.render.base import fmt_num, fmt_pct, text_table
+from saegeo.render.base import fmt_num, fmt_pct, text_table, write_output_set
 
 COMPARE_FILES = ("summary.txt", "compare.json")
 
@@ -72,10 +72,12 @@ def render_compare(result: Any) -> str:
 
 
 def write_compare(result: Any, out_dir: str | os.PathLike) -> dict[str, Path]:
-    """OUT/summary.txt and OUT/compare.json, each written atomically."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    return {
-        "terminal": atomic_write(out / COMPARE_FILES[0], render_compare(result)),
-        "json": atomic_write(out / COMPARE_FILES[1], result.to_json()),
-    }
+    """OUT/summary.txt and OUT/compare.json, written as one set (saegeo.io.output_set)."""
+
+    def write(out: Path) -> dict[str, Path]:
+        return {
+            "terminal": atomic_write(out / COMPARE_FILES[0], render_compare(result)),
+            "json": atomic_write(out / COMPARE_FILES[1], result.to_json()),
+        }
+
+    return write_output_set(out_dir, ("terminal", "json"), ("terminal", "json"), "compare", write)
