@@ -362,3 +362,19 @@ def test_train_on_the_meta_device_is_one_line(fx, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "'meta' holds no data" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "t").exists()
+
+
+def test_cache_refuses_a_pass_the_disk_cannot_hold_before_it_runs(tmp_path, capsys, monkeypatch):
+    import collections
+    import json
+
+    tiny = dict(d_model=16, n_layers=1, n_heads=2, d_head=8, d_mlp=32, n_ctx=32, d_vocab=30522, act_fn="gelu")
+    (tmp_path / "model.json").write_text(json.dumps({"hooked_transformer_config": {**tiny, "seed": 0}}))
+    (tmp_path / "docs.txt").write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(io.shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 1000, 1000))  # 1000 bytes free
+    argv = ["cache", "--model", str(tmp_path / "model.json"), "--corpus", str(tmp_path / "docs.txt")]
+    rc = main([*argv, "--hooks", "blocks.0.hook_resid_post", "--context", "16", "--out", str(tmp_path / "acts")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "free there" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "acts").exists()

@@ -52,6 +52,7 @@ from saegeo.activations.store import MANIFEST, ActivationStore, StoreWriter
 from saegeo.distributed import resolve_device
 from saegeo.errors import BadInputError
 from saegeo.geometry.tokens import group_shares
+from saegeo.io import require_disk
 from saegeo.progress import progress_bar
 
 EMBED_HOOK = re.compile(r"^(hook_embed|hook_pos_embed|hook_full_embed|hook_tokens|embed\..*|pos_embed\..*)$")
@@ -177,6 +178,15 @@ def cache_activations(cfg: CacheConfig, loaded: Any = None) -> CacheResult:
 
     if not cfg.overwrite:
         _refuse_shrinking(cfg, hooks, total)
+    # the rows still to write of every hook, in the storage dtype, against the free disk space: before the pass
+    have = {h: 0 for h in hooks}
+    if not cfg.overwrite:
+        for h in hooks:
+            if (store_dir(cfg.out, h) / MANIFEST).exists():
+                have[h] = ActivationStore(store_dir(cfg.out, h), allow_incomplete=True, check_headers=False).n_tokens
+    width = 4 if cfg.dtype == "float32" else 2
+    need = sum(max(total - have[h], 0) * d_of[h] * width for h in hooks)
+    require_disk(cfg.out, need, f"caching {total:,} tokens of {len(hooks)} hook(s)")
     # what the model is, beside its name (`saegeo check` compares these first): per hook, over the weights it reads
     by_layer = {layer: model_fingerprint(loaded, layer) for layer in {hook_layer(h) for h in hooks}}
 
