@@ -341,8 +341,8 @@ def test_a_second_training_into_one_out_dir_is_refused_with_the_first_ones_pid(f
     [
         (torch.zeros(256, D), "all zeros"),
         (torch.full((256, D), 3.0), "one and the same vector"),
-        (torch.randn(256, D, generator=torch.Generator().manual_seed(0)) * 1e30, "beyond float32's range"),
-        (torch.randn(256, D, generator=torch.Generator().manual_seed(0)).double() * 1e-30, "smallest normal"),
+        (torch.randn(256, D, generator=torch.Generator().manual_seed(0)) * 1e30, "overflow float32"),
+        (torch.randn(256, D, generator=torch.Generator().manual_seed(0)).double() * 1e-30, "underflow float32"),
     ],
     ids=["zeros", "constant", "1e30", "1e-30"],
 )
@@ -378,3 +378,16 @@ def test_cache_refuses_a_pass_the_disk_cannot_hold_before_it_runs(tmp_path, caps
     err = capsys.readouterr().err
     assert rc == 2 and "free there" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "acts").exists()
+
+
+def test_refuse_untrainable_on_rows_the_readers_pass():
+    """Rows handed to train_sae as a tensor (float64 in memory): the bounds come from float32's finfo."""
+    from saegeo.errors import BadInputError
+    from saegeo.sae.train import refuse_untrainable
+
+    g = torch.Generator().manual_seed(0)
+    refuse_untrainable(torch.randn(64, D, generator=g).double() * 1e9, "ok")  # 1e18·8 < 3.4e38: trainable
+    with pytest.raises(BadInputError, match="overflow float32"):
+        refuse_untrainable(torch.randn(64, D, generator=g).double() * 1e19 + 7e18, "big")  # 7e18²·8 > 3.4e38
+    with pytest.raises(BadInputError, match="underflow float32"):
+        refuse_untrainable(torch.randn(64, D, generator=g).double() * 1e-21, "tiny spread")

@@ -822,9 +822,9 @@ def refuse_untrainable(x: Float[Tensor, "n d"], where: str) -> None:
     big = finite.abs().max().item()
     if big * big * d > f32.max:
         raise BadInputError(
-            f"{where}: values reach {big:.3g}, so squared norms reach {big * big * d:.3g}, beyond float32's range "
-            f"({f32.max:.3g}) that training computes its loss in; rescale the activations (e.g. divide by their "
-            "RMS norm) and rerun"
+            f"{where}: values reach {big:.3g}, so squared norms reach {big * big * d:.3g} and overflow float32 "
+            f"(max {f32.max:.3g}), the type training computes its loss in; rescale the activations (e.g. divide "
+            "by their RMS norm) and rerun"
         )
     spread = math.sqrt(finite.var(dim=0, unbiased=False).sum().item() / d)
     if spread == 0:
@@ -835,8 +835,8 @@ def refuse_untrainable(x: Float[Tensor, "n d"], where: str) -> None:
         )
     if spread < math.sqrt(f32.tiny):
         raise BadInputError(
-            f"{where}: the rows vary by only {spread:.3g} per coordinate; their squares fall below float32's "
-            f"smallest normal ({f32.tiny:.3g}), so training would see zeros; rescale the activations and rerun"
+            f"{where}: the rows vary by only {spread:.3g} per coordinate; their squares underflow float32 (below "
+            f"its smallest normal, {f32.tiny:.3g}), so training would see zeros; rescale the activations and rerun"
         )
 
 
