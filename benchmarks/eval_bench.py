@@ -13,8 +13,13 @@ methods interleaved over rounds (median reported) so machine load hits both alik
            it out (every weight contiguous: 3.9 copies W.T of the MLP and unembedding weights per forward)
   plain/fast  the same loop on saegeo's loaded model (weights stored so those copies are views): the
            splice's own share of the gain
-  saegeo×2 / plain×2   two SAEs on the same tokens (a report's two columns): saegeo shares the prefix and
-           the clean/zero/mean suffixes, the loop runs 2 × 4 full forwards
+  saegeo×3 / plain×3   three SAEs on the same tokens (a report's three columns): saegeo shares the prefix and
+           the clean/zero/mean suffixes, the loop runs 3 × 4 full forwards
+  floor / floor×3   the least any spliced evaluation runs: per batch one prefix (blocks ≤ L) and, per SAE, its
+           reconstruction and one suffix from the hook on (logits), nothing scored
+  saegeo kept / saegeo×3 kept   the same evaluations when an earlier one (another SAE, untimed) on the same
+           model, hook and tokens kept its clean passes (saegeo.sae.splice.KEEP_BYTES): only the spliced
+           suffixes run. "floor share" = floor time / saegeo's time (goal ≥ 0.9)
 
   SAELens  (when .venv-saelens exists: `make .venv-saelens/.installed`) SAELens 6.54.12's own evaluation core,
            `sae_lens.evals.get_recons_loss` (what `run_evals` runs per batch for CE and KL: clean, spliced and
@@ -49,6 +54,7 @@ import torch.nn.functional as F
 from saegeo.activations.corpus import CorpusSpec, iter_windows
 from saegeo.activations.models import load_model
 from saegeo.activations.runner import pad_windows, window_batches
+from saegeo.sae import splice
 from saegeo.sae.model import SAE, SAEConfig
 from saegeo.sae.splice import EvalConfig, splice_eval_many
 
@@ -171,6 +177,17 @@ def plain_loop(model, saes, hook, batches):
     return {n: {v: s / n_pred for v, s in d.items()} for n, d in ce.items()}, n_pred
 
 
+def floor_loop(model, saes, layer, batches):
+    """One prefix per batch and one spliced suffix per SAE: the work no spliced evaluation can skip."""
+    for tokens, attend, store in batches:
+        replace = store & attend
+        resid = model(tokens, stop_at_layer=layer + 1)
+        for sae in saes.values():
+            spliced = resid.clone()
+            spliced[replace] = sae(resid[replace])
+            model(spliced, start_at_layer=layer + 1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=1024, help="tokens per method per round (whole windows)")
@@ -186,7 +203,8 @@ def main() -> None:
     loaded = load_model("smollm2")
     hook = f"blocks.{args.layer}.hook_resid_post"
     sae = SAE.load(args.sae).eval() if args.sae else random_topk(loaded.d_model, 0)
-    saes = {"a": sae, "b": random_topk(loaded.d_model, 1)}
+    saes = {"a": sae, "b": random_topk(loaded.d_model, 1), "c": random_topk(loaded.d_model, 2)}
+    warm = {"w": random_topk(loaded.d_model, 9)}  # evaluated (untimed) before a "kept" run: it keeps the clean passes
     spec = CorpusSpec(context=args.context, exclude_special=True)
     windows, n = [], 0
     for w in iter_windows(spec, loaded.tokenizer, "decoder"):
@@ -213,19 +231,30 @@ def main() -> None:
     )
 
     def timed(fn):
+        setup, run = fn if isinstance(fn, tuple) else (splice._KEPT.clear, fn)  # cold unless set up
+        setup()
         w0, c0 = time.perf_counter(), time.process_time()
-        out = fn()
+        out = run()
         return out, time.perf_counter() - w0, time.process_time() - c0
+
+    def keep():
+        splice._KEPT.clear()
+        splice_eval_many(cfg, warm, loaded)
 
     stock = copy.deepcopy(loaded.model)
     for param in stock.parameters():  # transformer-lens' own layout
         param.data = param.data.contiguous()
+    one = {"a": saes["a"]}
     methods = {
-        "saegeo": lambda: splice_eval_many(cfg, {"a": saes["a"]}, loaded),
-        "plain": lambda: plain_loop(stock, {"a": saes["a"]}, hook, batches),
-        "plain/fast": lambda: plain_loop(loaded.model, {"a": saes["a"]}, hook, batches),
-        "saegeo×2": lambda: splice_eval_many(cfg, saes, loaded),
-        "plain×2": lambda: plain_loop(stock, saes, hook, batches),
+        "floor": lambda: floor_loop(loaded.model, one, args.layer, batches),
+        "saegeo": lambda: splice_eval_many(cfg, one, loaded),
+        "saegeo kept": (keep, lambda: splice_eval_many(cfg, one, loaded)),
+        "plain": lambda: plain_loop(stock, one, hook, batches),
+        "plain/fast": lambda: plain_loop(loaded.model, one, hook, batches),
+        "floor×3": lambda: floor_loop(loaded.model, saes, args.layer, batches),
+        "saegeo×3": lambda: splice_eval_many(cfg, saes, loaded),
+        "saegeo×3 kept": (keep, lambda: splice_eval_many(cfg, saes, loaded)),
+        "plain×3": lambda: plain_loop(stock, saes, hook, batches),
     }
     times = {m: [] for m in methods}
     outs = {}
@@ -234,27 +263,30 @@ def main() -> None:
             for m, fn in methods.items():
                 outs[m], wall, cpu = timed(fn)
                 times[m].append((wall, cpu))
-    print(f"{'method':<11} {'wall s':>8} {'CPU s':>8} {'tok/s':>8}   CE clean / spliced / zero / mean (SAE a)")
+    print(f"{'method':<13} {'wall s':>8} {'CPU s':>8} {'tok/s':>8}   CE clean / spliced / zero / mean (SAE a)")
     for m, ts in times.items():
         wall = statistics.median(t[0] for t in ts)
         cpu = statistics.median(t[1] for t in ts)
         o = outs[m]
+        if m.startswith("floor"):
+            print(f"{m:<13} {wall:>8.1f} {cpu:>8.1f} {n_tokens / wall:>8.1f}   (nothing scored)")
+            continue
         if m.startswith("saegeo"):
             r = o["a"]
             ce = (r["ce_loss_clean"], r["ce_loss_spliced"], r["ce_loss_zero_ablation"], r["ce_loss_mean_ablation"])
         else:
             r = o[0]["a"]
             ce = (r["clean"], r["spliced"], r["zero"], r["mean"])
-        print(f"{m:<11} {wall:>8.1f} {cpu:>8.1f} {n_tokens / wall:>8.1f}   " + " / ".join(f"{c:.4f}" for c in ce))
+        print(f"{m:<13} {wall:>8.1f} {cpu:>8.1f} {n_tokens / wall:>8.1f}   " + " / ".join(f"{c:.4f}" for c in ce))
     med = {m: (statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts)) for m, ts in times.items()}
     from saegeo.activations.models import smollm2_path
 
     sl = saelens_recons_loss(saes["a"], hook, batches, smollm2_path(), loaded.tokenizer.bos_token_id, args.rounds)
-    pairs = [("saegeo", "plain"), ("saegeo", "plain/fast"), ("saegeo×2", "plain×2")]
+    pairs = [("saegeo", "plain"), ("saegeo", "plain/fast"), ("saegeo×3", "plain×3")]
     if sl is not None:
         med["SAELens"] = (sl["wall"], sl["cpu"])
         print(
-            f"{'SAELens':<11} {sl['wall']:>8.1f} {sl['cpu']:>8.1f} {n_tokens / sl['wall']:>8.1f}   "
+            f"{'SAELens':<13} {sl['wall']:>8.1f} {sl['cpu']:>8.1f} {n_tokens / sl['wall']:>8.1f}   "
             f"{sl['ce_loss_without_sae']:.4f} / {sl['ce_loss_with_sae']:.4f} / {sl['ce_loss_with_ablation']:.4f} / —"
             f"   (sae-lens {sl['version']} get_recons_loss: CE and KL, 3 forwards per batch; "
             f"KL spliced {sl['kl_div_with_sae']:.4f}, saegeo's {outs['saegeo']['a']['kl_div_spliced']:.4f})"
@@ -262,6 +294,12 @@ def main() -> None:
         pairs.insert(0, ("saegeo", "SAELens"))
     for a, b in pairs:
         print(f"{a} vs {b}: {med[b][0] / med[a][0]:.2f}× tokens/s (wall), {med[b][1] / med[a][1]:.2f}× in CPU seconds")
+    for floor, runs in (("floor", ("saegeo", "saegeo kept")), ("floor×3", ("saegeo×3", "saegeo×3 kept"))):
+        for m in runs:
+            print(
+                f"floor share, {m}: {med[floor][0] / med[m][0]:.2f} (wall), {med[floor][1] / med[m][1]:.2f} "
+                f"(CPU s)   [goal >= 0.9; {floor} = one prefix + one suffix per SAE]"
+            )
 
 
 if __name__ == "__main__":

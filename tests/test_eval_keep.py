@@ -1,0 +1,92 @@
+"""eval at its floor: an evaluation keeps its clean passes (prefix output, clean reference, clean/zero/mean
+scores), so a later evaluation of another SAE on the same model, hook and tokens runs only its spliced suffixes;
+the kept passes are reused only for the same live model with unchanged weights and the same token ids."""
+
+import pytest
+import torch
+
+from saegeo.activations.models import _load_tokenizer, _quiet_transformers, from_config, minilm_path
+from saegeo.sae import splice
+from saegeo.sae.model import SAE, SAEConfig
+from saegeo.sae.splice import EvalConfig, splice_eval
+
+TEXT = (
+    "The residual stream carries a large mean. Sparse autoencoders read it and write it back. "
+    "Each latent should mean one thing, and the decoder bias should absorb the offset. " * 3
+)
+HOOK, CONTEXT = "blocks.0.hook_resid_post", 12
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    _quiet_transformers()
+    cfg = {
+        "n_layers": 2,
+        "d_model": 16,
+        "d_head": 4,
+        "n_heads": 4,
+        "d_mlp": 32,
+        "n_ctx": 32,
+        "d_vocab": 30522,
+        "act_fn": "gelu",
+        "normalization_type": "LN",
+        "seed": 5,
+    }
+    return from_config(cfg, tokenizer=_load_tokenizer(minilm_path()), name="tiny")
+
+
+def topk(seed: int) -> SAE:
+    sae = SAE(SAEConfig(d_in=16, d_sae=48, activation="topk", k=4))
+    with torch.no_grad():
+        sae.init_weights(torch.Generator().manual_seed(seed))
+    return sae.eval()
+
+
+def numbers(result: dict) -> dict:
+    return {k: v for k, v in result.items() if isinstance(v, float) and k not in ("seconds", "tokens_per_second")}
+
+
+def count_passes(monkeypatch) -> dict[str, int]:
+    calls = {"prefix": 0, "suffix": 0}
+    prefix, suffix = splice._Splicer.prefix, splice._Splicer.suffix
+
+    def counted_prefix(self, *a):
+        calls["prefix"] += 1
+        return prefix(self, *a)
+
+    def counted_suffix(self, *a):
+        calls["suffix"] += 1
+        return suffix(self, *a)
+
+    monkeypatch.setattr(splice._Splicer, "prefix", counted_prefix)
+    monkeypatch.setattr(splice._Splicer, "suffix", counted_suffix)
+    return calls
+
+
+def test_second_sae_runs_only_its_spliced_suffix(tmp_path, tiny, monkeypatch):
+    (tmp_path / "doc.txt").write_text(TEXT)
+    cfg = EvalConfig(
+        model="tiny", hook=HOOK, corpus=str(tmp_path / "doc.txt"), context=CONTEXT, max_tokens=10_000,
+        skip_tokens=0, batch_windows=2, progress=False,
+    )  # fmt: skip
+    monkeypatch.setattr(splice, "KEEP_BYTES", 0)  # the reference: every evaluation from scratch
+    fresh = splice_eval(cfg, tiny, topk(2))
+    monkeypatch.setattr(splice, "KEEP_BYTES", 2**30)
+    splice_eval(cfg, tiny, topk(1))  # keeps its clean passes
+    calls = count_passes(monkeypatch)
+    kept = splice_eval(cfg, tiny, topk(2))
+    n_batches = (kept["windows"] + 1) // 2
+    assert n_batches >= 2
+    assert calls == {"prefix": 0, "suffix": n_batches}  # one spliced suffix per batch, nothing else
+    assert numbers(kept) == numbers(fresh)  # the same numbers, bit for bit
+
+    with torch.no_grad():  # weights changed in place: the kept passes are stale
+        tiny.model.blocks[1].mlp.W_out.mul_(1.0)
+    calls.update(prefix=0, suffix=0)
+    splice_eval(cfg, tiny, topk(2))
+    assert calls["prefix"] == n_batches
+
+    (tmp_path / "doc.txt").write_text(TEXT.replace("mean", "offset"))  # the same file name, other tokens
+    calls.update(prefix=0, suffix=0)
+    other = splice_eval(cfg, tiny, topk(2))
+    assert calls["prefix"] == n_batches and other["ce_loss_clean"] != kept["ce_loss_clean"]
