@@ -16,9 +16,11 @@ peak against the budget (1.5 × the float32 W_dec + a fixed allowance) and how t
     and the latent cards' contexts run too): time, CPU seconds and peak RSS against the same budget.
   * --phases also times each part of the check (load, geometry, duplicates, nearest neighbours, encoder-decoder,
     flags) in one child per width, on the same mapped weights, to show which part grows how.
+  * --parts runs each `check --acts` inside benchmarks/memory_parts.py and prints where its memory goes: the peak
+    resident memory while each part ran (anonymous and file-backed), what it kept, and its wall seconds.
 
     python benchmarks/check_bench.py [--widths 16384 65536 262144] [--d 2304] [--threads 2] [--phases]
-                                     [--acts-rows 16384]
+                                     [--acts-rows 16384] [--parts] [--skip-weights]
 """
 
 from __future__ import annotations
@@ -281,6 +283,9 @@ def main() -> None:
     ap.add_argument("--acts-rows", type=int, default=0, help="> 0: also `check --acts` on a store of this many rows")
     ap.add_argument("--skip-weights", action="store_true", help="with --acts-rows: only the `check --acts` run")
     ap.add_argument("--phases", action="store_true", help="also time each part of the check in one child per width")
+    ap.add_argument(
+        "--parts", action="store_true", help="with --acts-rows: print each part's peak memory (memory_parts.py)"
+    )
     ap.add_argument("--device", default="cpu", help="--device of the check's pairwise parts (cuda on a GPU machine)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--keep", action="store_true", help="keep the dictionaries (default: deleted after each width)")
@@ -323,6 +328,8 @@ def main() -> None:
             store_s = time.perf_counter() - t0
             shutil.rmtree(out, ignore_errors=True)
             cmd = [sys.executable, "-m", "saegeo.cli", "check", str(folder), "--acts", str(store), "--no-progress"]
+            if a.parts:  # the same command inside the per-part memory poller (benchmarks/memory_parts.py)
+                cmd = [sys.executable, str(ROOT / "benchmarks" / "memory_parts.py"), "--", *cmd[3:]]
             acts_res = timed([*cmd, "--out", str(out), "--format", "json"], env)
             sae = {}
             if acts_res["rc"] in (0, 1):
@@ -335,6 +342,14 @@ def main() -> None:
                 "fve": sae.get("fve"),
                 "within_budget": acts_res["peak_rss_gb"] <= budget,
             }
+            if a.parts and "PARTS\n" in acts_res["stderr"]:
+                table = acts_res["stderr"].split("PARTS\n", 1)[1].split("\tCommand being timed")[0].rstrip()
+                row["acts"]["parts"] = table
+                print(
+                    "  where the memory goes (peak resident GB while each part ran, its anonymous and file-backed "
+                    "pages; kept = resident after − before):\n    " + table.replace("\n", "\n    "),
+                    flush=True,
+                )
             tail = re.sub(r"\s+", " ", acts_res["stderr"][-300:]) if acts_res["rc"] not in (0, 1) else ""
             print(
                 f"  check --acts ({a.acts_rows:,} rows, store written in {store_s:.0f} s): {acts_res['wall_s']:.1f} s, "
@@ -382,8 +397,22 @@ def main() -> None:
     if any("peak_rss_gb" in r for r in rows):
         within = all(r["peak_rss_gb"] <= r["budget_gb"] for r in rows if "peak_rss_gb" in r)
         print(f"peak RSS within budget at every width: {within}")
-    if any("acts" in r for r in rows):
-        within = all(r["acts"]["within_budget"] for r in rows if "acts" in r)
+    acts_rows = [r for r in rows if "acts" in r]
+    if len(acts_rows) >= 2:
+        widths = [r["d_sae"] for r in acts_rows]
+        print(
+            f"check --acts growth with width (least-squares exponent over {widths}): CPU seconds ∝ N^"
+            f"{fit_exponent(widths, [r['acts']['cpu_s'] for r in acts_rows]):.2f}, wall ∝ N^"
+            f"{fit_exponent(widths, [r['acts']['wall_s'] for r in acts_rows]):.2f}, peak RSS above the interpreter ∝ N^"
+            f"{fit_exponent(widths, [max(r['acts']['peak_rss_gb'] - base['peak_rss_gb'], 1e-3) for r in acts_rows]):.2f}"
+        )
+    if acts_rows:
+        for r in acts_rows:
+            print(
+                f"  {r['d_sae']:>8}: check --acts {r['acts']['wall_s']:.0f} s wall, {r['acts']['cpu_s']:.0f} CPU s, "
+                f"peak {r['acts']['peak_rss_gb']:.2f} GB of {r['budget_gb']:.2f}"
+            )
+        within = all(r["acts"]["within_budget"] for r in acts_rows)
         print(f"check --acts peak RSS within budget at every width: {within}")
     print("RESULT " + json.dumps(rows))
 

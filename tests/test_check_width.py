@@ -225,24 +225,49 @@ def _integer_rows(n: int, d: int, seed: int) -> torch.Tensor:
     return torch.randint(-2, 3, (n, d), generator=torch.Generator().manual_seed(seed)).float()
 
 
-def _metrics_at(monkeypatch, sae: SAE, x: torch.Tensor, rows: int, *, flush_every_block: bool = False):
-    """SAEMetrics (with ‖ū‖², so the mean-cosine sum runs) and a LatentCollector fed x as one batch, encoded `rows`
-    rows at a time (the budget set to exactly that); flush_every_block: the code accumulator gets each block
-    on its own (the path of nearly dense codes)."""
+def _metrics_at(monkeypatch, sae: SAE, x: torch.Tensor, latent_block: int, group_rows: int, *, flush: bool = False):
+    """SAEMetrics (with ‖ū‖², so the mean-cosine sum runs) and a LatentCollector fed x as one batch, encoded in
+    groups of `group_rows` rows, `latent_block` latents at a time; flush: the code accumulator gets each group on
+    its own (the path of nearly dense codes)."""
     from saegeo.report.latents import LatentCollector
     from saegeo.sae import metrics
 
     d_sae = sae.cfg.d_sae
-    monkeypatch.setattr(metrics, "ENCODE_BLOCK_BYTES", rows * metrics.CODE_TEMPORARIES * d_sae * 4)
-    if flush_every_block:
+    monkeypatch.setattr(metrics, "encode_latent_block", lambda rows, n, size=4: latent_block)
+    if flush:
         monkeypatch.setattr(metrics, "PENDING_CODES_BYTES", 0)
     m = metrics.SAEMetrics(sae, mean_sq_norm=0.25)
-    assert m.encode_rows == rows
+    m._group_rows = group_rows
+    blocks = _BlockLog(monkeypatch)
     collector = LatentCollector(d_sae, 5)
     m.code_observers.append(collector)
     m.add(x)
     monkeypatch.undo()
+    assert max(blocks.latents) == min(latent_block, d_sae) and max(blocks.rows) == min(group_rows, x.shape[0])
     return m, collector
+
+
+class _BlockLog:
+    """Wraps SAE.pre_activation_blocks: the rows and latents of every pre-activation block formed; a whole
+    (rows × d_sae) pre-activation matrix through SAE._pre is refused."""
+
+    def __init__(self, monkeypatch, budget: int | None = None):
+        self.rows, self.latents = [], []
+        real = SAE.pre_activation_blocks
+
+        def blocks(sae, xn, latent_block, after_block=None):
+            for latents, pre in real(sae, xn, latent_block, after_block):
+                if budget is not None:
+                    assert pre.numel() * 4 * 4 <= budget, f"{tuple(pre.shape)} pre-activations at once"
+                self.rows.append(pre.shape[0])
+                self.latents.append(pre.shape[1])
+                yield latents, pre
+
+        def whole(sae, xn):
+            raise AssertionError(f"{xn.shape[0]} rows × {sae.cfg.d_sae} latents encoded at once")
+
+        monkeypatch.setattr(SAE, "pre_activation_blocks", blocks)
+        monkeypatch.setattr(SAE, "_pre", whole)
 
 
 def _same_state(a: dict, b: dict, path: str = "") -> None:
@@ -257,15 +282,112 @@ def _same_state(a: dict, b: dict, path: str = "") -> None:
             assert va == vb, f"{path}{key}: {va!r} != {vb!r}"
 
 
-@pytest.mark.parametrize("activation", ["jumprelu", "topk"])
-def test_codes_encoded_in_row_blocks_equal_the_whole_batch_and_brute_force(monkeypatch, activation):
-    """Blocks of 1 row, odd sizes and the whole batch give bit-identical SAEMetrics sums, latent top-k (ties
-    across block edges: the earlier row) and histograms, equal to brute force from the dense codes; with the code
-    accumulator fed block by block only the mean-cosine sum Σ_rows S/√(S²‖ū‖² + (1−‖ū‖²)Q) changes order: n float64
-    terms in [0, 1/‖ū‖] summed two ways differ by at most 2(n − 1)·2⁻⁵³·Σ terms."""
+ARCHITECTURES = ["relu", "jumprelu", "batchtopk", "topk"]
+
+
+def _brute_force_codes(sae: SAE, x: torch.Tensor) -> torch.Tensor:
+    """Each row's codes from its definition, latent by latent in Python floats (float64): pre_i = (x − b_dec)·W_enc[:, i]
+    + b_enc[i]; relu max(pre, 0); JumpReLU pre·[pre > θ_i]; BatchTopK at inference relu(pre)·[relu(pre) > θ];
+    TopK (relu first) the k largest relu(pre_i) of the row, by sorting."""
+    cfg = sae.cfg
+    w, b = sae.W_enc.detach().double().tolist(), sae.b_enc.detach().double().tolist()
+    theta = sae.threshold.detach().double().tolist()
+    xc = (x.double() - (sae.b_dec.detach().double() if cfg.apply_b_dec_to_input else 0)).tolist()
+    out = torch.zeros(x.shape[0], cfg.d_sae, dtype=torch.float64)
+    for r, row in enumerate(xc):
+        pre = [sum(row[j] * w[j][i] for j in range(cfg.d_in)) + b[i] for i in range(cfg.d_sae)]
+        if cfg.activation == "relu":
+            codes = [max(p, 0.0) for p in pre]
+        elif cfg.activation == "jumprelu":
+            codes = [p if p > theta[i] else 0.0 for i, p in enumerate(pre)]
+        elif cfg.activation == "batchtopk":
+            codes = [max(p, 0.0) if max(p, 0.0) > theta[0] else 0.0 for p in pre]
+        else:
+            keep = sorted(range(cfg.d_sae), key=lambda i: -max(pre[i], 0.0))[: cfg.k]
+            codes = [max(pre[i], 0.0) if i in keep else 0.0 for i in range(cfg.d_sae)]
+        out[r] = torch.tensor(codes, dtype=torch.float64)
+    return out
+
+
+@pytest.mark.parametrize("activation", ARCHITECTURES)
+def test_codes_by_latent_blocks_equal_the_whole_batch_and_brute_force(activation):
+    """SAE.sparse_codes by blocks of 1, 7, 64, d_sae − 1 and d_sae latents: the row-major COO of the whole batch's
+    dense codes, bit for bit on exact arithmetic (TopK: the top-k of the union of the blocks' top-ks), equal to
+    the codes computed one latent at a time from their definition; x̂ from the COO equals the dense decode."""
+    d, d_sae, n = 12, 96, 40
+    sae, x = _exact_sae(d, d_sae, 0, activation), _integer_rows(n, d, 1)
+    with torch.no_grad():
+        dense = sae.encode(x)
+        want = _brute_force_codes(sae, x)
+        recon = sae.decode(dense)
+    assert torch.equal(dense.double(), want)
+    rows, cols = want.nonzero(as_tuple=True)
+    assert 0 < rows.numel() < n * d_sae / 2
+    for block in (1, 7, 64, d_sae - 1, d_sae):
+        with torch.no_grad():
+            got_rows, got_cols, values = sae.sparse_codes(x, latent_block=block)
+            x_hat = sae.decode_coo(got_rows, got_cols, values, n)
+        assert torch.equal(got_rows, rows) and torch.equal(got_cols, cols), block
+        assert torch.equal(values.double(), want[rows, cols]), block
+        assert torch.equal(x_hat, recon), block
+
+
+@pytest.mark.parametrize(
+    "activation, topk_order, rescale",
+    [(a, "relu_then_topk", False) for a in ARCHITECTURES]
+    + [("topk", "topk_then_relu", False), ("topk", "relu_then_topk", True), ("topk", "topk_then_relu", True)],
+)
+def test_codes_by_latent_blocks_on_float_weights(activation, topk_order, rescale):
+    """Random float weights, every architecture and TopK option: the blocks' COO names the same (row, latent)
+    entries as the dense codes, values within the float32 rounding of a GEMM of another width."""
+    from saegeo.sae.model import SAEConfig
+
+    d, d_sae, n = 16, 300, 50
+    g = torch.Generator().manual_seed(3)
+    cfg = SAEConfig(d_in=d, d_sae=d_sae, activation=activation, k=7 if activation == "topk" else None)
+    cfg.topk_order, cfg.rescale_acts_by_decoder_norm = topk_order, rescale
+    sae = SAE(cfg).init_weights(g)
+    with torch.no_grad():
+        sae.W_dec.mul_(torch.rand(d_sae, 1, generator=g) + 0.5)
+        sae.b_enc.normal_(0, 0.3, generator=g)
+        sae.b_dec.normal_(0, 0.1, generator=g)
+        sae.threshold.uniform_(0.2, 0.6, generator=g)
+    x = torch.randn(n, d, generator=g)
+    with torch.no_grad():
+        dense = sae.encode(x)
+        rows, cols = dense.nonzero(as_tuple=True)
+        for block in (1, 7, 64, d_sae):
+            got_rows, got_cols, values = sae.sparse_codes(sae.normalize_input(x)[0], latent_block=block)
+            assert torch.equal(got_rows, rows) and torch.equal(got_cols, cols), block
+            torch.testing.assert_close(values, dense[rows, cols], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(sae.decode_coo(rows, cols, values, n), sae.decode(dense), rtol=1e-5, atol=1e-5)
+
+
+def test_merge_topk_is_the_topk_of_the_union():
+    """Each row's top-k of two candidate sets merged equals the top-k of all the keys at once (distinct keys)."""
+    from saegeo.sae.architectures.topk import merge_topk
+
+    g = torch.Generator().manual_seed(0)
+    keys = torch.randperm(40 * 50, generator=g).reshape(40, 50).float()
+    k = 6
+    want = keys.topk(k, dim=1).values
+    a_keys, a_idx = keys[:, :23].topk(k, dim=1)
+    b_keys, b_idx = keys[:, 23:].topk(k, dim=1)
+    top, idx = merge_topk(a_keys, a_idx, b_keys, b_idx + 23, k)
+    assert torch.equal(top.sort(dim=1, descending=True).values, want)
+    assert torch.equal(keys.gather(1, idx), top)
+
+
+@pytest.mark.parametrize("activation", ARCHITECTURES)
+def test_metrics_by_latent_blocks_and_row_groups_equal_the_whole_batch_and_brute_force(monkeypatch, activation):
+    """Latent blocks of 1, 7, 64 and all, in groups of 1, 7, 64, 299 rows and the whole batch: bit-identical
+    SAEMetrics sums, latent top-k (ties across group edges: the earlier row) and histograms, equal to brute force
+    from the dense codes; with the code accumulator fed group by group only the mean-cosine sum
+    Σ_rows S/√(S²‖ū‖² + (1−‖ū‖²)Q) changes order: n float64 terms in [0, 1/‖ū‖] summed two ways differ by at most
+    2(n − 1)·2⁻⁵³·Σ terms."""
     n, d, d_sae = 300, 16, 512
     sae, x = _exact_sae(d, d_sae, 0, activation), _integer_rows(n, d, 1)
-    whole, whole_cards = _metrics_at(monkeypatch, sae, x, n)
+    whole, whole_cards = _metrics_at(monkeypatch, sae, x, d_sae, n)
     with torch.no_grad():
         codes = (sae.encode(x) * 2.0).double()  # folded: ‖w_i‖ = 2
         recon = sae.decode(sae.encode(x)).double()
@@ -282,46 +404,50 @@ def test_codes_encoded_in_row_blocks_equal_the_whole_batch_and_brute_force(monke
         order = sorted((r for r in range(n) if column[r] > 0), key=lambda r: (-column[r], r))[:k]
         assert whole_cards.topk.rows[latent, : len(order)].tolist() == order, latent
         assert whole_cards.topk.values[latent, : len(order)].tolist() == [column[r] for r in order], latent
-    for rows in (1, 7, 64, 299):
-        got, cards = _metrics_at(monkeypatch, sae, x, rows)
-        _same_state(got.state_dict(), state, f"rows={rows}: ")
-        assert torch.equal(cards.topk.values, whole_cards.topk.values), rows
-        assert torch.equal(cards.topk.rows, whole_cards.topk.rows), rows
-        assert torch.equal(cards.histogram.counts, whole_cards.histogram.counts), rows
-    got, _ = _metrics_at(monkeypatch, sae, x, 7, flush_every_block=True)
+    for latent_block, group_rows in ((1, n), (7, 7), (64, 1), (d_sae, 64), (64, 299), (7, 10**6)):
+        got, cards = _metrics_at(monkeypatch, sae, x, latent_block, group_rows)
+        where = f"latents {latent_block}, rows {group_rows}: "
+        _same_state(got.state_dict(), state, where)
+        assert torch.equal(cards.topk.values, whole_cards.topk.values), where
+        assert torch.equal(cards.topk.rows, whole_cards.topk.rows), where
+        assert torch.equal(cards.histogram.counts, whole_cards.histogram.counts), where
+    got, _ = _metrics_at(monkeypatch, sae, x, 7, 7, flush=True)
     flushed = got.state_dict()
     ratio, ratio_whole = flushed["codes"].pop("ratio_sum"), state["codes"]["ratio_sum"]
     _same_state(flushed, {**state, "codes": {k: v for k, v in state["codes"].items() if k != "ratio_sum"}})
     assert abs(ratio - ratio_whole) <= 2 * (n - 1) * 2.0**-53 * ratio_whole
 
 
-class _RowBound:
-    """Wraps SAE._pre: every pre-activation block must fit the encode budget, checked before it is computed (a
-    whole batch at 65k latents is refused, not allocated)."""
+def test_nearly_dense_codes_are_encoded_again_in_smaller_groups(monkeypatch):
+    """A group whose codes pass PENDING_CODES_BYTES is encoded again in quarter groups (the same sums), and later
+    batches keep the smaller groups."""
+    from saegeo.sae import metrics
 
-    def __init__(self, monkeypatch):
-        from saegeo.sae import metrics
-
-        self.metrics, self.seen, real = metrics, [], SAE._pre
-
-        def pre(sae, xn):
-            cells = xn.shape[0] * sae.cfg.d_sae
-            assert cells * metrics.CODE_TEMPORARIES * 4 <= metrics.ENCODE_BLOCK_BYTES, (
-                f"{xn.shape[0]} rows × {sae.cfg.d_sae} latents encoded at once"
-            )
-            self.seen.append(int(xn.shape[0]))
-            return real(sae, xn)
-
-        monkeypatch.setattr(SAE, "_pre", pre)
+    n, d, d_sae = 256, 16, 512
+    sae, x = _exact_sae(d, d_sae, 0, "relu"), _integer_rows(n, d, 1)
+    want = metrics.SAEMetrics(sae).add(x).state_dict()
+    nnz = int((sae.encode(x) > 0).sum())
+    monkeypatch.setattr(metrics, "PENDING_CODES_BYTES", (nnz // 8) * metrics.COO_ENTRY_BYTES)  # a group ≤ n/8 rows
+    m = metrics.SAEMetrics(sae)
+    m._group_rows = n
+    blocks = _BlockLog(monkeypatch)
+    m.add(x)
+    assert m._group_rows == n // 16 and max(blocks.rows[-4:]) == n // 16
+    got = m.state_dict()
+    ratio, ratio_want = got["codes"].pop("ratio_sum"), want["codes"].pop("ratio_sum")
+    _same_state(got, want)
+    assert ratio == 0.0 == ratio_want  # no ‖ū‖² given: the mean-cosine sum is not taken
 
 
 def test_no_whole_batch_of_codes_at_65k_latents(monkeypatch):
     """A batch of 600 rows × 65,536 latents (150 MB per dense copy, ~4 copies alive in an encode): the batch's sums,
-    the row sample's codes and the scale test's FVE are all encoded in blocks of 256 rows, within
-    ENCODE_BLOCK_BYTES (a whole batch is refused before it is computed)."""
+    the row sample's codes and the scale test's FVE all form their pre-activations by latent blocks within
+    ENCODE_BLOCK_BYTES (a whole (rows × d_sae) matrix is refused before it is computed), each block's W_enc
+    columns handed back after it."""
     from saegeo.report.check import _fve
     from saegeo.report.latents import LatentCollector
-    from saegeo.sae.metrics import SAEMetrics, encode_block_rows
+    from saegeo.sae import metrics
+    from saegeo.sae.metrics import SAEMetrics, encode_latent_block
     from saegeo.sae.model import SAEConfig
 
     d, d_sae, n = 8, 65_536, 600
@@ -330,20 +456,25 @@ def test_no_whole_batch_of_codes_at_65k_latents(monkeypatch):
     x = torch.randn(n, d, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():  # sparse codes, as a trained SAE's (L0 ≈ 65): about 1 in 1,000 pre-activations fires
         sae.threshold.fill_(float(sae.pre_activations(x[:16]).flatten().quantile(0.999)))
-    bound = _RowBound(monkeypatch)
+    released = []
+    monkeypatch.setattr(metrics, "release_pages", lambda t: released.append(t.data_ptr()))
+    blocks = _BlockLog(monkeypatch, budget=metrics.ENCODE_BLOCK_BYTES)
     m = SAEMetrics(sae)
     m.code_observers.append(LatentCollector(d_sae, 4))
     m.add(x)
     m.sample_codes(x[:300])
     _fve(sae, x[:300])
-    block = encode_block_rows(d_sae)
-    assert block == 256 and max(bound.seen) == block
-    assert sum(bound.seen) == n + 300 + 300 and m.n == n
+    assert blocks.latents[0] == encode_latent_block(n, d_sae) < d_sae and max(blocks.latents) < d_sae
+    assert sum(blocks.latents) == 3 * d_sae and m.n == n
+    assert len(released) == len(blocks.latents)  # every block's columns of W_enc handed back
+    starts = range(0, d_sae, blocks.latents[0])
+    assert released[: len(starts)] == [sae.W_enc[:, lo:].data_ptr() for lo in starts]
 
 
 def test_check_with_activations_identical_whatever_the_encode_block(monkeypatch, tmp_path):
-    """The whole `check --acts` report (SAE pass, row sample's co-firing codes, latent cards) of an SAE on which
-    float32 arithmetic is exact is the same, bit for bit, with 5-row encode blocks as with whole batches."""
+    """The whole `check --acts` report (SAE pass, row sample's co-firing codes, scale test, latent cards) of an SAE
+    on which float32 arithmetic is exact is the same, bit for bit, with 5-latent blocks in 3-row groups as with
+    every latent of a batch at once."""
     from saegeo.report.check import check_with_activations
     from saegeo.report.report import ReportOptions
     from saegeo.sae import metrics
@@ -351,8 +482,9 @@ def test_check_with_activations_identical_whatever_the_encode_block(monkeypatch,
     sae, x = _exact_sae(16, 384, 2), _integer_rows(700, 16, 3)
     opts = CheckOptions(progress=False)
 
-    def report(rows: int) -> dict:
-        monkeypatch.setattr(metrics, "ENCODE_BLOCK_BYTES", rows * metrics.CODE_TEMPORARIES * 384 * 4)
+    def report(latent_block: int, group_rows: int) -> dict:
+        monkeypatch.setattr(metrics, "encode_latent_block", lambda rows, n, size=4: latent_block)
+        monkeypatch.setattr(metrics, "max_group_rows", lambda n, size=4: group_rows)
         out, _ = check_with_activations(
             sae, x, options=opts, name="x", report_options=ReportOptions(progress=False, batch_rows=256)
         )
@@ -361,8 +493,8 @@ def test_check_with_activations_identical_whatever_the_encode_block(monkeypatch,
             out.pop(key)
         return out
 
-    whole = report(10**6)
-    bound = _RowBound(monkeypatch)
-    blocked = report(5)
-    assert max(bound.seen) == 5
+    whole = report(384, 10**6)
+    blocks = _BlockLog(monkeypatch)
+    blocked = report(5, 3)
+    assert max(blocks.latents) == 5 and max(blocks.rows) == 3
     assert blocked == whole

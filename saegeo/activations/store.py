@@ -776,7 +776,9 @@ class ActivationStore:
                 rows = [tensors["activations"].to(dtype)[:keep]] + [tensors[k].long()[:keep] for k in columns[1:]]
             else:
                 rows = [self.read_shard(i, dtype)[:keep]]
-            pending = [torch.cat([p_, r]) for p_, r in zip(pending, rows)]
+            # nothing pending: the shard's own (mapped, copy-on-write) rows, not a copy of them (75 MB a shard at
+            # 8,192 × 2,304 float32, benchmarks/README.md "check widths")
+            pending = [r if p_.shape[0] == 0 else torch.cat([p_, r]) for p_, r in zip(pending, rows)]
             if shuffle:
                 if pending[0].shape[0] < shuffle_buffer + batch_size:
                     continue
@@ -790,7 +792,8 @@ class ActivationStore:
                 yield emit([c[lo : lo + batch_size] for c in pending])
                 if bar is not None:
                     bar.update(batch_size)
-            pending = [c[n_emit:] for c in pending]
+            # an emptied column lets go of the shard it viewed (its mapped pages), before the next shard is read
+            pending = [c[n_emit:] if c.shape[0] > n_emit else c.new_empty((0, *c.shape[1:])) for c in pending]
         if shuffle and pending[0].shape[0] > 1:
             perm = torch.randperm(pending[0].shape[0], generator=gen)
             pending = [c[perm] for c in pending]

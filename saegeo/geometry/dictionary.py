@@ -409,7 +409,7 @@ def nearest_decoder_neighbours(
     valid = torch.isfinite(best_cos) & alive[q_idx][:, None]
     safe = best_idx.clamp_min(0)
     exact = torch.full(best_idx.shape, -torch.inf, dtype=torch.float64)
-    chunk = max(1, min(block_rows, 512))  # (chunk, k + 4, d) float64 gathered rows at a time
+    chunk = max(1, min(block_rows, 128))  # (chunk, k + 4, d) float64 gathered rows at a time (21 MB at d 2,304)
     for s in range(0, n_q, chunk):
         qi = q_idx[s : s + chunk]
         w_i = rows[qi].to("cpu", torch.float64)

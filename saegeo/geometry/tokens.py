@@ -621,6 +621,9 @@ def group_shares(n: int, total_sum: Tensor, total_sq: float, n_g: int, sum_g: Te
     }
 
 
+ARTIFACT_CHUNK_ROWS = 1024
+
+
 class ArtifactAccumulator:
     """Second pass of the artifact test: P = (x − μ)V_k against log token frequency, position and ‖x‖.
 
@@ -647,10 +650,18 @@ class ArtifactAccumulator:
         self.first_n, self.first_sum, self.first_sq = 0, torch.zeros(d, dtype=torch.float64), 0.0
 
     def add(self, x: Any, ids: Any = None, positions: Any = None) -> ArtifactAccumulator:
-        x = as_rows(x, self.mean.numel()).to("cpu", torch.float64)
+        x = as_rows(x, self.mean.numel())
         m = x.shape[0]
-        proj = (x - self.mean) @ self.components
-        norm = torch.linalg.vector_norm(x, dim=1)
+        # P and ‖x‖ in float64 ARTIFACT_CHUNK_ROWS rows at a time: a whole batch's float64 copies (x, x − μ) were
+        # 0.3 GB at 8,192 × 2,304 (benchmarks/README.md, check widths)
+        proj = torch.empty(m, self.k, dtype=torch.float64)
+        norm = torch.empty(m, dtype=torch.float64)
+        row_sum = torch.zeros_like(self.mean)
+        for lo in range(0, m, ARTIFACT_CHUNK_ROWS):
+            chunk = x[lo : lo + ARTIFACT_CHUNK_ROWS].to("cpu", torch.float64)
+            norm[lo : lo + chunk.shape[0]] = torch.linalg.vector_norm(chunk, dim=1)
+            row_sum += chunk.sum(0)
+            proj[lo : lo + chunk.shape[0]] = (chunk - self.mean) @ self.components
         if ids is None:
             self.has["log_frequency"] = False
         else:
@@ -666,9 +677,9 @@ class ArtifactAccumulator:
             pos = _as_ids(positions, m, "positions").to(torch.float64)
             first = pos == 0
             self.first_n += int(first.sum())
-            self.first_sum += x[first].sum(0)
+            self.first_sum += x[first.to(x.device)].to("cpu", torch.float64).sum(0)
             self.first_sq += float(norm[first].square().sum())
-        self.all_sum += x.sum(0)
+        self.all_sum += row_sum
         self.all_sq += float(norm.square().sum())
         self.rows.add(torch.cat([proj, pos[:, None], norm[:, None]], dim=1))
         return self

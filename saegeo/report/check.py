@@ -54,7 +54,7 @@ from saegeo.report.flags import (
 )
 from saegeo.report.options import CheckOptions, MatchOptions
 from saegeo.sae.formats.base import release_pages
-from saegeo.sae.metrics import encode_block_rows
+from saegeo.sae.metrics import encode_block_rows, reconstruct
 from saegeo.sae.model import SAE
 
 CHECK_SCHEMA_VERSION = 1
@@ -653,6 +653,9 @@ def _model_identity(info: Any, store_model: str | None, store: Any, opts: MatchO
     return {"by": "name", "same": same, "why": f"{why}; {names}"}
 
 
+_MEASURE_CHUNK_ROWS = 1024
+
+
 def _store_measures(acts: Any, opts: MatchOptions) -> dict[str, Any] | None:
     """One pass over the first max_rows rows: n, E‖x‖, μ, the all-ones share E|x·1|/(√d E‖x‖), massive rows, the
     rows at position 0 (a store's positions column), and up to fve_rows rows kept for the scale test."""
@@ -665,16 +668,19 @@ def _store_measures(acts: Any, opts: MatchOptions) -> dict[str, Any] | None:
     n, d = 0, None
     total, norms, ones, kept = None, [], 0.0, []
     for batch in batches:
-        x = as_rows(batch)[: opts.max_rows - n].to(torch.float64)
-        if x.shape[0] == 0:
+        rows_in = as_rows(batch)[: opts.max_rows - n]
+        if rows_in.shape[0] == 0:
             break
-        d = x.shape[1]
-        total = x.sum(0) if total is None else total + x.sum(0)
-        norms.append(x.norm(dim=1))
-        ones += float(x.sum(1).abs().sum()) / d**0.5
-        if sum(k.shape[0] for k in kept) < opts.fve_rows:
-            kept.append(x[: opts.fve_rows].to(torch.float32))
-        n += x.shape[0]
+        # float64 a chunk at a time: a whole batch's copy is 151 MB at 8,192 × 2,304
+        for lo in range(0, rows_in.shape[0], _MEASURE_CHUNK_ROWS):
+            x = rows_in[lo : lo + _MEASURE_CHUNK_ROWS].to(torch.float64)
+            d = x.shape[1]
+            total = x.sum(0) if total is None else total + x.sum(0)
+            norms.append(x.norm(dim=1))
+            ones += float(x.sum(1).abs().sum()) / d**0.5
+            if sum(k.shape[0] for k in kept) < opts.fve_rows:
+                kept.append(x[: opts.fve_rows].to(torch.float32))
+        n += rows_in.shape[0]
         if n >= opts.max_rows:
             break
     if n == 0:
@@ -711,14 +717,11 @@ def _store_measures(acts: Any, opts: MatchOptions) -> dict[str, Any] | None:
 
 def _sample_fit(sae: SAE, x: torch.Tensor) -> tuple[float | None, float | None]:
     """(FVE, mean cosine) of the SAE's reconstruction of the kept rows: FVE = 1 − Σ‖x − x̂‖²/Σ‖x − x̄‖² (x̄ their
-    mean) and E cos(x, x̂); reconstructed ``encode_block_rows(d_sae)`` rows at a time (the (rows × d_sae)
-    pre-activations of 4,096 rows would be 1 GB at 65k latents)."""
+    mean) and E cos(x, x̂); reconstructed by latent blocks (``saegeo.sae.metrics.reconstruct``: the (rows × d_sae)
+    pre-activations of 4,096 rows at once would be 1 GB at 65k latents)."""
     if x.shape[0] == 0:
         return None, None
-    block = encode_block_rows(int(sae.W_dec.shape[0]), sae.W_enc.element_size())
-    with torch.no_grad():
-        parts = [sae(x[lo : lo + block].to(sae.W_enc.dtype)) for lo in range(0, x.shape[0], block)]
-        x_hat = torch.cat(parts).to(torch.float64)
+    x_hat = reconstruct(sae, x).to(torch.float64)
     x = x.to(torch.float64)
     centred = float((x - x.mean(0)).pow(2).sum())
     fve = 1 - float((x - x_hat).pow(2).sum()) / centred if centred > 0 else None

@@ -47,6 +47,9 @@ TABLE_COLUMNS = (
 ASKED = "asked"
 N_AFTER = 4  # following tokens shown after the firing one
 N_NEIGHBOURS = 5
+# rows per tile side of the neighbour search: its float64 and float32 unit blocks and the tile stay ~0.1 GB at d
+# 2,304 (4,096 made 0.35 GB, the peak of `check --acts` at 16k latents: benchmarks/README.md)
+NEIGHBOUR_BLOCK_ROWS = 2048
 LATENTS_SCHEMA_VERSION = 1
 
 
@@ -345,7 +348,7 @@ class LatentCollector:
     ) -> None:
         """Set ``section.latent_table``, ``.latents`` and ``.latent_info`` (SAEGeometry); ``why`` may be a
         function of the table (e.g. the top latents by a column)."""
-        nn = nearest_decoder_neighbours(w_dec, N_NEIGHBOURS) if neighbours else None
+        nn = nearest_decoder_neighbours(w_dec, N_NEIGHBOURS, NEIGHBOUR_BLOCK_ROWS) if neighbours else None
         norms = row_norms(w_dec)  # float64 a block at a time: no float64 copy of W_dec
         table = latent_table(section, metrics.codes.mean_sq_code, norms, nn, dense_frequency)
         chosen = why(table) if callable(why) else why

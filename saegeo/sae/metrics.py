@@ -16,15 +16,21 @@ Per batch x (m, d), through the SAE (saegeo ``SAE`` or a SAELens-like object wit
 Everything is a float64 sum: ``state_dict`` / ``from_state_dict`` / ``merge`` (so
 ``saegeo.distributed.merge_across_ranks`` works), and ``summary`` reads out the metrics.
 
-Memory at published width: a batch is encoded ``encode_block_rows(d_sae)`` rows at a time, so the dense
-(rows × d_sae) codes and their temporaries (pre-activations, masks, folded copies) stay within
-ENCODE_BLOCK_BYTES whatever the batch; only each block's nonzero codes (COO) and its (rows × d) x̂ are kept, and the
-batch's sums are taken over their concatenation in the order the whole batch gives (the COO is row-major either
-way). What may differ is the encode's own float32 rounding: a GEMM's result for a row can depend on how many rows
-it is given (by ≤ 2γ_d·Σ_j |x_j W_ji| per pre-activation, γ_d = d·2⁻²⁴/(1 − d·2⁻²⁴)), exactly as between two
-batch sizes; on arithmetic that is exact (tests/test_check_width.py) every block size gives the same bits. The
-encode must be row-wise -- each row's codes a function of that row alone -- as every inference encode is
-(BatchTopK at inference is a fixed threshold).
+Memory at published width. A saegeo SAE's batch is encoded by blocks of latents (``SAE.sparse_codes``): the
+(rows × block) pre-activations and their temporaries stay within ENCODE_BLOCK_BYTES (``encode_latent_block``: 1,024
+latents for an 8,192-row batch), the block's nonzero codes are kept (TopK: each row's running top-k), and a
+memory-mapped W_enc's pages are handed back after each block, so W_enc is never resident beside W_dec. The codes
+are never dense: x̂ is decoded from them (``SAE.decode_coo``: only the active rows of W_dec) and the float64 sums
+are taken SUM_ROWS rows at a time, so no (batch × d) float64 copy exists either. Rows go through in groups of the
+whole batch (up to ``max_group_rows``); a group whose codes pass PENDING_CODES_BYTES (nearly dense codes) is
+encoded again in smaller groups, its code sums then added group by group. Every sum runs in the same order
+whatever the latent blocks: the COO is row-major as the dense codes' ``nonzero`` would be, and the SUM_ROWS chunks
+lie on the same rows. What may differ is the encode's own float32 rounding: a GEMM's result can depend on how
+many columns it is given (by ≤ 2γ_d·Σ_j |x_j W_ji| per pre-activation, γ_d = d·2⁻²⁴/(1 − d·2⁻²⁴)); on arithmetic
+that is exact (tests/test_check_width.py) every block size gives the same bits. Any other SAE (a peer library's
+object measured through its own encode and decode) is encoded ``encode_block_rows(d_sae)`` rows at a time, its
+dense codes a block at a time. The encode must be row-wise -- each row's codes a function of that row alone -- as
+every inference encode is (BatchTopK at inference is a fixed threshold).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import sys
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -42,17 +49,21 @@ from saegeo.errors import BadInputError
 from saegeo.geometry.accumulate import UnitMean
 from saegeo.geometry.amplification import CodeMomentAccumulator, coo_codes
 from saegeo.geometry.dictionary import row_cosines, row_norms
+from saegeo.sae.formats.base import read_sparsely, release_pages
 
-ENCODE_BLOCK_BYTES = 256 * 2**20  # the dense codes of one encode block and their temporaries stay below this
-# the most (rows × d_sae) arrays alive at once, in copies of the codes' element size: a JumpReLU encode holds pre,
-# ReLU(pre), the mask [pre > θ] (¼) and their product (3¼); after it, the codes, their folded copy a_i·‖W_dec,i‖ and
-# the top-k screen's two masks (2½); a dense TopK scatters into zeros_like(pre) beside pre and ReLU(pre) (3)
+ENCODE_BLOCK_BYTES = 128 * 2**20  # the dense pre-activations of one encode block and their temporaries stay below this
+# the most (rows × block) arrays alive at once, in copies of the codes' element size: a JumpReLU block holds pre,
+# ReLU(pre), the mask [pre > θ] (¼) and their product (3¼); a peer SAE's dense codes, their folded copy and the
+# nonzero screen's masks (2½); a dense TopK scatters into zeros_like(pre) beside pre and ReLU(pre) (3)
 CODE_TEMPORARIES = 4
 COO_ENTRY_BYTES = 8 + 8 + 4  # row, latent (int64) and value (float32) of one nonzero code
-# the nonzero codes of a batch's blocks kept for one call of the code accumulator (its sums then run in the whole
-# batch's order); codes so dense that a batch's pass this are added a part at a time (a JumpReLU batch of 8,192
-# rows reaches it at L0 ≈ 1,600)
+# the nonzero codes of one group of rows: a group whose codes pass this is encoded again in smaller groups (a
+# JumpReLU batch of 8,192 rows reaches it at L0 ≈ 1,600)
 PENDING_CODES_BYTES = 256 * 2**20
+SUM_ROWS = 1024  # rows whose x̂ and float64 error terms exist at once, after the encode (9 MB + 19 MB at d 2,304)
+# the widest latent block: its W_enc columns (9 MB at d 2,304) and, up to 8,192 rows, its pre-activations; a GEMM this
+# wide keeps its speed, and groups of rows are cut so that their blocks are this wide
+LATENT_BLOCK = 1024
 
 
 @functools.cache
@@ -81,12 +92,27 @@ def release_free_heap() -> None:
 
 
 def encode_block_rows(d_sae: int, element_size: int = 4, budget_bytes: int | None = None) -> int:
-    """Rows encoded at once so that the dense codes of a block and their temporaries fit ``budget_bytes``
-    (default ENCODE_BLOCK_BYTES): max(1, ⌊budget / (CODE_TEMPORARIES · d_sae · element_size)⌋), element_size the
-    bytes of the codes' dtype (at least float32's 4: the codes are folded in float32). 256 MiB gives 1,024 rows at
-    16k latents, 256 at 65k, 64 at 262k."""
+    """Rows encoded at once, all latents together, so that the dense codes of a block and their temporaries fit
+    ``budget_bytes`` (default ENCODE_BLOCK_BYTES): max(1, ⌊budget / (CODE_TEMPORARIES · d_sae · element_size)⌋),
+    element_size the bytes of the codes' dtype (at least float32's 4: the codes are folded in float32). 128 MiB gives
+    512 rows at 16k latents, 128 at 65k, 32 at 262k (an SAE encoded through its own dense encode)."""
     budget = ENCODE_BLOCK_BYTES if budget_bytes is None else budget_bytes
     return max(1, budget // (CODE_TEMPORARIES * int(d_sae) * max(int(element_size), 4)))
+
+
+def encode_latent_block(rows: int, d_sae: int, element_size: int = 4) -> int:
+    """Latents whose (rows × block) pre-activations are formed at once: at most LATENT_BLOCK, and fewer where
+    ``encode_block_rows`` with rows and latents exchanged says so -- min(d_sae, LATENT_BLOCK, max(1,
+    ⌊ENCODE_BLOCK_BYTES / (CODE_TEMPORARIES · rows · element_size)⌋)): 1,024 up to 8,192 rows."""
+    return min(int(d_sae), LATENT_BLOCK, encode_block_rows(rows, element_size))
+
+
+def max_group_rows(d_sae: int, element_size: int = 4) -> int:
+    """The most rows encoded together by latent blocks: those whose blocks are still LATENT_BLOCK latents wide
+    (8,192 rows), a multiple of SUM_ROWS; every latent block reads all of W_enc's rows, so the fewer groups, the
+    fewer times a mapped W_enc is read."""
+    rows = encode_block_rows(min(int(d_sae), LATENT_BLOCK), element_size)
+    return max(SUM_ROWS, rows // SUM_ROWS * SUM_ROWS)
 
 
 class _COO(NamedTuple):
@@ -96,6 +122,28 @@ class _COO(NamedTuple):
     rows: Int[Tensor, " nnz"]
     cols: Int[Tensor, " nnz"]
     values: Float[Tensor, " nnz"]
+
+
+@torch.inference_mode()
+def reconstruct(sae: Any, x: Float[Tensor, "m d"]) -> Float[Tensor, "m d"]:
+    """x̂ (denormalised, float32) of rows through the SAE, encoded as ``SAEMetrics.add`` encodes a batch: a saegeo SAE
+    by latent blocks into sparse codes and decoded from them, so no (m × d_sae) matrix exists beyond a block."""
+    metrics = SAEMetrics(sae)
+    x = x.to(metrics.device, torch.float32)
+    parts = [metrics._chunk(group, group.lo, group.hi)[2] for group in metrics._groups(x)]
+    return torch.cat(parts) if parts else x.clone()
+
+
+class _Group(NamedTuple):
+    """One group of a batch's rows through the SAE (`SAEMetrics._encode_group`)."""
+
+    lo: int  # its first and one-past-last rows in the batch
+    hi: int
+    x_normalized: Tensor  # x' of its rows
+    norm_state: tuple | None  # what denormalize needs (per-row tensors)
+    coo: _COO  # the folded codes a_i·‖W_dec,i‖, rows numbered from the group's first (CPU)
+    codes: tuple[Tensor, Tensor, Tensor] | None  # the codes themselves, row-major COO on the device (saegeo SAE)
+    recon: Tensor | None  # x̂ in the normalised space (a peer SAE's dense decode)
 
 
 class SAEMetrics:
@@ -140,31 +188,73 @@ class SAEMetrics:
             cfg = getattr(sae, "cfg", None)
             # codes of SAEs that rescale by the decoder norm already carry it
             self._rescaled = bool(getattr(cfg, "rescale_acts_by_decoder_norm", False))
-            # saegeo TopK: encode_topk/decode_sparse give the same codes and x̂ without the dense code matrix
-            self._sparse_topk = bool(getattr(getattr(sae, "architecture", None), "topk_codes", False)) and hasattr(
-                sae, "decode_sparse"
-            )
+            # a saegeo SAE: codes by latent blocks (no dense code matrix) and x̂ from them; a peer's own encode/decode
+            # otherwise, by blocks of rows
+            self._latent_blocks = hasattr(sae, "sparse_codes") and hasattr(sae, "decode_coo")
+            self._group_rows = max_group_rows(self.d_sae, self._element_size)  # lowered when codes come out dense
+            if self._latent_blocks:
+                read_sparsely(sae.W_enc)  # a mapped W_enc: only the pages of a block's columns become resident
             self._fold = row_norms(sae.W_dec.detach()).to(self.device, torch.float32)
             self._b_dec = sae.b_dec.detach().to(self.device, torch.float32)
 
     # ------------------------------------------------------------------ streaming
     @property
-    def encode_rows(self) -> int:
-        """Rows per encode block (``encode_block_rows`` of this SAE's d_sae and code dtype)."""
+    def _element_size(self) -> int:
         weights = getattr(self.sae, "W_enc", None)  # a peer SAE measured through its own encode may have none
-        return encode_block_rows(self.d_sae, (weights if weights is not None else self.sae.W_dec).element_size())
+        return (weights if weights is not None else self.sae.W_dec).element_size()
+
+    @property
+    def encode_rows(self) -> int:
+        """Rows per encode block of an SAE measured through its own dense encode (``encode_block_rows`` of its d_sae
+        and code dtype); a saegeo SAE encodes groups of up to ``max_group_rows`` rows by latent blocks."""
+        return encode_block_rows(self.d_sae, self._element_size)
 
     @torch.inference_mode()
     def add(self, x: Float[Tensor, "m d"]) -> SAEMetrics:
-        """Stream one batch of activations through the SAE and add its sums (encoded ``encode_rows`` rows at a
-        time; the sums over the whole batch)."""
-        sae = self.sae
-        if sae is None:
+        """Stream one batch of activations through the SAE and add its sums (see the module docstring for the
+        blocks it is encoded in; the sums are the whole batch's)."""
+        if self.sae is None:
             raise BadInputError("SAEMetrics.add needs the SAE: SAEMetrics(sae) or from_state_dict(sd, sae=sae)")
         x = x.to(self.device, torch.float32)
-        if x.shape[0] == 0:
+        m = x.shape[0]
+        if m == 0:
             return self
-        x_normalized, recon, recon_out = self._encode_batch(x)
+        # the batch's mean first: its centred sum of squares is taken about it, chunk by chunk below
+        total = torch.zeros(self.d_in, dtype=torch.float64, device=x.device)
+        for lo in range(0, m, SUM_ROWS):
+            total += x[lo : lo + SUM_ROWS].double().sum(dim=0)
+        batch_mean = total / m
+        centred_ss = 0.0
+        pending, pending_lo, n_pending = [], 0, 0  # groups' COO for the code accumulator (rows from pending_lo)
+        pieces = []  # (x', x̂, x̂ denormalised) of the rows of the open SUM_ROWS chunk
+        for group in self._groups(x):
+            for observer in self.code_observers:
+                observer.add(group.coo)  # each group's own rows, in order: the observers number them
+            if not pending:
+                pending_lo = group.lo
+            pending.append(group.coo._replace(rows=group.coo.rows + (group.lo - pending_lo)))
+            n_pending += group.coo.values.numel()
+            # the sums over chunks of the batch's SUM_ROWS grid, whatever the groups (the same rows, the same rounding):
+            # a chunk's rows are gathered from the groups it spans
+            for a in range(group.lo, group.hi, SUM_ROWS):
+                b = min(group.hi, a - a % SUM_ROWS + SUM_ROWS)
+                pieces.append(self._chunk(group, a, b))
+                if b % SUM_ROWS == 0 or b == m:
+                    parts = [torch.cat(p) if len(pieces) > 1 else p[0] for p in zip(*pieces)]
+                    centred_ss += self._add_rows(x[b - parts[0].shape[0] : b], batch_mean, *parts)
+                    pieces = []
+            if n_pending * COO_ENTRY_BYTES > PENDING_CODES_BYTES:
+                self._add_codes(pending)
+                pending, n_pending = [], 0
+        self._add_codes(pending)
+        self._combine(m, batch_mean.cpu(), centred_ss)
+        return self
+
+    def _add_rows(
+        self, x: Float[Tensor, "c d"], batch_mean: Float[Tensor, " d"], x_normalized: Tensor, recon: Tensor, out: Tensor
+    ) -> float:
+        """The sums of one chunk of rows given its x', x̂ (normalised space) and x̂ denormalised; returns the chunk's
+        Σ‖x − x̄_batch‖²."""
         y = recon - self._b_dec
         self.recon_unit.add(y)
         norms = torch.linalg.vector_norm(y.double(), dim=1)
@@ -172,54 +262,73 @@ class SAEMetrics:
         unit = y[norms > 0] / norms[norms > 0, None].to(y.dtype)
         self.recon_unit_scatter += (unit.T @ unit).to("cpu", torch.float64)  # float32 gram: an sd needs no more
         self.input_unit.add(x_normalized - self._b_dec)
-        # in place on one float64 copy at a time (the same values and sums as x64 − x̂64 and x64 − x̄: a float32
-        # operand is widened exactly): (rows × d) float64 temporaries are 151 MB each at 8,192 × 2,304
-        error = x.double().sub_(recon_out)
-        self.sse += float(error.square_().sum())
-        del error
-        x64 = x.double()
-        batch_mean = x64.mean(dim=0)
-        self._combine(x.shape[0], batch_mean.cpu(), float(x64.sub_(batch_mean).square_().sum()))
-        return self
+        # in place on one float64 copy (the same values as x64 − x̂64: a float32 operand is widened exactly)
+        self.sse += float(x.double().sub_(out).square_().sum())
+        return float(x.double().sub_(batch_mean).square_().sum())
 
-    def _encode_batch(self, x: Float[Tensor, "m d"]) -> tuple[Tensor, Tensor, Tensor]:
-        """(x', x̂ in the normalised space, x̂ denormalised) of a batch, encoded ``encode_rows`` rows at a time.
-        Each block's dense codes are screened by the code observers (their own block: the top-k and histogram are
-        exact whatever the blocks) and kept as COO; the code accumulator gets the batch's concatenated COO (the
-        whole batch's row-major order) once, or a part of it whenever the kept nonzeros pass PENDING_CODES_BYTES
-        (codes nearly dense: its float sums are then over those parts, rounding differently)."""
-        block = self.encode_rows
-        normalized, recons, outs, pending = [], [], [], []
-        group_start, n_pending = 0, 0  # the first row of the pending COO parts, their nonzeros
-        unnormalized = True  # x' is x itself (no input normalisation): no copy of it is made
-        for lo in range(0, x.shape[0], block):
-            rows = x[lo : lo + block]
-            x_normalized, norm_state, recon, codes = self._encode(rows)
-            unnormalized &= x_normalized is rows
-            dense = codes if isinstance(codes, Tensor) else None
-            coo = _COO(*coo_codes(codes)) if dense is not None else codes
-            for observer in self.code_observers:
-                observer.add(coo)  # the COO, also of a dense block: the observers screen its nonzeros
-            del dense, codes  # the block's (rows × d_sae) codes go before the next block's
-            if x.shape[0] > block:  # only a batch of several blocks leaves heap holes between them
+    def _groups(self, x: Float[Tensor, "m d"]) -> Iterator[_Group]:
+        """The batch's rows in groups, each encoded (`_encode_group`): a saegeo SAE's in groups of up to
+        _group_rows rows (cut smaller, for this and later batches, when a group's codes pass PENDING_CODES_BYTES),
+        any other SAE's ``encode_rows`` rows at a time."""
+        m, lo = x.shape[0], 0
+        while lo < m:
+            rows = min(m - lo, self._group_rows if self._latent_blocks else self.encode_rows)
+            group = self._encode_group(x[lo : lo + rows], lo, limit=rows > 1)
+            if group is None:  # codes too dense for the group: a quarter of the rows, on a SUM_ROWS multiple if any
+                rows = max(1, rows // 4)
+                self._group_rows = rows // SUM_ROWS * SUM_ROWS or rows
+                continue
+            if x.shape[0] > rows:  # several groups leave heap holes between what each keeps
                 release_free_heap()
-            normalized.append(x_normalized)
-            recons.append(recon)
-            outs.append(recon if norm_state is None else self.sae.denormalize(recon, norm_state))
-            pending.append(coo._replace(rows=coo.rows + (lo - group_start)))
-            n_pending += coo.values.numel()
-            if n_pending * COO_ENTRY_BYTES > PENDING_CODES_BYTES:
-                self._add_codes(pending)
-                pending, n_pending, group_start = [], 0, lo + coo.n_rows
-        self._add_codes(pending)
-        if len(recons) == 1:
-            return normalized[0], recons[0], outs[0]
-        recon = torch.cat(recons)
-        out = recon if all(o is r for o, r in zip(outs, recons)) else torch.cat(outs)
-        return (x if unnormalized else torch.cat(normalized)), recon, out
+            yield group
+            lo += rows
+
+    def _encode_group(self, x: Float[Tensor, "g d"], lo: int = 0, *, limit: bool = False) -> _Group | None:
+        """One group of rows through the SAE: x', the normalisation state, the folded codes as COO and what gives
+        x̂ (the codes, or a peer's dense decode). None when `limit` and its codes pass PENDING_CODES_BYTES."""
+        sae = self.sae
+        # SAEs with input normalisation (OpenAI LayerNorm, SAELens layer_norm / constant_norm_rescale) decode in
+        # the normalised space: the cone is measured there, the error on the denormalised reconstruction.
+        x_normalized, norm_state = sae.normalize_input(x) if hasattr(sae, "normalize_input") else (x, None)
+        n = x.shape[0]
+        if self._latent_blocks:
+            found = sae.sparse_codes(
+                x_normalized,
+                latent_block=encode_latent_block(n, self.d_sae, self._element_size),
+                after_block=self._release_encoder,
+                max_entries=PENDING_CODES_BYTES // COO_ENTRY_BYTES if limit else None,
+            )
+            if found is None:
+                return None
+            rows, cols, values = found
+            folded = values if self._rescaled else values * self._fold[cols]
+            coo = _COO(n, rows.cpu(), cols.cpu(), folded.float().cpu())
+            return _Group(lo, lo + n, x_normalized, norm_state, coo, found, None)
+        codes = sae.encode(x)
+        recon = sae.decode(codes)
+        dense = (codes if self._rescaled else codes * self._fold).float().cpu()
+        del codes
+        return _Group(lo, lo + n, x_normalized, norm_state, _COO(*coo_codes(dense)), None, recon)
+
+    def _release_encoder(self, latents: slice) -> None:
+        """A memory-mapped W_enc's pages go back after each latent block (a no-op for weights in memory)."""
+        release_pages(self.sae.W_enc[:, latents])
+
+    def _chunk(self, group: _Group, a: int, b: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(x', x̂ in the normalised space, x̂ denormalised) of the batch's rows a … b − 1, inside `group`."""
+        i, j = a - group.lo, b - group.lo
+        if group.codes is not None:  # decoded from the chunk's own entries (the COO is row-major)
+            rows, cols, values = group.codes
+            first, last = torch.searchsorted(rows, torch.tensor([i, j], device=rows.device)).tolist()
+            recon = self.sae.decode_coo(rows[first:last] - i, cols[first:last], values[first:last], j - i)
+        else:
+            recon = group.recon[i:j]
+        state = None if group.norm_state is None else tuple(t[i:j] for t in group.norm_state)
+        out = recon if state is None else self.sae.denormalize(recon, state)
+        return group.x_normalized[i:j], recon, out
 
     def _add_codes(self, parts: list[_COO]) -> None:
-        """Add the COO codes of consecutive row blocks (rows numbered from the first block's first row)."""
+        """Add the COO codes of consecutive row groups (rows numbered from the first group's first row)."""
         if parts:
             self.codes.add(
                 _COO(
@@ -230,40 +339,16 @@ class SAEMetrics:
                 )
             )
 
-    def _encode(self, x: Float[Tensor, "m d"]) -> tuple[Tensor, Any, Tensor, Any]:
-        """(x', the normalisation state, x̂ in the normalised space, the folded codes as COO or a dense matrix) of
-        one block of rows."""
-        sae = self.sae
-        # SAEs with input normalisation (OpenAI LayerNorm, SAELens layer_norm / constant_norm_rescale) decode in
-        # the normalised space: the cone is measured there, the error on the denormalised reconstruction.
-        x_normalized, norm_state = sae.normalize_input(x) if hasattr(sae, "normalize_input") else (x, None)
-        if self._sparse_topk:  # gather only the k active decoder rows: no (batch, d_sae) matrix at all
-            values, indices = sae.encode_topk(x)
-            recon = sae.decode_sparse(values, indices)
-            folded = values if self._rescaled else values * self._fold[indices]
-            rows = torch.arange(x.shape[0], device=x.device).repeat_interleave(indices.shape[1])
-            return (
-                x_normalized,
-                norm_state,
-                recon,
-                _COO(x.shape[0], rows.cpu(), indices.flatten().cpu(), folded.flatten().float().cpu()),
-            )
-        codes = sae.encode(x)
-        recon = sae.decode(codes)
-        return x_normalized, norm_state, recon, (codes if self._rescaled else codes * self._fold).float().cpu()
-
     @torch.inference_mode()
-    def sample_codes(self, x: Float[Tensor, "m d"], *, chunk: int | None = None) -> _COO:
-        """The folded codes a_i·‖W_dec,i‖ of a few rows (e.g. the report's row sample) as COO, encoded ``chunk``
-        rows at a time (default ``encode_rows``: no (m, d_sae) matrix beyond a block); nothing is added to the
-        sums."""
-        chunk = chunk or self.encode_rows
+    def sample_codes(self, x: Float[Tensor, "m d"]) -> _COO:
+        """The folded codes a_i·‖W_dec,i‖ of a few rows (e.g. the report's row sample) as COO, encoded as ``add``
+        encodes a batch (no (m, d_sae) matrix beyond a block); nothing is added to the sums."""
+        x = x.to(self.device, torch.float32)
         parts = []
-        for lo in range(0, x.shape[0], chunk):
-            *_, coo = self._encode(x[lo : lo + chunk].to(self.device, torch.float32))
-            _, rows, cols, values = coo_codes(coo)
+        for group in self._groups(x):
+            _, rows, cols, values = coo_codes(group.coo)
             keep = values != 0
-            parts.append((rows[keep] + lo, cols[keep], values[keep]))
+            parts.append((rows[keep] + group.lo, cols[keep], values[keep]))
         if not parts:
             return _COO(0, torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0))
         rows, cols, values = (torch.cat(p) for p in zip(*parts))

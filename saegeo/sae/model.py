@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +206,51 @@ class SAE(nn.Module):
         self._check_input(x)
         return self.architecture.encode_topk(self, self.pre_activations(x))
 
+    def pre_activation_blocks(
+        self,
+        xn: Float[Tensor, "n d_in"],
+        latent_block: int,
+        after_block: Callable[[slice], None] | None = None,
+    ) -> Iterator[tuple[slice, Float[Tensor, "n b"]]]:
+        """The pre-activations of rows already through `normalize_input`, `latent_block` latents B at a time, each
+        block formed when asked for: pre_B = (xn − b_dec·[apply_b_dec_to_input]) @ W_enc[:, B] + b_enc[B]
+        (· ‖W_dec[B]‖ if rescale_acts_by_decoder_norm). after_block(B) runs once block B is used (a caller hands
+        a mapped W_enc's pages back there)."""
+        if self.cfg.apply_b_dec_to_input:
+            xn = xn - self.b_dec
+        xn = xn.to(self.W_enc.dtype)
+        d_sae = self.cfg.d_sae
+        for lo in range(0, d_sae, max(1, int(latent_block))):
+            latents = slice(lo, min(d_sae, lo + max(1, int(latent_block))))
+            try:
+                pre = torch.addmm(self.b_enc[latents], xn, self.W_enc[:, latents])
+                if self.cfg.rescale_acts_by_decoder_norm:
+                    pre = pre * self.W_dec[latents].norm(dim=-1)
+                yield latents, pre
+            finally:
+                if after_block is not None:
+                    after_block(latents)
+
+    def sparse_codes(
+        self,
+        xn: Float[Tensor, "n d_in"],
+        *,
+        latent_block: int | None = None,
+        after_block: Callable[[slice], None] | None = None,
+        max_entries: int | None = None,
+    ) -> tuple[Int[Tensor, " nnz"], Int[Tensor, " nnz"], Float[Tensor, " nnz"]] | None:
+        """The nonzero codes of rows already through `normalize_input`, as row-major COO (row, latent, value): the
+        entries of `encode`'s dense codes in `Tensor.nonzero`'s order, formed `latent_block` latents at a time
+        (`pre_activation_blocks`; default all at once), so no (n × d_sae) matrix exists beyond a block: latent-wise
+        architectures keep each block's nonzeros, TopK merges each block's top-k into the row's
+        (`Architecture.sparse_codes`). None once more than `max_entries` codes are found (latent-wise ones)."""
+        self._check_input(xn)
+        blocks = self.pre_activation_blocks(xn, latent_block or self.cfg.d_sae, after_block)
+        try:
+            return self.architecture.sparse_codes(self, blocks, max_entries)
+        finally:
+            blocks.close()  # an early return: the open block's after_block runs now
+
     # ------------------------------------------------------------------ decode
     def decode(self, codes: Float[Tensor, "n d_sae"], norm_state: tuple | None = None) -> Float[Tensor, "n d_in"]:
         """x̂ = denormalize(codes @ W_dec + b_dec)."""
@@ -228,6 +273,21 @@ class SAE(nn.Module):
             values = values / self.W_dec.norm(dim=-1)[indices]
         out = F.embedding_bag(indices, self.W_dec, offsets, per_sample_weights=values.to(self.W_dec.dtype), mode="sum")
         return self.denormalize(out + self.b_dec, norm_state)
+
+    def decode_coo(
+        self,
+        rows: Int[Tensor, " nnz"],
+        cols: Int[Tensor, " nnz"],
+        values: Float[Tensor, " nnz"],
+        n_rows: int,
+        norm_state: tuple | None = None,
+    ) -> Float[Tensor, "n d_in"]:
+        """x̂ of `n_rows` rows from their row-major COO codes (`sparse_codes`): row r sums its entries' values ·
+        W_dec[latent] (`decode_sparse` with the rows' offsets), + b_dec; a row without codes is b_dec."""
+        counts = torch.bincount(rows, minlength=n_rows)
+        offsets = torch.zeros(n_rows, dtype=torch.long, device=cols.device)
+        offsets[1:] = counts.cumsum(0)[:-1]
+        return self.decode_sparse(values, cols, norm_state, offsets=offsets)
 
     def forward(self, x: Float[Tensor, "n d_in"]) -> Float[Tensor, "n d_in"]:
         """Reconstruction x̂ = decode(encode(x)) (sparse path for TopK)."""

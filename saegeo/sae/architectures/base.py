@@ -11,7 +11,7 @@ The `sae` the methods take is a saegeo.sae.model.SAE.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
@@ -92,6 +92,9 @@ class Architecture:
     saelens_name: str | None = None  # SAELens cfg.json "architecture" it is saved as (None: its own name)
     uses_k: bool = False  # the training option k is stored in SAEConfig.k (topk, batchtopk; jumprelu: its L0 target)
     topk_codes: bool = False  # exactly k (values, indices) per row: encode_topk and the sparse decode apply
+    # each code a function of its own latent's pre-activation and parameters (`encode_latents`): blocks of latents
+    # encode on their own and their nonzero codes together are the whole row's (`sparse_codes`)
+    latent_wise: bool = False
     init_encoder_scale: float = 1.0  # SAE.init_weights' tied encoder W_enc = scale · W_decᵀ
     # TrainConfig options this architecture fills in when they are left unset (TrainConfig.resolved); the values
     # are those measured best on MiniLM layer 3 by benchmarks/train_bench.py (benchmarks/README.md)
@@ -116,8 +119,40 @@ class Architecture:
 
     # ------------------------------------------------------------------ inference
     def encode(self, sae, pre: Float[Tensor, "n d_sae"]) -> Float[Tensor, "n d_sae"]:
-        """Dense codes ≥ 0 from the pre-activations."""
+        """Dense codes ≥ 0 from the pre-activations (a latent-wise architecture: `encode_latents` of them all)."""
+        if self.latent_wise:
+            return self.encode_latents(sae, pre, slice(0, pre.shape[-1]))
         raise NotImplementedError
+
+    def encode_latents(self, sae, pre: Float[Tensor, "n b"], latents: slice) -> Float[Tensor, "n b"]:
+        """Codes of the latents `latents` (a block of d_sae) from their own pre-activations: latent-wise only."""
+        raise NotImplementedError(f"architecture {self.name!r} is not latent-wise")
+
+    def sparse_codes(self, sae, blocks: Iterable[tuple[slice, Tensor]], max_entries: int | None = None) -> Any:
+        """The nonzero codes of n rows as row-major COO (rows, latents, values), rows ascending and each row's latents
+        ascending: the order `Tensor.nonzero` gives on the dense codes, whatever the blocks. `blocks` yields
+        (latents, pre-activations of those latents), consecutive blocks covering 0 … d_sae − 1 in order.
+
+        Latent-wise: each block's nonzeros, concatenated -- exact, a code depends on its own latent alone. Any other
+        architecture: the blocks put back together and `encode` of the whole (no saving). None as soon as more than
+        `max_entries` nonzeros are found (the caller retries on fewer rows; an architecture with at most k codes a row
+        may ignore it)."""
+        if not self.latent_wise:
+            codes = self.encode(sae, torch.cat([pre for _, pre in blocks], dim=-1))
+            rows, cols = codes.nonzero(as_tuple=True)
+            if max_entries is not None and rows.numel() > max_entries:
+                return None
+            return rows, cols, codes[rows, cols]
+        parts, n_entries = [], 0
+        for latents, pre in blocks:
+            codes = self.encode_latents(sae, pre, latents)
+            rows, cols = codes.nonzero(as_tuple=True)
+            parts.append((rows, cols + latents.start, codes[rows, cols]))
+            del codes
+            n_entries += rows.numel()
+            if max_entries is not None and n_entries > max_entries:
+                return None
+        return row_major(*(torch.cat(t) for t in zip(*parts)), n_latents=int(sae.cfg.d_sae))
 
     def encode_topk(self, sae, pre: Float[Tensor, "n d_sae"]) -> tuple[Float[Tensor, "n k"], Int[Tensor, "n k"]]:
         """(values, latent indices), k per row: only for architectures with `topk_codes`."""
@@ -197,6 +232,15 @@ class Architecture:
     def saelens_fields(self, cfg: SAEConfig) -> dict[str, Any]:
         """Architecture-specific SAELens cfg.json keys (e.g. topk's k)."""
         return {}
+
+
+def row_major(
+    rows: Int[Tensor, " nnz"], cols: Int[Tensor, " nnz"], values: Float[Tensor, " nnz"], *, n_latents: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """COO entries sorted by row, then latent (the order of `Tensor.nonzero` on the dense codes): one sort of the
+    keys row·n_latents + latent."""
+    order = (rows * n_latents + cols).argsort()
+    return rows[order], cols[order], values[order]
 
 
 _REGISTRY: dict[str, Architecture] = {}

@@ -60,7 +60,9 @@ class BatchTopK(Architecture):
     # latents dead; 4e-3: 0.887 at L0 25 with 10 % dead; benchmarks/README.md "Training"); the former 3e-4: 0.581
     train_defaults = {"lr": 4e-3, "l1_coefficient": 1.0, "grad_clip_norm": 0.0, "decoder_norm": "unit"}
 
-    def encode(self, sae, pre):
+    latent_wise = True  # at inference: the threshold, the same for every latent
+
+    def encode_latents(self, sae, pre, latents):
         # dictionary_learning BatchTopK at inference: one global scalar threshold, not per-row TopK.
         post = F.relu(pre)
         return post * (post > sae.threshold.reshape(-1)[0])

@@ -105,8 +105,10 @@ class JumpReLU(Architecture):
         # a parameter (the trainer turns its gradient on); SAE.load fills it from the file
         sae.threshold = nn.Parameter(torch.zeros(cfg.d_sae, **tensor_kw), requires_grad=False)
 
-    def encode(self, sae, pre):
-        return F.relu(pre) * (pre > sae.threshold)
+    latent_wise = True
+
+    def encode_latents(self, sae, pre, latents):
+        return F.relu(pre) * (pre > sae.threshold[latents])
 
     def scale_latents(self, sae, scale: Tensor) -> None:
         sae.W_enc.mul_(scale)

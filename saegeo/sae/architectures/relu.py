@@ -99,7 +99,9 @@ class ReLU(Architecture):
     train_defaults = {"lr": 8e-3, "l1_coefficient": 1.0, "grad_clip_norm": 1.0, "decoder_norm": "unit"}
     free_decoder = True
 
-    def encode(self, sae, pre: Float[Tensor, "n d_sae"]) -> Float[Tensor, "n d_sae"]:
+    latent_wise = True
+
+    def encode_latents(self, sae, pre: Float[Tensor, "n b"], latents: slice) -> Float[Tensor, "n b"]:
         return F.relu(pre)
 
     def scale_latents(self, sae, scale: Tensor) -> None:

@@ -25,7 +25,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from saegeo.errors import FormatError
-from saegeo.sae.architectures.base import Architecture, TrainOutput, register_architecture
+from saegeo.sae.architectures.base import Architecture, TrainOutput, register_architecture, row_major
 from saegeo.sae.architectures.kernels import aux_options, auxk_loss, gathered_pre
 
 
@@ -36,6 +36,20 @@ def topk_codes(sae, pre: Float[Tensor, "n d_sae"]) -> tuple[Float[Tensor, "n k"]
         return F.relu(pre).topk(k, dim=-1, sorted=False)
     values, indices = pre.topk(k, dim=-1, sorted=False)
     return F.relu(values), indices
+
+
+def merge_topk(
+    keys: Float[Tensor, "n a"],
+    indices: Int[Tensor, "n a"],
+    more_keys: Float[Tensor, "n b"],
+    more: Int[Tensor, "n b"],
+    k: int,
+) -> tuple[Float[Tensor, "n k"], Int[Tensor, "n k"]]:
+    """Each row's k largest of two candidate sets (keys and their latent indices): the top-k of a union is the
+    top-k of the parts' top-ks, so latent blocks merge exactly (up to which of tied keys is kept)."""
+    keys, indices = torch.cat([keys, more_keys], dim=1), torch.cat([indices, more], dim=1)
+    top, where = keys.topk(min(k, keys.shape[1]), dim=1, sorted=False)
+    return top, indices.gather(1, where)
 
 
 FREE_INIT_NORM = 0.5  # decoder_norm "free": the rows' norm at the start (see TopK.init_training) ...
@@ -73,6 +87,24 @@ class TopK(Architecture):
 
     def encode_topk(self, sae, pre):
         return topk_codes(sae, pre)
+
+    def sparse_codes(self, sae, blocks, max_entries=None):
+        # at most k codes a row: never more than the caller's max_entries allows for (it is ignored).
+        # The running top-k of each row over the blocks: k keys (relu(pre) or pre, per topk_order) and their latents
+        k, relu_first = int(sae.cfg.k), sae.cfg.topk_order == "relu_then_topk"
+        keys = indices = None
+        for latents, pre in blocks:
+            block_keys, block_indices = (F.relu(pre) if relu_first else pre).topk(
+                min(k, pre.shape[1]), dim=1, sorted=False
+            )
+            block_indices += latents.start
+            if keys is None:
+                keys, indices = block_keys, block_indices
+            else:
+                keys, indices = merge_topk(keys, indices, block_keys, block_indices, k)
+        values = F.relu(keys)
+        rows, slot = values.nonzero(as_tuple=True)  # codes at 0 (fewer than k positive) are not codes
+        return row_major(rows, indices[rows, slot], values[rows, slot], n_latents=int(sae.cfg.d_sae))
 
     def reconstruct(self, sae, pre, norm_state):
         return sae.decode_sparse(*topk_codes(sae, pre), norm_state=norm_state)

@@ -238,6 +238,31 @@ def _map_of(tensor: torch.Tensor) -> tuple[int, _FileMap] | None:
     return None
 
 
+def read_sparsely(tensor: torch.Tensor) -> None:
+    """Ask the kernel to map only the pages of a mapped tensor (`read_safetensors`) that are read (madvise
+    MADV_RANDOM over its bytes): no fault-around of the neighbouring 64 KB, no read-ahead. Why: a block of W_enc's
+    columns reads a few KB of each of its rows, and fault-around made every row's 64 KB resident -- all of W_enc at
+    16,384 latents. A no-op for any other tensor and where the platform lacks it."""
+    found = _map_of(tensor)
+    advice = getattr(mmap, "MADV_RANDOM", None)
+    if found is None or advice is None:
+        return
+    base, mapped = found
+    lo, hi = _page_span(tensor, base, len(mapped))
+    try:
+        mapped.madvise(advice, lo, hi - lo)
+    except OSError:
+        pass
+
+
+def _page_span(tensor: torch.Tensor, base: int, length: int) -> tuple[int, int]:
+    """The page-aligned byte range of the mapping (at `base`, `length` bytes) that a view of it spans."""
+    page = mmap.PAGESIZE
+    first = tensor.data_ptr() - base
+    last = first + _span_elements(tensor) * tensor.element_size()
+    return first // page * page, min(length, -(-last // page) * page)
+
+
 def release_pages(tensor: torch.Tensor) -> None:
     """Hand the resident pages of a mapped tensor (`read_safetensors`) back to the kernel: madvise MADV_PAGEOUT
     over the bytes it spans, so they stop counting in this process's memory; the next read pages them in again
@@ -248,10 +273,7 @@ def release_pages(tensor: torch.Tensor) -> None:
     if found is None or advice is None:
         return
     base, mapped = found
-    page = mmap.PAGESIZE
-    first = tensor.data_ptr() - base
-    last = first + _span_elements(tensor) * tensor.element_size()
-    lo, hi = first // page * page, min(len(mapped), -(-last // page) * page)
+    lo, hi = _page_span(tensor, base, len(mapped))
     try:
         mapped.madvise(advice, lo, hi - lo)
     except OSError:  # an older kernel without MADV_PAGEOUT: the pages stay resident
