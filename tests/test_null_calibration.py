@@ -676,3 +676,22 @@ def test_spikes_are_counted_in_correlated_noise(kind):
         bulk = calibrated_mp_bulk(_spectrum_of(torch.from_numpy(planted)), n, d)
         got = bulk.n_spikes if bulk.n_spikes is not None else bulk.n_spikes_edge
         assert got == 5, (kind, bulk.verdict, bulk.n_spikes, bulk.n_spikes_edge, bulk.edge_spike_gap)
+
+
+def test_exactly_null_eigenvalues_are_left_out_of_the_bulk_and_counted():
+    """LayerNorm'd rows (each row centred and scaled: the all-ones direction is exactly null) with two more
+    directions projected out (float32, d = 128, n = 4,000): three eigenvalues at rounding level. They used to
+    capture the bulk fit (MP σ² ≈ 0, issue 36); now they are counted, σ² is the white bulk's d/(d − 1)·(1 − …) ≈ 1
+    and there is no spike."""
+    n, d = 4000, 128
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((n, d))
+    out, _ = np.linalg.qr(np.column_stack([np.ones(d), rng.standard_normal((d, 2))]))
+    x -= (x @ out) @ out.T  # the ones direction (LayerNorm's centring) and two more, exactly removed
+    x /= x.std(axis=1, keepdims=True)
+    geo = activation_geometry(GeometryAccumulator(d).add(torch.from_numpy(x.astype(np.float32))), top_k_eigvecs=0)
+    assert geo.mp_bulk["n_null_eigenvalues"] == 3
+    # the rows' variance, d/(d − 3) per kept direction, spread over the d − 3 directions they span
+    assert geo.mp_sigma2_bulk == pytest.approx(d / (d - 3), rel=0.02)
+    assert geo.n_spikes == 0
+    assert "3 exactly-null eigenvalue(s) left out of the MP fit" in geometry_summary(geo)

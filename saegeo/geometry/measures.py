@@ -788,9 +788,9 @@ def activation_geometry(
 
     rel_tol = rank_rel_tol if rank_rel_tol is not None else d * max(acc.gram_eps, torch.finfo(torch.float64).eps)
     sigma2_trace = total_variance / d
-    bulk = calibrated_mp_bulk(lam.numpy(), n, d) if has_spread and n >= 2 else None
+    bulk = calibrated_mp_bulk(lam.numpy(), n, d, null_rel_tol=rel_tol) if has_spread and n >= 2 else None
     sigma2 = bulk.sigma2_bulk if bulk is not None else sigma2_trace
-    lower, upper = marchenko_pastur_edges(sigma2, n, d)
+    lower, upper = marchenko_pastur_edges(sigma2, n, d - (bulk.n_null_eigenvalues if bulk is not None else 0))
     edges, counts, sq_sums = acc.row_norm_histogram()
     cum = counts.cumsum(0)
     median_norm = float(edges[int((cum < 0.5 * float(cum[-1])).sum())]) if counts.numel() else None

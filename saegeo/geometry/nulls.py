@@ -414,6 +414,8 @@ class MPBulk:
     edge_spike_method: str | None = None  # EDGE_SPIKE_METHOD
     edge_spike_gap: float | None = None  # 2|β̂|
     edge_spike_r_max: int | None = None  # the largest count it can give (n_spikes_edge == r_max: at least that)
+    # exactly-null eigenvalues (LayerNorm'd or rank-deficient hooks) left out of the fit, which then takes d − that
+    n_null_eigenvalues: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -568,6 +570,7 @@ def calibrated_mp_bulk(
     max_below_lower_edge: float = 0.1,
     min_bulk_fraction: float = 0.5,
     max_iterations: int = 100,
+    null_rel_tol: float = 0.0,
 ) -> MPBulk:
     """σ² of the MP bulk by the fixed point σ²_{t+1} = mean{λ_i : λ_i ≤ σ²_t(1 + √γ)² + margin_t}, started from
     tr Σ/d, then spikes = #{λ > σ²(1 + √γ)² + margin}, margin = TW₁ quantile · σ²(1+√γ)^{4/3} n'^{−2/3} γ^{−1/6}
@@ -593,6 +596,14 @@ def calibrated_mp_bulk(
     lam = np.sort(np.clip(np.asarray(eigenvalues, dtype=np.float64), 0, None))[::-1]
     if n < 2 or lam.size == 0 or lam.sum() <= 0:
         raise BadInputError(f"a Marchenko–Pastur bulk needs n ≥ 2 and a nonzero spectrum (n = {n})")
+    # Exactly-null eigenvalues (≤ null_rel_tol·λ_max: rounding, e.g. the direction LayerNorm removes) are not noise
+    # of the data's span: they would pull the bulk's σ² to 0 (issue 36: blocks.5.hook_normalized_resid_post printed
+    # MP σ² 0). They are counted and left out, and the bulk is fitted in the d − k dimensions the rows span (the
+    # n ≤ d zeros of a short sample are MP's own atom and stay).
+    structural = d - min(d, n - 1)
+    n_null = max(0, int((lam <= null_rel_tol * lam[0]).sum()) - structural) if null_rel_tol > 0 else 0
+    if n_null:
+        lam, d = lam[: lam.size - n_null], d - n_null
     fit = _fit_bulk(lam, n, d, tw_quantile_value, max_iterations)
     sigma2, lower, margin, retained = fit["sigma2"], fit["lower"], fit["margin"], fit["bulk"]
     below = float((retained < lower - margin).mean()) if retained.size else 0.0
@@ -636,4 +647,5 @@ def calibrated_mp_bulk(
         edge_spike_method=edge.method if edge else None,
         edge_spike_gap=edge.delta if edge else None,
         edge_spike_r_max=edge.r_max if edge else None,
+        n_null_eigenvalues=n_null,
     )

@@ -57,6 +57,12 @@ def edge_spike_phrase(bulk: Mapping[str, Any]) -> str:
     return f"; {at_least}{k} spike(s) by {bulk.get('edge_spike_method')} (gap ≥ {fmt_num(bulk.get('edge_spike_gap'))})"
 
 
+def null_eigenvalue_phrase(bulk: Mapping[str, Any]) -> str:
+    """'; k exactly-null eigenvalue(s) left out of the MP fit' when the spectrum had some (LayerNorm'd hooks), else ''."""
+    k = bulk.get("n_null_eigenvalues") or 0
+    return f"; {k} exactly-null eigenvalue(s) left out of the MP fit" if k else ""
+
+
 # =========================================================================== flags
 def group_flags(flags: list[Flag]) -> list[list[Flag]]:
     """The flags of one name together, in the order each name first appears (flags come most severe first):

@@ -37,6 +37,7 @@ from saegeo.render.base import (
     md_flags,
     md_table,
     new_figure,
+    null_eigenvalue_phrase,
     png,
     rendering_names,
     terminal_flags,
@@ -142,7 +143,7 @@ def activation_lines(report: GeometryReport) -> list[tuple[str, str]]:
         (
             "MP σ²",
             f"{fmt_num(g['mp_sigma2_bulk'])} from the bulk, {fmt_num(g.get('mp_sigma2_trace'))} as tr Σ/d "
-            f"({bulk.get('n_spikes_trace_edge', '—')} eigenvalue(s) above that naive edge)",
+            f"({bulk.get('n_spikes_trace_edge', '—')} eigenvalue(s) above that naive edge){null_eigenvalue_phrase(bulk)}",
         ),
         (
             "rogue dims",

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from saegeo.geometry.measures import ActivationGeometry
-from saegeo.render.base import edge_spike_phrase, fmt_num, terminal_flags
+from saegeo.render.base import edge_spike_phrase, fmt_num, null_eigenvalue_phrase, terminal_flags
 from saegeo.sae.architectures import get_architecture
 
 
@@ -78,7 +78,7 @@ def geometry_summary(geo: ActivationGeometry) -> str:
         )
     lines.append(
         f"MP null:   σ² = {geo.mp_sigma2_bulk:.4g} from the bulk (tr Σ/d = {f(geo.mp_sigma2_trace, '.4g')}), "
-        f"bulk [{geo.mp_lower_edge:.4g}, {geo.mp_upper_edge:.4g}]; {counted}"
+        f"bulk [{geo.mp_lower_edge:.4g}, {geo.mp_upper_edge:.4g}]{null_eigenvalue_phrase(bulk)}; {counted}"
     )
     if geo.median_row_norm:
         lines.append(f"rows:      median ‖x‖ ≈ {geo.median_row_norm:.4g}, largest ≈ {f(geo.max_row_norm_bin, '.4g')}")
