@@ -1,6 +1,10 @@
-"""GPU checks, one line each (run by benchmarks/gpu_check.sh): cache on the GPU vs the CPU, TopK training
-tokens/s on the GPU vs the same machine's CPU, a report with its accumulators on the GPU, the SAE spliced into
-the model on the GPU (saegeo eval) vs the CPU, and saegeo's DDP path under `torchrun --nproc_per_node 1` on NCCL.
+"""GPU checks, one line each and one table at the end (run by benchmarks/gpu_check.sh): cache on the GPU vs the
+CPU, TopK training tokens/s on the GPU vs the same machine's CPU, every registered architecture trained on the GPU
+vs the CPU, a report with its accumulators on the GPU, the accumulation against a bare GPU gram (goal ≥ 0.5),
+training throughput at d 2,304 × 16,384 latents in bf16 against the FLOP bound (goal ≥ 1M tokens/s on an H200),
+caching with a SmolLM2-shaped model (its config, random weights: the GGUF does not fit the carried tree), the SAE
+spliced into the model on the GPU (saegeo eval) vs the CPU, and saegeo's DDP path under `torchrun
+--nproc_per_node 1` on NCCL.
 
 No network and no MiniLM weights there: the model is a tiny random HookedTransformer from a config (with
 MiniLM's tokenizer files, carried), the corpus is CPython's bundled pydoc topics, training data is synthetic.
@@ -49,9 +53,24 @@ def tiny_model(tokenizer_dir: str | None, d_model: int):
     return from_config(cfg, tokenizer=tokenizer_dir)
 
 
-def check(name: str, ok: bool, detail: str) -> bool:
+ROWS: list[tuple[str, bool, str]] = []  # (check, passed, its figure): the table printed at the end
+
+
+def check(name: str, ok: bool, detail: str, figure: str = "") -> bool:
     print(f"{'PASS' if ok else 'FAIL'}  {name:<10} {detail}", flush=True)
+    ROWS.append((name, ok, figure or detail.split(";")[0]))
     return ok
+
+
+def print_table() -> None:
+    print("\n| check | result | figure |\n|---|---|---|")
+    for name, ok, figure in ROWS:
+        print(f"| {name} | {'PASS' if ok else 'FAIL'} | {figure} |")
+
+
+def sync(dev: str) -> None:
+    if dev.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def main() -> None:
@@ -59,6 +78,7 @@ def main() -> None:
     ap.add_argument("--cpu-dry-run", action="store_true", help="no GPU: run every check with device cpu, small")
     ap.add_argument("--tokenizer", default=None, help="directory with MiniLM's tokenizer files (default: bundled)")
     ap.add_argument("--work", default=None, help="scratch directory (default: a temporary one)")
+    ap.add_argument("--peak-tflops", type=float, default=989.0, help="the device's dense bf16 peak (H200: 989)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # the torchrun side
     ap.add_argument("--store", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -183,6 +203,14 @@ def main() -> None:
 
     # 3b. the GeometryAccumulator alone on the device against the CPU, past its row sample (the sampled sd path)
     ok &= check_accumulator(gpu, dry)
+    # 3c. the report's accumulation against the bare gram on the device
+    ok &= check_gram_share(gpu, dry)
+    # 3d. every registered architecture trained on the device against the CPU
+    ok &= check_architectures(gpu, dry)
+    # 3e. training throughput at a published width in bf16 against the FLOP bound
+    ok &= check_throughput(gpu, dry, args.peak_tflops)
+    # 3f. caching with a SmolLM2-shaped model
+    ok &= check_smollm2_cache(gpu, dry, args.tokenizer, work)
 
     # 4. the SAE spliced into the model on the device (saegeo eval) against the CPU
     from saegeo.sae.model import SAE
@@ -238,8 +266,128 @@ def main() -> None:
         proc.returncode == 0 and bool(line),
         (line[-1][7:] if line else proc.stderr[-400:].replace("\n", " | ")) + f"; {time.perf_counter() - t0:.1f} s",
     )
+    print_table()
     print("ALL PASS" if ok else "SOME CHECKS FAILED", flush=True)
     sys.exit(0 if ok else 1)
+
+
+def check_gram_share(gpu: str, dry: bool) -> bool:
+    """Rows/s of GeometryAccumulator.add (what the report's pass does per batch) against a bare float32 gram
+    (b.T @ b per batch) over the same batches on the device: the share is gram time / accumulation time."""
+    from saegeo.geometry.accumulate import GeometryAccumulator
+
+    n, d = (16_384, 64) if dry else (262_144, 2_304)
+    gen = torch.Generator().manual_seed(1)
+    batches = [b.to(gpu) for b in (torch.randn(n, d, generator=gen) + 0.3).split(8_192)]
+    times = {}
+    for name in ("gram", "accumulate", "gram", "accumulate"):  # the second of each is timed warm
+        acc = GeometryAccumulator(d) if name == "accumulate" else None
+        sync(gpu)
+        t0 = time.perf_counter()
+        for b in batches:
+            if acc is None:
+                torch.mm(b.T, b)
+            else:
+                acc.add(b)
+        sync(gpu)
+        times[name] = time.perf_counter() - t0
+    share = times["gram"] / times["accumulate"]
+    return check(
+        "gram share",
+        dry or share >= 0.5,
+        f"{n:,} x {d} rows in batches of 8,192: accumulation {n / times['accumulate']:,.0f} rows/s, bare float32 "
+        f"gram {n / times['gram']:,.0f} rows/s on {gpu}: share {share:.2f} (goal >= 0.5)",
+        f"report accumulation at {share:.2f} of the bare gram (d {d:,})",
+    )
+
+
+def check_architectures(gpu: str, dry: bool) -> bool:
+    """Every registered architecture (the new ones as they land) trained on the device and on the CPU from the
+    same data: held-out FVE within 0.02, tokens/s of each side."""
+    from saegeo.sae.architectures import architecture_names
+
+    d, d_sae, tokens = (32, 128, 4_096) if dry else (128, 1_024, 204_800)
+    gen = SuperpositionGenerator(SyntheticConfig(d=d, n_features=4 * d, rate=8 / (4 * d), offset=1.0, seed=3))
+    x = gen.sample(2 * tokens)[0]
+    ok, parts = True, []
+    for arch in architecture_names():
+        fve, tps = {}, {}
+        for side, dev in (("cpu", "cpu"), ("gpu", gpu)):
+            cfg = TrainConfig(
+                arch=arch, d_sae=d_sae, k=16, batch_tokens=1024, total_tokens=tokens, device=dev, progress=False
+            )
+            t0 = time.perf_counter()
+            res = train_sae(cfg, x.to(dev), resume=False)
+            tps[side], fve[side] = tokens / (time.perf_counter() - t0), res.heldout["fve"]
+        good = abs(fve["cpu"] - fve["gpu"]) < 0.02 and (dry or fve["gpu"] > 0)  # a dry run trains 4 steps
+        ok &= good
+        parts.append(f"{arch} FVE {fve['gpu']:.3f}/{fve['cpu']:.3f} {tps['gpu']:,.0f} tok/s{'' if good else ' FAIL'}")
+    return check(
+        "archs",
+        ok,
+        f"d {d} x {d_sae}, {tokens:,} tokens, {gpu}/cpu: " + "; ".join(parts),
+        f"{len(parts)} architectures: " + ", ".join(p.split(" FVE")[0] for p in parts) + " (FVE GPU = CPU ± 0.02)",
+    )
+
+
+def check_throughput(gpu: str, dry: bool, peak_tflops: float) -> bool:
+    """TopK training at d 2,304 × 16,384 latents under bf16 autocast on the device, data already there: tokens/s
+    against the FLOP bound peak / (6·d·d_sae) per token (the encoder's matmul forward 2·d·d_sae and backward
+    4·d·d_sae; the TopK decoder's sparse work is left out, so the bound is generous). Goal: >= 1M tokens/s on an
+    H200 (about 40 % of that bound)."""
+    d, d_sae, rows, tokens = (64, 512, 16_384, 8_192 * 3) if dry else (2_304, 16_384, 131_072, 8_192 * 400)
+    x = torch.randn(rows, d, generator=torch.Generator().manual_seed(2)).to(gpu)
+    cfg = TrainConfig(
+        arch="topk", d_sae=d_sae, k=32, batch_tokens=8_192, total_tokens=tokens, device=gpu, progress=False,
+        dtype="bfloat16", log_every=100, heldout_fraction=0.01, b_dec_init_tokens=8_192,
+    )  # fmt: skip
+    warm = 8_192 * (2 if dry else 20)
+    train_sae(dataclasses.replace(cfg, total_tokens=warm), x, resume=False)  # warm-up (kernels, allocator)
+    sync(gpu)
+    t0 = time.perf_counter()
+    train_sae(cfg, x, resume=False)
+    sync(gpu)
+    tps = tokens / (time.perf_counter() - t0)
+    bound = peak_tflops * 1e12 / (6 * d * d_sae)
+    return check(
+        "throughput",
+        dry or tps >= 1e6,
+        f"TopK d {d:,} x {d_sae:,}, bf16, batches of 8,192: {tps:,.0f} tokens/s = {tps / bound:.1%} of the FLOP "
+        f"bound {bound:,.0f} (peak {peak_tflops:g} TFLOPS, 6·d·d_sae per token); goal >= 1M tokens/s",
+        f"{tps / 1e6:.2f}M tokens/s, {tps / bound:.0%} of the FLOP bound",
+    )
+
+
+def check_smollm2_cache(gpu: str, dry: bool, tokenizer: str | None, work: Path) -> bool:
+    """saegeo cache with SmolLM2-135M's architecture (30 Llama blocks, d 576, 9 heads / 3 KV heads, gated SiLU MLP
+    1,536, RMSNorm, rotary; random weights: the GGUF is larger than the tree carried to a device) at layer 15 on
+    the device: tokens/s, and its first rows against the CPU's."""
+    cfg = dict(
+        n_layers=2 if dry else 30, d_model=576, d_head=64, n_heads=9, n_key_value_heads=3, d_mlp=1_536,
+        n_ctx=2_048, d_vocab=49_152, act_fn="silu", gated_mlp=True, normalization_type="RMS", final_rms=True,
+        positional_embedding_type="rotary", rotary_dim=64, rotary_base=100_000, seed=0,
+    )  # fmt: skip
+    loaded = from_config(cfg, tokenizer=tokenizer, name="smollm2-shaped")
+    hook = "blocks.1.hook_resid_post" if dry else "blocks.15.hook_resid_post"
+    rows, secs = {}, {}
+    for side, dev, n in (("cpu", "cpu", 1_024), ("gpu", gpu, 4_096 if dry else 262_144)):
+        t0 = time.perf_counter()
+        res = cache_activations(
+            CacheConfig(hooks=(hook,), out=str(work / f"smol_{side}"), max_tokens=n, context=128,
+                        batch_windows=64, device=dev, progress=False, overwrite=True),
+            loaded=loaded,
+        )  # fmt: skip
+        secs[side] = (n / (time.perf_counter() - t0), ActivationStore(res.stores[hook]))
+        rows[side] = secs[side][1].read_rows(0, 1_024)
+    rel = float((rows["cpu"] - rows["gpu"]).abs().max() / rows["cpu"].abs().max())
+    return check(
+        "smollm2",
+        rel < 1e-3,
+        f"SmolLM2-shaped ({cfg['n_layers']} blocks), {hook}: {secs['gpu'][0]:,.0f} tokens/s on {gpu} "
+        f"({secs['gpu'][1].n_tokens:,} tokens), {secs['cpu'][0]:,.0f} on the CPU; first 1,024 rows max |GPU − CPU| "
+        f"/ max |x| = {rel:.1e} (tolerance 1e-3)",
+        f"cache {secs['gpu'][0]:,.0f} tokens/s at {hook}",
+    )
 
 
 def check_accumulator(gpu: str, dry: bool) -> bool:
