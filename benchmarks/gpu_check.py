@@ -58,7 +58,7 @@ ROWS: list[tuple[str, bool, str]] = []  # (check, passed, its figure): the table
 
 def check(name: str, ok: bool, detail: str, figure: str = "") -> bool:
     print(f"{'PASS' if ok else 'FAIL'}  {name:<10} {detail}", flush=True)
-    ROWS.append((name, ok, figure or detail.split(";")[0]))
+    ROWS.append((name, ok, (figure or detail.split(";")[0]).replace("|", "\\|")))  # a Markdown cell
     return ok
 
 
