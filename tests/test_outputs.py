@@ -294,12 +294,12 @@ def test_an_unwritable_output_is_refused_before_the_pass(fx, tmp_path, capsys, m
         assert "a_file" in err and "is a file, not a directory" in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_synth_refuses_more_rows_than_the_disk_holds(tmp_path, capsys):
-    import shutil
+def test_synth_refuses_more_rows_than_the_disk_holds(tmp_path, capsys, monkeypatch):
+    import collections
 
-    free = shutil.disk_usage(tmp_path).free
-    n = free // (4 * 8) + 1000  # float32 rows of d = 8: just beyond the free space
-    assert main(["synth", "--n", str(n), "--d", "8", "--out", str(tmp_path / "big")]) == 2
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(io.shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 1000, 1000))  # 1000 bytes free
+    assert main(["synth", "--n", "100", "--d", "8", "--out", str(tmp_path / "big")]) == 2  # 3,200 bytes of rows
     err = capsys.readouterr().err
     assert "free there" in err and str(tmp_path / "big") in err, err
     assert not (tmp_path / "big").exists()
