@@ -447,11 +447,23 @@ def lazy_exports(package: str, exports: Mapping[str, str]) -> Any:
     use of ``name`` and keeps it. Why: importing one light submodule (``saegeo.report.options``) runs its
     package's ``__init__``; eager re-exports there would load torch before a command has checked its flags."""
 
+    import sys
+    import types
+
+    class _ExportsWin(types.ModuleType):
+        # Loading submodule X binds X on its package; where X is also an export taken from that submodule
+        # (saegeo.synthetic.recovery, the function), the export wins, as an eager `from .X import X` made it.
+        def __setattr__(self, name: str, value: Any) -> None:
+            if isinstance(value, types.ModuleType) and exports.get(name) == value.__name__ == f"{package}.{name}":
+                value = getattr(value, name)
+            super().__setattr__(name, value)
+
+    sys.modules[package].__class__ = _ExportsWin
+
     def __getattr__(name: str) -> Any:
         if name not in exports:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         import importlib
-        import sys
 
         value = getattr(importlib.import_module(exports[name]), name)
         setattr(sys.modules[package], name, value)

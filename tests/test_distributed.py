@@ -380,8 +380,17 @@ def _close(a, b, path, tol_null, tol_abs):
 def test_report_on_two_ranks_equals_the_single_process_report(job):
     dist_report = json.loads((job / "report" / "report.json").read_text())  # written by rank 0 only
     rows = 128  # --batch-rows of both runs: the longest float32 sum
+    # `saegeo report --sae` takes the verdict `check --acts` gives (sae_verdict), so the reference does too
+    from saegeo.report.check import sae_verdict
+    from saegeo.report.options import CheckOptions
+
+    flags, notes, _ = sae_verdict(job / "sae", job / "rstore", options=CheckOptions(progress=False), name="s")
     single = geometry_report(
-        job / "rstore", {"s": job / "sae"}, options=ReportOptions(batch_rows=rows, progress=False)
+        job / "rstore",
+        {"s": job / "sae"},
+        options=ReportOptions(batch_rows=rows, progress=False),
+        flags=flags,
+        notes=notes,
     ).to_dict()
     assert dist_report["activations"]["n"] == 1500
     # the sample behind the cosine histogram is the same rows (bottom-k priorities by global row index)

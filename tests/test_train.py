@@ -219,7 +219,7 @@ def test_resume_from_a_stream_without_heldout_rows_replays_the_same_batches(tmp_
         assert torch.equal(p, resumed.sae.state_dict()[name]), name
 
 
-def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     x, _ = _synthetic(4096)
     cfg = _small_cfg(tmp_path, checkpoint_every=5, total_tokens=128 * 30, b_dec_init_tokens=256)
 
@@ -236,12 +236,19 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
         train_sae(cfg, lambda: batches(lambda b: b[5].fill_(float("inf"))))
     state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
     assert state["step"] == 10
-    # finite rows whose squares overflow: the loss is inf; the run stops and keeps the step-10 checkpoint
+    # finite rows whose squares overflow float32 are refused as data too, the row named
+    rerun = lambda: _small_cfg(  # noqa: E731
+        tmp_path, checkpoint_every=5, total_tokens=128 * 30, b_dec_init_tokens=256, overwrite=True
+    )
+    with pytest.raises(
+        BadInputError,
+        match=r"the stream of batches, batch 14 row \d+ \(global row \d+\): values of magnitude .* overflow float32",
+    ):
+        train_sae(rerun(), lambda: batches(lambda b: b.mul_(1e30)))
+    # past the readers' range check, the loss is inf: the run stops and keeps the step-10 checkpoint
+    monkeypatch.setattr("saegeo.activations.sources.magnitude_range", lambda dtype: (0.0, float("inf")))
     with pytest.raises(NonFiniteLossError, match=r"between steps 11 and 15 .*last good checkpoint \(step 10\)"):
-        train_sae(
-            _small_cfg(tmp_path, checkpoint_every=5, total_tokens=128 * 30, b_dec_init_tokens=256, overwrite=True),
-            lambda: batches(lambda b: b.mul_(1e30)),
-        )
+        train_sae(rerun(), lambda: batches(lambda b: b.mul_(1e30)))
     state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
     assert state["step"] == 10
     # non-finite rows among those that initialise b_dec are named before training starts
