@@ -243,8 +243,13 @@ def read_sparsely(tensor: torch.Tensor) -> None:
     MADV_RANDOM over its bytes): no fault-around of the neighbouring 64 KB, no read-ahead. Why: a block of W_enc's
     columns reads a few KB of each of its rows, and fault-around made every row's 64 KB resident -- all of W_enc at
     16,384 latents. A no-op for any other tensor and where the platform lacks it."""
+    _advise(tensor, getattr(mmap, "MADV_RANDOM", None))
+
+
+def _advise(tensor: torch.Tensor, advice: int | None) -> None:
+    """madvise(advice) over the pages a mapped tensor spans; a no-op for any other tensor, for advice None, and
+    where the kernel refuses it (an older kernel without MADV_PAGEOUT: the pages stay resident)."""
     found = _map_of(tensor)
-    advice = getattr(mmap, "MADV_RANDOM", None)
     if found is None or advice is None:
         return
     base, mapped = found
@@ -268,16 +273,7 @@ def release_pages(tensor: torch.Tensor) -> None:
     over the bytes it spans, so they stop counting in this process's memory; the next read pages them in again
     from the file. Pages this process wrote are kept (pageout never drops data). A no-op for any other tensor
     and where the platform lacks MADV_PAGEOUT."""
-    found = _map_of(tensor)
-    advice = getattr(mmap, "MADV_PAGEOUT", _LINUX_MADV_PAGEOUT if sys.platform.startswith("linux") else None)
-    if found is None or advice is None:
-        return
-    base, mapped = found
-    lo, hi = _page_span(tensor, base, len(mapped))
-    try:
-        mapped.madvise(advice, lo, hi - lo)
-    except OSError:  # an older kernel without MADV_PAGEOUT: the pages stay resident
-        pass
+    _advise(tensor, getattr(mmap, "MADV_PAGEOUT", _LINUX_MADV_PAGEOUT if sys.platform.startswith("linux") else None))
 
 
 def _span_elements(tensor: torch.Tensor) -> int:
