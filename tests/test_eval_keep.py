@@ -4,8 +4,8 @@ the kept passes are reused only for the same live model with unchanged weights a
 
 import pytest
 import torch
+from splice_helpers import tiny_lm
 
-from saegeo.activations.models import _load_tokenizer, _quiet_transformers, from_config, minilm_path
 from saegeo.sae import splice
 from saegeo.sae.model import SAE, SAEConfig
 from saegeo.sae.splice import EvalConfig, splice_eval
@@ -19,20 +19,7 @@ HOOK, CONTEXT = "blocks.0.hook_resid_post", 12
 
 @pytest.fixture(scope="module")
 def tiny():
-    _quiet_transformers()
-    cfg = {
-        "n_layers": 2,
-        "d_model": 16,
-        "d_head": 4,
-        "n_heads": 4,
-        "d_mlp": 32,
-        "n_ctx": 32,
-        "d_vocab": 30522,
-        "act_fn": "gelu",
-        "normalization_type": "LN",
-        "seed": 5,
-    }
-    return from_config(cfg, tokenizer=_load_tokenizer(minilm_path()), name="tiny")
+    return tiny_lm(seed=5)
 
 
 def topk(seed: int) -> SAE:

@@ -17,8 +17,8 @@ SAELens' definitions, as read from its source:
 import numpy as np
 import pytest
 import torch
+from splice_helpers import tiny_lm
 
-from saegeo.activations.models import _load_tokenizer, _quiet_transformers, from_config, minilm_path
 from saegeo.sae.model import SAE, SAEConfig
 from saegeo.sae.splice import EvalConfig, splice_eval_many
 
@@ -33,20 +33,7 @@ TEXT = (
 
 @pytest.fixture(scope="module")
 def tiny():
-    _quiet_transformers()
-    cfg = {
-        "n_layers": 2,
-        "d_model": 16,
-        "d_head": 4,
-        "n_heads": 4,
-        "d_mlp": 32,
-        "n_ctx": 32,
-        "d_vocab": 30522,
-        "act_fn": "gelu",
-        "normalization_type": "LN",
-        "seed": 3,
-    }
-    return from_config(cfg, tokenizer=_load_tokenizer(minilm_path()), name="tiny")
+    return tiny_lm(seed=3)
 
 
 @pytest.fixture(scope="module")
