@@ -24,11 +24,11 @@ setup: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest -q
 
-# The property-based fuzz of every format's config and tensor table through `saegeo check` (tests/test_typed_configs.py),
+# The property-based fuzz of every format's config and tensor table through `saegeo check` (tests/sae/test_typed_configs.py),
 # with many more examples than `make test` runs (40 each there): FUZZ_EXAMPLES=20000 make fuzz for a night's run.
 FUZZ_EXAMPLES ?= 2000
 fuzz: $(STAMP)
-	SAEGEO_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q tests/test_typed_configs.py -k fuzz
+	SAEGEO_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q tests/sae/test_typed_configs.py -k fuzz
 
 # Static checks: the import layering (import-linter contracts in pyproject.toml), and ruff's lint and format check
 # once LINT_RUFF = 1. It is 0 until the tree has been formatted once with `make fmt` (a tree-wide rewrite); then set

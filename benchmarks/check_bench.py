@@ -300,7 +300,7 @@ def main() -> None:
         raise SystemExit(f"{work}: {free:.1f} GB free, the largest dictionary needs {need:.1f} GB")
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     env.update({k: str(a.threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")})
-    base = timed([sys.executable, "-c", "import torch, saegeo.cli, saegeo.report.check"], env)
+    base = timed([sys.executable, "-c", "import torch, saegeo.cli, saegeo.report.dictionary_check"], env)
     print(
         f"threads {a.threads}; interpreter + torch + saegeo imported: peak RSS {base['peak_rss_gb']:.2f} GB; "
         f"budget per width = 1.5 × W_dec (float32) + {a.allowance_gb:g} GB"

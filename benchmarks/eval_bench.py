@@ -18,7 +18,7 @@ methods interleaved over rounds (median reported) so machine load hits both alik
   floor / floor×3   the least any spliced evaluation runs: per batch one prefix (blocks ≤ L) and, per SAE, its
            reconstruction and one suffix from the hook on (logits), nothing scored
   saegeo kept / saegeo×3 kept   the same evaluations when an earlier one (another SAE, untimed) on the same
-           model, hook and tokens kept its clean passes (saegeo.sae.splice.KEEP_BYTES): only the spliced
+           model, hook and tokens kept its clean passes (saegeo.sae.evaluate.KEEP_BYTES): only the spliced
            suffixes run. "floor share" = floor time / saegeo's time (goal ≥ 0.9)
 
   SAELens  (when .venv-saelens exists: `make .venv-saelens/.installed`) SAELens 6.54.12's own evaluation core,
@@ -54,9 +54,9 @@ import torch.nn.functional as F
 from saegeo.activations.corpus import CorpusSpec, iter_windows
 from saegeo.activations.models import load_model
 from saegeo.activations.runner import pad_windows, window_batches
-from saegeo.sae import splice
+from saegeo.sae import evaluate
+from saegeo.sae.evaluate import EvalConfig, splice_eval_many
 from saegeo.sae.model import SAE, SAEConfig
-from saegeo.sae.splice import EvalConfig, splice_eval_many
 
 ROOT = Path(__file__).resolve().parents[1]
 SAELENS_PY = ROOT / ".venv-saelens/bin/python"
@@ -231,14 +231,14 @@ def main() -> None:
     )
 
     def timed(fn):
-        setup, run = fn if isinstance(fn, tuple) else (splice._KEPT.clear, fn)  # cold unless set up
+        setup, run = fn if isinstance(fn, tuple) else (evaluate._KEPT.clear, fn)  # cold unless set up
         setup()
         w0, c0 = time.perf_counter(), time.process_time()
         out = run()
         return out, time.perf_counter() - w0, time.process_time() - c0
 
     def keep():
-        splice._KEPT.clear()
+        evaluate._KEPT.clear()
         splice_eval_many(cfg, warm, loaded)
 
     stock = copy.deepcopy(loaded.model)

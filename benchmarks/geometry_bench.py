@@ -45,7 +45,7 @@ import torch  # noqa: E402
 
 from saegeo.geometry.accumulate import GeometryAccumulator  # noqa: E402
 from saegeo.geometry.measures import activation_geometry  # noqa: E402
-from saegeo.report.report import ReportOptions, geometry_report  # noqa: E402
+from saegeo.report.geometry_report import ReportOptions, geometry_report  # noqa: E402
 
 D = 768
 BATCH = 8192

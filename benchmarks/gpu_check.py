@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from saegeo.activations.cache import CacheConfig, cache_activations  # noqa: E402
 from saegeo.activations.models import from_config  # noqa: E402
 from saegeo.activations.store import ActivationStore  # noqa: E402
-from saegeo.report.report import ReportOptions, geometry_report  # noqa: E402
+from saegeo.report.geometry_report import ReportOptions, geometry_report  # noqa: E402
 from saegeo.sae.train import TrainConfig, train_sae  # noqa: E402
 from saegeo.synthetic import SuperpositionGenerator, SyntheticConfig  # noqa: E402
 
@@ -213,8 +213,8 @@ def main() -> None:
     ok &= check_smollm2_cache(gpu, dry, args.tokenizer, work)
 
     # 4. the SAE spliced into the model on the device (saegeo eval) against the CPU
+    from saegeo.sae.evaluate import EvalConfig, splice_eval_many
     from saegeo.sae.model import SAE
-    from saegeo.sae.splice import EvalConfig, splice_eval_many
 
     evals, secs = {}, {}
     for side, dev in sides:

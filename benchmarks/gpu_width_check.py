@@ -33,7 +33,7 @@ from saegeo.geometry.dictionary import (  # noqa: E402
     nearest_neighbour_summary,
     row_norms,
 )
-from saegeo.report.check import CheckOptions, check_dictionary  # noqa: E402
+from saegeo.report.dictionary_check import CheckOptions, check_dictionary  # noqa: E402
 from saegeo.sae.model import SAE  # noqa: E402
 
 

@@ -22,9 +22,9 @@ import time
 # (module, attribute path): the parts of a `check --acts` / `report --acts` run, outermost first
 PARTS = [
     ("saegeo.sae.model", "SAE.load"),
-    ("saegeo.report.check", "check_dictionary"),
-    ("saegeo.report.check", "activations_match_flags"),
-    ("saegeo.report.report", "_SAEPass.__init__"),
+    ("saegeo.report.dictionary_check", "check_dictionary"),
+    ("saegeo.report.dictionary_check", "activations_match_flags"),
+    ("saegeo.report.geometry_report", "_SAEPass.__init__"),
     ("saegeo.geometry.dictionary", "dictionary_geometry"),
     ("saegeo.geometry.accumulate", "GeometryAccumulator.add"),
     ("saegeo.geometry.accumulate", "chunk_sums"),
@@ -41,7 +41,7 @@ PARTS = [
     ("saegeo.geometry.nulls", "calibrated_mp_bulk"),
     ("saegeo.geometry.accumulate", "GeometryAccumulator._unit_sample"),
     ("saegeo.geometry.diagnosis", "sample_diagnostics"),
-    ("saegeo.report.report", "_SAEPass.finish"),
+    ("saegeo.report.geometry_report", "_SAEPass.finish"),
     ("saegeo.sae.metrics", "SAEMetrics.sample_codes"),
     ("saegeo.geometry.amplification", "cone_shares"),
     ("saegeo.geometry.amplification", "heterogeneous_moment_prediction"),
@@ -49,13 +49,13 @@ PARTS = [
     ("saegeo.geometry.amplification", "cofiring_share"),
     ("saegeo.geometry.amplification", "independent_codes_anisotropy"),
     ("saegeo.geometry.amplification", "cofiring_pairs"),
-    ("saegeo.report.report", "_artifact_test"),
-    ("saegeo.report.layers", "artifact_pass"),
-    ("saegeo.report.report", "cosine_histogram"),
-    ("saegeo.report.report", "compute_flags"),
-    ("saegeo.report.latents", "LatentCollector.fill"),
-    ("saegeo.render.report", "write_report"),
-    ("saegeo.render.base", "write_renderings"),
+    ("saegeo.report.geometry_report", "_artifact_test"),
+    ("saegeo.report.store_measures", "artifact_pass"),
+    ("saegeo.report.geometry_report", "cosine_histogram"),
+    ("saegeo.report.geometry_report", "compute_flags"),
+    ("saegeo.report.latent_cards", "LatentCollector.fill"),
+    ("saegeo.render.report_page", "write_report"),
+    ("saegeo.render.common", "write_renderings"),
 ]
 
 
@@ -170,10 +170,10 @@ def main() -> None:
     a = ap.parse_args()
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
     import saegeo.cli
-    import saegeo.render.base  # noqa: F401  (the parts are wrapped once their modules are loaded)
-    import saegeo.render.report  # noqa: F401
-    import saegeo.report.check  # noqa: F401
-    import saegeo.report.report  # noqa: F401
+    import saegeo.render.common  # noqa: F401  (the parts are wrapped once their modules are loaded)
+    import saegeo.render.report_page  # noqa: F401
+    import saegeo.report.dictionary_check  # noqa: F401
+    import saegeo.report.geometry_report  # noqa: F401
 
     poller, stats = Poller(a.every_ms / 1000, a.trace), {}
     install(poller, stats)

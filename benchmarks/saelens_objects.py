@@ -18,7 +18,7 @@ from sae_lens.loading.pretrained_saes_directory import (
 )
 
 from saegeo.report import geometry_report
-from saegeo.report.report import ReportOptions
+from saegeo.report.geometry_report import ReportOptions
 from saegeo.sae.formats import hub
 from saegeo.sae.model import SAE
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from saegeo.activations.sources import open_rows
-from saegeo.report.check import MatchOptions, _sample_fit, _store_measures, activations_match_flags
+from saegeo.report.dictionary_check import MatchOptions, _sample_fit, _store_measures, activations_match_flags
 from saegeo.sae.model import SAE
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "published"

@@ -33,10 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     from saegeo.io import dump_json
     from saegeo.render import render_terminal, render_written, write_report
     from saegeo.render.text import render_eval
-    from saegeo.report.check import CheckOptions, check_with_activations
-    from saegeo.report.report import ReportOptions
+    from saegeo.report.dictionary_check import CheckOptions, check_with_activations
+    from saegeo.report.geometry_report import ReportOptions
+    from saegeo.sae.evaluate import EvalConfig, splice_eval
     from saegeo.sae.model import SAE
-    from saegeo.sae.splice import EvalConfig, splice_eval
 
     out = Path(args.out)
     sae = SAE.load(args.sae)

@@ -6,7 +6,7 @@ zeros, Lomax with half zeros), discrete laws (Poisson(1), Bernoulli(0.1)), mixtu
 a sign-skewed law and a bounded one — at d = 64 … 2,048, with n on both sides of the row sample behind the sd
 (``GeometryAccumulator(sample_rows=k)``: exact while n ≤ k, sampled beyond). z is computed by saegeo's own
 ``null_test_from_sums`` on each dataset: from a streaming accumulator where n > k (the sampled path the report
-takes past SD_SAMPLE_ROWS), from the rows' own sums otherwise (the same sums, exactly: tests/test_null_calibration.py).
+takes past SD_SAMPLE_ROWS), from the rows' own sums otherwise (the same sums, exactly: tests/geometry/test_null_calibration.py).
 A calibrated z has mean ≈ 0 and sd ≈ 1 over datasets; each cell prints both with standard errors
 (se of an sd ≈ sd·√((κ − 1)/(4N)), κ the kurtosis of z over the N datasets), and how many datasets had no z
 (``null_z_withheld``: the sd could not be trusted). Each (law, cell) has its own generator, drawn from in sequence.

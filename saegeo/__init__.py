@@ -32,16 +32,16 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "GeometryAccumulator": ("saegeo.geometry", "GeometryAccumulator"),
     "activation_geometry": ("saegeo.geometry", "activation_geometry"),
     # reports and the checks, sweeps and latents beside them
-    "geometry_report": ("saegeo.report.report", "geometry_report"),
-    "ReportOptions": ("saegeo.report.report", "ReportOptions"),
-    "load_report": ("saegeo.report.report", "load_report"),
-    "check": ("saegeo.report.check", "check_dictionary"),
-    "sweep": ("saegeo.report.sweep", "sweep_stores"),
-    "latents": ("saegeo.report.report", "latents_report"),
+    "geometry_report": ("saegeo.report.geometry_report", "geometry_report"),
+    "ReportOptions": ("saegeo.report.geometry_report", "ReportOptions"),
+    "load_report": ("saegeo.report.geometry_report", "load_report"),
+    "check": ("saegeo.report.dictionary_check", "check_dictionary"),
+    "sweep": ("saegeo.report.layer_sweep", "sweep_stores"),
+    "latents": ("saegeo.report.geometry_report", "latents_report"),
     # training and evaluation
     "train": ("saegeo.sae.train", "train_sae"),
     "TrainConfig": ("saegeo.sae.options", "TrainConfig"),
-    "eval": ("saegeo.sae.splice", "splice_eval"),
+    "eval": ("saegeo.sae.evaluate", "splice_eval"),
     "EvalConfig": ("saegeo.sae.options", "EvalConfig"),
     # files and figures
     "write_report": ("saegeo.render", "write_report"),

@@ -74,7 +74,7 @@ def _add_sweep(p: argparse.ArgumentParser) -> None:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from saegeo.activations.options import rows_path_kind
     from saegeo.io import refuse_overwrite
-    from saegeo.render.base import rendering_paths
+    from saegeo.render.common import rendering_paths
     from saegeo.report.options import SweepOptions
 
     opts = from_dict(SweepOptions, passed(args, SweepOptions))
@@ -87,7 +87,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for path in args.stores:
         rows_path_kind(path)
     from saegeo.render import SWEEP_FORMATS, render_sweep_cache, render_sweep_terminal, render_written, write_sweep
-    from saegeo.report.sweep import sweep_model, sweep_stores
+    from saegeo.report.layer_sweep import sweep_model, sweep_stores
 
     refuse_overwrite(
         [opts.json, *(rendering_paths(opts.out, SWEEP_FORMATS, "sweep") if opts.out else [])], opts.overwrite
@@ -201,7 +201,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- check
 def _add_check(p: argparse.ArgumentParser) -> None:
     from saegeo.config import int_arg
-    from saegeo.render.base import FORMATS
+    from saegeo.render.common import FORMATS
     from saegeo.report.options import SEVERITIES, CheckOptions
 
     p.add_argument(
@@ -230,7 +230,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     from saegeo.activations.options import rows_path_kind
     from saegeo.io import refuse_overwrite
-    from saegeo.render.base import rendering_paths
+    from saegeo.render.common import rendering_paths
     from saegeo.report.options import CheckOptions, ReportOptions
 
     if args.out:
@@ -242,7 +242,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.acts:
         rows_path_kind(args.acts)
     from saegeo.render import render_check_terminal, render_terminal, render_written, write_report  # torch from here
-    from saegeo.report.check import check_dictionary, check_with_activations
+    from saegeo.report.dictionary_check import check_dictionary, check_with_activations
     from saegeo.sae.model import SAE
 
     sae = SAE.load(args.path)
@@ -288,9 +288,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     opts = from_dict(CompareOptions, passed(args, CompareOptions))
     if args.acts:
         rows_path_kind(args.acts)
-    from saegeo.render.compare import COMPARE_FILES, render_compare, write_compare  # torch from here on
+    from saegeo.render.compare_text import COMPARE_FILES, render_compare, write_compare  # torch from here on
     from saegeo.render.text import render_written
-    from saegeo.report.compare import compare_dictionaries
+    from saegeo.report.dictionary_compare import compare_dictionaries
 
     if args.out:
         refuse_overwrite([Path(args.out) / name for name in COMPARE_FILES], opts.overwrite)
@@ -334,7 +334,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     from saegeo.activations.options import rows_path_kind
     from saegeo.io import read_config, refuse_overwrite
-    from saegeo.render.base import FORMATS, rendering_paths
+    from saegeo.render.common import FORMATS, rendering_paths
     from saegeo.report.options import ReportOptions
     from saegeo.sae.options import EvalConfig
 
@@ -367,12 +367,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     splice = None
     if args.model and saes:
-        from saegeo.sae.splice import splice_eval_many
+        from saegeo.sae.evaluate import splice_eval_many
 
         splice = splice_eval_many(ecfg, saes)
     flags, notes = [], []
     if saes:  # the verdict check --acts gives (same flags, same withheld metrics), once per SAE
-        from saegeo.report.check import sae_verdict
+        from saegeo.report.dictionary_check import sae_verdict
         from saegeo.report.options import CheckOptions
 
         vopts = CheckOptions(progress=False, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite)
@@ -409,7 +409,7 @@ def cmd_latents(args: argparse.Namespace) -> int:
 
     from saegeo.activations.options import rows_path_kind
     from saegeo.io import refuse_overwrite
-    from saegeo.render.base import FORMATS, rendering_paths
+    from saegeo.render.common import FORMATS, rendering_paths
     from saegeo.report.options import LatentsOptions
 
     given = passed(args, LatentsOptions)
@@ -419,11 +419,11 @@ def cmd_latents(args: argparse.Namespace) -> int:
     refuse_overwrite(rendering_paths(args.out, FORMATS, "latents"), args.overwrite)
     rows_path_kind(args.acts)
     from saegeo.render import write_latents  # the work begins: torch from here on
-    from saegeo.render.latents import render_latents_terminal
+    from saegeo.render.latents_page import render_latents_terminal
     from saegeo.render.text import render_files
-    from saegeo.report.check import sae_verdict
+    from saegeo.report.dictionary_check import sae_verdict
+    from saegeo.report.geometry_report import latents_report
     from saegeo.report.options import CheckOptions
-    from saegeo.report.report import latents_report
 
     name = Path(args.sae).resolve().name
     doc = latents_report(args.acts, args.sae, opts, name=name)
@@ -461,7 +461,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if not cfg.sae:
         raise CLIError("saegeo eval needs --sae DIR (an SAE directory or file in any supported format, or a hub id)")
     from saegeo.render.text import render_eval  # the work begins: torch from here on
-    from saegeo.sae.splice import splice_eval
+    from saegeo.sae.evaluate import splice_eval
 
     result = splice_eval(cfg)
     print(render_eval(result))
@@ -680,7 +680,7 @@ def _paths(args: argparse.Namespace) -> tuple[list[Any], list[Any], list[Any], l
     for `run`, whose config needs the pipeline)."""
     from pathlib import Path
 
-    from saegeo.render.base import FORMATS, rendering_paths
+    from saegeo.render.common import FORMATS, rendering_paths
 
     def rendered(out: Any, formats: Any, stem: str, *extra: str) -> list[Any]:
         formats = FORMATS if formats is None else formats
@@ -712,7 +712,7 @@ def _paths(args: argparse.Namespace) -> tuple[list[Any], list[Any], list[Any], l
         stem = "report" if args.acts else "check"
         return [_local(args.path), args.acts], rendered(args.out, args.format, stem), figures(args.out), [args.out]
     if c == "compare":
-        from saegeo.render.compare import COMPARE_FILES
+        from saegeo.render.compare_text import COMPARE_FILES
 
         files = [Path(args.out) / name for name in COMPARE_FILES] if args.out else []
         return [_local(args.sae_a), _local(args.sae_b), args.acts], files, [], [args.out]

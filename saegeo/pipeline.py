@@ -24,9 +24,9 @@ from saegeo.config import BATCH_ROWS, check, from_dict, option
 from saegeo.errors import BadInputError, StoreError
 from saegeo.io import dump_json, json_safe, read_config, same_json
 from saegeo.render import FORMATS, render_terminal, write_report
-from saegeo.report.report import GeometryReport, ReportOptions, geometry_report
+from saegeo.report.geometry_report import GeometryReport, ReportOptions, geometry_report
+from saegeo.sae.evaluate import EvalConfig, splice_eval_many
 from saegeo.sae.formats import CFG_FILENAME, WEIGHTS_FILENAME
-from saegeo.sae.splice import EvalConfig, splice_eval_many
 from saegeo.sae.train import NOT_IN_WEIGHTS, TrainConfig, train_sae
 from saegeo.synthetic import SuperpositionGenerator
 from saegeo.synthetic.options import SynthOptions  # noqa: F401  (re-exported: its old home)

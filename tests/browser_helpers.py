@@ -254,12 +254,12 @@ def build_pages(out: Path) -> dict[str, Path]:
     import torch
 
     from saegeo.render import write_report, write_sweep
-    from saegeo.render.latents import write_latents
+    from saegeo.render.latents_page import write_latents
     from saegeo.report import ReportOptions, geometry_report
-    from saegeo.report.check import CheckOptions, check_dictionary
-    from saegeo.report.latents import LatentsOptions
-    from saegeo.report.report import latents_report
-    from saegeo.report.sweep import SweepOptions, sweep_stores
+    from saegeo.report.dictionary_check import CheckOptions, check_dictionary
+    from saegeo.report.geometry_report import latents_report
+    from saegeo.report.latent_cards import LatentsOptions
+    from saegeo.report.layer_sweep import SweepOptions, sweep_stores
     from saegeo.sae.model import SAE, SAEConfig
 
     out.mkdir(parents=True, exist_ok=True)

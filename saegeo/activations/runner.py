@@ -1,5 +1,5 @@
 """Forward to a hook: batching windows, padding them, running the model only as far as the hooks need, and
-probing each hook's row width. Shared by caching (saegeo.activations.cache) and splicing (saegeo.sae.splice).
+probing each hook's row width. Shared by caching (saegeo.activations.cache) and splicing (saegeo.sae.evaluate).
 
 ``window_batches(windows, batch_size)``   lists of windows.
 ``pad_windows(batch, pad_id) -> (tokens, attend, store)``   right-padded to the longest window.

@@ -19,7 +19,7 @@ they read far low (measured, experiments/amplification_law.py). The per-latent l
 - its mean-cosine form (``independent_codes_anisotropy``): the mean cosine of Σ a_i u_i over a sample of
   codes whose columns are permuted one latent at a time (independence with the sample's own marginals,
   norms fluctuating as they do). On iid synthetic codes it matches the measured A within sampling error
-  where A_het reads up to 0.15 low at A ≈ 0.96 (tests/test_amplification.py).
+  where A_het reads up to 0.15 low at A ≈ 0.96 (tests/geometry/test_amplification.py).
 - the co-firing term: cofiring_share = (E‖x‖² − Σ E[a_i²] − Σ_{i≠j} E[a_i]E[a_j] u_i·u_j)/E‖x‖²
   = Σ_{i≠j} Cov(a_i, a_j) u_i·u_j / E‖x‖² (``cofiring_share``), and the pairs that make it
   (``cofiring_pairs``: 2·Cov(a_i, a_j)·u_i·u_j/E‖x‖² among the top latents by E[a_i²], from a code sample).

@@ -30,7 +30,7 @@ paired by an exact assignment among themselves (or, when even that is too large,
 mutual best pairs the matching split are swapped in wherever that raises Σ s. The result is a feasible matching, so its MCC is a lower bound of the dense optimum; ``mcc_upper_bound`` =
 min(Σ_i max_j s_ij, Σ_j max_i s_ij)/m (a feasible dual of the assignment LP) bounds it from above, and both are
 reported. The shared set at a high threshold is the dense optimum's in the planted tests
-(tests/test_consistency.py); where a latent has two counterparts above the threshold (``ambiguous`` counts
+(tests/geometry/test_consistency.py); where a latent has two counterparts above the threshold (``ambiguous`` counts
 them) the two may differ.
 """
 

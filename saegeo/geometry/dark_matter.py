@@ -20,7 +20,7 @@ squares follows from its own sums exactly (a quadratic form in B), so no row is 
 
 Reported: the pooled cross-validated R² = 1 − Σ_f SSE_f / Σ_f SST_f (SST_f about fold f's own mean), and its sd
 = sd(R²_1 … R²_K)/√K, the standard error of the fold mean (folds are disjoint blocks of tokens; the fits share
-training rows, which the calibration test in tests/test_dark_matter.py shows does not matter at n ≫ d).
+training rows, which the calibration test in tests/geometry/test_dark_matter.py shows does not matter at n ≫ d).
 """
 
 from __future__ import annotations

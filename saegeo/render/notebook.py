@@ -12,15 +12,15 @@ from __future__ import annotations
 from typing import Any
 
 from saegeo.activations.store import ActivationStore
-from saegeo.render.base import fmt_num, html_block, html_table
-from saegeo.render.check import check_block
-from saegeo.render.latents import LATENTS_CSS, latent_card_html
-from saegeo.render.report import report_block, section_block
-from saegeo.render.sweep import sweep_block
-from saegeo.report.check import DictionaryCheck
-from saegeo.report.latents import LatentCard
-from saegeo.report.report import GeometryReport, SAEGeometry
-from saegeo.report.sweep import LayerSweep
+from saegeo.render.check_page import check_block
+from saegeo.render.common import fmt_num, html_block, html_table
+from saegeo.render.latents_page import LATENTS_CSS, latent_card_html
+from saegeo.render.report_page import report_block, section_block
+from saegeo.render.sweep_page import sweep_block
+from saegeo.report.dictionary_check import DictionaryCheck
+from saegeo.report.geometry_report import GeometryReport, SAEGeometry
+from saegeo.report.latent_cards import LatentCard
+from saegeo.report.layer_sweep import LayerSweep
 from saegeo.sae.model import SAE
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from saegeo.geometry.measures import ActivationGeometry
-from saegeo.render.base import edge_spike_phrase, fmt_num, null_eigenvalue_phrase, terminal_flags
+from saegeo.render.common import edge_spike_phrase, fmt_num, null_eigenvalue_phrase, terminal_flags
 from saegeo.sae.architectures import get_architecture
 
 

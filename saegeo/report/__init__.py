@@ -23,22 +23,22 @@ from saegeo.config import lazy_exports
 # name -> its module, imported on first use (saegeo.config.lazy_exports): `import saegeo.report.X` stays light
 _EXPORTS = {
     "CheckOptions": "saegeo.report.options",
-    "DictionaryCheck": "saegeo.report.check",
+    "DictionaryCheck": "saegeo.report.dictionary_check",
     "MatchOptions": "saegeo.report.options",
-    "activations_match_flags": "saegeo.report.check",
-    "check_dictionary": "saegeo.report.check",
-    "check_with_activations": "saegeo.report.check",
-    "sae_verdict": "saegeo.report.check",
+    "activations_match_flags": "saegeo.report.dictionary_check",
+    "check_dictionary": "saegeo.report.dictionary_check",
+    "check_with_activations": "saegeo.report.dictionary_check",
+    "sae_verdict": "saegeo.report.dictionary_check",
     "Flag": "saegeo.report.flags",
     "FlagThresholds": "saegeo.report.options",
     "dictionary_flags": "saegeo.report.flags",
-    "GeometryReport": "saegeo.report.report",
+    "GeometryReport": "saegeo.report.geometry_report",
     "ReportOptions": "saegeo.report.options",
-    "SAEGeometry": "saegeo.report.report",
-    "compute_flags": "saegeo.report.report",
-    "geometry_report": "saegeo.report.report",
+    "SAEGeometry": "saegeo.report.geometry_report",
+    "compute_flags": "saegeo.report.geometry_report",
+    "geometry_report": "saegeo.report.geometry_report",
     "LatentsOptions": "saegeo.report.options",
-    "latents_report": "saegeo.report.report",
+    "latents_report": "saegeo.report.geometry_report",
 }
 __all__ = list(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

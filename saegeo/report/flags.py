@@ -1,7 +1,7 @@
 """Flags: each names one geometric pathology, with the numbers that show it and one sentence of advice.
 
 A flag is computed from the JSON-safe numbers of a report (``ActivationGeometry.to_dict()`` and the
-SAE sections of :class:`~saegeo.report.report.GeometryReport`), so a saved report can be re-flagged
+SAE sections of :class:`~saegeo.report.geometry_report.GeometryReport`), so a saved report can be re-flagged
 with other thresholds without touching the activations again.
 
 Public API
@@ -51,7 +51,7 @@ OFFSET_CONE = "offset_dominated_cone"
 INVISIBLE = "anisotropy_invisible_to_A"
 MASSIVE = "massive_activations"
 MIXED = "mixed_populations"
-ACTIVATIONS_MISMATCH = "activations_mismatch"  # raised by saegeo.report.check.activations_match_flags
+ACTIVATIONS_MISMATCH = "activations_mismatch"  # raised by saegeo.report.dictionary_check.activations_match_flags
 # an activations_mismatch error withholds these metrics of the SAE section (None) and the flags computed from them
 WITHHELD_METRICS = ("fve", "amplification", "cone_shares")
 WITHHELD_FLAGS = (AMPLIFICATION, MEAN_DIRECTION)

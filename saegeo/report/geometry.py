@@ -3,7 +3,7 @@ accumulator, with the artifact test (stores only), what cached exclusions left o
 
 ``files_geometry(paths, options=GeometryOptions()) -> FilesGeometry``
     one pass over the rows of every path in order (memory does not grow with rows); then, when every path is
-    an activation store, the artifact test (a second pass, ``saegeo.report.layers.artifact_pass``); then the
+    an activation store, the artifact test (a second pass, ``saegeo.report.store_measures.artifact_pass``); then the
     flags a report would raise from these numbers and the report's row sample (same size and seed: the mean's
     share of the cone is 1 − A_centred/A on it, as in the report).
 ``FilesGeometry.to_dict()`` is what `saegeo geometry --json` writes: ``{"files": [...], **geometry, "artifact"}``.
@@ -122,7 +122,7 @@ def files_geometry(paths: Sequence[str | os.PathLike], options: GeometryOptions 
     geo = activation_geometry(acc, top_k_eigvecs=opts.top_k)
     artifact = None
     if all(rows.store is not None for _, rows in sources) and geo.top_eigenvectors:  # needs ids and positions
-        from saegeo.report.layers import artifact_pass
+        from saegeo.report.store_measures import artifact_pass
 
         artifact = artifact_pass(
             [rows for _, rows in sources], geo, k=min(3, len(geo.top_eigenvectors)), batch_rows=opts.batch_rows

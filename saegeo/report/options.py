@@ -36,7 +36,7 @@ class FlagThresholds:
     offset_error_distance: float = 0.9
     # ... when the mean matters at all: outlier severity γ = ‖μ‖/√tr Σ ≥ this.
     offset_min_outlier_severity: float = 0.5
-    # inputs that look whitened (docs/design.md "Flags"; calibrated in tests/test_flags.py): in sample, mean share
+    # inputs that look whitened (docs/design.md "Flags"; calibrated in tests/report/test_flags.py): in sample, mean share
     # ‖μ‖²/tr S ≤ whitened_max_mean_share, λ_max ≤ whitened_max_edge_ratio × the MP upper edge and a spectrum
     # narrower than sampling noise allows (λ_max/λ_min ≤ 1 + narrow_fraction × (the MP edge ratio − 1)): Σ̂ = I
     # exactly. With a transform fitted on other rows, Σ̂ ≈ I plus that fit's error: mean share ≤

@@ -27,7 +27,7 @@ encoded again in smaller groups, its code sums then added group by group. Every 
 whatever the latent blocks: the COO is row-major as the dense codes' ``nonzero`` would be, and the SUM_ROWS chunks
 lie on the same rows. What may differ is the encode's own float32 rounding: a GEMM's result can depend on how
 many columns it is given (by ≤ 2γ_d·Σ_j |x_j W_ji| per pre-activation, γ_d = d·2⁻²⁴/(1 − d·2⁻²⁴)); on arithmetic
-that is exact (tests/test_check_width.py) every block size gives the same bits. Any other SAE (a peer library's
+that is exact (tests/report/test_check_width.py) every block size gives the same bits. Any other SAE (a peer library's
 object measured through its own encode and decode) is encoded ``encode_block_rows(d_sae)`` rows at a time, its
 dense codes a block at a time. The encode must be row-wise -- each row's codes a function of that row alone -- as
 every inference encode is (BatchTopK at inference is a fixed threshold).

@@ -2,7 +2,7 @@
 
 Torch-free on purpose: the command line builds its flags from these dataclasses and checks the values a user gave
 before torch is imported (benchmarks/startup_bench.py); only the architecture registry, asked by TrainConfig's
-check, brings torch in. train.py and splice.py use them (and re-export them).
+check, brings torch in. train.py and evaluate.py use them (and re-export them).
 """
 
 from __future__ import annotations
