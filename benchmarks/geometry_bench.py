@@ -32,7 +32,7 @@ import sys
 import time
 from collections import defaultdict
 
-from saegeo.cli import quiet_openmp_workers
+from saegeo.runtime import quiet_openmp_workers
 
 # As the saegeo command runs torch: OpenMP's idle workers sleep instead of spinning, unless the caller set a policy
 # or passed --spinning-workers (torch's own default: libgomp's workers spin a while after each parallel region).

@@ -774,19 +774,6 @@ def _check_paths(args: argparse.Namespace) -> None:
 SLEEPING_WORKER_COMMANDS = frozenset({"geometry", "report", "check", "sweep", "latents"})
 
 
-def quiet_openmp_workers() -> None:
-    """OMP_WAIT_POLICY=PASSIVE for this process's torch, unless the user set a policy or torch is loaded already.
-
-    Why: after each parallel region libgomp's idle workers spin (~10 ms on this machine class) on cores that the
-    single-threaded parts of the geometry pass could use. Measured at 2 threads (benchmarks/README.md): the
-    geometry report's core −12 % CPU seconds (benchmarks/geometry_bench.py), `saegeo report` end to end −7 % CPU,
-    wall unchanged; training −6 % CPU but +3.5 % wall, so only SLEEPING_WORKER_COMMANDS ask for it. libgomp reads
-    the variable once, when torch loads it: hence before any heavy import.
-    """
-    if "torch" not in sys.modules:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Every error a user can fix (saegeo's own, OSError, decoding) is one line on stderr,
     `saegeo: error: <what>, <which file>, <what to do>`, and exit status 2; --debug shows the traceback."""
@@ -795,6 +782,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = [a for a in argv if a != "--debug"]  # a global flag, accepted before or after the command
     command = next((a for a in argv if not a.startswith("-")), "")  # the first word: the options built
     if command in SLEEPING_WORKER_COMMANDS:
+        from saegeo.runtime import quiet_openmp_workers
+
         quiet_openmp_workers()
     args = build_parser(command).parse_args(argv)
     try:

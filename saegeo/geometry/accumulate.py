@@ -28,7 +28,6 @@ sample_seed=0, row_start=0)``
     the SAE metrics, the dictionary geometry all use it).
 ``UnitMean(d)``  mergeable Σ x/‖x‖ and count alone: ``anisotropy()`` A = (n‖m̂‖² − 1)/(n − 1) without a d × d gram.
 ``anisotropy_from_unit_mean(unit_mean, n) -> float``  that formula (re-exported by ``saegeo.geometry.measures``).
-``single_threaded()``  a with-block in which torch and numpy's / scipy's BLAS run on one thread.
 
 How the covariance stays exact for a large mean: every chunk is shifted by its own float32-rounded
 mean c, the gram of the shifted rows is formed (float32 matmul for ≤ 32-bit input, float64 for float64
@@ -43,9 +42,7 @@ near 1, does not depend on the chunking or the split across ranks (the sample is
 
 from __future__ import annotations
 
-import contextlib
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -226,24 +223,6 @@ def entry_marginal_from_bins(
     weights = torch.cat([torch.where(single, n_bins, n_bins / 2), (n_bins / 2)[~single]])
     values = torch.cat([centroid - spread, (centroid + spread)[~single]])
     return weights, values
-
-
-@contextlib.contextmanager
-def single_threaded() -> Iterator[None]:
-    """torch and numpy's / scipy's BLAS on one thread inside the block, their thread counts restored after it.
-
-    For chains of small steps (LAPACK's tridiagonalisation, many tiny matmuls): multithreaded BLAS spin-waits
-    between them, and on a busy machine that costs 10–50× (measured on 2 loaded cores: eigh at d = 768, 14 s with 2
-    threads and 1.1 s with 1; d = 2304, 20–60 s against 1.2 s)."""
-    from threadpoolctl import threadpool_limits
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with threadpool_limits(limits=1, user_api="blas"):
-            yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 GRAM_STRIP_COLS = 256  # column strips of the gram's upper triangle (d ≤ 383: one product)

@@ -18,7 +18,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from saegeo.geometry.accumulate import single_threaded
+from saegeo.runtime import single_threaded
 
 
 @dataclass

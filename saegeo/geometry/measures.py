@@ -53,7 +53,6 @@ from saegeo.geometry.accumulate import (
     as_rows,
     entry_bin_sums,
     entry_marginal_from_bins,
-    single_threaded,
 )
 from saegeo.geometry.nulls import (
     MPBulk,
@@ -68,6 +67,7 @@ from saegeo.geometry.nulls import (
     sign_null_from_moments,
 )
 from saegeo.io import json_safe
+from saegeo.runtime import single_threaded
 
 EIGENVECTOR_SIGN_CONVENTION = "each eigenvector's largest-|component| entry is positive (ties: lowest index)"
 

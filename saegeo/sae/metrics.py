@@ -35,9 +35,6 @@ every inference encode is (BatchTopK at inference is a fixed threshold).
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import sys
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -49,6 +46,7 @@ from saegeo.errors import BadInputError
 from saegeo.geometry.accumulate import UnitMean
 from saegeo.geometry.amplification import CodeMomentAccumulator, coo_codes
 from saegeo.geometry.dictionary import row_cosines, row_norms
+from saegeo.runtime import release_free_heap
 from saegeo.sae.formats.base import read_sparsely, release_pages
 
 ENCODE_BLOCK_BYTES = 128 * 2**20  # the dense pre-activations of one encode block and their temporaries stay below this
@@ -64,31 +62,6 @@ SUM_ROWS = 1024  # rows whose x̂ and float64 error terms exist at once, after t
 # the widest latent block: its W_enc columns (9 MB at d 2,304) and, up to 8,192 rows, its pre-activations; a GEMM this
 # wide keeps its speed, and groups of rows are cut so that their blocks are this wide
 LATENT_BLOCK = 1024
-
-
-@functools.cache
-def glibc() -> Any:
-    """The C library as ctypes sees it when it is glibc (malloc_trim, mallopt), else None (not Linux, or another
-    C library): the trainer's and the encode blocks' heap settings both go through it."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc_trim, libc.mallopt  # noqa: B018  (glibc's, absent from musl and others)
-        return libc
-    except (OSError, AttributeError):
-        return None
-
-
-def release_free_heap() -> None:
-    """Hand the C heap's free pages back to the kernel (glibc malloc_trim(0); a no-op elsewhere). Why: an encode
-    block's mid-size temporaries (its (rows × d_sae) boolean masks are below glibc's 32 MiB mmap threshold) are carved
-    from the heap between what the batch keeps (each block's nonzero codes and x̂), so every block leaves a hole the
-    next cannot reuse: +18 MB per 256-row block at 65k latents, +0.6 GB over an 8,192-row batch. Trimming after each
-    block keeps the heap flat for ~7 ms a block."""
-    libc = glibc()
-    if libc is not None:
-        libc.malloc_trim(0)
 
 
 def encode_block_rows(d_sae: int, element_size: int = 4, budget_bytes: int | None = None) -> int:

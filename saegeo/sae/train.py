@@ -49,8 +49,9 @@ from saegeo.config import require_memory
 from saegeo.errors import BadInputError, FormatError, SaegeoError
 from saegeo.io import atomic_write, dump_json, json_safe, writer_lock
 from saegeo.progress import progress_bar
+from saegeo.runtime import keep_freed_memory
 from saegeo.sae.architectures import get_architecture
-from saegeo.sae.metrics import SAEMetrics, glibc
+from saegeo.sae.metrics import SAEMetrics
 from saegeo.sae.model import SAE, SAEConfig
 from saegeo.sae.options import TrainConfig
 
@@ -794,16 +795,6 @@ def _rank_batches(source: Any, start_step: int, ctx: Any) -> Iterator[Tensor]:
     else:
         for b in source.train_batches(start_step):
             yield b[rank_rows(b.shape[0], ctx.rank, ctx.world_size)]
-
-
-def keep_freed_memory() -> bool:
-    """glibc hands every freed block above its mmap threshold (≤ 32 MiB) back to the OS, so each step's
-    (batch × d_sae) buffers (50 MB at 4096 × 3072) are page-faulted in again: ~15 % of a CPU training step,
-    measured. Raise the mmap threshold to 1 GiB and the trim threshold to 2 GiB so the heap keeps and reuses
-    them (mallopt M_MMAP_THRESHOLD = −3, M_TRIM_THRESHOLD = −1; process-wide; the same effect as the
-    environment variables MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_). False where libc is not glibc."""
-    libc = glibc()
-    return libc is not None and bool(libc.mallopt(-3, 1 << 30)) and bool(libc.mallopt(-1, 1 << 31))
 
 
 def refuse_untrainable(x: Float[Tensor, "n d"], where: str) -> None:
