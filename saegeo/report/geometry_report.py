@@ -749,7 +749,7 @@ def geometry_report(
     if opts.latent_cards and passes:  # after the flags: the cards are of the latents they name
         store, text, note = context_source(rows, n_skipped, ctx is not None and source["kind"] == "iterator")
         for s, p in zip(saes, passes):
-            p.latents.fill(
+            withheld = p.latents.fill(
                 s,
                 p.metrics,
                 p.module.W_dec.detach().cpu(),
@@ -758,8 +758,11 @@ def geometry_report(
                 text=text,
                 context_tokens=opts.context_tokens,
                 dense_frequency=opts.thresholds.dense_frequency,
+                neighbour_table_max=opts.neighbour_table_max,
                 note=note,
             )
+            if withheld:  # which neighbour search ran is said where the user reads the report
+                report.notes.append(f"SAE {s.name!r}: {withheld}")
     return report
 
 
@@ -774,6 +777,12 @@ def latents_report(acts: Any, sae: Any, options: LatentsOptions | None = None, *
     sae_name = name or default_name or "sae"
     d_sae = int(module.W_dec.shape[0])
     asked = parse_latent_ids(opts.latents, d_sae, sae_name)
+    if not asked and opts.by == "nn_cos" and (not opts.neighbours or d_sae > opts.neighbour_table_max):
+        raise BadInputError(
+            f"--by nn_cos ranks every latent's nearest-neighbour cosine, which is not computed for SAE {sae_name!r} "
+            f"({d_sae:,} latents; --no-neighbours or above --neighbour-table-max {opts.neighbour_table_max:,}): "
+            f"pass --neighbour-table-max {d_sae} and not --no-neighbours (N²·d work), or rank by another column"
+        )
     rows = open_rows(acts, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite)
     batches, first_row = rows.batches(opts.batch_rows, stop_row=opts.max_tokens)
     skipped_before = rows.n_nonfinite_skipped
@@ -811,6 +820,7 @@ def latents_report(acts: Any, sae: Any, options: LatentsOptions | None = None, *
         context_tokens=opts.context_tokens,
         dense_frequency=opts.dense_frequency,
         neighbours=opts.neighbours,
+        neighbour_table_max=opts.neighbour_table_max,
         note=note,
     )
     return json_safe(

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from saegeo.errors import BadInputError
@@ -29,7 +30,7 @@ from saegeo.geometry.dictionary import nearest_decoder_neighbours, row_norms
 from saegeo.geometry.latent_stats import BINS_PER_OCTAVE, LatentHistogram, LatentTopK
 from saegeo.io import json_safe
 from saegeo.report.display import notebook_html, short
-from saegeo.report.options import ByColumn, LatentsOptions  # noqa: F401  (re-exported: their old home)
+from saegeo.report.options import NEIGHBOUR_TABLE_MAX, ByColumn, LatentsOptions  # noqa: F401  (re-exported)
 
 TABLE_COLUMNS = (
     "id",
@@ -149,6 +150,21 @@ def top_by(table: Mapping[str, list], column: str, n: int) -> list[int]:
     values = table[column]
     order = sorted(range(len(values)), key=lambda i: (values[i] is None, -(values[i] or 0.0), i))
     return order[:n]
+
+
+def carded_neighbours(w_dec: Tensor, latents: Sequence[int], norms: Tensor) -> tuple[Tensor, Tensor]:
+    """The N_NEIGHBOURS nearest latents (exact, by decoder cosine) of ``latents`` only, as (N, k) tensors indexed
+    by latent id like the whole search's, every other row −1 / NaN: m·N·d work for m latents."""
+    n = int(w_dec.shape[0])
+    idx = torch.full((n, N_NEIGHBOURS), -1, dtype=torch.long)
+    cos = torch.full((n, N_NEIGHBOURS), float("nan"), dtype=torch.float64)
+    if latents:
+        queries = torch.tensor(latents, dtype=torch.long)
+        got_idx, got_cos = nearest_decoder_neighbours(
+            w_dec, N_NEIGHBOURS, NEIGHBOUR_BLOCK_ROWS, queries=queries, norms=norms
+        )
+        idx[queries], cos[queries] = got_idx, got_cos.to(torch.float64)
+    return idx, cos
 
 
 # =========================================================================== contexts
@@ -344,14 +360,31 @@ class LatentCollector:
         context_tokens: int,
         dense_frequency: float,
         neighbours: bool = True,
+        neighbour_table_max: int = NEIGHBOUR_TABLE_MAX,
         note: str | None = None,
-    ) -> None:
+    ) -> str | None:
         """Set ``section.latent_table``, ``.latents`` and ``.latent_info`` (SAEGeometry); ``why`` may be a
-        function of the table (e.g. the top latents by a column)."""
-        nn = nearest_decoder_neighbours(w_dec, N_NEIGHBOURS, NEIGHBOUR_BLOCK_ROWS) if neighbours else None
+        function of the table (e.g. the top latents by a column).
+
+        Neighbours (exact, ``nearest_decoder_neighbours``): of every latent, for the table's nn_id / nn_cos,
+        while d_sae ≤ ``neighbour_table_max`` (N²·d multiply-adds); above it, of the carded latents only (m·N·d)
+        and the table's two columns are None. ``latent_info["neighbours"]`` says which ran: "every latent",
+        "carded latents" or "none"; returned: the note saying so when the table's columns were withheld."""
+        n_latents = int(w_dec.shape[0])
+        every = neighbours and n_latents <= neighbour_table_max
+        nn = nearest_decoder_neighbours(w_dec, N_NEIGHBOURS, NEIGHBOUR_BLOCK_ROWS) if every else None
         norms = row_norms(w_dec)  # float64 a block at a time: no float64 copy of W_dec
         table = latent_table(section, metrics.codes.mean_sq_code, norms, nn, dense_frequency)
         chosen = why(table) if callable(why) else why
+        withheld = None
+        if neighbours and not every:
+            nn = carded_neighbours(w_dec, list(chosen), norms)
+            withheld = (
+                f"neighbours: of the {len(chosen):,} carded latents only; the table's nn_id and nn_cos are "
+                f"withheld above {neighbour_table_max:,} latents ({n_latents:,} here: every latent's neighbour "
+                f"is N²·d work); raise neighbour_table_max (report, latents: --neighbour-table-max) to compute them"
+            )
+            note = f"{note}; {withheld}" if note else withheld
         section.latent_table = table
         section.latents = latent_cards(chosen, table, self.topk, self.histogram, nn, store, text, context_tokens)
         section.latent_info = {
@@ -361,8 +394,10 @@ class LatentCollector:
             "decoded": text.tokenizer is not None,
             "histogram_bins_per_octave": BINS_PER_OCTAVE,
             "n_tokens": section.n_tokens,
+            "neighbours": "every latent" if every else "carded latents" if neighbours else "none",
             "note": note,
         }
+        return withheld
 
 
 def context_source(rows: Any, n_skipped: int, distributed_iterator: bool) -> tuple[Any | None, TokenText, str | None]:

@@ -211,6 +211,16 @@ class CheckOptions:
         return asdict(self)
 
 
+# The latent table's nearest neighbour of every latent up to this width: 65,536 × 2,304 is 2·10¹³ flops (minutes
+# on 2 cores, about what encoding 16k rows costs at that width); 262,144 would be 3·10¹⁴ (about an hour on 2 cores),
+# so above it only the carded latents get neighbours and the table says so.
+NEIGHBOUR_TABLE_MAX = 65_536
+NEIGHBOUR_TABLE_HELP = (
+    "the latent table's nearest neighbour of every latent (N²·d work) up to this many latents; above it only the "
+    "carded latents get neighbours"
+)
+
+
 @dataclass
 class ReportOptions:
     """How the pass runs and how its numbers are read. All have sane defaults."""
@@ -238,6 +248,7 @@ class ReportOptions:
     latents: tuple[int, ...] = option((), "cards for these latents too (ids, checked against every SAE)", low=0)
     latent_contexts: int = option(20, "top activating contexts kept per latent", low=0, high=10_000)
     context_tokens: int = option(16, "preceding tokens of the same window shown with each context", low=0, high=4096)
+    neighbour_table_max: int = option(NEIGHBOUR_TABLE_MAX, NEIGHBOUR_TABLE_HELP, low=0)
     thresholds: FlagThresholds = option(factory=FlagThresholds, help="of every flag ([report.thresholds])")
 
     def __post_init__(self) -> None:
@@ -260,6 +271,7 @@ class LatentsOptions:
     contexts: int = option(20, "top activating contexts per latent", low=0, high=10_000)
     context_tokens: int = option(16, "preceding tokens of the same window shown with each context", low=0, high=4096)
     neighbours: bool = option(True, "nearest latents by decoder cosine (N²·d work: --no-neighbours skips it)")
+    neighbour_table_max: int = option(NEIGHBOUR_TABLE_MAX, NEIGHBOUR_TABLE_HELP, low=0)
     batch_rows: int = option(BATCH_ROWS, "rows per batch of the pass", low=1)
     max_tokens: int | None = option(None, "stop after this many rows (None: all)", low=1)
     skip_nonfinite: bool = option(False, "skip and count NaN/inf rows (default: an error naming the row)")

@@ -541,3 +541,43 @@ def test_a_repo_id_in_the_hub_cache_is_found_as_given_without_transformer_lens(t
     assert (
         _probe_tokenizer("acme/tok", tmp_path / "hub") == "True ['huggingface_hub._snapshot_download', 'transformers']"
     )
+
+
+@pytest.mark.parametrize("table_max", [40, 39, 0])
+def test_above_neighbour_table_max_only_the_carded_latents_get_neighbours_and_the_report_says_so(table_max):
+    """At or below the cap every latent's neighbours fill the table; above it (a 262k dictionary's 3·10¹⁴ flops)
+    the table's two columns are None, the cards keep their exact neighbours, and a note names which ran."""
+    from saegeo.report import ReportOptions, geometry_report
+    from saegeo.sae.model import SAE, SAEConfig
+
+    g = torch.Generator().manual_seed(3)
+    sae = SAE(SAEConfig(d_in=D, d_sae=40, activation="relu")).init_weights(g)
+    x = torch.randn(600, D, generator=g)
+    opts = ReportOptions(progress=False, latents=(5, 17, 33), neighbour_table_max=table_max)
+    report = geometry_report(x, {"r": sae}, options=opts)
+    [s] = report.saes
+    ref_idx, ref_cos = _brute_neighbours(sae.W_dec.detach().double().numpy(), 5)
+    cards = {c["id"]: c for c in s.latents}
+    assert {5, 17, 33} <= set(cards)
+    for i, card in cards.items():  # exact, whichever search ran
+        assert [n["id"] for n in card["neighbours"]] == ref_idx[i].tolist()
+        assert [n["cos"] for n in card["neighbours"]] == pytest.approx(ref_cos[i].tolist(), abs=1e-12)
+    notes = [n for n in report.notes if "neighbour_table_max" in n]
+    if table_max >= 40:
+        assert s.latent_info["neighbours"] == "every latent" and not notes
+        assert s.latent_table["nn_id"] == ref_idx[:, 0].tolist()
+    else:
+        assert s.latent_info["neighbours"] == "carded latents"
+        assert s.latent_table["nn_id"] == [None] * 40 and s.latent_table["nn_cos"] == [None] * 40
+        assert len(notes) == 1 and "'r'" in notes[0] and f"withheld above {table_max:,} latents" in notes[0]
+        assert "carded latents only" in s.latent_info["note"]
+
+
+def test_latents_by_nn_cos_above_the_neighbour_table_max_is_refused_before_the_pass(planted, tmp_path, capsys):
+    from saegeo.cli import main
+
+    args = ["latents", str(planted["root"] / "sae"), "--acts", str(planted["store"].path), "--by", "nn_cos"]
+    rc = main([*args, "--neighbour-table-max", "5", "--out", str(tmp_path / "o"), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "--neighbour-table-max 6" in err, err
+    assert not (tmp_path / "o").exists()
