@@ -676,8 +676,7 @@ def _local(path: Any) -> str | None:
 
 def _paths(args: argparse.Namespace) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
     """(inputs, output files, output directories, output-set directories) of a parsed command line: every path
-    the command reads and writes, known before it runs (the config files are read; torch is not imported, but
-    for `run`, whose config needs the pipeline)."""
+    the command reads and writes, known before it runs (the config files are read; torch is not imported)."""
     from pathlib import Path
 
     from saegeo.render.common import FORMATS, rendering_paths
@@ -742,9 +741,9 @@ def _paths(args: argparse.Namespace) -> tuple[list[Any], list[Any], list[Any], l
     if c == "run":
         from saegeo.activations.options import store_dir
         from saegeo.io import read_config
+        from saegeo.pipeline import run_config  # the config's modules only: torch-free
 
-        doc = read_config(args.config)  # a missing or malformed file is named before torch is imported
-        from saegeo.pipeline import run_config
+        doc = read_config(args.config)
 
         rc = run_config(doc, where=args.config)
         out = Path(rc.out)

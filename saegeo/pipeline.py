@@ -16,20 +16,23 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from saegeo.activations.cache import CacheConfig, cache_activations, store_dir
-from saegeo.activations.store import ActivationStore, write_store
+# torch-free imports only: `saegeo run` checks its config and the paths it names before torch is loaded (the work's
+# modules are imported where the work begins)
+from saegeo.activations.options import CacheConfig, store_dir
 from saegeo.config import BATCH_ROWS, check, from_dict, option
 from saegeo.errors import BadInputError, StoreError
 from saegeo.io import dump_json, json_safe, read_config, same_json
-from saegeo.render import FORMATS, render_terminal, write_report
-from saegeo.report.geometry_report import GeometryReport, ReportOptions, geometry_report
-from saegeo.sae.evaluate import EvalConfig, splice_eval_many
-from saegeo.sae.formats import CFG_FILENAME, WEIGHTS_FILENAME
-from saegeo.sae.train import NOT_IN_WEIGHTS, TrainConfig, train_sae
-from saegeo.synthetic import SuperpositionGenerator
+from saegeo.render.common import FORMATS
+from saegeo.report.options import ReportOptions
+from saegeo.sae.options import EvalConfig, TrainConfig
 from saegeo.synthetic.options import SynthOptions  # noqa: F401  (re-exported: its old home)
+
+if TYPE_CHECKING:
+    from saegeo.activations.store import ActivationStore
+    from saegeo.report.geometry_report import GeometryReport
+    from saegeo.synthetic import SuperpositionGenerator
 
 
 @dataclass
@@ -104,6 +107,12 @@ def run_job(config: RunConfig | Mapping[str, Any], *, log: Any = print) -> RunRe
     interrupted run), an SAE whose saved training config and data checksums match is not retrained,
     and the report is recomputed (one pass). Every stage's time is returned and logged.
     """
+    from saegeo.activations.cache import cache_activations
+    from saegeo.activations.store import ActivationStore
+    from saegeo.render import render_terminal, write_report
+    from saegeo.report.geometry_report import geometry_report
+    from saegeo.sae.train import train_sae
+
     cfg = config if isinstance(config, RunConfig) else run_config(config)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -201,6 +210,9 @@ def _spliced_eval(
     """splice_eval_many over the SAEs whose OUT/saes/<name>/eval.json does not match (config + weights)."""
     import hashlib
 
+    from saegeo.sae.evaluate import splice_eval_many
+    from saegeo.sae.formats import WEIGHTS_FILENAME
+
     ecfg = replace(cfg.eval, progress=True)
     wanted = {k: v for k, v in asdict(ecfg).items() if k != "device"} | {"progress": None}  # where it ran is not what
     results, todo = {}, {}
@@ -255,6 +267,8 @@ def sae_directories(out: str | os.PathLike, names: Any) -> dict[str, Path]:
 
 
 def _store_complete(path: Path, max_tokens: int | None) -> bool:
+    from saegeo.activations.store import ActivationStore
+
     try:
         store = ActivationStore(path)
     except (StoreError, OSError, KeyError, ValueError):
@@ -264,6 +278,9 @@ def _store_complete(path: Path, max_tokens: int | None) -> bool:
 
 def _trained(sae_dir: Path, tcfg: TrainConfig, store: ActivationStore) -> bool:
     """An SAE directory written by the trainer from this exact config and these exact shards."""
+    from saegeo.sae.formats import CFG_FILENAME, WEIGHTS_FILENAME
+    from saegeo.sae.train import NOT_IN_WEIGHTS
+
     cfg_file = sae_dir / CFG_FILENAME
     if not cfg_file.is_file() or not (sae_dir / WEIGHTS_FILENAME).is_file():
         return False
@@ -293,6 +310,8 @@ def write_synthetic_store(
 
     The manifest records the generator's config (as the store's corpus identity) and the truth file.
     """
+    from saegeo.activations.store import write_store
+
     path = Path(path)
     config = asdict(gen.config)
     store = write_store(

@@ -1,14 +1,19 @@
 """The options of `saegeo train` (TrainConfig) and `saegeo eval` (EvalConfig).
 
 Torch-free on purpose: the command line builds its flags from these dataclasses and checks the values a user gave
-before torch is imported (benchmarks/startup_bench.py); only the architecture registry, asked by TrainConfig's
-check, brings torch in. train.py and evaluate.py use them (and re-export them).
+before torch is imported (benchmarks/startup_bench.py); the architecture registry (torch) is asked only once it is
+loaded, or for decoder_norm = "free" and the architecture's defaults. train.py and evaluate.py use them (and
+re-export them).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import re
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, get_args
 
 from saegeo.config import Dtype, check, option
@@ -19,6 +24,27 @@ BDecInit = Literal["mean", "zeros", "geometric_median"]
 DecoderNorm = Literal["unit", "free"]
 
 B_DEC_INITS: tuple[str, ...] = get_args(BDecInit)
+
+
+def registered_architecture_names() -> tuple[str, ...]:
+    """The names ``saegeo.sae.architectures.architecture_names()`` gives, without importing torch while it is not
+    loaded: then only the package's own modules can have registered, and each registers itself by a top-level
+    ``register_architecture("name", Cls)`` line of its source, read here (tests/sae/test_train_defaults.py holds
+    the two equal)."""
+    registry = sys.modules.get("saegeo.sae.architectures")
+    if registry is not None and hasattr(registry, "architecture_names"):  # loaded: it may hold the user's own
+        return registry.architecture_names()
+    spec = importlib.util.find_spec("saegeo.sae.architectures")
+    folders = spec.submodule_search_locations if spec is not None else None
+    registered = re.compile(r"^register_architecture\(\s*[\"'](\w+)[\"']", re.M)
+    names = {m for folder in folders or () for f in Path(folder).glob("*.py") for m in registered.findall(f.read_text())}
+    return tuple(sorted(names))
+
+
+def _free_decoder(arch: str) -> bool:
+    from saegeo.sae.architectures import get_architecture  # torch: only for decoder_norm = "free"
+
+    return get_architecture(arch).free_decoder
 
 
 @dataclass
@@ -103,15 +129,15 @@ class TrainConfig:
                 "dtype = float16: training in float16 needs loss scaling, which saegeo does not do; use bfloat16 "
                 "(bf16) for mixed precision, or float32"
             )
-        from saegeo.sae.architectures import architecture_names, get_architecture  # torch: only once checked
-
-        if self.arch not in architecture_names():  # registered at run time: not a Literal
+        names = registered_architecture_names()
+        if self.arch not in names:  # registered at run time: not a Literal
             raise BadInputError(
-                f"arch = {self.arch!r}: expected one of {list(architecture_names())} (the registered "
-                "architectures, saegeo.sae.architectures)"
+                f"arch = {self.arch!r}: expected one of {list(names)} (the registered architectures, "
+                "saegeo.sae.architectures)"
             )
-        arch = get_architecture(self.arch)
-        if self.decoder_norm == "free" and not arch.free_decoder:
+        if self.decoder_norm == "free" and not _free_decoder(self.arch):
+            from saegeo.sae.architectures import architecture_names, get_architecture
+
             free = [name for name in architecture_names() if get_architecture(name).free_decoder]
             raise BadInputError(
                 f"decoder_norm = 'free' is for {free} (their codes scale with each decoder row); a {self.arch} "

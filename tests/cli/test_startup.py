@@ -33,8 +33,12 @@ ERROR_CASES = [
     (["latents", "sae_dir", "--acts", "missing_store", "--out", "OUT"], "missing_store"),
     (["latents", "sae_dir", "--acts", "x", "--out", "OUT", "--by", "nope"], "--by"),
     (["run", "missing.toml"], "missing.toml"),
+    (["run", "typo.toml"], "unknown key(s) ['trian']"),
+    (["run", "arch.toml"], "arch = 'nope'"),
+    (["run", "into_store.toml"], "store"),  # its reports would be written inside its input store
     (["train", "--acts", "missing_store"], "missing_store"),
     (["train", "--acts", "x.npy", "--lr", "5"], "lr"),
+    (["train", "--acts", "x.npy", "--arch", "nope"], "arch = 'nope'"),
     (["eval"], "--sae"),
     (["eval", "--sae", "s", "--max-tokens", "0"], "max_tokens"),
 ]
@@ -57,6 +61,10 @@ print(json.dumps(out))
 
 def test_argument_and_path_errors_import_no_torch(tmp_path: Path) -> None:
     (tmp_path / "x.npy").touch()  # an input that is there, for the cases whose error is a value
+    (tmp_path / "typo.toml").write_text("[trian]\nlr = 0.001\n")
+    (tmp_path / "arch.toml").write_text('[train]\narch = "nope"\n')
+    (tmp_path / "store").mkdir()
+    (tmp_path / "into_store.toml").write_text('out = "store"\nacts = "store"\n')
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     run = subprocess.run(
         [sys.executable, "-c", _PROBE, json.dumps(HEAVY), json.dumps(ERROR_CASES)],

@@ -136,3 +136,19 @@ def test_a_run_override_of_the_architecture_gets_that_architectures_defaults(tmp
         relu["l1_coefficient"],
     )
     assert cfg.sae_config("q").resolved().lr == 0.5
+
+
+def test_the_architecture_names_read_without_torch_are_the_registrys_own(monkeypatch):
+    """TrainConfig checks `arch` before torch is loaded by reading each architecture module's
+    register_architecture("name", ...) line; that must give exactly the names the package registers."""
+    import sys
+
+    from saegeo.sae.architectures import architecture_names
+    from saegeo.sae.options import registered_architecture_names
+
+    own = {a for a in architecture_names() if type(get_architecture(a)).__module__.startswith("saegeo.sae.")}
+    assert registered_architecture_names() == architecture_names()  # loaded: the registry answers
+    monkeypatch.delitem(sys.modules, "saegeo.sae.architectures")  # as before torch is imported
+    assert set(registered_architecture_names()) == own and len(own) >= 4
+    with pytest.raises(BadInputError, match=r"arch = 'nope': expected one of \['batchtopk'"):
+        TrainConfig(arch="nope")
