@@ -37,7 +37,9 @@ def registered_architecture_names() -> tuple[str, ...]:
     spec = importlib.util.find_spec("saegeo.sae.architectures")
     folders = spec.submodule_search_locations if spec is not None else None
     registered = re.compile(r"^register_architecture\(\s*[\"'](\w+)[\"']", re.M)
-    names = {m for folder in folders or () for f in Path(folder).glob("*.py") for m in registered.findall(f.read_text())}
+    names = {
+        m for folder in folders or () for f in Path(folder).glob("*.py") for m in registered.findall(f.read_text())
+    }
     return tuple(sorted(names))
 
 
