@@ -158,29 +158,35 @@ class Rows:
         self._within_range(x[~bad], at[~bad] if isinstance(at, Tensor) else (at + torch.arange(len(x)))[~bad], batch)
         return ~bad
 
-    def _within_range(self, x: Tensor, at: int | Tensor, batch: int | None) -> None:
+    def _within_range(self, x: Tensor, at: int | Tensor, batch: int | None, dtype: torch.dtype | None = None) -> None:
         """Refuse (BadInputError naming the row) finite values whose squares leave the range the geometry computes
-        in (float64 for float64 input, float32 otherwise; see `magnitude_range`): sums of squares would overflow to
-        inf or underflow to 0 and every second moment would be wrong. Zeros are fine."""
+        in (``dtype``, default float64 for float64 input, float32 otherwise; see `magnitude_range`): sums of
+        squares would overflow to inf or underflow to 0 and every second moment would be wrong. Zeros are fine;
+        non-finite values are the NaN policy's (finite_rows).
+
+        Refused, not rescaled: float64 rows between 2¹³⁰ and float64's largest could be divided by a power of two
+        (exact), but every printed norm, mean and b_dec would then be of the scaled rows, or each read-out would
+        carry the scale through sixth powers; one multiplication by the user, which the message proposes, keeps
+        every number what it says."""
         if x.numel() == 0:
             return
         lo, hi = torch.aminmax(x)
         top = max(-float(lo), float(hi))
-        smallest, largest = magnitude_range(x.dtype)
-        if top == 0 or smallest <= top <= largest:
+        smallest, largest = magnitude_range(x.dtype if dtype is None else dtype)
+        if top == 0 or not math.isfinite(top) or smallest <= top <= largest:
             return
         j = int((x.abs() == top).any(dim=1).nonzero()[0])
         g = int(at[j]) if isinstance(at, Tensor) else at + j
         in_batch = f", batch {batch} row {j}" if batch is not None else ""
-        compute = "float64" if x.dtype == torch.float64 else "float32"
+        compute = "float64" if (x.dtype if dtype is None else dtype) == torch.float64 else "float32"
         if top > largest:
             why = f"above {largest:.3g}, where sums of their powers overflow {compute}"
         else:
             why = f"every value below {smallest:.3g}, where their powers underflow {compute} (lose digits or become 0)"
         raise BadInputError(
             f"{self.row_place(g)}{in_batch} (global row {g}): values of magnitude up to {top:.3g}, {why}; the "
-            "geometry would be wrong. Multiply the activations by one constant (every measure but the norms is "
-            f"scale-free){'' if compute == 'float64' else ', or save them as float64'}"
+            f"geometry would be wrong. Multiply the activations by one constant, e.g. 1e{min(300, max(-300, -round(math.log10(top))))} "
+            f"(every measure but the norms is scale-free){'' if compute == 'float64' else ', or save them as float64'}"
         )
 
     def screen(self, x: Tensor, at: int | Tensor, *, context: str = "") -> Tensor:
@@ -189,13 +195,18 @@ class Rows:
         return x if keep is None else x[keep]
 
     def read(self, index: Tensor) -> Float[Tensor, "m d"]:
-        """Rows at global indices ``index`` (in that order) as float32, unscreened: a store's shards hashed and
-        checked (ActivationStore.read_rows_at); a tensor, array or file indexed in memory (or its memory map)."""
+        """Rows at global indices ``index`` (in that order) as float32: a store's shards hashed and checked
+        (ActivationStore.read_rows_at); a tensor, array or file indexed in memory (or its memory map). Finite
+        values outside float32's computed range are refused naming the global row (as every batch read is);
+        NaN/inf are left to the caller's NaN policy (``screen``)."""
         if self.store is not None:
-            return self.store.read_rows_at(index)
-        if self._array is None:
+            x = self.store.read_rows_at(index)
+        elif self._array is None:
             raise BadInputError("a stream of batches cannot be read by row index; pass a tensor, a file or a store")
-        return as_rows(self.tensor()[index]).float()
+        else:
+            x = as_rows(self.tensor()[index])
+        self._within_range(x, index, None, dtype=torch.float32)  # before float32 could turn 1e39 into inf
+        return x.float()
 
     def tensor(self) -> Float[Tensor, "n d"]:
         """All rows as one (n, d) tensor without a copy where the source allows it (a tensor, a .npy or .pt

@@ -216,3 +216,26 @@ def test_a_meta_tensor_in_a_pt_dictionary_is_refused_by_name(tmp_path):
     torch.save(sd, tmp_path / "ae.pt")
     with pytest.raises(FormatError, match=r"ae\.pt: encoder\.weight is a meta tensor"):
         SAE.load(tmp_path / "ae.pt")
+
+
+@pytest.mark.parametrize("source", ["npy", "store"])
+def test_rows_read_by_index_are_range_checked_naming_the_row(tmp_path, source):
+    """Rows.read(index), the trainer's random access, is refused like a batch read, naming the global row: a
+    float64 .npy row of 1e20 (beyond float32's computed range once read as float32) and a float32 store row of
+    1e13."""
+    from saegeo.activations.sources import open_rows
+    from saegeo.activations.store import write_store
+    from saegeo.errors import BadInputError
+
+    x = _rows(2, 50, 8)
+    if source == "npy":
+        x = x.double()
+        x[37] *= 1e20
+        _save(tmp_path / "x.npy", x)
+        rows = open_rows(tmp_path / "x.npy")
+    else:
+        x[37] *= 1e13
+        rows = open_rows(write_store(tmp_path / "st", iter([x[:30], x[30:]]), hook="h", model="m", shard_rows=30))
+    assert rows.read(torch.tensor([3, 5])).dtype == torch.float32  # rows in range are read
+    with pytest.raises(BadInputError, match=r"\(global row 37\).*Multiply the activations by one constant, e\.g\. 1e-"):
+        rows.read(torch.tensor([3, 37, 5]))
