@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any, NoReturn
 
-from saegeo.config import add_options, from_dict, passed, resolve
+from saegeo.config import add_options, from_dict, passed, renamed_flag, resolve
 from saegeo.errors import SaegeoError
 
 
@@ -32,6 +32,38 @@ class _Parser(argparse.ArgumentParser):
 def _add_overwrite(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--overwrite", action="store_true", help="replace output files that exist already (refused otherwise)"
+    )
+
+
+class _Formats(argparse.Action):
+    """--format md,json: the renderings, one comma-separated list in every command. The space-separated form that
+    `check` took (--format md json) is read for one release, with a warning."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: Any = None) -> None:
+        from saegeo.render.common import FORMATS
+
+        if len(values) > 1:
+            print(
+                f"{parser.prog}: warning: --format {' '.join(values)} is now written --format {','.join(values)}; "
+                "the space-separated form is accepted until the next release",
+                file=sys.stderr,
+            )
+        formats = [f.strip() for value in values for f in value.split(",") if f.strip()]
+        if not formats or set(formats) - set(FORMATS):
+            parser.error(f"--format {' '.join(values)!r}: give a comma-separated subset of {','.join(FORMATS)}")
+        setattr(namespace, self.dest, formats)
+
+
+def _add_format(p: argparse.ArgumentParser, what: str) -> None:
+    from saegeo.render.common import FORMATS
+
+    p.add_argument(
+        "--format",
+        nargs="+",
+        action=_Formats,
+        default=list(FORMATS),
+        metavar="FORMATS",
+        help=f"{what}: a comma-separated subset of {','.join(FORMATS)} (default: all)",
     )
 
 
@@ -200,9 +232,9 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- check
 def _add_check(p: argparse.ArgumentParser) -> None:
-    from saegeo.config import int_arg
-    from saegeo.render.common import FORMATS
-    from saegeo.report.options import SEVERITIES, CheckOptions
+    import dataclasses
+
+    from saegeo.report.options import SEVERITIES, CheckOptions, ReportOptions
 
     p.add_argument(
         "path",
@@ -213,8 +245,7 @@ def _add_check(p: argparse.ArgumentParser) -> None:
         "--acts", help="activation store (directory) or .safetensors/.npy file: adds the full geometry report"
     )
     p.add_argument("--out", help="directory for summary.txt, .md, .json, .html")
-    p.add_argument("--max-tokens", type=int_arg, default=None, help="with --acts: stop after this many tokens")
-    p.add_argument("--format", nargs="+", default=list(FORMATS), choices=FORMATS, help="renderings written to --out")
+    _add_format(p, "renderings written to --out")
     _add_overwrite(p)
     p.add_argument(
         "--fail-on",
@@ -223,6 +254,10 @@ def _add_check(p: argparse.ArgumentParser) -> None:
         help="exit with status 1 when a flag of this severity or worse is raised (for CI)",
     )
     add_options(p, CheckOptions)
+    # with --acts the check runs the report: every report option, by the same path as `saegeo report` (those the
+    # check shares with it, such as --device and --no-progress, set both)
+    report = p.add_argument_group("with --acts", "the geometry report's options, as in `saegeo report`")
+    add_options(report, ReportOptions, skip=tuple(f.name for f in dataclasses.fields(CheckOptions)))
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -236,9 +271,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.out:
         refuse_overwrite(rendering_paths(args.out, args.format, "report" if args.acts else "check"), args.overwrite)
     opts = from_dict(CheckOptions, passed(args, CheckOptions))
-    report_options = ReportOptions(
-        max_tokens=args.max_tokens, progress=opts.progress, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite
-    )
+    report_options = from_dict(ReportOptions, passed(args, ReportOptions))
     if args.acts:
         rows_path_kind(args.acts)
     from saegeo.render import render_check_terminal, render_terminal, render_written, write_report  # torch from here
@@ -315,9 +348,14 @@ def _add_report(p: argparse.ArgumentParser) -> None:
         help="SAE directory (SAELens layout); repeat for several, shown side by side",
     )
     p.add_argument("--out", required=True, help="output directory: summary.txt, report.md, report.json, report.html")
-    p.add_argument("--format", default="terminal,md,json,html", help="comma-separated subset of terminal,md,json,html")
+    _add_format(p, "renderings written to --out")
     _add_overwrite(p)
-    p.add_argument("--config", default=None, help="JSON/TOML preprocessing config to check (e.g. a SAELens cfg.json)")
+    p.add_argument(
+        "--preprocessing-config",
+        default=None,
+        help="JSON/TOML preprocessing config to check (e.g. a SAELens cfg.json)",
+    )
+    renamed_flag(p, "--config", "--preprocessing-config", dest="preprocessing_config")
     add_options(p, ReportOptions)
     p.add_argument(
         "--model",
@@ -334,13 +372,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     from saegeo.activations.options import rows_path_kind
     from saegeo.io import read_config, refuse_overwrite
-    from saegeo.render.common import FORMATS, rendering_paths
+    from saegeo.render.common import rendering_paths
     from saegeo.report.options import ReportOptions
     from saegeo.sae.options import EvalConfig
 
-    formats = [f.strip() for f in args.format.split(",") if f.strip()]
-    if not formats or set(formats) - set(FORMATS):
-        raise CLIError(f"--format {args.format!r}: give a comma-separated subset of {','.join(FORMATS)}")
+    formats = args.format
     refuse_overwrite(rendering_paths(args.out, formats, "report"), args.overwrite)
 
     saes = {}
@@ -359,7 +395,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         )
     except SaegeoError as err:  # name the flag: --eval-tokens sets EvalConfig.max_tokens
         raise CLIError(f"--eval-tokens: {err}") from None
-    config = read_config(args.config) if args.config else None
+    config = read_config(args.preprocessing_config) if args.preprocessing_config else None
     rows_path_kind(args.acts)
     from saegeo.render import render_terminal, write_report  # the work begins: torch from here on
     from saegeo.render.text import render_files
@@ -501,7 +537,7 @@ def _add_train(p: argparse.ArgumentParser) -> None:
         help="TOML file with TrainConfig keys (top level or a [train] table) and `acts`; "
         "flags override it, any other key is refused",
     )
-    p.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint in --out-dir")
+    p.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint in --out")
     add_options(p, TrainConfig)
 
 
@@ -716,10 +752,9 @@ def _paths(args: argparse.Namespace) -> tuple[list[Any], list[Any], list[Any], l
         files = [Path(args.out) / name for name in COMPARE_FILES] if args.out else []
         return [_local(args.sae_a), _local(args.sae_b), args.acts], files, [], [args.out]
     if c == "report":
-        formats = [f.strip() for f in args.format.split(",") if f.strip()]
         saes = [spec.rpartition("=")[2] for spec in args.sae]
-        inputs = [args.acts, *saes, args.config, _local(args.model)]
-        return inputs, rendered(args.out, formats, "report"), figures(args.out), [args.out]
+        inputs = [args.acts, *saes, args.preprocessing_config, _local(args.model)]
+        return inputs, rendered(args.out, args.format, "report"), figures(args.out), [args.out]
     if c == "latents":
         return [args.sae, args.acts], rendered(args.out, None, "latents"), [], [args.out]
     if c == "eval":

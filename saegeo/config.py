@@ -7,12 +7,17 @@ a config file, ``saegeo run`` or Python — with one line naming the field.
 
 Public API
 ----------
-``option(default, help, *, low, high, above, below, factory, flag)``   a dataclass field with its help and checks.
+``option(default, help, *, low, high, above, below, factory, flag, flag_name, old_flags)``   a dataclass field with
+                                       its help and checks (and its flag's spelling, where it is not the field's).
 ``check(cfg)``                         every field checked: type, finite, range; int fields fit in int64.
 ``from_dict(cls, d, where=None)``      dict (TOML table, JSON object) -> ``cls``: unknown keys refused, values
                                        coerced by annotation ("2M" ints, lists as tuples, Literal choices).
 ``resolve(cls, passed, path, table)``  flags > the config file (its ``[table]`` or its top level) > defaults.
 ``add_options(parser, cls)`` / ``passed(args, cls)``   the flags of ``cls`` and the fields a user gave.
+``renamed_flag(parser, old, new, **kw)``  an old spelling of a flag, kept one release: it works and warns.
+``ProgressOption``, ``StreamOptions``, ``BatchedStreamOptions``, ``DeviceOption``   the options every pass over
+                                       activations shares (progress, skip_nonfinite, verify, batch_rows, device),
+                                       declared once and inherited by each command's options.
 ``require_memory(n_bytes, what)``      refuse an allocation the machine cannot hold, before it is tried.
 ``BATCH_ROWS``                         the default rows per batch of a pass over activations (8192).
 ``DEFAULT_BLOCK_ROWS``                 the default rows per block of the pairwise dictionary passes (4096).
@@ -38,6 +43,9 @@ from saegeo.io import parse_int, read_config
 
 BATCH_ROWS = 8192  # rows per batch of a pass over activations (report, geometry, check, sweep, the artifact pass)
 DEFAULT_BLOCK_ROWS = 4096  # rows per block of the pairwise dictionary passes (a 4096² float32 tile: 64 MiB)
+# a dictionary row whose norm is at most this × the median row norm has no usable direction: the one zero-row rule
+# of A_dict (saegeo.geometry.dictionary.zero_rows) and of check's zero rows (CheckOptions.zero_row_rel_norm)
+ZERO_ROW_REL_NORM = 1e-6
 INT64_MAX = 2**63 - 1  # every count and seed must fit the int64 that torch and numpy hold it in
 
 # =========================================================================== dtypes
@@ -86,11 +94,24 @@ def option(
     above: float | None = None,
     below: float | None = None,
     flag: bool = True,
+    flag_name: str | None = None,
+    old_flags: tuple[str, ...] = (),
 ) -> Any:
     """A dataclass field with its help text and its checks: ``low <= value <= high``, ``above < value < below``
     (None: no bound). Every float must be finite and every int must fit int64 whatever the bounds; None passes
-    (it means "unset"). ``flag=False`` keeps the field out of the command line (a config-file key only)."""
-    meta = {"help": help, "low": low, "high": high, "above": above, "below": below, "flag": flag}
+    (it means "unset"). ``flag=False`` keeps the field out of the command line (a config-file key only);
+    ``flag_name`` spells its flag where the field's name would not (``out_dir`` -> ``--out``); ``old_flags`` are
+    spellings it had, accepted for one release with a warning (``renamed_flag``)."""
+    meta = {
+        "help": help,
+        "low": low,
+        "high": high,
+        "above": above,
+        "below": below,
+        "flag": flag,
+        "flag_name": flag_name,
+        "old_flags": old_flags,
+    }
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -165,6 +186,7 @@ def check(cfg: Any) -> None:
         if tp == Dtype and getattr(cfg, f.name) is not None:  # bf16 -> bfloat16: one spelling is stored
             setattr(cfg, f.name, parse_dtype(getattr(cfg, f.name), f.name))
         _check_value(f.name, getattr(cfg, f.name), tp, f.metadata)
+    _check_device(cfg)
 
 
 def require_memory(n_bytes: float, what: str) -> None:
@@ -342,6 +364,30 @@ def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+class _OldSpelling(argparse.Action):
+    """An old spelling of a flag: stores as the new one does and says, on stderr, what it is called now."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str = "", **kw: Any) -> None:
+        super().__init__(option_strings, dest, **kw)
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: Any = None) -> None:
+        import sys
+
+        print(
+            f"{parser.prog}: warning: {option_string} is now {self.new}; the old spelling is accepted until the next "
+            "release",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+
+
+def renamed_flag(parser: Any, old: str, new: str, **kw: Any) -> None:
+    """``old``, a flag renamed ``new``, kept for one release: hidden from --help, stored into the same ``dest``
+    as ``new`` (``kw``: dest, type, nargs=0 with const for a switch), with a one-line warning when used."""
+    parser.add_argument(old, action=_OldSpelling, new=new, help=argparse.SUPPRESS, **kw)
+
+
 def add_options(
     parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = (), show_defaults: bool = True
 ) -> None:
@@ -360,7 +406,8 @@ def add_options(
             continue
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         default = None if required else f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        flag = flag_name(f.name)
+        flag = flag_name(f.metadata.get("flag_name") or f.name)
+        old_flags = f.metadata.get("old_flags") or ()
         text = (f.metadata.get("help") or f"{cls.__name__}.{f.name}").replace("%", "%%")
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, **({"required": True} if required else {})}
         if tp is bool:
@@ -368,6 +415,8 @@ def add_options(
                 parser.add_argument("--no-" + flag[2:], action="store_false", help=f"no {text}", **kw)
             else:
                 parser.add_argument(flag, action="store_true", help=text, **kw)
+            for old in old_flags:
+                renamed_flag(parser, old, flag, dest=f.name, default=argparse.SUPPRESS, nargs=0, const=not default)
             continue
         if tp == Dtype:  # the aliases too: bf16 is parsed to bfloat16, then checked against the choices
             kw["type"], kw["choices"] = dtype_arg, DTYPES
@@ -387,6 +436,8 @@ def add_options(
         if "choices" not in kw:  # --total-tokens TOTAL_TOKENS
             kw["metavar"] = flag[2:].upper().replace("-", "_")
         parser.add_argument(flag, help=text, **kw)
+        for old in old_flags:
+            renamed_flag(parser, old, flag, **{k: v for k, v in kw.items() if k not in ("required", "metavar")})
 
 
 def passed(args: argparse.Namespace, cls: type) -> dict[str, Any]:
@@ -394,9 +445,51 @@ def passed(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
 
 
+# =========================================================================== options every pass shares
+# Declared once here and inherited, so that a flag has one name, one help and one check in every command; a
+# command whose default differs (compare encodes two SAEs per batch: fewer rows) redeclares that field alone.
+@dataclass
+class ProgressOption:
+    """Whether a command shows its progress bar."""
+
+    progress: bool = option(True, "progress bar")
+
+
+@dataclass
+class StreamOptions(ProgressOption):
+    """How a command reads a stream of activation rows: non-finite rows and the stores' checksums."""
+
+    skip_nonfinite: bool = option(False, "skip and count rows with NaN/inf (default: an error naming the row)")
+    verify: bool = option(True, "sha256 check of each store shard as it is read")
+
+
+@dataclass
+class BatchedStreamOptions(StreamOptions):
+    """A stream read in batches of ``batch_rows`` rows."""
+
+    batch_rows: int = option(BATCH_ROWS, "rows per batch of the pass", low=1)
+
+
+@dataclass
+class DeviceOption:
+    """Where a command computes; checked to be a torch device name (torch is imported only for one not "cpu")."""
+
+    device: str = option("cpu", "torch device to compute on: cpu, cuda, cuda:N, mps (the float64 sums stay exact)")
+
+
+def _check_device(cfg: Any) -> None:
+    if isinstance(cfg, DeviceOption) and cfg.device != "cpu":  # the default needs no torch: flags stay torch-free
+        import torch
+
+        try:
+            torch.device(cfg.device)
+        except (RuntimeError, TypeError):
+            raise BadInputError(f"device {cfg.device!r} is not a torch device (cpu, cuda, cuda:1, mps)") from None
+
+
 # =========================================================================== options of commands without a library config
 @dataclass
-class GeometryOptions:
+class GeometryOptions(BatchedStreamOptions):
     """`saegeo geometry FILES...`: how the rows are read and what is written."""
 
     key: str | None = option(
@@ -404,20 +497,21 @@ class GeometryOptions:
     )
     json: str | None = option(None, "write the full result (all eigenvalues, top eigenvectors) as JSON here")
     overwrite: bool = option(False, "replace output files that exist already (refused otherwise)")
-    batch_rows: int = option(BATCH_ROWS, "rows read per batch", low=1)
-    top_k: int = option(10, "top eigenvectors kept in the JSON", low=0)
-    skip_nonfinite: bool = option(False, "skip and count rows with NaN/inf instead of stopping")
+    artifact_components: int = option(
+        3,
+        "top principal directions in the artifact test (stores only; 0: skip it); the JSON keeps max(10, this)",
+        low=0,
+        old_flags=("--top-k",),
+    )
     float64: bool = option(False, "form the batch grams in float64 (slower; default: float32 on shifted rows)")
-    progress: bool = option(True, "progress bar")
     pool: bool = option(False, "pool stores of different models or hooks into one accumulator (refused without it)")
-    verify: bool = option(True, "sha256 check of each store shard as it is read")
 
     def __post_init__(self) -> None:
         check(self)
 
 
 @dataclass
-class CompareOptions:
+class CompareOptions(BatchedStreamOptions):
     """`saegeo compare SAE_A SAE_B [--acts STORE]`: the matching of two dictionaries' latents and what it reports."""
 
     threshold: float = option(0.7, "a matched pair at or above this similarity is a shared latent", low=-1, high=1)
@@ -432,9 +526,6 @@ class CompareOptions:
     batch_rows: int = option(
         1024, "with --acts: rows encoded per batch (two dense code blocks of this many rows)", low=1
     )
-    verify: bool = option(True, "sha256 check of each --acts store shard as it is read")
-    skip_nonfinite: bool = option(False, "with --acts: skip and count rows with NaN/inf instead of stopping")
-    progress: bool = option(True, "progress bar")
     overwrite: bool = option(False, "replace output files that exist already (refused otherwise)")
 
     def __post_init__(self) -> None:

@@ -294,7 +294,7 @@ def build_pages(out: Path) -> dict[str, Path]:
         )
         for L in (1, 2, 3, 4)
     ]
-    sweep = sweep_stores(stores, SweepOptions(artifact_k=2, progress=False))
+    sweep = sweep_stores(stores, SweepOptions(artifact_components=2, progress=False))
     pages["sweep"] = write_sweep(sweep, out / "sweep", formats=("html",))["html"]
     # the cards of latents firing on most tokens with spread activations first (the card the README shows), then
     # latent 0, the planted mean direction (6.0 on every token: one histogram bar, 20 tied contexts)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from saegeo.config import Dtype, StorageDtype, check, option
+from saegeo.config import DeviceOption, Dtype, ProgressOption, StorageDtype, check, option
 from saegeo.errors import BadInputError
 
 MANIFEST = "manifest.json"  # an activation store's manifest (store.py)
@@ -47,7 +47,7 @@ def rows_path_kind(path: str | os.PathLike) -> Literal["store", "file"]:
 
 
 @dataclass
-class CacheConfig:
+class CacheConfig(ProgressOption, DeviceOption):
     """One caching run: which model, which hooks, which text, where the stores go."""
 
     model: str = option(
@@ -72,8 +72,6 @@ class CacheConfig:
     exclude_norm_ratio: float | None = option(None, "drop rows with norm > m × their window's median norm", above=1)
     text_field: str = option("text", "the field (JSON) or column (parquet, datasets) holding the text or the token ids")
     overwrite: bool = option(False, "replace existing stores instead of resuming them")
-    device: str = option("cpu", "torch device the model runs on (e.g. cuda); rows are written from the CPU")
-    progress: bool = option(True, "progress bar")
 
     def __post_init__(self) -> None:
         self.hooks = (self.hooks,) if isinstance(self.hooks, str) else tuple(self.hooks)

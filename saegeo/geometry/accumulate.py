@@ -55,9 +55,7 @@ from saegeo.errors import BadInputError
 from saegeo.geometry import fused
 from saegeo.geometry.sample import RowReservoir
 
-# 2: + unit second moment, null-influence sums, entry and row-norm histograms; 3: + Σx² per entry bin;
-# 4: the full Σx̂x̂ᵀ replaced by a seeded sample of SD_SAMPLE_ROWS rows (what feeds only the sd of Â)
-STATE_VERSION = 4
+STATE_VERSION = 4  # a saved accumulator's layout: one of another version is refused, not misread (CHANGELOG.md)
 _SAMPLE_BLOCK_ROWS = 256  # rows per block of the sample read-out without numba (float64 temporaries stay in cache)
 SD_SAMPLE_ROWS = 8192  # rows of the seeded sample behind the unit-vector second moment (docs/statistics.md)
 _INT_KEYS = ("version", "d", "n", "n_zero", "n_nonfinite_skipped", "n_batches", "n_rows_seen", "n_nonzero_entries")
@@ -95,9 +93,9 @@ def log2_bin(values: Tensor) -> Tensor:
 # The entry histogram is read off the IEEE bits: key = sign | biased exponent E | top 4 mantissa bits, which
 # is the frexp bin above (|x| = (1 + M/2^p)·2^(E−bias) = f·2^e with e = E − bias + 1, ⌊(2f − 1)·16⌋ = top 4
 # bits of M) for every normal number; a bincount over the 2^13 (float32) or 2^16 (float64) keys and a fixed
-# key → bin table replace frexp and a scatter over all n·d entries (≈4× faster on CPU). E = 0 keys (zero and the
-# subnormals, |x| < 2^−126 in float32) go to the zero bin when their top mantissa bits are 0, else to the
-# lowest normal octave.
+# key → bin table replace frexp and a scatter over all n·d entries, which were slower on CPU
+# (benchmarks/README.md#numbers-behind-code-comments). E = 0 keys (zero and the subnormals, |x| < 2^−126 in
+# float32) go to the zero bin when their top mantissa bits are 0, else to the lowest normal octave.
 _INT_VIEW = {torch.float32: (torch.int32, 8, 23), torch.float64: (torch.int64, 11, 52)}  # int dtype, E bits, M bits
 _KEY_TABLES: dict[tuple[torch.dtype, str], Tensor] = {}
 
@@ -392,7 +390,7 @@ class GeometryAccumulator:
         self._gram_eps = torch.zeros(
             (), **f64
         )  # largest unit roundoff used in a gram (sets the numerical-rank tolerance)
-        # version 2: the unit-vector second moment and the row sums of the null's influence function
+        # the row sums of the null's influence function
         self._row_power_sum = torch.zeros(N_ROW_POWERS, **f64)  # Σ_i p_k(i), p_k(i) = Σ_j x_ij^k, k = 1, 2
         self._row_power_outer = torch.zeros(N_ROW_POWERS, N_ROW_POWERS, **f64)  # Σ_i p_k(i) p_l(i)
         self._unit_by_row_power = torch.zeros(self.d, N_ROW_POWERS, **f64)  # Σ_i x̂_i p_k(i)
@@ -401,8 +399,8 @@ class GeometryAccumulator:
         self._entry_hist_sq_sum = torch.zeros(N_ENTRY_BINS, **f64)  # Σ x² per bin (spread within each bin)
         self._norm_hist_count = torch.zeros(N_NORM_BINS, **f64)  # rows per log₂ bin of ‖x‖
         self._norm_hist_sq_sum = torch.zeros(N_NORM_BINS, **f64)  # Σ ‖x‖² per bin
-        # version 4: a seeded uniform sample of the nonzero rows (bottom-k by global row index row_start + i) in
-        # place of the full Σx̂x̂ᵀ: what only the sd of Â needs (see unit_sample_sums)
+        # a seeded uniform sample of the nonzero rows (bottom-k by global row index row_start + i) in place of the
+        # full Σx̂x̂ᵀ: what only the sd of Â needs (see unit_sample_sums)
         self.sample = RowReservoir(sample_rows, self.d, sample_seed, start=row_start, dtype=torch.float32)
         self._sample_cache: tuple | None = None  # (v·S, Σ‖v‖⁴, VᵀV) of the sample, until rows are added
 
@@ -514,8 +512,8 @@ class GeometryAccumulator:
         """Add Σx̂, the row power sums Σp_k, Σp_kp_l and Σx̂p_k, and return Σx: the O(m·d) sums, all in float64.
 
         Why float64: the null test's sd is a small difference of these sums (ζ₁ = mᵀCm − ‖m‖⁴ ≈ 3e-4 where
-        ‖m‖⁴ ≈ 0.88 when A is near 1), and float32 sums over a chunk (relative error ~1e-7) moved it by ~1 % with
-        the chunk size.
+        ‖m‖⁴ ≈ 0.88 when A is near 1), and float32 sums over a chunk (relative error ~1e-7) moved it with the chunk
+        size (benchmarks/README.md#numbers-behind-code-comments).
         """
         powers = torch.stack([sums.row_p1, sums.row_sq], dim=1)
         self._row_power_sum += powers.sum(dim=0)

@@ -39,9 +39,10 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from saegeo.config import ZERO_ROW_REL_NORM
 from saegeo.errors import BadInputError
 from saegeo.geometry.accumulate import UnitMean, anisotropy_from_unit_mean
-from saegeo.geometry.dictionary import row_norms
+from saegeo.geometry.dictionary import row_norms, zero_rows
 
 __all__ = [
     "dictionary_anisotropy",
@@ -69,31 +70,35 @@ def _as_tensor(x) -> Tensor:
     return x if isinstance(x, Tensor) else torch.as_tensor(np.asarray(x))
 
 
-def dictionary_anisotropy(rows: Float[Tensor, "N d"], *, block_rows: int = _BLOCK_ROWS) -> tuple[float, float]:
+def dictionary_anisotropy(
+    rows: Float[Tensor, "N d"], *, zero_rel_norm: float = ZERO_ROW_REL_NORM, block_rows: int = _BLOCK_ROWS
+) -> tuple[float, float]:
     """Anisotropy of a dictionary and the squared norm of its mean unit direction, without its spectrum.
 
-    ū = (1/N) Σ_i u_i with u_i = rows_i/‖rows_i‖, ‖ū‖² its squared norm, and A_dict = (N‖ū‖² − 1)/(N − 1),
-    the exact mean of the N(N−1) pairwise cosines u_i·u_j, i ≠ j. One pass over row blocks in float64
-    through ``UnitMean``; no N×N matrix. (``saegeo.geometry.dictionary.dictionary_geometry`` adds the
-    spectrum and norm statistics and leaves zero rows out instead.)
+    ū = (1/N) Σ_i u_i with u_i = rows_i/‖rows_i‖ over the N rows that have a direction, ‖ū‖² its squared norm,
+    and A_dict = (N‖ū‖² − 1)/(N − 1), the exact mean of the N(N−1) pairwise cosines u_i·u_j, i ≠ j. Zero rows
+    (``saegeo.geometry.dictionary.zero_rows``: ‖w_i‖ ≤ zero_rel_norm · median ‖w‖) are left out, the rule
+    ``dictionary_geometry`` keeps, which adds the spectrum and norm statistics in its own pass. One pass over
+    row blocks in float64 through ``UnitMean``; no N×N matrix.
 
-    Returns ``(A_dict, mean_sq_norm)``. Zero or non-finite rows raise BadInputError naming the row.
+    Returns ``(A_dict, mean_sq_norm)``. A non-finite row raises BadInputError naming it, as do fewer than two
+    rows with a direction.
     """
     rows = _as_tensor(rows)
     if rows.ndim != 2 or rows.shape[0] < 2:
         raise BadInputError(
             f"dictionary_anisotropy needs a 2-D (N, d) dictionary with N >= 2, got shape {tuple(rows.shape)}"
         )
+    norms = row_norms(rows, block_rows=block_rows)
+    if not torch.isfinite(norms).all():
+        bad = int((~torch.isfinite(norms)).nonzero()[0])
+        raise BadInputError(f"dictionary row {bad} is not finite; fix or drop it")
+    keep = ~zero_rows(norms, zero_rel_norm)
+    if int(keep.sum()) < 2:
+        raise BadInputError(f"A_dict needs two rows with a direction; {int(keep.sum())} of {rows.shape[0]} have one")
     unit = UnitMean(rows.shape[1])
     for start in range(0, rows.shape[0], block_rows):
-        block = rows[start : start + block_rows].to(torch.float64)
-        if not torch.isfinite(block).all():
-            bad = start + int((~torch.isfinite(block)).any(1).nonzero()[0])
-            raise BadInputError(f"dictionary row {bad} is not finite; fix or drop it")
-        if (block.norm(dim=1) == 0).any():
-            bad = start + int((block.norm(dim=1) == 0).nonzero()[0])
-            raise BadInputError(f"dictionary row {bad} has zero norm and no direction; drop dead rows first")
-        unit.add(block)
+        unit.add(rows[start : start + block_rows][keep[start : start + block_rows]].to(torch.float64))
     return unit.anisotropy(), float(unit.unit_mean.square().sum())
 
 

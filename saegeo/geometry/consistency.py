@@ -46,6 +46,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from saegeo.errors import BadInputError
+from saegeo.geometry.accumulate import anisotropy_from_unit_mean
 from saegeo.geometry.dictionary import DEFAULT_BLOCK_ROWS, row_norms
 
 __all__ = [
@@ -458,7 +459,7 @@ def set_geometry(
     return {
         "n": n,
         "mean_best_cross_cosine": float(best_cross[members].mean()),
-        "anisotropy": (n * mean_sq - 1) / (n - 1) if n > 1 else None,
+        "anisotropy": anisotropy_from_unit_mean(unit_sum / n, n) if n > 1 else None,
         "mean_unit_norm": math.sqrt(mean_sq),
         "cos_mean_with_dictionary_mean": float(unit_sum @ unit_sum_all) / denom if denom > 0 else None,
         "mean_decoder_norm": float(norms[members].mean()),

@@ -158,6 +158,9 @@ def _within_sum_of_squares(x: Tensor, label: Tensor, k: int) -> float:
 
 
 def _anisotropy_of(rows: Tensor) -> float | None:
+    """A = (‖s‖² − n)/(n(n − 1)), s = Σ x_i/‖x_i‖: ``anisotropy_from_unit_mean`` written on the sum. Why not that
+    function: its (n‖s/n‖² − 1)/(n − 1) rounds differently, and the report's sample_diagnostics would move in the
+    last digit."""
     norms = rows.norm(dim=1)
     unit = rows[norms > 0] / norms[norms > 0, None]
     n = unit.shape[0]

@@ -3,7 +3,8 @@ near-duplicate rows, encoder–decoder alignment -- blockwise, so a 65,536 × 2,
 its d_sae × d_sae cosine matrix nor a float64 copy of itself.
 
 ``dictionary_geometry`` is the one place A_dict, ‖ū‖², the dictionary spectrum, zero rows and decoder-norm
-statistics are computed (``saegeo check`` and the report's SAE section both read it).
+statistics are computed (``saegeo check`` and the report's SAE section both read it); ``zero_rows`` is the one rule
+for which rows have no direction (``saegeo.geometry.amplification.dictionary_anisotropy``, A_dict alone, keeps it).
 Pure math on tensors: no I/O, no models.
 """
 
@@ -19,7 +20,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from saegeo.config import DEFAULT_BLOCK_ROWS
+from saegeo.config import DEFAULT_BLOCK_ROWS, ZERO_ROW_REL_NORM
 from saegeo.errors import BadInputError
 from saegeo.geometry.accumulate import GeometryAccumulator
 from saegeo.geometry.measures import activation_geometry
@@ -30,6 +31,7 @@ __all__ = [
     "dictionary_geometry",
     "summary_stats",
     "row_norms",
+    "zero_rows",
     "row_cosines",
     "unit_row_blocks",
     "near_duplicate_pairs",
@@ -74,6 +76,12 @@ def summary_stats(values: Float[Tensor, " N"]) -> dict[str, float | None]:
         "std": std,
         "cv": std / mean if mean > 0 else None,
     }
+
+
+def zero_rows(norms: Float[Tensor, " N"], zero_rel_norm: float = ZERO_ROW_REL_NORM) -> Bool[Tensor, " N"]:
+    """The rows with no usable direction: ‖w_i‖ ≤ zero_rel_norm · median ‖w‖, or ‖w_i‖ = 0. They are left out of
+    A_dict, ‖ū‖² and the spectrum (a dead latent's row of rounding noise would otherwise count as a direction)."""
+    return (norms <= zero_rel_norm * float(norms.median())) | (norms == 0)
 
 
 def row_cosines(
@@ -148,13 +156,13 @@ SPECTRUM_KEYS = (
 def dictionary_geometry(
     W_dec: Float[Tensor, "N d"],
     *,
-    zero_rel_norm: float = 1e-6,
+    zero_rel_norm: float = ZERO_ROW_REL_NORM,
     block_rows: int = DEFAULT_BLOCK_ROWS,
     gram_dtype: torch.dtype = torch.float64,
 ) -> DictionaryGeometry:
     """Norms, zero rows, A_dict, ‖ū‖² and the spectrum of a dictionary's unit rows, in one blockwise pass.
 
-    Row i is zero when ‖w_i‖ ≤ zero_rel_norm · median ‖w‖ (or ‖w_i‖ = 0). The remaining u_i = w_i/‖w_i‖
+    Row i is zero when ‖w_i‖ ≤ zero_rel_norm · median ‖w‖ (or ‖w_i‖ = 0; ``zero_rows``). The remaining u_i = w_i/‖w_i‖
     go, ``block_rows`` at a time in ``gram_dtype``, through a GeometryAccumulator: its unit mean is ū, its
     A = (N‖ū‖² − 1)/(N − 1) is A_dict (the exact mean of the N(N−1) pairwise cosines u_i·u_j) and its
     covariance spectrum is the dictionary's own. Memory O(block_rows·d + d²): no N × N matrix and no
@@ -162,7 +170,7 @@ def dictionary_geometry(
     """
     _check_rows(W_dec, "dictionary_geometry")
     norms = row_norms(W_dec, block_rows=block_rows)
-    zero = (norms <= zero_rel_norm * float(norms.median())) | (norms == 0)
+    zero = zero_rows(norms, zero_rel_norm)
     # A_dict and the spectrum come from the exact sums; the accumulator's row sample feeds only the null test's sd,
     # which a dictionary does not report: a small one (8,192 float64 rows would cost 2-3 × 8,192·d·8 bytes at
     # published widths while the sample sorts)

@@ -175,8 +175,8 @@ def _top_eigh(matrix: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | Non
     A = Q T Qᵀ (dsytrd: Householder reflectors, Q = H₀H₁…H_{d−2}); the eigenvalues of T are those of A (dsterf,
     the same QL/QR as eigvalsh); T z = λz for the k largest λ (dstemr, multiple relatively robust
     representations: orthogonal vectors even in clusters); x = Q z. The reduction costs what eigvalsh costs
-    (4/3·d³); the whole eigh also builds all d vectors (geometry_bench.py --eigen-widths, one thread, k = 10:
-    d = 768 0.043 s against 0.094 s, 2,304 0.88 s against 2.59 s, 4,096 5.7 s against 17.7 s).
+    (4/3·d³); the whole eigh also builds all d vectors, about three times the time at d ≥ 2,304
+    (benchmarks/README.md#numbers-behind-code-comments).
     """
     from scipy.linalg import lapack
 
@@ -394,8 +394,8 @@ def null_test(acc: GeometryAccumulator, anisotropy: float, null: float) -> NullT
 
 
 # Past this relative standard error of null_sd (½√((κ_L − 1)/k), κ_L the kurtosis of the per-row influence over the
-# k rows it is measured on) the sd is not trusted and no z is printed: 15 % of the sd moves a z of 3 by 0.45. (Light
-# tails: κ_L ≈ 3, 4.5 % at k = 250; rectified t(5): κ_L ≈ 6, 2–5 % of samples of 250–600 rows pass 10 %.)
+# k rows it is measured on) the sd is not trusted and no z is printed: 15 % of the sd moves a z of 3 by 0.45. (What
+# light and heavy tails give: benchmarks/README.md#numbers-behind-code-comments.)
 NULL_SD_MAX_REL_ERROR = 0.15
 # IF is evaluated exactly on a grid of this many points per octave of |x| and linearly in log|x| between them:
 # error ≲ (ln 2/64)²/8 ≈ 1.5e-5 of IF's curvature in log|x| (tests: ≤ 1e-4 of r's spread)
@@ -414,7 +414,7 @@ def row_influence_means(
     rows = rows.detach().cpu()
     k, d = rows.shape
     out = np.zeros(k)
-    # float64 copies one block of rows at a time: the whole k × d sample in float64 was 0.3 GB at d = 2,304
+    # float64 copies one block of rows at a time, never of the whole k × d sample (the read-out's peak)
     blocks = [(start, rows[start : start + _INFLUENCE_BLOCK_ROWS]) for start in range(0, k, _INFLUENCE_BLOCK_ROWS)]
     smallest, largest, negative = math.inf, 0.0, False
     for _, part in blocks:
@@ -476,8 +476,8 @@ def null_test_from_sums(sums: NullTestSums, anisotropy: float, null: float) -> N
     as the variance itself. Null 0 (sign-symmetric): Var(L) = 4ζ₁; under isotropy everything reduces to
     √(2/(n(n−1)d)). ``A_sd`` is the sd of Â alone, exact (Hoeffding): Var(Â) = [4(n−2)ζ₁ + 2ζ₂]/(n(n−1)).
 
-    (Until issue 36 IF was split into c₀ + c₁x + c₂x² measured through q₁, q₂ and an analytic residual: both parts
-    grow like x², cancel to a bounded L, and their sampled difference collapsed on heavy tails.) ``null_sd_rel_error``
+    IF is one function evaluated per entry, not split into parts: parts that each grow like x² and cancel to a
+    bounded L leave a sampled difference that collapses on heavy tails. ``null_sd_rel_error``
     = ½√((κ_L − 1)/k) is the sd's own relative error; past NULL_SD_MAX_REL_ERROR no z is given
     (``null_z_withheld`` says why). Calibration: experiments/null_z_calibration.py, docs/statistics.md §3.
     """

@@ -403,7 +403,7 @@ class MPBulk:
     power_law_alpha: float | None  # −slope of log λ_k against log k over the middle ranks
     power_law_r2: float | None
     power_law_ranks: list[int] | None  # [first, last] ranks (1-based) of the fit
-    # the shape test (issue 25): the bulk must look like MP(γ, σ²) before its spikes are counted
+    # the shape test: the bulk must look like MP(γ, σ²) before its spikes are counted
     n_spikes_fitted: int = 0  # eigenvalues above the threshold whatever the bulk's shape (what n_spikes would be)
     mp_distance: float | None = None  # KS sup|F_bulk − F_MP(γ, σ²)| over the bulk eigenvalues
     mp_distance_threshold: float | None = None  # MP_SHAPE_THRESHOLD_C·log(m)/m, m = bulk eigenvalues
@@ -582,7 +582,7 @@ def calibrated_mp_bulk(
     falls below the lower edge σ²(1 − √γ)² minus the same margin, the spectrum is not spikes on a MP bulk:
     ``n_spikes`` is None and α = −d log λ/d log k is fitted over the middle ranks (:func:`power_law_slope`).
 
-    No MP bulk (issue 25): a flat bulk must also have MP's shape. Correlated noise (a Toeplitz covariance, rows
+    No MP bulk: a flat bulk must also have MP's shape. Correlated noise (a Toeplitz covariance, rows
     sharing a per-window component) spreads the bulk and the fixed point then "finds" tens of spikes in pure
     noise. The KS distance D = sup|F_bulk − F_MP(γ, σ²)| of the retained eigenvalues must stay below
     MP_SHAPE_THRESHOLD_C·log(m)/m (white noise: median 0.43–0.52·log(m)/m, :func:`mp_shape_threshold`); otherwise
@@ -597,8 +597,8 @@ def calibrated_mp_bulk(
     if n < 2 or lam.size == 0 or lam.sum() <= 0:
         raise BadInputError(f"a Marchenko–Pastur bulk needs n ≥ 2 and a nonzero spectrum (n = {n})")
     # Exactly-null eigenvalues (≤ null_rel_tol·λ_max: rounding, e.g. the direction LayerNorm removes) are not noise
-    # of the data's span: they would pull the bulk's σ² to 0 (issue 36: blocks.5.hook_normalized_resid_post printed
-    # MP σ² 0). They are counted and left out, and the bulk is fitted in the d − k dimensions the rows span (the
+    # of the data's span: they would pull the bulk's σ² to 0 (a LayerNorm's output, whose rows lose one direction,
+    # would read MP σ² 0). They are counted and left out, and the bulk is fitted in the d − k dimensions the rows span (the
     # n ≤ d zeros of a short sample are MP's own atom and stay).
     structural = d - min(d, n - 1)
     n_null = max(0, int((lam <= null_rel_tol * lam[0]).sum()) - structural) if null_rel_tol > 0 else 0
@@ -617,7 +617,7 @@ def calibrated_mp_bulk(
     slope = None if counted else power_law_slope(lam[: fit["n_nonnull"]])
     edge = None
     # whenever the bulk is not MP (correlated noise spreads it; AR(1) at ρ = 0.5 reads as a power law) the count made
-    # for correlated noise is given beside the fit (issue 36: it was never run on the power-law path)
+    # for correlated noise is given beside the fit, on the power-law path too
     if verdict in (BULK_NOT_MP, BULK_POWER_LAW) and fit["n_nonnull"] >= edge_spike_r_max(fit["n_nonnull"]) + 5:
         edge = edge_distribution_spike_count(lam[: fit["n_nonnull"]])
     sigma2_trace = float(lam.sum()) / d

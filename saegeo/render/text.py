@@ -237,7 +237,7 @@ def render_train(result: Any) -> str:
             "‖b_dec − μ‖/‖μ‖",
             f"{h.get('b_dec_dist_to_mean', float('nan')):.3f} (‖μ‖ = {h.get('mean_norm', 0):.3g})",
         ),
-        ("saved to", str(cfg.out_dir) if cfg.out_dir else "(not saved: give --out-dir)"),
+        ("saved to", str(cfg.out_dir) if cfg.out_dir else "(not saved: give --out)"),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -38,7 +38,9 @@ class FilesGeometry:
 
     files: list[str]
     geometry: ActivationGeometry
-    artifact: dict[str, Any] | None  # None: not every path is a store (no token ids / positions), or top_k = 0
+    artifact: (
+        dict[str, Any] | None
+    )  # None: not every path is a store (no token ids / positions), or artifact_components = 0
     flags: list[Flag]  # most severe first
     exclusions: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> store_exclusions (stores cached so)
 
@@ -80,7 +82,7 @@ def refuse_repeated_sources(paths: Sequence[str]) -> None:
 
 def files_geometry(paths: Sequence[str | os.PathLike], options: GeometryOptions | None = None) -> FilesGeometry:
     """Stream the rows of ``paths`` (.safetensors/.npy/.pt files or store directories) through one
-    GeometryAccumulator and read every measure of ``activation_geometry`` from it (``top_k`` eigenvectors kept).
+    GeometryAccumulator and read every measure of ``activation_geometry`` from it (the top max(10, ``artifact_components``) eigenvectors kept, as the report keeps them).
 
     Stores of different models or hooks are refused unless ``pool``; the grams are float64 with ``float64``
     (default float32 on shifted rows). Flags: ``activation_flags`` and ``artifact_flags`` of these numbers.
@@ -119,13 +121,13 @@ def files_geometry(paths: Sequence[str | os.PathLike], options: GeometryOptions 
                 reservoir.add(torch.as_tensor(batch))  # finite rows, as the report's
                 bar.update(len(batch))
     acc.n_nonfinite_skipped += sum(rows.n_nonfinite_skipped for _, rows in sources)
-    geo = activation_geometry(acc, top_k_eigvecs=opts.top_k)
+    geo = activation_geometry(acc, top_k_eigvecs=max(10, opts.artifact_components))
     artifact = None
-    if all(rows.store is not None for _, rows in sources) and geo.top_eigenvectors:  # needs ids and positions
+    if all(rows.store is not None for _, rows in sources) and opts.artifact_components > 0:  # needs ids, positions
         from saegeo.report.store_measures import artifact_pass
 
         artifact = artifact_pass(
-            [rows for _, rows in sources], geo, k=min(3, len(geo.top_eigenvectors)), batch_rows=opts.batch_rows
+            [rows for _, rows in sources], geo, k=opts.artifact_components, batch_rows=opts.batch_rows
         )  # the same Rows: skip_nonfinite holds here too
     exclusions = {path: ex for path, rows in sources if (ex := store_exclusions(rows.store)) is not None}
     top = torch.tensor(geo.top_eigenvectors[0], dtype=torch.float64) if geo.top_eigenvectors else None

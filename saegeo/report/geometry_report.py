@@ -100,8 +100,7 @@ from saegeo.sae.metrics import SAEMetrics
 from saegeo.sae.model import SAE
 from saegeo.sae.train import read_training_log
 
-SCHEMA_VERSION = 3  # 2: one name per quantity (null_z / isotropic_z, null_sd / isotropic_sd, mp_sigma2_bulk);
-# 3: each SAE carries latents (cards), latent_table and latent_info
+SCHEMA_VERSION = 3  # report.json's layout: raised with each change a reader must know of (CHANGELOG.md)
 COFIRING_LATENTS = 256  # co-firing pairs are looked for among the latents with the largest E[a_i²]
 
 

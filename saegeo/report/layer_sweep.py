@@ -29,7 +29,7 @@ from saegeo.report.flags import Flag, FlagThresholds, artifact_flags, sort_flags
 from saegeo.report.options import SweepOptions
 from saegeo.report.store_measures import StoreMeasures, measure_store
 
-SWEEP_SCHEMA_VERSION = 1
+SWEEP_SCHEMA_VERSION = 2
 
 ROW_DOC = {
     "hook": "hook name",
@@ -200,7 +200,12 @@ def sweep_stores(
     from saegeo import __version__
 
     opts = options or SweepOptions(progress=False)
-    batch_rows, max_types, artifact_k, max_tokens = opts.batch_rows, opts.max_types, opts.artifact_k, opts.max_tokens
+    batch_rows, max_types, artifact_components, max_tokens = (
+        opts.batch_rows,
+        opts.max_types,
+        opts.artifact_components,
+        opts.max_tokens,
+    )
     if not stores:
         raise BadInputError("the sweep needs at least one activation store")
     opened = _order([s if isinstance(s, ActivationStore) else ActivationStore(s, verify=opts.verify) for s in stores])
@@ -214,7 +219,7 @@ def sweep_stores(
             store,
             batch_rows=batch_rows,
             max_types=max_types,
-            artifact_k=artifact_k,
+            artifact_components=artifact_components,
             max_tokens=max_tokens,
             skip_nonfinite=opts.skip_nonfinite,
         )
@@ -224,7 +229,7 @@ def sweep_stores(
     options = {
         "batch_rows": batch_rows,
         "max_types": max_types,
-        "artifact_k": artifact_k,
+        "artifact_components": artifact_components,
         "max_tokens": max_tokens,
         **({"skip_nonfinite": True} if opts.skip_nonfinite else {}),
     }

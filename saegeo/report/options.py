@@ -10,7 +10,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from saegeo.config import BATCH_ROWS, DEFAULT_BLOCK_ROWS, check, option
+from saegeo.config import (
+    DEFAULT_BLOCK_ROWS,
+    ZERO_ROW_REL_NORM,
+    BatchedStreamOptions,
+    DeviceOption,
+    StreamOptions,
+    check,
+    option,
+)
 from saegeo.errors import BadInputError
 
 SEVERITIES = ("info", "warning", "error")
@@ -161,11 +169,11 @@ class MatchOptions:
 
 
 @dataclass
-class CheckOptions:
+class CheckOptions(StreamOptions, DeviceOption):
     """Thresholds of the dictionary-only checks (the mean-direction one is FlagThresholds.dictionary_min_cos)."""
 
     duplicate_cos: float = option(0.99, "pairs with cos(w_i, w_j) above this are near-duplicates", low=-1, high=1)
-    zero_row_rel_norm: float = option(1e-6, "‖w_i‖ ≤ this × median ‖w‖ counts as a zero row", low=0)
+    zero_row_rel_norm: float = option(ZERO_ROW_REL_NORM, "‖w_i‖ ≤ this × median ‖w‖ counts as a zero row", low=0)
     misaligned_cos: float = option(
         0.0, "latents with cos(encoder column, decoder row) below this are misaligned", low=-1, high=1
     )
@@ -185,12 +193,6 @@ class CheckOptions:
     nearest_sample: int = option(
         2048, "latents drawn (with replacement) for the nearest-neighbour cosines above nearest_exact_rows", low=2
     )
-    device: str = option("cpu", "where the pairwise parts compute (nearest neighbours, duplicate screen), e.g. cuda")
-    progress: bool = option(True, "progress bars")
-    verify: bool = option(True, "sha256 check of each --acts store shard as it is read")
-    skip_nonfinite: bool = option(
-        False, "with --acts: skip and count rows with NaN/inf (default: an error naming the row)"
-    )
     assume_same_model: bool = option(
         False, "with --acts: take the store's model as the SAE's, whatever names and fingerprints say"
     )
@@ -199,13 +201,6 @@ class CheckOptions:
 
     def __post_init__(self) -> None:
         check(self)
-        if self.device != "cpu":  # the default needs no torch to check: the flags stay torch-free
-            import torch
-
-            try:
-                torch.device(self.device)
-            except (RuntimeError, TypeError):
-                raise BadInputError(f"device {self.device!r} is not a torch device (cpu, cuda, cuda:1, mps)") from None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -222,26 +217,21 @@ NEIGHBOUR_TABLE_HELP = (
 
 
 @dataclass
-class ReportOptions:
+class ReportOptions(BatchedStreamOptions, DeviceOption):
     """How the pass runs and how its numbers are read. All have sane defaults."""
 
-    batch_rows: int = option(BATCH_ROWS, "rows per batch of the pass", low=1)
     max_tokens: int | None = option(None, "stop after this many rows (None: all)", low=1)
     cosine_sample_rows: int = option(
         2048, "reservoir of rows for the pairwise-cosine histogram (k(k−1)/2 pairs)", low=0
     )
     histogram_bins: int = option(100, "bins of the pairwise-cosine histogram", low=1, high=10**7)
-    skip_nonfinite: bool = option(False, "skip and count NaN/inf rows (default: an error naming the batch and row)")
     assumed_null: float = option(
         0.0, "the baseline a reader compares A with unless told (wrong-null flag)", low=-1, high=1
     )
     seed: int = option(0, "seeds the cosine reservoir", low=0)
-    device: str = option("cpu", "where the SAEs encode and the float64 accumulators live (e.g. cuda)")
-    progress: bool = option(True, "progress bar")
     artifact_components: int = option(
-        3, "top-k principal directions in the artifact test (stores only; 0: skip it)", low=0
+        3, "top principal directions in the artifact test (stores only; 0: skip it)", low=0
     )
-    verify: bool = option(True, "sha256 check of each store shard as it is read")
     latent_cards: bool = option(
         True, "the per-latent table and the cards (top contexts, histogram, neighbours) of the latents flags name"
     )
@@ -262,7 +252,7 @@ ByColumn = Literal["rate", "mean_activation", "mean_sq_activation", "cos_mu", "c
 
 
 @dataclass
-class LatentsOptions:
+class LatentsOptions(BatchedStreamOptions, DeviceOption):
     """`saegeo latents SAE --acts STORE`: which latents get cards and how the pass runs."""
 
     latents: tuple[int, ...] = option((), "the latents to show (ids; default: the top ones by --by)", low=0)
@@ -272,12 +262,7 @@ class LatentsOptions:
     context_tokens: int = option(16, "preceding tokens of the same window shown with each context", low=0, high=4096)
     neighbours: bool = option(True, "nearest latents by decoder cosine (N²·d work: --no-neighbours skips it)")
     neighbour_table_max: int = option(NEIGHBOUR_TABLE_MAX, NEIGHBOUR_TABLE_HELP, low=0)
-    batch_rows: int = option(BATCH_ROWS, "rows per batch of the pass", low=1)
     max_tokens: int | None = option(None, "stop after this many rows (None: all)", low=1)
-    skip_nonfinite: bool = option(False, "skip and count NaN/inf rows (default: an error naming the row)")
-    device: str = option("cpu", "where the SAE encodes (e.g. cuda)")
-    progress: bool = option(True, "progress bar")
-    verify: bool = option(True, "sha256 check of each store shard as it is read")
     dense_frequency: float = option(0.5, "a latent firing on more than this fraction of tokens is dense", low=0, high=1)
 
     def __post_init__(self) -> None:
@@ -288,7 +273,7 @@ class LatentsOptions:
 
 
 @dataclass
-class SweepOptions:
+class SweepOptions(BatchedStreamOptions):
     """`saegeo sweep`: what each store's row measures; with ``model``, which hooks are cached first and where."""
 
     model: str | None = option(None, "cache first: model to run (as in `saegeo cache --model`)")
@@ -301,14 +286,12 @@ class SweepOptions:
     max_tokens: int | None = option(None, "tokens per layer (with --model: tokens cached)", low=1)
     cache_dir: str = option("artifacts/acts/sweep", "with --model: where the stores go")
     max_types: int | None = option(None, "keep the most frequent V token types, pool the rest (default: all)", low=1)
-    artifact_k: int = option(3, "principal directions in the artifact test", low=0)
-    batch_rows: int = option(BATCH_ROWS, "rows per batch", low=1)
+    artifact_components: int = option(
+        3, "top principal directions in the artifact test (0: skip it)", low=0, old_flags=("--artifact-k",)
+    )
     out: str | None = option(None, "directory for summary.txt, sweep.json, sweep.md (+ sweep.png), sweep.html")
     json: str | None = option(None, "write the sweep JSON here")
     overwrite: bool = option(False, "replace output files that exist already (refused otherwise)")
-    progress: bool = option(True, "progress bars")
-    skip_nonfinite: bool = option(False, "skip and count rows with NaN/inf instead of stopping")
-    verify: bool = option(True, "sha256 check of each store shard as it is read")
 
     def __post_init__(self) -> None:
         check(self)

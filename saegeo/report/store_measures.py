@@ -1,7 +1,7 @@
 """Measures of one activation store that need its token ids and positions: the token-type decomposition,
 self-similarity, intra-window similarity and the artifact test. The layer sweep runs this per store.
 
-``measure_store(store, *, batch_rows=BATCH_ROWS, max_types=None, artifact_k=3, ...) -> StoreMeasures``
+``measure_store(store, *, batch_rows=BATCH_ROWS, max_types=None, artifact_components=3, ...) -> StoreMeasures``
     pass 1: GeometryAccumulator, TokenTypeAccumulator, WindowSimilarityAccumulator on the same batches
     (cut as ``saegeo geometry`` cuts them, so the geometry equals its numbers to the bit);
     pass 2: the artifact test against the top-k principal directions of pass 1.
@@ -125,7 +125,7 @@ def measure_store(
     *,
     batch_rows: int = BATCH_ROWS,
     max_types: int | None = None,
-    artifact_k: int = 3,
+    artifact_components: int = 3,
     top_k_eigvecs: int = 10,
     max_tokens: int | None = None,
     n_list: int = 10,
@@ -158,7 +158,7 @@ def measure_store(
     acc.n_nonfinite_skipped += rows.n_nonfinite_skipped  # dropped by the reader, before the accumulator saw them
     if acc.n == 0:
         raise BadInputError(f"{store.path}: the store holds no rows")
-    geo = activation_geometry(acc, top_k_eigvecs=max(top_k_eigvecs, artifact_k))
+    geo = activation_geometry(acc, top_k_eigvecs=max(top_k_eigvecs, artifact_components))
     notes = []
     tt = token_type_geometry(types, baseline=geo.anisotropy, n_list=n_list, min_count=min_count) if has_ids else None
     if not has_ids:
@@ -166,7 +166,7 @@ def measure_store(
     intra = windows.finish().intra_similarity() if has_pos else None
     if not has_pos:
         notes.append(f"{store.path}: no positions in the store: no intra-window similarity")
-    artifact = artifact_pass(rows, geo, k=artifact_k, batch_rows=batch_rows, max_tokens=max_tokens)
+    artifact = artifact_pass(rows, geo, k=artifact_components, batch_rows=batch_rows, max_tokens=max_tokens)
     memory = {"geometry_accumulator": _state_bytes(acc.state_dict()), "token_types": _state_bytes(types.state_dict())}
     return StoreMeasures(
         path=str(store.path),

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from saegeo.config import check, option
+from saegeo.config import BatchedStreamOptions, check, option
 from saegeo.errors import BadInputError
 from saegeo.geometry.dark_matter import (
     DEFAULT_FOLD_ROWS,
@@ -27,10 +27,11 @@ from saegeo.geometry.dark_matter import (
     dark_matter,
 )
 from saegeo.geometry.dense import DenseCofiring, antipodal_pairs, dense_latents, pair_subspace, subspace_alignment
+from saegeo.progress import progress_bar
 
 
 @dataclass
-class StructureOptions:
+class StructureOptions(BatchedStreamOptions):
     """What ``sae_structure`` measures and how."""
 
     dense_rate: float = option(0.1, "a latent firing on at least this share of rows is dense", above=0, high=1)
@@ -43,10 +44,8 @@ class StructureOptions:
     folds: int = option(DEFAULT_FOLDS, "held-out folds of the dark-matter regression", low=2)
     fold_rows: int = option(DEFAULT_FOLD_ROWS, "contiguous rows per fold block", low=1)
     ridge: float = option(DEFAULT_RIDGE, "ridge, relative to tr(C_xx)/d", low=0)
-    batch_rows: int = option(1024, "rows encoded per batch", low=1)
+    batch_rows: int = option(1024, "rows encoded per batch", low=1)  # the dense codes of a batch: fewer rows
     max_tokens: int | None = option(None, "stop after this many rows (default: all)", low=1)
-    verify: bool = option(True, "sha256 check of each store shard as it is read")
-    skip_nonfinite: bool = option(False, "skip and count rows with NaN/inf instead of stopping")
 
     def __post_init__(self) -> None:
         check(self)
@@ -57,7 +56,7 @@ def sae_structure(sae: Any, acts: Any, options: StructureOptions | None = None) 
     from saegeo.activations.sources import open_rows
     from saegeo.sae.model import SAE
 
-    opts = options or StructureOptions()
+    opts = options or StructureOptions(progress=False)
     sae = SAE.load(sae)
     d, n_lat = sae.cfg.d_in, sae.cfg.d_sae
     rows = open_rows(acts, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite)
@@ -67,7 +66,9 @@ def sae_structure(sae: Any, acts: Any, options: StructureOptions | None = None) 
     fire = torch.zeros(n_lat, dtype=torch.long)
 
     def batches():
-        return rows.batches(opts.batch_rows, stop_row=opts.max_tokens)[0]
+        return progress_bar(
+            rows.batches(opts.batch_rows, stop_row=opts.max_tokens)[0], enabled=opts.progress, desc="structure"
+        )
 
     with torch.no_grad():
         for x in batches():

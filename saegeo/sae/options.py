@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
-from saegeo.config import Dtype, check, option
+from saegeo.config import DeviceOption, Dtype, ProgressOption, StreamOptions, check, option
 from saegeo.errors import BadInputError
 
 BDecInit = Literal["mean", "zeros", "geometric_median"]
@@ -50,7 +50,7 @@ def _free_decoder(arch: str) -> bool:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(StreamOptions, DeviceOption):
     """One SAE training run. Token counts are rows (tokens) of activations."""
 
     arch: str = option(
@@ -108,13 +108,11 @@ class TrainConfig:
     seed: int = option(0, "seeds the init and the data order", low=0)
     log_every: int = option(10, "metrics are read back from the device only every log_every steps", low=1)
     checkpoint_every: int = option(0, "steps between checkpoints; 0 = no intermediate checkpoints", low=0)
-    out_dir: str | None = option(None, "checkpoints and the final SAE (SAELens layout) go here")
-    device: str = option("cpu", "torch device to train on")
+    out_dir: str | None = option(
+        None, "checkpoints and the final SAE (SAELens layout) go here", flag_name="out", old_flags=("--out-dir",)
+    )
     num_threads: int | None = option(None, "torch.set_num_threads; None leaves torch's default", low=1, high=4096)
-    progress: bool = option(True, "progress bar")
-    overwrite: bool = option(False, "replace a finished SAE and discard a checkpoint in out_dir (start a new run)")
-    verify: bool = option(True, "sha256 check of each store shard as it is read")
-    skip_nonfinite: bool = option(False, "skip and count rows with NaN/inf (default: an error naming the row)")
+    overwrite: bool = option(False, "replace a finished SAE and discard a checkpoint in --out (start a new run)")
     dtype: Dtype = option(
         "float32",
         "compute dtype of the SAE's matmuls: bfloat16 runs the steps under torch.autocast (weights, Adam and "
@@ -166,7 +164,7 @@ class TrainConfig:
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(ProgressOption, DeviceOption):
     """`saegeo eval`: which model, SAE, hook and text; None fields come from the SAE's own metadata."""
 
     model: str | None = option(
@@ -199,9 +197,7 @@ class EvalConfig:
         None, "also pass rows with ‖x‖ > m × window median (default: as the store)", above=1
     )
     text_field: str = option("text", "the field (JSON) or column (parquet, datasets) holding the text or the token ids")
-    device: str = option("cpu", "torch device the model and SAEs run on (e.g. cuda); the sums stay float64 on the host")
     model_dtype: Dtype = option("float32", "dtype the model's weights are loaded in and its forward runs in")
-    progress: bool = option(True, "progress bar")
 
     def __post_init__(self) -> None:
         check(self)

@@ -72,9 +72,7 @@ NOT_IN_WEIGHTS = (
     "wandb",
     "wandb_project",
 )
-# 2: state.json records the data fingerprint; 3: its digest and the threads and device; 4: the interval's loss and
-# step count are accumulated (a version-3 checkpoint resumes with the loss of its first interval unknown)
-CHECKPOINT_VERSION = 4
+CHECKPOINT_VERSION = 4  # a checkpoint's layout; what each version added: CHANGELOG.md
 TRAINING_LOG = "training_log.jsonl"  # one JSON record per logged step, beside the SAE (see the module docstring)
 # `saegeo train` takes --overwrite, `saegeo run` and Python take the option: the advice names both
 OVERWRITE = "pass --overwrite (overwrite = true in a config's [train])"

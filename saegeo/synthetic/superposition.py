@@ -38,6 +38,7 @@ from torch import Tensor
 
 from saegeo.config import BATCH_ROWS, parse_dtype
 from saegeo.errors import BadInputError
+from saegeo.geometry.accumulate import anisotropy_from_unit_mean
 from saegeo.geometry.amplification import dictionary_anisotropy
 from saegeo.io import atomic_write, dump_json
 from saegeo.progress import progress_bar
@@ -298,7 +299,7 @@ def _tilted_dictionary(cfg: SyntheticConfig, gen: torch.Generator) -> tuple[Tens
         target_mean_sq = (1.0 + (n - 1) * target) / n
         tilt_sq = (target_mean_sq - z_mean_sq) / (1.0 - z_mean_sq)
         if tilt_sq < 0.0:
-            floor = (n * z_mean_sq - 1) / (n - 1)
+            floor = anisotropy_from_unit_mean(z.mean(0), n)
             if abs(floor - target) > 0.05 * target:
                 raise BadInputError(
                     f"target_a_dict={target:g} is below what {n} random directions in R^{d} give with no tilt "

@@ -151,7 +151,7 @@ def _config_bad_json(tmp, fx):
         str(fx / "store"),
         "--out",
         str(tmp / "r"),
-        "--config",
+        "--preprocessing-config",
         str(tmp / "bad.json"),
         "--no-progress",
     ], "bad.json"
@@ -169,7 +169,7 @@ def _train_resume(tmp, fx, damage) -> list[str]:
         "train",
         "--acts",
         str(fx / "store"),
-        "--out-dir",
+        "--out",
         str(run),
         "--d-sae",
         "16",
@@ -291,7 +291,7 @@ def test_bad_devices_are_refused_before_any_work(fx, tmp_path, capsys):
     missing = "cuda:64" if torch.cuda.is_available() else "cuda"  # more GPUs than any machine has / no CUDA build
     commands = [
         ["cache", "--model", str(fx / "model.json"), "--corpus", str(fx / "docs.txt"), "--out", str(tmp_path / "c")],
-        ["train", "--acts", str(fx / "store"), "--d-sae", "16", "--k", "2", "--out-dir", str(tmp_path / "t")],
+        ["train", "--acts", str(fx / "store"), "--d-sae", "16", "--k", "2", "--out", str(tmp_path / "t")],
         ["report", "--acts", str(fx / "store"), "--out", str(tmp_path / "r")],
         ["eval", "--model", str(fx / "model.json"), "--sae", str(fx / "sae"), "--corpus", str(fx / "docs.txt")],
     ]

@@ -40,7 +40,7 @@ def _train(store, out, *extra):
         "train",
         "--acts",
         store,
-        "--out-dir",
+        "--out",
         str(out),
         "--d-sae",
         "16",
@@ -89,7 +89,7 @@ def test_train_refuses_a_poisonous_option_before_writing(store, tmp_path, capsys
 def test_a_config_file_value_is_checked_as_the_flag_is(store, tmp_path, capsys, key, value):
     cfg = tmp_path / "t.toml"
     cfg.write_text(f'acts = "{store}"\n[train]\n{key} = {value}\n')
-    _one_line_exit_2(["train", "--config", str(cfg), "--out-dir", str(tmp_path / "sae")], capsys, key)
+    _one_line_exit_2(["train", "--config", str(cfg), "--out", str(tmp_path / "sae")], capsys, key)
     assert not (tmp_path / "sae").exists()
 
 
@@ -166,8 +166,9 @@ def test_check_block_rows_0_is_one_line(tmp_path, capsys):
     _one_line_exit_2(["check", str(tmp_path / "no-sae"), "--duplicate-cos", "nan"], capsys, "duplicate_cos")
 
 
-def test_geometry_top_k_negative_is_one_line(store, tmp_path, capsys):
-    _one_line_exit_2(["geometry", store, "--top-k", "-1", "--json", str(tmp_path / "g.json")], capsys, "top_k")
+def test_geometry_artifact_components_negative_is_one_line(store, tmp_path, capsys):
+    argv = ["geometry", store, "--artifact-components", "-1", "--json", str(tmp_path / "g.json")]
+    _one_line_exit_2(argv, capsys, "artifact_components")
     _one_line_exit_2(["geometry", store, "--batch-rows", "0"], capsys, "batch_rows")
     assert not (tmp_path / "g.json").exists()
 

@@ -61,8 +61,8 @@ NOT_NEGATIVE = {
     ],
     "report": ["--seed", "--cosine-sample-rows", "--artifact-components"],
     "eval": ["--skip-tokens", "--pass-norm-ratio"],
-    "geometry": ["--top-k"],
-    "sweep": ["--artifact-k"],
+    "geometry": ["--artifact-components"],
+    "sweep": ["--artifact-components"],
     "synth": ["--seed", "--noise", "--offset", "--n-groups"],
     "check": ["--max-pairs-listed"],
     "compare": ["--exact-max-entries"],
@@ -91,7 +91,7 @@ def inputs(tmp_path_factory):
 def _argv(command: str, inputs: dict, out: Path) -> list[str]:
     """A command line that would run (and write under ``out``) but for the fuzzed option."""
     return {
-        "train": ["train", "--acts", inputs["store"], "--out-dir", str(out / "sae"), "--no-progress"],
+        "train": ["train", "--acts", inputs["store"], "--out", str(out / "sae"), "--no-progress"],
         "report": ["report", "--acts", inputs["store"], "--out", str(out / "report"), "--no-progress"],
         "cache": ["cache", "--out", str(out / "acts"), "--no-progress"],
         "eval": ["eval", "--sae", inputs["sae"], "--no-progress"],

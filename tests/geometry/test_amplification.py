@@ -22,6 +22,7 @@ from saegeo.geometry.amplification import (
     mean_cosine_prediction,
     textbook_prediction,
 )
+from saegeo.geometry.dictionary import dictionary_geometry
 from saegeo.synthetic import SuperpositionGenerator, SyntheticConfig
 
 
@@ -34,9 +35,22 @@ def test_dictionary_anisotropy_equals_brute_force_pairwise_mean(brute_mean_cosin
     assert mean_sq_norm == pytest.approx(float(np.sum(unit.mean(0) ** 2)), abs=1e-12)
 
 
-def test_dictionary_anisotropy_names_a_zero_row():
+def test_dictionary_anisotropy_leaves_out_the_zero_rows_dictionary_geometry_leaves_out(brute_mean_cosine):
+    # one zero-row rule for A_dict: a zero row and a row of rounding noise (1e-9 × the median norm) have no direction
+    rng = np.random.default_rng(1)
+    rows = rng.normal(size=(40, 6)) + 0.5
+    rows[7], rows[21] = 0.0, rows[21] * 1e-9
+    a_dict, mean_sq_norm = dictionary_anisotropy(torch.from_numpy(rows), block_rows=9)
+    alive = np.delete(rows, [7, 21], axis=0)
+    assert a_dict == pytest.approx(brute_mean_cosine(alive), abs=1e-12)
+    geometry = dictionary_geometry(torch.from_numpy(rows), block_rows=9)
+    assert geometry.zero.nonzero().flatten().tolist() == [7, 21]
+    assert (a_dict, mean_sq_norm) == pytest.approx((geometry.a_dict, geometry.mean_sq_norm), abs=1e-12)
+
+
+def test_dictionary_anisotropy_names_a_non_finite_row():
     rows = torch.randn(10, 4)
-    rows[7] = 0
+    rows[7, 2] = float("nan")
     with pytest.raises(BadInputError, match="row 7"):
         dictionary_anisotropy(rows)
 

@@ -83,9 +83,9 @@ def _cases(fx: Path) -> dict[str, tuple[list[str], str, str]]:
             "sae_weights",
             sae,
         ),
-        "train --out-dir is the store": (["train", "--acts", store, "--k", "2", "--out-dir", store], store, store),
-        "train --out-dir contains the store": (
-            ["train", "--acts", store, "--k", "2", "--out-dir", str(fx)],
+        "train --out is the store": (["train", "--acts", store, "--k", "2", "--out", store], store, store),
+        "train --out contains the store": (
+            ["train", "--acts", store, "--k", "2", "--out", str(fx)],
             str(fx),
             store,
         ),
@@ -287,7 +287,7 @@ def test_an_unwritable_output_is_refused_before_the_pass(fx, tmp_path, capsys, m
         ["geometry", str(fx / "store"), "--json", str(tmp_path / "a_file" / "g.json")],
         ["report", "--acts", str(fx / "store"), "--out", str(tmp_path / "a_file" / "r")],
         ["sweep", str(fx / "store"), "--out", str(tmp_path / "a_file" / "s")],
-        ["train", "--acts", str(fx / "store"), "--k", "2", "--out-dir", str(tmp_path / "a_file" / "t")],
+        ["train", "--acts", str(fx / "store"), "--k", "2", "--out", str(tmp_path / "a_file" / "t")],
     ):
         assert main([*argv, "--no-progress"]) == 2, argv
         err = capsys.readouterr().err
@@ -326,7 +326,7 @@ def test_a_second_training_into_one_out_dir_is_refused_with_the_first_ones_pid(f
     try:
         assert started.wait(120)
         capsys.readouterr()
-        rc = main(["train", "--acts", str(fx / "store"), "--k", "2", "--d-sae", "16", "--out-dir", str(out)])
+        rc = main(["train", "--acts", str(fx / "store"), "--k", "2", "--d-sae", "16", "--out", str(out)])
         err = capsys.readouterr().err
         assert rc == 2 and f"another process (pid {p.pid})" in err and len(err.strip().splitlines()) == 1, err
     finally:
@@ -357,7 +357,7 @@ def test_untrainable_data_is_refused_up_front_with_the_reason(tmp_path, capsys, 
 
 
 def test_train_on_the_meta_device_is_one_line(fx, tmp_path, capsys):
-    argv = ["train", "--acts", str(fx / "store"), "--k", "2", "--out-dir", str(tmp_path / "t"), "--device", "meta"]
+    argv = ["train", "--acts", str(fx / "store"), "--k", "2", "--out", str(tmp_path / "t"), "--device", "meta"]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "'meta' holds no data" in err and len(err.strip().splitlines()) == 1, err

@@ -32,7 +32,7 @@ def test_residual_toy_anisotropy_is_L_over_L_plus_1(tmp_path):
     for L in (4, 1, 6, 2, 5, 3):  # out of order on purpose
         h = L * c + math.sqrt(L) * torch.randn(n, d, generator=g)
         stores.append(_write(tmp_path / f"L{L}", h, hook=f"blocks.{L - 1}.hook_resid_post"))
-    sweep = sweep_stores(stores, SweepOptions(artifact_k=1, progress=False))
+    sweep = sweep_stores(stores, SweepOptions(artifact_components=1, progress=False))
     assert [r["layer"] for r in sweep.layers] == [1, 2, 3, 4, 5, 6]
     for r in sweep.layers:
         L = r["layer"]

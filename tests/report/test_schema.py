@@ -184,6 +184,6 @@ def test_every_page_and_every_flag_of_a_full_report_reads_only_known_fields(tmp_
     # `saegeo geometry` and `saegeo sweep`
     render_geometry(files_geometry([str(store.path)]))
     other = _store(tmp_path / "t", x[:, torch.randperm(d, generator=g)], hook="blocks.2.hook_resid_post")
-    sweep = sweep_stores([store, other], SweepOptions(artifact_k=2, progress=False))
+    sweep = sweep_stores([store, other], SweepOptions(artifact_components=2, progress=False))
     render_sweep_terminal(sweep), render_sweep_markdown(sweep)
     render_sweep_html(sweep, png=b"")

@@ -151,7 +151,7 @@ def test_cli_train_writes_a_loadable_sae_and_a_summary(tmp_path, capsys):
             "4",
             "--total-tokens",
             "5k",
-            "--out-dir",
+            "--out",
             str(tmp_path / "sae"),
             "--no-progress",
         ]

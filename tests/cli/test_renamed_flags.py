@@ -1,0 +1,106 @@
+"""One spelling per flag across the commands (issue 38 item 5): `--out` everywhere, one `--format` form, `--config`
+an options file only, one name for the top principal directions; each old spelling still works for one release and
+says, on stderr, what it is called now. And `check --acts` takes every report option by the report's own path."""
+
+import json
+
+import pytest
+import torch
+
+from saegeo.activations.store import write_store
+from saegeo.cli import build_parser, main
+from saegeo.config import from_dict, passed
+from saegeo.report.options import ReportOptions
+from saegeo.sae.model import SAE, SAEConfig
+
+WARNING = "the old spelling is accepted until the next release"
+
+
+def _parse(argv):
+    return build_parser(argv[0]).parse_args(argv)
+
+
+# (argv with the old spelling, argv with the new one, the attribute both set, its value)
+RENAMED = {
+    "train --out-dir": (
+        ["train", "--out-dir", "S"],
+        ["train", "--out", "S"],
+        "out_dir",
+        "S",
+    ),
+    "geometry --top-k": (
+        ["geometry", "F", "--top-k", "5"],
+        ["geometry", "F", "--artifact-components", "5"],
+        "artifact_components",
+        5,
+    ),
+    "sweep --artifact-k": (
+        ["sweep", "S", "--artifact-k", "2"],
+        ["sweep", "S", "--artifact-components", "2"],
+        "artifact_components",
+        2,
+    ),
+    "report --config": (
+        ["report", "--acts", "A", "--out", "O", "--config", "c.json"],
+        ["report", "--acts", "A", "--out", "O", "--preprocessing-config", "c.json"],
+        "preprocessing_config",
+        "c.json",
+    ),
+}
+
+
+@pytest.mark.parametrize("old,new,attribute,value", RENAMED.values(), ids=list(RENAMED))
+def test_an_old_spelling_sets_what_the_new_one_sets_and_warns(old, new, attribute, value, capsys):
+    old_args = _parse(old)
+    err = capsys.readouterr().err
+    assert getattr(old_args, attribute) == value
+    assert err.count("\n") == 1 and WARNING in err and old[-2] in err and new[-2] in err, err
+    new_args = _parse(new)
+    assert getattr(new_args, attribute) == value
+    assert capsys.readouterr().err == ""  # the new spelling says nothing
+
+
+def test_the_old_spellings_are_hidden_from_help():
+    for command, old in (("train", "--out-dir"), ("geometry", "--top-k"), ("sweep", "--artifact-k")):
+        text = build_parser(command)._subparsers._group_actions[0].choices[command].format_help()
+        assert old not in text, (command, old)
+    report = build_parser("report")._subparsers._group_actions[0].choices["report"].format_help()
+    assert "--preprocessing-config" in report and "--config " not in report
+
+
+@pytest.mark.parametrize("command", ["check", "report"])
+def test_format_is_one_comma_separated_list_in_every_command_and_the_spaced_form_warns(command, capsys):
+    head = ["check", "D"] if command == "check" else ["report", "--acts", "A", "--out", "O"]
+    assert _parse([*head, "--format", "md,json"]).format == ["md", "json"]
+    assert capsys.readouterr().err == ""
+    assert _parse([*head, "--format", "md", "json"]).format == ["md", "json"]
+    err = capsys.readouterr().err
+    assert "--format md,json" in err and "until the next release" in err, err
+    assert _parse(head).format == ["terminal", "md", "json", "html"]
+    with pytest.raises(SystemExit) as exit_:
+        _parse([*head, "--format", "md,pdf"])
+    assert exit_.value.code == 2
+    assert "comma-separated subset of terminal,md,json,html" in capsys.readouterr().err
+
+
+def test_check_acts_takes_every_report_option_by_the_generic_path():
+    args = _parse(["check", "D", "--acts", "A", "--histogram-bins", "7", "--cosine-sample-rows", "64", "--seed", "3"])
+    opts = from_dict(ReportOptions, passed(args, ReportOptions))
+    assert (opts.histogram_bins, opts.cosine_sample_rows, opts.seed) == (7, 64, 3)
+    # the options both commands have are given once and reach both
+    args = _parse(["check", "D", "--acts", "A", "--no-progress", "--skip-nonfinite"])
+    opts = from_dict(ReportOptions, passed(args, ReportOptions))
+    assert (opts.progress, opts.skip_nonfinite) == (False, True)
+
+
+def test_check_acts_report_option_reaches_the_written_report(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    store = write_store(tmp_path / "store", torch.randn(512, 8, generator=g), shard_rows=256)
+    sae = SAE(SAEConfig(d_in=8, d_sae=16, activation="topk", k=2))
+    sae.init_weights(torch.Generator().manual_seed(0))
+    sae.save(tmp_path / "sae")
+    argv = ["check", str(tmp_path / "sae"), "--acts", str(store.path), "--out", str(tmp_path / "out")]
+    assert main([*argv, "--format", "json", "--no-progress", "--histogram-bins", "7", "--max-tokens", "300"]) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert len(report["cosine_histogram"]["counts"]) == 7
+    assert report["activations"]["n"] == 300
