@@ -673,7 +673,7 @@ def _cached_hub_snapshot(name: str) -> Path | None:
     root = Path(cache or constants.HF_HUB_CACHE)
 
     def snapshot(repo: str) -> Path | None:
-        # the cache's layout, models--<org>--<name>: a repo it lacks costs no import of the download code (~1 s)
+        # the cache's layout, models--<org>--<name>: a repo it lacks costs no import of the download code (a second of start-up)
         if not (root / f"models--{repo.replace('/', '--')}").is_dir():
             return None
         from huggingface_hub import snapshot_download

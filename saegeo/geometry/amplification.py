@@ -62,7 +62,7 @@ __all__ = [
 ]
 
 # rows (or code entries) normalised at a time in float64: each block's copies stay small for any N (19 MB at
-# d 2,304; 8,192 rows made 0.45 GB of temporaries in independent_codes_anisotropy, benchmarks/README.md)
+# d 2,304; benchmarks/README.md#numbers-behind-code-comments)
 _BLOCK_ROWS = 1024
 
 

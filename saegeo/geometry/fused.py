@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 _KERNEL: Any = None
-# The key sums live in one (tables, keys, 3) array, (count, Σx, Σx²) side by side: one cache line per key touched
-# (three separate arrays were 2.7× slower). Entries j mod 2 add into their own table, so runs of one key (the zeros
+# The key sums live in one (tables, keys, 3) array, (count, Σx, Σx²) side by side: one cache line per key touched,
+# where three separate arrays touch three (benchmarks/README.md#numbers-behind-code-comments). Entries j mod 2 add into their own table, so runs of one key (the zeros
 # of ReLU codes) do not wait on each other's adds.
 N_KEY_TABLES = 2
 

@@ -652,8 +652,8 @@ class ArtifactAccumulator:
     def add(self, x: Any, ids: Any = None, positions: Any = None) -> ArtifactAccumulator:
         x = as_rows(x, self.mean.numel())
         m = x.shape[0]
-        # P and ‖x‖ in float64 ARTIFACT_CHUNK_ROWS rows at a time: a whole batch's float64 copies (x, x − μ) were
-        # 0.3 GB at 8,192 × 2,304 (benchmarks/README.md, check widths)
+        # P and ‖x‖ in float64 ARTIFACT_CHUNK_ROWS rows at a time, never a whole batch's float64 copies (x, x − μ):
+        # those set the peak of a check at published widths (benchmarks/README.md#numbers-behind-code-comments)
         proj = torch.empty(m, self.k, dtype=torch.float64)
         norm = torch.empty(m, dtype=torch.float64)
         row_sum = torch.zeros_like(self.mean)

@@ -49,7 +49,7 @@ ASKED = "asked"
 N_AFTER = 4  # following tokens shown after the firing one
 N_NEIGHBOURS = 5
 # rows per tile side of the neighbour search: its float64 and float32 unit blocks and the tile stay ~0.1 GB at d
-# 2,304 (4,096 made 0.35 GB, the peak of `check --acts` at 16k latents: benchmarks/README.md)
+# 2,304, below the rest of `check --acts`'s peak (benchmarks/README.md#numbers-behind-code-comments)
 NEIGHBOUR_BLOCK_ROWS = 2048
 LATENTS_SCHEMA_VERSION = 1
 
