@@ -1,4 +1,4 @@
-"""Choosing the validation library of the typed foreign configs (issue 37): import time in a fresh process, the
+"""Choosing the validation library of the typed foreign configs: import time in a fresh process, the
 time to check one SAELens cfg.json, and the message each gives for the same wrong fields.
 
   stdlib     json + dataclasses, no checking (the floor)

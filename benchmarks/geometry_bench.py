@@ -16,7 +16,7 @@ Then peak memory (VmHWM of a fresh child process) of saegeo streaming n rows fro
     python benchmarks/geometry_bench.py            # n = 50,000 and memory at 200k / 1M  (≈ 2–3 min on 2 cores)
     python benchmarks/geometry_bench.py --full     # n = 200,000 as in the issue (the textbook SVD dominates)
     python benchmarks/geometry_bench.py --eigen-widths 768,2304,4096   # the read-out's eigh at wider models
-Targets (issue 26): accumulation ≥ 60 % of (b)'s throughput, the full report ≥ 50 %, ≥ 5× faster than (a);
+Targets: accumulation ≥ 60 % of (b)'s throughput, the full report ≥ 50 %, ≥ 5× faster than (a);
 memory growth from 200k to 1M ≈ 0.
 """
 
@@ -168,7 +168,7 @@ def measure_memory(n: int) -> dict:
 def entry_histogram_cost(rounds: int) -> None:
     """CPU seconds (one thread) on one BATCH × D float32 chunk, interleaved rounds, best of each: the whole
     ``GeometryAccumulator.add``, the entry histogram (``entry_bin_sums``: count, Σx, Σx² per bin), and the Σx²
-    bincount it gained in issue 25 (the same bit keys, float64 weights x², then the key → bin index_add)."""
+    bincount it gained with Σx² per bin (the same bit keys, float64 weights x², then the key → bin index_add)."""
     from saegeo.geometry.accumulate import N_ENTRY_BINS, entry_bin_sums
 
     threads = torch.get_num_threads()

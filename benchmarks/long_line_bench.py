@@ -1,6 +1,6 @@
 """Caching from a corpus of one long line: `saegeo cache --max-tokens N` on a file that is a single line of
 plain words (no newline), end to end in a fresh process (model load included), with its wall and CPU seconds
-and its peak resident memory. Before issue 37 the whole line was tokenized before --max-tokens applied (10 MB:
+and its peak resident memory. Before, the whole line was tokenized before --max-tokens applied (10 MB:
 277 s and 2.1 GB for 4,000 tokens); now it is read and tokenized in pieces of PIECE_CHARS characters.
 
 The same run on a file of the same words in ordinary 80-character lines is the reference: a long line should

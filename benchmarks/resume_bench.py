@@ -1,6 +1,6 @@
 """Resume from a store: time to the first batch at 90 % of an epoch, re-reading (before) vs seeking (after).
 
-Before (saegeo ≤ issue 16): the trainer replayed ``store.iter_batches`` and dropped the batches before the saved
+Before: the trainer replayed ``store.iter_batches`` and dropped the batches before the saved
 step, reading every shard up to it. After: ``_StoreSource.train_batches(step)`` replays the shard order and the
 shuffle buffer's permutations on row indices (no I/O) and reads only the rows still in the buffer at that step
 (whole shards where the buffer holds many of their rows, memory-mapped rows elsewhere). Both give the same batch

@@ -14,7 +14,7 @@ of the child) beside the wall seconds.
                   the lookup in the registry and the one-line advice to download; with sae_lens installed in
                   this interpreter its own pretrained_saes.yaml is the registry (read without importing sae_lens)
 
-Goals (issue 42): argument and path errors under 1 s; geometry on a small file under 2 s wall on a quiet machine.
+Goals: argument and path errors under 1 s; geometry on a small file under 2 s wall on a quiet machine.
 
 Usage: python benchmarks/startup_bench.py [--repeats 5]
 """

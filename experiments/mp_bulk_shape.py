@@ -1,4 +1,4 @@
-"""The MP bulk shape test (issue 25 item 1): its white-noise calibration and what it sees.
+"""The MP bulk shape test: its white-noise calibration and what it sees.
 
 (1) Calibration: the KS distance sup|F_emp − F_MP| between the bulk eigenvalues and MP(γ, σ²) (σ² and the spikes
 fitted as ``calibrated_mp_bulk`` does) on white-noise spectra drawn from the bidiagonal Wishart model, over a grid

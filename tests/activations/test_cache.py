@@ -189,7 +189,7 @@ def test_rerun_is_a_no_op_and_mismatch_refused(tiny, text_file, tmp_path, monkey
 
 
 def test_a_smaller_max_tokens_onto_a_larger_store_is_refused_before_any_write(tiny, text_file, tmp_path):
-    """It used to keep every row, say nothing and exit 0 (issue 27): --max-tokens 300 on a 450-row store."""
+    """It used to keep every row, say nothing and exit 0: --max-tokens 300 on a 450-row store."""
     cfg = CacheConfig(
         hooks=HOOKS[:1],
         corpus=str(text_file),

@@ -89,7 +89,7 @@ def test_big_text_files_are_read_in_blocks_without_changing_the_windows(tmp_path
         list(iter_windows(CorpusSpec(source=str(tmp_path / "bad.txt"), context=16), tok))
 
 
-# ---------------------------------------------------------------- long lines (issue 37 item 6)
+# ---------------------------------------------------------------- long lines
 def _recording(tok, seen: list):
     """The tokenizer, recording the length of every text it is given."""
 

@@ -1,4 +1,4 @@
-"""One reader of rows, one NaN policy (issue 22 item 4, issue 27 item 5): geometry, report, check, sweep, train and
+"""One reader of rows, one NaN policy: geometry, report, check, sweep, train and
 the artifact pass read through ``open_rows``; a NaN row is one error naming the store, its shard and the row, or,
 with --skip-nonfinite, skipped and counted alike everywhere; --no-verify is honoured by every read (check's match
 pass included); one store given twice is refused."""
@@ -153,7 +153,7 @@ def test_the_reader_names_file_and_tensor_rows(tmp_path):
     rows = open_rows(x, skip_nonfinite=True)
     assert sum(len(b) for b in rows.batches(10)[0]) == 49 and rows.n_nonfinite_skipped == 1
     # a huge finite row is not called non-finite (its sum overflows; its entries do not): it is refused for what it
-    # is, values whose squares overflow float32 (issue 37)
+    # is, values whose squares overflow float32
     big = torch.full((3, D), 3e38)
     with pytest.raises(BadInputError, match=r"magnitude up to 3e\+38, above .* overflow float32") as err:
         next(open_rows(big).batches(10)[0])

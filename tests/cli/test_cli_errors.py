@@ -1,5 +1,5 @@
 """Bad invocations end in one line `saegeo: error: <what>, <which file>, <what to do>` and exit 2, never a traceback
-(issue 17: each of these ended in a Python traceback). Run in-process through saegeo.cli.main."""
+(each of these once ended in a Python traceback). Run in-process through saegeo.cli.main."""
 
 import json
 from pathlib import Path

@@ -1,6 +1,6 @@
-"""No option can poison a result (issue 27 item 3/4): every numeric field of every config is checked where it is
+"""No option can poison a result: every numeric field of every config is checked where it is
 declared, from a flag, a config file or Python alike, with one line naming the field, exit 2, nothing written;
-`train --config` reads or refuses every key; the one dataclass -> TOML -> argv path (issue 22 item 1)."""
+`train --config` reads or refuses every key; the one dataclass -> TOML -> argv path."""
 
 import dataclasses
 import math

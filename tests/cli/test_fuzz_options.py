@@ -1,4 +1,4 @@
-"""Fuzzing the command line's numeric options (issue 27 item 5): whatever number or text a user types for a
+"""Fuzzing the command line's numeric options: whatever number or text a user types for a
 numeric option of a main command, a value that cannot mean a count or a finite quantity is refused with exit 2
 and exactly one line on stderr that names the option, no traceback, and nothing written.
 

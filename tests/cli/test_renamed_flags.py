@@ -1,4 +1,4 @@
-"""One spelling per flag across the commands (issue 38 item 5): `--out` everywhere, one `--format` form, `--config`
+"""One spelling per flag across the commands: `--out` everywhere, one `--format` form, `--config`
 an options file only, one name for the top principal directions; each old spelling still works for one release and
 says, on stderr, what it is called now. And `check --acts` takes every report option by the report's own path."""
 

@@ -259,5 +259,5 @@ def test_activation_matching_above_the_dense_limit(tmp_path):
     }
     assert ones == {(int(perm[j]), j) for j in keep.nonzero().flatten().tolist()}
     assert act["mcc"] <= act["mcc_upper_bound"] + 1e-12
-    shown = repr(got)  # one line in a notebook, not every pair (issue 39)
+    shown = repr(got)  # one line in a notebook, not every pair
     assert len(shown) < 2000 and "\n" not in shown and f"{got.decoder['n_shared']:,} shared" in shown

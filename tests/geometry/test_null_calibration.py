@@ -292,7 +292,7 @@ def test_geometry_reports_both_sigma2_and_the_calibrated_count():
     assert "from the bulk" in text and "Tracy–Widom" in text and "vs null" in text
 
 
-# ---------------------------------------------------------------------- issue 25: the exact finite-d bias and its influence
+# ---------------------------------------------------------------------- the exact finite-d bias and its influence
 def _closed_form_relu_bias(d: int) -> float:
     """b(d) for iid ReLU(N(0,1)) coordinates from closed-form φ(t) = E e^{−tx²} = 1/2 + (1 + 2t)^{−1/2}/2 and
     ψ(t) = E x e^{−tx²} = 1/(√(2π)(1 + 2t)): Q = d·(π^{−1/2}∫ t^{−1/2}ψφ^{d−1}dt)², b = Q·π − 1 (scipy quad)."""
@@ -394,7 +394,7 @@ def test_row_sum_kernel_against_monte_carlo():
     assert got.coordinate_mean == pytest.approx(unit.mean(), abs=4 * unit.std() / math.sqrt(len(x)))
 
 
-# ---------------------------------------------------------------------- issue 25: a bulk must look like MP
+# ---------------------------------------------------------------------- a bulk must look like MP
 def _case_rows(kind: str, n: int, d: int, g: torch.Generator) -> torch.Tensor:
     """n × d rows of one case (unit noise variance; see experiments/mp_bulk_shape.py)."""
     z = torch.randn(n, d, generator=g, dtype=torch.float64)
@@ -485,7 +485,7 @@ def test_marchenko_pastur_cdf_against_quadrature():
             )
 
 
-# ---------------------------------------------------------------------- issue 25: a spike count for correlated noise
+# ---------------------------------------------------------------------- a spike count for correlated noise
 def test_edge_distribution_count_on_an_exact_edge():
     """Eigenvalues whose noise part lies exactly on Onatski's edge law λ_j = 3 − β(j − 1)^{2/3}, j > r, below
     r = 4 spikes: every OLS slope over five noise eigenvalues is β exactly, so δ = 2β, and the count is r (the
@@ -542,7 +542,7 @@ def test_the_report_text_names_the_correlated_noise_count():
     assert edge_spike_phrase({"n_spikes_edge": None}) == ""
 
 
-# ---------------------------------------------------------------------- issue 36: heavy tails, both sides of the sample
+# ---------------------------------------------------------------------- heavy tails, both sides of the sample
 def _heavy_rows(kind: str, n: int, d: int, rng: np.random.Generator) -> torch.Tensor:
     """Rows of iid entries from a heavy-tailed or zero-inflated law: data drawn from the pooled null."""
     if kind == "t5_relu":  # rectified Student-t(5): E x⁴ finite, E x⁸ not
@@ -681,7 +681,7 @@ def test_spikes_are_counted_in_correlated_noise(kind):
 def test_exactly_null_eigenvalues_are_left_out_of_the_bulk_and_counted():
     """LayerNorm'd rows (each row centred and scaled: the all-ones direction is exactly null) with two more
     directions projected out (float32, d = 128, n = 4,000): three eigenvalues at rounding level. They used to
-    capture the bulk fit (MP σ² ≈ 0, issue 36); now they are counted, σ² is the white bulk's d/(d − 1)·(1 − …) ≈ 1
+    capture the bulk fit (MP σ² ≈ 0); now they are counted, σ² is the white bulk's d/(d − 1)·(1 − …) ≈ 1
     and there is no spike."""
     n, d = 4000, 128
     rng = np.random.default_rng(5)

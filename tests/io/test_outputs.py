@@ -1,4 +1,4 @@
-"""No output is an input, output sets are whole, no work is lost to a late error (issue 37).
+"""No output is an input, output sets are whole, no work is lost to a late error.
 
 Every command that writes is given an output that is, contains or lies inside one of its inputs (or a store):
 refused before any work, in one line naming both, the input untouched, --overwrite or not. A report's set of

@@ -1,4 +1,4 @@
-"""Nothing lost, nothing silently wrong (issue 17): shard checksums on every read, checkpoints that know their
+"""Nothing lost, nothing silently wrong: shard checksums on every read, checkpoints that know their
 data and options, SAE directories never overwritten or mixed, one writer per store, strict JSON, clipped measures.
 Fault tests kill real processes (SIGKILL) at random training steps and between the two files of an SAE save."""
 
@@ -119,7 +119,7 @@ def test_a_flipped_bit_in_any_shard_is_refused_by_every_reader(store, tmp_path, 
 def test_no_verify_reads_a_damaged_store_for_users_who_accept_the_risk(store, capsys):
     _flip_a_bit(store.path, 1)
     assert len(list(ActivationStore(store.path, verify=False).iter_batches(100))) == 11
-    # the flipped exponent bit made one value ~1e38: no checksum stops it, its magnitude does (issue 37), in one line
+    # the flipped exponent bit made one value ~1e38: no checksum stops it, its magnitude does, in one line
     assert main(["geometry", str(store.path), "--no-progress", "--no-verify"]) == 2
     err = capsys.readouterr().err.strip()
     assert "magnitude up to" in err and "shard 1" in err and "sha256" not in err and "\n" not in err, err
@@ -391,7 +391,7 @@ def test_offset_and_a_are_clipped_to_their_ranges_with_a_note():
     assert any(n.startswith("A = 1 from rounding") for n in geo.notes), geo.notes
 
 
-# =========================================================================== commits that cannot lie (issue 27)
+# =========================================================================== commits that cannot lie
 def _overwrite_then_sigkill(out: str, data_path: str, kill_at: int) -> None:
     torch.set_num_threads(1)
 
@@ -436,7 +436,7 @@ def test_save_refuses_non_finite_weights_and_writes_nothing(tmp_path, tensor):
     assert not (tmp_path / "fresh").exists()
 
 
-# =========================================================================== SAE names on disk (issue 27)
+# =========================================================================== SAE names on disk
 @pytest.mark.parametrize(
     "names, message",
     [

@@ -1,4 +1,4 @@
-"""Every tensor a user can hold is read or refused in one line (issue 37 item 4): every safetensors and torch dtype
+"""Every tensor a user can hold is read or refused in one line: every safetensors and torch dtype
 (float8, bool, integers, complex, quantized, sparse, meta) as activation rows and as SAE weights, and magnitudes
 from subnormal to float64's largest, computed exactly or refused with the reason. The readers agree across
 .safetensors, .npy and .pt: the same values give the same geometry whichever file holds them. Each refused case

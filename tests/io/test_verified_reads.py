@@ -1,4 +1,4 @@
-"""Every read verified (issue 27 items 2, 4, 5): shard bytes hashed on every path (the resume's row gather
+"""Every read verified: shard bytes hashed on every path (the resume's row gather
 included), the manifest's fields and row counts checked against each other and the shards' headers on open,
 shard paths kept inside the store, a hand-edited checkpoint refused, a value the store's dtype cannot hold refused
 at write. Each case here was accepted before (the resume, the edited counts, the paths: exit 0 on wrong data)."""
@@ -225,7 +225,7 @@ def test_resume_with_another_thread_count_is_refused(tmp_path):
 def test_nonfinite_loss_names_the_steps_since_the_last_check(tmp_path, monkeypatch):
     """4 steps, log_every 10: the check runs once, after step 4. It used to say 'between steps -5 and 4'."""
     x = _rows(2048) * 1e18  # finite rows, but their squares overflow float32: the loss is inf
-    # the reader refuses such rows up front (issue 37); let them through to reach the loss check this test is about
+    # the reader refuses such rows up front; let them through to reach the loss check this test is about
     monkeypatch.setattr("saegeo.activations.sources.magnitude_range", lambda dtype: (0.0, float("inf")))
     cfg = TrainConfig(
         d_sae=16,

@@ -1,4 +1,4 @@
-"""The quickstart runs (issue 23, item 9): each script in examples/ is executed as a user would, in a fresh
+"""The quickstart runs: each script in examples/ is executed as a user would, in a fresh
 directory, as a subprocess: (a) my model and my text -> a store -> its geometry; (b) my SAE -> check -> eval."""
 
 import json

@@ -132,7 +132,7 @@ def test_report_without_sae_renders(tmp_path):
     assert "SAE" not in render_terminal(rep).split("ACTIVATIONS")[1]
 
 
-# =========================================================================== the pages a person reads (issue 24)
+# =========================================================================== the pages a person reads
 def _flag(name, subject, summary="s", advice="do this", severity="warning", latents=None):
     from saegeo.report.flags import Flag
 

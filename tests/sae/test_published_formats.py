@@ -649,7 +649,7 @@ def test_unsupported_variant_is_named(tmp_path):
         SAE.load(path)
 
 
-# ============================================================================ bad counts in configs (issue 27)
+# ============================================================================ bad counts in configs
 def test_openai_topk_with_k_zero_is_refused_not_loaded_as_dense_relu(tmp_path):
     sd = _openai_state_dict("TopK")
     sd["activation_state_dict"] = {"k": 0, "postact_fn": "ReLU"}

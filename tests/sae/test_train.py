@@ -190,7 +190,7 @@ def test_resume_refuses_a_checkpoint_of_a_different_model(tmp_path):
         train_sae(_small_cfg(tmp_path, checkpoint_every=2, total_tokens=128 * 2, k=5), x)
     with pytest.raises(BadInputError, match=r"d_sae=64; it cannot be resumed with d_sae=128"):
         train_sae(_small_cfg(tmp_path, checkpoint_every=2, total_tokens=128 * 2, d_sae=128), x)
-    # another budget changes the lr schedule: refused too (issue 17), and --overwrite starts a new run
+    # another budget changes the lr schedule: refused too, and --overwrite starts a new run
     with pytest.raises(BadInputError, match=r"total_tokens=256; it cannot be resumed with total_tokens=512"):
         train_sae(_small_cfg(tmp_path, checkpoint_every=2, total_tokens=128 * 4), x)
     again = train_sae(_small_cfg(tmp_path, checkpoint_every=2, total_tokens=128 * 4, overwrite=True), x)

@@ -1,4 +1,4 @@
-"""Training that leaves a history (issue 23, item 8): training_log.jsonl beside the SAE, written as the run goes,
+"""Training that leaves a history: training_log.jsonl beside the SAE, written as the run goes,
 continued by a resumed run without a missing or repeated step; the passes over the data said and recorded;
 --dtype bf16/fp16/fp32 read by one parser wherever a dtype is taken; bfloat16 autocast training (CPU path) with
 float32 master weights; optional W&B (offline)."""

@@ -1,4 +1,4 @@
-"""Foreign configs are read through one typed schema per format (issue 37 item 3): a wrong type or range in any
+"""Foreign configs are read through one typed schema per format: a wrong type or range in any
 field a reader uses is refused in one line naming the file, the field, the value and what was expected; exit 2,
 nothing written, never a traceback. Each case below ended in a Python traceback (or was silently misread) before.
 The property-based fuzz at the end replaces one field of each format's config (or the table of tensors beside it)
