@@ -411,7 +411,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         from saegeo.report.dictionary_check import sae_verdict
         from saegeo.report.options import CheckOptions
 
-        vopts = CheckOptions(progress=False, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite)
+        vopts = CheckOptions(**{**opts.stream(), "progress": False})
         for name, path in saes.items():
             found, said, _ = sae_verdict(path, args.acts, options=vopts, name=name)
             flags, notes = flags + found, notes + said
@@ -463,7 +463,7 @@ def cmd_latents(args: argparse.Namespace) -> int:
 
     name = Path(args.sae).resolve().name
     doc = latents_report(args.acts, args.sae, opts, name=name)
-    vopts = CheckOptions(progress=False, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite)
+    vopts = CheckOptions(**{**opts.stream(), "progress": False})
     flags, notes, _ = sae_verdict(args.sae, args.acts, options=vopts, name=name)
     doc["flags"], doc["notes"] = [f.to_dict() for f in flags], notes  # the verdict check --acts gives
     print(render_latents_terminal(doc), end="")

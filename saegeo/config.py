@@ -462,6 +462,11 @@ class StreamOptions(ProgressOption):
     skip_nonfinite: bool = option(False, "skip and count rows with NaN/inf (default: an error naming the row)")
     verify: bool = option(True, "sha256 check of each store shard as it is read")
 
+    def stream(self) -> dict[str, Any]:
+        """These options' StreamOptions fields by name: what one command passes on to another it runs over the same
+        rows (the report's verdict check), so that a stream option added here reaches both."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(StreamOptions)}
+
 
 @dataclass
 class BatchedStreamOptions(StreamOptions):

@@ -104,3 +104,11 @@ def test_check_acts_report_option_reaches_the_written_report(tmp_path):
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert len(report["cosine_histogram"]["counts"]) == 7
     assert report["activations"]["n"] == 300
+
+
+def test_a_stream_option_reaches_the_verdict_check_the_report_runs():
+    from saegeo.report.options import CheckOptions
+
+    opts = ReportOptions(verify=False, skip_nonfinite=True, progress=True)
+    verdict = CheckOptions(**{**opts.stream(), "progress": False})
+    assert (verdict.verify, verdict.skip_nonfinite, verdict.progress) == (False, True, False)
