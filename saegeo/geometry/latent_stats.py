@@ -5,7 +5,9 @@ number of rows.
 ``LatentTopK(n_latents, k, start=0)``   the k largest activations a_i > 0 of every latent and their global row
     indices; equal to a full sort of each latent's column by (−a, row) (ties: the earlier row first).
 ``LatentHistogram(n_latents)``          counts of a_i > 0 in fixed half-octave bins (``HISTOGRAM_EDGES``).
-Both take a batch of codes as anything ``coo_codes`` reads (dense (m, N), torch sparse, COO), are mergeable
+``LatentCovariates(n_latents, names)``  Pearson r(a_i, s) of every latent's activation with per-row covariates s
+    (‖x‖, position: the norm-detector test), zeros included, from float64 sums.
+All three take a batch of codes as anything ``coo_codes`` reads (dense (m, N), torch sparse, COO), are mergeable
 (``merge``, ``state_dict`` / ``from_state_dict``: ``saegeo.distributed.merge_across_ranks`` works) and exact.
 Pure math on tensors (the per-batch screen and merge run in NumPy on CPU views of the state: its gathers and sorts
 cost a fraction of torch's at these sizes): no I/O, no models.
@@ -24,7 +26,7 @@ from torch import Tensor
 from saegeo.errors import BadInputError
 from saegeo.geometry.amplification import coo_codes
 
-__all__ = ["LatentTopK", "LatentHistogram", "HISTOGRAM_EDGES", "BINS_PER_OCTAVE", "histogram_bins"]
+__all__ = ["LatentTopK", "LatentHistogram", "LatentCovariates", "HISTOGRAM_EDGES", "BINS_PER_OCTAVE", "histogram_bins"]
 
 BINS_PER_OCTAVE = 2  # edges 2^e and 1.5·2^e: read off a float32's exponent and first mantissa bit
 _LOW_EXP, _HIGH_EXP = -14, 14
@@ -247,4 +249,110 @@ class LatentHistogram:
     def from_state_dict(cls, sd: Mapping[str, Any]) -> LatentHistogram:
         out = cls(sd["n_latents"])
         out.counts = torch.as_tensor(sd["counts"]).to(torch.long).clone()
+        return out
+
+
+class LatentCovariates:
+    """Per latent i and covariate s (one value per row: ‖x‖, the row's position, ...), the Pearson correlation over
+    every row, the rows where the latent is silent included (a_i = 0):
+
+        r_i(s) = (Σ a_i s'/n − ā_i s̄') / (sd(a_i) · sd(s)),   s' = s − c,  sd² = Σ v²/n − v̄²  (1/n moments),
+
+    from float64 sums n, Σa_i, Σa_i², Σs', Σs'², Σa_i s' (c: the first batch's mean of s, so that a covariate far
+    from 0, like ‖x‖, loses no digits to cancellation; ``merge`` re-centres one state on the other's c).
+    A latent "fires by norm" when r_i(‖x‖) is near 1 ("norm detectors"; the Cosine-Scored SAE paper's high-norm
+    tokens claiming TopK slots). Memory 2 + |s| columns of N float64; per batch O(nnz · |s|)."""
+
+    def __init__(self, n_latents: int, names: tuple[str, ...] = ("norm",)):
+        if n_latents < 1 or not names:
+            raise BadInputError(f"LatentCovariates needs n_latents ≥ 1 and a covariate, got {n_latents}, {names}")
+        self.n_latents, self.names, self.n = int(n_latents), tuple(names), 0
+        self.shift: Float[Tensor, " s"] | None = None  # c per covariate
+        self.a_sum = torch.zeros(self.n_latents, dtype=torch.float64)
+        self.a_sq_sum = torch.zeros(self.n_latents, dtype=torch.float64)
+        self.s_sum = torch.zeros(len(self.names), dtype=torch.float64)
+        self.s_sq_sum = torch.zeros(len(self.names), dtype=torch.float64)
+        self.as_sum = torch.zeros(len(self.names), self.n_latents, dtype=torch.float64)
+
+    def add(self, codes: Any, covariates: Float[Tensor, "m s"]) -> LatentCovariates:
+        """One batch: codes (anything ``coo_codes`` reads) of m rows and their covariates (m, |names|)."""
+        n_rows, rows, cols, values = coo_codes(codes)
+        s = torch.as_tensor(covariates).detach().to("cpu", torch.float64).reshape(n_rows, len(self.names))
+        if n_rows == 0:
+            return self
+        if self.shift is None:
+            self.shift = s.mean(dim=0)
+        s = s - self.shift
+        self.n += n_rows
+        self.s_sum += s.sum(dim=0)
+        self.s_sq_sum += s.square().sum(dim=0)
+        if values.numel():
+            a = values.detach().to("cpu", torch.float64)
+            cols = cols.to("cpu", torch.long)
+            if int(cols.max()) >= self.n_latents or int(cols.min()) < 0:
+                raise BadInputError(
+                    f"codes have latent index {int(cols.max())} but LatentCovariates has N = {self.n_latents}"
+                )
+            self.a_sum.index_add_(0, cols, a)
+            self.a_sq_sum.index_add_(0, cols, a.square())
+            weighted = s[rows.to("cpu", torch.long)] * a[:, None]  # (nnz, |s|)
+            for j in range(len(self.names)):
+                self.as_sum[j].index_add_(0, cols, weighted[:, j])
+        return self
+
+    def correlations(self) -> dict[str, list[float | None]]:
+        """{covariate: r_i for every latent}; None where a latent or the covariate does not vary (or n < 2)."""
+        out: dict[str, list[float | None]] = {}
+        if self.n < 2:
+            return {name: [None] * self.n_latents for name in self.names}
+        n = self.n
+        a_mean = self.a_sum / n
+        a_var = (self.a_sq_sum / n - a_mean.square()).clamp_min(0)
+        for j, name in enumerate(self.names):
+            s_mean = self.s_sum[j] / n
+            s_var = float(self.s_sq_sum[j] / n - s_mean.square())
+            cov = self.as_sum[j] / n - a_mean * s_mean
+            denom = (a_var * max(s_var, 0.0)).sqrt()
+            # a silent latent, or one whose variance is below float64's cancellation floor of its mean, has no r
+            ok = (denom > 0) & (a_var > 1e-12 * self.a_sq_sum / n)
+            r = torch.where(ok, cov / torch.where(ok, denom, torch.ones_like(denom)), torch.nan).clamp(-1, 1)
+            out[name] = [None if v != v else float(v) for v in r.tolist()]
+        return out
+
+    def merge(self, other: LatentCovariates) -> LatentCovariates:
+        if (other.n_latents, other.names) != (self.n_latents, self.names):
+            raise BadInputError(
+                f"cannot merge covariates {other.names} of {other.n_latents} latents into "
+                f"{self.names} of {self.n_latents}"
+            )
+        if other.n == 0:
+            return self
+        if self.n == 0:
+            self.shift = other.shift.clone()
+        delta = other.shift - self.shift  # other's s' = s − c_o = (s − c_s) − delta: re-centred on c_s
+        self.s_sq_sum += other.s_sq_sum + 2 * delta * other.s_sum + other.n * delta.square()
+        self.s_sum += other.s_sum + other.n * delta
+        self.as_sum += other.as_sum + delta[:, None] * other.a_sum[None, :]
+        self.a_sum += other.a_sum
+        self.a_sq_sum += other.a_sq_sum
+        self.n += other.n
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        keys = ("a_sum", "a_sq_sum", "s_sum", "s_sq_sum", "as_sum")
+        return {
+            "n_latents": self.n_latents,
+            "names": list(self.names),
+            "n": self.n,
+            "shift": self.shift,
+            **{k: getattr(self, k).clone() for k in keys},
+        }
+
+    @classmethod
+    def from_state_dict(cls, sd: Mapping[str, Any]) -> LatentCovariates:
+        out = cls(sd["n_latents"], tuple(sd["names"]))
+        out.n = int(sd["n"])
+        out.shift = None if sd["shift"] is None else torch.as_tensor(sd["shift"], dtype=torch.float64).clone()
+        for k in ("a_sum", "a_sq_sum", "s_sum", "s_sq_sum", "as_sum"):
+            setattr(out, k, torch.as_tensor(sd[k], dtype=torch.float64).clone())
         return out

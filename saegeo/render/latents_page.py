@@ -58,6 +58,8 @@ LATENT_COLUMNS: list[tuple[str, str, str]] = [
     ("dense", "dense", "bool"),
     ("nn_id", "nearest", "int"),
     ("nn_cos", "cos(nearest)", "num"),
+    ("norm_corr", "r(a, ‖x‖)", "num"),
+    ("position_corr", "r(a, position)", "num"),
 ]
 INITIAL_ROWS = 100  # rows rendered at first and per "show more": a 100k-latent table stays usable
 
@@ -422,8 +424,10 @@ def latents_csv(doc: Mapping[str, Any]) -> str:
     writer.writerow(["sae", *TABLE_COLUMNS])
     for s in doc["saes"]:
         table = s["latent_table"]
-        for i in range(len(table["id"])):
-            writer.writerow([s["name"], *(_csv_value(table[c][i]) for c in TABLE_COLUMNS)])
+        n = len(table["id"])
+        columns = [table.get(c) or [None] * n for c in TABLE_COLUMNS]  # a table written before a column existed
+        for i in range(n):
+            writer.writerow([s["name"], *(_csv_value(col[i]) for col in columns)])
     return buf.getvalue()
 
 

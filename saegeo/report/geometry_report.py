@@ -457,7 +457,12 @@ class _SAEPass:
         if self.latents is not None:
             self.metrics.code_observers.append(self.latents)
 
-    def add(self, x: Tensor) -> None:
+    def add(self, x: Tensor, positions: Tensor | None = None) -> None:
+        if self.latents is not None:  # the norm-detector columns: each latent's activation against ‖x‖ (and position)
+            covariates = {"norm": torch.linalg.vector_norm(x.double(), dim=1).cpu()}
+            if positions is not None:
+                covariates["position"] = torch.as_tensor(positions).cpu()
+            self.latents.begin_batch(covariates)
         self.metrics.add(x)
 
     def finish(
@@ -645,8 +650,14 @@ def geometry_report(
         rows = open_rows(acts, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite)
         if ctx is not None and rows.store is not None:
             distributed.check_same_store(rows.store)
+        # positions ride along where the source has them (a store, a (batch, pos, d) array): the latent table's
+        # position_corr column
+        with_positions = opts.latent_cards and (rows.store is not None or rows.window is not None)
         batches, first_row = rows.batches(
-            opts.batch_rows, *((ctx.rank, ctx.world_size) if ctx else ()), stop_row=opts.max_tokens
+            opts.batch_rows,
+            *((ctx.rank, ctx.world_size) if ctx else ()),
+            stop_row=opts.max_tokens,
+            metadata=with_positions,
         )
         skipped_before = rows.n_nonfinite_skipped  # Rows opened by a caller may have been read before
     source = dict(rows.describe)
@@ -670,6 +681,7 @@ def geometry_report(
     t0 = time.perf_counter()
     with distributed.all_ranks_or_none("streaming the activations"):  # a failing rank ends every rank
         for batch in batches:  # screened by the reader; max_tokens is its stop_row
+            batch, positions = (batch[0], batch[2]) if with_positions else (batch, None)
             x = as_rows(batch).to(device)  # the accumulators follow the batches: float64 sums on the device
             if acc is None:
                 if x.shape[0] == 0:
@@ -683,7 +695,7 @@ def geometry_report(
             acc.add(x)
             reservoir.add(x)
             for p in passes:
-                p.add(x)
+                p.add(x, positions)
             if bar is not None:
                 bar.update(x.shape[0])
     if bar is not None:
@@ -783,7 +795,8 @@ def latents_report(acts: Any, sae: Any, options: LatentsOptions | None = None, *
             f"pass --neighbour-table-max {d_sae} and not --no-neighbours (N²·d work), or rank by another column"
         )
     rows = open_rows(acts, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite)
-    batches, first_row = rows.batches(opts.batch_rows, stop_row=opts.max_tokens)
+    with_positions = rows.store is not None or rows.window is not None  # the position_corr column
+    batches, first_row = rows.batches(opts.batch_rows, stop_row=opts.max_tokens, metadata=with_positions)
     skipped_before = rows.n_nonfinite_skipped
     p = _SAEPass(sae_name, module, cfg, opts.device, latent_contexts=opts.contexts, first_row=first_row)
     bar = None
@@ -792,10 +805,11 @@ def latents_report(acts: Any, sae: Any, options: LatentsOptions | None = None, *
         bar = progress_bar(total=total, unit="tok", unit_scale=True, desc="latents", dynamic_ncols=True)
     t0 = time.perf_counter()
     for batch in batches:
+        batch, positions = (batch[0], batch[2]) if with_positions else (batch, None)
         x = torch.as_tensor(batch).to(opts.device)
         if x.shape[-1] != p.d_in:
             raise BadInputError(f"SAE {sae_name!r} has d_in = {p.d_in} but the activations have d = {x.shape[-1]}")
-        p.add(x)
+        p.add(x, positions)
         if bar is not None:
             bar.update(x.shape[0])
     if bar is not None:

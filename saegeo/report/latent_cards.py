@@ -27,7 +27,7 @@ from torch import Tensor
 
 from saegeo.errors import BadInputError
 from saegeo.geometry.dictionary import nearest_decoder_neighbours, row_norms
-from saegeo.geometry.latent_stats import BINS_PER_OCTAVE, LatentHistogram, LatentTopK
+from saegeo.geometry.latent_stats import BINS_PER_OCTAVE, LatentCovariates, LatentHistogram, LatentTopK
 from saegeo.io import json_safe
 from saegeo.report.display import notebook_html, short
 from saegeo.report.options import NEIGHBOUR_TABLE_MAX, ByColumn, LatentsOptions  # noqa: F401  (re-exported)
@@ -44,7 +44,11 @@ TABLE_COLUMNS = (
     "dense",
     "nn_id",
     "nn_cos",
+    "norm_corr",
+    "position_corr",
 )
+# the covariates each latent's activation is correlated with in the pass (LatentCovariates), and their columns
+COVARIATE_COLUMNS = {"norm": "norm_corr", "position": "position_corr"}
 ASKED = "asked"
 N_AFTER = 4  # following tokens shown after the firing one
 N_NEIGHBOURS = 5
@@ -116,10 +120,13 @@ def latent_table(
     decoder_norms: Tensor,
     neighbours: tuple[Tensor, Tensor] | None,
     dense_frequency: float,
+    correlations: Mapping[str, list] | None = None,
 ) -> dict[str, list]:
     """Columns (``TABLE_COLUMNS``) of every latent of an SAE section (SAEGeometry): firing rate, E[a], E[a²],
     cos(W_dec,i, μ), cone share, ‖W_dec,i‖, dead (rate 0), dense (rate > dense_frequency), the nearest latent
-    by decoder cosine and that cosine (−1 / None without one). A withheld list is a column of None."""
+    by decoder cosine and that cosine (−1 / None without one), and the Pearson correlation of the latent's
+    activation with the row norm ‖x‖ and with the token's position (``LatentCovariates``: norm detectors; None
+    where not measured, e.g. no positions in the source). A withheld list is a column of None."""
     n = section.d_sae
     rate = list(section.firing_frequency)
     none = [None] * n
@@ -141,6 +148,7 @@ def latent_table(
             "dense": [r > dense_frequency for r in rate],
             "nn_id": nn_id,
             "nn_cos": nn_cos if nn_cos is none else column(nn_cos.tolist()),
+            **{col: list((correlations or {}).get(key) or none) for key, col in COVARIATE_COLUMNS.items()},
         }
     )
 
@@ -333,6 +341,17 @@ class LatentCollector:
     def __init__(self, d_sae: int, n_contexts: int, start: int = 0):
         self.topk = LatentTopK(d_sae, n_contexts, start)
         self.histogram = LatentHistogram(d_sae)
+        self.covariates: LatentCovariates | None = None  # made by the first batch's covariates (which it has)
+        self._batch_covariates: Tensor | None = None  # (m, s) of the open batch; its code groups follow in order
+        self._at = 0
+
+    def begin_batch(self, covariates: Mapping[str, Tensor]) -> None:
+        """The per-row covariates (name -> (m,) values, names of ``COVARIATE_COLUMNS``) of the batch whose codes
+        ``add`` receives next, group after group in row order."""
+        if self.covariates is None:
+            self.covariates = LatentCovariates(self.topk.n_latents, tuple(covariates))
+        self._batch_covariates = torch.stack([covariates[k].double() for k in self.covariates.names], dim=1)
+        self._at = 0
 
     def add(self, codes: Any) -> None:
         """One batch: ``codes`` as COO (or anything ``coo_codes`` reads). The pass hands over the COO it builds
@@ -340,6 +359,10 @@ class LatentCollector:
         dense matrix would cost a compare over every (row, latent) cell."""
         self.topk.add(codes)
         self.histogram.add(codes)
+        if self._batch_covariates is not None:
+            n_rows = int(codes.n_rows) if hasattr(codes, "n_rows") else int(codes.shape[0])
+            self.covariates.add(codes, self._batch_covariates[self._at : self._at + n_rows])
+            self._at += n_rows
 
     def merge_ranks(self) -> None:
         """torch.distributed: every rank's top-k and histogram merged (ranks' rows are global store rows)."""
@@ -347,6 +370,7 @@ class LatentCollector:
 
         self.topk = distributed.merge_across_ranks(self.topk)
         self.histogram = distributed.merge_across_ranks(self.histogram)
+        self.covariates = distributed.merge_across_ranks(self.covariates)
 
     def fill(
         self,
@@ -374,7 +398,8 @@ class LatentCollector:
         every = neighbours and n_latents <= neighbour_table_max
         nn = nearest_decoder_neighbours(w_dec, N_NEIGHBOURS, NEIGHBOUR_BLOCK_ROWS) if every else None
         norms = row_norms(w_dec)  # float64 a block at a time: no float64 copy of W_dec
-        table = latent_table(section, metrics.codes.mean_sq_code, norms, nn, dense_frequency)
+        correlations = self.covariates.correlations() if self.covariates is not None else None
+        table = latent_table(section, metrics.codes.mean_sq_code, norms, nn, dense_frequency, correlations)
         chosen = why(table) if callable(why) else why
         withheld = None
         if neighbours and not every:

@@ -248,7 +248,9 @@ class ReportOptions(BatchedStreamOptions, DeviceOption):
         return asdict(self)
 
 
-ByColumn = Literal["rate", "mean_activation", "mean_sq_activation", "cos_mu", "cone_share", "decoder_norm", "nn_cos"]
+ByColumn = Literal[
+    "rate", "mean_activation", "mean_sq_activation", "cos_mu", "cone_share", "decoder_norm", "nn_cos", "norm_corr"
+]
 
 
 @dataclass
