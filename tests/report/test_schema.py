@@ -159,6 +159,8 @@ def test_every_page_and_every_flag_of_a_full_report_reads_only_known_fields(tmp_
         "dense",
         "nn_id",
         "nn_cos",
+        "norm_corr",
+        "position_corr",
     }
     assert report.sae_named("planted").latents  # the planted SAE's flags name latents; the clean one's none
     for s in report.saes:
