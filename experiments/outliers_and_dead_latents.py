@@ -71,7 +71,7 @@ def outlier_severity(path: Path) -> dict:
 
 
 def train_config(arch: str, b_dec: str, args, **changes) -> TrainConfig:
-    return TrainConfig(
+    options = dict(
         arch=arch,
         expansion=args.expansion,
         k=args.k,
@@ -82,8 +82,8 @@ def train_config(arch: str, b_dec: str, args, **changes) -> TrainConfig:
         seed=args.seed,
         num_threads=1,
         progress=False,
-        **changes,
     )
+    return TrainConfig(**{**options, **changes})
 
 
 def dead_at_init(path: Path, arch: str, b_dec: str, args) -> dict:
