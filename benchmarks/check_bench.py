@@ -195,7 +195,7 @@ torch.set_num_threads(int(sys.argv[2]))
 from saegeo.geometry.dictionary import (dictionary_geometry, encoder_decoder_cosines, near_duplicate_pairs,
     nearest_neighbour_summary)
 from saegeo.report.flags import dictionary_flags
-from saegeo.sae.formats.base import release_pages
+from saegeo.sae.formats.weight_files import release_pages
 from saegeo.sae.model import SAE
 out = {}
 def phase(name, fn):

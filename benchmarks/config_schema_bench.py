@@ -52,7 +52,7 @@ def import_ms(code: str, runs: int) -> float | None:
 def messages() -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     from saegeo.errors import FormatError
-    from saegeo.sae.formats.base import check_config
+    from saegeo.sae.formats.reader_checks import check_config
     from saegeo.sae.formats.saelens import saelens_schema
 
     said = []
@@ -105,7 +105,7 @@ def main() -> None:
     for name, code in SCHEMAS.items():
         ms = import_ms(code, args.runs)
         print(f"  {name:<10} {'not installed' if ms is None else f'{ms:6.1f} ms'}")
-    from saegeo.sae.formats.base import check_config
+    from saegeo.sae.formats.reader_checks import check_config
     from saegeo.sae.formats.saelens import saelens_schema
 
     cfg = {"architecture": "topk", "d_in": 768, "d_sae": 24576, "k": 32, "apply_b_dec_to_input": True}

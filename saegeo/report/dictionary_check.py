@@ -53,7 +53,7 @@ from saegeo.report.flags import (
     sort_flags,
 )
 from saegeo.report.options import CheckOptions, MatchOptions
-from saegeo.sae.formats.base import release_pages
+from saegeo.sae.formats.weight_files import release_pages
 from saegeo.sae.metrics import encode_block_rows, reconstruct
 from saegeo.sae.model import SAE
 

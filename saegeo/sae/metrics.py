@@ -47,7 +47,7 @@ from saegeo.geometry.accumulate import UnitMean
 from saegeo.geometry.amplification import CodeMomentAccumulator, coo_codes
 from saegeo.geometry.dictionary import row_cosines, row_norms
 from saegeo.runtime import release_free_heap
-from saegeo.sae.formats.base import read_sparsely, release_pages
+from saegeo.sae.formats.weight_files import read_sparsely, release_pages
 
 ENCODE_BLOCK_BYTES = 128 * 2**20  # the dense pre-activations of one encode block and their temporaries stay below this
 # the most (rows × block) arrays alive at once, in copies of the codes' element size: a JumpReLU block holds pre,

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from saegeo.errors import BadInputError
 from saegeo.sae.architectures import Architecture, SAEConfig, TrainOutput, get_architecture
-from saegeo.sae.formats import OBJECT_KINDS, Dictionary, FormatInfo, object_dictionary, read_dictionary
+from saegeo.sae.formats import Dictionary, FormatInfo, object_dictionary, object_kinds, read_dictionary
 from saegeo.sae.formats.saelens import write_sae_dir
 
 __all__ = ["SAE", "SAEConfig", "FormatInfo", "TrainOutput"]
@@ -101,7 +101,9 @@ class SAE(nn.Module):
             return cls._build(read_dictionary(source), device)
         found = source if isinstance(source, Dictionary) else object_dictionary(source)
         if found is None:
-            raise BadInputError(f"cannot use a {type(source).__name__} as an SAE; pass a path, an id or {OBJECT_KINDS}")
+            raise BadInputError(
+                f"cannot use a {type(source).__name__} as an SAE; pass a path, an id or {object_kinds()}"
+            )
         return cls._build(found, device)
 
     @classmethod
@@ -114,7 +116,7 @@ class SAE(nn.Module):
     def _build(cls, found: Dictionary, device: str) -> SAE:
         """Build the SAE of a reader's Dictionary (its tensors cast to cfg.dtype). A tensor already of cfg.dtype
         on `device` becomes the parameter as it is, not a copy: the weights of a memory-mapped file stay mapped
-        (saegeo.sae.formats.base.read_safetensors), so a 262k-latent dictionary is not held twice. The module
+        (saegeo.sae.formats.weight_files.read_safetensors), so a 262k-latent dictionary is not held twice. The module
         is built on the meta device first (no memory); what the files do not hold is zero."""
         sae = cls(found.cfg, device="meta", format_info=found.info)
         with torch.no_grad():

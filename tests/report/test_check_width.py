@@ -17,8 +17,8 @@ import torch
 
 from saegeo.geometry.dictionary import nearest_decoder_neighbours, nearest_neighbour_summary
 from saegeo.report.dictionary_check import CheckOptions, check_dictionary
-from saegeo.sae.formats import read_dictionary
-from saegeo.sae.formats.base import Dictionary, is_mapped, read_safetensors
+from saegeo.sae.formats import Dictionary, read_dictionary
+from saegeo.sae.formats.weight_files import is_mapped, read_safetensors
 from saegeo.sae.model import SAE
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -209,3 +209,59 @@ def test_a_missing_local_path_is_said_before_any_hub_lookup(tmp_path, monkeypatc
     with pytest.raises(FormatError) as err:
         SAE.load("out/nonexistent_typo")
     assert str(err.value).startswith("out/nonexistent_typo: does not exist (out/ does, holding sae_a)")
+
+
+def _stand_in_sae_lens(tmp_path, monkeypatch, yaml_text: str) -> Path:
+    """A stand-in sae_lens package holding only pretrained_saes.yaml (importing it fails: saegeo must not)."""
+    site = tmp_path / "site"
+    (site / "sae_lens").mkdir(parents=True)
+    (site / "sae_lens" / "__init__.py").write_text("raise ImportError('saegeo must not import sae_lens')\n")
+    (site / "sae_lens" / "pretrained_saes.yaml").write_text(yaml_text)
+    monkeypatch.syspath_prepend(str(site))
+    return site / "sae_lens" / "pretrained_saes.yaml"
+
+
+_GOOD_RELEASE = (
+    "good-release:\n"
+    "  conversion_func: null\n"
+    "  model: gpt2-small\n"
+    "  repo_id: someone/elsewhere\n"
+    "  saes:\n"
+    "  - id: blocks.8.hook_resid_pre\n"
+    "    path: 0\n"  # YAML reads a bare 0 as a number; sae_lens' own file has such paths (the folder "0")
+)
+
+
+@pytest.mark.parametrize(
+    ("release", "field", "says"),
+    [
+        ("  repo_id: [a, b]\n  saes: []\n", "bad-release.repo_id", "must be a string, found ['a', 'b']"),
+        ("  saes: []\n", "bad-release.repo_id", "must be present, found nothing"),
+        ("  repo_id: x/y\n  saes:\n  - id: s\n    path: null\n", "bad-release.saes.0.path", "must be a string"),
+        ("  repo_id: x/y\n  saes:\n  - path: p\n", "bad-release.saes.0.id", "must be present"),
+        ("  repo_id: x/y\n  saes: {id: s}\n", "bad-release.saes", "must be a list"),
+        ("  repo_id: x/y\n  conversion_func: 3\n  saes: []\n", "bad-release.conversion_func", "must be a string"),
+        (
+            "  repo_id: x/y\n  config_overrides: [1]\n  saes: []\n",
+            "bad-release.config_overrides",
+            "must be a JSON object",
+        ),
+    ],
+)
+def test_a_malformed_release_in_sae_lens_registry_is_refused_naming_the_file_and_field(
+    offline_cache, tmp_path, monkeypatch, capsys, release, field, says
+):
+    """sae_lens' pretrained_saes.yaml is a foreign config like any other: a release that does not fit its schema
+    (hub.release_list_schema) is one line naming the file and the field, exit 2 through the CLI; the other releases
+    of the file still resolve (a bare-number path read as that folder's name)."""
+    from saegeo.cli import main
+
+    yaml_file = _stand_in_sae_lens(tmp_path, monkeypatch, _GOOD_RELEASE + "bad-release:\n" + release)
+    with pytest.raises(FormatError) as err:
+        resolve_hub_id("bad-release/s")
+    assert str(err.value).startswith(f"{yaml_file}: {field} {says}"), str(err.value)
+    assert main(["check", "bad-release/s", "--no-progress"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and f"{yaml_file}: {field} {says}" in lines[0]
+    hub = resolve_hub_id("good-release/blocks.8.hook_resid_pre")
+    assert (hub.repo_id, hub.subfolder) == ("someone/elsewhere", "0")

@@ -1,122 +1,96 @@
 """Dictionary files: saegeo's own SAE directories and the published formats, one reader module per library.
 
-  saelens              SAELens layout (any version), also what `SAE.save` writes          saelens.py
-  sparsify             EleutherAI sparsify                                                sparsify.py
-  dictionary_learning  saprmarks/dictionary_learning                                      dictionary_learning.py
-  gemma_scope_npz / _2 Gemma Scope params.npz, Gemma Scope 2 params.safetensors            gemma_scope.py
-  llama_scope          OpenMOSS lm-saes                                                   llama_scope.py
-  goodfire             Goodfire .pth                                                      goodfire.py
-  openai               openai/sparse_autoencoder                                          openai.py
+Each module of this package that reads a format registers a `FormatReader` (format_reader.py): its detection, its
+layout, the facts its files record, the hub conversions whose files it reads and, where the library has one, the
+reader of its SAE objects in memory. Nothing here names a format: `detect_format` asks each registered reader
+whether a folder or a file is its own, `read_dictionary` reads it (or resolves a hub id, hub.py, first) and
+`object_dictionary` hands a peer library's SAE object to the reader that recognises it.
+`saegeo.sae.model.SAE.load` builds the SAE from either. A new format is one new module here (or a
+`register_format` call anywhere, as tests/sae/test_toy_format.py does).
 
-Each reader returns a `Dictionary` (SAEConfig, tensors in the SAELens layout, FormatInfo) with its library's own
-encode/decode (see base.py); `read_dictionary` detects the format of a path (or resolves a hub id, hub.py) and
-reads it; `object_dictionary` reads the same from a peer library's SAE object in memory (SAELens, sparsify,
-dictionary_learning); `saegeo.sae.model.SAE.load` builds the SAE from either.
+  format_reader.py   FormatReader, FormatInfo, Dictionary and the registry (discovery by pkgutil)
+  reader_checks.py   the shape, key, count and config-schema checks every reader runs
+  weight_files.py    safe readers of JSON, safetensors (memory-mapped), pickles (weights only) and npz
+  hub.py             hub ids and SAELens release ids, through the Hugging Face cache
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
-from collections.abc import Callable
 from pathlib import Path
 
 from saegeo.errors import FormatError
-from saegeo.sae.formats.base import EXPECTED_LAYOUTS, Dictionary, FormatInfo, read_json, read_pickle
-from saegeo.sae.formats.dictionary_learning import (
-    DICTIONARY_LEARNING_CLASSES,
-    dictionary_learning_state_dictionary,
-    read_dictionary_learning,
+from saegeo.sae.formats.format_reader import (
+    PICKLE_SUFFIXES,
+    Dictionary,
+    FormatInfo,
+    FormatReader,
+    expected_layouts,
+    format_names,
+    format_readers,
+    get_format,
+    register_format,
+    unregister_format,
 )
-from saegeo.sae.formats.gemma_scope import read_gemma_scope_2, read_gemma_scope_npz
-from saegeo.sae.formats.goodfire import read_goodfire
-from saegeo.sae.formats.hub import HUB_RELEASES, HubDictionary, download_hub_dictionary, resolve_hub_id
-from saegeo.sae.formats.llama_scope import read_llama_scope
-from saegeo.sae.formats.openai import read_openai
-from saegeo.sae.formats.saelens import (
-    CFG_FILENAME,
-    COMMIT_FILENAME,
-    WEIGHTS_FILENAME,
-    read_saelens,
-    saelens_state_dictionary,
-)
-from saegeo.sae.formats.sparsify import read_sparsify, sparsify_state_dictionary
+from saegeo.sae.formats.hub import HubDictionary, download_hub_dictionary, resolve_hub_id
+from saegeo.sae.formats.saelens import CFG_FILENAME, WEIGHTS_FILENAME
+from saegeo.sae.formats.weight_files import read_pickle
 
 __all__ = [
     "CFG_FILENAME",
     "WEIGHTS_FILENAME",
-    "HUB_RELEASES",
-    "LOADERS",
     "Dictionary",
     "FormatInfo",
+    "FormatReader",
     "HubDictionary",
-    "OBJECT_KINDS",
     "detect_format",
-    "object_dictionary",
-    "read_dictionary",
-    "resolve_hub_id",
     "download_hub_dictionary",
+    "expected_layouts",
+    "format_names",
+    "format_readers",
+    "get_format",
+    "object_dictionary",
+    "object_kinds",
+    "read_dictionary",
+    "register_format",
+    "resolve_hub_id",
+    "unregister_format",
 ]
-
-_INFO_FIELDS = {f.name for f in dataclasses.fields(FormatInfo)} - {"format", "source", "written_by", "hub_id"}
-LOADERS: dict[str, Callable[[str | os.PathLike], Dictionary]] = {
-    "saelens": read_saelens,
-    "sparsify": read_sparsify,
-    "dictionary_learning": read_dictionary_learning,
-    "gemma_scope_npz": read_gemma_scope_npz,
-    "gemma_scope_2": read_gemma_scope_2,
-    "llama_scope": read_llama_scope,
-    "goodfire": read_goodfire,
-    "openai": read_openai,
-}
 
 
 def _detect_file(p: Path) -> str:
-    name = p.name
-    if name.endswith(".npz"):
-        return "gemma_scope_npz"
-    if name in (
-        WEIGHTS_FILENAME,
-        "sae.safetensors",
-        CFG_FILENAME,
-        "config.json",
-        "params.safetensors",
-        "hyperparams.json",
-    ):
-        return _detect_dir(p.parent)
-    if p.suffix in (".pt", ".pth", ".ckpt"):
-        if (p.parent / "config.json").is_file() and "trainer" in read_json(p.parent / "config.json"):
-            return "dictionary_learning"
-        keys = set(read_pickle(p))
-        if {"pre_bias", "latent_bias"} & keys:
-            return "openai"
-        if "encoder_linear.weight" in keys:
-            return "goodfire"
-        if {"ae", "optimizer"} <= keys:
-            return "dictionary_learning"  # a training backup: refused there by name
-        if keys & {"encoder.weight", "W_enc", "decoder.weight", "W_dec"}:
-            return "dictionary_learning"
+    keys: list[set[str]] = []
+
+    def state_keys() -> set[str]:  # a pickle is read once, and only when a reader asks
+        if not keys:
+            keys.append(set(read_pickle(p)))
+        return keys[0]
+
+    best, best_score = None, 0
+    for reader in format_readers():
+        score = reader.claims_file(p, state_keys) if reader.claims_file is not None else 0
+        if score > best_score:
+            best, best_score = reader, score
+        if best_score >= 3:  # certain: the rest need not read the file
+            break
+    if best is not None:
+        return best.name
+    if p.name in {f for r in format_readers() for f in r.files if "/" not in f and not f.endswith(PICKLE_SUFFIXES)}:
+        return _detect_dir(p.parent)  # a file of a layout stands for its folder
+    if p.suffix in PICKLE_SUFFIXES:
         raise FormatError(
-            f"{p}: a state dict with keys {sorted(keys)[:12]} matches no known dictionary; expected {EXPECTED_LAYOUTS}"
+            f"{p}: a state dict with keys {sorted(state_keys())[:12]} matches no known dictionary; "
+            f"expected {expected_layouts()}"
         )
-    raise FormatError(f"{p}: unknown dictionary file type; expected {EXPECTED_LAYOUTS}")
+    raise FormatError(f"{p}: unknown dictionary file type; expected {expected_layouts()}")
 
 
 def _detect_dir(d: Path) -> str:
     names = {p.name for p in d.iterdir()}
-    if CFG_FILENAME in names and WEIGHTS_FILENAME in names or COMMIT_FILENAME in names:  # (a save to finish)
-        return "saelens"
-    if CFG_FILENAME in names and "sae.safetensors" in names:
-        return "sparsify"
-    if "ae.pt" in names:
-        return "dictionary_learning"
-    if "params.npz" in names:
-        return "gemma_scope_npz"
-    if "params.safetensors" in names:
-        return "gemma_scope_2"
-    if "hyperparams.json" in names:
-        return "llama_scope"
+    for reader in format_readers():
+        if reader.claims(names):
+            return reader.name
     pts = sorted(n for n in names if n.endswith((".pt", ".pth")))
     if len(pts) == 1:
         return _detect_file(d / pts[0])
@@ -131,13 +105,13 @@ def _detect_dir(d: Path) -> str:
             f"{d} holds {len(nested)} dictionaries: {', '.join(nested[:20])}{' ...' if len(nested) > 20 else ''}; pass one of them"
         )
     raise FormatError(
-        f"{d}: found {sorted(names)[:30] or 'an empty directory'}, which matches no dictionary layout; expected {EXPECTED_LAYOUTS}"
+        f"{d}: found {sorted(names)[:30] or 'an empty directory'}, which matches no dictionary layout; expected {expected_layouts()}"
     )
 
 
 def detect_format(path: str | os.PathLike) -> str:
-    """The published format of a dictionary file or directory, one of the keys of LOADERS, from the file names
-    and (for a lone .pt) its keys; FormatError says what was found and what was expected."""
+    """The registered format of a dictionary file or directory (format_names()), from the file names and (for a
+    lone .pt) its keys, as each reader claims them; FormatError says what was found and what was expected."""
     p = Path(path)
     if not p.exists():
         raise FormatError(f"{p}: does not exist")
@@ -158,12 +132,13 @@ def _refuse_missing_local_path(path: Path) -> None:
 
 
 def read_dictionary(path: str | os.PathLike) -> Dictionary:
-    """The dictionary at `path`, in any supported format (auto-detected): a local file or directory, or a hub id
+    """The dictionary at `path`, in any registered format (auto-detected): a local file or directory, or a hub id
     (see `resolve_hub_id`: org/repo[/subfolder], or a SAELens RELEASE/sae_id) fetched through the Hugging Face
-    cache. A release is read by the reader of its conversion function, with its config_overrides applied as
-    SAELens applies them. Its `info` records the format, the source and the config facts `saegeo check` reads."""
+    cache. A release is read by the format that registers its conversion function, with its config_overrides
+    applied as SAELens applies them. Its `info` records the format, the source and the config facts `saegeo check`
+    reads."""
     if Path(path).exists():
-        return LOADERS[detect_format(path)](path)
+        return get_format(detect_format(path)).read(path)
     _refuse_missing_local_path(Path(path))
     hub = resolve_hub_id(str(path))
     if hub is None:
@@ -172,17 +147,15 @@ def read_dictionary(path: str | os.PathLike) -> Dictionary:
             "for a SAELens release such as gpt2-small-res-jb/blocks.8.hook_resid_pre)"
         )
     local = download_hub_dictionary(hub)
-    fmt = hub.reader or detect_format(local)
+    reader = get_format(hub.reader or detect_format(local))
     overrides = hub.config_overrides
-    found = read_saelens(local, overrides) if fmt == "saelens" else LOADERS[fmt](local)
+    found = reader.read_release(local, overrides) if reader.read_release is not None else reader.read(local)
     info = found.info
     info.hub_id = str(path)
     if hub.release:
         info.release = {"release": hub.release, "repo_id": hub.repo_id, "path": hub.subfolder, "registry": hub.registry}
-        if fmt != "saelens":  # the SAELens reader applied them to the config it read; here, to what the files said
-            for key, value in overrides.items():
-                if key in _INFO_FIELDS:
-                    setattr(info, key, value)
+        if reader.read_release is None:  # a reader that applied them did so to its config; here, to what it said
+            _apply_overrides(info, overrides)
         info.config_overrides = overrides or None
     layer = next((m.group(1) for m in re.finditer(r"(?:^|/)layer_(\d+)", hub.subfolder)), None)
     if hub.model_name and not info.model_name:
@@ -192,50 +165,31 @@ def read_dictionary(path: str | os.PathLike) -> Dictionary:
     return found
 
 
-OBJECT_KINDS = (
-    "saegeo's SAE, a path or hub id, SAELens' SAE classes (cfg.to_dict() and W_enc/W_dec/b_enc/b_dec), "
-    "sparsify's SparseCoder (cfg, d_in, encoder, W_dec, b_dec) or a dictionary_learning dictionary "
-    f"({', '.join(DICTIONARY_LEARNING_CLASSES)})"
-)
+def _apply_overrides(info: FormatInfo, overrides: dict) -> None:
+    """A release's config_overrides set on the FormatInfo fields (or the format's own facts) of the same name."""
+    import dataclasses
+
+    kept = {"format", "source", "written_by", "hub_id", "facts"}
+    shared = {f.name for f in dataclasses.fields(FormatInfo)} - kept
+    own = {f.name for f in dataclasses.fields(info.facts)} if info.facts is not None else set()
+    for key, value in overrides.items():
+        if key in shared:
+            setattr(info, key, value)
+        elif key in own:
+            setattr(info.facts, key, value)
 
 
-def _state(obj) -> dict:
-    return {k: v.detach().cpu() for k, v in obj.state_dict().items()}
+def object_kinds() -> str:
+    """What `SAE.load` accepts besides paths, for the message when nothing does."""
+    kinds = [r.object_kinds for r in format_readers() if r.read_object is not None and r.object_kinds]
+    return f"saegeo's SAE, a path or hub id, {', '.join(kinds[:-1])} or {kinds[-1]}" if kinds else "saegeo's SAE"
 
 
 def object_dictionary(obj) -> Dictionary | None:
     """A peer library's SAE object in memory -> the Dictionary its saved files would give, read by the same reader
-    as those files; None when `obj` is none of them. Recognised by the attribute layout each library defines:
-
-      SAELens     obj.cfg.to_dict() (architecture, d_in, d_sae, metadata, ...) and W_enc, W_dec, b_enc, b_dec: the
-                  config and state dict that `save_model` writes (process_state_dict_for_saving), or for a training
-                  SAE the inference form `save_inference_model` writes (process_state_dict_for_saving_inference,
-                  cfg.get_inference_sae_cfg_dict(): BatchTopK becomes JumpReLU with its threshold)
-      sparsify    obj.cfg (SparseCoderConfig), obj.d_in, obj.encoder (nn.Linear), W_dec, b_dec: `save_to_disk`'s
-                  {**cfg.to_dict(), "d_in": d_in} and state dict
-      dictionary_learning  an instance of one of its dictionary classes (by class name): its state dict, as ae.pt
-    """
-    import dataclasses
-
-    name = type(obj).__name__
-    where = f"in memory: {name}"
-    cfg = getattr(obj, "cfg", None)
-    if not hasattr(obj, "state_dict"):
-        return None
-    if cfg is not None and hasattr(cfg, "to_dict") and hasattr(obj, "W_enc") and hasattr(obj, "b_dec"):
-        state = dict(obj.state_dict())
-        if hasattr(obj, "process_state_dict_for_saving_inference") and hasattr(cfg, "get_inference_sae_cfg_dict"):
-            obj.process_state_dict_for_saving_inference(state)
-            raw = dict(cfg.get_inference_sae_cfg_dict())
-        else:
-            if hasattr(obj, "process_state_dict_for_saving"):
-                obj.process_state_dict_for_saving(state)
-            raw = dict(cfg.to_dict())
-        weights = {k: v.detach().cpu() for k, v in state.items()}
-        return saelens_state_dictionary(raw, weights, where, where)
-    if cfg is not None and hasattr(obj, "encoder") and hasattr(obj, "W_dec") and hasattr(obj, "d_in"):
-        raw_cfg = cfg.to_dict() if hasattr(cfg, "to_dict") else dataclasses.asdict(cfg)
-        return sparsify_state_dictionary({**raw_cfg, "d_in": obj.d_in}, _state(obj), where, where, where)
-    if name in DICTIONARY_LEARNING_CLASSES:
-        return dictionary_learning_state_dictionary(_state(obj), {}, where, where, dict_class=name)
+    as those files (each format's FormatReader.read_object, in detection order); None when no reader recognises it."""
+    for reader in format_readers():
+        found = reader.read_object(obj) if reader.read_object is not None else None
+        if found is not None:
+            return found
     return None

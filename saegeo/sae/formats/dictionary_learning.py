@@ -10,26 +10,36 @@ from __future__ import annotations
 import functools
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from saegeo.errors import FormatError
 from saegeo.sae.architectures import SAEConfig
-from saegeo.sae.formats.base import (
-    Dictionary,
-    FormatInfo,
+from saegeo.sae.formats.format_reader import PICKLE_SUFFIXES, Dictionary, FormatInfo, FormatReader, register_format
+from saegeo.sae.formats.reader_checks import (
     check_config,
     count_field,
     dtype_name,
     expect_shape,
     make_dictionary,
     matrix_shape,
-    read_json,
-    read_pickle,
     require_keys,
     schema_types,
 )
+from saegeo.sae.formats.weight_files import read_json, read_pickle
+
+
+@dataclass
+class DictionaryLearningFacts:
+    """What a dictionary_learning ae.pt and its config.json record that no other format does (FormatInfo.facts)."""
+
+    dict_class: str | None = None
+    trainer_class: str | None = None
+    stored_threshold_ignored: float | None = None  # AutoEncoderTopK keeps a threshold it does not use
+    group_sizes: list[int] | None = None  # Matryoshka
+
 
 # dict_class -> (activation, subtracts b_dec before encoding, state-dict keys). From dictionary.py and trainers/.
 _DL_CLASSES = {
@@ -196,9 +206,8 @@ def dictionary_learning_state_dictionary(
     info = FormatInfo(
         format="dictionary_learning",
         source=source,
-        dict_class=dict_class,
         source_dtype=dtype_name(t),
-        trainer_class=trainer.get("trainer_class"),
+        facts=DictionaryLearningFacts(dict_class=dict_class, trainer_class=trainer.get("trainer_class")),
         model_name=trainer.get("lm_name"),
         hook_name=trainer.get("submodule_name") or (f"layer {trainer['layer']}" if "layer" in trainer else None),
     )
@@ -216,7 +225,7 @@ def dictionary_learning_state_dictionary(
     elif activation == "topk":
         stored = t.get("threshold")
         if stored is not None and stored.numel() == 1 and not stored.is_complex():  # unused: recorded when readable
-            info.stored_threshold_ignored = float(stored)
+            info.facts.stored_threshold_ignored = float(stored)
     if dict_class == "MatryoshkaBatchTopKSAE":
         if (
             t["group_sizes"].is_floating_point()
@@ -229,7 +238,7 @@ def dictionary_learning_state_dictionary(
         sizes = [int(s) for s in t["group_sizes"].reshape(-1)]
         if sum(sizes) != d_sae:
             raise FormatError(f"{pt}: group_sizes {sizes} sum to {sum(sizes)}, not dict_size {d_sae}")
-        info.group_sizes = sizes
+        info.facts.group_sizes = sizes
     cfg = SAEConfig(
         d_in=int(d_in),
         d_sae=int(d_sae),
@@ -242,3 +251,43 @@ def dictionary_learning_state_dictionary(
     if k is not None and activation != "topk":
         info.training_k = k
     return make_dictionary(cfg, tensors, pt, info)
+
+
+def read_dictionary_learning_object(obj) -> Dictionary | None:
+    """A dictionary_learning dictionary in memory, recognised by its class name (one of
+    DICTIONARY_LEARNING_CLASSES): its state dict, read as ae.pt is; None for anything else."""
+    name = type(obj).__name__
+    if name not in DICTIONARY_LEARNING_CLASSES or not hasattr(obj, "state_dict"):
+        return None
+    state = {k: v.detach().cpu() for k, v in obj.state_dict().items()}
+    return dictionary_learning_state_dictionary(state, {}, f"in memory: {name}", f"in memory: {name}", dict_class=name)
+
+
+def _claims_file(path: Path, keys) -> int:
+    """A lone pickle: certain beside a config.json with a trainer block (read before the pickle), sure for a
+    training backup ({ae, optimizer}), a weak guess for any SAE weight names (the other formats' own keys win)."""
+    if path.suffix not in PICKLE_SUFFIXES:
+        return 0
+    config = path.parent / "config.json"
+    if config.is_file() and "trainer" in read_json(config):
+        return 3
+    if {"ae", "optimizer"} <= keys():
+        return 2  # refused by name in the reader
+    return 1 if keys() & {"encoder.weight", "W_enc", "decoder.weight", "W_dec"} else 0
+
+
+register_format(
+    FormatReader(
+        name="dictionary_learning",
+        read=read_dictionary_learning,
+        layout="dictionary_learning: ae.pt [+ config.json]",
+        files=("ae.pt", "config.json"),
+        marker=("ae.pt",),
+        claims_file=_claims_file,
+        facts=DictionaryLearningFacts,
+        conversions=("dictionary_learning_1",),
+        read_object=read_dictionary_learning_object,
+        object_kinds=f"a dictionary_learning dictionary ({', '.join(DICTIONARY_LEARNING_CLASSES)})",
+        priority=30,
+    )
+)

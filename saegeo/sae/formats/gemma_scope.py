@@ -10,20 +10,18 @@ from pathlib import Path
 
 from saegeo.errors import FormatError
 from saegeo.sae.architectures import SAEConfig
-from saegeo.sae.formats.base import (
-    Dictionary,
-    FormatInfo,
+from saegeo.sae.formats.format_reader import Dictionary, FormatInfo, FormatReader, register_format
+from saegeo.sae.formats.hub import release_entry
+from saegeo.sae.formats.reader_checks import (
     check_config,
     dtype_name,
     expect_shape,
     make_dictionary,
     matrix_shape,
-    read_json,
-    read_npz,
-    read_safetensors,
     require_keys,
     schema_types,
 )
+from saegeo.sae.formats.weight_files import read_json, read_npz, read_safetensors
 
 
 def read_gemma_scope_npz(path: str | os.PathLike) -> Dictionary:
@@ -123,3 +121,74 @@ def read_gemma_scope_2(path: str | os.PathLike) -> Dictionary:
         exclude_special_tokens=True,
     )
     return make_dictionary(cfg, {k: params[k] for k in ("W_enc", "W_dec", "b_enc", "b_dec", "threshold")}, file, info)
+
+
+_GEMMA_2_HOOKS = {
+    "res": "blocks.{layer}.hook_resid_post",
+    "mlp": "blocks.{layer}.hook_mlp_out",
+    "att": "blocks.{layer}.attn.hook_z",
+}
+
+
+def _gemma_scope_releases() -> dict[str, dict]:
+    """Gemma Scope's releases (SAELens conversion gemma_2): every sae_id is its own path (layer_N/width_W/...)."""
+    table = {}
+    for size in ("2b", "9b", "27b"):
+        for site, hook in _GEMMA_2_HOOKS.items():
+            if size == "27b" and site != "res":  # not released (absent from SAELens' registry too)
+                continue
+            table[f"gemma-scope-{size}-pt-{site}"] = release_entry(
+                f"google/gemma-scope-{size}-pt-{site}", f"google/gemma-2-{size}", "gemma_2", hook=hook
+            )
+    table["gemma-scope-9b-it-res"] = release_entry(
+        "google/gemma-scope-9b-it-res", "google/gemma-2-9b-it", "gemma_2", hook=_GEMMA_2_HOOKS["res"]
+    )
+    return table
+
+
+def _gemma_scope_2_releases() -> dict[str, dict]:
+    """Gemma Scope 2's releases (SAELens conversion gemma_3): sae_id layer_12_width_16k_l0_medium lies in the
+    site's folder (resid_post/layer_12_...)."""
+    folders = {"res": "resid_post", "mlp": "mlp_out", "att": "attn_out"}
+    hooks = {"res": "blocks.{layer}.hook_resid_post", "mlp": "blocks.{layer}.hook_mlp_out", "att": None}
+    table = {}
+    for size in ("270m", "1b", "4b", "12b", "27b"):
+        for variant in ("pt", "it"):
+            for site, folder in folders.items():
+                for suffix, sub in (("", folder), ("-all", f"{folder}_all")):
+                    if (size, variant) == ("27b", "pt") and site != "res":  # not released
+                        continue
+                    table[f"gemma-scope-2-{size}-{variant}-{site}{suffix}"] = release_entry(
+                        f"google/gemma-scope-2-{size}-{variant}",
+                        f"google/gemma-3-{size}-{variant}",
+                        "gemma_3",
+                        hook=hooks[site],
+                        path_prefix=sub,
+                    )
+    return table
+
+
+register_format(
+    FormatReader(
+        name="gemma_scope_npz",
+        read=read_gemma_scope_npz,
+        layout="Gemma Scope: params.npz",
+        files=("params.npz",),
+        claims_file=lambda path, keys: 1 if path.suffix == ".npz" else 0,
+        conversions=("gemma_2",),
+        releases=_gemma_scope_releases,
+        priority=40,
+    )
+)
+register_format(
+    FormatReader(
+        name="gemma_scope_2",
+        read=read_gemma_scope_2,
+        layout="Gemma Scope 2: params.safetensors + config.json",
+        files=("params.safetensors", "config.json"),
+        marker=("params.safetensors",),
+        conversions=("gemma_3",),
+        releases=_gemma_scope_2_releases,
+        priority=50,
+    )
+)

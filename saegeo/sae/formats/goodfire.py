@@ -7,16 +7,9 @@ from pathlib import Path
 
 from saegeo.errors import FormatError
 from saegeo.sae.architectures import SAEConfig
-from saegeo.sae.formats.base import (
-    Dictionary,
-    FormatInfo,
-    dtype_name,
-    expect_shape,
-    make_dictionary,
-    matrix_shape,
-    read_pickle,
-    require_keys,
-)
+from saegeo.sae.formats.format_reader import PICKLE_SUFFIXES, Dictionary, FormatInfo, FormatReader, register_format
+from saegeo.sae.formats.reader_checks import dtype_name, expect_shape, make_dictionary, matrix_shape, require_keys
+from saegeo.sae.formats.weight_files import read_pickle
 
 
 def read_goodfire(path: str | os.PathLike) -> Dictionary:
@@ -49,3 +42,14 @@ def read_goodfire(path: str | os.PathLike) -> Dictionary:
         "b_dec": state["decoder_linear.bias"],
     }
     return make_dictionary(cfg, tensors, file, info)
+
+
+register_format(
+    FormatReader(
+        name="goodfire",
+        read=read_goodfire,
+        layout="Goodfire: one .pth (encoder_linear.*, decoder_linear.*)",
+        claims_file=lambda path, keys: 2 if path.suffix in PICKLE_SUFFIXES and "encoder_linear.weight" in keys() else 0,
+        priority=70,
+    )
+)

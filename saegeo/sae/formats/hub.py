@@ -2,15 +2,18 @@
 
 A SAELens release id is looked up as `SAE.from_pretrained(release, sae_id)` looks it up: in the registry of an
 installed sae_lens (its own pretrained_saes.yaml, read without importing sae_lens) when there is one, else in
-saegeo's table of the commonly used releases (SAELENS_RELEASES: gpt2-small-res-jb, Gemma Scope and Gemma Scope 2,
-Llama Scope, pythia-70m-deduped): the release gives the repo, each sae_id its path in it (`saes_map`), the
-conversion function names the layout (read by that layout's reader, CONVERSIONS), and `config_overrides` are
+saegeo's table of the commonly used releases (`saegeo_releases()`: gpt2-small-res-jb, Gemma Scope and Gemma Scope
+2, Llama Scope, pythia-70m-deduped, each declared by its format's module): the release gives the repo, each sae_id
+its path in it (`saes_map`), the conversion function names the layout (read by the format that registers it,
+`conversions()`), and `config_overrides` are
 applied to the config read from the files, as SAELens' cfg_dict.update(config_overrides) applies them (e.g.
-gpt2-small-res-jb's model_from_pretrained_kwargs.center_writing_weights = true).
+gpt2-small-res-jb's model_from_pretrained_kwargs.center_writing_weights = true). A release of sae_lens' file is
+checked against `release_list_schema` before it is used.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -19,18 +22,9 @@ from typing import Any
 
 from saegeo.errors import FormatError
 from saegeo.io import hf_download_command
-from saegeo.sae.formats.base import EXPECTED_LAYOUTS
+from saegeo.sae.formats.format_reader import expected_layouts, format_readers
+from saegeo.sae.formats.reader_checks import check_config, schema_types
 
-# SAELens conversion_func -> (saegeo reader, the files of one SAE inside its folder). None: SAELens' own loader.
-CONVERSIONS: dict[str | None, tuple[str, tuple[str, ...]]] = {
-    None: ("saelens", ("cfg.json", "sae_weights.safetensors")),
-    "sae_lens": ("saelens", ("cfg.json", "sae_weights.safetensors")),
-    "gemma_2": ("gemma_scope_npz", ("params.npz",)),
-    "gemma_3": ("gemma_scope_2", ("params.safetensors", "config.json")),  # Gemma Scope 2
-    "llama_scope": ("llama_scope", ("hyperparams.json", "checkpoints/final.safetensors")),
-    "dictionary_learning_1": ("dictionary_learning", ("ae.pt", "config.json")),
-    "sparsify": ("sparsify", ("cfg.json", "sae.safetensors")),
-}
 # conversion functions whose result saegeo does not reproduce (transcoders, cross-layer and bespoke layouts)
 REFUSED_CONVERSIONS = {
     "connor_rob_hook_z": "attention hook_z SAEs reshaped per head by SAELens' converter",
@@ -42,16 +36,18 @@ REFUSED_CONVERSIONS = {
 }
 
 
-def _release(
+def release_entry(
     repo_id: str,
-    model: str,
+    model: str | None,
     conversion: str | None,
     saes: dict[str, str] | None = None,
     hook: str | None = None,
     overrides: dict | None = None,
+    path_prefix: str | None = None,
 ) -> dict[str, Any]:
-    """One release: saes None means every sae_id is its own path in the repo (Gemma Scope's layer_N/width_W/...)."""
-    return {
+    """One release in saegeo's layout: saes None means every sae_id is its own path in the repo (Gemma Scope's
+    layer_N/width_W/...); path_prefix a folder every path sits in; hook a template of the hook name by layer."""
+    entry = {
         "repo_id": repo_id,
         "model": model,
         "conversion_func": conversion,
@@ -59,83 +55,64 @@ def _release(
         "hook_template": hook,
         "config_overrides": overrides or {},
     }
+    if path_prefix:
+        entry["path_prefix"] = path_prefix
+    return entry
 
 
-def _saegeo_table() -> dict[str, dict[str, Any]]:
-    """saegeo's copy of the releases most used (names, repos, paths and overrides as in SAELens 6.18's registry)."""
+def conversions() -> dict[str | None, tuple[str, tuple[str, ...]]]:
+    """SAELens conversion_func -> (the saegeo format whose reader reads its result, the files of one SAE inside its
+    folder), as each format registers them (FormatReader.conversions). None: SAELens' own loader."""
+    return {conv: (r.name, r.files) for r in format_readers() for conv in r.conversions}
+
+
+def saegeo_releases() -> dict[str, dict[str, Any]]:
+    """saegeo's copy of the releases most used (names, repos, paths and overrides as in SAELens 6.18's registry),
+    each declared by the module of its format (FormatReader.releases)."""
     table: dict[str, dict[str, Any]] = {}
-    gpt2 = [f"blocks.{layer}.hook_resid_pre" for layer in range(12)] + ["blocks.11.hook_resid_post"]
-    table["gpt2-small-res-jb"] = _release(
-        "jbloom/GPT2-Small-SAEs-Reformatted",
-        "gpt2",
-        None,
-        {i: i for i in gpt2},
-        overrides={"model_from_pretrained_kwargs": {"center_writing_weights": True}},
-    )
-    gemma_sites = {
-        "res": "blocks.{layer}.hook_resid_post",
-        "mlp": "blocks.{layer}.hook_mlp_out",
-        "att": "blocks.{layer}.attn.hook_z",
-    }
-    for size in ("2b", "9b", "27b"):
-        for site, hook in gemma_sites.items():
-            if size == "27b" and site != "res":  # not released (absent from SAELens' registry too)
-                continue
-            table[f"gemma-scope-{size}-pt-{site}"] = _release(
-                f"google/gemma-scope-{size}-pt-{site}", f"google/gemma-2-{size}", "gemma_2", hook=hook
-            )
-    table["gemma-scope-9b-it-res"] = _release(
-        "google/gemma-scope-9b-it-res", "google/gemma-2-9b-it", "gemma_2", hook=gemma_sites["res"]
-    )
-    scope2_sites = {"res": "resid_post", "mlp": "mlp_out", "att": "attn_out"}
-    scope2_hooks = {"res": "blocks.{layer}.hook_resid_post", "mlp": "blocks.{layer}.hook_mlp_out", "att": None}
-    for size in ("270m", "1b", "4b", "12b", "27b"):
-        for variant in ("pt", "it"):
-            for site, folder in scope2_sites.items():
-                for suffix, sub in (("", folder), ("-all", f"{folder}_all")):
-                    if (size, variant) == ("27b", "pt") and site != "res":  # not released
-                        continue
-                    table[f"gemma-scope-2-{size}-{variant}-{site}{suffix}"] = {
-                        **_release(
-                            f"google/gemma-scope-2-{size}-{variant}",
-                            f"google/gemma-3-{size}-{variant}",
-                            "gemma_3",
-                            hook=scope2_hooks[site],
-                        ),
-                        "path_prefix": sub,  # sae_id layer_12_width_16k_l0_medium -> resid_post/layer_12_...
-                    }
-    for site in ("r", "m", "a"):  # the hook comes from hyperparams.json (hook_point_in)
-        for width in ("8x", "32x"):
-            saes = {
-                f"l{layer}{site}_{width}": f"Llama3_1-8B-Base-L{layer}{site.upper()}-{width}" for layer in range(32)
-            }
-            table[f"llama_scope_lx{site}_{width}"] = _release(
-                f"fnlp/Llama3_1-8B-Base-LX{site.upper()}-{width}", "meta-llama/Llama-3.1-8B", "llama_scope", saes
-            )
-    pythia = {
-        "res": {
-            "blocks.0.hook_resid_pre": "e-res-sm",
-            **{f"blocks.{i}.hook_resid_post": f"{i}-res-sm" for i in range(6)},
-        },
-        "mlp": {f"blocks.{i}.hook_mlp_out": f"{i}-mlp-sm" for i in range(6)},
-        "att": {f"blocks.{i}.hook_attn_out": f"{i}-att-sm" for i in range(6)},
-    }
-    for site, saes in pythia.items():
-        table[f"pythia-70m-deduped-{site}-sm"] = _release(
-            f"ctigges/pythia-70m-deduped__{site}-sm_processed", "EleutherAI/pythia-70m-deduped", None, saes
-        )
+    for reader in format_readers():
+        table.update(reader.releases() if reader.releases is not None else {})
     return table
 
 
-SAELENS_RELEASES = _saegeo_table()
-HUB_RELEASES = SAELENS_RELEASES  # the name earlier versions exported
+def __getattr__(name: str) -> Any:
+    # the tables earlier versions exported as constants, now built from the registered formats on first use
+    if name in ("SAELENS_RELEASES", "HUB_RELEASES"):
+        return saegeo_releases()
+    if name == "CONVERSIONS":
+        return conversions()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 _HUB_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_REGISTRY_CACHE: dict[tuple[str, float], dict[str, dict[str, Any]]] = {}
+_REGISTRY_CACHE: dict[tuple[str, float], dict[str, Any]] = {}
 
 
-def installed_saelens_registry() -> tuple[dict[str, dict[str, Any]], str] | None:
-    """(releases, the file) from an installed sae_lens' pretrained_saes.yaml, found without importing sae_lens;
-    None when sae_lens (or PyYAML) is not installed. Releases in saegeo's layout (see _release)."""
+@functools.cache
+def release_list_schema() -> type:
+    """One release of sae_lens' pretrained_saes.yaml, as SAELens' PretrainedSAELookup reads it: repo_id (a string),
+    model and conversion_func (strings or null), saes (a list of {id, path}: a path YAML reads as a number, such as 0,
+    is that folder's name), config_overrides (a mapping or null). Other keys (links, l0, neuronpedia) pass unread."""
+    T = schema_types()
+
+    class ReleaseSAE(T.Config):
+        id: str
+        path: T.either("a string (a folder or file in the repo)", lambda v: isinstance(v, (str, int)))
+
+    class Release(T.Config):
+        repo_id: str
+        model: T.Text = None
+        conversion_func: T.Text = None
+        saes: list[ReleaseSAE] = []
+        config_overrides: T.Object = None
+
+    return Release
+
+
+def installed_saelens_registry() -> tuple[dict[str, Any], str] | None:
+    """(releases as the file holds them, the file) from an installed sae_lens' pretrained_saes.yaml, found without
+    importing sae_lens; None when sae_lens (or PyYAML) is not installed. A release is checked against
+    `release_list_schema` when it is looked up (`release_from_registry`), so one malformed entry refuses only itself."""
     import importlib.util
 
     try:
@@ -156,20 +133,31 @@ def installed_saelens_registry() -> tuple[dict[str, dict[str, Any]], str] | None
             # libyaml's loader where PyYAML has it: the pure-Python one took seconds on this multi-MB file
             loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
             raw = yaml.load(files[0].read_text(), Loader=loader) or {}
-        except (OSError, yaml.YAMLError) as err:
-            raise FormatError(f"{files[0]}: sae_lens' registry cannot be read ({err})") from None
-        _REGISTRY_CACHE[key] = {
-            name: _release(
-                value["repo_id"],
-                value.get("model"),
-                value.get("conversion_func"),
-                {sae["id"]: sae["path"] for sae in value.get("saes", [])},
-                overrides=value.get("config_overrides") or {},
+        except (OSError, yaml.YAMLError, RecursionError) as err:
+            raise FormatError(f"{files[0]}: sae_lens' registry cannot be read ({type(err).__name__})") from None
+        if not isinstance(raw, dict):
+            raise FormatError(
+                f"{files[0]}: sae_lens' registry must map release names to releases, found a {type(raw).__name__}"
             )
-            for name, value in raw.items()
-            if isinstance(value, dict) and "repo_id" in value
-        }
+        _REGISTRY_CACHE[key] = raw
     return _REGISTRY_CACHE[key], str(files[0])
+
+
+def release_from_registry(name: str, value: Any, file: str) -> dict[str, Any]:
+    """Release `name` of sae_lens' registry `file` in saegeo's layout (`release_entry`), refused in one line naming
+    the file and the field (e.g. "gpt2-small-res-jb.saes.3.path") when it does not fit `release_list_schema`."""
+    if not isinstance(value, dict):
+        raise FormatError(
+            f"{file}: {name} must be a mapping (repo_id, model, conversion_func, saes), found {value!r}"[:300]
+        )
+    check_config(file, value, release_list_schema(), within=name)
+    return release_entry(
+        value["repo_id"],
+        value.get("model"),
+        value.get("conversion_func"),
+        {sae["id"]: str(sae["path"]) for sae in value.get("saes") or []},
+        overrides=value.get("config_overrides") or {},
+    )
 
 
 @dataclass
@@ -189,14 +177,16 @@ class HubDictionary:
     @property
     def reader(self) -> str | None:
         """The saegeo reader of the release's layout (None: detect it from the files)."""
-        return CONVERSIONS[self.conversion][0] if self.release and self.conversion in CONVERSIONS else None
+        known = conversions()
+        return known[self.conversion][0] if self.release and self.conversion in known else None
 
     @property
     def files(self) -> tuple[str, ...]:
         """The files of this SAE inside its repo, when the layout is known."""
-        if not self.release or self.conversion not in CONVERSIONS:
+        known = conversions()
+        if not self.release or self.conversion not in known:
             return ()
-        return tuple(f"{self.subfolder}/{f}" for f in CONVERSIONS[self.conversion][1])
+        return tuple(f"{self.subfolder}/{f}" for f in known[self.conversion][1])
 
     def download_command(self) -> str:
         if self.files:
@@ -207,9 +197,10 @@ class HubDictionary:
 def _release_entry(release: str) -> tuple[dict[str, Any], str] | None:
     installed = installed_saelens_registry()
     if installed is not None and release in installed[0]:
-        return installed[0][release], installed[1]
-    if release in SAELENS_RELEASES:
-        return SAELENS_RELEASES[release], "saegeo"
+        return release_from_registry(release, installed[0][release], installed[1]), installed[1]
+    table = saegeo_releases()
+    if release in table:
+        return table[release], "saegeo"
     return None
 
 
@@ -299,7 +290,7 @@ def download_hub_dictionary(hub: HubDictionary) -> Path:
             f"{hub.hub_id}: {release}on a machine with network run `{hub.download_command()}` (into {where}) or "
             f"pass a local path; {wanted} is not in that cache and {why} (looked for "
             f"{where / ('models--' + hub.repo_id.replace('/', '--'))}/snapshots/*/{sub or ''}; a dictionary is "
-            f"{EXPECTED_LAYOUTS})"
+            f"{expected_layouts()})"
         ) from None
     except HfHubHTTPError as err:
         raise FormatError(

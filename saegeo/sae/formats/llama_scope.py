@@ -6,27 +6,34 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from saegeo.errors import FormatError
 from saegeo.sae.architectures import SAEConfig
-from saegeo.sae.formats.base import (
-    Dictionary,
-    FormatInfo,
+from saegeo.sae.formats.format_reader import Dictionary, FormatInfo, FormatReader, register_format
+from saegeo.sae.formats.hub import release_entry
+from saegeo.sae.formats.reader_checks import (
     check_config,
     count_field,
     dtype_name,
     expect_shape,
     make_dictionary,
     matrix_shape,
-    read_json,
-    read_safetensors,
     require_floating,
     require_keys,
     schema_types,
 )
+from saegeo.sae.formats.weight_files import read_json, read_safetensors
+
+
+@dataclass
+class LlamaScopeFacts:
+    """What a Llama Scope folder records that no other format does (FormatInfo.facts)."""
+
+    input_scale_folded: float | None = None  # √d / norm_in, folded into W_enc (and 1/it into W_dec, b_dec)
 
 
 @functools.cache
@@ -132,6 +139,35 @@ def read_llama_scope(path: str | os.PathLike) -> Dictionary:
         hook_name=hp.get("hook_point_in"),
         model_name=hp.get("model_name"),
         expected_input_norm=float(norm_in) if norm_in else None,
-        input_scale_folded=scale if norm_in else None,
+        facts=LlamaScopeFacts(input_scale_folded=scale if norm_in else None),
     )
     return make_dictionary(cfg, tensors, w_file, info)
+
+
+def _releases() -> dict[str, dict]:
+    """Llama Scope's releases (SAELens conversion llama_scope); the hook comes from hyperparams.json (hook_point_in)."""
+    table = {}
+    for site in ("r", "m", "a"):
+        for width in ("8x", "32x"):
+            saes = {
+                f"l{layer}{site}_{width}": f"Llama3_1-8B-Base-L{layer}{site.upper()}-{width}" for layer in range(32)
+            }
+            table[f"llama_scope_lx{site}_{width}"] = release_entry(
+                f"fnlp/Llama3_1-8B-Base-LX{site.upper()}-{width}", "meta-llama/Llama-3.1-8B", "llama_scope", saes
+            )
+    return table
+
+
+register_format(
+    FormatReader(
+        name="llama_scope",
+        read=read_llama_scope,
+        layout="Llama Scope: hyperparams.json + checkpoints/final.safetensors",
+        files=("hyperparams.json", "checkpoints/final.safetensors"),
+        marker=("hyperparams.json",),
+        facts=LlamaScopeFacts,
+        conversions=("llama_scope",),
+        releases=_releases,
+        priority=60,
+    )
+)

