@@ -200,9 +200,7 @@ def captured_train(monkeypatch):
         seen.append(cfg)
         raise _Captured("captured")
 
-    # pipeline first: importing it binds the real train_sae, which the monkeypatch then restores
-    monkeypatch.setattr("saegeo.pipeline.train_sae", fake_train_sae)
-    monkeypatch.setattr("saegeo.sae.train.train_sae", fake_train_sae)
+    monkeypatch.setattr("saegeo.sae.train.train_sae", fake_train_sae)  # the pipeline imports it where it trains
     return seen
 
 

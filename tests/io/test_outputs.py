@@ -277,8 +277,13 @@ def test_a_full_disk_names_the_file_and_leaves_no_temp_file(fx, tmp_path, capsys
 # =========================================================================== no work lost to a late error
 def test_an_unwritable_output_is_refused_before_the_pass(fx, tmp_path, capsys, monkeypatch):
     """Tests run as root: a path under a file is what nobody can write. Found before the pass, not after it."""
+    import importlib
+
     from saegeo.report import geometry as report_geometry
-    from saegeo.report import geometry_report as report_report
+
+    report_report = importlib.import_module(
+        "saegeo.report.geometry_report"
+    )  # the module: the package exports a function of its name
 
     (tmp_path / "a_file").write_text("x")
     monkeypatch.setattr(report_geometry, "files_geometry", lambda *a, **k: pytest.fail("the pass ran"))
