@@ -52,12 +52,10 @@ def require_keys(where: object, tensors: dict, names: tuple[str, ...], what: str
         raise FormatError(f"{where}: missing {missing} for {what}; found keys {sorted(tensors)}")
 
 
-def make_dictionary(cfg: SAEConfig, tensors: dict[str, torch.Tensor], where: object, info: FormatInfo) -> Dictionary:
-    """The tensors (already in the SAELens orientation) as a Dictionary, refusing non-finite weights. The check
-    reads a matrix in blocks of rows (no whole-matrix temporary) and hands a mapped one's pages back after it
-    (`release_pages`), so checking W_enc and W_dec never holds both in memory."""
-    require_floating(where, tensors)
-    expected = {
+def contract_shapes(cfg: SAEConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of each tensor an SAE of `cfg` holds, in the SAELens layout: W_enc (d_in, d_sae), W_dec (d_sae,
+    d_in), b_enc (d_sae), b_dec (d_in), and the threshold where its architecture has one."""
+    shapes = {
         "W_enc": (cfg.d_in, cfg.d_sae),
         "W_dec": (cfg.d_sae, cfg.d_in),
         "b_enc": (cfg.d_sae,),
@@ -65,8 +63,18 @@ def make_dictionary(cfg: SAEConfig, tensors: dict[str, torch.Tensor], where: obj
     }
     threshold = get_architecture(cfg.activation).threshold_shape(cfg)
     if threshold is not None:
-        expected["threshold"] = threshold
-    for name, shape in expected.items():  # a reader's own checks name the file's keys; this one backs them all
+        shapes["threshold"] = threshold
+    return shapes
+
+
+def make_dictionary(cfg: SAEConfig, tensors: dict[str, torch.Tensor], where: object, info: FormatInfo) -> Dictionary:
+    """The tensors (already in the SAELens orientation) as a Dictionary, refusing non-finite weights. The check
+    reads a matrix in blocks of rows (no whole-matrix temporary) and hands a mapped one's pages back after it
+    (`release_pages`), so checking W_enc and W_dec never holds both in memory."""
+    require_floating(where, tensors)
+    for name, shape in contract_shapes(
+        cfg
+    ).items():  # a reader's own checks name the file's keys; this one backs them all
         value = tensors.get(name)
         if value is None:
             raise FormatError(

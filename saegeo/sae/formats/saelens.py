@@ -36,6 +36,7 @@ from saegeo.sae.formats.format_reader import Dictionary, FormatInfo, FormatReade
 from saegeo.sae.formats.hub import release_entry
 from saegeo.sae.formats.reader_checks import (
     check_config,
+    contract_shapes,
     count_field,
     dtype_name,
     expect_shape,
@@ -486,15 +487,7 @@ def _saelens_tensors(
     if "log_threshold" in weights and "threshold" not in weights:
         weights["threshold"] = weights.pop("log_threshold").exp()
     implied = f"cfg.json d_in={cfg.d_in}, d_sae={cfg.d_sae}"
-    shapes = {
-        "W_enc": (cfg.d_in, cfg.d_sae),
-        "W_dec": (cfg.d_sae, cfg.d_in),
-        "b_enc": (cfg.d_sae,),
-        "b_dec": (cfg.d_in,),
-    }
-    threshold_shape = get_architecture(cfg.activation).threshold_shape(cfg)
-    if threshold_shape is not None:
-        shapes["threshold"] = threshold_shape
+    shapes = contract_shapes(cfg)
     require_keys(where, weights, tuple(shapes), f"a SAELens {info.architecture or cfg.activation} SAE")
     for name, shape in shapes.items():
         expect_shape(where, name, weights[name], shape, implied)
