@@ -27,7 +27,8 @@ def batch_topk_entries(
     """Flat indices r·d_sae + c of the `count` largest entries of `values` (BatchTopK's selection), exactly as
     a topk over the flattened matrix, but from each row's top `per_row` (default 2·count/n) candidates: the
     global set lies inside them unless a row's smallest candidate exceeds the count-th largest candidate τ;
-    such rows join with all their entries (τ only rises, so the rest stay complete). ≈2.5× faster on CPU."""
+    such rows join with all their entries (τ only rises, so the rest stay complete). Faster on CPU than the flat
+    topk (benchmarks/README.md#numbers-behind-code-comments)."""
     n, d_sae = values.shape
     per_row = min(d_sae, per_row or max(1, 2 * -(-count // n)))
     if per_row * n <= count or per_row == d_sae:

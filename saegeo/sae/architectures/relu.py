@@ -28,8 +28,8 @@ class ReLUStep(torch.autograd.Function):
       ∂W_enc = xcᵀ ∂pre, ∂b_enc = Σ_rows ∂pre, ∂W_dec = codesᵀ G + (g/n)(Σ_rows codes)_i w_i/‖w_i‖,
       ∂b_dec = Σ_rows G − W_enc ∂b_enc·[apply]; x gets none.
     Five GEMMs of n·d·d_sae and four elementwise passes over (n, d_sae): relu, its backward, two column sums.
-    (Folding the biases and sums into the GEMMs as an extra row/column was measured slower: d + 1 = 385
-    columns cost the GEMMs ~8 %, more than the passes they save.)
+    (Not folded into the GEMMs as an extra row/column: the wider GEMMs cost more than the passes they save;
+    benchmarks/README.md#numbers-behind-code-comments.)
     Under torch.autocast (the trainer's dtype bfloat16) the five GEMMs run in the autocast dtype, forward and
     backward alike; x̂, the sums, the norms and every gradient returned stay in the weights' dtype (float32).
     """

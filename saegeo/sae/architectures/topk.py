@@ -121,11 +121,9 @@ class TopK(Architecture):
     def init_training(self, sae, tcfg, sample_rows) -> None:
         # Why small rows: Adam moves every entry by about lr a step whatever its size, so small rows (and the tied
         # encoder) turn further per step while their norms grow. Why 0.5 and not SAELens' 0.1: the reconstruction
-        # starts at (norm)² of its scale, and at a low lr the rows take most of a short run to grow from 0.1.
-        # MiniLM layer 3, k 32 (benchmarks/README.md "Training"), held-out FVE by initial norm 0.1 / 0.3 / 0.5 /
-        # unit rows: lr 4e-3 0.909 / 0.909 / 0.910 / 0.892 (368,640 tokens); lr 4e-4 0.699 / 0.756 / 0.793 / 0.790
-        # (409,600 tokens, the demo's former lr). Shorter still (SmolLM2's demo at 4e-4: 40 steps) 0.5 was too small
-        # too: 0.422 against 0.618 with unit rows, 0.609 from free_init_norm's 0.96 (MiniLM at 4e-4: 0.812 from 0.92).
+        # starts at (norm)² of its scale, and at a low lr the rows take most of a short run to grow from 0.1; on a
+        # very short run even 0.5 is too small, hence free_init_norm. The held-out FVE by initial norm and lr:
+        # benchmarks/README.md#training-train_benchpy ("TopK, second pass: free decoder norms").
         if not self.unit_decoder(tcfg):
             sae.W_dec.data.mul_(free_init_norm(tcfg.lr, sae.cfg.d_in, tcfg.total_steps))
             sae.W_enc.data.copy_(sae.W_dec.data.T)
