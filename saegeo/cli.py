@@ -408,13 +408,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         splice = splice_eval_many(ecfg, saes)
     flags, notes = [], []
     if saes:  # the verdict check --acts gives (same flags, same withheld metrics), once per SAE
-        from saegeo.report.dictionary_check import sae_verdict
-        from saegeo.report.options import CheckOptions
+        from saegeo.report.dictionary_check import sae_verdicts
 
-        vopts = CheckOptions(**{**opts.stream(), "progress": False})
-        for name, path in saes.items():
-            found, said, _ = sae_verdict(path, args.acts, options=vopts, name=name)
-            flags, notes = flags + found, notes + said
+        flags, notes = sae_verdicts(saes, args.acts, stream=opts.stream())
     report = geometry_report(
         args.acts, saes or None, options=opts, config=config, splice=splice, flags=flags, notes=notes
     )

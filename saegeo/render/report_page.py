@@ -205,9 +205,10 @@ def _top_share(s: SAEGeometry) -> str:
 
 SAE_ROWS: list[tuple[str, Callable[[SAEGeometry], str]]] = [
     ("architecture", lambda s: f"{s.architecture or '?'}" + (f" k={s.k}" if s.k else "") + f", {s.d_sae:,} latents"),
-    ("b_dec init", lambda s: s.b_dec_init or "?"),
-    ("FVE", lambda s: fmt_num(s.fve)),
-    ("L0 (K)", lambda s: fmt_num(s.mean_l0, 1)),
+    ("b_dec init", lambda s: s.b_dec_init or "not recorded"),
+    ("FVE (all rows)", lambda s: fmt_num(s.fve)),
+    ("L0 (K, all rows)", lambda s: fmt_num(s.mean_l0, 1)),
+    ("FVE / L0 (held out)", lambda s: _heldout(s)),
     ("dead latents", lambda s: f"{s.n_dead:,} ({fmt_pct(s.n_dead / s.d_sae)})"),
     ("dense latents (>50%)", lambda s: f"{s.n_dense:,}"),
     ("‖b_dec − μ‖/‖μ‖", lambda s: fmt_num(s.b_dec_distance_to_mean)),
@@ -255,6 +256,18 @@ SPLICE_ROWS = {
 ENCODER_SPLICE_ROWS = {"embedding cos (spliced)", "spliced FVE / L0", "spliced on"}
 
 
+# rows shown only when some SAE records them: its b_dec init (saegeo's provenance), the rows its training held out
+RECORDED_ROWS = {"b_dec init": lambda s: s.b_dec_init is not None, "FVE / L0 (held out)": lambda s: s.heldout}
+
+
+def _heldout(s: SAEGeometry) -> str:
+    """FVE / L0 over the rows the SAE's training held out of this store (SAEGeometry.heldout)."""
+    h = s.heldout
+    if not h:
+        return "— (rows not recorded)"
+    return f"{fmt_num(h['fve'])} / {fmt_num(h['mean_l0'], 1)} ({h['n_tokens']:,} rows)"
+
+
 def _splice(s: SAEGeometry, key: str) -> Any:
     return (s.splice or {}).get(key)
 
@@ -284,6 +297,8 @@ def sae_table(saes: list[SAEGeometry], flags: list[Flag]) -> tuple[list[str], li
         shown |= ENCODER_SPLICE_ROWS
     for label, fn in SAE_ROWS:
         if label in SPLICE_ROWS | ENCODER_SPLICE_ROWS and label not in shown:
+            continue
+        if label in RECORDED_ROWS and not any(RECORDED_ROWS[label](s) for s in saes):
             continue
         if label == "flags":
             cells = [flag_counts([f for f in flags if f.subject == s.name]) for s in saes]

@@ -457,6 +457,21 @@ def sae_verdict(
     return dictionary_only + mismatch + recorded, notes, dcheck
 
 
+def sae_verdicts(
+    saes: Mapping[str, Any], acts: Any, *, stream: Mapping[str, Any] | None = None
+) -> tuple[list[Flag], list[str]]:
+    """`sae_verdict` for each named SAE on the same rows, flags and notes concatenated: what `report --sae` and
+    `saegeo run` hand to `geometry_report` so that a report withholds what `check --acts` would. ``stream``: the
+    report's stream options (`StreamOptions.stream()`: verify, skip_nonfinite, ...), so both read the rows alike."""
+    opts = CheckOptions(**{**(stream or {}), "progress": False})
+    flags: list[Flag] = []
+    notes: list[str] = []
+    for name, sae in saes.items():
+        found, said, _ = sae_verdict(sae, acts, options=opts, name=name)
+        flags, notes = flags + found, notes + said
+    return flags, notes
+
+
 def recorded_metrics_flags(sae: SAE, measured: Mapping[str, Any], *, subject: str) -> list[Flag]:
     """What the SAE's training recorded about itself (FormatInfo.recorded_metrics: SAELens metadata l0 and
     explained_variance, a BatchTopK's training k) against the same rows `activations_match_flags` read:

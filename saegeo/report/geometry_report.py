@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -155,6 +156,10 @@ class SAEGeometry:
     latent_info: dict[str, Any] | None = None
     # the SAE directory's training_log.jsonl, thinned (`training_curve`): {tokens, loss, fve, l0, dead: lists}
     training_curve: dict[str, list] | None = None
+    # fve, mse and mean_l0 above are over every row read, the SAE's training rows included; when its provenance
+    # records this store's held-out rows (saegeo train: the last N rows), the same read-outs over those rows alone:
+    # {first_row, n_tokens, fve, mse, mean_l0} (None when not recorded, or not computable: heldout_first_row)
+    heldout: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe(asdict(self))
@@ -294,6 +299,7 @@ class GeometryReport:
                 "b_dec_cos_mean": s.b_dec_cos_mean,
                 "a_dict": s.a_dict,
                 "dict_mean_sq_norm": s.dict_mean_sq_norm,
+                **{f"heldout.{k}": v for k, v in (s.heldout or {}).items()},
                 **{f"amplification.{k}": v for k, v in amp.items()},
                 **{f"splice.{k}": v for k, v in (s.splice or {}).items() if not isinstance(v, (dict, list))},
                 "flags": flag_counts(s.flags),
@@ -433,6 +439,23 @@ def _named_saes(sae: Any) -> list[tuple[str, Any]]:
     return [("", sae)]
 
 
+_HELDOUT = re.compile(r"last (\d+) rows in store order")
+
+
+def heldout_first_row(config: Mapping[str, Any], store: Any) -> int | None:
+    """The global index of the first row an SAE's training held out of ``store``, when its provenance (cfg.json's
+    saegeo.data, written by `saegeo train`) says it trained on this very store (the same shards, by sha256) and held
+    out its last N rows: n_tokens − N. None when the SAE records no such thing (SAELens and the other libraries
+    record no rows) or ``store`` is not that store."""
+    data = ((config or {}).get("saegeo") or {}).get("data") or {}
+    if store is None or data.get("source") != "store" or not isinstance(data.get("heldout"), str):
+        return None
+    if data.get("shard_sha256") != [s.sha256 for s in store.shards] or data.get("n_tokens") != store.n_tokens:
+        return None
+    m = _HELDOUT.fullmatch(data["heldout"])
+    return store.n_tokens - int(m.group(1)) if m and int(m.group(1)) > 0 else None
+
+
 class _SAEPass:
     """The per-SAE part of the one pass (see the module docstring)."""
 
@@ -445,6 +468,7 @@ class _SAEPass:
         *,
         latent_contexts: int | None = None,
         first_row: int = 0,
+        heldout_from: int | None = None,
     ):
         self.name, self.module, self.config = name, module, config
         if hasattr(module, "to"):
@@ -456,6 +480,10 @@ class _SAEPass:
         self.latents = None if latent_contexts is None else LatentCollector(self.d_sae, latent_contexts, first_row)
         if self.latents is not None:
             self.metrics.code_observers.append(self.latents)
+        # the rows the SAE's training held out (global index ≥ heldout_from) measured apart too: they are encoded
+        # twice, a held-out fraction's extra cost, so that the report can say which rows each figure is over
+        self.row, self.heldout_from = first_row, heldout_from
+        self.heldout = None if heldout_from is None else SAEMetrics(module, device=device)
 
     def add(self, x: Tensor, positions: Tensor | None = None) -> None:
         if self.latents is not None:  # the norm-detector columns: each latent's activation against ‖x‖ (and position)
@@ -464,6 +492,9 @@ class _SAEPass:
                 covariates["position"] = torch.as_tensor(positions).cpu()
             self.latents.begin_batch(covariates)
         self.metrics.add(x)
+        if self.heldout is not None and self.row + x.shape[0] > self.heldout_from:
+            self.heldout.add(x[max(self.heldout_from - self.row, 0) :])
+        self.row += x.shape[0]
 
     def finish(
         self, geo: dict[str, Any], thresholds: FlagThresholds, sample: Tensor | None = None, seed: int = 0
@@ -573,7 +604,14 @@ class _SAEPass:
             notes=notes,
             cofiring_pairs=pairs,
             training_curve=training_curve(info.source) if info is not None and info.source else None,
+            heldout=self._heldout(),
         )
+
+    def _heldout(self) -> dict[str, Any] | None:
+        h = self.heldout
+        if h is None or h.n == 0:
+            return None
+        return {"first_row": self.heldout_from, "n_tokens": h.n, "fve": h.fve, "mse": h.mse, "mean_l0": h.codes.K}
 
 
 CURVE_KEYS = ("tokens", "loss", "fve", "l0", "dead")
@@ -671,7 +709,19 @@ def geometry_report(
         sae_name = name or default_name or "sae"
         parse_latent_ids(opts.latents, int(module.W_dec.shape[0]), sae_name)  # before the pass: a bad id is refused
         contexts = opts.latent_contexts if opts.latent_cards else None
-        passes.append(_SAEPass(sae_name, module, cfg, opts.device, latent_contexts=contexts, first_row=sample_start))
+        # held-out rows are found by global row index: one process reading a store in order
+        heldout_from = heldout_first_row(cfg, rows.store) if ctx is None else None
+        passes.append(
+            _SAEPass(
+                sae_name,
+                module,
+                cfg,
+                opts.device,
+                latent_contexts=contexts,
+                first_row=sample_start,
+                heldout_from=heldout_from,
+            )
+        )
 
     acc: GeometryAccumulator | None = None
     reservoir: RowReservoir | None = None
@@ -716,6 +766,9 @@ def geometry_report(
     saes = [p.finish(geo, opts.thresholds, reservoir.sample(), opts.seed) for p in passes]
     withheld_notes = []
     for s in saes:
+        if s.heldout is not None and n_skipped:  # a skipped row shifts every later index: the split is unknown
+            s.heldout = None
+            s.notes.append(f"no held-out figures: {n_skipped} non-finite row(s) skipped shift the rows' indices")
         s.splice = json_safe(dict(splice[s.name])) if splice and s.name in splice else None
         mismatch = next((f for f in flags if f.name == ACTIVATIONS_MISMATCH and f.subject == s.name), None)
         if mismatch is not None and mismatch.severity == "error":
@@ -865,6 +918,7 @@ def _withhold(section: SAEGeometry, flag: Flag) -> str:
         value = getattr(section, key)
         setattr(section, key, {k: None for k in value} if isinstance(value, dict) else None)
     section.withheld = list(WITHHELD_METRICS)
+    section.heldout = None  # the same figures over fewer rows
     note = (
         f"withheld for {section.name}: {', '.join(WITHHELD_METRICS)} "
         f"({ACTIVATIONS_MISMATCH}: {', '.join(flag.evidence['causes'])})"

@@ -27,8 +27,9 @@ ignored (the passed special positions when pass_special, else every position):
   ce_loss_score      = (CE_with_ablation − CE_with_sae) / (CE_with_ablation − CE_without_sae)
   kl_div_with_sae / _with_ablation   mean KL(clean ‖ v) over the positions in M, the last one included
   kl_div_score       = (KL_with_ablation − KL_with_sae) / KL_with_ablation
-  over the replaced rows x, x̂, codes a: mse = mean ‖x − x̂‖² (summed over d); explained_variance =
-  1 − mse / (mean ‖x‖² − ‖mean x‖²) (= fve); cossim = mean cos(x, x̂); l1 = mean Σ|a|; l2_norm_in/out =
+  over the replaced rows x, x̂, codes a: mse_per_row = mean ‖x − x̂‖² (summed over d; SAELens' `mse`, renamed
+  because saegeo's `mse` is per entry, Σ‖x − x̂‖²/(n·d), everywhere); explained_variance =
+  1 − mse_per_row / (mean ‖x‖² − ‖mean x‖²) (= fve); cossim = mean cos(x, x̂); l1 = mean Σ|a|; l2_norm_in/out =
   mean ‖x‖, ‖x̂‖; l2_ratio = mean ‖x̂‖/‖x‖; relative_reconstruction_bias = mean ‖x̂‖² / mean x·x̂ (SAELens
   takes this ratio per batch of prompts and averages the batches; here over all rows at once).
 
@@ -452,9 +453,12 @@ def _result(
         {
             "fve": 1.0 - s.sse / total_var if total_var > 0 else float("nan"),
             "l0": s.l0 / n,
-            # SAELens' reconstruction names (get_sparsity_and_variance_metrics); l0 is the same number as above
+            # saegeo's mse (per entry, as in report.json and training), then SAELens' per row under its own name
+            "mse": s.sse / (n * int(mean.shape[0])),
+            # SAELens' reconstruction names (get_sparsity_and_variance_metrics); l0 is the same number as above;
+            # SAELens' `mse` (summed over d, per row) is `mse_per_row` here: `mse` means one thing in saegeo
             "explained_variance": 1.0 - s.sse / total_var if total_var > 0 else float("nan"),
-            "mse": s.sse / n,
+            "mse_per_row": s.sse / n,
             "cossim": s.cossim / n,
             "l1": s.l1 / n,
             "l2_norm_in": s.norm_in / n,
@@ -518,7 +522,8 @@ def _saelens_definitions(kind: str) -> dict[str, str]:
     rows = "the replaced rows (what the SAE reconstructs; SAELens: the rows at " + SAELENS_MASK + ")"
     defs = {
         "explained_variance": f"1 − mse / (mean ‖x‖² − ‖mean x‖²) over {rows}; the same number as saegeo's fve",
-        "mse": f"mean over {rows} of ‖x − x̂‖² summed over d",
+        "mse_per_row": f"SAELens' `mse`: mean over {rows} of ‖x − x̂‖² summed over d (saegeo's mse = mse_per_row / d, "
+        "per entry, as in report.json and the training log)",
         "cossim": f"mean cos(x, x̂) over {rows}",
         "l0": f"mean number of nonzero codes per row over {rows} (saegeo's l0 is the same number)",
         "l1": f"mean Σ|a| of the SAE's codes per row over {rows}",

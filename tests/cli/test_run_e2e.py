@@ -88,6 +88,9 @@ def test_saegeo_run_end_to_end(first_run):
     assert ("offset_not_absorbed", "b_dec=0") in flagged
     assert ("offset_not_absorbed", "b_dec=mean") not in flagged
     assert saes["b_dec=mean"]["b_dec_distance_to_mean"] < 0.1 < 0.9 < saes["b_dec=0"]["b_dec_distance_to_mean"]
+    # the verdict `check --acts` and `report --sae` give, one line per SAE (sae_verdicts), in the run's report
+    for name in saes:
+        assert any(n.startswith(f"{name} on these activations: accepted") for n in report["notes"]), report["notes"]
     # the terminal summary was printed, flags first
     assert printed.index("FLAGS") < printed.index("ACTIVATIONS") < printed.index("SAE (side by side)")
 

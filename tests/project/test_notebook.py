@@ -77,7 +77,7 @@ def test_the_report_shown_is_the_report_written(executed):
         assert f"<code>{html.escape(f['name'])}</code>" in block and html.escape(f["advice"]) in block
     a = saved["activations"]["anisotropy"]
     assert f"A = {a:.3f}" in block and f"A = {a:.3f}" in shown["text/plain"]
-    assert f"<td class='l'>FVE</td><td>{saved['saes'][0]['fve']:.3f}</td>" in block
+    assert f"<td class='l'>FVE (all rows)</td><td>{saved['saes'][0]['fve']:.3f}</td>" in block
     [frame] = [_data(c) for c in nb.cells if "sort_values" in c.source]
     assert "cone_share" in frame["text/html"]
     [card] = [_data(c) for c in nb.cells if "report.saes[0].cards" in c.source]

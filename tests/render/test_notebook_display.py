@@ -85,7 +85,7 @@ def test_the_report_shows_its_flags_and_headline_numbers(results):
     assert_flags_shown(block, report.flags)
     assert f"A = {a:.3f}" in block
     fve = saved["saes"][0]["fve"]
-    assert f"<td class='l'>FVE</td><td>{fve:.3f}</td>" in block  # the side-by-side table
+    assert f"<td class='l'>FVE (all rows)</td><td>{fve:.3f}</td>" in block  # the side-by-side table
     assert "<img alt='spectrum' src=\"data:image/png;base64," in block  # figures embedded
     assert "class='latents'" in block and "<mark" in block  # the per-latent table and cards, contexts marked
 

@@ -85,7 +85,7 @@ def test_terminal_summary_puts_flags_first_with_numbers(report):
     # side-by-side SAE table, FVE of each printed
     header = next(line for line in lines if "planted" in line and "clean" in line)
     assert header.index("planted") < header.index("clean")
-    fve_line = next(line for line in lines if line.strip().startswith("FVE"))
+    fve_line = next(line for line in lines if line.strip().startswith("FVE (all rows)"))
     assert f"{report.sae_named('planted').fve:.3f}" in fve_line and f"{report.sae_named('clean').fve:.3f}" in fve_line
 
 

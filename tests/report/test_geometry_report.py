@@ -392,3 +392,53 @@ def test_the_report_is_assembled_once_from_all_its_inputs(data_and_sae):
     dup = Flag(own.name, own.severity, {}, "elsewhere", summary="elsewhere", subject=own.subject)
     merged = geometry_report(x, {"s": sae}, options=opts, flags=[dup])
     assert [f.to_dict() for f in merged.flags] == [f.to_dict() for f in plain.flags]
+
+
+def test_held_out_figures_over_the_rows_training_held_out(data_and_sae, tmp_path):
+    """An SAE saegeo trained on a store records the rows it held out (the store's last N): the report gives FVE,
+    mse and L0 over those rows beside the all-rows figures, equal to numpy on those rows and to what training
+    measured on them; the table says which rows each figure is over. A store its provenance does not name (the
+    same rows in other shards) gets no held-out figures and no held-out row."""
+    from saegeo.render import render_terminal
+    from saegeo.render.common import fmt_num
+
+    x, _ = data_and_sae
+    store = write_store(tmp_path / "store", x, shard_rows=2500)
+    cfg = TrainConfig(
+        arch="topk",
+        k=4,
+        d_sae=96,
+        total_tokens=10_240,
+        batch_tokens=512,
+        lr=3e-3,
+        progress=False,
+        heldout_fraction=0.2,
+        dead_window_tokens=4096,
+        seed=1,
+        out_dir=str(tmp_path / "sae"),
+    )
+    trained = train_sae(cfg, store)
+    report = geometry_report(store, {"s": tmp_path / "sae"}, options=ReportOptions(progress=False, batch_rows=700))
+    s, h = report.sae, report.sae.heldout
+    assert h["first_row"] == 4800 and h["n_tokens"] == 1200  # the last 20 % of 6,000 rows in store order
+    sae = SAE.load(tmp_path / "sae")
+    held = x[4800:]
+    with torch.no_grad():
+        recon, codes = sae(held).double().numpy(), sae.encode(held).numpy()
+    xs = held.double().numpy()
+    sse = ((xs - recon) ** 2).sum()
+    assert h["fve"] == pytest.approx(1 - sse / ((xs - xs.mean(0)) ** 2).sum(), abs=1e-6)
+    assert h["mse"] == pytest.approx(sse / xs.size, rel=1e-6)
+    assert h["mean_l0"] == pytest.approx((codes != 0).sum(1).mean())
+    assert h["fve"] == pytest.approx(trained.heldout["fve"], abs=1e-6)  # training's own evaluation of those rows
+    assert abs(s.fve - h["fve"]) > 1e-4  # the all-rows figure is another number
+    text = render_terminal(report)
+    assert (
+        f"FVE (all rows)  {fmt_num(s.fve)}".split()
+        == next(line for line in text.splitlines() if "FVE (all rows)" in line).split()
+    )
+    held_line = next(line for line in text.splitlines() if "FVE / L0 (held out)" in line)
+    assert f"{fmt_num(h['fve'])} / {fmt_num(h['mean_l0'], 1)} (1,200 rows)" in held_line
+    assert json.loads(report.to_json())["saes"][0]["heldout"] == pytest.approx(h)
+    other = geometry_report(write_store(tmp_path / "other", x, shard_rows=3000), {"s": tmp_path / "sae"}, options=QUIET)
+    assert other.sae.heldout is None and "held out" not in render_terminal(other)

@@ -9,7 +9,8 @@ SAELens' definitions, as read from its source:
   KL_v       mean over masked positions t ≤ n−1 (the last one included) of Σ p_clean (log p_clean − log p_v)
   ce_loss_score = (CE_abl − CE_sae)/(CE_abl − CE_clean);  kl_div_score = (KL_abl − KL_sae)/KL_abl
   over the masked rows x, x̂ = SAE(x), codes a:
-  mse = mean ‖x − x̂‖²;  explained_variance = 1 − mse/(mean ‖x‖² − ‖mean x‖²);  cossim = mean cos(x, x̂)
+  mse = mean ‖x − x̂‖² (eval's `mse_per_row`: saegeo's `mse` is per entry, mse/d);
+  explained_variance = 1 − mse/(mean ‖x‖² − ‖mean x‖²);  cossim = mean cos(x, x̂)
   l0 = mean #(a ≠ 0);  l1 = mean Σ|a|;  l2_ratio = mean ‖x̂‖/‖x‖;  relative_reconstruction_bias =
   mean ‖x̂‖² / mean x·x̂
 """
@@ -99,7 +100,8 @@ def brute_force(tiny, sae, windows, ignore):
         "kl_div_with_sae": k["sae"],
         "kl_div_with_ablation": k["abl"],
         "kl_div_score": (k["abl"] - k["sae"]) / k["abl"],
-        "mse": mse,
+        "mse_per_row": mse,  # SAELens' `mse`
+        "mse": mse / x.shape[1],  # saegeo's: per entry
         "explained_variance": 1 - mse / ((x**2).sum(1).mean() - (x.mean(0) ** 2).sum()),
         "cossim": ((x * x_hat).sum(1) / (norm_in * norm_out)).mean(),
         "l0": (a != 0).sum(1).mean(),
@@ -120,7 +122,7 @@ NAMES = (
     "kl_div_with_sae",
     "kl_div_with_ablation",
     "explained_variance",
-    "mse",
+    "mse_per_row",
     "cossim",
     "l0",
     "l1",
@@ -156,6 +158,7 @@ def test_saelens_named_metrics_equal_their_saelens_formulas(tmp_path, tiny, sae,
     # the definitions that differ from saegeo's own are both given, and said which is which
     assert got["explained_variance"] == pytest.approx(got["fve"], rel=1e-9)
     assert got["l0"] == pytest.approx(want["l0"])
+    assert got["mse"] == pytest.approx(want["mse"], rel=2e-4)  # saegeo's mse is per entry, as in report.json
     defs = got["sae_lens_definitions"]
     assert set(NAMES) <= set(defs) and "BOS" in defs["ce_loss_with_ablation"]
     if pass_special:  # saegeo's zero ablation keeps the passed positions; SAELens' zeroes them too
