@@ -696,11 +696,37 @@ class ActivationGeometry:
         """JSON-safe dict (floats, ints, lists, None, nested dicts); json_safe copies, so no deep copy first."""
         return json_safe({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
 
+    # Read by key as report.json holds it: g["sign"]["null"] is g.sign.null, so code written for the JSON's dict
+    # reads the typed object too; a name that is not a field is a KeyError naming the fields.
+    def _field(self, key: str) -> Any:
+        if key not in self.__dataclass_fields__:
+            raise KeyError(f"ActivationGeometry has no field {key!r} (its fields: {', '.join(sorted(self.keys()))})")
+        value = getattr(self, key)
+        return value.to_dict() if isinstance(value, (SignNull, RogueDimensions)) else value
+
+    def __getitem__(self, key: str) -> Any:
+        return self._field(key)
+
+    def __getattr__(self, key: str) -> Any:  # only for a name that is not an attribute: say what there is
+        names = ", ".join(sorted(type(self).__dataclass_fields__))
+        raise AttributeError(f"ActivationGeometry has no field {key!r} (its fields: {names})")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The field (None is returned as stored, as a dict holding the key returns it); a non-field raises."""
+        return self._field(key)
+
+    def keys(self) -> list[str]:
+        return [f.name for f in dataclasses.fields(self)]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.__dataclass_fields__
+
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ActivationGeometry:
+    def from_dict(cls, data: Mapping[str, Any]) -> ActivationGeometry:
         """Inverse of :meth:`to_dict` (JSON round trip); unknown keys are ignored."""
-        names = {f for f in cls.__dataclass_fields__}
-        kwargs = {k: v for k, v in data.items() if k in names}
+        if isinstance(data, ActivationGeometry):
+            return data
+        kwargs = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         kwargs["sign"] = SignNull(**data["sign"])
         kwargs["rogue"] = RogueDimensions(**data["rogue"])
         return cls(**kwargs)

@@ -71,7 +71,7 @@ def _title(report: GeometryReport) -> str:
         parts.append(str(src["model"]))
     if src.get("hook"):
         parts.append(str(src["hook"]))
-    parts.append(f"{src.get('n_tokens', report.activations['n']):,} tokens × d = {report.activations['d']}")
+    parts.append(f"{src.get('n_tokens', report.activations.n):,} tokens × d = {report.activations.d}")
     if report.seconds:
         parts.append(f"{report.seconds:.1f} s ({fmt_num(report.tokens_per_second, 0)} tok/s)")
     return " · ".join(parts)
@@ -81,73 +81,73 @@ def _title(report: GeometryReport) -> str:
 def activation_lines(report: GeometryReport) -> list[tuple[str, str]]:
     """(label, text) lines summarising the activation geometry."""
     g = report.activations
-    s = g["sign"]
-    rogue = g["rogue"]
-    top_rogue = ", ".join(f"{i} ({fmt_pct(p)})" for i, p in zip(rogue["top_indices"][:3], rogue["top_shares"][:3]))
-    bulk = g.get("mp_bulk") or {}
-    if g.get("n_spikes") is None and bulk.get("has_flat_bulk"):
+    s = g.sign
+    rogue = g.rogue
+    top_rogue = ", ".join(f"{i} ({fmt_pct(p)})" for i, p in zip(rogue.top_indices[:3], rogue.top_shares[:3]))
+    bulk = g.mp_bulk or {}
+    if g.n_spikes is None and bulk.get("has_flat_bulk"):
         spikes = (
             f"{bulk.get('verdict')}: KS distance {fmt_num(bulk.get('mp_distance'))} to MP "
             f"> {fmt_num(bulk.get('mp_distance_threshold'))} (white noise), so no MP spike count; power-law slope "
             f"α = {fmt_num(bulk.get('power_law_alpha'))}{edge_spike_phrase(bulk)}"
         )
-    elif g.get("n_spikes") is None and bulk:
+    elif g.n_spikes is None and bulk:
         spikes = (
             f"no flat MP bulk: power law, slope α = {fmt_num(bulk.get('power_law_alpha'))} over ranks "
             f"{bulk.get('power_law_ranks')}{edge_spike_phrase(bulk)}"
         )
     else:
         spikes = (
-            f"{g.get('n_spikes')} spike(s) above the calibrated MP edge {fmt_num(g['mp_upper_edge'])} "
+            f"{g.n_spikes} spike(s) above the calibrated MP edge {fmt_num(g.mp_upper_edge)} "
             f"+ Tracy–Widom {fmt_pct(bulk.get('tracy_widom_quantile'))} margin"
         )
     lines = [
         (
             "cone",
-            f"A = {fmt_num(g['anisotropy'])} against the sign-aware null {fmt_num(s['null'])} ({s['regime']}, "
-            f"canonical {s['canonical']}); offset ‖m̂‖ = {fmt_num(g['offset'])}; "
-            f"isotropic sd of one cosine 1/√d = {fmt_num(g['isotropic_cosine_sd'])}",
+            f"A = {fmt_num(g.anisotropy)} against the sign-aware null {fmt_num(s.null)} ({s.regime}, "
+            f"canonical {s.canonical}); offset ‖m̂‖ = {fmt_num(g.offset)}; "
+            f"isotropic sd of one cosine 1/√d = {fmt_num(g.isotropic_cosine_sd)}",
         ),
     ]
-    if g.get("null_z") is not None:
+    if g.null_z is not None:
         lines.append(
             (
                 "vs null",
-                f"z = {fmt_num(g['null_z'], 1)} = (A − null − finite-d bias {fmt_num(g.get('null_bias'))}) "
-                f"/ sd {fmt_num(g.get('null_sd'))}; sd of A alone {fmt_num(g.get('A_sd'))}; "
-                f"isotropic sd {fmt_num(g.get('isotropic_sd'))} (isotropic z {fmt_num(g['isotropic_z'], 1)})",
+                f"z = {fmt_num(g.null_z, 1)} = (A − null − finite-d bias {fmt_num(g.null_bias)}) "
+                f"/ sd {fmt_num(g.null_sd)}; sd of A alone {fmt_num(g.A_sd)}; "
+                f"isotropic sd {fmt_num(g.isotropic_sd)} (isotropic z {fmt_num(g.isotropic_z, 1)})",
             )
         )
-    elif g.get("null_z_withheld"):
-        lines.append(("vs null", f"no z: {g['null_z_withheld']}"))
-    if g.get("unit_effective_rank") is not None:
+    elif g.null_z_withheld:
+        lines.append(("vs null", f"no z: {g.null_z_withheld}"))
+    if g.unit_effective_rank is not None:
         lines.append(
             (
                 "unit x̂",
-                f"E[x̂x̂ᵀ]: erank {fmt_num(g['unit_effective_rank'], 1)} of {g['d']}, "
-                f"top-1 {fmt_pct(g.get('unit_top1_share'))} (uniform directions: {g['d']}, {fmt_pct(1 / g['d'])})",
+                f"E[x̂x̂ᵀ]: erank {fmt_num(g.unit_effective_rank, 1)} of {g.d}, "
+                f"top-1 {fmt_pct(g.unit_top1_share)} (uniform directions: {g.d}, {fmt_pct(1 / g.d)})",
             )
         )
     lines += [
         (
             "mean",
-            f"‖μ‖ = {fmt_num(g['mean_vector_norm'])}, ‖μ‖/E‖x‖ = {fmt_num(g['mean_norm_ratio'])}, "
-            f"share of E‖x‖² = {fmt_pct(g['mean_share_of_second_moment'])}, γ = ‖μ‖/√trΣ = {fmt_num(g['outlier_severity'])}",
+            f"‖μ‖ = {fmt_num(g.mean_vector_norm)}, ‖μ‖/E‖x‖ = {fmt_num(g.mean_norm_ratio)}, "
+            f"share of E‖x‖² = {fmt_pct(g.mean_share_of_second_moment)}, γ = ‖μ‖/√trΣ = {fmt_num(g.outlier_severity)}",
         ),
         (
             "spectrum",
-            f"erank {fmt_num(g['effective_rank'], 1)} of {g['d']} (isotropic noise of this n, d: "
-            f"{fmt_num(g['noise_effective_rank'], 1)}), top-1 {fmt_pct(g['top1_share'])}, top-10 {fmt_pct(g['top10_share'])}, "
-            f"{spikes}, numerical rank {g['numerical_rank']}, IsoScore {fmt_num(g['isoscore'])}",
+            f"erank {fmt_num(g.effective_rank, 1)} of {g.d} (isotropic noise of this n, d: "
+            f"{fmt_num(g.noise_effective_rank, 1)}), top-1 {fmt_pct(g.top1_share)}, top-10 {fmt_pct(g.top10_share)}, "
+            f"{spikes}, numerical rank {g.numerical_rank}, IsoScore {fmt_num(g.isoscore)}",
         ),
         (
             "MP σ²",
-            f"{fmt_num(g['mp_sigma2_bulk'])} from the bulk, {fmt_num(g.get('mp_sigma2_trace'))} as tr Σ/d "
+            f"{fmt_num(g.mp_sigma2_bulk)} from the bulk, {fmt_num(g.mp_sigma2_trace)} as tr Σ/d "
             f"({bulk.get('n_spikes_trace_edge', '—')} eigenvalue(s) above that naive edge){null_eigenvalue_phrase(bulk)}",
         ),
         (
             "rogue dims",
-            f"{rogue['n_for_50']} coordinate(s) carry 50% of the offset, {rogue['n_for_90']} carry 90%"
+            f"{rogue.n_for_50} coordinate(s) carry 50% of the offset, {rogue.n_for_90} carry 90%"
             + (f"; top: {top_rogue}" if top_rogue else ""),
         ),
     ]
@@ -420,12 +420,12 @@ def spectrum_figure(report: GeometryReport) -> Figure:
     g = report.activations
     fig = new_figure(figsize=(7, 4.2))
     ax = fig.add_subplot()
-    lam = np.asarray(g["eigenvalues"], dtype=float)
+    lam = np.asarray(g.eigenvalues, dtype=float)
     pos = lam > 0
     ax.loglog(np.arange(1, lam.size + 1)[pos], lam[pos], ".-", ms=3, label="activations Σ")
     ax.axhspan(
-        max(g["mp_lower_edge"], lam[pos].min() if pos.any() else 1e-12),
-        g["mp_upper_edge"],
+        max(g.mp_lower_edge, lam[pos].min() if pos.any() else 1e-12),
+        g.mp_upper_edge,
         color="tab:gray",
         alpha=0.25,
         label="MP band (isotropic noise)",
@@ -445,8 +445,8 @@ def spectrum_figure(report: GeometryReport) -> Figure:
     ax.set_xlabel("rank")
     ax.set_ylabel("eigenvalue of Σ")
     ax.set_title(
-        f"centred spectrum: {'no flat bulk' if g['n_spikes'] is None else str(g['n_spikes']) + ' spikes'}, "
-        f"erank {g['effective_rank']:.1f} of {g['d']}",
+        f"centred spectrum: {'no flat bulk' if g.n_spikes is None else str(g.n_spikes) + ' spikes'}, "
+        f"erank {g.effective_rank:.1f} of {g.d}",
         fontsize=10,
     )
     ax.legend(**LEGEND_OUTSIDE)
@@ -474,12 +474,12 @@ def cosines_figure(report: GeometryReport) -> Figure:
         alpha=0.7,
         label=f"{h['n_pairs']:,} pairs of {h['n_rows']:,} sampled rows",
     )
-    null = g["sign"]["null"]
-    band = 2 * g["isotropic_cosine_sd"]
+    null = g.sign.null
+    band = 2 * g.isotropic_cosine_sd
     ax.axvspan(null - band, null + band, color="tab:gray", alpha=0.3, label="null ± 2/√d (isotropic)")
     ax.axvline(null, color="k", ls="--", lw=1, label=f"sign-aware null {null:.3f}")
-    if g["anisotropy"] is not None:
-        ax.axvline(g["anisotropy"], color="tab:red", lw=1.5, label=f"measured A = {g['anisotropy']:.3f}")
+    if g.anisotropy is not None:
+        ax.axvline(g.anisotropy, color="tab:red", lw=1.5, label=f"measured A = {g.anisotropy:.3f}")
     ax.set_xlim(-1, 1)
     ax.set_xlabel("cos(x_i, x_j)")
     ax.set_ylabel("density")
@@ -594,14 +594,14 @@ def rogue_figure(report: GeometryReport) -> Figure:
     """Rogue dimensions: the coordinates' shares of the offset."""
     fig = new_figure(figsize=(7, 3.5))
     ax = fig.add_subplot()
-    rogue = report.activations["rogue"]
-    idx, shares = rogue["top_indices"], rogue["top_shares"]
+    rogue = report.activations.rogue
+    idx, shares = rogue.top_indices, rogue.top_shares
     if idx:
         ax.bar(range(len(idx)), shares, color="tab:purple")
         ax.set_xticks(range(len(idx)), [str(i) for i in idx], fontsize=7)
     ax.set_xlabel("coordinate j")
     ax.set_ylabel("share m̂_j²/‖m̂‖²")
-    ax.set_title(f"rogue dimensions: {rogue['n_for_50']} carry 50% of the offset", fontsize=10)
+    ax.set_title(f"rogue dimensions: {rogue.n_for_50} carry 50% of the offset", fontsize=10)
     return fig
 
 

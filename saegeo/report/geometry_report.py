@@ -63,7 +63,7 @@ from saegeo.geometry.amplification import (
 )
 from saegeo.geometry.diagnosis import sample_diagnostics
 from saegeo.geometry.dictionary import dictionary_geometry
-from saegeo.geometry.measures import FieldDict, checked_geometry, fields_of
+from saegeo.geometry.measures import ActivationGeometry, FieldDict, fields_of
 from saegeo.geometry.sample import RowReservoir
 from saegeo.geometry.transforms import Whitening
 from saegeo.io import dump_json, json_safe
@@ -229,7 +229,7 @@ class GeometryReport:
 
     schema_version: int
     source: dict[str, Any]  # what was read: kind, path, model, hook, d, n_tokens
-    activations: dict[str, Any]  # ActivationGeometry.to_dict(), checked against its fields (FieldDict)
+    activations: ActivationGeometry  # the typed object activation_geometry() returns (report.json: its to_dict())
     cosine_histogram: dict[str, Any]  # edges, counts, n_rows, n_pairs, sample_mean
     saes: list[SAEGeometry]
     flags: list[Flag]
@@ -252,8 +252,9 @@ class GeometryReport:
     exclusions: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        # read by the flags and the renderers: a name no ActivationGeometry carries is a KeyError, not a None
-        self.activations = checked_geometry(self.activations)
+        # one shape for one thing: a report made here or read from report.json holds the dataclass (which also
+        # reads by key, as the JSON does; a name that is not a field is an error, not a None)
+        self.activations = ActivationGeometry.from_dict(self.activations)
         for s in self.saes:  # each section reads its flags from the report (SAEGeometry.flags; not in its JSON)
             s._report = self
 
@@ -262,8 +263,8 @@ class GeometryReport:
         what = " ".join(str(src[k]) for k in ("model", "hook") if src.get(k))
         saes = f"{len(self.saes)} SAE(s): {names([s.name for s in self.saes])}" if self.saes else "no SAE"
         return (
-            f"<GeometryReport{' ' + what if what else ''}: {src.get('n_tokens', g['n']):,} tokens × d={g['d']} · "
-            f"A = {short(g['anisotropy'])} (null {short(g['sign']['null'])}) · erank {short(g['effective_rank'], 1)} · "
+            f"<GeometryReport{' ' + what if what else ''}: {src.get('n_tokens', g.n):,} tokens × d={g.d} · "
+            f"A = {short(g.anisotropy)} (null {short(g.sign.null)}) · erank {short(g.effective_rank, 1)} · "
             f"{saes} · flags: {flag_counts(self.flags)}>"
         )
 
@@ -326,6 +327,7 @@ class GeometryReport:
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["activations"] = self.activations.to_dict()
         out["saes"] = [s.to_dict() for s in self.saes]
         out["flags"] = [f.to_dict() for f in self.flags]
         return json_safe(out)
@@ -785,7 +787,7 @@ def geometry_report(
     report = GeometryReport(
         schema_version=SCHEMA_VERSION,
         source=json_safe(source),
-        activations=geo,
+        activations=geo,  # the JSON-safe form, made the dataclass by __post_init__: a fresh report reads as a loaded one
         cosine_histogram=cosine_histogram(reservoir.sample(), opts.histogram_bins),
         saes=saes,
         flags=[],
@@ -965,7 +967,7 @@ def compute_flags(report: GeometryReport, thresholds: FlagThresholds | None = No
     """All flags of a report, from its numbers alone (so a saved report can be re-flagged), most severe first."""
     t = thresholds or from_dict(FlagThresholds, report.options.get("thresholds"))
     assumed = float(report.options.get("assumed_null", 0.0))
-    geo = flag_inputs(report.activations, report.artifact, report.sample_diagnostics)
+    geo = flag_inputs(report.activations.to_dict(), report.artifact, report.sample_diagnostics)
     flags = activation_flags(geo, thresholds=t, assumed_null=assumed, feeds_dictionary=bool(report.saes))
     flags += artifact_flags(report.artifact, thresholds=t)
     for s in report.saes:

@@ -4,6 +4,7 @@ ways to get an SAE kept one release with a DeprecationWarning."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -68,20 +69,28 @@ def test_load_report_reads_a_written_report(tmp_path):
         assert saegeo.load_report(where).to_json() == report.to_json()
 
 
-def test_the_reports_activation_geometry_reads_as_the_dataclass_does():
-    """One shape for one thing: the report's activations (a dict, for report.json) read by attribute as the
-    ActivationGeometry that activation_geometry() returns; a misspelt name fails naming the fields; the JSON is
-    unchanged by the reading."""
+def test_the_reports_activation_geometry_is_the_dataclass(tmp_path):
+    """One shape for one thing: the report's activations are the ActivationGeometry that activation_geometry()
+    returns (made or loaded from report.json alike), read by attribute and, as report.json holds it, by key; a
+    misspelt name fails naming the fields; the JSON is unchanged by the reading."""
     from saegeo.geometry import GeometryAccumulator, activation_geometry
+    from saegeo.geometry.measures import ActivationGeometry
 
     x = torch.randn(600, 8, generator=torch.Generator().manual_seed(1)) + 0.5
     geo = activation_geometry(GeometryAccumulator(8).add(x))
     report = saegeo.geometry_report(x, options=saegeo.ReportOptions(progress=False))
     before = report.to_json()
     acts = report.activations
+    report.to_json(tmp_path / "report.json")
+    loaded = saegeo.load_report(tmp_path).activations
+    assert isinstance(acts, ActivationGeometry) and isinstance(loaded, ActivationGeometry) and loaded == acts
     for name in ("anisotropy", "offset", "effective_rank", "n", "d", "top1_share", "null_z"):
         assert getattr(acts, name) == getattr(geo, name) == acts[name], name
-    assert acts.sign.null == geo.sign.null and acts.rogue.top_indices == geo.rogue.top_indices
+    assert acts.sign.null == geo.sign.null == acts["sign"]["null"]
+    assert acts.rogue.top_indices == geo.rogue.top_indices == acts["rogue"]["top_indices"]
+    assert json.loads(before)["activations"] == {**acts} == dict(acts.to_dict())
     with pytest.raises(AttributeError, match="has no field 'anisotropyy'.*anisotropy"):
         acts.anisotropyy  # noqa: B018
-    assert len(repr(acts)) < 100 and report.to_json() == before
+    with pytest.raises(KeyError, match="has no field 'anisotropyy'"):
+        acts["anisotropyy"]
+    assert len(repr(acts)) < 200 and report.to_json() == before

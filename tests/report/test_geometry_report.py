@@ -56,7 +56,7 @@ def test_activation_section_equals_the_geometry_core(data_and_sae):
     acc = GeometryAccumulator(x.shape[1])
     for lo in range(0, len(x), 1000):
         acc.add(x[lo : lo + 1000])
-    assert report.activations == activation_geometry(acc).to_dict()
+    assert report.activations.to_dict() == activation_geometry(acc).to_dict()
 
 
 def test_sae_numbers_equal_brute_force(data_and_sae):

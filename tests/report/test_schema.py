@@ -123,9 +123,9 @@ def test_every_page_and_every_flag_of_a_full_report_reads_only_known_fields(tmp_
         config={"normalize_activations": "covariance_whitening"},
     )
     assert report.artifact is not None and report.whitening_cost is not None and report.saes[0].splice
-    assert isinstance(report.activations, FieldDict)
+    assert isinstance(report.activations, ActivationGeometry)
     loaded = GeometryReport.from_dict(json.loads(report.to_json()))
-    assert isinstance(loaded.activations, FieldDict)
+    assert isinstance(loaded.activations, ActivationGeometry) and loaded.activations == report.activations
     assert [f.to_dict() for f in compute_flags(loaded)] == [f.to_dict() for f in report.flags]
     activation_diagnosis(flag_inputs(loaded.activations, loaded.artifact, loaded.sample_diagnostics))
     for page in (report, loaded):
