@@ -280,6 +280,11 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     sae = SAE.load(args.path)
     name = Path(args.path).resolve().name
+    if args.acts and args.out:  # the latent table's files, before the pass
+        from saegeo.io import require_disk
+        from saegeo.render.common import report_set_bytes
+
+        require_disk(args.out, report_set_bytes([sae.cfg.d_sae]), f"the report of {sae.cfg.d_sae:,} latents")
     if args.acts:
         report, _ = check_with_activations(sae, args.acts, options=opts, name=name, report_options=report_options)
         print(render_terminal(report), end="")
@@ -406,11 +411,17 @@ def cmd_report(args: argparse.Namespace) -> int:
         from saegeo.sae.evaluate import splice_eval_many
 
         splice = splice_eval_many(ecfg, saes)
-    flags, notes = [], []
+    flags, notes, d_saes = [], [], []
     if saes:  # the verdict check --acts gives (same flags, same withheld metrics), once per SAE
         from saegeo.report.dictionary_check import sae_verdicts
 
-        flags, notes = sae_verdicts(saes, args.acts, stream=opts.stream())
+        flags, notes, checks = sae_verdicts(saes, args.acts, stream=opts.stream())
+        d_saes = [c.source["d_sae"] for c in checks]
+    if args.out:  # the report's files (the latent tables), before the pass
+        from saegeo.io import require_disk
+        from saegeo.render.common import report_set_bytes
+
+        require_disk(args.out, report_set_bytes(d_saes), f"the report of {sum(d_saes):,} latents")
     report = geometry_report(
         args.acts, saes or None, options=opts, config=config, splice=splice, flags=flags, notes=notes
     )

@@ -354,6 +354,19 @@ def rendering_paths(out_dir: str | os.PathLike, formats: Sequence[str], stem: st
     return paths
 
 
+# bytes a report's set of files takes: a fixed part (figures, the activation sections) and, per latent of each SAE,
+# its rows of the latent table in latents.csv, latents.json, report.json and report.html (1.13 kB a latent at
+# 4,096 latents, every format: benchmarks/README.md "Disk space of a report"); rounded up
+REPORT_FIXED_BYTES = 2 << 20
+REPORT_BYTES_PER_LATENT = 1500
+
+
+def report_set_bytes(d_saes: Sequence[int]) -> int:
+    """The disk a report's output set needs, about: REPORT_FIXED_BYTES + REPORT_BYTES_PER_LATENT · Σ d_sae (the
+    new set is staged whole beside the old one, so all of it must be free)."""
+    return REPORT_FIXED_BYTES + REPORT_BYTES_PER_LATENT * sum(int(n) for n in d_saes)
+
+
 def output_dir(out_dir: str | os.PathLike, formats: Sequence[str], known: Sequence[str], what: str) -> Path:
     """out_dir, created, once every requested format is known (else one clear error naming the choices)."""
     unknown = [f for f in formats if f not in known]

@@ -459,17 +459,19 @@ def sae_verdict(
 
 def sae_verdicts(
     saes: Mapping[str, Any], acts: Any, *, stream: Mapping[str, Any] | None = None
-) -> tuple[list[Flag], list[str]]:
-    """`sae_verdict` for each named SAE on the same rows, flags and notes concatenated: what `report --sae` and
-    `saegeo run` hand to `geometry_report` so that a report withholds what `check --acts` would. ``stream``: the
-    report's stream options (`StreamOptions.stream()`: verify, skip_nonfinite, ...), so both read the rows alike."""
+) -> tuple[list[Flag], list[str], list[DictionaryCheck]]:
+    """`sae_verdict` for each named SAE on the same rows, flags and notes concatenated (and each SAE's
+    DictionaryCheck): what `report --sae` and `saegeo run` hand to `geometry_report` so that a report withholds
+    what `check --acts` would. ``stream``: the report's stream options (`StreamOptions.stream()`: verify,
+    skip_nonfinite, ...), so both read the rows alike."""
     opts = CheckOptions(**{**(stream or {}), "progress": False})
     flags: list[Flag] = []
     notes: list[str] = []
+    checks: list[DictionaryCheck] = []
     for name, sae in saes.items():
-        found, said, _ = sae_verdict(sae, acts, options=opts, name=name)
-        flags, notes = flags + found, notes + said
-    return flags, notes
+        found, said, dcheck = sae_verdict(sae, acts, options=opts, name=name)
+        flags, notes, checks = flags + found, notes + said, [*checks, dcheck]
+    return flags, notes, checks
 
 
 def recorded_metrics_flags(sae: SAE, measured: Mapping[str, Any], *, subject: str) -> list[Flag]:

@@ -47,7 +47,7 @@ from torch import Tensor
 from saegeo.activations.sources import Rows, open_rows
 from saegeo.config import require_memory
 from saegeo.errors import BadInputError, FormatError, SaegeoError
-from saegeo.io import atomic_write, dump_json, json_safe, writer_lock
+from saegeo.io import atomic_write, dump_json, json_safe, require_disk, writer_lock
 from saegeo.progress import progress_bar
 from saegeo.runtime import keep_freed_memory
 from saegeo.sae.architectures import get_architecture
@@ -894,6 +894,13 @@ def _train_sae(
     sae_cfg = _sae_config(cfg, source.d)
     # W_enc and W_dec in float32, each with its gradient and two Adam moments
     require_memory(2 * sae_cfg.d_in * sae_cfg.d_sae * 4 * 4, f"an SAE of d_sae={sae_cfg.d_sae} on d_in={sae_cfg.d_in}")
+    if cfg.out_dir:  # the saved SAE's float32 W_enc and W_dec, and a checkpoint's weights and Adam moments (3×)
+        weights = 2 * sae_cfg.d_in * sae_cfg.d_sae * 4
+        require_disk(
+            cfg.out_dir,
+            weights * (4 if cfg.checkpoint_every else 1),
+            f"the SAE of d_sae={sae_cfg.d_sae} on d_in={sae_cfg.d_in}{' and its checkpoints' if cfg.checkpoint_every else ''}",
+        )
     sae = SAE(sae_cfg, device=device)
     opt = torch.optim.Adam(arch.param_groups(sae, cfg), lr=cfg.lr, betas=cfg.adam_betas)
 

@@ -396,3 +396,47 @@ def test_refuse_untrainable_on_rows_the_readers_pass():
         refuse_untrainable(torch.randn(64, D, generator=g).double() * 1e19 + 7e18, "big")  # 7e18²·8 > 3.4e38
     with pytest.raises(BadInputError, match="underflow float32"):
         refuse_untrainable(torch.randn(64, D, generator=g).double() * 1e-21, "tiny spread")
+
+
+@pytest.mark.parametrize("checkpoints", [False, True])
+def test_train_refuses_an_sae_the_disk_cannot_hold_before_the_first_step(
+    fx, tmp_path, capsys, monkeypatch, checkpoints
+):
+    """d 8 × d_sae 16 float32 W_enc + W_dec are 1,024 bytes (4,096 with a checkpoint's weights and Adam moments):
+    1,000 bytes free refuses the first, 2,000 the second, before any step; the directory the run made is gone."""
+    import collections
+
+    usage = collections.namedtuple("usage", "total used free")
+    free = 2000 if checkpoints else 1000
+    monkeypatch.setattr(io.shutil, "disk_usage", lambda path: usage(10**6, 10**6 - free, free))
+    out = tmp_path / "t"
+    argv = ["train", "--acts", str(fx / "store"), "--k", "2", "--d-sae", "16", "--out-dir", str(out)]
+    argv += ["--batch-tokens", "32", "--total-tokens", "96", "--no-progress"]
+    rc = main([*argv, *(["--checkpoint-every", "1"] if checkpoints else [])])
+    err = capsys.readouterr().err
+    assert rc == 2 and "free there" in err and len(err.strip().splitlines()) == 1, err
+    assert ("checkpoints" in err) == checkpoints and f"{free / 2**30:,.2f} GiB" in err
+    assert not out.exists()
+    monkeypatch.setattr(io.shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 5000, 5000))  # room: it trains
+    assert main([*argv, *(["--checkpoint-every", "1"] if checkpoints else [])]) == 0
+
+
+@pytest.mark.parametrize("command", ["check", "report"])
+def test_a_report_the_disk_cannot_hold_is_refused_before_the_pass(fx, tmp_path, capsys, monkeypatch, command):
+    """report_set_bytes: 2 MiB + 1,500 B per latent; 1 MiB free refuses it before the pass (monkeypatched to fail)."""
+    import collections
+    import importlib
+
+    from saegeo.render.common import report_set_bytes
+    pass_module = importlib.import_module("saegeo.report.geometry_report")  # the module, not its function
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(io.shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 2**20, 2**20))
+    monkeypatch.setattr(pass_module, "open_rows", lambda *a, **k: pytest.fail("the pass ran"))
+    store, sae, out = str(fx / "store"), str(fx / "sae"), tmp_path / "out"
+    argv = ["check", sae, "--acts", store] if command == "check" else ["report", "--acts", store, "--sae", sae]
+    assert main([*argv, "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "the report of 16 latents" in err and "free there" in err and len(err.strip().splitlines()) == 1, err
+    assert report_set_bytes([16, 4]) == 2 * 2**20 + 1500 * 20
+    assert not out.exists()
