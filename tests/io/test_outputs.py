@@ -410,7 +410,7 @@ def test_train_refuses_an_sae_the_disk_cannot_hold_before_the_first_step(
     free = 2000 if checkpoints else 1000
     monkeypatch.setattr(io.shutil, "disk_usage", lambda path: usage(10**6, 10**6 - free, free))
     out = tmp_path / "t"
-    argv = ["train", "--acts", str(fx / "store"), "--k", "2", "--d-sae", "16", "--out-dir", str(out)]
+    argv = ["train", "--acts", str(fx / "store"), "--k", "2", "--d-sae", "16", "--out", str(out)]
     argv += ["--batch-tokens", "32", "--total-tokens", "96", "--no-progress"]
     rc = main([*argv, *(["--checkpoint-every", "1"] if checkpoints else [])])
     err = capsys.readouterr().err
@@ -428,6 +428,7 @@ def test_a_report_the_disk_cannot_hold_is_refused_before_the_pass(fx, tmp_path, 
     import importlib
 
     from saegeo.render.common import report_set_bytes
+
     pass_module = importlib.import_module("saegeo.report.geometry_report")  # the module, not its function
 
     usage = collections.namedtuple("usage", "total used free")
