@@ -60,6 +60,21 @@ class DenseCofiring:
         self.fire += on.sum(0).round().long()
         self.cofire += (on.T @ on).round().long()  # exact: integer counts well below 2^53
 
+    def add_coo(self, n_rows: int, rows: Int[Tensor, " nnz"], cols: Int[Tensor, " nnz"], values: Tensor) -> None:
+        """Add a batch of n_rows rows given as COO codes (row, latent, value): the same counts as ``add`` of the
+        dense matrix, with no (rows × N) matrix (only the chosen latents' (rows × m) indicator)."""
+        column = torch.full((int(cols.max()) + 1 if cols.numel() else 0,), -1, dtype=torch.long)
+        keep_latents = self.latents[self.latents < column.numel()]
+        column[keep_latents] = (self.latents < column.numel()).nonzero().flatten()
+        cols = cols.long()
+        at = column[cols] if cols.numel() else cols
+        keep = (at >= 0) & (torch.as_tensor(values) > 0)
+        on = torch.zeros(n_rows, self.latents.numel(), dtype=torch.float64)
+        on[rows.long()[keep], at[keep]] = 1.0
+        self.n_rows += n_rows
+        self.fire += on.sum(0).round().long()
+        self.cofire += (on.T @ on).round().long()
+
 
 @dataclass
 class AntipodalPair:

@@ -217,6 +217,10 @@ SAE_ROWS: list[tuple[str, Callable[[SAEGeometry], str]]] = [
     ("top cone share c_i", lambda s: _top_share(s)),
     ("A_dict / ‖ū‖²", lambda s: f"{fmt_num(s.a_dict, 4)} / {fmt_num(s.dict_mean_sq_norm, 4)}"),
     ("dictionary erank", lambda s: fmt_num(s.dictionary_spectrum.get("effective_rank"), 1)),
+    ("decoder spectrum power law α", lambda s: _power_law(s)),
+    ("dark matter: R² of e / of ‖e‖ (held out)", lambda s: _dark_matter(s)),
+    ("  nonlinear error share 1 − R²", lambda s: fmt_num((s.dark_matter or {}).get("nonlinear_share"))),
+    ("dense latents: antipodal pairs", lambda s: _dense_pairs(s)),
     ("A of x̂ − b_dec (measured)", lambda s: _with_sd(s.amplification, "measured_recon_minus_b_dec")),
     ("  law: per-latent, mean-cosine", lambda s: _with_sd(s.amplification, "A_het_mean_cosine")),
     ("  law: per-latent A_het", lambda s: fmt_num(s.amplification.get("A_het"))),
@@ -266,6 +270,37 @@ def _heldout(s: SAEGeometry) -> str:
     if not h:
         return "— (rows not recorded)"
     return f"{fmt_num(h['fve'])} / {fmt_num(h['mean_l0'], 1)} ({h['n_tokens']:,} rows)"
+
+
+def _power_law(s: SAEGeometry) -> str:
+    """α of λ_k ∝ k^(−α) over the unit decoder rows' covariance eigenvalues, its fit R² and rank range."""
+    spec = s.dictionary_spectrum
+    if spec.get("power_law_alpha") is None:
+        return "—"
+    lo, hi = spec.get("power_law_ranks") or (None, None)
+    return f"{fmt_num(spec['power_law_alpha'])} (R² {fmt_num(spec.get('power_law_r2'))}, ranks {lo}–{hi})"
+
+
+def _dark_matter(s: SAEGeometry) -> str:
+    dm = s.dark_matter
+    if not dm or "r2_vector" not in dm:
+        return "—" if not dm else str(dm.get("error", "—"))
+    return (
+        f"{fmt_num(dm['r2_vector'])} ± {fmt_num(dm['r2_vector_sd'], 2)} / "
+        f"{fmt_num(dm['r2_norm'])} ± {fmt_num(dm['r2_norm_sd'], 2)}"
+    )
+
+
+def _dense_pairs(s: SAEGeometry) -> str:
+    """The dense latents, their antipodal pairs, and the squared cosine of μ with the pairs' subspace."""
+    d = s.dense_structure
+    if not d:
+        return "—"
+    text = f"{d['n_dense']:,} at rate ≥ {fmt_num(d['rate'])}, {len(d.get('pairs') or []):,} pairs"
+    sub = d.get("subspace") or {}
+    if sub.get("dim") and sub.get("mean") is not None:
+        text += f"; μ in their span {fmt_num(sub['mean'])} (chance {fmt_num(sub['chance'])})"
+    return text
 
 
 def _splice(s: SAEGeometry, key: str) -> Any:

@@ -96,6 +96,7 @@ from saegeo.report.latent_cards import (
     top_by,
 )
 from saegeo.report.options import ReportOptions
+from saegeo.report.structure import PassStructure, StructureOptions
 from saegeo.sae.formats import CFG_FILENAME
 from saegeo.sae.metrics import SAEMetrics
 from saegeo.sae.model import SAE
@@ -160,6 +161,10 @@ class SAEGeometry:
     # records this store's held-out rows (saegeo train: the last N rows), the same read-outs over those rows alone:
     # {first_row, n_tokens, fve, mse, mean_l0} (None when not recorded, or not computable: heldout_first_row)
     heldout: dict[str, Any] | None = None
+    # issue 41 (saegeo.report.structure.PassStructure): the error's linearly predictable share, held out, ± sd
+    dark_matter: dict[str, Any] | None = None
+    # the dense latents, their antipodal pairs and the subspace they span against μ and the top PCs
+    dense_structure: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe(asdict(self))
@@ -471,6 +476,7 @@ class _SAEPass:
         latent_contexts: int | None = None,
         first_row: int = 0,
         heldout_from: int | None = None,
+        structure: StructureOptions | None = None,
     ):
         self.name, self.module, self.config = name, module, config
         if hasattr(module, "to"):
@@ -486,6 +492,9 @@ class _SAEPass:
         # twice, a held-out fraction's extra cost, so that the report can say which rows each figure is over
         self.row, self.heldout_from = first_row, heldout_from
         self.heldout = None if heldout_from is None else SAEMetrics(module, device=device)
+        self.structure = None if structure is None else PassStructure(self.d_in, structure)
+        if self.structure is not None:
+            self.metrics.row_observers.append(self.structure)
 
     def add(self, x: Tensor, positions: Tensor | None = None) -> None:
         if self.latents is not None:  # the norm-detector columns: each latent's activation against ‖x‖ (and position)
@@ -533,7 +542,7 @@ class _SAEPass:
             "measured_x_minus_b_dec": m.input_unit.anisotropy(),
             "measured_x": geo.get("anisotropy"),
         }
-        pairs = None
+        pairs = sampled = None
         if r is not None:  # the per-latent law and the co-firing term (E‖x̂ − b_dec‖² > 0 once a latent fired)
             second = m.recon_second_moment
             mean_sq_code = codes.mean_sq_code
@@ -571,7 +580,19 @@ class _SAEPass:
         trained_as = saegeo_block.get("trained_as") or getattr(saved_by_saegeo, "architecture", None)
         if trained_as not in (None, architecture):  # a BatchTopK SAE saved as jumprelu
             architecture = f"{trained_as} (saved as {architecture})"
+        structure = {}
+        if self.structure is not None:
+            structure = self.structure.finish(
+                freq,
+                sampled,
+                w_dec,
+                self.module.W_enc.detach().cpu() if getattr(self.module, "W_enc", None) is not None else None,
+                m.mean,
+                geo.get("top_eigenvectors") or [],
+            )
         return SAEGeometry(
+            dark_matter=structure.get("dark_matter"),
+            dense_structure=structure.get("dense"),
             name=self.name,
             d_in=self.d_in,
             d_sae=self.d_sae,
@@ -713,6 +734,9 @@ def geometry_report(
         contexts = opts.latent_contexts if opts.latent_cards else None
         # held-out rows are found by global row index: one process reading a store in order
         heldout_from = heldout_first_row(cfg, rows.store) if ctx is None else None
+        structure = (
+            StructureOptions(progress=False, fold_rows=_fold_rows(total)) if opts.dark_matter and not ctx else None
+        )
         passes.append(
             _SAEPass(
                 sae_name,
@@ -722,6 +746,7 @@ def geometry_report(
                 latent_contexts=contexts,
                 first_row=sample_start,
                 heldout_from=heldout_from,
+                structure=structure,
             )
         )
 
@@ -830,6 +855,14 @@ def geometry_report(
             if withheld:  # which neighbour search ran is said where the user reads the report
                 report.notes.append(f"SAE {s.name!r}: {withheld}")
     return report
+
+
+def _fold_rows(total: int | None) -> int:
+    """Contiguous rows per dark-matter fold block: 1,024, or fewer when the pass reads too few rows for every fold
+    to get two blocks (a 4,096-row store would leave one fold empty)."""
+    from saegeo.geometry.dark_matter import DEFAULT_FOLD_ROWS, DEFAULT_FOLDS
+
+    return DEFAULT_FOLD_ROWS if not total else max(1, min(DEFAULT_FOLD_ROWS, total // (2 * DEFAULT_FOLDS)))
 
 
 def latents_report(acts: Any, sae: Any, options: LatentsOptions | None = None, *, name: str | None = None) -> dict:

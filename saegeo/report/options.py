@@ -239,6 +239,9 @@ class ReportOptions(BatchedStreamOptions, DeviceOption):
     latent_contexts: int = option(20, "top activating contexts kept per latent", low=0, high=10_000)
     context_tokens: int = option(16, "preceding tokens of the same window shown with each context", low=0, high=4096)
     neighbour_table_max: int = option(NEIGHBOUR_TABLE_MAX, NEIGHBOUR_TABLE_HELP, low=0)
+    dark_matter: bool = option(
+        True, "per SAE: the error's linearly predictable share (held-out ridge sums) and the dense latents' pairs"
+    )
     thresholds: FlagThresholds = option(factory=FlagThresholds, help="of every flag ([report.thresholds])")
 
     def __post_init__(self) -> None:

@@ -1,5 +1,10 @@
-"""An SAE's error and dense-latent structure on activations, as a library call (not yet part of the report pass,
-whose cost budget it must first be measured against).
+"""An SAE's error and dense-latent structure on activations: in the report's one pass (``PassStructure``) and as
+a library call of its own (``sae_structure``, two passes, the co-firing counted on every row).
+
+``PassStructure(d, options)``  the report's part: the dark-matter sums fed every chunk's (x, x̂) as an
+    ``SAEMetrics.row_observers`` entry; ``finish(...)`` gives {dark_matter, dense} for the SAE's section, the dense
+    latents' co-firing counted on the report's uniform row sample (the pass cannot know the dense latents before
+    its end, and a second pass would encode every row again).
 
 ``sae_structure(sae, acts, options=StructureOptions()) -> dict``
     pass 1 over the rows: the SAE's codes and error e = x − x̂; the dark-matter sums (saegeo.geometry.dark_matter:
@@ -49,6 +54,62 @@ class StructureOptions(BatchedStreamOptions):
 
     def __post_init__(self) -> None:
         check(self)
+
+
+class PassStructure:
+    """Dark matter and dense-latent structure of one SAE in the report's pass (module docstring)."""
+
+    def __init__(self, d: int, options: StructureOptions) -> None:
+        self.options = options
+        self.dark = DarkMatterAccumulator(d, n_folds=options.folds, fold_rows=options.fold_rows)
+
+    def add(self, x: torch.Tensor, recon: torch.Tensor) -> None:
+        """One chunk of rows in stream order and the SAE's (denormalised) reconstruction of them."""
+        self.dark.add(x, x.double() - recon.double())
+
+    def finish(
+        self,
+        fire_rate: torch.Tensor,
+        sample_codes: Any | None,
+        W_dec: torch.Tensor,
+        W_enc: torch.Tensor | None,
+        mean: torch.Tensor,
+        components: list[list[float]],
+    ) -> dict[str, Any]:
+        """{"dark_matter": R² of the error vector and norm held out, ± sd, and the nonlinear share 1 − R²_vector;
+        "dense": the dense latents (rate ≥ dense_rate over the pass), their antipodal pairs (co-firing from the
+        ``sample_codes`` COO), the pairs' subspace and the squared cosine of μ and of the top principal
+        ``components`` (rows of length d) with it}."""
+        opts = self.options
+        out: dict[str, Any] = {}
+        if self.dark.rows_seen >= 2 * opts.folds:
+            try:
+                dm = dark_matter(self.dark, opts.ridge)
+                out["dark_matter"] = {**dm.to_dict(), "nonlinear_share": dm.nonlinear_share}
+            except BadInputError as err:
+                out["dark_matter"] = {"error": str(err)}
+        n_rows = max(1, int(self.dark.rows_seen))
+        dense = dense_latents((fire_rate.double() * n_rows).round().long(), n_rows, opts.dense_rate)
+        section: dict[str, Any] = {"rate": opts.dense_rate, "n_dense": int(dense.numel()), "latents": dense.tolist()}
+        dense = dense[: opts.max_dense]
+        if dense.numel() < 2 or sample_codes is None or int(sample_codes.n_rows) < 2:
+            section.update(pairs=[], subspace={"dim": 0})
+            out["dense"] = section
+            return out
+        cofiring = DenseCofiring(dense)
+        cofiring.add_coo(int(sample_codes.n_rows), sample_codes.rows, sample_codes.cols, sample_codes.values)
+        pairs = antipodal_pairs(W_dec, cofiring, min_anticos=opts.min_anticos, max_cofire=opts.max_cofire, W_enc=W_enc)
+        directions = {"mean": mean}
+        for k, v in enumerate(components[: opts.top_components]):
+            directions[f"pc{k + 1}"] = torch.tensor(v, dtype=torch.float64)
+        section.update(
+            n_searched=int(dense.numel()),
+            cofiring_rows=int(sample_codes.n_rows),
+            pairs=[p.to_dict() for p in pairs],
+            subspace=subspace_alignment(pair_subspace(W_dec, pairs), directions),
+        )
+        out["dense"] = section
+        return out
 
 
 def sae_structure(sae: Any, acts: Any, options: StructureOptions | None = None) -> dict[str, Any]:

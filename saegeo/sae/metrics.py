@@ -157,6 +157,9 @@ class SAEMetrics:
         # accumulators of the same folded codes, fed every batch as observer.add(coo) (the report's
         # LatentCollector); not in the state
         self.code_observers: list[Any] = []
+        # accumulators of the rows and their reconstructions, fed every chunk in row order as observer.add(x, x̂)
+        # (x̂ denormalised, float32, on the device; the report's dark-matter sums); not in the state
+        self.row_observers: list[Any] = []
         if sae is not None:
             cfg = getattr(sae, "cfg", None)
             # codes of SAEs that rescale by the decoder norm already carry it
@@ -235,6 +238,8 @@ class SAEMetrics:
         unit = y[norms > 0] / norms[norms > 0, None].to(y.dtype)
         self.recon_unit_scatter += (unit.T @ unit).to("cpu", torch.float64)  # float32 gram: an sd needs no more
         self.input_unit.add(x_normalized - self._b_dec)
+        for observer in self.row_observers:
+            observer.add(x, out)
         # in place on one float64 copy (the same values as x64 − x̂64: a float32 operand is widened exactly)
         self.sse += float(x.double().sub_(out).square_().sum())
         return float(x.double().sub_(batch_mean).square_().sum())

@@ -124,3 +124,22 @@ def test_sae_structure_on_a_planted_sae():
     assert sub["dim"] == 3 and sub["chance"] == 0.5
     mu = x.double().numpy().mean(0)
     assert sub["mean"] == pytest.approx((mu[:3] ** 2).sum() / (mu**2).sum(), abs=1e-9)
+
+
+def test_cofiring_counts_from_coo_equal_the_dense_counts():
+    """add_coo (the report's sampled codes) counts as add of the dense matrix: the chosen latents in any order, one
+    of them above every column the batch holds."""
+    from saegeo.geometry.dense import DenseCofiring
+
+    g = torch.Generator().manual_seed(3)
+    codes = torch.rand(300, 20, generator=g) * (torch.rand(300, 20, generator=g) < 0.4)
+    codes[:, 19] = 0  # the largest column never fires: the COO's max latent is below it
+    chosen = torch.tensor([7, 2, 19, 11, 0])
+    dense, coo = DenseCofiring(chosen), DenseCofiring(chosen)
+    for lo in range(0, 300, 128):
+        block = codes[lo : lo + 128]
+        dense.add(block)
+        rows, cols = block.nonzero(as_tuple=True)
+        coo.add_coo(block.shape[0], rows, cols, block[rows, cols])
+    assert coo.n_rows == dense.n_rows == 300
+    assert torch.equal(coo.fire, dense.fire) and torch.equal(coo.cofire, dense.cofire)
