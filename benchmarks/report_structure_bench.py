@@ -4,7 +4,7 @@ One process, side by side, rotating the order each repeat (drift under load fall
   base:     geometry_report(store, sae, dark_matter=False) with the latent collector's covariates switched off
             (the report before issue 41: latent cards on, as by default)
   columns:  + each latent's correlation with ‖x‖ and position (LatentCovariates; the store's positions read)
-  all:      + the dark-matter sums (per-fold XᵀX, XᵀE in float64) and the dense-pair search: the default now
+  all:      + the dark-matter sums (per-fold XᵀX, XᵀE in float64) and the dense-pair search (--dark-matter)
 The store holds --n rows of d with token ids and positions; the ReLU SAE's biases are set so each latent fires on
 --relu-rate of the rows, the TopK SAE keeps k. One torch thread (a shared machine). Printed: the whole call and the
 pass alone (report.seconds), CPU s and wall s, and the ratios to base.
@@ -82,7 +82,9 @@ def main() -> None:
         LatentCollector.begin_batch = begin_batch
         rows.append((arch, best))
     print()
-    print("| SAE | base CPU s (wall) | + norm columns | ratio | + dark matter and dense pairs (default) | ratio |")
+    print(
+        "| SAE | base CPU s (wall) | + norm columns | ratio | + dark matter and dense pairs (`--dark-matter`) | ratio |"
+    )
     print("|---|---|---|---|---|---|")
     for arch, best in rows:
         b, c, a = best["base"], best["columns"], best["all"]

@@ -218,7 +218,7 @@ SAE_ROWS: list[tuple[str, Callable[[SAEGeometry], str]]] = [
     ("A_dict / ‖ū‖²", lambda s: f"{fmt_num(s.a_dict, 4)} / {fmt_num(s.dict_mean_sq_norm, 4)}"),
     ("dictionary erank", lambda s: fmt_num(s.dictionary_spectrum.get("effective_rank"), 1)),
     ("decoder spectrum power law α", lambda s: _power_law(s)),
-    ("dark matter: R² of e / of ‖e‖ (held out)", lambda s: _dark_matter(s)),
+    ("dark matter: R² of e / ‖e‖ (5-fold CV)", lambda s: _dark_matter(s)),
     ("  nonlinear error share 1 − R²", lambda s: fmt_num((s.dark_matter or {}).get("nonlinear_share"))),
     ("dense latents: antipodal pairs", lambda s: _dense_pairs(s)),
     ("A of x̂ − b_dec (measured)", lambda s: _with_sd(s.amplification, "measured_recon_minus_b_dec")),

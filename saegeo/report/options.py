@@ -240,7 +240,9 @@ class ReportOptions(BatchedStreamOptions, DeviceOption):
     context_tokens: int = option(16, "preceding tokens of the same window shown with each context", low=0, high=4096)
     neighbour_table_max: int = option(NEIGHBOUR_TABLE_MAX, NEIGHBOUR_TABLE_HELP, low=0)
     dark_matter: bool = option(
-        True, "per SAE: the error's linearly predictable share (held-out ridge sums) and the dense latents' pairs"
+        False,
+        "per SAE: the error's linearly predictable share (5-fold ridge sums: 2·d² float64 multiply-adds a row, "
+        "their cost in benchmarks/README.md) and the dense latents' antipodal pairs",
     )
     thresholds: FlagThresholds = option(factory=FlagThresholds, help="of every flag ([report.thresholds])")
 

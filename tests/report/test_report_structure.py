@@ -34,7 +34,8 @@ def test_report_dark_matter_and_dense_pairs_equal_brute_force(batch_rows):
     from tests.geometry.test_dark_matter import _brute  # the fold-by-fold numpy ridge
 
     sae, x = _planted()
-    report = geometry_report(x, {"p": sae}, options=ReportOptions(progress=False, batch_rows=batch_rows))
+    opts = ReportOptions(progress=False, batch_rows=batch_rows, dark_matter=True)
+    report = geometry_report(x, {"p": sae}, options=opts)
     s = report.saes[0]
     err = x.double().numpy() - sae(x).detach().double().numpy()
     want = _brute(x.double().numpy(), err, 5, 600, 1e-6)  # 6,000 rows: fold blocks of 6000 // (2·5) rows
@@ -59,8 +60,8 @@ def test_without_dark_matter_the_fields_are_none_and_every_other_number_is_the_s
     from saegeo.report import ReportOptions, geometry_report
 
     sae, x = _planted()
-    on = geometry_report(x, {"p": sae}, options=ReportOptions(progress=False)).saes[0].to_dict()
-    off = geometry_report(x, {"p": sae}, options=ReportOptions(progress=False, dark_matter=False)).saes[0].to_dict()
+    on = geometry_report(x, {"p": sae}, options=ReportOptions(progress=False, dark_matter=True)).saes[0].to_dict()
+    off = geometry_report(x, {"p": sae}, options=ReportOptions(progress=False)).saes[0].to_dict()  # the default
     assert off["dark_matter"] is None and off["dense_structure"] is None
     assert {k: v for k, v in on.items() if k not in ("dark_matter", "dense_structure")} == {
         k: v for k, v in off.items() if k not in ("dark_matter", "dense_structure")
