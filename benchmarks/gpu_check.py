@@ -141,7 +141,7 @@ def main() -> None:
         cfg = TrainConfig(
             arch="topk",
             d_sae=size["d_sae"],
-            k=32,
+            arch_options={"topk": {"k": 32}},
             batch_tokens=4096,
             total_tokens=size["train_tokens"],
             device=dev,
@@ -177,7 +177,7 @@ def main() -> None:
         TrainConfig(
             arch="topk",
             d_sae=4 * store.d,
-            k=16,
+            arch_options={"topk": {"k": 16}},
             batch_tokens=1024,
             total_tokens=20_480,
             device=gpu,
@@ -313,8 +313,15 @@ def check_architectures(gpu: str, dry: bool) -> bool:
     for arch in architecture_names():
         fve, tps = {}, {}
         for side, dev in (("cpu", "cpu"), ("gpu", gpu)):
+            sparsity = {} if arch == "relu" else {arch: {"l0_target" if arch == "jumprelu" else "k": 16}}
             cfg = TrainConfig(
-                arch=arch, d_sae=d_sae, k=16, batch_tokens=1024, total_tokens=tokens, device=dev, progress=False
+                arch=arch,
+                arch_options=sparsity,
+                d_sae=d_sae,
+                batch_tokens=1024,
+                total_tokens=tokens,
+                device=dev,
+                progress=False,
             )
             t0 = time.perf_counter()
             res = train_sae(cfg, x.to(dev), resume=False)
@@ -338,7 +345,7 @@ def check_throughput(gpu: str, dry: bool, peak_tflops: float) -> bool:
     d, d_sae, rows, tokens = (64, 512, 16_384, 8_192 * 3) if dry else (2_304, 16_384, 131_072, 8_192 * 400)
     x = torch.randn(rows, d, generator=torch.Generator().manual_seed(2)).to(gpu)
     cfg = TrainConfig(
-        arch="topk", d_sae=d_sae, k=32, batch_tokens=8_192, total_tokens=tokens, device=gpu, progress=False,
+        arch="topk", d_sae=d_sae, arch_options={"topk": {"k": 32}}, batch_tokens=8_192, total_tokens=tokens, device=gpu, progress=False,
         dtype="bfloat16", log_every=100, heldout_fraction=0.01, b_dec_init_tokens=8_192,
     )  # fmt: skip
     warm = 8_192 * (2 if dry else 20)
@@ -447,7 +454,7 @@ def torchrun_worker(store: str, gpu: str, dry: bool) -> None:
             TrainConfig(
                 arch="topk",
                 d_sae=256,
-                k=8,
+                arch_options={"topk": {"k": 8}},
                 batch_tokens=512,
                 total_tokens=10_240,
                 device=gpu,

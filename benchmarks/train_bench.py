@@ -285,11 +285,20 @@ class Data:
 RUN_OPTIONS = dict(progress=False, log_every=20, overwrite=True)  # options that do not change the weights
 
 
+SPARSITY_OPTION = {"relu": "l1_coefficient", "topk": "k", "batchtopk": "k", "jumprelu": "l0_target"}
+
+
+def sparsity_setting(cfg: TrainConfig) -> float:
+    """The value of the option the grid varies (relu: l1; topk, batchtopk: k; jumprelu: its L0 target)."""
+    return getattr(cfg.options, SPARSITY_OPTION[cfg.arch])
+
+
 def grid_config(arch: str, setting: float, lr: float, args, out_dir: str | None = None) -> TrainConfig:
     """saegeo's run at one point of the grid."""
-    sparsity = {"l1_coefficient": setting} if arch == "relu" else {"k": int(setting)}
+    value = setting if arch == "relu" else int(setting)
     return TrainConfig(
         arch=arch,
+        arch_options={arch: {SPARSITY_OPTION[arch]: value}},
         d_sae=args.d_sae,
         batch_tokens=BATCH,
         lr=lr,
@@ -297,7 +306,6 @@ def grid_config(arch: str, setting: float, lr: float, args, out_dir: str | None 
         heldout_fraction=HELDOUT,
         out_dir=out_dir,
         num_threads=args.threads,
-        **sparsity,
         **RUN_OPTIONS,
     )
 
@@ -327,7 +335,7 @@ def run_job(job: dict, data: Data, args, out_dir: Path) -> dict:
     arch, side = job["arch"], job["side"]
     rec = {"key": job_key(job), **job, "tokens": args.tokens, "threads": args.threads, "when": time.time()}
     setting = job.get("setting")
-    k = int(setting) if arch != "relu" and setting is not None else TrainConfig.k
+    k = None if arch == "relu" else int(setting if setting is not None else sparsity_setting(TrainConfig(arch=arch)))
     floor = floor_seconds(data.train_x[:BATCH].contiguous(), args.d_sae, k) if arch != "relu" else None
     steps = args.tokens // BATCH
     if side == "saegeo":
@@ -342,9 +350,10 @@ def run_job(job: dict, data: Data, args, out_dir: Path) -> dict:
         live = res.history[-1] if res.history else {}
         rec["step_s"] = BATCH / live["tok_s"] if "tok_s" in live else rec["wall_seconds"] / steps
         used = res.config
-        rec.update(lr=used.lr, setting=used.l1_coefficient if arch == "relu" else used.k)
+        rec.update(lr=used.lr, setting=sparsity_setting(used))
         if job.get("default"):
-            rec["default_config"] = {f: getattr(used, f) for f in ("lr", "l1_coefficient", "k", "d_sae", "expansion")}
+            rec["default_config"] = {f: getattr(used, f) for f in ("lr", "d_sae", "expansion")}
+            rec["default_config"] |= {"l1_coefficient" if arch == "relu" else "k": sparsity_setting(used)}
             rec["saelens_load"] = saelens_load_check(arch, Path(cfg.out_dir), data, args)
     else:
         sl_job = dict(
@@ -537,7 +546,7 @@ def report(args) -> None:
                 )
                 entry.update(cpu_ratio_median=med, cpu_ratio_min=ratios[0], cpu_ratio_max=ratios[-1])
         dflt = default_config(arch, args).resolved()
-        setting = dflt.l1_coefficient if arch == "relu" else dflt.k
+        setting = sparsity_setting(dflt)
         twin = [
             r
             for r in runs
@@ -625,8 +634,9 @@ def offset_ablation(args) -> None:
     base = grid_config("topk", k, lr, args)
     train_rows = data.train_x.double()
     mean_sq = float((train_rows - train_rows.mean(0)).pow(2).sum(1).mean())  # Σ‖x − x̄‖²/n over the training rows
+    no_auxk = {"topk": {"k": int(k), "aux_coefficient": 0.0}}
     saelens_like = dict(b_dec_init="zeros", grad_clip_norm=1 / mean_sq, warmup_steps=0, decay_fraction=0.0,
-                        aux_coefficient=0.0)  # fmt: skip
+                        arch_options=no_auxk)  # fmt: skip
     variants = {
         "saegeo defaults (free rows, b_dec = mean)": base,
         "saegeo, unit rows (before)": replace(base, decoder_norm="unit"),

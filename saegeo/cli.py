@@ -548,6 +548,38 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     add_options(p, TrainConfig)
 
 
+def _add_architecture_options(p: argparse.ArgumentParser) -> None:
+    """Each registered architecture's own options as --ARCH.OPTION (its `Options` dataclass, TOML [train.ARCH]).
+    They need the registry, and torch with it: built only for --help or when such a flag is given
+    (`_wants_architecture_options`), so the other errors of `saegeo train` are still found before torch loads."""
+    import dataclasses
+
+    from saegeo.sae.architectures import architecture_names, get_architecture
+
+    for name in architecture_names():
+        options = get_architecture(name).Options
+        if dataclasses.fields(options):
+            group = p.add_argument_group(f"--arch {name}", (options.__doc__ or "").strip())
+            add_options(group, options, prefix=name)
+
+
+def _wants_architecture_options(argv: list[str] | None) -> bool:
+    """--help, or an --ARCH.OPTION flag, among the arguments (None: the whole command line is built)."""
+    if argv is None:
+        return True
+    return any(a in ("-h", "--help") or (a.startswith("--") and "." in a.partition("=")[0]) for a in argv)
+
+
+def _architecture_tables(args: argparse.Namespace) -> dict[str, dict]:
+    """The --ARCH.OPTION flags given, as {ARCH: {OPTION: value}} (TrainConfig reads them into arch_options)."""
+    if not any("." in key for key in vars(args)):
+        return {}
+    from saegeo.sae.architectures import architecture_names, get_architecture
+
+    tables = {name: passed(args, get_architecture(name).Options, prefix=name) for name in architecture_names()}
+    return {name: table for name, table in tables.items() if table}
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from saegeo.activations.options import rows_path_kind
     from saegeo.sae.options import TrainConfig
@@ -555,7 +587,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.acts:  # before the config is resolved: its architecture check loads the registry (torch)
         rows_path_kind(args.acts)
     # the flags given > the --config file > the dataclass defaults; every key of the file is read or refused
-    cfg, extras = resolve(TrainConfig, passed(args, TrainConfig), args.config, table="train", extra=("acts",))
+    given = passed(args, TrainConfig) | _architecture_tables(args)
+    cfg, extras = resolve(TrainConfig, given, args.config, table="train", extra=("acts",))
     acts = args.acts or extras.get("acts")
     if not acts:
         raise CLIError('saegeo train needs --acts STORE (or `acts = "..."` in the --config file)')
@@ -662,9 +695,10 @@ _COMMANDS: list[tuple[str, str, str | None, Any, Any]] = [
 ]
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+def build_parser(only: str | None = None, argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The whole command line; with ``only``, the options of that command alone (the others are listed, so
-    `saegeo --help` and `saegeo X ...` import nothing that the other commands need)."""
+    `saegeo --help` and `saegeo X ...` import nothing that the other commands need). `saegeo train`'s
+    architecture options are built when ``argv`` asks for them (`_wants_architecture_options`)."""
     parser = _Parser(prog="saegeo", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--debug", action="store_true", help="show the Python traceback of an error (accepted anywhere on the line)"
@@ -674,6 +708,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, description=description)
         if only is None or only == name:
             add(p)
+            if name == "train" and (only is None or _wants_architecture_options(argv)):
+                _add_architecture_options(p)
         p.set_defaults(func=func)
     return parser
 
@@ -826,7 +862,7 @@ def main(argv: list[str] | None = None) -> int:
         from saegeo.runtime import quiet_openmp_workers
 
         quiet_openmp_workers()
-    args = build_parser(command).parse_args(argv)
+    args = build_parser(command, argv).parse_args(argv)
     try:
         _check_paths(args)
         return int(args.func(args) or 0)

@@ -96,12 +96,15 @@ def option(
     flag: bool = True,
     flag_name: str | None = None,
     old_flags: tuple[str, ...] = (),
+    tables: bool = False,
 ) -> Any:
     """A dataclass field with its help text and its checks: ``low <= value <= high``, ``above < value < below``
     (None: no bound). Every float must be finite and every int must fit int64 whatever the bounds; None passes
     (it means "unset"). ``flag=False`` keeps the field out of the command line (a config-file key only);
     ``flag_name`` spells its flag where the field's name would not (``out_dir`` -> ``--out``); ``old_flags`` are
-    spellings it had, accepted for one release with a warning (``renamed_flag``)."""
+    spellings it had, accepted for one release with a warning (``renamed_flag``). ``tables=True`` (a dict field):
+    the tables of a config dict whose keys are no field of the class are gathered here by ``from_dict``
+    (TrainConfig's [train.topk], flags --topk.k: each architecture's options)."""
     meta = {
         "help": help,
         "low": low,
@@ -111,6 +114,7 @@ def option(
         "flag": flag,
         "flag_name": flag_name,
         "old_flags": old_flags,
+        "tables": tables,
     }
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
@@ -214,6 +218,11 @@ def from_dict(cls: type, d: Mapping[str, Any] | None, where: str | None = None) 
     """
     d = dict(d or {})
     known = [f.name for f in dataclasses.fields(cls)]
+    gather = next((f.name for f in dataclasses.fields(cls) if f.metadata.get("tables")), None)
+    if gather is not None:  # the tables named by no field: the owner of the `tables` field checks their names
+        tables = {key: d.pop(key) for key in list(d) if key not in known and isinstance(d[key], Mapping)}
+        if tables:
+            d[gather] = merge_tables(d.get(gather) or {}, tables)  # the tables by name over the field's own
     unknown = sorted(set(d) - set(known))
     if unknown:
         raise BadInputError(
@@ -321,7 +330,17 @@ def resolve(
             doc, where = inner, f"{path} [{table}]"
             outer |= {k: doc.pop(k) for k in extra if k in doc}
         values, extras = doc, outer
-    return from_dict(cls, {**values, **(passed or {})}, where), extras
+    return from_dict(cls, merge_tables(values, passed or {}), where), extras
+
+
+def merge_tables(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over``'s keys over ``base``'s, a table given in both merged key by key (a flag --topk.k over a config
+    file's [train.topk] keeps the file's other keys of that table)."""
+    merged = dict(base)
+    for key, value in over.items():
+        both = isinstance(value, Mapping) and isinstance(merged.get(key), Mapping)
+        merged[key] = merge_tables(merged[key], value) if both else value
+    return merged
 
 
 # =========================================================================== config -> flags
@@ -389,7 +408,12 @@ def renamed_flag(parser: Any, old: str, new: str, **kw: Any) -> None:
 
 
 def add_options(
-    parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = (), show_defaults: bool = True
+    parser: argparse.ArgumentParser | Any,
+    cls: type,
+    *,
+    skip: tuple[str, ...] = (),
+    show_defaults: bool = True,
+    prefix: str = "",
 ) -> None:
     """One ``--kebab-case`` option per field of config dataclass ``cls`` (nested dataclasses, ``flag=False``
     fields and ``skip`` excepted), its help from the field's ``option`` metadata.
@@ -398,6 +422,7 @@ def add_options(
     what was given: the dataclass default, or a config file's value, holds otherwise. Booleans are flags:
     ``--overwrite`` where the default is False, ``--no-progress`` where it is True. A field without a default
     is a required option; ``show_defaults=False`` leaves "(default: ...)" out where another source sets it.
+    ``prefix`` names a table (``--topk.k`` for the field k of the table topk; `passed` with the same prefix).
     """
     hints = _hints(cls)
     for f in dataclasses.fields(cls):
@@ -406,17 +431,19 @@ def add_options(
             continue
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         default = None if required else f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        flag = flag_name(f.metadata.get("flag_name") or f.name)
+        flag = flag_name(f"{prefix}." * bool(prefix) + (f.metadata.get("flag_name") or f.name))
         old_flags = f.metadata.get("old_flags") or ()
         text = (f.metadata.get("help") or f"{cls.__name__}.{f.name}").replace("%", "%%")
-        kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, **({"required": True} if required else {})}
+        dest = f"{prefix}.{f.name}" if prefix else f.name
+        kw: dict[str, Any] = {"dest": dest, "default": argparse.SUPPRESS, **({"required": True} if required else {})}
         if tp is bool:
             if default:  # progress -> --no-progress: "no progress bar"
-                parser.add_argument("--no-" + flag[2:], action="store_false", help=f"no {text}", **kw)
+                no_flag = f"--{prefix}.no-{flag[3 + len(prefix) :]}" if prefix else "--no-" + flag[2:]
+                parser.add_argument(no_flag, action="store_false", help=f"no {text}", **kw)
             else:
                 parser.add_argument(flag, action="store_true", help=text, **kw)
             for old in old_flags:
-                renamed_flag(parser, old, flag, dest=f.name, default=argparse.SUPPRESS, nargs=0, const=not default)
+                renamed_flag(parser, old, flag, dest=dest, default=argparse.SUPPRESS, nargs=0, const=not default)
             continue
         if tp == Dtype:  # the aliases too: bf16 is parsed to bfloat16, then checked against the choices
             kw["type"], kw["choices"] = dtype_arg, DTYPES
@@ -434,15 +461,16 @@ def add_options(
         if default is not None and show_defaults:  # a None default is explained by the help ("None: all")
             text += f" (default: {shown(default)})"
         if "choices" not in kw:  # --total-tokens TOTAL_TOKENS
-            kw["metavar"] = flag[2:].upper().replace("-", "_")
+            kw["metavar"] = f.name.upper()
         parser.add_argument(flag, help=text, **kw)
         for old in old_flags:
             renamed_flag(parser, old, flag, **{k: v for k, v in kw.items() if k not in ("required", "metavar")})
 
 
-def passed(args: argparse.Namespace, cls: type) -> dict[str, Any]:
-    """The fields of ``cls`` the user gave on the command line."""
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+def passed(args: argparse.Namespace, cls: type, prefix: str = "") -> dict[str, Any]:
+    """The fields of ``cls`` the user gave on the command line (those of the table ``prefix``: see add_options)."""
+    dest = (lambda name: f"{prefix}.{name}") if prefix else (lambda name: name)
+    return {f.name: getattr(args, dest(f.name)) for f in dataclasses.fields(cls) if hasattr(args, dest(f.name))}
 
 
 # =========================================================================== options every pass shares

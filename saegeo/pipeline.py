@@ -26,7 +26,7 @@ from saegeo.errors import BadInputError, StoreError
 from saegeo.io import dump_json, json_safe, read_config, same_json
 from saegeo.render.common import FORMATS
 from saegeo.report.options import ReportOptions
-from saegeo.sae.options import EvalConfig, TrainConfig
+from saegeo.sae.options import EvalConfig, TrainConfig, recorded_options
 from saegeo.synthetic.options import SynthOptions  # noqa: F401  (re-exported: its old home)
 
 if TYPE_CHECKING:
@@ -112,6 +112,7 @@ def run_job(config: RunConfig | Mapping[str, Any], *, log: Any = print) -> RunRe
     from saegeo.render import render_terminal, write_report
     from saegeo.report.dictionary_check import sae_verdicts
     from saegeo.report.geometry_report import geometry_report
+    from saegeo.sae.architectures import get_architecture
     from saegeo.sae.train import train_sae
 
     cfg = config if isinstance(config, RunConfig) else run_config(config)
@@ -162,7 +163,8 @@ def run_job(config: RunConfig | Mapping[str, Any], *, log: Any = print) -> RunRe
             reused[f"train:{name}"] = True
         else:
             log(
-                f"train {name}: {tcfg.arch} k={tcfg.k} d_sae={tcfg.d_sae or tcfg.expansion * store.d} "
+                f"train {name}: {tcfg.arch} {get_architecture(tcfg.arch).option_summary(tcfg)} "
+                f"d_sae={tcfg.d_sae or tcfg.expansion * store.d} "
                 f"b_dec := {tcfg.b_dec_init}, {tcfg.total_tokens:,} tokens"
             )
             res = train_sae(tcfg, store)
@@ -293,7 +295,8 @@ def _trained(sae_dir: Path, tcfg: TrainConfig, store: ActivationStore) -> bool:
         return False
     data = saved.get("data", {})
     strip = lambda c: {k: v for k, v in (c or {}).items() if k not in NOT_IN_WEIGHTS}  # noqa: E731
-    return same_json(strip(saved.get("train_config")), strip(asdict(tcfg.resolved()))) and data.get("shard_sha256") == [
+    recorded = recorded_options(saved.get("train_config") or {})  # a record of any release, as recorded now
+    return same_json(strip(recorded), strip(tcfg.resolved().record())) and data.get("shard_sha256") == [
         s.sha256 for s in store.shards
     ]
 

@@ -48,9 +48,14 @@ class SAE(nn.Module):
         self.b_enc = nn.Parameter(torch.zeros(cfg.d_sae, **kw))
         self.W_dec = nn.Parameter(torch.zeros(cfg.d_sae, cfg.d_in, **kw))
         self.b_dec = nn.Parameter(torch.zeros(cfg.d_in, **kw))
-        # jumprelu: per-latent threshold (d_sae), a parameter (the trainer turns its gradient on);
-        # batchtopk and the rest: one scalar (shape (1,)), a buffer (batchtopk's is estimated in training).
-        self.architecture.add_threshold(self, cfg, **kw)
+        # the architecture's own tensors (jumprelu: a per-latent threshold the trainer trains; batchtopk: a scalar
+        # threshold estimated in training), zero until trained or read from a file
+        for name, extra in self.architecture.extra_tensors.items():
+            value = torch.zeros(extra.shape(cfg), **kw)
+            if extra.trained:  # its gradient is turned on by the trainer (Architecture.param_groups)
+                setattr(self, name, nn.Parameter(value, requires_grad=False))
+            else:
+                self.register_buffer(name, value)
 
     def extra_repr(self) -> str:
         """What ``repr(sae)`` shows inside ``SAE(...)``: its shapes, architecture and where it came from."""
@@ -186,10 +191,13 @@ class SAE(nn.Module):
         """pre = (normalize(x) − b_dec·[apply_b_dec_to_input]) @ W_enc + b_enc (no normalisation state kept)."""
         return self._pre(self.normalize_input(x)[0])
 
+    def centre(self, xn: Float[Tensor, "n d_in"]) -> Float[Tensor, "n d_in"]:
+        """The encoder's input: xn − b_dec·[apply_b_dec_to_input] (xn already through `normalize_input`). Every
+        encode and every architecture's training forward starts here."""
+        return xn - self.b_dec if self.cfg.apply_b_dec_to_input else xn
+
     def _pre(self, xn: Tensor) -> Tensor:
-        if self.cfg.apply_b_dec_to_input:
-            xn = xn - self.b_dec
-        pre = torch.addmm(self.b_enc, xn.to(self.W_enc.dtype), self.W_enc)
+        pre = torch.addmm(self.b_enc, self.centre(xn).to(self.W_enc.dtype), self.W_enc)
         if self.cfg.rescale_acts_by_decoder_norm:
             pre = pre * self.W_dec.norm(dim=-1)
         return pre
@@ -218,9 +226,7 @@ class SAE(nn.Module):
         block formed when asked for: pre_B = (xn − b_dec·[apply_b_dec_to_input]) @ W_enc[:, B] + b_enc[B]
         (· ‖W_dec[B]‖ if rescale_acts_by_decoder_norm). after_block(B) runs once block B is used (a caller hands
         a mapped W_enc's pages back there)."""
-        if self.cfg.apply_b_dec_to_input:
-            xn = xn - self.b_dec
-        xn = xn.to(self.W_enc.dtype)
+        xn = self.centre(xn).to(self.W_enc.dtype)
         d_sae = self.cfg.d_sae
         for lo in range(0, d_sae, max(1, int(latent_block))):
             latents = slice(lo, min(d_sae, lo + max(1, int(latent_block))))

@@ -1,7 +1,8 @@
 """SAE trainer: TopK, BatchTopK, JumpReLU and ReLU+L1; b_dec := mean of the activations, unit-norm decoder,
 AuxK / L1 / L0 target, checkpoints, resume.
 
-Read top to bottom: config -> data sources -> b_dec init -> metrics -> checkpoints -> train_sae.
+Read top to bottom: config -> data sources -> b_dec init -> metrics -> checkpoints -> train_sae (the loop, then
+the named steps it calls: _Ranks for torchrun, _start_or_resume, _Meter for the log, _NonFiniteGuard, _finish).
 
 Data sources and their held-out split (the split is always decided before anything is trained):
   * in-memory tensor (n, d): the LAST `heldout_fraction` of rows (in the given order) is held out;
@@ -17,7 +18,7 @@ Data sources and their held-out split (the split is always decided before anythi
 Every source is deterministic given `seed`, so a resumed run sees exactly the batches it would have.
 
 History: every log_every steps (and at the last step) one record of the interval's live metrics (step, tokens,
-passes over the training rows, loss and the architecture's auxiliary term, MSE, FVE, L0, dead share, lr,
+passes over the training rows, loss and each of the architecture's loss terms by name, MSE, FVE, L0, dead share, lr,
 throughput) is appended to out_dir/training_log.jsonl as it is measured; the same records are
 TrainResult.history and the checkpoint's history, so a resumed run rewrites the log up to its checkpoint and
 continues it: no step is missing or repeated (`read_training_log`). With `wandb` the records go to W&B too.
@@ -32,7 +33,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +53,8 @@ from saegeo.progress import progress_bar
 from saegeo.runtime import keep_freed_memory
 from saegeo.sae.architectures import get_architecture
 from saegeo.sae.metrics import SAEMetrics
-from saegeo.sae.model import SAE, SAEConfig
-from saegeo.sae.options import TrainConfig
+from saegeo.sae.model import SAE, SAEConfig, TrainOutput
+from saegeo.sae.options import TrainConfig, recorded_options
 
 # Options that do not say which SAE is trained: `saegeo run` ignores them when it decides whether an SAE is already
 # trained. Every other option must match the checkpoint's on resume. The thread count and the device do change the
@@ -72,7 +73,7 @@ NOT_IN_WEIGHTS = (
     "wandb",
     "wandb_project",
 )
-CHECKPOINT_VERSION = 4  # a checkpoint's layout; what each version added: CHANGELOG.md
+CHECKPOINT_VERSION = 5  # a checkpoint's layout; what each version added: CHANGELOG.md
 TRAINING_LOG = "training_log.jsonl"  # one JSON record per logged step, beside the SAE (see the module docstring)
 # `saegeo train` takes --overwrite, `saegeo run` and Python take the option: the advice names both
 OVERWRITE = "pass --overwrite (overwrite = true in a config's [train])"
@@ -502,7 +503,7 @@ def save_checkpoint(cfg: TrainConfig, sae: SAE, opt: torch.optim.Adam, step: int
         "step": step,
         "tensors": fname,
         "tensors_sha256": hashlib.sha256(data).hexdigest(),
-        "config": asdict(cfg),
+        "config": cfg.record(),
         "bitwise": bitwise_settings(cfg),
         **extra,
     }
@@ -596,6 +597,9 @@ def _weight_options(config: Mapping[str, Any], d_sae: int) -> dict[str, Any]:
     # decoder_norm None: a checkpoint from before the option had per-architecture defaults, when "unit" was the
     # default (a recorded "unit" stays "unit": a unit-norm TopK run is refused a resume with the free default)
     merged["decoder_norm"] = merged["decoder_norm"] or "unit"
+    merged = recorded_options(merged)  # before the architectures' own options: k, l1_coefficient, ... were flat
+    # the architecture's options by their flag names (a refusal names "topk.k=4")
+    merged |= {f"{arch}.{k}": v for arch, table in merged.pop("arch_options").items() for k, v in table.items()}
     return {k: v for k, v in merged.items() if k not in NOT_IN_WEIGHTS and k != "expansion"} | {"d_sae": d_sae}
 
 
@@ -619,7 +623,7 @@ def _open_checkpoint(cfg: TrainConfig, source: Any, d_sae: int, resume: bool) ->
     if ckpt is not None and resume:
         state, tensors = ckpt
         saved = _weight_options(state["config"], int(tensors["sae.W_enc"].shape[1]))  # as built
-        now = _weight_options(asdict(cfg), d_sae)
+        now = _weight_options(cfg.record(), d_sae)
         old_bits, new_bits = state.get("bitwise") or {}, bitwise_settings(cfg)
         # on another world size a resume is close, not bitwise (a documented choice); on the same one it is bitwise
         if old_bits.get("world_size") == new_bits["world_size"]:
@@ -724,7 +728,7 @@ class _TrainingLog:
                 ) from None
             self.wandb_run = wandb.init(
                 project=cfg.wandb_project,
-                config=json_safe(asdict(cfg)),
+                config=json_safe(cfg.record()),
                 dir=cfg.out_dir or None,
                 name=Path(cfg.out_dir).name if cfg.out_dir else None,
             )
@@ -873,150 +877,33 @@ def _train_sae(
     Under torchrun (WORLD_SIZE > 1) the same call trains with DistributedDataParallel: cfg.batch_tokens
     stays the global batch (each rank computes batch_tokens/world rows), b_dec's mean and the dead-latent
     counts are reduced over ranks, rank 0 writes checkpoints and the SAE, and a checkpoint resumes on
-    any world size (see saegeo.distributed).
+    any world size (`_Ranks`, saegeo.distributed).
     """
-    from saegeo import distributed
-
-    cfg = cfg.resolved()  # the architecture's lr / l1 where none was given: recorded and checked on resume
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
-    device = distributed.resolve_device(cfg.device)
-    if device.type == "cpu":
-        keep_freed_memory()
-    ctx = distributed.init_from_env()
-    if ctx is not None:
-        device = ctx.device if device.type == "cuda" else device
-        if cfg.batch_tokens % ctx.world_size:
-            raise BadInputError(f"batch_tokens {cfg.batch_tokens} is not divisible by the {ctx.world_size} ranks")
+    cfg = cfg.resolved()  # the architecture's lr where none was given: recorded and checked on resume
+    ranks = _Ranks.start(cfg)  # the device, and the torchrun job if there is one
     source = make_source(data, cfg)
     arch = get_architecture(cfg.arch)  # its objective, init, threshold updates: the loop below is the same for all
-    unit_decoder = arch.unit_decoder(cfg)
-    sae_cfg = _sae_config(cfg, source.d)
-    # W_enc and W_dec in float32, each with its gradient and two Adam moments
-    require_memory(2 * sae_cfg.d_in * sae_cfg.d_sae * 4 * 4, f"an SAE of d_sae={sae_cfg.d_sae} on d_in={sae_cfg.d_in}")
-    if cfg.out_dir:  # the saved SAE's float32 W_enc and W_dec, and a checkpoint's weights and Adam moments (3×)
-        weights = 2 * sae_cfg.d_in * sae_cfg.d_sae * 4
-        require_disk(
-            cfg.out_dir,
-            weights * (4 if cfg.checkpoint_every else 1),
-            f"the SAE of d_sae={sae_cfg.d_sae} on d_in={sae_cfg.d_in}{' and its checkpoints' if cfg.checkpoint_every else ''}",
-        )
-    sae = SAE(sae_cfg, device=device)
+    sae = _new_sae(cfg, source.d, ranks.device)
     opt = torch.optim.Adam(arch.param_groups(sae, cfg), lr=cfg.lr, betas=cfg.adam_betas)
-
-    ckpt = distributed.from_main(lambda: _open_checkpoint(cfg, source, sae.cfg.d_sae, resume), "reading the checkpoint")
-    if ckpt is not None:
-        state, tensors = ckpt
-        _restore(sae, opt, tensors)
-        start_step, history = state["step"], state["history"]
-        activation_mean = tensors["activation_mean"]
-        since_fired = tensors["tokens_since_fired"].to(device)
-        torch.set_rng_state(tensors["torch_rng"])
-    else:
-        start_step, history = 0, []
-        torch.manual_seed(cfg.seed)
-        where = source.identity.get("path") or f"the training {source.identity['source']}"
-        refuse_untrainable(next(iter(source.init_rows(min(cfg.b_dec_init_tokens, 65_536)))), where)
-        # b_dec init: the streamed float64 mean is computed for every choice, as the metrics need it
-        # (mean_across_ranks is the plain streamed mean without torchrun)
-        activation_mean = distributed.mean_across_ranks(source.init_rows(cfg.b_dec_init_tokens))
-        if cfg.b_dec_init == "mean":
-            b_dec = activation_mean
-        elif cfg.b_dec_init == "geometric_median":
-            b_dec = geometric_median(torch.cat(list(source.init_rows(min(cfg.b_dec_init_tokens, 32_768)))))
-        else:
-            b_dec = torch.zeros(source.d)
-        sae.init_weights(torch.Generator().manual_seed(cfg.seed), b_dec=b_dec.float())
-        arch.init_training(sae, cfg, lambda n: next(iter(source.init_rows(n))))
-        since_fired = torch.zeros(sae.cfg.d_sae, dtype=torch.long, device=device)
-
-    b_dec_rows = source.init_description(
-        min(cfg.b_dec_init_tokens, 32_768) if cfg.b_dec_init == "geometric_median" else cfg.b_dec_init_tokens
-    )
-    is_main = ctx is None or ctx.is_main
-    if ckpt is None and cfg.progress and is_main:
-        from tqdm.auto import tqdm
-
-        tqdm.write(f"b_dec init = {cfg.b_dec_init}: {b_dec_rows['method']}, {b_dec_rows['n_rows']:,} rows")
-    passes = passes_over_data(cfg, source.n_train_rows)
-    if passes is not None and passes > 1 and cfg.progress and is_main:
-        from tqdm.auto import tqdm
-
-        tqdm.write(
-            f"{cfg.total_steps * cfg.batch_tokens:,} training tokens = {passes:.1f} passes over the "
-            f"{source.n_train_rows:,} training rows of the {source.identity['source']} (each pass reshuffled)"
-        )
-    provenance = {
-        "b_dec_init": cfg.b_dec_init,
-        "b_dec_init_tokens": cfg.b_dec_init_tokens,
-        "b_dec_init_rows": b_dec_rows,
-        "preprocessing": "none",
-        "data": source.identity,
-        "train_config": asdict(cfg),
-        "training_rows": source.n_train_rows,
-        "passes_over_data": passes,
-    }
-    # live references: saved as they stand
-    ckpt_extra = {"history": history, "provenance": provenance, "data_fingerprint": source.fingerprint}
-
-    # live metrics accumulate on the device; read back only every log_every steps (no per-step sync)
-    acc = {
-        k: torch.zeros((), device=device, dtype=torch.float64)
-        for k in ("sse", "css", "l0", "aux", "loss", "n", "steps")
-    }
-    loss_known = True  # False for the first interval after resuming a version-3 checkpoint (no loss accumulated)
-    if ckpt is not None:
-        for k in acc:
-            if f"acc.{k}" in tensors:
-                acc[k] += tensors[f"acc.{k}"].to(device).reshape(())
-            elif k == "steps":  # the steps since the last log (the accumulators are zeroed at each log)
-                acc[k] += start_step % cfg.log_every
-            else:
-                loss_known = False
-    log = _TrainingLog(cfg, history, write=True) if is_main else None  # rank 0 writes the log, as the checkpoints
-
-    def checkpoint_tensors() -> dict:
-        return {
-            "activation_mean": activation_mean,
-            "tokens_since_fired": since_fired.cpu(),
-            "torch_rng": torch.get_rng_state(),
-            **{f"acc.{k}": v.reshape(1).cpu() for k, v in acc.items()},
-        }
-
-    nonfinite = torch.zeros((), dtype=torch.bool, device=device)
-    last_good = last_checked = start_step  # the last checkpoint written; the last step the loss was checked at
-    bar = None
-    if cfg.progress and (ctx is None or ctx.is_main):
-        bar = progress_bar(
-            total=cfg.total_steps * cfg.batch_tokens,
-            initial=start_step * cfg.batch_tokens,
-            unit="tok",
-            unit_scale=True,
-            desc=f"train {cfg.arch}",
-            dynamic_ncols=True,
-        )
-    batches = source.train_batches(start_step) if ctx is None else _rank_batches(source, start_step, ctx)
-    forward_train = distributed.wrap_ddp(sae, "forward_train")  # DDP: gradients averaged over ranks
-    world = ctx.world_size if ctx is not None else 1
-    # the global batch's centred sums of squares (÷ world: DDP averages the ranks' losses)
-    centred_ss_fn = None if ctx is None else (lambda t: distributed.centred_sum_of_squares(t) / world)
-    mean_across_ranks = (lambda t: t) if ctx is None else (lambda t: distributed.sum_across_ranks(t) / world)
-    if ctx is not None:
-        provenance["world_size"] = world
-    t0, tokens_timed = time.perf_counter(), 0
+    run = _start_or_resume(cfg, source, sae, opt, resume, ranks)  # b_dec, init; or the checkpoint's state
+    meter = _Meter(cfg, source, ranks, run)  # the live metrics, read back and logged every log_every steps
+    guard = _NonFiniteGuard(cfg, run.start_step)
+    batches = ranks.batches(source, run.start_step)
+    forward_train = ranks.wrap(sae)  # DDP: gradients averaged over ranks
+    unit_decoder = arch.unit_decoder(cfg)
     # --dtype bfloat16: the forward (and the hand-written backwards, which read the autocast state) in bfloat16;
     # the parameters, their gradients, Adam's moments and the sums of the metrics stay float32 / float64
-    low_precision = cfg.dtype != "float32"
+    autocast = dict(device_type=ranks.device.type, dtype=getattr(torch, cfg.dtype), enabled=cfg.dtype != "float32")
     sae.train()
-    for step in range(start_step, cfg.total_steps):
-        x = next(batches).to(device, non_blocking=True)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg) * g["lr_scale"]
-        with torch.autocast(device.type, dtype=getattr(torch, cfg.dtype), enabled=low_precision):
+    for step in range(run.start_step, cfg.total_steps):
+        x = next(batches).to(ranks.device, non_blocking=True)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg) * group["lr_scale"]
+        with torch.autocast(**autocast):
             out = forward_train(
                 x,
-                dead_mask=since_fired > cfg.dead_window_tokens,
-                centred_ss_fn=centred_ss_fn,
+                dead_mask=run.since_fired > cfg.dead_window_tokens,
+                centred_ss_fn=ranks.centred_ss_fn,
                 **arch.step_options(cfg, step, source.d),
             )
         opt.zero_grad(set_to_none=True)
@@ -1028,103 +915,364 @@ def _train_sae(
         opt.step()
         if unit_decoder:
             sae.normalize_decoder()
-        arch.after_step(sae, out, step, cfg, mean_across_ranks)  # thresholds
+        arch.after_step(sae, out, step, cfg, ranks.mean)  # thresholds
 
-        since_fired += x.shape[0] * world
-        since_fired.masked_fill_(out.fired if ctx is None else distributed.sum_across_ranks(out.fire_count) > 0, 0)
-        nonfinite |= ~torch.isfinite(out.loss.detach())
-        acc["sse"] += out.sse
-        acc["css"] += out.centred_ss.detach()
-        acc["l0"] += out.l0_sum
-        acc["aux"] += out.aux_loss
-        acc["loss"] += out.loss.detach()
-        acc["n"] += x.shape[0]
-        acc["steps"] += 1
-        tokens_timed += x.shape[0] * world
-
+        run.since_fired += x.shape[0] * ranks.world
+        run.since_fired.masked_fill_(ranks.fired(out), 0)
+        meter.add(x, out)
+        guard.see(out.loss)
         done = step + 1
         is_log = done % cfg.log_every == 0 or done == cfg.total_steps
         is_ckpt = cfg.out_dir and cfg.checkpoint_every and done % cfg.checkpoint_every == 0
         if is_log or is_ckpt:
-            if bool(nonfinite) if ctx is None else distributed.sum_across_ranks(int(nonfinite)) > 0:
-                ckpt_note = (
-                    f"the last good checkpoint (step {last_good}) is kept in {_ckpt_dir(cfg)}"
-                    if cfg.out_dir and cfg.checkpoint_every and last_good
-                    else "no checkpoint was written"
-                )
-                raise NonFiniteLossError(
-                    f"non-finite loss between steps {last_checked + 1} and {done} "
-                    f"(lr {lr_at(step, cfg):.3g}); {ckpt_note}. Every training row was finite (each batch is "
-                    "checked as it is read): the optimisation diverged. Lower the learning rate (or check the "
-                    "loss options), then resume."
-                )
-            last_checked = done
+            guard.check(done, lr_at(step, cfg), ranks)  # read only here: no host sync a step
         if is_log:
-            vals = dict(zip(acc, distributed.sum_across_ranks(torch.stack(list(acc.values()))).tolist()))
-            # each rank's aux and loss are already means over the global batch; steps are counted on every rank
-            steps = vals["steps"] / world
-            vals["aux"] /= world
-            vals["loss"] /= world
-            live = {
-                "step": done,
-                "tokens": done * cfg.batch_tokens,
-                "passes": done * cfg.batch_tokens / source.n_train_rows if source.n_train_rows else None,
-                "loss": vals["loss"] / steps if loss_known else None,
-                arch.aux_loss_name: vals["aux"] / steps,
-                "mse": vals["sse"] / (vals["n"] * source.d),
-                "fve": 1 - vals["sse"] / vals["css"],
-                "l0": vals["l0"] / vals["n"],
-                "dead": float((since_fired > cfg.dead_window_tokens).float().mean()),
-                "lr": lr_at(step, cfg),
-                "tok_s": tokens_timed / (time.perf_counter() - t0),
-            }
-            history.append(live)
-            if log is not None:
-                log.add(live)
-            loss_known = True
-            for v in acc.values():
-                v.zero_()
-            if bar is not None:
-                bar.update(done * cfg.batch_tokens - bar.n)
-                bar.set_postfix(fve=f"{live['fve']:.3f}", l0=f"{live['l0']:.1f}", dead=f"{live['dead']:.2f}")
+            meter.log(done, lr_at(step, cfg), run.since_fired)
         if is_ckpt:
-            if ctx is None or ctx.is_main:
-                save_checkpoint(cfg, sae, opt, done, ckpt_extra, checkpoint_tensors())
-            last_good = done
+            if ranks.is_main:
+                save_checkpoint(cfg, sae, opt, done, run.checkpoint_extra, run.checkpoint_tensors(meter))
+            guard.last_good = done
         if on_step is not None:
             on_step(done, {})
-    if bar is not None:
-        bar.close()
-    sae.eval()
-    if not unit_decoder:
-        sae.fold_decoder_norms()  # same codes·rows, unit rows: what saegeo's readers and the report expect
+    return _finish(cfg, sae, opt, source, run, meter, ranks)
 
+
+class _Ranks:
+    """What a torchrun job changes in the loop, and the identities it reduces to in one process: the device, the
+    rank's share of each batch, the gradient averaging (DDP), the sums over ranks of the losses' normalisers, the
+    fired latents and the metrics."""
+
+    def __init__(self, cfg: TrainConfig, device: torch.device, ctx: Any) -> None:
+        from saegeo import distributed
+
+        self.cfg, self.device, self.ctx = cfg, device, ctx
+        self.world = ctx.world_size if ctx is not None else 1
+        self.is_main = ctx is None or ctx.is_main
+        # the global batch's centred sums of squares (÷ world: DDP averages the ranks' losses)
+        self.centred_ss_fn = None if ctx is None else (lambda t: distributed.centred_sum_of_squares(t) / self.world)
+
+    @classmethod
+    def start(cls, cfg: TrainConfig) -> _Ranks:
+        """Threads, the allocator, the device, and the job torchrun started (None without one)."""
+        from saegeo import distributed
+
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        device = distributed.resolve_device(cfg.device)
+        if device.type == "cpu":
+            keep_freed_memory()
+        ctx = distributed.init_from_env()
+        if ctx is not None:
+            device = ctx.device if device.type == "cuda" else device
+            if cfg.batch_tokens % ctx.world_size:
+                raise BadInputError(f"batch_tokens {cfg.batch_tokens} is not divisible by the {ctx.world_size} ranks")
+        return cls(cfg, device, ctx)
+
+    def batches(self, source: Any, start_step: int) -> Iterator[Tensor]:
+        return source.train_batches(start_step) if self.ctx is None else _rank_batches(source, start_step, self.ctx)
+
+    def wrap(self, sae: SAE) -> Callable[..., TrainOutput]:
+        from saegeo import distributed
+
+        return distributed.wrap_ddp(sae, "forward_train")
+
+    def mean(self, t: Tensor) -> Tensor:
+        """A tensor's mean over the ranks (itself in one process)."""
+        from saegeo import distributed
+
+        return t if self.ctx is None else distributed.sum_across_ranks(t) / self.world
+
+    def sum(self, t: Any) -> Any:
+        from saegeo import distributed
+
+        return distributed.sum_across_ranks(t)
+
+    def fired(self, out: TrainOutput) -> Tensor:
+        """The latents that fired on some row of the global batch."""
+        return out.fired if self.ctx is None else self.sum(out.fire_count) > 0
+
+    def any(self, flag: Tensor) -> bool:
+        return bool(flag) if self.ctx is None else self.sum(int(flag)) > 0
+
+
+def _new_sae(cfg: TrainConfig, d_in: int, device: torch.device) -> SAE:
+    sae_cfg = _sae_config(cfg, d_in)
+    # W_enc and W_dec in float32, each with its gradient and two Adam moments
+    require_memory(2 * sae_cfg.d_in * sae_cfg.d_sae * 4 * 4, f"an SAE of d_sae={sae_cfg.d_sae} on d_in={sae_cfg.d_in}")
+    if cfg.out_dir:  # the saved SAE's float32 W_enc and W_dec, and a checkpoint's weights and Adam moments (3×)
+        weights = 2 * sae_cfg.d_in * sae_cfg.d_sae * 4
+        require_disk(
+            cfg.out_dir,
+            weights * (4 if cfg.checkpoint_every else 1),
+            f"the SAE of d_sae={sae_cfg.d_sae} on d_in={sae_cfg.d_in}{' and its checkpoints' if cfg.checkpoint_every else ''}",
+        )
+    return SAE(sae_cfg, device=device)
+
+
+@dataclass
+class _RunState:
+    """What a run carries from its start (or its checkpoint) through the loop to its result."""
+
+    start_step: int
+    history: list[dict]  # the logged records (live reference: the checkpoint saves it as it stands)
+    activation_mean: Tensor
+    since_fired: Tensor  # tokens since each latent last fired
+    provenance: dict
+    checkpoint_extra: dict
+    tensors: dict | None  # the checkpoint's tensors on resume
+
+    def checkpoint_tensors(self, meter: _Meter) -> dict:
+        return {
+            "activation_mean": self.activation_mean,
+            "tokens_since_fired": self.since_fired.cpu(),
+            "torch_rng": torch.get_rng_state(),
+            **meter.state(),
+        }
+
+
+def _start_or_resume(
+    cfg: TrainConfig, source: Any, sae: SAE, opt: torch.optim.Adam, resume: bool, ranks: _Ranks
+) -> _RunState:
+    """A new run: b_dec and the weights initialised (seeded); a resumed one: the checkpoint's weights, Adam state,
+    history, mean, dead counts and RNG state. Either way the provenance the SAE will be saved with."""
+    from saegeo import distributed
+
+    ckpt = distributed.from_main(lambda: _open_checkpoint(cfg, source, sae.cfg.d_sae, resume), "reading the checkpoint")
+    if ckpt is not None:
+        state, tensors = ckpt
+        _restore(sae, opt, tensors)
+        start_step, history = state["step"], state["history"]
+        activation_mean = tensors["activation_mean"]
+        since_fired = tensors["tokens_since_fired"].to(ranks.device)
+        torch.set_rng_state(tensors["torch_rng"])
+    else:
+        start_step, history, tensors = 0, [], None
+        activation_mean = _initialise(cfg, source, sae)
+        since_fired = torch.zeros(sae.cfg.d_sae, dtype=torch.long, device=ranks.device)
+    provenance = _provenance(cfg, source, announce=ckpt is None and ranks.is_main)
+    if ranks.ctx is not None:
+        provenance["world_size"] = ranks.world
+    extra = {"history": history, "provenance": provenance, "data_fingerprint": source.fingerprint}
+    return _RunState(start_step, history, activation_mean, since_fired, provenance, extra, tensors)
+
+
+def _initialise(cfg: TrainConfig, source: Any, sae: SAE) -> Tensor:
+    """A new run's start: the data checked to be trainable, b_dec (mean, geometric median or zeros), the weights
+    and the architecture's own init (seeded). Returns the streamed float64 mean of the training rows (the metrics
+    need it whatever b_dec is)."""
+    from saegeo import distributed
+
+    torch.manual_seed(cfg.seed)
+    where = source.identity.get("path") or f"the training {source.identity['source']}"
+    refuse_untrainable(next(iter(source.init_rows(min(cfg.b_dec_init_tokens, 65_536)))), where)
+    # mean_across_ranks is the plain streamed mean without torchrun
+    activation_mean = distributed.mean_across_ranks(source.init_rows(cfg.b_dec_init_tokens))
+    if cfg.b_dec_init == "mean":
+        b_dec = activation_mean
+    elif cfg.b_dec_init == "geometric_median":
+        b_dec = geometric_median(torch.cat(list(source.init_rows(min(cfg.b_dec_init_tokens, 32_768)))))
+    else:
+        b_dec = torch.zeros(source.d)
+    sae.init_weights(torch.Generator().manual_seed(cfg.seed), b_dec=b_dec.float())
+    sae.architecture.init_training(sae, cfg, lambda n: next(iter(source.init_rows(n))))
+    return activation_mean
+
+
+def _provenance(cfg: TrainConfig, source: Any, announce: bool) -> dict:
+    """What the saved SAE records of its training (cfg.json's saegeo block); `announce` prints how b_dec is
+    initialised and how many passes over the data the run makes."""
+    b_dec_rows = source.init_description(
+        min(cfg.b_dec_init_tokens, 32_768) if cfg.b_dec_init == "geometric_median" else cfg.b_dec_init_tokens
+    )
+    passes = passes_over_data(cfg, source.n_train_rows)
+    if announce and cfg.progress:
+        from tqdm.auto import tqdm
+
+        tqdm.write(f"b_dec init = {cfg.b_dec_init}: {b_dec_rows['method']}, {b_dec_rows['n_rows']:,} rows")
+        if passes is not None and passes > 1:
+            tqdm.write(
+                f"{cfg.total_steps * cfg.batch_tokens:,} training tokens = {passes:.1f} passes over the "
+                f"{source.n_train_rows:,} training rows of the {source.identity['source']} (each pass reshuffled)"
+            )
+    return {
+        "b_dec_init": cfg.b_dec_init,
+        "b_dec_init_tokens": cfg.b_dec_init_tokens,
+        "b_dec_init_rows": b_dec_rows,
+        "preprocessing": "none",
+        "data": source.identity,
+        "train_config": cfg.record(),
+        "training_rows": source.n_train_rows,
+        "passes_over_data": passes,
+    }
+
+
+class _Meter:
+    """The live metrics: summed on the device every step (no host sync), read back every log_every steps into one
+    record of the interval (step, tokens, passes, loss, each of the architecture's loss terms by name, MSE, FVE,
+    L0, dead share, lr, throughput), appended to the history, training_log.jsonl and the progress bar."""
+
+    BASE = ("sse", "css", "l0", "loss", "n", "steps")
+
+    def __init__(self, cfg: TrainConfig, source: Any, ranks: _Ranks, run: _RunState) -> None:
+        self.cfg, self.source, self.ranks, self.history = cfg, source, ranks, run.history
+        zero = lambda: torch.zeros((), device=ranks.device, dtype=torch.float64)  # noqa: E731
+        self.sums = {key: zero() for key in self.BASE}
+        self.terms: dict[str, Tensor] = {}  # each loss term's sum, in the order the forward returns them
+        self.loss_known = True  # False for the first interval after resuming a version-3 checkpoint (no loss kept)
+        self.legacy_aux = None  # a version-4 checkpoint's one term, summed as "aux"
+        tensors = run.tensors or {}
+        if run.tensors is not None:
+            for key, total in self.sums.items():
+                if f"acc.{key}" in tensors:
+                    total += tensors[f"acc.{key}"].to(ranks.device).reshape(())
+                elif key == "steps":  # the steps since the last log (the sums are zeroed at each log)
+                    total += run.start_step % cfg.log_every
+                else:
+                    self.loss_known = False
+            for key, value in tensors.items():
+                if key.startswith("acc.term."):
+                    self.terms[key.removeprefix("acc.term.")] = value.to(ranks.device).reshape(()).double()
+            if "acc.aux" in tensors:  # a checkpoint of version 4 or before: the one term, folded in at its first add
+                self.legacy_aux = tensors["acc.aux"].to(ranks.device).reshape(())
+        self.log_file = _TrainingLog(cfg, run.history, write=True) if ranks.is_main else None  # rank 0 writes it
+        self.bar = None
+        if cfg.progress and ranks.is_main:
+            self.bar = progress_bar(
+                total=cfg.total_steps * cfg.batch_tokens,
+                initial=run.start_step * cfg.batch_tokens,
+                unit="tok",
+                unit_scale=True,
+                desc=f"train {cfg.arch}",
+                dynamic_ncols=True,
+            )
+        self.t0, self.tokens_timed = time.perf_counter(), 0
+
+    def add(self, x: Tensor, out: TrainOutput) -> None:
+        self.sums["sse"] += out.sse
+        self.sums["css"] += out.centred_ss.detach()
+        self.sums["l0"] += out.l0_sum
+        for name, value in out.terms.items():
+            if name not in self.terms:
+                self.terms[name] = torch.zeros((), device=self.ranks.device, dtype=torch.float64)
+                if self.legacy_aux is not None and len(out.terms) == 1:
+                    self.terms[name] += self.legacy_aux
+            self.terms[name] += value
+        self.legacy_aux = None
+        self.sums["loss"] += out.loss.detach()
+        self.sums["n"] += x.shape[0]
+        self.sums["steps"] += 1
+        self.tokens_timed += x.shape[0] * self.ranks.world
+
+    def log(self, done: int, lr: float, since_fired: Tensor) -> dict:
+        """One record of the interval since the last log; the sums start again."""
+        cfg, world = self.cfg, self.ranks.world
+        keys = [*self.sums, *(f"term.{name}" for name in self.terms)]
+        totals = self.ranks.sum(torch.stack([*self.sums.values(), *self.terms.values()])).tolist()
+        vals = dict(zip(keys, totals))
+        # each rank's terms and loss are already means over the global batch; steps are counted on every rank
+        steps = vals["steps"] / world
+        n_train = self.source.n_train_rows
+        live = {
+            "step": done,
+            "tokens": done * cfg.batch_tokens,
+            "passes": done * cfg.batch_tokens / n_train if n_train else None,
+            "loss": vals["loss"] / world / steps if self.loss_known else None,
+            **{name: vals[f"term.{name}"] / world / steps for name in self.terms},
+            "mse": vals["sse"] / (vals["n"] * self.source.d),
+            "fve": 1 - vals["sse"] / vals["css"],
+            "l0": vals["l0"] / vals["n"],
+            "dead": float((since_fired > cfg.dead_window_tokens).float().mean()),
+            "lr": lr,
+            "tok_s": self.tokens_timed / (time.perf_counter() - self.t0),
+        }
+        self.history.append(live)
+        if self.log_file is not None:
+            self.log_file.add(live)
+        self.loss_known = True
+        for total in [*self.sums.values(), *self.terms.values()]:
+            total.zero_()
+        if self.bar is not None:
+            self.bar.update(done * cfg.batch_tokens - self.bar.n)
+            self.bar.set_postfix(fve=f"{live['fve']:.3f}", l0=f"{live['l0']:.1f}", dead=f"{live['dead']:.2f}")
+        return live
+
+    def state(self) -> dict:
+        """The sums since the last log, as a checkpoint keeps them."""
+        sums = {f"acc.{k}": v.reshape(1).cpu() for k, v in self.sums.items()}
+        return sums | {f"acc.term.{k}": v.reshape(1).cpu() for k, v in self.terms.items()}
+
+    def close(self, heldout: dict) -> dict | None:
+        if self.bar is not None:
+            self.bar.close()
+        return self.log_file.close(heldout) if self.log_file is not None else None
+
+
+class _NonFiniteGuard:
+    """A NaN/inf loss stops the run at the next log or checkpoint (the flag is summed on the device every step, read
+    only then), naming the steps between and the last good checkpoint, which is kept."""
+
+    def __init__(self, cfg: TrainConfig, start_step: int) -> None:
+        self.cfg = cfg
+        self.flag: Tensor | None = None
+        self.last_good = self.last_checked = start_step  # the last checkpoint written; the last step checked
+
+    def see(self, loss: Tensor) -> None:
+        bad = ~torch.isfinite(loss.detach())
+        self.flag = bad if self.flag is None else self.flag | bad
+
+    def check(self, done: int, lr: float, ranks: _Ranks) -> None:
+        """NonFiniteLossError when a loss since the start was NaN/inf (on any rank)."""
+        if self.flag is not None and ranks.any(self.flag):
+            cfg = self.cfg
+            kept = (
+                f"the last good checkpoint (step {self.last_good}) is kept in {_ckpt_dir(cfg)}"
+                if cfg.out_dir and cfg.checkpoint_every and self.last_good
+                else "no checkpoint was written"
+            )
+            raise NonFiniteLossError(
+                f"non-finite loss between steps {self.last_checked + 1} and {done} (lr {lr:.3g}); {kept}. Every "
+                "training row was finite (each batch is checked as it is read): the optimisation diverged. Lower "
+                "the learning rate (or check the loss options), then resume."
+            )
+        self.last_checked = done
+
+
+def _finish(
+    cfg: TrainConfig, sae: SAE, opt: torch.optim.Adam, source: Any, run: _RunState, meter: _Meter, ranks: _Ranks
+) -> TrainResult:
+    """After the last step: unit decoder rows, the held-out metrics, the SAE (and a last checkpoint) saved."""
+    from saegeo import distributed
+
+    sae.eval()
+    if not sae.architecture.unit_decoder(cfg):
+        sae.fold_decoder_norms()  # same codes·rows, unit rows: what saegeo's readers and the report expect
     heldout = distributed.from_main(
         lambda: evaluate(
             sae,
             source.heldout_batches(),
-            activation_mean,
+            run.activation_mean,
             first_row=source.heldout_first_row,
             skip_nonfinite=cfg.skip_nonfinite,
         ),
         "evaluating the held-out rows",
     )
+    provenance = run.provenance
     if cfg.skip_nonfinite:  # the source screened the rows (and named them by shard); evaluate saw clean ones
         heldout["nonfinite_rows_skipped"] = distributed.from_main(lambda: source.skipped["heldout"], "counting")
         provenance["nonfinite_rows_skipped"] = dict(source.skipped)
-    provenance["metrics"] = {"heldout": heldout, "final_live": history[-1] if history else {}}
-    if log is not None and (wandb_info := log.close(heldout)) is not None:
+    provenance["metrics"] = {"heldout": heldout, "final_live": run.history[-1] if run.history else {}}
+    if (wandb_info := meter.close(heldout)) is not None:
         provenance["wandb"] = wandb_info
-    if cfg.out_dir and (ctx is None or ctx.is_main):
+    if cfg.out_dir and ranks.is_main:
         sae.save(cfg.out_dir, provenance)
         if cfg.checkpoint_every:
-            save_checkpoint(cfg, sae, opt, cfg.total_steps, ckpt_extra, checkpoint_tensors())
+            save_checkpoint(cfg, sae, opt, cfg.total_steps, run.checkpoint_extra, run.checkpoint_tensors(meter))
     distributed.barrier()  # under torchrun: the SAE is on disk when any rank returns
     return TrainResult(
         sae=sae,
-        history=history,
+        history=run.history,
         heldout=heldout,
-        activation_mean=activation_mean,
+        activation_mean=run.activation_mean,
         config=cfg,
         out_dir=cfg.out_dir,
         provenance=provenance,

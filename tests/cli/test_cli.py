@@ -46,6 +46,8 @@ def test_every_config_field_is_an_option_with_the_dataclass_default(command, cls
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(hints[f.name]):
             continue  # thresholds: a [report.thresholds] table, not flags
+        if not f.metadata.get("flag", True):
+            continue  # a config-file key only (TrainConfig.arch_options: flags --ARCH.OPTION, tested with them)
         default = getattr(cls(), f.name)
         assert f.name in actions, f"{cls.__name__}.{f.name} has no option in `saegeo {command}`"
         action = actions[f.name]
@@ -228,8 +230,26 @@ def test_flags_override_the_config_file_which_overrides_the_defaults(tmp_path, s
     (tmp_path / "t.toml").write_text(f'acts = "{store}"\n[train]\nk = 8\nbatch_tokens = 256\ntotal_tokens = "5k"\n')
     assert main(["train", "--config", str(tmp_path / "t.toml"), "--k", "4", "--no-progress"]) == 2
     (cfg,) = captured_train
-    assert (cfg.k, cfg.batch_tokens, cfg.total_tokens, cfg.progress) == (4, 256, 5000, False)
+    assert (cfg.options.k, cfg.batch_tokens, cfg.total_tokens, cfg.progress) == (4, 256, 5000, False)
     assert (cfg.lr, cfg.arch) == (TrainConfig.lr, TrainConfig.arch)
+
+
+def test_an_architectures_own_flags_override_its_config_table_key_by_key(tmp_path, store, captured_train, capsys):
+    """--topk.k over [train.topk] keeps the table's other keys; the deprecated flat --k (one release) says so."""
+    (tmp_path / "t.toml").write_text(f'acts = "{store}"\n[train]\nbatch_tokens = 256\n[train.topk]\nk = 8\naux_k = 3\n')
+    assert main(["train", "--config", str(tmp_path / "t.toml"), "--topk.k", "4", "--no-progress"]) == 2
+    (cfg,) = captured_train
+    assert (cfg.options.k, cfg.options.aux_k, cfg.options.aux_coefficient) == (4, 3, 1 / 32)
+    assert cfg.record()["arch_options"] == {"topk": {"aux_k": 3, "aux_coefficient": 1 / 32, "k": 4}}
+    captured_train.clear()
+    with pytest.warns(FutureWarning, match=r"\['k'\] are deprecated.*\[train.jumprelu\]"):
+        assert main(["train", "--acts", store, "--arch", "jumprelu", "--k", "5", "--no-progress"]) == 2
+    (cfg,) = captured_train
+    assert cfg.options.l0_target == 5 and cfg.k is None  # k was jumprelu's L0 target
+    capsys.readouterr()
+    assert main(["train", "--acts", store, "--topk.k", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "[train.topk]" in err and "k must be >= 1, got 0" in err
 
 
 def test_a_bad_choice_in_a_config_is_one_line_naming_file_key_value_and_choices(tmp_path, store, capsys):

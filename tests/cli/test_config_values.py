@@ -212,10 +212,10 @@ def test_train_config_keys_beside_a_train_table_are_refused_naming_key_and_file(
 
 def test_resolve_puts_flags_over_the_file_over_the_defaults(tmp_path):
     path = tmp_path / "t.toml"
-    path.write_text('acts = "A"\n[train]\nk = 4\nlr = 1e-3\n')
-    cfg, extras = resolve(TrainConfig, {"k": 8}, path, table="train", extra=("acts",))
-    assert (cfg.k, cfg.lr, cfg.arch, extras) == (8, 1e-3, "topk", {"acts": "A"})
-    assert resolve(TrainConfig, {"k": 8})[0] == TrainConfig(k=8)
+    path.write_text('acts = "A"\n[train]\nlr = 1e-3\n[train.topk]\nk = 4\naux_k = 3\n')
+    cfg, extras = resolve(TrainConfig, {"topk": {"k": 8}}, path, table="train", extra=("acts",))
+    assert (cfg.options.k, cfg.options.aux_k, cfg.lr, cfg.arch, extras) == (8, 3, 1e-3, "topk", {"acts": "A"})
+    assert resolve(TrainConfig, {"topk": {"k": 8}})[0] == TrainConfig(arch_options={"topk": {"k": 8}})
 
 
 def test_the_overwrite_advice_names_the_config_key_that_run_accepts(store, tmp_path):
@@ -295,13 +295,15 @@ def test_run_config_tables_are_the_dataclasses(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text(
         'out = "o"\nformats = ["json"]\n[cache]\nmodel = "smollm2"\nbatch_windows = 3\n[train]\n'
-        "k = 5\n[saes]\na = { k = 7 }\nb = {}\n[report]\nbatch_rows = 100\n[eval]\nbatch_windows = 2\n"
+        "[train.topk]\nk = 5\n[saes]\na = { topk = { k = 7 } }\nb = {}\n[report]\nbatch_rows = 100\n[eval]\n"
+        "batch_windows = 2\n"
     )
     cfg = load_run_config(path)
     assert isinstance(cfg.cache, CacheConfig) and cfg.cache.batch_windows == 3
     assert isinstance(cfg.report, ReportOptions) and cfg.report.batch_rows == 100
     assert isinstance(cfg.eval, EvalConfig) and (cfg.eval.model, cfg.eval.batch_windows) == ("smollm2", 2)
-    assert (cfg.sae_config("a").k, cfg.sae_config("b").k, cfg.sae_config("a").out_dir) == (7, 5, "o/saes/a")
+    a, b = cfg.sae_config("a"), cfg.sae_config("b")
+    assert (a.options.k, b.options.k, a.out_dir) == (7, 5, "o/saes/a")
     path.write_text('out = "o"\n[saes]\na = { kk = 7 }\n')
     with pytest.raises(BadInputError, match=r"\[saes\] a: unknown key\(s\) \['kk'\]"):
         load_run_config(path)

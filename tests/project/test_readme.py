@@ -27,7 +27,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 MAX_LINES = 350
 FENCE = re.compile(r"^```(\w*)\s*$")
 INLINE = re.compile(r"`([^`\n]+)`")
-FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*(?:\.[a-z][a-z0-9-]*)?)")  # --topk.k: an architecture's option
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -269,7 +269,7 @@ def test_relu_training_objective_metrics_and_grads_match_plain_formula(apply_b_d
     ref = err.pow(2).sum() / N + 0.3 * l1
     ref.backward()
     torch.testing.assert_close(out.loss, ref)
-    torch.testing.assert_close(out.aux_loss, l1.detach())
+    torch.testing.assert_close(out.terms["l1_loss"], l1.detach())
     for n, p in sae.named_parameters():
         torch.testing.assert_close(got[n], p.grad, msg=n)
     counts = torch.tensor([sum(1 for r in range(N) if codes[r, i] > 0) for i in range(D_SAE)], dtype=torch.float64)

@@ -186,7 +186,7 @@ def test_resume_after_kill_equals_uninterrupted(tmp_path):
 def test_resume_refuses_a_checkpoint_of_a_different_model(tmp_path):
     x, _ = _synthetic(2048)
     train_sae(_small_cfg(tmp_path, checkpoint_every=2, total_tokens=128 * 2), x)
-    with pytest.raises(BadInputError, match=r"k=4; it cannot be resumed with k=5"):
+    with pytest.raises(BadInputError, match=r"topk.k=4; it cannot be resumed with topk.k=5"):
         train_sae(_small_cfg(tmp_path, checkpoint_every=2, total_tokens=128 * 2, k=5), x)
     with pytest.raises(BadInputError, match=r"d_sae=64; it cannot be resumed with d_sae=128"):
         train_sae(_small_cfg(tmp_path, checkpoint_every=2, total_tokens=128 * 2, d_sae=128), x)

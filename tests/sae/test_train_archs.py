@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -52,7 +53,7 @@ def test_batchtopk_keeps_exactly_k_times_batch_entries_the_largest_of_the_batch(
     assert int(out.l0_sum) == 5 * 40
     # brute force: the 200 largest of the flattened batch, by a full sort
     kth = post.flatten().sort(descending=True).values[5 * 40 - 1]
-    assert torch.isclose(out.min_kept, kth)
+    assert torch.isclose(out.state["min_kept"], kth)
     assert int(out.fire_count.sum()) == 5 * 40
     assert torch.equal(out.fire_count, (post >= kth).sum(dim=0).float())
 
@@ -107,12 +108,21 @@ def test_jumprelu_step_gradient_is_the_central_finite_difference_of_width_bandwi
 
 def test_jumprelu_reaches_its_l0_target_on_synthetic_data():
     x = _synthetic(30_000)
-    cfg = TrainConfig(arch="jumprelu", d_sae=256, k=8, batch_tokens=1000, total_tokens=250_000, lr=1e-3, progress=False)
+    target = {"jumprelu": {"l0_target": 8}}
+    cfg = TrainConfig(
+        arch="jumprelu",
+        arch_options=target,
+        d_sae=256,
+        batch_tokens=1000,
+        total_tokens=250_000,
+        lr=1e-3,
+        progress=False,
+    )
     res = train_sae(cfg, x)
     assert abs(res.heldout["l0"] / 8 - 1) < 0.2, res.heldout["l0"]
     assert res.heldout["fve"] > 0.5
     # without the threshold's learning-rate scale the thresholds cannot follow the encoder: L0 falls far short
-    slow = train_sae(TrainConfig(**{**cfg.__dict__, "threshold_lr_scale": 1.0}), x)
+    slow = train_sae(replace(cfg, arch_options={"jumprelu": {"l0_target": 8, "threshold_lr_scale": 1.0}}), x)
     assert slow.heldout["l0"] < 0.7 * 8
 
 
@@ -255,7 +265,9 @@ def test_batchtopk_and_jumprelu_resume_refuses_another_k(tmp_path):
     )
     with pytest.raises(KeyboardInterrupt):  # stopped after the checkpoint at step 2: a run to resume
         train_sae(TrainConfig(k=4, **base), x, on_step=lambda step, _: _interrupt_at(step, 3))
-    with pytest.raises(BadInputError, match="with k=4; it cannot be resumed with k=6"):
+    with pytest.raises(
+        BadInputError, match="with jumprelu.l0_target=4; it cannot be resumed with jumprelu.l0_target=6"
+    ):
         train_sae(TrainConfig(k=6, **base), x)
 
 
@@ -353,7 +365,7 @@ def test_sparse_step_equals_the_dense_objective(arch, quantile, monkeypatch):
     torch.testing.assert_close(out.loss, loss, rtol=1e-10, atol=1e-12)
     assert out.l0_sum == int((codes > 0).sum()) and torch.equal(out.fire_count, (codes > 0).sum(0).float())
     if arch == "jumprelu":
-        assert out.aux_loss > 0 and 0 < int((codes > 0).sum()) < codes.numel() * (1 - quantile + 0.02)
+        assert out.terms["l0_loss"] > 0 and 0 < int((codes > 0).sum()) < codes.numel() * (1 - quantile + 0.02)
     assert len(params) == 4 + (arch == "jumprelu")
     for p, g, w in zip(params, got, want):
         assert w.abs().max() > 0

@@ -21,23 +21,26 @@ def _rows(n: int = 1024, d: int = 16, seed: int = 0) -> torch.Tensor:
     return torch.randn(n, d, generator=g) + 3.0
 
 
+K4 = {"topk": {"k": 4}, "batchtopk": {"k": 4}, "jumprelu": {"l0_target": 4}}
+
+
 def _cfg(**kw) -> TrainConfig:
-    base = dict(d_sae=32, k=4, batch_tokens=128, total_tokens=128 * 6, progress=False, log_every=3, num_threads=1)
-    return TrainConfig(**{**base, **kw})
+    base = dict(d_sae=32, batch_tokens=128, total_tokens=128 * 6, progress=False, log_every=3, num_threads=1)
+    return TrainConfig(**{**base, "arch_options": K4, **kw})
 
 
 @pytest.mark.parametrize("arch", ["relu", "topk", "batchtopk", "jumprelu"])
 def test_unset_options_take_the_architectures_defaults(arch):
     defaults = get_architecture(arch).train_defaults
     cfg = _cfg(arch=arch)
-    names = ("lr", "l1_coefficient", "grad_clip_norm", "decoder_norm")
-    assert [getattr(cfg, n) for n in names] == [None] * 4  # unset until resolved
+    names = ("lr", "grad_clip_norm", "decoder_norm")
+    assert [getattr(cfg, n) for n in names] == [None] * 3  # unset until resolved
     assert get_architecture(arch).unit_decoder(cfg) == (arch != "topk")  # unset reads as the default already
     done = cfg.resolved()
     assert [getattr(done, n) for n in names] == [defaults[n] for n in names]
     assert defaults["decoder_norm"] == ("free" if arch == "topk" else "unit")
-    given = _cfg(arch=arch, lr=0.123, l1_coefficient=4.5, grad_clip_norm=0.0, decoder_norm="unit").resolved()
-    assert [getattr(given, n) for n in names] == [0.123, 4.5, 0.0, "unit"]  # never replaced
+    given = _cfg(arch=arch, lr=0.123, grad_clip_norm=0.0, decoder_norm="unit").resolved()
+    assert [getattr(given, n) for n in names] == [0.123, 0.0, "unit"]  # never replaced
 
 
 def test_free_rows_start_at_half_unless_the_run_is_too_short_to_grow_them_back():
@@ -113,14 +116,16 @@ def test_relu_clips_its_gradient_by_default_and_zero_turns_it_off():
 def test_the_trainer_trains_and_records_the_resolved_defaults(tmp_path):
     x = _rows()
     defaults = get_architecture("relu").train_defaults
+    l1 = {"relu": {"l1_coefficient": 1.0}}  # relu's own option's default, given
     unset = train_sae(_cfg(arch="relu", out_dir=str(tmp_path / "a")), x, resume=False)
-    given = train_sae(_cfg(arch="relu", out_dir=str(tmp_path / "b"), **defaults), x, resume=False)
-    other = train_sae(_cfg(arch="relu", lr=defaults["lr"] / 3, l1_coefficient=defaults["l1_coefficient"]), x)
-    assert (unset.config.lr, unset.config.l1_coefficient) == (defaults["lr"], defaults["l1_coefficient"])
+    given = train_sae(_cfg(arch="relu", out_dir=str(tmp_path / "b"), arch_options=l1, **defaults), x, resume=False)
+    other = train_sae(_cfg(arch="relu", lr=defaults["lr"] / 3), x)
+    assert (unset.config.lr, unset.config.options.l1_coefficient) == (defaults["lr"], 1.0)
     assert torch.equal(unset.sae.W_enc, given.sae.W_enc) and torch.equal(unset.sae.W_dec, given.sae.W_dec)
     assert not torch.equal(unset.sae.W_enc, other.sae.W_enc)  # the lr reached the optimiser
     saved = json.loads((tmp_path / "a" / "cfg.json").read_text())["saegeo"]["train_config"]
-    assert (saved["lr"], saved["l1_coefficient"]) == (defaults["lr"], defaults["l1_coefficient"])
+    assert saved["lr"] == defaults["lr"]
+    assert saved["arch_options"] == {"relu": {"l1_coefficient": 1.0, "l1_warmup_fraction": 0.0}}
 
 
 def test_a_run_override_of_the_architecture_gets_that_architectures_defaults(tmp_path):
@@ -131,9 +136,9 @@ def test_a_run_override_of_the_architecture_gets_that_architectures_defaults(tmp
     cfg = load_run_config(path)
     relu, topk = get_architecture("relu").train_defaults, get_architecture("topk").train_defaults
     assert cfg.sae_config("t").resolved().lr == topk["lr"]
-    assert (cfg.sae_config("r").resolved().lr, cfg.sae_config("r").resolved().l1_coefficient) == (
+    assert (cfg.sae_config("r").resolved().lr, cfg.sae_config("r").resolved().options.l1_coefficient) == (
         relu["lr"],
-        relu["l1_coefficient"],
+        1.0,
     )
     assert cfg.sae_config("q").resolved().lr == 0.5
 

@@ -91,16 +91,15 @@ def test_a_resumed_run_continues_the_log_without_missing_or_repeated_steps(tmp_p
     assert strip(resumed) == strip(whole)  # bitwise: the accumulators were checkpointed mid-interval
 
 
-def test_a_version_3_checkpoint_resumes_with_only_its_first_intervals_loss_unknown(tmp_path):
-    """A checkpoint written before the loss was accumulated (no acc.loss, acc.steps): the resumed log's first
-    record has loss None, its other numbers (the step count recovered as step mod log_every) are the whole run's."""
+def _older_checkpoint(tmp_path, x, kw, version: int, edit) -> list[dict]:
+    """A run killed after step 5 (its checkpoint at step 4) whose checkpoint is rewritten as an older release wrote
+    it: `edit(state, tensors)` changes both, the digests are made again. Returns the uninterrupted run's log."""
     import hashlib
 
     from safetensors.torch import load_file, save
 
     from saegeo.sae.train import _state_digest
 
-    x, kw = _rows(), dict(arch="relu", l1_coefficient=0.1, checkpoint_every=4)  # relu: its l1_loss is never 0
     whole = read_training_log(train_sae(_cfg(tmp_path / "whole", **kw), x).out_dir)
 
     def kill(step, _):
@@ -111,12 +110,23 @@ def test_a_version_3_checkpoint_resumes_with_only_its_first_intervals_loss_unkno
         train_sae(_cfg(tmp_path / "old", **kw), x, on_step=kill)
     ckpt = tmp_path / "old" / "checkpoint"
     state = json.loads((ckpt / "state.json").read_text())
-    tensors = {k: v for k, v in load_file(ckpt / state["tensors"]).items() if k not in ("acc.loss", "acc.steps")}
+    tensors = load_file(ckpt / state["tensors"])
+    edit(state, tensors)
     data = save(tensors)
     (ckpt / state["tensors"]).write_bytes(data)
-    state |= {"version": 3, "tensors_sha256": hashlib.sha256(data).hexdigest()}
+    state |= {"version": version, "tensors_sha256": hashlib.sha256(data).hexdigest()}
     state["state_sha256"] = _state_digest(state)
     (ckpt / "state.json").write_text(json.dumps(state))
+    return whole
+
+
+def test_a_version_3_checkpoint_resumes_with_only_its_first_intervals_loss_unknown(tmp_path):
+    """A checkpoint written before the loss was accumulated (no acc.loss, acc.steps): the resumed log's first
+    record has loss None, its other numbers (the step count recovered as step mod log_every) are the whole run's."""
+    x, kw = _rows(), dict(arch="relu", l1_coefficient=0.1, checkpoint_every=4)  # relu: its l1_loss is never 0
+    whole = _older_checkpoint(
+        tmp_path, x, kw, 3, lambda state, tensors: [tensors.pop(k) for k in ("acc.loss", "acc.steps")]
+    )
     train_sae(_cfg(tmp_path / "old", **kw), x)
     resumed = read_training_log(tmp_path / "old")
     assert [r["step"] for r in resumed] == [3, 6, 9, 10]
@@ -124,6 +134,28 @@ def test_a_version_3_checkpoint_resumes_with_only_its_first_intervals_loss_unkno
     strip = lambda r: {k: v for k, v in r.items() if k not in ("tok_s", "loss")}  # noqa: E731
     assert [strip(r) for r in resumed] == [strip(r) for r in whole]
     assert [r["loss"] for r in resumed[2:]] == [r["loss"] for r in whole[2:]]
+
+
+def test_a_version_4_checkpoint_with_flat_options_resumes_bitwise(tmp_path):
+    """Before each architecture had its own options (checkpoint version 4): the config held k, l1_coefficient, ...
+    flat beside the others, and the one loss term was summed as acc.aux. Such a checkpoint resumes, its options
+    read into the architecture's table, its term folded into the term the forward names, to the whole run's log."""
+    x, kw = _rows(), dict(arch="relu", arch_options={"relu": {"l1_coefficient": 0.1}}, checkpoint_every=4)
+
+    def flat(state, tensors):
+        tensors["acc.aux"] = tensors.pop("acc.term.l1_loss")
+        assert state["config"].pop("arch_options") == {"relu": {"l1_coefficient": 0.1, "l1_warmup_fraction": 0.0}}
+        state["config"] |= dict(k=32, l1_coefficient=0.1, l1_warmup_fraction=0.0, aux_k=None, aux_coefficient=1 / 32)
+        state["config"] |= dict(threshold_ema=0.05, l0_coefficient=1.0, bandwidth=0.05, threshold_lr_scale=10.0)
+
+    whole = _older_checkpoint(tmp_path, x, kw, 4, flat)
+    with pytest.raises(
+        BadInputError, match=r"relu.l1_coefficient=0.1; it cannot be resumed with relu.l1_coefficient=0.2"
+    ):
+        train_sae(_cfg(tmp_path / "old", arch="relu", arch_options={"relu": {"l1_coefficient": 0.2}}), x)
+    train_sae(_cfg(tmp_path / "old", **kw), x)
+    strip = lambda log: [{k: v for k, v in r.items() if k != "tok_s"} for r in log]  # noqa: E731
+    assert strip(read_training_log(tmp_path / "old")) == strip(whole)
 
 
 def test_a_finished_sae_keeps_its_log_and_a_run_killed_before_any_checkpoint_starts_a_new_one(tmp_path):

@@ -1,19 +1,26 @@
 """What an SAE architecture is to saegeo, and the one registry of them.
 
-An architecture turns pre-activations into codes (inference), defines its training objective and auxiliary
-terms, its init and threshold updates, and what it saves. `SAE` (encode, forward, persistence), the trainer,
-the format loaders and the report ask the registry; none of them branches on an architecture's name. A new
-architecture is one module: subclass `Architecture`, then `register_architecture("name", Cls)`.
-`SAEConfig` lives here too: the format readers build it without the model (saegeo.sae.model re-exports it).
-The `sae` the methods take is a saegeo.sae.model.SAE.
+An architecture is one module of saegeo.sae.architectures (found by `discover`, no import list to edit) holding
+everything about it, as a dictionary_learning trainer file does: its training options (`Options`, a config
+dataclass nested under TrainConfig, so its flags and TOML keys are generated like every other option), the tensors
+it adds to the SAE's four (`extra_tensors`, declared), its encode, its training objective (a forward that returns
+its loss terms by name, as sparsify's does: the trainer logs whatever comes back), its init and threshold updates,
+and the names it is saved and read under in the peers' formats (`saved_names`, looked up by `by_saved_name`).
+`SAE` (encode, forward, persistence), the trainer, the format readers and the report ask the registry; none of
+them branches on an architecture's name. An architecture defined elsewhere (a test, a notebook) registers itself
+with `register_architecture("name", Cls)`. `SAEConfig` lives here too: the format readers build it without the
+model (saegeo.sae.model re-exports it). The `sae` the methods take is a saegeo.sae.model.SAE.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import numbers
-from collections.abc import Callable, Iterable
+import pkgutil
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from jaxtyping import Float, Int
@@ -75,10 +82,30 @@ class TrainOutput(NamedTuple):
     sse: Tensor  # Σ ‖x − x̂‖² over the batch (float32 scalar)
     centred_ss: Tensor  # Σ ‖x − mean_batch(x)‖²
     l0_sum: Tensor  # Σ over rows of the number of active latents
-    aux_loss: Tensor  # the architecture's auxiliary term (AuxK, L1, L0 penalty), before its coefficient
     fired: Tensor  # (d_sae,) bool: latent active on some row of the batch
     fire_count: Tensor  # (d_sae,) number of rows each latent fired on
-    min_kept: Tensor | None = None  # batchtopk: smallest positive code kept in this batch (threshold estimate)
+    # the architecture's loss terms by name (AuxK, L1, L0 penalty, ...), each before its coefficient and detached:
+    # the trainer logs the mean of each per step under its name (training_log.jsonl), whatever the names are
+    terms: Mapping[str, Tensor] = {}
+    state: Mapping[str, Tensor] = {}  # what the architecture's after_step reads (batchtopk: min_kept); not logged
+
+
+@dataclass(frozen=True)
+class ExtraTensor:
+    """A tensor an architecture adds to the SAE's W_enc, b_enc, W_dec, b_dec (JumpReLU's per-latent threshold).
+
+    shape(cfg) gives its shape; `trained`: an nn.Parameter the trainer optimises (zero-initialised, its gradient
+    turned on by `Architecture.param_groups`), else a buffer; `in_file`: written to and required in the weights
+    file (the readers check its shape), else zero when a file does not hold it."""
+
+    shape: Callable[[SAEConfig], tuple[int, ...]]
+    trained: bool = False
+    in_file: bool = False
+
+
+@dataclass
+class NoOptions:
+    """The options of an architecture that has none."""
 
 
 class Architecture:
@@ -89,8 +116,20 @@ class Architecture:
     """
 
     name: str = ""  # set by register_architecture
-    saelens_name: str | None = None  # SAELens cfg.json "architecture" it is saved as (None: its own name)
-    uses_k: bool = False  # the training option k is stored in SAEConfig.k (topk, batchtopk; jumprelu: its L0 target)
+    # the training options only this architecture reads: a config dataclass (saegeo.config.option fields), nested
+    # under TrainConfig as arch_options[name] (TOML [train.<name>], flags --<name>.<option>)
+    Options: ClassVar[type] = NoOptions
+    # TrainConfig's flat options of the release before (`--k`, `k = 32` in [train]) -> this architecture's option of
+    # that meaning: still read, with a deprecation warning, for one release
+    legacy_options: ClassVar[dict[str, str]] = {}
+    # the names this architecture is saved and read under in the peers' formats: "saelens" (cfg.json
+    # "architecture"; default: its own name), "dictionary_learning" (dictionary classes), "sparsify" (activation),
+    # "openai" (activation class); a str or a tuple of them, the first the one it is saved under
+    saved_names: ClassVar[dict[str, str | tuple[str, ...]]] = {}
+    # the tensors it adds to the four (see ExtraTensor). Every SAE holds a `threshold`: published files and older
+    # checkpoints carry one; by default a scalar buffer that no code reads.
+    extra_tensors: ClassVar[dict[str, ExtraTensor]] = {"threshold": ExtraTensor(lambda cfg: (1,))}
+    uses_k: bool = False  # SAEConfig.k is set from the option `k` (topk, batchtopk) or the L0 target (jumprelu)
     topk_codes: bool = False  # exactly k (values, indices) per row: encode_topk and the sparse decode apply
     # each code a function of its own latent's pre-activation and parameters (`encode_latents`): blocks of latents
     # encode on their own and their nonzero codes together are the whole row's (`sparse_codes`)
@@ -98,24 +137,37 @@ class Architecture:
     init_encoder_scale: float = 1.0  # SAE.init_weights' tied encoder W_enc = scale · W_decᵀ
     # TrainConfig options this architecture fills in when they are left unset (TrainConfig.resolved); the values
     # are those measured best on MiniLM layer 3 by benchmarks/train_bench.py (benchmarks/README.md)
-    train_defaults: dict[str, Any] = {"lr": 3e-4, "l1_coefficient": 1.0, "grad_clip_norm": 0.0, "decoder_norm": "unit"}
+    train_defaults: dict[str, Any] = {"lr": 3e-4, "grad_clip_norm": 0.0, "decoder_norm": "unit"}
     # decoder_norm "free" trains this architecture with free decoder-row norms, folded to unit rows at the end
     # (`scale_latents` must then keep which latents fire: relu by homogeneity, topk by choosing on pre·‖w_i‖)
     free_decoder: bool = False
     trains_rescaled: bool = False  # forward_train honours SAEConfig.rescale_acts_by_decoder_norm
-    aux_loss_name: str = "aux_loss"  # what TrainOutput.aux_loss is, as training_log.jsonl names it
 
     def __repr__(self) -> str:
-        saved = f", saved as {self.saelens_name!r}" if self.saelens_name else ""
+        saved = f", saved as {self.saved_name('saelens')!r}" if self.saved_name("saelens") != self.name else ""
         return f"<architecture {self.name!r} ({type(self).__name__}){saved}>"
+
+    def saved_name(self, library: str) -> str | None:
+        """The name this architecture is saved under in `library`'s format (SAELens: its own name by default)."""
+        names = self.read_names(library)
+        return names[0] if names else None
+
+    def read_names(self, library: str) -> tuple[str, ...]:
+        """Every name `library`'s files or objects give this architecture under (read back as this one)."""
+        names = self.saved_names.get(library, self.name if library == "saelens" else ())
+        return names if isinstance(names, tuple) else (names,)
+
+    def options(self, tcfg: Any) -> Any:
+        """This architecture's options in the training config (an instance of `Options`)."""
+        return tcfg.arch_options[self.name]
 
     # ------------------------------------------------------------------ the model
     def check_config(self, cfg: SAEConfig) -> None:
         """Refuse an SAEConfig this architecture cannot run (FormatError)."""
 
-    def add_threshold(self, sae, cfg: SAEConfig, **tensor_kw: Any) -> None:
-        """Give `sae` its `threshold`: by default a scalar buffer (shape (1,)) that no code reads."""
-        sae.register_buffer("threshold", torch.zeros(1, **tensor_kw))
+    def file_tensor_shapes(self, cfg: SAEConfig) -> dict[str, tuple[int, ...]]:
+        """The extra tensors a weights file must hold for this architecture, and their shapes."""
+        return {name: tuple(t.shape(cfg)) for name, t in self.extra_tensors.items() if t.in_file}
 
     # ------------------------------------------------------------------ inference
     def encode(self, sae, pre: Float[Tensor, "n d_sae"]) -> Float[Tensor, "n d_sae"]:
@@ -183,7 +235,7 @@ class Architecture:
 
     def sae_config_fields(self, tcfg: Any) -> dict[str, Any]:
         """SAEConfig fields set from the training options (beyond d_in, d_sae, activation)."""
-        return {"k": tcfg.k} if self.uses_k else {}
+        return {"k": self.options(tcfg).k} if self.uses_k else {}
 
     def unit_decoder(self, tcfg: Any) -> bool:
         """Whether decoder rows are kept at unit norm during training (otherwise folded to unit at the end); an unset
@@ -191,12 +243,17 @@ class Architecture:
         return not (self.free_decoder and (tcfg.decoder_norm or self.train_defaults["decoder_norm"]) == "free")
 
     def option_summary(self, tcfg: Any) -> str:
-        """The options that set this architecture's sparsity, as the trainer's summary prints them."""
-        return f"k={tcfg.k}" if self.uses_k else f"l1={tcfg.l1_coefficient:g}"
+        """This architecture's options as the trainer's summary prints them ("k=32"): by default each one."""
+        options = self.options(tcfg)
+        return ", ".join(f"{f}={_shown(getattr(options, f))}" for f in options.__dataclass_fields__)
 
     def param_groups(self, sae, tcfg: Any) -> list[dict]:
-        """Adam's parameter groups, each with an `lr_scale` (the threshold is not trained by default)."""
-        return [{"params": [p for n, p in sae.named_parameters() if n != "threshold"], "lr_scale": 1.0}]
+        """Adam's parameter groups, each with an `lr_scale`: by default one of every parameter, the trained extra
+        tensors' gradients turned on."""
+        for name, extra in self.extra_tensors.items():
+            if extra.trained:
+                getattr(sae, name).requires_grad_(True)
+        return [{"params": list(sae.parameters()), "lr_scale": 1.0}]
 
     def init_training(self, sae, tcfg: Any, sample_rows: Callable[[int], Tensor]) -> None:
         """After SAE.init_weights of a new run: what else this architecture initialises; `sample_rows(n)` gives
@@ -217,21 +274,23 @@ class Architecture:
         return cfg, {}
 
     def saved_tensors(self, sae, cfg: SAEConfig) -> dict[str, Tensor]:
-        """The tensors written to sae_weights.safetensors, in the SAELens layout."""
+        """The tensors written to sae_weights.safetensors, in the SAELens layout: the four and the extra tensors
+        kept in the file."""
         return {
             "W_enc": sae.W_enc.detach(),
             "W_dec": sae.W_dec.detach(),
             "b_enc": sae.b_enc.detach(),
             "b_dec": sae.b_dec.detach(),
+            **{name: getattr(sae, name).detach() for name in self.file_tensor_shapes(cfg)},
         }
-
-    def threshold_shape(self, cfg: SAEConfig) -> tuple[int, ...] | None:
-        """Shape of the threshold a weights file must hold for this architecture (None: none)."""
-        return None
 
     def saelens_fields(self, cfg: SAEConfig) -> dict[str, Any]:
         """Architecture-specific SAELens cfg.json keys (e.g. topk's k)."""
         return {}
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def row_major(
@@ -246,11 +305,22 @@ def row_major(
 _REGISTRY: dict[str, Architecture] = {}
 
 
+def discover() -> None:
+    """Import every module of saegeo.sae.architectures (pkgutil): each registers the architecture it defines.
+    A new architecture is a new module there; nothing lists it."""
+    import saegeo.sae.architectures as package
+
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{module.name}")
+
+
 def register_architecture(name: str, cls: type[Architecture]) -> Architecture:
     """Make `cls` the architecture called `name` (SAEConfig.activation, TrainConfig.arch); returns its instance.
     Registering a name again replaces it (a test or a notebook redefining its class)."""
     if not name.isidentifier():
         raise BadInputError(f"architecture name {name!r} must be an identifier")
+    if not dataclasses.is_dataclass(cls.Options):
+        raise BadInputError(f"architecture {name!r}: Options must be a dataclass, got {cls.Options!r}")
     arch = cls()
     arch.name = name
     _REGISTRY[name] = arch
@@ -275,6 +345,7 @@ def architecture_names() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
-def architecture_for_saelens(saelens_name: str) -> Architecture | None:
-    """The registered architecture saved under this SAELens name (standard → relu), or None."""
-    return next((a for a in _REGISTRY.values() if (a.saelens_name or a.name) == saelens_name), None)
+def by_saved_name(library: str, name: str) -> Architecture | None:
+    """The registered architecture `library`'s files or objects name `name` (its `saved_names`; SAELens "standard"
+    → relu, dictionary_learning "BatchTopKSAE" → batchtopk), or None."""
+    return next((a for a in _REGISTRY.values() if name in a.read_names(library)), None)

@@ -10,6 +10,7 @@ keeping trained_as = "batchtopk" and training_k.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,8 +18,16 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from saegeo.sae.architectures.base import Architecture, TrainOutput, register_architecture
-from saegeo.sae.architectures.kernels import GatheredLinear, aux_options, auxk_loss, gathered_pre, row_sorted_entries
+from saegeo.config import option
+from saegeo.sae.architectures.base import Architecture, ExtraTensor, TrainOutput, register_architecture
+from saegeo.sae.architectures.kernels import (
+    AuxKOptions,
+    GatheredLinear,
+    aux_options,
+    auxk_loss,
+    gathered_pre,
+    row_sorted_entries,
+)
 
 
 def batch_topk_entries(
@@ -52,14 +61,33 @@ def update_threshold(sae, min_kept: Tensor, step: int, rate: float) -> None:
     sae.threshold.add_((min_kept.to(sae.threshold.dtype) - sae.threshold) * max(rate, 1.0 / (step + 1)))
 
 
-class BatchTopK(Architecture):
-    """k·n codes per batch in training; one scalar threshold at inference."""
+@dataclass
+class BatchTopKOptions(AuxKOptions):
+    """k, AuxK and the inference threshold's estimate."""
 
+    k: int = option(32, "active latents per token, on average over the batch", low=1)
+    threshold_ema: float = option(
+        0.05, "inference threshold = running mean, then EMA at this rate, of the smallest code kept", above=0, high=1
+    )
+
+
+class BatchTopK(Architecture):
+    """k·n codes per batch in training; one scalar threshold at inference; the loss term "auxk_loss" is AuxK."""
+
+    Options = BatchTopKOptions
+    legacy_options = {
+        "k": "k",
+        "aux_k": "aux_k",
+        "aux_coefficient": "aux_coefficient",
+        "threshold_ema": "threshold_ema",
+    }
+    # SAELens saves its own BatchTopK as a jumprelu (saved_form): no SAELens name of its own
+    saved_names = {"saelens": (), "dictionary_learning": ("BatchTopKSAE", "MatryoshkaBatchTopKSAE")}
+    extra_tensors = {"threshold": ExtraTensor(lambda cfg: (1,), in_file=True)}  # the global θ, estimated in training
     uses_k = True
-    aux_loss_name = "auxk_loss"  # the AuxK term, before aux_coefficient
     # lr 4e-3, not the grid's best 8e-3 (MiniLM layer 3, 368,640 tokens, k 32: FVE 0.898 at L0 27 with 60 % of
     # latents dead; 4e-3: 0.887 at L0 25 with 10 % dead; benchmarks/README.md "Training"); the former 3e-4: 0.581
-    train_defaults = {"lr": 4e-3, "l1_coefficient": 1.0, "grad_clip_norm": 0.0, "decoder_norm": "unit"}
+    train_defaults = {"lr": 4e-3, "grad_clip_norm": 0.0, "decoder_norm": "unit"}
 
     latent_wise = True  # at inference: the threshold, the same for every latent
 
@@ -73,7 +101,7 @@ class BatchTopK(Architecture):
     ) -> TrainOutput:
         # dense pre-activations without autograd, then the k·n entries that carry a gradient (flat, sorted by
         # row) through GatheredLinear and a bagged decode
-        xc = x - sae.b_dec if sae.cfg.apply_b_dec_to_input else x
+        xc = sae.centre(x)
         n, d_sae = x.shape[0], sae.cfg.d_sae
         with torch.no_grad():
             pre = torch.addmm(sae.b_enc, xc, sae.W_enc)
@@ -91,22 +119,21 @@ class BatchTopK(Architecture):
         fire_count = torch.zeros(d_sae, device=x.device, dtype=torch.float32).index_add_(0, cols, active.float())
         aux = auxk_loss(sae, err, pre, dead_mask, aux_k, aux_coefficient, centred_ss_fn, gathered_pre(xc, sae, pre))
         loss = sse / centred_ss + aux_coefficient * aux
-        return TrainOutput(
-            loss, sse.detach(), centred_ss, active.sum(), aux.detach(), fire_count > 0, fire_count, min_kept
-        )
+        terms, state = {"auxk_loss": aux.detach()}, {"min_kept": min_kept}
+        return TrainOutput(loss, sse.detach(), centred_ss, active.sum(), fire_count > 0, fire_count, terms, state)
 
     def step_options(self, tcfg, step: int, d_in: int) -> dict:
-        return aux_options(tcfg, d_in)
+        return aux_options(self.options(tcfg), d_in)
 
     def after_step(self, sae, out, step, tcfg, mean_across_ranks) -> None:
-        update_threshold(sae, mean_across_ranks(out.min_kept), step, tcfg.threshold_ema)
+        update_threshold(sae, mean_across_ranks(out.state["min_kept"]), step, self.options(tcfg).threshold_ema)
 
-    def threshold_shape(self, cfg) -> tuple[int, ...]:
-        return (1,)
+    def option_summary(self, tcfg) -> str:
+        return f"k={self.options(tcfg).k}"
 
     def saved_form(self, cfg):
         # relu(pre)·[relu(pre) > θ] = relu(pre)·[pre > θ_i] with θ_i = θ: a JumpReLU with θ broadcast
-        return dataclasses.replace(cfg, activation="jumprelu", k=None), {"trained_as": "batchtopk", "training_k": cfg.k}
+        return dataclasses.replace(cfg, activation="jumprelu", k=None), {"trained_as": self.name, "training_k": cfg.k}
 
 
 register_architecture("batchtopk", BatchTopK)

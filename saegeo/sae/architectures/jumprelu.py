@@ -10,14 +10,16 @@ Only the entries that are active or inside θ's window carry a gradient: they go
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float
-from torch import Tensor, nn
+from torch import Tensor
 
-from saegeo.sae.architectures.base import Architecture, TrainOutput, register_architecture
+from saegeo.config import check, option
+from saegeo.sae.architectures.base import Architecture, ExtraTensor, TrainOutput, register_architecture
 from saegeo.sae.architectures.kernels import GatheredLinear, rectangle_window, row_sorted_entries, sum_to
 
 
@@ -82,7 +84,9 @@ def dense_step(
     l0 = StepFn.apply(pre, sae.threshold, bandwidth).sum() / x.shape[0]
     aux = (l0 / l0_target - 1).pow(2) if l0_target else l0
     loss = sse / centred_ss + l0_coefficient * aux
-    return TrainOutput(loss, sse.detach(), centred_ss, fire_count.sum(), aux.detach(), fire_count > 0, fire_count)
+    return TrainOutput(
+        loss, sse.detach(), centred_ss, fire_count.sum(), fire_count > 0, fire_count, {"l0_loss": aux.detach()}
+    )
 
 
 @torch.no_grad()
@@ -95,15 +99,37 @@ def init_threshold(sae, x: Float[Tensor, "n d"], l0: float) -> None:
     sae.threshold.copy_(pre.topk(m, dim=0).values[-1].clamp_min(0.0))
 
 
+@dataclass
+class JumpReLUOptions:
+    """The L0 target and the threshold's training."""
+
+    l0_target: int = option(32, "the L0 the sparsity loss (L0/l0_target − 1)² aims at", low=1)
+    l0_coefficient: float = option(1.0, "weight of the sparsity loss (L0/l0_target − 1)²", low=0)
+    bandwidth: float = option(
+        0.05, "width ε of the rectangle kernel of the threshold's straight-through estimator", above=0
+    )
+    threshold_lr_scale: float = option(10.0, "the thresholds' learning rate is lr times this", low=0)
+
+    def __post_init__(self) -> None:
+        check(self)
+
+
 class JumpReLU(Architecture):
-    """codes = relu(pre)·[pre > θ_i], one trained threshold per latent."""
+    """codes = relu(pre)·[pre > θ_i], one trained threshold per latent; the loss term "l0_loss" is
+    (L0/l0_target − 1)² (or L0 without a target), before l0_coefficient."""
 
+    Options = JumpReLUOptions
+    # k was the L0 target before the options were the architecture's own
+    legacy_options = {
+        "k": "l0_target",
+        "l0_coefficient": "l0_coefficient",
+        "bandwidth": "bandwidth",
+        "threshold_lr_scale": "threshold_lr_scale",
+    }
+    saved_names = {"saelens": "jumprelu", "dictionary_learning": ("JumpReluAutoEncoder",)}
+    # trained (its gradient turned on in param_groups); SAE.load fills it from the file
+    extra_tensors = {"threshold": ExtraTensor(lambda cfg: (cfg.d_sae,), trained=True, in_file=True)}
     uses_k = True  # the L0 target, recorded in SAEConfig.k (inference does not read it)
-    aux_loss_name = "l0_loss"  # (L0/l0_target − 1)² (or L0 without a target), before l0_coefficient
-
-    def add_threshold(self, sae, cfg, **tensor_kw) -> None:
-        # a parameter (the trainer turns its gradient on); SAE.load fills it from the file
-        sae.threshold = nn.Parameter(torch.zeros(cfg.d_sae, **tensor_kw), requires_grad=False)
 
     latent_wise = True
 
@@ -128,7 +154,7 @@ class JumpReLU(Architecture):
         bandwidth: float = 0.05,
         **_: Any,
     ) -> TrainOutput:
-        xc = x - sae.b_dec if sae.cfg.apply_b_dec_to_input else x
+        xc = sae.centre(x)
         n, d_sae = x.shape[0], sae.cfg.d_sae
         with torch.no_grad():
             pre = torch.addmm(sae.b_enc, xc, sae.W_enc)
@@ -149,26 +175,32 @@ class JumpReLU(Architecture):
         l0 = StepFn.apply(gathered, threshold, bandwidth).sum() / n
         aux = (l0 / l0_target - 1).pow(2) if l0_target else l0
         loss = sse / centred_ss + l0_coefficient * aux
-        return TrainOutput(loss, sse.detach(), centred_ss, active.sum(), aux.detach(), fire_count > 0, fire_count)
+        return TrainOutput(
+            loss, sse.detach(), centred_ss, active.sum(), fire_count > 0, fire_count, {"l0_loss": aux.detach()}
+        )
+
+    def sae_config_fields(self, tcfg) -> dict:
+        return {"k": self.options(tcfg).l0_target}
 
     def option_summary(self, tcfg) -> str:
-        return f"L0 target={tcfg.k}, l0_coefficient={tcfg.l0_coefficient:g}"
+        opts = self.options(tcfg)
+        return f"L0 target={opts.l0_target}, l0_coefficient={opts.l0_coefficient:g}"
 
     def param_groups(self, sae, tcfg) -> list[dict]:
         sae.threshold.requires_grad_(True)
-        return super().param_groups(sae, tcfg) + [{"params": [sae.threshold], "lr_scale": tcfg.threshold_lr_scale}]
+        others = [p for name, p in sae.named_parameters() if name != "threshold"]
+        lr_scale = self.options(tcfg).threshold_lr_scale
+        return [{"params": others, "lr_scale": 1.0}, {"params": [sae.threshold], "lr_scale": lr_scale}]
 
     def init_training(self, sae, tcfg, sample_rows) -> None:
-        init_threshold(sae, sample_rows(min(tcfg.b_dec_init_tokens, 16_384)), tcfg.k)
+        init_threshold(sae, sample_rows(min(tcfg.b_dec_init_tokens, 16_384)), self.options(tcfg).l0_target)
 
     def step_options(self, tcfg, step: int, d_in: int) -> dict:
-        return {"l0_target": tcfg.k, "l0_coefficient": tcfg.l0_coefficient, "bandwidth": tcfg.bandwidth}
+        opts = self.options(tcfg)
+        return {"l0_target": opts.l0_target, "l0_coefficient": opts.l0_coefficient, "bandwidth": opts.bandwidth}
 
     def after_step(self, sae, out, step, tcfg, mean_across_ranks) -> None:
         sae.threshold.data.clamp_(min=0.0)  # codes pre·H(pre − θ) stay ≥ 0
-
-    def threshold_shape(self, cfg) -> tuple[int, ...]:
-        return (cfg.d_sae,)
 
     def saved_tensors(self, sae, cfg) -> dict[str, Tensor]:
         # a BatchTopK SAE saved as jumprelu holds one θ: broadcast to every latent

@@ -4,11 +4,14 @@ row-sorted entry lists for bagged decodes, the threshold window, and AuxK."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
+
+from saegeo.config import check, option
 
 
 def autocast_dtype(device_type: str) -> torch.dtype | None:
@@ -124,6 +127,17 @@ def auxk_loss(
     return torch.nan_to_num(aux, nan=0.0)
 
 
-def aux_options(tcfg, d_in: int) -> dict:
+@dataclass
+class AuxKOptions:
+    """The AuxK options of the architectures that train with it (topk, batchtopk: each Options extends this)."""
+
+    aux_k: int | None = option(None, "AuxK latents; default d_in // 2", low=1)
+    aux_coefficient: float = option(1 / 32, "weight of the AuxK loss", low=0)
+
+    def __post_init__(self) -> None:
+        check(self)
+
+
+def aux_options(opts: AuxKOptions, d_in: int) -> dict:
     """AuxK's step options (topk, batchtopk): aux_k (default d_in // 2) and its coefficient."""
-    return {"aux_k": tcfg.aux_k if tcfg.aux_k is not None else d_in // 2, "aux_coefficient": tcfg.aux_coefficient}
+    return {"aux_k": opts.aux_k if opts.aux_k is not None else d_in // 2, "aux_coefficient": opts.aux_coefficient}

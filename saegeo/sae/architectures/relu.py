@@ -7,6 +7,7 @@ decoder_norm "free" the rows start at norm 0.1 (SAELens' start) and are folded t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
+from saegeo.config import check, option
 from saegeo.sae.architectures.base import Architecture, TrainOutput, register_architecture
 from saegeo.sae.architectures.kernels import autocast_dtype
 
@@ -71,17 +73,32 @@ class ReLUStep(torch.autograd.Function):
         return None, grad_W_enc, grad_b_enc, grad_W_dec, grad_b_dec, None
 
 
-def l1_ramp(step: int, tcfg: Any) -> float:
+@dataclass
+class ReLUOptions:
+    """The L1 penalty."""
+
+    # 1: SAELens' default, the same objective scale (see train_defaults below)
+    l1_coefficient: float = option(1.0, "L1 coefficient; the same objective scale as SAELens Standard", low=0)
+    l1_warmup_fraction: float = option(
+        0.0, "the L1 coefficient rises linearly from 0 over this fraction of the steps", low=0, high=1
+    )
+
+    def __post_init__(self) -> None:
+        check(self)
+
+
+def l1_ramp(step: int, total_steps: int, warmup_fraction: float) -> float:
     """The L1 warm-up factor min(1, (step + 1)/(l1_warmup_fraction · total_steps)) (1 without warm-up)."""
-    ramp_steps = tcfg.l1_warmup_fraction * tcfg.total_steps
+    ramp_steps = warmup_fraction * total_steps
     return 1.0 if ramp_steps <= 0 else min(1.0, (step + 1) / ramp_steps)
 
 
 class ReLU(Architecture):
-    """codes = relu(pre); L1 on codes·‖W_dec[i]‖."""
+    """codes = relu(pre); L1 on codes·‖W_dec[i]‖ (the term "l1_loss": mean_rows Σ_i codes_i·‖W_dec[i]‖)."""
 
-    saelens_name = "standard"
-    aux_loss_name = "l1_loss"  # mean_rows Σ_i codes_i·‖W_dec[i]‖, before its coefficient
+    Options = ReLUOptions
+    legacy_options = {"l1_coefficient": "l1_coefficient", "l1_warmup_fraction": "l1_warmup_fraction"}
+    saved_names = {"saelens": "standard", "dictionary_learning": ("AutoEncoder", "AutoEncoderNew"), "openai": "ReLU"}
     # Why 0.1: with W_enc = W_decᵀ about half of the d_sae latents fire on a row, and x̂ − b_dec ≈
     # (d_sae / 2d_in)·(x − b_dec), several times the data, so the L1 term dominates early and the run ends
     # dense and poorly fit. SAELens starts decoder rows at norm 0.1 with a tied encoder (initial x̂ 0.01× that);
@@ -96,7 +113,7 @@ class ReLU(Architecture):
     # lr 8e-3: with the clip, the lowest held-out objective at l1 0.5 and 1 of the grid 1e-3 … 8e-3 (MiniLM layer 3,
     # 368,640 tokens; benchmarks/README.md "Training"): l1 1 gives FVE 0.905 at L0 48 (4e-3: 0.909 at L0 97, a
     # higher objective). l1 1: SAELens' default, the same objective scale.
-    train_defaults = {"lr": 8e-3, "l1_coefficient": 1.0, "grad_clip_norm": 1.0, "decoder_norm": "unit"}
+    train_defaults = {"lr": 8e-3, "grad_clip_norm": 1.0, "decoder_norm": "unit"}
     free_decoder = True
 
     latent_wise = True
@@ -116,7 +133,9 @@ class ReLU(Architecture):
         )
         sse = (x - x_hat).pow(2).sum()
         loss = sse / x.shape[0] + l1_coefficient * l1
-        return TrainOutput(loss, sse.detach(), centred_ss, fire_count.sum(), l1.detach(), fire_count > 0, fire_count)
+        return TrainOutput(
+            loss, sse.detach(), centred_ss, fire_count.sum(), fire_count > 0, fire_count, {"l1_loss": l1.detach()}
+        )
 
     def init_training(self, sae, tcfg, sample_rows) -> None:
         if not self.unit_decoder(tcfg):  # SAELens' start: rows of norm 0.1, encoder W_decᵀ (x̂ as encoder_scale 0.01)
@@ -124,7 +143,11 @@ class ReLU(Architecture):
             sae.W_enc.data.copy_(sae.W_dec.data.T)
 
     def step_options(self, tcfg, step: int, d_in: int) -> dict:
-        return {"l1_coefficient": tcfg.l1_coefficient * l1_ramp(step, tcfg)}
+        opts = self.options(tcfg)
+        return {"l1_coefficient": opts.l1_coefficient * l1_ramp(step, tcfg.total_steps, opts.l1_warmup_fraction)}
+
+    def option_summary(self, tcfg) -> str:
+        return f"l1={self.options(tcfg).l1_coefficient:g}"
 
 
 register_architecture("relu", ReLU)

@@ -17,6 +17,7 @@ keeps every code·row and every choice of latents. "unit": rows kept at unit nor
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,9 +25,10 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from saegeo.config import option
 from saegeo.errors import FormatError
 from saegeo.sae.architectures.base import Architecture, TrainOutput, register_architecture, row_major
-from saegeo.sae.architectures.kernels import aux_options, auxk_loss, gathered_pre
+from saegeo.sae.architectures.kernels import AuxKOptions, aux_options, auxk_loss, gathered_pre
 
 
 def topk_codes(sae, pre: Float[Tensor, "n d_sae"]) -> tuple[Float[Tensor, "n k"], Int[Tensor, "n k"]]:
@@ -63,17 +65,26 @@ def free_init_norm(lr: float, d_in: int, total_steps: int) -> float:
     return max(FREE_INIT_NORM, 1.0 - lr * d_in**0.5 * total_steps / 10)
 
 
-class TopK(Architecture):
-    """codes = the k largest of each row (per topk_order), zeros elsewhere."""
+@dataclass
+class TopKOptions(AuxKOptions):
+    """k and AuxK."""
 
+    k: int = option(32, "active latents per token", low=1)
+
+
+class TopK(Architecture):
+    """codes = the k largest of each row (per topk_order), zeros elsewhere; the loss term "auxk_loss" is AuxK."""
+
+    Options = TopKOptions
+    legacy_options = {"k": "k", "aux_k": "aux_k", "aux_coefficient": "aux_coefficient"}
+    saved_names = {"saelens": "topk", "dictionary_learning": ("AutoEncoderTopK",), "sparsify": "topk", "openai": "TopK"}
     uses_k = True
     topk_codes = True
-    aux_loss_name = "auxk_loss"  # the AuxK term, before aux_coefficient
     # lr 4e-3: the highest held-out FVE at k 16, 32 and 64 of the grid 2e-3, 4e-3, 8e-3 (MiniLM layer 3, 368,640
     # tokens, free rows; benchmarks/README.md "Training"): k 32 0.910 against 0.901 at 2e-3 and 0.898 at 8e-3; the
     # former default 3e-4 gave 0.741 (unit rows). SmolLM2's demo SAE (40 steps): 0.905 at 4e-3, 0.609 at 4e-4.
     # decoder_norm free: see init_training.
-    train_defaults = {"lr": 4e-3, "l1_coefficient": 1.0, "grad_clip_norm": 0.0, "decoder_norm": "free"}
+    train_defaults = {"lr": 4e-3, "grad_clip_norm": 0.0, "decoder_norm": "free"}
     free_decoder = True
     trains_rescaled = True
 
@@ -133,7 +144,7 @@ class TopK(Architecture):
     ) -> TrainOutput:
         # Dense pre-activations without autograd; gradients flow only through the k selected
         # (and AuxK) entries via GatheredLinear, so the backward never forms a (n, d_sae) matrix.
-        xc = x - sae.b_dec if sae.cfg.apply_b_dec_to_input else x
+        xc = sae.centre(x)
         # rescaled: ‖w_i‖ with its gradient, as decode_sparse divides the codes by it again
         decoder_norms = sae.W_dec.norm(dim=1) if sae.cfg.rescale_acts_by_decoder_norm else None
         row_norms = None if decoder_norms is None else decoder_norms.detach()
@@ -160,10 +171,15 @@ class TopK(Architecture):
         active = values > 0
         fire_count = torch.zeros(sae.cfg.d_sae, device=x.device, dtype=torch.float32)
         fire_count.index_add_(0, indices.flatten(), active.flatten().float())
-        return TrainOutput(loss, sse.detach(), centred_ss, active.sum(), aux.detach(), fire_count > 0, fire_count)
+        return TrainOutput(
+            loss, sse.detach(), centred_ss, active.sum(), fire_count > 0, fire_count, {"auxk_loss": aux.detach()}
+        )
 
     def step_options(self, tcfg, step: int, d_in: int) -> dict:
-        return aux_options(tcfg, d_in)
+        return aux_options(self.options(tcfg), d_in)
+
+    def option_summary(self, tcfg) -> str:
+        return f"k={self.options(tcfg).k}"
 
     def saelens_fields(self, cfg) -> dict:
         return {"k": cfg.k, "rescale_acts_by_decoder_norm": cfg.rescale_acts_by_decoder_norm}

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from saegeo.errors import FormatError
-from saegeo.sae.architectures import SAEConfig
+from saegeo.sae.architectures import SAEConfig, by_saved_name
 from saegeo.sae.formats.format_reader import PICKLE_SUFFIXES, Dictionary, FormatInfo, FormatReader, register_format
 from saegeo.sae.formats.reader_checks import (
     check_config,
@@ -172,7 +172,8 @@ def dictionary_learning_state_dictionary(
         raise FormatError(
             f"{pt}: dictionary_learning dict_class {dict_class!r} is not supported; expected one of {sorted(_DL_CLASSES)}"
         )
-    activation, subtract_b_dec, keys = _DL_CLASSES[dict_class]
+    _, subtract_b_dec, keys = _DL_CLASSES[dict_class]
+    activation = by_saved_name("dictionary_learning", dict_class).name  # the architecture declares its class names
     require_keys(pt, state, keys, f"dictionary_learning {dict_class}")
     t = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
     if "W_enc" in keys:  # nn.Parameter layout: W_enc (d_in, d_sae), W_dec (d_sae, d_in)

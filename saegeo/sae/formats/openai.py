@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from saegeo.errors import FormatError
-from saegeo.sae.architectures import SAEConfig
+from saegeo.sae.architectures import SAEConfig, by_saved_name
 from saegeo.sae.formats.format_reader import PICKLE_SUFFIXES, Dictionary, FormatInfo, FormatReader, register_format
 from saegeo.sae.formats.reader_checks import (
     check_config,
@@ -90,7 +90,7 @@ def read_openai(path: str | os.PathLike) -> Dictionary:
     cfg = SAEConfig(
         d_in=int(d_in),
         d_sae=int(d_sae),
-        activation="topk" if activation == "TopK" else "relu",
+        activation=by_saved_name("openai", activation).name,  # TopK -> topk, ReLU -> relu (their modules say so)
         k=k,
         topk_order="topk_then_relu",
         apply_b_dec_to_input=True,

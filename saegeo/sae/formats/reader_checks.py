@@ -54,17 +54,14 @@ def require_keys(where: object, tensors: dict, names: tuple[str, ...], what: str
 
 def contract_shapes(cfg: SAEConfig) -> dict[str, tuple[int, ...]]:
     """The shape of each tensor an SAE of `cfg` holds, in the SAELens layout: W_enc (d_in, d_sae), W_dec (d_sae,
-    d_in), b_enc (d_sae), b_dec (d_in), and the threshold where its architecture has one."""
+    d_in), b_enc (d_sae), b_dec (d_in), and the tensors its architecture keeps in the file (a threshold)."""
     shapes = {
         "W_enc": (cfg.d_in, cfg.d_sae),
         "W_dec": (cfg.d_sae, cfg.d_in),
         "b_enc": (cfg.d_sae,),
         "b_dec": (cfg.d_in,),
     }
-    threshold = get_architecture(cfg.activation).threshold_shape(cfg)
-    if threshold is not None:
-        shapes["threshold"] = threshold
-    return shapes
+    return shapes | get_architecture(cfg.activation).file_tensor_shapes(cfg)  # jumprelu, batchtopk: the threshold
 
 
 def make_dictionary(cfg: SAEConfig, tensors: dict[str, torch.Tensor], where: object, info: FormatInfo) -> Dictionary:

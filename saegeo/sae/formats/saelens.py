@@ -31,7 +31,7 @@ from safetensors.torch import save as safetensors_bytes
 import saegeo
 from saegeo.errors import BadInputError, FormatError
 from saegeo.io import atomic_write, crash_point, dump_json, sha256_file
-from saegeo.sae.architectures import SAEConfig, architecture_for_saelens, get_architecture
+from saegeo.sae.architectures import SAEConfig, by_saved_name, get_architecture
 from saegeo.sae.formats.format_reader import Dictionary, FormatInfo, FormatReader, register_format
 from saegeo.sae.formats.hub import release_entry
 from saegeo.sae.formats.reader_checks import (
@@ -131,7 +131,7 @@ def write_sae_dir(sae, path: str | os.PathLike, provenance: dict | None = None) 
         "dataset_path": (data.get("path") or None),
     }
     saelens_cfg = {
-        "architecture": arch.saelens_name or arch.name,
+        "architecture": arch.saved_name("saelens"),
         "d_in": cfg.d_in,
         "d_sae": cfg.d_sae,
         "dtype": cfg.dtype,
@@ -309,7 +309,7 @@ def _saegeo_block_config(block: dict, raw: dict, cfg_path: Path) -> SAEConfig:
     ours = {
         "d_in": cfg.d_in,
         "d_sae": cfg.d_sae,
-        "architecture": arch.saelens_name or arch.name,
+        "architecture": arch.saved_name("saelens"),
         "apply_b_dec_to_input": cfg.apply_b_dec_to_input,
         **arch.saelens_fields(cfg),
     }
@@ -402,7 +402,7 @@ def _saelens_config(raw: dict, where: object, weights: dict, source: str) -> tup
     fn_kwargs = raw.get("activation_fn_kwargs") or {}
     if arch == "standard" and act_fn == "topk":  # SAELens < 6 kept TopK inside the standard architecture
         arch = "topk"
-    if arch not in ("standard", "topk", "jumprelu"):
+    if by_saved_name("saelens", arch) is None:
         raise FormatError(
             f"{where}: SAELens architecture {arch!r} is not supported: saegeo reproduces standard, topk and jumprelu "
             "(gated SAEs have a separate gate path; batchtopk/matryoshka training checkpoints are saved by SAELens as jumprelu)"
@@ -430,7 +430,7 @@ def _saelens_config(raw: dict, where: object, weights: dict, source: str) -> tup
     cfg = SAEConfig(
         d_in=d_in,
         d_sae=d_sae,
-        activation=architecture_for_saelens(arch).name,
+        activation=by_saved_name("saelens", arch).name,
         k=k,
         topk_order="topk_then_relu",
         apply_b_dec_to_input=bool(raw.get("apply_b_dec_to_input", True)),

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from saegeo.errors import FormatError
-from saegeo.sae.architectures import SAEConfig
+from saegeo.sae.architectures import SAEConfig, by_saved_name
 from saegeo.sae.formats.format_reader import Dictionary, FormatInfo, FormatReader, register_format
 from saegeo.sae.formats.reader_checks import (
     check_config,
@@ -88,7 +88,7 @@ def sparsify_state_dictionary(
         raise FormatError(f"{cfg_file}: missing d_in (sparsify writes it next to the SparseCoderConfig fields)")
     check_config(cfg_file, raw, sparsify_schema())
     d_in = count_field(cfg_file, raw, "d_in")
-    if raw.get("activation", "topk") != "topk":
+    if by_saved_name("sparsify", raw.get("activation", "topk")) is None:
         raise FormatError(
             f"{cfg_file}: sparsify activation {raw.get('activation')!r} is not supported (saegeo reproduces topk)"
         )
@@ -116,7 +116,7 @@ def sparsify_state_dictionary(
     cfg = SAEConfig(
         d_in=d_in,
         d_sae=d_sae,
-        activation="topk",
+        activation=by_saved_name("sparsify", raw.get("activation", "topk")).name,
         k=k,
         topk_order="relu_then_topk",
         apply_b_dec_to_input=not transcoder,
