@@ -161,7 +161,7 @@ class SAEGeometry:
     # records this store's held-out rows (saegeo train: the last N rows), the same read-outs over those rows alone:
     # {first_row, n_tokens, fve, mse, mean_l0} (None when not recorded, or not computable: heldout_first_row)
     heldout: dict[str, Any] | None = None
-    # issue 41 (saegeo.report.structure.PassStructure): the error's linearly predictable share, held out, ± sd
+    # (saegeo.report.structure.PassStructure) the error's linearly predictable share, held out, ± sd
     dark_matter: dict[str, Any] | None = None
     # the dense latents, their antipodal pairs and the subspace they span against μ and the top PCs
     dense_structure: dict[str, Any] | None = None

@@ -85,8 +85,8 @@ class BatchTopK(Architecture):
     saved_names = {"saelens": (), "dictionary_learning": ("BatchTopKSAE", "MatryoshkaBatchTopKSAE")}
     extra_tensors = {"threshold": ExtraTensor(lambda cfg: (1,), in_file=True)}  # the global θ, estimated in training
     uses_k = True
-    # lr 4e-3, not the grid's best 8e-3 (MiniLM layer 3, 368,640 tokens, k 32: FVE 0.898 at L0 27 with 60 % of
-    # latents dead; 4e-3: 0.887 at L0 25 with 10 % dead; benchmarks/README.md "Training"); the former 3e-4: 0.581
+    # lr 4e-3, not the grid's best FVE at 8e-3: that run left most latents dead, 4e-3 few, at a slightly lower FVE
+    # (benchmarks/README.md#training-train_benchpy)
     train_defaults = {"lr": 4e-3, "grad_clip_norm": 0.0, "decoder_norm": "unit"}
 
     latent_wise = True  # at inference: the threshold, the same for every latent

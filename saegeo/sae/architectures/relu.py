@@ -102,17 +102,15 @@ class ReLU(Architecture):
     # Why 0.1: with W_enc = W_decᵀ about half of the d_sae latents fire on a row, and x̂ − b_dec ≈
     # (d_sae / 2d_in)·(x − b_dec), several times the data, so the L1 term dominates early and the run ends
     # dense and poorly fit. SAELens starts decoder rows at norm 0.1 with a tied encoder (initial x̂ 0.01× that);
-    # in unit-decoder form that is encoder_scale 0.01. On MiniLM layer 3 (180 steps of 4096, l1 1) 0.1 and
-    # 0.01 end alike (held-out FVE 0.879 / 0.878, L0 471 / 500) against 0.64 / 1114 at 1.
+    # in unit-decoder form that is encoder_scale 0.01; 0.1 and 0.01 end alike, 1 ends dense
+    # (benchmarks/README.md#training-train_benchpy).
     init_encoder_scale = 0.1
-    # grad_clip_norm 1 (SAELens' trainer clips at 1 too): on this objective's scale the gradient falls ~10× over
-    # the first 30 steps (MiniLM layer 3: ‖∇‖ 117 → 10), and Adam's second moment (β2 0.999) still holds the
-    # first steps', so unclipped later steps shrink by about that factor. Clipped (every step there: ‖∇‖ > 1),
-    # Adam sees unit-norm gradients and keeps its step: at l1 1, lr 4e-3 the held-out objective 54.40 → 49.70,
-    # FVE 0.902 → 0.909 at a sparser L0 (151 → 97). A TopK loss is FVU (‖∇‖ < 1): it has no clip.
-    # lr 8e-3: with the clip, the lowest held-out objective at l1 0.5 and 1 of the grid 1e-3 … 8e-3 (MiniLM layer 3,
-    # 368,640 tokens; benchmarks/README.md "Training"): l1 1 gives FVE 0.905 at L0 48 (4e-3: 0.909 at L0 97, a
-    # higher objective). l1 1: SAELens' default, the same objective scale.
+    # grad_clip_norm 1 (SAELens' trainer clips at 1 too): on this objective's scale the gradient falls about tenfold
+    # over the first steps while Adam's second moment (β2 0.999) still holds the first steps', so unclipped later
+    # steps shrink by about that factor; clipped (every step there: ‖∇‖ > 1), Adam sees unit-norm gradients and
+    # keeps its step: a lower held-out objective at a sparser L0. A TopK loss is FVU (‖∇‖ < 1): it has no clip.
+    # lr 8e-3: with the clip, the lowest held-out objective at l1 0.5 and 1 of the lr grid on MiniLM layer 3
+    # (benchmarks/README.md#training-train_benchpy). l1 1: SAELens' default, the same objective scale.
     train_defaults = {"lr": 8e-3, "grad_clip_norm": 1.0, "decoder_norm": "unit"}
     free_decoder = True
 

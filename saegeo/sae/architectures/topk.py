@@ -60,8 +60,8 @@ FREE_INIT_NORM = 0.5  # decoder_norm "free": the rows' norm at the start (see To
 def free_init_norm(lr: float, d_in: int, total_steps: int) -> float:
     """... unless the run is too short for it: n₀ = max(0.5, 1 − lr·√d_in·total_steps/10). Adam moves each entry
     by about lr a step, a row's norm by about lr·√d_in, so rows from n₀ are back at unit norm within a tenth of the
-    run; a short run at a small lr starts (nearly) at unit rows. SmolLM2's demo SAE (lr 4e-4, 40 steps, d 576):
-    held-out FVE 0.422 from 0.5 (n₀ here 0.96)."""
+    run; a short run at a small lr starts (nearly) at unit rows (SmolLM2's demo SAE:
+    benchmarks/README.md#training-train_benchpy)."""
     return max(FREE_INIT_NORM, 1.0 - lr * d_in**0.5 * total_steps / 10)
 
 
@@ -80,9 +80,8 @@ class TopK(Architecture):
     saved_names = {"saelens": "topk", "dictionary_learning": ("AutoEncoderTopK",), "sparsify": "topk", "openai": "TopK"}
     uses_k = True
     topk_codes = True
-    # lr 4e-3: the highest held-out FVE at k 16, 32 and 64 of the grid 2e-3, 4e-3, 8e-3 (MiniLM layer 3, 368,640
-    # tokens, free rows; benchmarks/README.md "Training"): k 32 0.910 against 0.901 at 2e-3 and 0.898 at 8e-3; the
-    # former default 3e-4 gave 0.741 (unit rows). SmolLM2's demo SAE (40 steps): 0.905 at 4e-3, 0.609 at 4e-4.
+    # lr 4e-3: the highest held-out FVE at k 16, 32 and 64 of the lr grid on MiniLM layer 3, and on SmolLM2's short
+    # demo run (benchmarks/README.md#training-train_benchpy).
     # decoder_norm free: see init_training.
     train_defaults = {"lr": 4e-3, "grad_clip_norm": 0.0, "decoder_norm": "free"}
     free_decoder = True
