@@ -407,7 +407,7 @@ class LatentCollector:
             withheld = (
                 f"neighbours: of the {len(chosen):,} carded latents only; the table's nn_id and nn_cos are "
                 f"withheld above {neighbour_table_max:,} latents ({n_latents:,} here: every latent's neighbour "
-                f"is N²·d work); raise neighbour_table_max (report, latents: --neighbour-table-max) to compute them"
+                f"is N²·d work); raise --neighbour-table-max (report, check --acts, latents) to compute them"
             )
             note = f"{note}; {withheld}" if note else withheld
         section.latent_table = table

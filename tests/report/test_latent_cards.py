@@ -562,7 +562,7 @@ def test_above_neighbour_table_max_only_the_carded_latents_get_neighbours_and_th
     for i, card in cards.items():  # exact, whichever search ran
         assert [n["id"] for n in card["neighbours"]] == ref_idx[i].tolist()
         assert [n["cos"] for n in card["neighbours"]] == pytest.approx(ref_cos[i].tolist(), abs=1e-12)
-    notes = [n for n in report.notes if "neighbour_table_max" in n]
+    notes = [n for n in report.notes if "--neighbour-table-max" in n]
     if table_max >= 40:
         assert s.latent_info["neighbours"] == "every latent" and not notes
         assert s.latent_table["nn_id"] == ref_idx[:, 0].tolist()
