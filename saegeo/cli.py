@@ -172,6 +172,9 @@ def _add_store(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_store(args: argparse.Namespace) -> int:
+    from saegeo.activations.options import require_store_dir
+
+    require_store_dir(args.path)  # before torch
     from saegeo.activations.store import ActivationStore
     from saegeo.render.text import render_store
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from saegeo.config import DeviceOption, Dtype, ProgressOption, StorageDtype, check, option
-from saegeo.errors import BadInputError
+from saegeo.errors import BadInputError, StoreError
 
 MANIFEST = "manifest.json"  # an activation store's manifest (store.py)
 FILE_SUFFIXES = (".safetensors", ".npy", ".pt", ".pth")  # the files sources.open_rows reads
@@ -20,6 +20,13 @@ FILE_SUFFIXES = (".safetensors", ".npy", ".pt", ".pth")  # the files sources.ope
 def store_dir(out: str | Path, hook: str) -> Path:
     """Each hook gets its own store under the output directory, named after the hook."""
     return Path(out) / hook
+
+
+def require_store_dir(path: str | os.PathLike) -> None:
+    """StoreError naming ``path`` when no directory is there: the one message of a missing store, said before torch
+    is imported (`saegeo store`) and by the store's reader."""
+    if not Path(path).exists():
+        raise StoreError(f"{path}: no such activation store (directory missing); create it with `saegeo cache`")
 
 
 def rows_path_kind(path: str | os.PathLike) -> Literal["store", "file"]:

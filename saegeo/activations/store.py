@@ -40,7 +40,7 @@ from safetensors.torch import load_file as st_load_file
 from safetensors.torch import save as st_save_bytes
 from torch import Tensor
 
-from saegeo.activations.options import MANIFEST
+from saegeo.activations.options import MANIFEST, require_store_dir
 from saegeo.config import StorageDtype, parse_dtype
 from saegeo.errors import BadInputError, StoreError
 from saegeo.io import atomic_write, crash_point, json_safe, sha256_file, writer_lock
@@ -59,8 +59,7 @@ def shard_name(index: int) -> str:
 
 def _read_manifest(path: Path) -> dict[str, Any]:
     mpath = path / MANIFEST
-    if not path.exists():
-        raise StoreError(f"{path}: no such activation store (directory missing); create it with `saegeo cache`")
+    require_store_dir(path)
     if not mpath.exists():
         raise StoreError(
             f"{path}: not an activation store ({MANIFEST} missing); "

@@ -37,6 +37,8 @@ ERROR_CASES = [
     (["run", "arch.toml"], "arch = 'nope'"),
     (["run", "into_store.toml"], "store"),  # its reports would be written inside its input store
     (["train", "--acts", "missing_store"], "missing_store"),
+    (["store", "info", "missing_store"], "no such activation store"),
+    (["store", "verify", "missing_store"], "no such activation store"),
     (["train", "--acts", "x.npy", "--lr", "5"], "lr"),
     (["train", "--acts", "x.npy", "--arch", "nope"], "arch = 'nope'"),
     (["eval"], "--sae"),
