@@ -74,7 +74,7 @@ def train_config(arch: str, b_dec: str, args, **changes) -> TrainConfig:
     options = dict(
         arch=arch,
         expansion=args.expansion,
-        k=args.k,
+        arch_options={"topk": {"k": args.k}},  # ReLU has no k: the topk table is checked and kept
         b_dec_init=b_dec,
         batch_tokens=args.batch_tokens,
         total_tokens=args.train_tokens,
