@@ -1,5 +1,5 @@
-"""The one progress bar of a job (a pass, a cache, a training run): a widget in a notebook, a line on a terminal,
-nothing elsewhere (a pipe, a log file, a test), where a redrawn bar would print as hundreds of lines.
+"""The one progress bar of a job (a pass, a cache, a training run): one output redrawn in place in a notebook, a
+line on a terminal, nothing elsewhere (a pipe, a log file, a test), where a redrawn bar would print as hundreds of lines.
 
 ``progress_bar(iterable=None, *, enabled=True, **tqdm_options)``   a tqdm bar (disabled where it cannot be seen).
 ``progress_surface() -> "notebook" | "terminal" | None``         where a bar can be seen.
@@ -7,7 +7,6 @@ nothing elsewhere (a pipe, a log file, a test), where a redrawn bar would print 
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from typing import Any
 
@@ -25,14 +24,60 @@ def progress_surface() -> str | None:
 
 
 def progress_bar(iterable: Any = None, *, enabled: bool = True, **tqdm_options: Any) -> Any:
-    """A tqdm bar for one job: tqdm.auto's choice (the notebook widget when ipywidgets is installed, else the
-    text bar, which a notebook's output redraws in place too), disabled when ``enabled`` is False or nothing
-    would show it. The caller updates and closes it as any tqdm; only the outermost job of a command asks for
-    one, so bars never nest."""
+    """A tqdm bar for one job: in a notebook one HTML output redrawn in place (`notebook_bar`; no ipywidgets, no
+    stderr lines), on a terminal tqdm's text bar, disabled when ``enabled`` is False or nothing would show it. The
+    caller updates and closes it as any tqdm; only the outermost job of a command asks for one, so bars never
+    nest."""
     surface = progress_surface() if enabled else None
-    if surface == "notebook" and importlib.util.find_spec("ipywidgets") is not None:
-        from tqdm.notebook import tqdm
-    else:
-        from tqdm.std import tqdm
     tqdm_options.setdefault("dynamic_ncols", True)
+    if surface == "notebook":
+        return notebook_bar()(iterable, **tqdm_options)
+    from tqdm.std import tqdm
+
     return tqdm(iterable, disable=surface is None, **tqdm_options)
+
+
+def notebook_bar() -> type:
+    """tqdm drawn as one notebook output, an IPython display handle updated in place: a <progress> element and
+    tqdm's own meter text (rate, elapsed, remaining). Saved notebooks keep its last state (100 % when the job
+    finished), where a text bar on stderr leaves a red line per redraw. Built on first use: IPython is imported
+    only in a kernel."""
+    global _NotebookBar
+    if _NotebookBar is None:
+        import html
+
+        import IPython.display as shown  # looked up at each call: a test (or a front end) may replace display
+        from tqdm.std import tqdm
+
+        class NotebookBar(tqdm):
+            def __init__(self, *args: Any, **kwargs: Any):
+                # gui=True: tqdm keeps time and counts but prints nothing; display() below draws
+                super().__init__(*args, **{**kwargs, "gui": True, "file": sys.stdout})
+                self._handle = None if self.disable else shown.display(self._html(), display_id=True)
+
+            def display(self, msg: Any = None, pos: Any = None) -> bool:  # what tqdm's refresh() calls
+                if getattr(self, "_handle", None) is not None:
+                    self._handle.update(self._html())
+                return True
+
+            def close(self) -> None:
+                if self.disable:
+                    return
+                super().close()
+                self.display()  # the last state stays in the saved notebook
+
+            def _html(self) -> Any:
+                d = self.format_dict
+                meter = tqdm.format_meter(**{**d, "ncols": 0})  # ncols 0: the numbers, no text bar
+                total = d.get("total")
+                bar = f"<progress value='{d['n']}' max='{total}'></progress> " if total else ""
+                return shown.HTML(
+                    f"<div class='saegeo-progress' style='font-family: monospace; font-size: 12px'>{bar}"
+                    f"{html.escape(meter)}</div>"
+                )
+
+        _NotebookBar = NotebookBar
+    return _NotebookBar
+
+
+_NotebookBar: type | None = None

@@ -338,6 +338,59 @@ def encoder_decoder_cosines(
     return torch.where(denom > 0, dot / denom.clamp_min(1e-300), 0.0)
 
 
+def whitening_alignment(
+    W_enc: Float[Tensor, "d N"],
+    W_dec: Float[Tensor, "N d"],
+    *,
+    max_latents: int = 4096,
+    block_rows: int = DEFAULT_BLOCK_ROWS,
+    after_block: Callable[[int, int], None] | None = None,
+) -> dict[str, float] | None:
+    """Whether an SAE's weights carry a folded covariance whitening, from the weights alone: on m evenly spaced
+    latents (m = min(N, max(max_latents, 2d))), {"median_cos": median cos(e_i, w_i), "median_cos_whitened": median
+    cos(e_i, G⁻¹w_i), "latents": m}, with G = Σ_i w_i w_iᵀ/m the decoder rows' second moment (ridge 1e-6·tr G/d).
+    Trained on whitened rows z = (x − μ)M an SAE has e'_i ≈ w'_i, and folded (SAELens' fold_activation_whitening:
+    W_enc ← M W_enc, W_dec ← W_dec M⁻¹) e_i = M e'_i, w_i = M⁻ᵀ w'_i; with the w'_i spread evenly G ∝ M⁻ᵀM⁻¹ = Σ, so
+    e_i ∝ M Mᵀ w_i = Σ⁻¹w_i ∝ G⁻¹w_i: the second median is the high one. Trained on raw rows, the first is. Latents
+    whose encoder column or decoder row is zero are left out; None when fewer than d remain (G singular).
+    W_enc is read in its own order, a chunk of its rows at a time (``after_block(r, r')`` after each, as in
+    `encoder_decoder_cosines`); the m sampled columns and rows are kept in the weights' dtype, G in float64."""
+    n_lat, d = W_dec.shape
+    m = min(n_lat, max(max_latents, 2 * d))
+    if m < d:
+        return None
+    idx = torch.linspace(0, n_lat - 1, m, dtype=torch.float64).round().long().unique()
+    w = W_dec[idx]
+    e = torch.empty((idx.numel(), d), dtype=W_enc.dtype)
+    chunk = max(1, block_rows * d // max(n_lat, 1))
+    for r in range(0, d, chunk):
+        e[:, r : r + chunk] = W_enc[r : r + chunk, idx].T
+        if after_block is not None:
+            after_block(r, min(r + chunk, d))
+    alive = (w.norm(dim=1) > 0) & (e.norm(dim=1) > 0)
+    w, e = w[alive], e[alive]
+    if w.shape[0] < d:
+        return None
+    gram = torch.zeros((d, d), dtype=torch.float64)
+    for lo in range(0, w.shape[0], block_rows):
+        wb = w[lo : lo + block_rows].to(torch.float64)
+        gram += wb.T @ wb
+    gram /= w.shape[0]
+    gram += 1e-6 * float(gram.trace()) / d * torch.eye(d, dtype=torch.float64)
+    factor = torch.linalg.cholesky(gram)
+    cos_raw, cos_white = [], []
+    for lo in range(0, w.shape[0], block_rows):
+        wb, eb = w[lo : lo + block_rows].to(torch.float64), e[lo : lo + block_rows].to(torch.float64)
+        vb = torch.cholesky_solve(wb.T, factor).T  # G⁻¹w_i, a block of rows at a time
+        cos_raw.append(torch.nn.functional.cosine_similarity(eb, wb, dim=1))
+        cos_white.append(torch.nn.functional.cosine_similarity(eb, vb, dim=1))
+    return {
+        "median_cos": float(torch.cat(cos_raw).median()),
+        "median_cos_whitened": float(torch.cat(cos_white).median()),
+        "latents": int(w.shape[0]),
+    }
+
+
 def nearest_decoder_neighbours(
     rows: Float[Tensor, "N d"],
     k: int = 5,

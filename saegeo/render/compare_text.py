@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import html
 import os
 from pathlib import Path
 from typing import Any
 
 from saegeo.io import atomic_write
-from saegeo.render.common import fmt_num, fmt_pct, text_table, write_output_set
+from saegeo.render.common import fmt_num, fmt_pct, html_block, html_grid, text_table, write_output_set
 
 COMPARE_FILES = ("summary.txt", "compare.json")
 
@@ -36,15 +37,47 @@ def _matching_lines(title: str, s: dict[str, Any], names: tuple[str, str]) -> li
     return lines
 
 
-def render_compare(result: Any) -> str:
-    """The comparison as text: both matchings and the geometry of the shared and unshared latents."""
-    names = tuple(Path(n).name or n for n in result.names)
-    lines = [
-        f"compare {names[0]} ({result.decoder['n_a']:,} latents) vs {names[1]} ({result.decoder['n_b']:,}), d = {result.d}"
-    ]
-    lines += _matching_lines("decoder cosines", result.decoder, names)
+def _names(result: Any) -> tuple[str, str]:
+    return tuple(Path(n).name or n for n in result.names)
+
+
+def _title(result: Any) -> str:
+    names = _names(result)
+    return f"compare {names[0]} ({result.decoder['n_a']:,} latents) vs {names[1]} ({result.decoder['n_b']:,}), d = {result.d}"
+
+
+def _matchings(result: Any) -> list[str]:
+    names = _names(result)
+    lines = _matching_lines("decoder cosines", result.decoder, names)
     if result.activations is not None:
         lines += _matching_lines("activation correlations", result.activations, names)
+    return lines
+
+
+def render_compare(result: Any) -> str:
+    """The comparison as text: both matchings and the geometry of the shared and unshared latents."""
+    lines = [_title(result), *_matchings(result)]
+    header, rows = _geometry_table(result)
+    lines += ["", "geometry of the shared and unshared latents (decoder rows):"]
+    lines += text_table(header, rows, indent="  ")
+    lines += [f"note: {n}" for n in result.notes]
+    return "\n".join(lines) + "\n"
+
+
+def compare_block(result: Any) -> str:
+    """The notebook block of a comparison: the same matching lines and geometry table as the text."""
+    e = html.escape
+    header, rows = _geometry_table(result)
+    body = [
+        f"<pre>{e(chr(10).join(_matchings(result)))}</pre>",
+        *html_grid(header, rows, caption="geometry of the shared and unshared latents (decoder rows)"),
+        *[f"<p>note: {e(n)}</p>" for n in result.notes],
+    ]
+    return html_block(_title(result), body)
+
+
+def _geometry_table(result: Any) -> tuple[list[str], list[list[str]]]:
+    names = _names(result)
     header = ["latents", "n", "best cos to other", "A (mean pair cos)", "cos(mean, dict mean)", "mean ‖w‖"]
     rows = []
     for key, label in (
@@ -65,10 +98,7 @@ def render_compare(result: Any) -> str:
                 fmt_num(g.get("mean_decoder_norm")),
             ]
         )
-    lines += ["", "geometry of the shared and unshared latents (decoder rows):"]
-    lines += text_table(header, rows, indent="  ")
-    lines += [f"note: {n}" for n in result.notes]
-    return "\n".join(lines) + "\n"
+    return header, rows
 
 
 def write_compare(result: Any, out_dir: str | os.PathLike) -> dict[str, Path]:

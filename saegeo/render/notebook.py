@@ -1,5 +1,5 @@
 """What a notebook shows for a result: the HTML block IPython displays (the ``_repr_html_`` of a GeometryReport,
-one SAE's section, a DictionaryCheck, a LayerSweep, a LatentCard, an SAE and an ActivationStore all call
+one SAE's section, a DictionaryCheck, a LayerSweep, a LatentCard, an SAE, an ActivationStore and a Comparison all call
 `html_of`). Each block is made of the same parts as the pages `write_report` writes (one look, one
 implementation), with the page's style sheet scoped to the block; self-contained: figures as data: URIs,
 nothing fetched.
@@ -14,10 +14,12 @@ from typing import Any
 from saegeo.activations.store import ActivationStore
 from saegeo.render.check_page import check_block
 from saegeo.render.common import fmt_num, html_block, html_table
+from saegeo.render.compare_text import compare_block
 from saegeo.render.latents_page import LATENTS_CSS, latent_card_html
 from saegeo.render.report_page import report_block, section_block
 from saegeo.render.sweep_page import sweep_block
 from saegeo.report.dictionary_check import DictionaryCheck
+from saegeo.report.dictionary_compare import Comparison
 from saegeo.report.geometry_report import GeometryReport, SAEGeometry
 from saegeo.report.latent_cards import LatentCard
 from saegeo.report.layer_sweep import LayerSweep
@@ -80,6 +82,7 @@ BLOCKS: dict[type, Any] = {
     LatentCard: card_block,
     SAE: sae_block,
     ActivationStore: store_block,
+    Comparison: compare_block,
 }
 
 

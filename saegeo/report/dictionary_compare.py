@@ -30,7 +30,7 @@ from saegeo.geometry.consistency import (
     set_geometry,
 )
 from saegeo.io import dump_json
-from saegeo.report.display import short
+from saegeo.report.display import notebook_html, short
 
 
 @dataclass
@@ -60,6 +60,9 @@ class Comparison:
 
     def to_json(self, path: str | os.PathLike | None = None) -> str:
         return dump_json(self.to_dict(), path)
+
+    def _repr_html_(self) -> str:
+        return notebook_html(self)
 
     def __repr__(self) -> str:
         dec = self.decoder

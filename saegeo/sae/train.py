@@ -1086,7 +1086,7 @@ def _provenance(cfg: TrainConfig, source: Any, announce: bool) -> dict:
     )
     passes = passes_over_data(cfg, source.n_train_rows)
     if announce and cfg.progress:
-        from tqdm.auto import tqdm
+        from tqdm.std import tqdm  # only write(): tqdm.auto warns in a kernel without ipywidgets
 
         tqdm.write(f"b_dec init = {cfg.b_dec_init}: {b_dec_rows['method']}, {b_dec_rows['n_rows']:,} rows")
         if passes is not None and passes > 1:

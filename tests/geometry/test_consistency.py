@@ -261,3 +261,8 @@ def test_activation_matching_above_the_dense_limit(tmp_path):
     assert act["mcc"] <= act["mcc_upper_bound"] + 1e-12
     shown = repr(got)  # one line in a notebook, not every pair
     assert len(shown) < 2000 and "\n" not in shown and f"{got.decoder['n_shared']:,} shared" in shown
+    block = got._repr_html_()  # a notebook cell ending in it: the summary's lines and geometry table, scoped
+    assert block.startswith("<div class='saegeo-out'>") and "http" not in block
+    assert f"pairwise MCC (mean matched similarity)   {got.decoder['mcc']:.3f}" in block
+    assert "activation correlations" in block and "geometry of the shared and unshared latents" in block
+    assert f"<td>{got.geometry['a_shared']['n']:,}</td>" in block

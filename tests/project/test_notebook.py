@@ -38,13 +38,38 @@ def executed(tmp_path_factory) -> tuple[object, Path]:
     return nb, cwd
 
 
+def _is_progress(output) -> bool:
+    return "class='saegeo-progress'" in output.get("data", {}).get("text/html", "")
+
+
 def _data(cell) -> dict:
-    """The cell's display data merged over its outputs (execute_result and display_data)."""
+    """The cell's display data merged over its outputs (execute_result and display_data), progress bars aside."""
     out: dict = {}
     for o in cell.get("outputs", []):
-        if o["output_type"] in ("execute_result", "display_data"):
+        if o["output_type"] in ("execute_result", "display_data") and not _is_progress(o):
             out.update(o["data"])
     return out
+
+
+def test_progress_is_one_output_per_job_redrawn_in_place(executed):
+    """Each job's progress (cache, train, report, the check's duplicate search) is one HTML output the kernel
+    updated in place (a display handle), left at its last state, 100 %; no bar is written to stderr, where a text
+    bar leaves a red line per redraw (a library's own warning there is not saegeo's)."""
+    nb, _ = executed
+    import re
+
+    cells = [c for c in nb.cells if c.cell_type == "code"]
+    for c in cells:
+        stderr = [o["text"] for o in c.get("outputs", []) if o["output_type"] == "stream" and o["name"] == "stderr"]
+        assert not [t for t in stderr if "%|" in t or "it/s]" in t or "tok/s]" in t], (c.source, stderr)
+    jobs = {"saegeo.cache(": "cache", "saegeo.train(": "train", "geometry_report(": "report", "saegeo.check(": "dup"}
+    for call, desc in jobs.items():
+        [cell] = [c for c in cells if call in c.source]
+        bars = [o["data"]["text/html"] for o in cell.outputs if _is_progress(o)]
+        mine = [b for b in bars if desc in b]
+        assert len(mine) == 1, (call, bars)
+        value, top = re.search(r"<progress value='(\d+)' max='(\d+)'>", mine[0]).groups()
+        assert value == top, (call, mine[0])  # finished: the saved notebook shows the last state
 
 
 def test_every_cell_runs_and_shows_what_it_should(executed):

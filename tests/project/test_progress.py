@@ -50,3 +50,36 @@ def test_a_report_with_progress_on_prints_nothing_into_a_pipe(capfd):
     x = torch.randn(500, 8, generator=torch.Generator().manual_seed(0))
     geometry_report(x)  # progress is on by default
     assert capfd.readouterr().err == ""
+
+
+def test_in_a_notebook_a_bar_is_one_output_redrawn_in_place(monkeypatch, capfd):
+    """In a kernel the bar is one HTML output (an IPython display handle) updated in place and left at its last
+    state, not text on stderr; a disabled bar shows nothing. (The real kernel: tests/project/test_notebook.py.)"""
+    import IPython.display
+
+    shown, updates = [], []
+
+    class Handle:
+        def update(self, obj):
+            updates.append(obj.data)
+
+    def display(obj, display_id=False):
+        shown.append((obj.data, display_id))
+        return Handle()
+
+    monkeypatch.setattr(IPython.display, "display", display)
+    shell = types.SimpleNamespace(kernel=object())
+    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
+    assert progress_surface() == "notebook"
+    bar = progress_bar(total=10, desc="job", unit="tok")
+    bar.update(4)
+    bar.update(6)
+    bar.close()
+    [(first, display_id)] = shown
+    assert display_id is True and "<progress value='0' max='10'>" in first
+    assert "saegeo-progress" in updates[-1] and "<progress value='10' max='10'>" in updates[-1]
+    assert "job" in updates[-1] and "10/10" in updates[-1]
+    captured = capfd.readouterr()
+    assert captured.err == "" and captured.out == ""
+    progress_bar(total=3, enabled=False).close()
+    assert len(shown) == 1

@@ -136,8 +136,8 @@ def test_check_report_and_latents_give_one_verdict(stores, store, tmp_path, caps
         assert report["saes"][0]["fve"] is not None
 
 
-def _edited_copy(name, tmp_path, *, weights=None, metadata=None):
-    """The SAELens-written fixture copied, with its weights or its cfg.json metadata edited."""
+def _edited_copy(name, tmp_path, *, weights=None, metadata=None, cfg=None):
+    """The SAELens-written fixture copied, with its weights, its cfg.json metadata or top-level cfg.json keys edited."""
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -147,10 +147,11 @@ def _edited_copy(name, tmp_path, *, weights=None, metadata=None):
     if weights:
         tensors = load_file(path / "sae_weights.safetensors")
         save_file({**tensors, **weights(tensors)}, path / "sae_weights.safetensors")
-    if metadata:
-        cfg = json.loads((path / "cfg.json").read_text())
-        cfg["metadata"].update(metadata)
-        (path / "cfg.json").write_text(json.dumps(cfg))
+    if metadata or cfg:
+        written = json.loads((path / "cfg.json").read_text())
+        written["metadata"].update(metadata or {})
+        written.update(cfg or {})
+        (path / "cfg.json").write_text(json.dumps(written))
     return path
 
 
@@ -191,6 +192,66 @@ def test_recorded_metrics_the_rows_contradict(stores, tmp_path):
     ev = next(f for f in found if "recorded_explained_variance" in f.evidence)
     assert ev.evidence["measured_about_zero"] is True and "about zero" in ev.summary
     assert ev.evidence["fve_on_rows"] == pytest.approx(about_mean, abs=1e-3)
+    # within the spread of FVE over row sets of one store (up to 0.065, benchmarks/recorded_metrics_table.py): no
+    # evidence; beyond RECORDED_FVE_TOLERANCE (0.07): contradicted
+    for recorded, raised in ((about_mean - 0.05, False), (about_mean - 0.1, True)):
+        edited = _edited_copy(name, tmp_path / f"ev{recorded:.3f}", metadata={"explained_variance": recorded})
+        flags, _, _ = sae_verdict(edited, stores["same"], options=CheckOptions(progress=False), name=name)
+        assert any(f.name == "recorded_metrics_contradicted" for f in flags) is raised, recorded
+
+
+def test_a_scaling_factor_left_unfolded_is_caught(stores, tmp_path):
+    """SAELens' expected_average_only_in left unfolded (its issue 645): the real SAELens save of the standard SAE
+    (SAETrainer folded s = √d/E‖x‖ into the weights before saving) with the fold undone by the inverse of SAELens'
+    own fold_activation_norm_scaling_factor (W_enc·s, W_dec/s, b_dec/s) and cfg.json's normalize_activations set
+    back. MiniLM's E‖x‖ is near √d, so the rows are MiniLM's × 10 and the SAE is the one for them (the same codes:
+    W_enc/10, W_dec·10, b_dec·10). Folded, it is accepted; unfolded, the recorded norm is evidence: refused (scale),
+    and the dictionary alone says the files do not hold the factor."""
+    from saegeo.activations.store import ActivationStore, write_store
+
+    name = "saelens_trained_standard_norm"
+    store = ActivationStore(stores["same"])
+    x = torch.cat([store.read_shard(i) for i in range(len(store.shards))]) * 10
+    big = write_store(tmp_path / "x10", x, hook=store.hook, model=store.model)
+    s = x.shape[1] ** 0.5 / float(x.double().norm(dim=1).mean())  # SAELens' estimate: √d / E‖x‖
+    x10 = {"W_enc": lambda t: t / 10, "W_dec": lambda t: t * 10, "b_dec": lambda t: t * 10}
+    folded = _edited_copy(name, tmp_path / "folded", weights=lambda t: {k: f(t[k]) for k, f in x10.items()})
+    unfold = {"W_enc": lambda t: t / 10 / s, "W_dec": lambda t: t * 10 * s, "b_dec": lambda t: t * 10 * s}
+    unfolded = _edited_copy(
+        name,
+        tmp_path / "unfolded",
+        weights=lambda t: {k: f(t[k]) for k, f in unfold.items()},
+        cfg={"normalize_activations": "expected_average_only_in"},
+    )
+    opts = CheckOptions(progress=False)
+    flags, notes, _ = sae_verdict(folded, big, options=opts, name=name)
+    assert _mismatch(flags) is None and any(f"{name} on these activations: accepted" in n for n in notes)
+    flags, _, _ = sae_verdict(unfolded, big, options=opts, name=name)
+    mismatch = _mismatch(flags)
+    assert mismatch is not None and mismatch.severity == "error" and "scale" in mismatch.evidence["causes"]
+    assert "expected_average_only_in" in json.dumps(mismatch.evidence)
+    assert ("input_scaling_outside_files", "warning") in _names(flags)
+
+
+def test_recorded_dead_latents_against_the_rows(stores, tmp_path):
+    """SAELens records num_dead_features when training ends. As saved (0 recorded) the rows agree: a note gives both
+    counts, no flag. Half its latents silenced (b_enc −1e4 on latents 0–127: they never fire) with 0 still recorded:
+    recorded_metrics_contradicted, with the latents the rows found dead."""
+    name = "saelens_trained_topk"
+    opts = CheckOptions(progress=False)
+    flags, notes, _ = sae_verdict(FIXTURES / name, stores["same"], options=opts, name=name)
+    assert not [f for f in flags if f.name == "recorded_metrics_contradicted"]
+    assert any("0 dead latent(s) recorded in training" in n for n in notes), notes
+
+    def silence(t):
+        return {"b_enc": torch.where(torch.arange(t["b_enc"].numel()) < 128, -1e4, t["b_enc"])}
+
+    flags, notes, _ = sae_verdict(
+        _edited_copy(name, tmp_path, weights=silence), stores["same"], options=opts, name=name
+    )
+    [flag] = [f for f in flags if f.name == "recorded_metrics_contradicted"]
+    assert flag.severity == "warning" and flag.evidence["recorded_dead"] == 0
+    assert flag.evidence["dead_on_rows"] >= 128 and flag.latents and all(i < 128 for i in flag.latents)
 
 
 def test_eval_takes_the_model_the_sae_names_or_refuses_before_loading(monkeypatch, tmp_path):

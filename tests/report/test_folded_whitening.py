@@ -1,0 +1,80 @@
+"""A covariance whitening folded into an SAE's weights (SAELens' fold_activation_whitening: W_enc ← M W_enc,
+W_dec ← W_dec M⁻¹, b_dec ← b_dec M⁻¹ + μ, applied here by that formula to an SAE trained on whitened rows) is read as
+such: `saegeo check` raises whitening_misuse (folded) from the weights alone, where SAEs trained on raw rows (saegeo's
+and SAELens' own) raise nothing; with activations the input whitening flag stays silent on raw rows and fires on
+whitened ones (a second whitening)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from saegeo.report.dictionary_check import CheckOptions, check_dictionary, sae_verdict
+from saegeo.report.flags import WHITENING
+from saegeo.report.geometry_report import ReportOptions, geometry_report
+from saegeo.sae.train import TrainConfig, train_sae
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "published"
+D, N_ROWS = 64, 20_000
+
+
+@pytest.fixture(scope="module")
+def rows_and_saes():
+    """Anisotropic rows (eigenvalues 1 to 100, an offset) made of sparse features; a TopK SAE trained on them raw,
+    and one trained on the rows PCA-whitened, z = (x − μ)M, M = UΛ^{−1/2}, its whitening then folded."""
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(1)
+    rotation, _ = torch.linalg.qr(torch.randn(D, D, generator=g))
+    features = torch.nn.functional.normalize(torch.randn(256, D, generator=g), dim=1)
+    codes = (torch.rand(N_ROWS, 256, generator=g) < 0.03).float() * torch.rand(N_ROWS, 256, generator=g) * 3
+    scales = torch.logspace(0, 2, D).sqrt()
+    x = codes @ features @ torch.diag(scales) @ rotation.T / 3 + 2.0 + 0.05 * torch.randn(N_ROWS, D, generator=g)
+    mu = x.double().mean(0)
+    eigenvalues, vectors = torch.linalg.eigh(torch.cov((x.double() - mu).T))
+    whiten = vectors @ torch.diag(eigenvalues**-0.5)
+    z = ((x.double() - mu) @ whiten).float()
+    cfg = dict(arch="topk", k=8, d_sae=256, total_tokens=30_000, batch_tokens=512, lr=3e-3, progress=False)
+    cfg.update(heldout_fraction=0.0, dead_window_tokens=4096, seed=1)
+    raw = train_sae(TrainConfig(**cfg), x).sae
+    folded = train_sae(TrainConfig(**cfg), z).sae
+    with torch.no_grad():
+        z_hat = folded(z[:500]).double()
+        unwhiten = torch.linalg.inv(whiten)
+        folded.W_enc.copy_((whiten @ folded.W_enc.double()).float())
+        folded.W_dec.copy_((folded.W_dec.double() @ unwhiten).float())
+        folded.b_dec.copy_((folded.b_dec.double() @ unwhiten + mu).float())
+        # the fold is exact: the folded SAE on raw rows is the whitened one mapped back
+        torch.testing.assert_close(folded(x[:500]).double(), z_hat @ unwhiten + mu, rtol=1e-4, atol=1e-3)
+    return x, z, raw, folded
+
+
+def _whitening(flags, subject=None):
+    return [f for f in flags if f.name == WHITENING and (subject is None or f.subject == subject)]
+
+
+def test_a_folded_whitening_is_read_from_the_weights(rows_and_saes):
+    _, _, raw, folded = rows_and_saes
+    opts = CheckOptions(progress=False)
+    [flag] = _whitening(check_dictionary(folded, options=opts, name="folded").flags)
+    assert flag.severity == "warning" and flag.evidence["folded"] is True
+    assert flag.evidence["median_cos_whitened"] > 0.5
+    assert flag.evidence["median_cos_whitened"] - flag.evidence["median_cos"] > 0.2
+    assert "folded" in flag.summary and "raw activations" in flag.advice
+    assert not _whitening(check_dictionary(raw, options=opts, name="raw").flags)
+    for name in ("saelens_trained_topk", "saelens_trained_batchtopk", "saelens_trained_standard_norm"):
+        assert not _whitening(check_dictionary(FIXTURES / name, options=opts, name=name).flags), name
+
+
+def test_the_input_flag_neither_misfires_nor_misses(rows_and_saes):
+    """Raw rows into the folded SAE are what it expects: the report raises the SAE's folded-whitening finding and
+    no input whitening flag. Rows whitened again are a second whitening: the input flag fires (an SAE reads them)."""
+    x, z, _, folded = rows_and_saes
+    opts, ropts = CheckOptions(progress=False), ReportOptions(progress=False, latent_cards=False)
+    for rows, whitened in ((x, False), (z, True)):
+        flags, notes, _ = sae_verdict(folded, rows, options=opts, name="folded")
+        report = geometry_report(rows, {"folded": folded}, options=ropts, flags=flags, notes=notes)
+        assert [f.evidence.get("folded") for f in _whitening(report.flags, "folded")] == [True]
+        inputs = _whitening(report.flags, "activations")
+        assert [f.severity for f in inputs] == (["warning"] if whitened else []), [f.summary for f in inputs]
