@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any, NoReturn
 
-from saegeo.config import add_options, from_dict, passed, renamed_flag, resolve
+from saegeo.config import add_options, from_dict, old_spelling, passed, renamed_flag, resolve
 from saegeo.errors import SaegeoError
 
 
@@ -43,11 +43,7 @@ class _Formats(argparse.Action):
         from saegeo.render.common import FORMATS
 
         if len(values) > 1:
-            print(
-                f"{parser.prog}: warning: --format {' '.join(values)} is now written --format {','.join(values)}; "
-                "the space-separated form is accepted until the next release",
-                file=sys.stderr,
-            )
+            old_spelling(namespace, f"--format {' '.join(values)} is now written --format {','.join(values)}")
         formats = [f.strip() for value in values for f in value.split(",") if f.strip()]
         if not formats or set(formats) - set(FORMATS):
             parser.error(f"--format {' '.join(values)!r}: give a comma-separated subset of {','.join(FORMATS)}")
@@ -866,9 +862,13 @@ def main(argv: list[str] | None = None) -> int:
 
         quiet_openmp_workers()
     args = build_parser(command, argv).parse_args(argv)
+    old_spellings = getattr(args, "old_spellings", None) or []
     try:
         _check_paths(args)
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        for note in old_spellings:
+            print(f"saegeo {command}: warning: {note}", file=sys.stderr)
+        return status
     except KeyboardInterrupt:
         print("saegeo: interrupted", file=sys.stderr)
         return 130
@@ -879,7 +879,8 @@ def main(argv: list[str] | None = None) -> int:
         message = _user_error(err)
         if message is None or debug:
             raise
-        print(f"saegeo: error: {message}", file=sys.stderr)
+        notes = "".join(f" (note: {note.split(';')[0]})" for note in old_spellings)
+        print(f"saegeo: error: {message}{notes}", file=sys.stderr)
         return 2
 
 

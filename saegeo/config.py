@@ -391,14 +391,19 @@ class _OldSpelling(argparse.Action):
         self.new = new
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: Any = None) -> None:
-        import sys
-
-        print(
-            f"{parser.prog}: warning: {option_string} is now {self.new}; the old spelling is accepted until the next "
-            "release",
-            file=sys.stderr,
-        )
+        old_spelling(namespace, f"{option_string} is now {self.new}")
         setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+
+
+OLD_SPELLING_NOTE = "the old spelling is accepted until the next release"
+
+
+def old_spelling(namespace: Any, what: str) -> None:
+    """Note on the parsed ``namespace`` that an old spelling was used (``what``: what it is called now). `saegeo`'s
+    main prints the notes once the command has run, or folds them into its one error line, so that bad input
+    stays one line even when it is spelled the old way."""
+    notes = getattr(namespace, "old_spellings", None) or []
+    namespace.old_spellings = [*notes, f"{what}; {OLD_SPELLING_NOTE}"]
 
 
 def renamed_flag(parser: Any, old: str, new: str, **kw: Any) -> None:

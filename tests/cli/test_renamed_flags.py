@@ -52,12 +52,26 @@ RENAMED = {
 @pytest.mark.parametrize("old,new,attribute,value", RENAMED.values(), ids=list(RENAMED))
 def test_an_old_spelling_sets_what_the_new_one_sets_and_warns(old, new, attribute, value, capsys):
     old_args = _parse(old)
-    err = capsys.readouterr().err
     assert getattr(old_args, attribute) == value
-    assert err.count("\n") == 1 and WARNING in err and old[-2] in err and new[-2] in err, err
+    (note,) = old_args.old_spellings
+    assert WARNING in note and old[-2] in note and new[-2] in note, note
     new_args = _parse(new)
     assert getattr(new_args, attribute) == value
-    assert capsys.readouterr().err == ""  # the new spelling says nothing
+    assert not getattr(new_args, "old_spellings", None)  # the new spelling says nothing
+    assert capsys.readouterr().err == ""  # main prints the note, once the command has run (below)
+
+
+def test_an_old_spelling_warns_after_the_work_and_stays_inside_the_one_error_line(tmp_path, capsys):
+    """The note comes once the command has run; with bad input it is folded into the one error line."""
+    store = write_store(tmp_path / "store", torch.randn(64, 4, generator=torch.Generator().manual_seed(0)))
+    assert main(["geometry", str(store.path), "--top-k", "2", "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and err.startswith("saegeo geometry: warning: --top-k is now --artifact-components")
+    assert WARNING in err and out  # the geometry was printed first
+    assert main(["geometry", str(tmp_path / "missing"), "--top-k", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("saegeo: error: ") and "missing" in err, err
+    assert "(note: --top-k is now --artifact-components)" in err, err
 
 
 def test_the_old_spellings_are_hidden_from_help():
@@ -73,9 +87,10 @@ def test_format_is_one_comma_separated_list_in_every_command_and_the_spaced_form
     head = ["check", "D"] if command == "check" else ["report", "--acts", "A", "--out", "O"]
     assert _parse([*head, "--format", "md,json"]).format == ["md", "json"]
     assert capsys.readouterr().err == ""
-    assert _parse([*head, "--format", "md", "json"]).format == ["md", "json"]
-    err = capsys.readouterr().err
-    assert "--format md,json" in err and "until the next release" in err, err
+    spaced = _parse([*head, "--format", "md", "json"])
+    assert spaced.format == ["md", "json"]
+    (note,) = spaced.old_spellings
+    assert "--format md,json" in note and "until the next release" in note, note
     assert _parse(head).format == ["terminal", "md", "json", "html"]
     with pytest.raises(SystemExit) as exit_:
         _parse([*head, "--format", "md,pdf"])
