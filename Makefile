@@ -21,8 +21,11 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
+# Two workers by default, one test file each at a time (pytest-xdist's loadfile: a file's fixtures are built once);
+# TEST_WORKERS=0 runs in this process, as a debugger wants.
+TEST_WORKERS ?= 2
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 # The property-based fuzz of every format's config and tensor table through `saegeo check` (tests/sae/test_typed_configs.py),
 # with many more examples than `make test` runs (40 each there): FUZZ_EXAMPLES=20000 make fuzz for a night's run.
