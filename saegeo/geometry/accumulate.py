@@ -16,7 +16,7 @@ sample_seed=0, row_start=0)``
     over the nonzero entries.
     Second moment of the unit vectors (the non-degenerate sd of Â, the "uniformity of directions"), from
     ``sample``, a seeded uniform sample of ``sample_rows`` nonzero rows (bottom-k by global row index
-    row_start + i; exact while n_unit ≤ sample_rows, ``sample_exact``): ``unit_pair_sums(power_weights)``
+    row_start + i; exact while n_unit ≤ sample_rows, ``sample_exact``): ``unit_pair_sums()``
     (‖S‖², tr G², SᵀGS) of S = Σx̂, G = Σx̂x̂ᵀ and ``unit_second_moment()`` C = mean of x̂x̂ᵀ;
     ``row_power_sums()``: with the row power sums p_k = Σ_j x_j^k (k = 1, 2), Σ p_k, Σ p_k p_l and Σ x̂ p_k —
     what the sd of Â − A_null − bias needs. Parts of one stream merged later (ranks) pass their ``row_start``.
@@ -725,9 +725,9 @@ class GeometryAccumulator:
         """True when the row sample holds every nonzero row (n_unit ≤ its k): the unit-vector sums are exact."""
         return self.sample.rows.shape[0] >= self.n_unit
 
-    def _unit_sample(self) -> tuple[Tensor, Tensor, float, Tensor]:
-        """(v_i·S, p_k(i) per sampled row, Σ‖v_i‖⁴, VᵀV), v_i = x̂_i − m̂ over the sampled rows, m̂ = S/n the exact
-        unit mean, p_k = Σ_j x_j^k (k = 1, 2).
+    def _unit_sample(self) -> tuple[Tensor, float, Tensor]:
+        """(v_i·S per sampled row, Σ‖v_i‖⁴, VᵀV), v_i = x̂_i − m̂ over the sampled rows, m̂ = S/n the exact
+        unit mean.
 
         float64 throughout when the sample is every row (exact); VᵀV from a float32 gram of the centred v
         otherwise (its rounding, ≲ √k·2⁻²⁴ relative, is far below the sampling error it sits beside)."""
@@ -738,7 +738,7 @@ class GeometryAccumulator:
             unit_mean = unit_sum / self.n_unit
             v_dtype = torch.float64 if self.sample_exact else torch.float32  # the gram's dtype
             if fused.worth_it(rows.numel()):
-                v_all, v_dot_s, powers, fourth = (
+                v_all, v_dot_s, _, fourth = (  # (the kernel's row power sums are not needed here)
                     torch.from_numpy(a)
                     for a in fused.unit_sample_rows(
                         rows.numpy(),
@@ -749,7 +749,6 @@ class GeometryAccumulator:
                 )
             else:  # the same numbers in blocks of rows (float64 temporaries that stay in cache)
                 v_dot_s = torch.empty(k, dtype=torch.float64)
-                powers = torch.empty(k, N_ROW_POWERS, dtype=torch.float64)
                 fourth = torch.empty(k, dtype=torch.float64)
                 v_all = torch.empty(k, self.d, dtype=v_dtype)
                 for lo in range(0, k, _SAMPLE_BLOCK_ROWS):
@@ -757,14 +756,13 @@ class GeometryAccumulator:
                     v = block / torch.linalg.vector_norm(block, dim=1, keepdim=True) - unit_mean
                     hi = lo + block.shape[0]
                     v_dot_s[lo:hi] = v @ unit_sum
-                    powers[lo:hi, 0], powers[lo:hi, 1] = block.sum(dim=1), block.square().sum(dim=1)
                     fourth[lo:hi] = torch.linalg.vector_norm(v, dim=1).pow(4)
                     v_all[lo:hi] = v
             gram = symmetric_gram(v_all).to(torch.float64)
-            self._sample_cache = (v_dot_s, powers, float(fourth.sum()), gram)  # symmetric_gram: exactly symmetric
+            self._sample_cache = (v_dot_s, float(fourth.sum()), gram)  # symmetric_gram: exactly symmetric
         return self._sample_cache
 
-    def unit_pair_sums(self, power_weights: Tensor | None = None) -> tuple[float, float, float]:
+    def unit_pair_sums(self) -> tuple[float, float, float]:
         """(‖S‖², tr G², SᵀGS) of S = Σx̂_i, G = Σx̂_ix̂_iᵀ over the n nonzero rows: ‖S‖² exact, the two sums
         of G exact when the sample holds every row, else design-unbiased from the k sampled rows (a simple random
         sample without replacement) with S, m̂ = S/n and the row power sums exact. With v_i = x̂_i − m̂
@@ -773,29 +771,16 @@ class GeometryAccumulator:
             SᵀGS  = ‖S‖⁴/n + Σ_all h̃_i²,
             tr G² = ‖S‖⁴/n² + (2/n)·Σ_all h̃_i² + Σ_all ‖v_i‖⁴ + Σ_{i≠j} (v_i·v_j)²;
 
-        Σ_all f_i is estimated by (n/k)·Σ_sample f_i and Σ_{i≠j} by n(n−1)/(k(k−1))·Σ_{i≠j in sample}. For
-        Σ_all h̃_i², ``power_weights`` w (2,) makes it a regression estimator: with ℓ̃_i = h̃_i + wᵀ(p(i) − p̄),
-            Σ_all h̃² = Σ_all ℓ̃² − 2wᵀ(Σ_all h̃_i p(i)) − wᵀM_p w,   Σ_all h̃_i p_k(i) = S·U_k − (‖S‖²/n)·P_k,
-        U_k = Σ x̂_i p_k(i), P_k = Σ p_k(i), M_p = Σ_all (p − p̄)(p − p̄)ᵀ all exact, only Σ_all ℓ̃² sampled: the null
-        test passes the w of its influence function, so what is sampled is the variance it reports, not a larger
-        term it cancels against (docs/statistics.md bounds the error)."""
+        Σ_all f_i is estimated by (n/k)·Σ_sample f_i and Σ_{i≠j} by n(n−1)/(k(k−1))·Σ_{i≠j in sample}
+        (docs/statistics.md bounds the error)."""
         if self.n_unit < 1:
             raise BadInputError(f"the unit-vector sums need a nonzero row; all {self.n} row(s) have zero norm")
         n, k = self.n_unit, self.sample.rows.shape[0]
         unit_sum = self._unit_sum.cpu()
         s_sq = float(unit_sum @ unit_sum)
-        v_dot_s, powers, fourth, gram = self._unit_sample()
+        v_dot_s, fourth, gram = self._unit_sample()
         scale = n / k
-        if power_weights is None or self.sample_exact:
-            along = scale * float(v_dot_s @ v_dot_s)  # Σ_all h̃²
-        else:
-            w = torch.as_tensor(power_weights, dtype=torch.float64).cpu()
-            p_sum, p_outer = self._row_power_sum.cpu(), self._row_power_outer.cpu()
-            p_mean = p_sum / n
-            ell = v_dot_s + (powers - p_mean) @ w
-            h_by_p = unit_sum @ self._unit_by_row_power.cpu() - (s_sq / n) * p_sum
-            m_p = p_outer - torch.outer(p_sum, p_sum) / n
-            along = scale * float(ell @ ell) - 2 * float(w @ h_by_p) - float(w @ m_p @ w)
+        along = scale * float(v_dot_s @ v_dot_s)  # Σ_all h̃²
         pairs = float((gram * gram).sum()) - fourth  # Σ_{i≠j in sample} (v_i·v_j)²
         pair_scale = n * (n - 1) / (k * (k - 1)) if k > 1 else 0.0
         sgs = s_sq**2 / n + along
@@ -810,7 +795,7 @@ class GeometryAccumulator:
                 f"the unit-vector second moment needs a nonzero row; all {self.n} row(s) have zero norm"
             )
         m = self._unit_sum.cpu() / self.n_unit
-        return torch.outer(m, m) + self._unit_sample()[3] / self.sample.rows.shape[0]
+        return torch.outer(m, m) + self._unit_sample()[2] / self.sample.rows.shape[0]
 
     def row_power_sums(self) -> tuple[Tensor, Tensor, Tensor]:
         """(Σ_i p_k, Σ_i p_k p_l, Σ_i x̂_i p_k) with p_k(i) = Σ_j x_ij^k, k = 1, 2 (columns/entries in k order);

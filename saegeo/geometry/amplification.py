@@ -215,13 +215,22 @@ def independent_codes_anisotropy(
     """The per-latent law in its mean-cosine form: A of x = Σ_i a_i u_i when each latent keeps its own law
     but fires independently of the others, estimated from a sample of k code rows.
 
-    Each latent's column of the sample is permuted over the k rows on its own (``replicates`` times,
+    Each latent's column of the sample is permuted over the k rows on its own (``replicates`` = R times,
     seeded): the rows then hold the product of the sample's per-latent marginals, co-firing removed,
-    norms fluctuating as they do. Returns (mean pairwise cosine of the k·replicates rows, its sampling sd),
-    the sd from ``anisotropy_sampling_sd`` at n = k (the sample's marginals, not the permutations, set the
-    error). Memory O(nnz + k·d + d²): the rows a block of entries reads are gathered and normalised in float64
-    then (a float64 copy of a published-width dictionary would be 2 × its float32 size); one randperm(k) per
-    active latent and replicate.
+    norms fluctuating as they do. Returns (mean pairwise cosine of the nonzero permuted rows, its sd).
+
+    The sd is the delta method's over the k sampled rows plus the permutations' own noise
+    (docs/statistics.md §8). With φ(x) = m·(x̂ − m)·[x ≠ 0], m the mean unit row, P the nonzero share,
+    ψ_j(a) = E[φ(x) | a_j = a] − E[φ(x) | a_j = 0] and s_i = Σ_j ψ_j(a_ij) the sampled row i's influence:
+
+        Var = 4/(P²k)·(Var(s) − V⊗/R) + 4ζ₁/(PkR) + 2ζ₂/(n(n − 1)),   V⊗ = Σ_j Var(ψ_j(a_j)),
+
+    ζ₁, ζ₂ the U-statistic's of the n = PkR permuted unit rows. Var(s) carries the co-firing of the sampled
+    rows (Σ_{j≠l} Cov(ψ_j, ψ_l)), which the permuted rows alone cannot show; ψ_j(a) is read off each permuted
+    row p that holds the entry as D = φ(x_p) − φ(x_p − a u_j) (the rest of x_p is a draw from the other
+    latents' law), its noise between replicates taken out of Var(s) and V⊗. Memory O(nnz·R + k·d + d²): the
+    rows a block of entries reads are gathered and normalised in float64 then; one randperm(k) per active
+    latent and replicate. None for the sd when k < 3.
     """
     k, rows, cols, values = _sample_coo(codes)
     unit_rows = _as_tensor(unit_rows)
@@ -238,6 +247,8 @@ def independent_codes_anisotropy(
     scatter = torch.zeros(d, d, dtype=torch.float64)
     n_unit = 0
     x = torch.empty(k, d, dtype=torch.float64)
+    # per replicate: where each entry went, x_p·u_j of its permuted row, and the rows' norms (for ψ below)
+    landed, along, row_norm = [], [], []
     for _ in range(replicates):
         new_rows = torch.empty_like(rows)
         for lo, hi in zip(bounds[:-1], bounds[1:]):  # one uniform permutation of the k rows per latent
@@ -247,16 +258,70 @@ def independent_codes_anisotropy(
             part = slice(lo, lo + _BLOCK_ROWS)
             unit = unit_rows[cols[part]].to(torch.float64) / latent_norms[cols[part], None]
             x.index_add_(0, new_rows[part], values[part, None] * unit)
+        dots = torch.empty(len(values), dtype=torch.float64)
+        for lo in range(0, len(values), _BLOCK_ROWS):
+            part = slice(lo, lo + _BLOCK_ROWS)
+            unit = unit_rows[cols[part]].to(torch.float64) / latent_norms[cols[part], None]
+            dots[part] = (x[new_rows[part]] * unit).sum(1)
         # the rows made unit in place (a zero row stays zero and adds nothing): no k × d or d × d temporaries
         norms = x.norm(dim=1)
         x.div_(norms.clamp_min(1e-300)[:, None])
         unit_sum += x.sum(0)
         scatter.addmm_(x.T, x)
         n_unit += int((norms > 0).sum())
+        landed.append(new_rows)
+        along.append(dots)
+        row_norm.append(norms)
     if n_unit < 2:
         return float("nan"), None
     a = anisotropy_from_unit_mean(unit_sum / n_unit, n_unit)
-    return a, anisotropy_sampling_sd(unit_sum * (k / n_unit), scatter * (k / n_unit), k)
+    return a, _independent_codes_sd(
+        k, rows, cols, values, landed, along, row_norm, unit_sum, scatter, n_unit, unit_rows, latent_norms
+    )
+
+
+def _independent_codes_sd(
+    k, rows, cols, values, landed, along, row_norm, unit_sum, scatter, n_unit, unit_rows, latent_norms
+) -> float | None:
+    """The sd of ``independent_codes_anisotropy`` (its docstring has the formula)."""
+    reps = len(landed)
+    m = unit_sum / n_unit
+    mm = float(m @ m)
+    w = torch.empty(unit_rows.shape[0], dtype=torch.float64)  # m·u_j for every latent, in row blocks
+    for lo in range(0, unit_rows.shape[0], _BLOCK_ROWS):
+        w[lo : lo + _BLOCK_ROWS] = unit_rows[lo : lo + _BLOCK_ROWS].to(torch.float64) @ m
+    w /= latent_norms
+    aw = values * w[cols]  # a·(m·u_j) per entry
+    psi = torch.empty(reps, len(values), dtype=torch.float64)
+    for r, (new_rows, dots, norms) in enumerate(zip(landed, along, row_norm)):
+        m_dot_x = torch.zeros(k, dtype=torch.float64).index_add_(0, new_rows, aw)
+        n_entries = torch.zeros(k, dtype=torch.float64).index_add_(0, new_rows, torch.ones_like(values))
+        phi = torch.where(norms > 0, m_dot_x / norms.clamp_min(1e-300) - mm, 0.0)
+        rest_sq = (norms[new_rows].square() - 2 * values * dots + values.square()).clamp_min(0.0)
+        alone = n_entries[new_rows] == 1  # the entry is its row: without it the row is zero (φ = 0)
+        rest_phi = torch.where(alone, 0.0, (m_dot_x[new_rows] - aw) / rest_sq.sqrt().clamp_min(1e-300) - mm)
+        psi[r] = phi[new_rows] - rest_phi
+    mean_psi = psi.mean(0)  # ψ_j(a_ij) per entry, averaged over the replicates
+    s = torch.zeros(k, dtype=torch.float64).index_add_(0, rows, mean_psi)
+    var_s = float(s.var())
+    # V⊗ = Σ_j Var_i(ψ_j(a_ij)) over all k rows (zeros where j is silent): per latent Σψ and Σψ²
+    n_lat = unit_rows.shape[0]
+    sum_j = torch.zeros(n_lat, dtype=torch.float64).index_add_(0, cols, mean_psi)
+    sq_j = torch.zeros(n_lat, dtype=torch.float64).index_add_(0, cols, mean_psi.square())
+    sum_var_j = float((sq_j - sum_j.square() / k).sum()) / (k - 1)
+    # the replicates' noise in each averaged ψ, Var_r(D)/R, is in both var_s and sum_var_j
+    noise = float(psi.var(0).sum()) / reps / (k - 1) if reps > 1 else 0.0
+    p = n_unit / (k * reps)
+    c = scatter / n_unit
+    m4 = mm**2
+    zeta1 = max(float(m @ c @ m) - m4, 0.0)
+    zeta2 = max(float(c.square().sum()) - m4, 0.0)
+    var = (
+        4 / (p * p * k) * (var_s - sum_var_j / reps - noise * (1 - 1 / reps))
+        + 4 * zeta1 / (p * k * reps)
+        + 2 * zeta2 / (n_unit * (n_unit - 1))
+    )
+    return math.sqrt(max(var, 0.0))
 
 
 def cofiring_pairs(

@@ -342,21 +342,19 @@ def _unit_sums_brute_force(x: np.ndarray) -> tuple[float, float, float]:
 
 
 def test_unit_pair_sums_are_exact_while_the_sample_holds_every_row():
-    """n ≤ sample_rows: the sample is every nonzero row and the sums are float64-exact, with or without the
-    regression weights (they cancel identically when every row is in)."""
+    """n ≤ sample_rows: the sample is every nonzero row and the sums are float64-exact."""
     x32 = _near_one_cone()
     acc = GeometryAccumulator(10, chunk_rows=128).add(x32)
     assert acc.sample_exact and acc.sample.rows.shape[0] == 1500
     want = _unit_sums_brute_force(x32.double().numpy())
-    for weights in (None, torch.tensor([0.3, -0.02], dtype=torch.float64)):
-        np.testing.assert_allclose(acc.unit_pair_sums(weights), want, rtol=1e-12)
+    np.testing.assert_allclose(acc.unit_pair_sums(), want, rtol=1e-12)
     unit = x32.double().numpy() / np.linalg.norm(x32.double().numpy(), axis=1, keepdims=True)
     np.testing.assert_allclose(acc.unit_second_moment().numpy(), unit.T @ unit / 1500, atol=1e-14)
 
 
 def test_sampled_unit_pair_sums_are_design_unbiased():
-    """n > sample_rows: over seeds of the sample, the estimates of tr G² and SᵀGS (plain and as the regression
-    on the row power sums) average to the exact sums within 4 standard errors of the seed mean."""
+    """n > sample_rows: over seeds of the sample, the estimates of tr G² and SᵀGS average to the exact sums within
+    4 standard errors of the seed mean."""
     from saegeo.geometry.sample import RowReservoir
 
     rng = np.random.default_rng(3)
@@ -364,18 +362,17 @@ def test_sampled_unit_pair_sums_are_design_unbiased():
     want = np.array(_unit_sums_brute_force(x))
     acc = GeometryAccumulator(6, sample_rows=60).add(x)
     assert not acc.sample_exact
-    for weights in (None, torch.tensor([40.0, -3.0], dtype=torch.float64)):
-        got = []
-        for seed in range(300):  # the same accumulator with the sample of another seed
-            acc.sample = RowReservoir(60, 6, seed, dtype=torch.float64)
-            acc.sample.add(torch.from_numpy(x))
-            acc._sample_cache = None
-            got.append(acc.unit_pair_sums(weights))
-        got = np.array(got)
-        assert np.all(got[:, 0] == got[0, 0]) and got[0, 0] == pytest.approx(want[0], rel=1e-12)  # ‖S‖²: exact
-        mean, se = got.mean(0), got.std(0) / np.sqrt(len(got))
-        assert np.all(se[1:] > 0)
-        assert np.all(np.abs(mean[1:] - want[1:]) < 4 * se[1:]), (mean, want, se)
+    got = []
+    for seed in range(300):  # the same accumulator with the sample of another seed
+        acc.sample = RowReservoir(60, 6, seed, dtype=torch.float64)
+        acc.sample.add(torch.from_numpy(x))
+        acc._sample_cache = None
+        got.append(acc.unit_pair_sums())
+    got = np.array(got)
+    assert np.all(got[:, 0] == got[0, 0]) and got[0, 0] == pytest.approx(want[0], rel=1e-12)  # ‖S‖²: exact
+    mean, se = got.mean(0), got.std(0) / np.sqrt(len(got))
+    assert np.all(se[1:] > 0)
+    assert np.all(np.abs(mean[1:] - want[1:]) < 4 * se[1:]), (mean, want, se)
 
 
 def _tested(acc: GeometryAccumulator):
