@@ -414,7 +414,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if saes:  # the verdict check --acts gives (same flags, same withheld metrics), once per SAE
         from saegeo.report.dictionary_check import sae_verdicts
 
-        flags, notes, checks = sae_verdicts(saes, args.acts, stream=opts.stream())
+        flags, notes, checks = sae_verdicts(saes, args.acts, stream=opts.stream(), thresholds=opts.thresholds)
         d_saes = [c.source["d_sae"] for c in checks]
     if args.out:  # the report's files (the latent tables), before the pass
         from saegeo.io import require_disk

@@ -97,6 +97,7 @@ def option(
     flag_name: str | None = None,
     old_flags: tuple[str, ...] = (),
     tables: bool = False,
+    flatten: bool = False,
 ) -> Any:
     """A dataclass field with its help text and its checks: ``low <= value <= high``, ``above < value < below``
     (None: no bound). Every float must be finite and every int must fit int64 whatever the bounds; None passes
@@ -104,7 +105,9 @@ def option(
     ``flag_name`` spells its flag where the field's name would not (``out_dir`` -> ``--out``); ``old_flags`` are
     spellings it had, accepted for one release with a warning (``renamed_flag``). ``tables=True`` (a dict field):
     the tables of a config dict whose keys are no field of the class are gathered here by ``from_dict``
-    (TrainConfig's [train.topk], flags --topk.k: each architecture's options)."""
+    (TrainConfig's [train.topk], flags --topk.k: each architecture's options). ``flatten=True`` (a nested config
+    dataclass) puts its fields on the command line under their own names (the flags' thresholds:
+    ``--dead-max-fraction``); in a config file they stay its table (``[report.thresholds]``)."""
     meta = {
         "help": help,
         "low": low,
@@ -115,6 +118,7 @@ def option(
         "flag_name": flag_name,
         "old_flags": old_flags,
         "tables": tables,
+        "flatten": flatten,
     }
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
@@ -419,9 +423,12 @@ def add_options(
     skip: tuple[str, ...] = (),
     show_defaults: bool = True,
     prefix: str = "",
+    dest_prefix: str = "",
 ) -> None:
     """One ``--kebab-case`` option per field of config dataclass ``cls`` (nested dataclasses, ``flag=False``
-    fields and ``skip`` excepted), its help from the field's ``option`` metadata.
+    fields and ``skip`` excepted), its help from the field's ``option`` metadata. A nested dataclass declared with
+    ``option(..., flatten=True)`` adds its own fields under their own names, in an argument group named by its
+    help; their values land in the namespace as ``"field.sub"`` (``passed`` nests them back).
 
     Options the user does not pass stay out of the namespace (default=SUPPRESS), so ``passed`` returns only
     what was given: the dataclass default, or a config file's value, holds otherwise. Booleans are flags:
@@ -432,6 +439,10 @@ def add_options(
     hints = _hints(cls)
     for f in dataclasses.fields(cls):
         tp = _bare(hints[f.name])
+        if dataclasses.is_dataclass(tp) and f.metadata.get("flatten") and f.name not in skip:
+            group = parser.add_argument_group(f"{f.name} ({f.metadata.get('help') or tp.__name__})")
+            add_options(group, tp, show_defaults=show_defaults, dest_prefix=f"{dest_prefix}{f.name}.")
+            continue
         if dataclasses.is_dataclass(tp) or f.name in skip or not f.metadata.get("flag", True):
             continue
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
@@ -439,7 +450,7 @@ def add_options(
         flag = flag_name(f"{prefix}." * bool(prefix) + (f.metadata.get("flag_name") or f.name))
         old_flags = f.metadata.get("old_flags") or ()
         text = (f.metadata.get("help") or f"{cls.__name__}.{f.name}").replace("%", "%%")
-        dest = f"{prefix}.{f.name}" if prefix else f.name
+        dest = dest_prefix + (f"{prefix}.{f.name}" if prefix else f.name)
         kw: dict[str, Any] = {"dest": dest, "default": argparse.SUPPRESS, **({"required": True} if required else {})}
         if tp is bool:
             if default:  # progress -> --no-progress: "no progress bar"
@@ -472,10 +483,20 @@ def add_options(
             renamed_flag(parser, old, flag, **{k: v for k, v in kw.items() if k not in ("required", "metavar")})
 
 
-def passed(args: argparse.Namespace, cls: type, prefix: str = "") -> dict[str, Any]:
-    """The fields of ``cls`` the user gave on the command line (those of the table ``prefix``: see add_options)."""
-    dest = (lambda name: f"{prefix}.{name}") if prefix else (lambda name: name)
-    return {f.name: getattr(args, dest(f.name)) for f in dataclasses.fields(cls) if hasattr(args, dest(f.name))}
+def passed(args: argparse.Namespace, cls: type, prefix: str = "", dest_prefix: str = "") -> dict[str, Any]:
+    """The fields of ``cls`` the user gave on the command line (those of the table ``prefix``: see add_options; a
+    flattened nested dataclass as its own dict)."""
+    out: dict[str, Any] = {}
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = _bare(hints[f.name])
+        dest = dest_prefix + (f"{prefix}.{f.name}" if prefix else f.name)
+        if dataclasses.is_dataclass(tp) and f.metadata.get("flatten"):
+            if inner := passed(args, tp, dest_prefix=f"{dest_prefix}{f.name}."):
+                out[f.name] = inner
+        elif hasattr(args, dest):
+            out[f.name] = getattr(args, dest)
+    return out
 
 
 # =========================================================================== options every pass shares

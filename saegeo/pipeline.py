@@ -200,7 +200,7 @@ def run_job(config: RunConfig | Mapping[str, Any], *, log: Any = print) -> RunRe
     )
     # the SAE directories, not the loaded SAEs: each one's cfg.json is its provenance (b_dec init, data)
     # the verdict `check --acts` and `report --sae` give, so a run withholds what they would
-    flags, notes, _ = sae_verdicts(sae_dirs, store, stream=opts.stream())
+    flags, notes, _ = sae_verdicts(sae_dirs, store, stream=opts.stream(), thresholds=opts.thresholds)
     report = geometry_report(store, sae_dirs, options=opts, config=job, splice=splice, flags=flags, notes=notes)
     files = {k: str(v) for k, v in write_report(report, out / "report", cfg.formats).items()}
     seconds["report"] = time.perf_counter() - t0

@@ -506,13 +506,17 @@ def sae_verdict(
 
 
 def sae_verdicts(
-    saes: Mapping[str, Any], acts: Any, *, stream: Mapping[str, Any] | None = None
+    saes: Mapping[str, Any],
+    acts: Any,
+    *,
+    stream: Mapping[str, Any] | None = None,
+    thresholds: FlagThresholds | None = None,
 ) -> tuple[list[Flag], list[str], list[DictionaryCheck]]:
     """`sae_verdict` for each named SAE on the same rows, flags and notes concatenated (and each SAE's
     DictionaryCheck): what `report --sae` and `saegeo run` hand to `geometry_report` so that a report withholds
     what `check --acts` would. ``stream``: the report's stream options (`StreamOptions.stream()`: verify,
-    skip_nonfinite, ...), so both read the rows alike."""
-    opts = CheckOptions(**{**(stream or {}), "progress": False})
+    skip_nonfinite, ...), so both read the rows alike; ``thresholds``: the report's, so one set reaches every flag."""
+    opts = CheckOptions(**{**(stream or {}), "progress": False}, thresholds=thresholds or FlagThresholds())
     flags: list[Flag] = []
     notes: list[str] = []
     checks: list[DictionaryCheck] = []

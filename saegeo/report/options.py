@@ -196,7 +196,7 @@ class CheckOptions(StreamOptions, DeviceOption):
     assume_same_model: bool = option(
         False, "with --acts: take the store's model as the SAE's, whatever names and fingerprints say"
     )
-    thresholds: FlagThresholds = option(factory=FlagThresholds, help="of the flags")
+    thresholds: FlagThresholds = option(factory=FlagThresholds, help="of the flags", flatten=True)
     match: MatchOptions = option(factory=MatchOptions, help="with activations: activations_match_flags")
 
     def __post_init__(self) -> None:
@@ -244,7 +244,9 @@ class ReportOptions(BatchedStreamOptions, DeviceOption):
         "per SAE: the error's linearly predictable share (5-fold ridge sums: 2·d² float64 multiply-adds a row, "
         "their cost in benchmarks/README.md) and the dense latents' antipodal pairs",
     )
-    thresholds: FlagThresholds = option(factory=FlagThresholds, help="of every flag ([report.thresholds])")
+    thresholds: FlagThresholds = option(
+        factory=FlagThresholds, help="of every flag ([report.thresholds])", flatten=True
+    )
 
     def __post_init__(self) -> None:
         check(self)
