@@ -304,7 +304,9 @@ def check_gram_share(gpu: str, dry: bool) -> bool:
 def check_architectures(gpu: str, dry: bool) -> bool:
     """Every registered architecture (the new ones as they land) trained on the device and on the CPU from the
     same data: held-out FVE within 0.02, tokens/s of each side."""
-    from saegeo.sae.architectures import architecture_names
+    import dataclasses
+
+    from saegeo.sae.architectures import architecture_names, get_architecture
 
     d, d_sae, tokens = (32, 128, 4_096) if dry else (128, 1_024, 204_800)
     gen = SuperpositionGenerator(SyntheticConfig(d=d, n_features=4 * d, rate=8 / (4 * d), offset=1.0, seed=3))
@@ -313,7 +315,8 @@ def check_architectures(gpu: str, dry: bool) -> bool:
     for arch in architecture_names():
         fve, tps = {}, {}
         for side, dev in (("cpu", "cpu"), ("gpu", gpu)):
-            sparsity = {} if arch == "relu" else {arch: {"l0_target" if arch == "jumprelu" else "k": 16}}
+            fields = {f.name for f in dataclasses.fields(get_architecture(arch).Options)}
+            sparsity = {arch: {name: 16 for name in ("k", "l0_target") if name in fields}}  # 16 active a row
             cfg = TrainConfig(
                 arch=arch,
                 arch_options=sparsity,

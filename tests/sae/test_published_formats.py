@@ -634,18 +634,13 @@ def test_unknown_directory_says_what_was_found_and_expected(tmp_path):
 
 
 def test_unsupported_variant_is_named(tmp_path):
-    """Gated SAEs are not in the encode contract: refuse by name rather than load wrong semantics."""
+    """An architecture no module declares as its SAELens name (a skip transcoder: a second, linear path from input
+    to output) is refused by name rather than loaded with wrong semantics (gated is read: tests/sae/test_gated.py)."""
     w = _weights(1)
-    g = {
-        "W_enc": w["W_enc"],
-        "W_dec": w["W_dec"],
-        "b_dec": w["b_dec"],
-        "b_gate": w["b_enc"],
-        "b_mag": w["b_enc"],
-        "r_mag": np.zeros(D_SAE, np.float32),
-    }
-    path = _write_saelens(tmp_path / "g", g, {**_V6, "d_in": D_IN, "d_sae": D_SAE, "architecture": "gated"})
-    with pytest.raises(FormatError, match="gated"):
+    g = {"W_enc": w["W_enc"], "W_dec": w["W_dec"], "b_dec": w["b_dec"], "b_enc": w["b_enc"]}
+    arch = {"architecture": "skip_transcoder"}
+    path = _write_saelens(tmp_path / "g", g, {**_V6, "d_in": D_IN, "d_sae": D_SAE, **arch})
+    with pytest.raises(FormatError, match="'skip_transcoder' is not supported: saegeo reads .*'gated'"):
         SAE.load(path)
 
 

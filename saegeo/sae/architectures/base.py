@@ -129,6 +129,9 @@ class Architecture:
     # the tensors it adds to the four (see ExtraTensor). Every SAE holds a `threshold`: published files and older
     # checkpoints carry one; by default a scalar buffer that no code reads.
     extra_tensors: ClassVar[dict[str, ExtraTensor]] = {"threshold": ExtraTensor(lambda cfg: (1,))}
+    # a tensor the SAELens layout names otherwise (saegeo's name -> the file's: gated's b_enc is SAELens' b_gate);
+    # saved_tensors writes the file's name, the SAELens reader reads it back
+    file_tensor_names: ClassVar[dict[str, str]] = {}
     uses_k: bool = False  # SAEConfig.k is set from the option `k` (topk, batchtopk) or the L0 target (jumprelu)
     topk_codes: bool = False  # exactly k (values, indices) per row: encode_topk and the sparse decode apply
     # each code a function of its own latent's pre-activation and parameters (`encode_latents`): blocks of latents

@@ -31,7 +31,7 @@ from safetensors.torch import save as safetensors_bytes
 import saegeo
 from saegeo.errors import BadInputError, FormatError
 from saegeo.io import atomic_write, crash_point, dump_json, sha256_file
-from saegeo.sae.architectures import SAEConfig, by_saved_name, get_architecture
+from saegeo.sae.architectures import SAEConfig, architecture_names, by_saved_name, get_architecture
 from saegeo.sae.formats.format_reader import Dictionary, FormatInfo, FormatReader, register_format
 from saegeo.sae.formats.hub import release_entry
 from saegeo.sae.formats.reader_checks import (
@@ -404,8 +404,9 @@ def _saelens_config(raw: dict, where: object, weights: dict, source: str) -> tup
         arch = "topk"
     if by_saved_name("saelens", arch) is None:
         raise FormatError(
-            f"{where}: SAELens architecture {arch!r} is not supported: saegeo reproduces standard, topk and jumprelu "
-            "(gated SAEs have a separate gate path; batchtopk/matryoshka training checkpoints are saved by SAELens as jumprelu)"
+            f"{where}: SAELens architecture {arch!r} is not supported: saegeo reads "
+            f"{sorted(n for a in map(get_architecture, architecture_names()) for n in a.read_names('saelens'))} "
+            "(batchtopk/matryoshka training checkpoints are saved by SAELens as jumprelu)"
         )
     if arch == "standard" and act_fn != "relu":
         raise FormatError(f"{where}: activation_fn {act_fn!r} is not supported for a standard SAE (expected relu)")
@@ -486,6 +487,9 @@ def _saelens_tensors(
     weights = dict(weights)
     if "log_threshold" in weights and "threshold" not in weights:
         weights["threshold"] = weights.pop("log_threshold").exp()
+    for ours, theirs in get_architecture(cfg.activation).file_tensor_names.items():  # gated: b_gate is b_enc
+        if theirs in weights and ours not in weights:
+            weights[ours] = weights.pop(theirs)
     implied = f"cfg.json d_in={cfg.d_in}, d_sae={cfg.d_sae}"
     shapes = contract_shapes(cfg)
     require_keys(where, weights, tuple(shapes), f"a SAELens {info.architecture or cfg.activation} SAE")
