@@ -276,28 +276,44 @@ class LatentCovariates:
 
     def add(self, codes: Any, covariates: Float[Tensor, "m s"]) -> LatentCovariates:
         """One batch: codes (anything ``coo_codes`` reads) of m rows and their covariates (m, |names|)."""
-        n_rows, rows, cols, values = coo_codes(codes)
-        s = torch.as_tensor(covariates).detach().to("cpu", torch.float64).reshape(n_rows, len(self.names))
-        if n_rows == 0:
+        self.add_rows(covariates)
+        return self.add_codes(codes, covariates)
+
+    def add_rows(self, covariates: Float[Tensor, "m s"]) -> LatentCovariates:
+        """The covariates' own sums (n, Σs', Σs'²) over a batch of m rows; ``add_codes`` then takes the codes of
+        those rows in groups of any size (the sums do not depend on how the codes were cut)."""
+        s = torch.as_tensor(covariates).detach().to("cpu", torch.float64).reshape(-1, len(self.names))
+        if s.shape[0] == 0:
             return self
         if self.shift is None:
             self.shift = s.mean(dim=0)
         s = s - self.shift
-        self.n += n_rows
+        self.n += int(s.shape[0])
         self.s_sum += s.sum(dim=0)
         self.s_sq_sum += s.square().sum(dim=0)
-        if values.numel():
-            a = values.detach().to("cpu", torch.float64)
-            cols = cols.to("cpu", torch.long)
-            if int(cols.max()) >= self.n_latents or int(cols.min()) < 0:
-                raise BadInputError(
-                    f"codes have latent index {int(cols.max())} but LatentCovariates has N = {self.n_latents}"
-                )
-            self.a_sum.index_add_(0, cols, a)
-            self.a_sq_sum.index_add_(0, cols, a.square())
-            weighted = s[rows.to("cpu", torch.long)] * a[:, None]  # (nnz, |s|)
-            for j in range(len(self.names)):
-                self.as_sum[j].index_add_(0, cols, weighted[:, j])
+        return self
+
+    def add_codes(self, codes: Any, covariates: Float[Tensor, "m s"]) -> LatentCovariates:
+        """Σa_i, Σa_i², Σa_i s' over codes of m rows whose covariates ``add_rows`` has counted: each latent's
+        terms are added in row order, so any cut of a batch into row groups gives the same sums."""
+        n_rows, rows, cols, values = coo_codes(codes)
+        if n_rows == 0 or not values.numel():
+            return self
+        if self.shift is None:
+            raise BadInputError("LatentCovariates.add_codes before add_rows: the covariates' centre is not set")
+        s = torch.as_tensor(covariates).detach().to("cpu", torch.float64).reshape(n_rows, len(self.names))
+        s = s - self.shift
+        a = values.detach().to("cpu", torch.float64)
+        cols = cols.to("cpu", torch.long)
+        if int(cols.max()) >= self.n_latents or int(cols.min()) < 0:
+            raise BadInputError(
+                f"codes have latent index {int(cols.max())} but LatentCovariates has N = {self.n_latents}"
+            )
+        self.a_sum.index_add_(0, cols, a)
+        self.a_sq_sum.index_add_(0, cols, a.square())
+        weighted = s[rows.to("cpu", torch.long)] * a[:, None]  # (nnz, |s|)
+        for j in range(len(self.names)):
+            self.as_sum[j].index_add_(0, cols, weighted[:, j])
         return self
 
     def correlations(self) -> dict[str, list[float | None]]:

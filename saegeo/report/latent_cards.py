@@ -351,6 +351,7 @@ class LatentCollector:
         if self.covariates is None:
             self.covariates = LatentCovariates(self.topk.n_latents, tuple(covariates))
         self._batch_covariates = torch.stack([covariates[k].double() for k in self.covariates.names], dim=1)
+        self.covariates.add_rows(self._batch_covariates)  # the whole batch's sums, however its codes are grouped
         self._at = 0
 
     def add(self, codes: Any) -> None:
@@ -361,7 +362,7 @@ class LatentCollector:
         self.histogram.add(codes)
         if self._batch_covariates is not None:
             n_rows = int(codes.n_rows) if hasattr(codes, "n_rows") else int(codes.shape[0])
-            self.covariates.add(codes, self._batch_covariates[self._at : self._at + n_rows])
+            self.covariates.add_codes(codes, self._batch_covariates[self._at : self._at + n_rows])
             self._at += n_rows
 
     def merge_ranks(self) -> None:
