@@ -120,6 +120,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     refuse_overwrite(
         [opts.json, *(rendering_paths(opts.out, SWEEP_FORMATS, "sweep") if opts.out else [])], opts.overwrite
     )
+    if opts.out:  # a few fixed-size files (one row per layer), before the passes
+        from saegeo.io import require_disk
+        from saegeo.render.common import report_set_bytes
+
+        require_disk(opts.out, report_set_bytes([]), "the sweep's files")
     if opts.model:
         sweep = sweep_model(opts)
         print(render_sweep_cache(sweep.cache))
@@ -468,6 +473,12 @@ def cmd_latents(args: argparse.Namespace) -> int:
     from saegeo.report.options import CheckOptions
 
     name = Path(args.sae).resolve().name
+    from saegeo.io import require_disk
+    from saegeo.render.common import report_set_bytes
+    from saegeo.sae.model import SAE
+
+    d_sae = SAE.load(args.sae).cfg.d_sae  # the table's size, before the pass (the weights are read again by it)
+    require_disk(args.out, report_set_bytes([d_sae]), f"the latent table of {d_sae:,} latents")
     doc = latents_report(args.acts, args.sae, opts, name=name)
     vopts = CheckOptions(**{**opts.stream(), "progress": False})
     flags, notes, _ = sae_verdict(args.sae, args.acts, options=vopts, name=name)

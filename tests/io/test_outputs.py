@@ -421,9 +421,10 @@ def test_train_refuses_an_sae_the_disk_cannot_hold_before_the_first_step(
     assert main([*argv, *(["--checkpoint-every", "1"] if checkpoints else [])]) == 0
 
 
-@pytest.mark.parametrize("command", ["check", "report"])
+@pytest.mark.parametrize("command", ["check", "report", "latents", "sweep"])
 def test_a_report_the_disk_cannot_hold_is_refused_before_the_pass(fx, tmp_path, capsys, monkeypatch, command):
-    """report_set_bytes: 2 MiB + 1,500 B per latent; 1 MiB free refuses it before the pass (monkeypatched to fail)."""
+    """report_set_bytes: 2 MiB + 1,500 B per latent; 1 MiB free refuses it before the pass (monkeypatched to fail):
+    a report, check --acts and latents by their latents, a sweep by its fixed part."""
     import collections
     import importlib
 
@@ -434,10 +435,17 @@ def test_a_report_the_disk_cannot_hold_is_refused_before_the_pass(fx, tmp_path, 
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(io.shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 2**20, 2**20))
     monkeypatch.setattr(pass_module, "open_rows", lambda *a, **k: pytest.fail("the pass ran"))
+    sweep_module = importlib.import_module("saegeo.report.store_measures")
+    monkeypatch.setattr(sweep_module, "open_rows", lambda *a, **k: pytest.fail("the pass ran"))
     store, sae, out = str(fx / "store"), str(fx / "sae"), tmp_path / "out"
-    argv = ["check", sae, "--acts", store] if command == "check" else ["report", "--acts", store, "--sae", sae]
+    argv, what = {
+        "check": (["check", sae, "--acts", store], "the report of 16 latents"),
+        "report": (["report", "--acts", store, "--sae", sae], "the report of 16 latents"),
+        "latents": (["latents", sae, "--acts", store], "the latent table of 16 latents"),
+        "sweep": (["sweep", store], "the sweep's files"),
+    }[command]
     assert main([*argv, "--out", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert "the report of 16 latents" in err and "free there" in err and len(err.strip().splitlines()) == 1, err
+    assert what in err and "free there" in err and len(err.strip().splitlines()) == 1, err
     assert report_set_bytes([16, 4]) == 2 * 2**20 + 1500 * 20
     assert not out.exists()
