@@ -342,7 +342,7 @@ def whitening_alignment(
     W_enc: Float[Tensor, "d N"],
     W_dec: Float[Tensor, "N d"],
     *,
-    max_latents: int = 4096,
+    max_latents: int = 1024,
     block_rows: int = DEFAULT_BLOCK_ROWS,
     after_block: Callable[[int, int], None] | None = None,
 ) -> dict[str, float] | None:
