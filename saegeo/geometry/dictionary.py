@@ -368,15 +368,16 @@ def whitening_alignment(
         if after_block is not None:
             after_block(r, min(r + chunk, d))
     alive = (w.norm(dim=1) > 0) & (e.norm(dim=1) > 0)
-    w, e = w[alive], e[alive]
+    if not bool(alive.all()):  # copies only when some latent drops out
+        w, e = w[alive], e[alive]
     if w.shape[0] < d:
         return None
     gram = torch.zeros((d, d), dtype=torch.float64)
     for lo in range(0, w.shape[0], block_rows):
         wb = w[lo : lo + block_rows].to(torch.float64)
-        gram += wb.T @ wb
+        gram.addmm_(wb.T, wb)
     gram /= w.shape[0]
-    gram += 1e-6 * float(gram.trace()) / d * torch.eye(d, dtype=torch.float64)
+    gram.diagonal().add_(1e-6 * float(gram.trace()) / d)
     factor = torch.linalg.cholesky(gram)
     cos_raw, cos_white = [], []
     for lo in range(0, w.shape[0], block_rows):
