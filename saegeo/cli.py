@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from saegeo.config import add_options, from_dict, old_spelling, passed, renamed_flag, resolve
 from saegeo.errors import SaegeoError
+from saegeo.sae.sae_source import refuse_missing_sae
 
 
 class CLIError(SaegeoError):
@@ -278,6 +279,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     report_options = from_dict(ReportOptions, passed(args, ReportOptions))
     if args.acts:
         rows_path_kind(args.acts)
+    refuse_missing_sae(args.path)
     from saegeo.render import render_check_terminal, render_terminal, render_written, write_report  # torch from here
     from saegeo.report.dictionary_check import check_dictionary, check_with_activations
     from saegeo.sae.model import SAE
@@ -330,6 +332,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     opts = from_dict(CompareOptions, passed(args, CompareOptions))
     if args.acts:
         rows_path_kind(args.acts)
+    refuse_missing_sae(args.sae_a)
+    refuse_missing_sae(args.sae_b)
     from saegeo.render.compare_text import COMPARE_FILES, render_compare, write_compare  # torch from here on
     from saegeo.render.text import render_written
     from saegeo.report.dictionary_compare import compare_dictionaries
@@ -406,6 +410,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise CLIError(f"--eval-tokens: {err}") from None
     config = read_config(args.preprocessing_config) if args.preprocessing_config else None
     rows_path_kind(args.acts)
+    for path in saes.values():
+        refuse_missing_sae(path)
     from saegeo.render import render_terminal, write_report  # the work begins: torch from here on
     from saegeo.render.text import render_files
     from saegeo.report import geometry_report
@@ -465,6 +471,7 @@ def cmd_latents(args: argparse.Namespace) -> int:
     opts = from_dict(LatentsOptions, given)
     refuse_overwrite(rendering_paths(args.out, FORMATS, "latents"), args.overwrite)
     rows_path_kind(args.acts)
+    refuse_missing_sae(args.sae)
     from saegeo.render import write_latents  # the work begins: torch from here on
     from saegeo.render.latents_page import render_latents_terminal
     from saegeo.render.text import render_files
@@ -513,6 +520,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = from_dict(EvalConfig, options)
     if not cfg.sae:
         raise CLIError("saegeo eval needs --sae DIR (an SAE directory or file in any supported format, or a hub id)")
+    refuse_missing_sae(cfg.sae)
     from saegeo.render.text import render_eval  # the work begins: torch from here on
     from saegeo.sae.evaluate import splice_eval
 

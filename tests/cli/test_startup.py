@@ -43,6 +43,13 @@ ERROR_CASES = [
     (["train", "--acts", "x.npy", "--arch", "nope"], "arch = 'nope'"),
     (["eval"], "--sae"),
     (["eval", "--sae", "s", "--max-tokens", "0"], "max_tokens"),
+    # an SAE path that is not there and cannot be a hub id, or whose folder is local
+    (["check", "./missing_sae"], "missing_sae: does not exist"),
+    (["check", "store/typo_sae"], "store/typo_sae: does not exist (store/ does"),
+    (["compare", "./a_dir", "./b_dir"], "a_dir: does not exist"),
+    (["latents", "./missing_sae", "--acts", "x.npy", "--out", "OUT"], "missing_sae: does not exist"),
+    (["report", "--acts", "x.npy", "--out", "OUT", "--sae", "./missing_sae"], "missing_sae: does not exist"),
+    (["eval", "--sae", "./missing_sae"], "missing_sae: does not exist"),
 ]
 
 _PROBE = """

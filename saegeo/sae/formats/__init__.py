@@ -36,6 +36,7 @@ from saegeo.sae.formats.format_reader import (
 from saegeo.sae.formats.hub import HubDictionary, download_hub_dictionary, resolve_hub_id
 from saegeo.sae.formats.saelens import CFG_FILENAME, WEIGHTS_FILENAME
 from saegeo.sae.formats.weight_files import read_pickle
+from saegeo.sae.sae_source import not_a_hub_id, refuse_missing_local_path
 
 __all__ = [
     "CFG_FILENAME",
@@ -118,19 +119,6 @@ def detect_format(path: str | os.PathLike) -> str:
     return _detect_file(p) if p.is_file() else _detect_dir(p)
 
 
-def _refuse_missing_local_path(path: Path) -> None:
-    """A path whose folder exists here (out/nonexistent_typo with out/ present) is a local path that is missing, not a
-    hub id: said before any hub lookup, with what that folder holds."""
-    parent = path.parent
-    if str(parent) in ("", ".") or not parent.is_dir():
-        return
-    near = sorted(p.name for p in parent.iterdir())[:8]
-    raise FormatError(
-        f"{path}: does not exist ({parent}/ does, holding {', '.join(near) if near else 'nothing'}"
-        f"{' …' if len(near) == 8 else ''}); check the path (it is not read as a hub id: its folder is local)"
-    )
-
-
 def read_dictionary(path: str | os.PathLike) -> Dictionary:
     """The dictionary at `path`, in any registered format (auto-detected): a local file or directory, or a hub id
     (see `resolve_hub_id`: org/repo[/subfolder], or a SAELens RELEASE/sae_id) fetched through the Hugging Face
@@ -139,13 +127,10 @@ def read_dictionary(path: str | os.PathLike) -> Dictionary:
     reads."""
     if Path(path).exists():
         return get_format(detect_format(path)).read(path)
-    _refuse_missing_local_path(Path(path))
+    refuse_missing_local_path(Path(path))
     hub = resolve_hub_id(str(path))
     if hub is None:
-        raise FormatError(
-            f"{path}: does not exist, and is not a hub id (org/repo[/subfolder], or RELEASE/sae_id "
-            "for a SAELens release such as gpt2-small-res-jb/blocks.8.hook_resid_pre)"
-        )
+        raise not_a_hub_id(path)
     local = download_hub_dictionary(hub)
     reader = get_format(hub.reader or detect_format(local))
     overrides = hub.config_overrides

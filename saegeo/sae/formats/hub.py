@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from saegeo.errors import FormatError
 from saegeo.io import hf_download_command
 from saegeo.sae.formats.format_reader import expected_layouts, format_readers
 from saegeo.sae.formats.reader_checks import check_config, schema_types
+from saegeo.sae.sae_source import hub_id_parts
 
 # conversion functions whose result saegeo does not reproduce (transcoders, cross-layer and bespoke layouts)
 REFUSED_CONVERSIONS = {
@@ -84,7 +84,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-_HUB_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _REGISTRY_CACHE: dict[tuple[str, float], dict[str, Any]] = {}
 
 
@@ -211,8 +210,8 @@ def resolve_hub_id(hub_id: str) -> HubDictionary | None:
     dictionary_learning, Llama Scope repos; a subfolder may also name one file). None when the string cannot be a
     hub id (a path such as ./x, /x or ~/x, or characters a repo name cannot hold). An sae_id the release does not
     list is a FormatError naming some it does."""
-    parts = hub_id.strip("/").split("/")
-    if hub_id.startswith((".", "/", "~")) or not all(_HUB_PART.fullmatch(part) for part in parts):
+    parts = hub_id_parts(hub_id)
+    if parts is None:
         return None
     entry = _release_entry(parts[0])
     if entry is not None:
