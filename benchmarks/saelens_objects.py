@@ -49,6 +49,7 @@ cases = {
         S.MatryoshkaBatchTopKTrainingSAEConfig(d_in=d_in, d_sae=d_sae, k=5, matryoshka_widths=[16, 48])
     ),
     "GatedSAE": S.GatedSAE(S.GatedSAEConfig(d_in=d_in, d_sae=d_sae)),
+    "GatedTrainingSAE": S.GatedTrainingSAE(S.GatedTrainingSAEConfig(d_in=d_in, d_sae=d_sae)),
 }
 for name, obj in cases.items():
     rnd(obj)
@@ -134,7 +135,7 @@ print(
     f"installed registry: {len(directory)} releases, {ok} ids as SAELens resolves them, {bad} differ, {refused} refused by conversion function"
 )
 
-# the report takes every one of them; a gated SAE (not converted) is measured through its own encode/decode
+# the report takes every one of them
 
 report = geometry_report(x, {name: obj for name, obj in cases.items()}, options=ReportOptions(progress=False))
 print("report FVE:", {s.name: round(s.fve, 4) for s in report.saes})

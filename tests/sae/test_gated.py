@@ -6,6 +6,9 @@ the synthetic generator with its ground-truth features recovered (saegeo.synthet
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -106,3 +109,58 @@ def test_gated_trains_on_the_synthetic_generator_and_recovers_its_features(tmp_p
             rtol=1e-5,
             atol=1e-5,
         )
+
+
+# a small script for the SAELens venv: SAELens loads a folder and writes its own encode/decode of x
+_SAELENS_READS = r"""
+import sys, torch
+from safetensors.torch import load_file, save_file
+from sae_lens import SAE
+sae = SAE.load_from_disk(sys.argv[1], device="cpu")
+x = load_file(sys.argv[2])["x"]
+with torch.no_grad():
+    codes = sae.encode(x)
+    save_file({"codes": codes, "recon": sae.decode(codes)}, sys.argv[3])
+print(type(sae).__name__)
+"""
+
+
+def _saelens_python() -> Path | None:
+    """The SAELens venv (`make .venv-saelens/.installed`), or the one SAEGEO_SAELENS_PYTHON names; None if absent."""
+    named = os.environ.get("SAEGEO_SAELENS_PYTHON")
+    python = Path(named) if named else Path(__file__).parents[2] / ".venv-saelens" / "bin" / "python"
+    return python if python.exists() else None
+
+
+@pytest.mark.skipif(_saelens_python() is None, reason="no SAELens venv (make .venv-saelens/.installed)")
+def test_saelens_loads_a_saegeo_trained_gated_sae_with_equal_codes(tmp_path):
+    """SAELens 6.54's own SAE.load_from_disk reads the folder saegeo's training wrote as a GatedSAE, and its
+    encode/decode equal saegeo's on rows where gates open and shut."""
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4096, 16, generator=g) @ torch.randn(16, 16, generator=g) + 0.3
+    cfg = TrainConfig(arch="gated", d_sae=48, batch_tokens=256, total_tokens=40 * 256, heldout_fraction=0.0, seed=2,
+                      progress=False, out_dir=str(tmp_path / "gated"))  # fmt: skip
+    sae = train_sae(cfg, x).sae
+    assert not torch.equal(sae.r_mag.detach(), torch.zeros(48))  # a magnitude path of its own, not the gate's
+    rows = x[:300].contiguous()
+    save_file({"x": rows}, str(tmp_path / "x.safetensors"))
+    script = tmp_path / "saelens_reads.py"
+    script.write_text(_SAELENS_READS)
+    out = tmp_path / "saelens.safetensors"
+    proc = subprocess.run(
+        [str(_saelens_python()), str(script), str(tmp_path / "gated"), str(tmp_path / "x.safetensors"), str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TQDM_DISABLE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": ""},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-1] == "GatedSAE"
+    theirs = load_file(str(out))
+    with torch.no_grad():
+        codes = SAE.load(tmp_path / "gated").encode(rows)
+        recon = SAE.load(tmp_path / "gated").decode(codes)
+    assert 0 < int((codes > 0).sum()) < codes.numel()
+    assert torch.equal(theirs["codes"] > 0, codes > 0)
+    torch.testing.assert_close(theirs["codes"], codes, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(theirs["recon"], recon, rtol=1e-5, atol=1e-5)

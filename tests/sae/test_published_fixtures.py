@@ -67,6 +67,9 @@ def test_fixture_set_covers_the_issue():
         "llama_scope",
         "goodfire",
         "sparsify_signed_handbuilt",
+        "saelens_gated",
+        "saelens_gated_training",
+        "dl_gated",
     }
     assert required <= set(INDEX)
 

@@ -5,9 +5,11 @@
     mag_pre  = (x − b_dec) (W_enc ⊙ exp(r_mag)) + b_mag = (gate_pre − b_gate)·exp(r_mag) + b_mag
     codes    = [gate_pre > 0] · relu(mag_pre)
 
-Training (the paper's loss, as SAELens' GatedTrainingSAE): loss = mean_rows ‖x − x̂‖² + l1 · mean_rows Σ_i
-relu(gate_pre_i)·‖W_dec[i]‖ + mean_rows ‖x − (relu(gate_pre) W_dec + b_dec)‖² with W_dec and b_dec detached in the
-last (the auxiliary reconstruction that trains the gate, whose step function has no gradient). Logged terms:
+Training (the paper's loss): loss = mean_rows ‖x − x̂‖² + l1 · mean_rows Σ_i relu(gate_pre_i)·‖W_dec[i]‖ +
+mean_rows ‖x − (relu(gate_pre) W_dec + b_dec)‖² with W_dec and b_dec detached in the last (the auxiliary
+reconstruction that trains the gate, whose step function has no gradient), as dictionary_learning's GatedSAETrainer
+computes it (its L1 has no ‖W_dec[i]‖: its decoder columns are kept at norm 1). SAELens 6.54's GatedTrainingSAE
+weighs the L1 by ‖W_dec[i]‖ as here but does not detach the decoder in the auxiliary term. Logged terms:
 "l1_loss" and "aux_recon_loss". Saved in SAELens' layout: architecture "gated", tensors W_enc, b_gate, b_mag,
 r_mag, W_dec, b_dec.
 """
@@ -41,7 +43,7 @@ class Gated(Architecture):
     """codes = [gate_pre > 0]·relu((gate_pre − b_gate)·exp(r_mag) + b_mag)."""
 
     Options = GatedOptions
-    saved_names = {"saelens": "gated"}
+    saved_names = {"saelens": "gated", "dictionary_learning": ("GatedAutoEncoder",)}
     file_tensor_names = {"b_enc": "b_gate"}  # SAELens' GatedSAE has no b_enc: the gate's bias is b_gate
     extra_tensors = {
         **Architecture.extra_tensors,

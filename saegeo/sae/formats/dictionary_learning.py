@@ -2,7 +2,8 @@
 
 nn.Linear layout: decoder.weight is (d_in, d_sae); `bias` is b_dec in AutoEncoder. Its JumpReLU does not
 subtract b_dec; its BatchTopK encodes with one global scalar threshold by default (not per-row TopK); its
-TopK ignores the stored threshold by default.
+TopK ignores the stored threshold by default; its GatedAutoEncoder keeps the gate's bias as gate_bias and the
+magnitude path's as r_mag, mag_bias (saegeo's gated architecture: b_enc, r_mag, b_mag).
 """
 
 from __future__ import annotations
@@ -57,11 +58,19 @@ _DL_CLASSES = {
         ("W_enc", "b_enc", "W_dec", "b_dec", "k", "threshold", "group_sizes"),
     ),
     "JumpReluAutoEncoder": ("jumprelu", False, ("W_enc", "b_enc", "W_dec", "b_dec", "threshold")),
+    "GatedAutoEncoder": (
+        "gated",
+        True,
+        ("encoder.weight", "gate_bias", "r_mag", "mag_bias", "decoder.weight", "decoder_bias"),
+    ),
 }
-DICTIONARY_LEARNING_CLASSES = (*_DL_CLASSES, "GatedAutoEncoder", "CrossCoder")  # known names (the last two refused)
-_DL_UNSUPPORTED = {
-    "GatedAutoEncoder": "gated (separate gate and magnitude paths)",
-    "CrossCoder": "a crosscoder (several layers)",
+DICTIONARY_LEARNING_CLASSES = (*_DL_CLASSES, "CrossCoder")  # known names (the last one refused)
+_DL_UNSUPPORTED = {"CrossCoder": "a crosscoder (several layers)"}
+# the nn.Linear classes' bias names in the state dict, (b_enc, b_dec); the others keep encoder.bias and b_dec
+_DL_BIASES = {
+    "AutoEncoder": ("encoder.bias", "bias"),
+    "AutoEncoderNew": ("encoder.bias", "decoder.bias"),
+    "GatedAutoEncoder": ("gate_bias", "decoder_bias"),
 }
 
 
@@ -129,6 +138,8 @@ def read_dictionary_learning(path: str | os.PathLike) -> Dictionary:
 
     AutoEncoder: relu(encoder(x − bias)), decoder(f) + bias.  AutoEncoderNew: relu(encoder(x)), decoder(f) + decoder.bias.
     AutoEncoderTopK: relu(encoder(x − b_dec)) then per-row top-k; the stored threshold is ignored (use_threshold=False).
+    GatedAutoEncoder: e = encoder(x − decoder_bias); f = [e + gate_bias > 0]·relu(exp(r_mag)·e + mag_bias);
+    decoder(f) + decoder_bias (saegeo's gated architecture with b_enc = gate_bias, b_mag = mag_bias).
     BatchTopKSAE / Matryoshka: relu(pre)·[relu(pre) > threshold], one global scalar (use_threshold=True by default).
     JumpReluAutoEncoder (0.1.0 and main): f = relu(pre·[pre > θ]), pre = x @ W_enc + b_enc -- no b_dec subtraction,
     no decoder-norm scaling; decode f @ W_dec + b_dec.
@@ -181,25 +192,19 @@ def dictionary_learning_state_dictionary(
         tensors = {"W_enc": t["W_enc"], "b_enc": t["b_enc"], "W_dec": t["W_dec"], "b_dec": t["b_dec"]}
     else:  # nn.Linear layout: encoder.weight (d_sae, d_in), decoder.weight (d_in, d_sae)
         d_sae, d_in = matrix_shape(pt, "encoder.weight", t["encoder.weight"], "(d_sae, d_in)")
-        b_dec = (
-            t["bias"]
-            if dict_class == "AutoEncoder"
-            else t["decoder.bias"]
-            if dict_class == "AutoEncoderNew"
-            else t["b_dec"]
-        )
+        b_enc_key, b_dec_key = _DL_BIASES.get(dict_class, ("encoder.bias", "b_dec"))
         tensors = {
             "W_enc": t["encoder.weight"].T,
-            "b_enc": t["encoder.bias"],
+            "b_enc": t[b_enc_key],
             "W_dec": t["decoder.weight"].T,
-            "b_dec": b_dec,
+            "b_dec": t[b_dec_key],
         }
     implied = f"{'W_enc' if 'W_enc' in keys else 'encoder.weight'} (d_in={d_in}, d_sae={d_sae})"
     for name, expected in (("activation_dim", d_in), ("dict_size", d_sae)):
         if name in trainer and count_field(config_file, trainer, name, label=f"trainer.{name}") != expected:
             raise FormatError(f"{config_file}: trainer.{name}={trainer[name]} but {Path(str(pt)).name} holds {implied}")
     expect_shape(pt, "W_dec" if "W_dec" in keys else "decoder.weight.T", tensors["W_dec"], (d_sae, d_in), implied)
-    expect_shape(pt, "b_enc" if "b_enc" in keys else "encoder.bias", tensors["b_enc"], (d_sae,), implied)
+    expect_shape(pt, "b_enc" if "b_enc" in keys else b_enc_key, tensors["b_enc"], (d_sae,), implied)
     expect_shape(pt, "b_dec", tensors["b_dec"], (d_in,), implied)
     k = _tensor_count(pt, t["k"], "k") if "k" in t else None
     if k is not None and "k" in trainer and count_field(config_file, trainer, "k", label="trainer.k") != k:
@@ -212,21 +217,7 @@ def dictionary_learning_state_dictionary(
         model_name=trainer.get("lm_name"),
         hook_name=trainer.get("submodule_name") or (f"layer {trainer['layer']}" if "layer" in trainer else None),
     )
-    if activation == "jumprelu":
-        expect_shape(pt, "threshold", t["threshold"], (d_sae,), implied)
-        tensors["threshold"] = t["threshold"]
-    elif activation == "batchtopk":
-        if t["threshold"].numel() != 1:
-            raise FormatError(
-                f"{pt}: {dict_class} threshold must be one scalar, found shape {tuple(t['threshold'].shape)}"
-            )
-        tensors["threshold"] = t["threshold"].reshape(1)
-        info.threshold = float(t["threshold"].real)  # a complex one is refused by name in make_dictionary
-        info.threshold_unset = info.threshold < 0  # -1 = never updated in training: every ReLU code passes (dense)
-    elif activation == "topk":
-        stored = t.get("threshold")
-        if stored is not None and stored.numel() == 1 and not stored.is_complex():  # unused: recorded when readable
-            info.facts.stored_threshold_ignored = float(stored)
+    _activation_tensors(activation, dict_class, t, tensors, info, pt, d_sae, implied)
     if dict_class == "MatryoshkaBatchTopKSAE":
         if (
             t["group_sizes"].is_floating_point()
@@ -252,6 +243,31 @@ def dictionary_learning_state_dictionary(
     if k is not None and activation != "topk":
         info.training_k = k
     return make_dictionary(cfg, tensors, pt, info)
+
+
+def _activation_tensors(
+    activation: str, dict_class: str, t: dict, tensors: dict, info: FormatInfo, pt: object, d_sae: int, implied: str
+) -> None:
+    """The tensors one activation adds to W_enc, b_enc, W_dec, b_dec (into `tensors`), and its facts (into `info`)."""
+    if activation == "jumprelu":
+        expect_shape(pt, "threshold", t["threshold"], (d_sae,), implied)
+        tensors["threshold"] = t["threshold"]
+    elif activation == "batchtopk":
+        if t["threshold"].numel() != 1:
+            raise FormatError(
+                f"{pt}: {dict_class} threshold must be one scalar, found shape {tuple(t['threshold'].shape)}"
+            )
+        tensors["threshold"] = t["threshold"].reshape(1)
+        info.threshold = float(t["threshold"].real)  # a complex one is refused by name in make_dictionary
+        info.threshold_unset = info.threshold < 0  # -1 = never updated in training: every ReLU code passes (dense)
+    elif activation == "gated":
+        for ours, theirs in (("r_mag", "r_mag"), ("b_mag", "mag_bias")):
+            expect_shape(pt, theirs, t[theirs], (d_sae,), implied)
+            tensors[ours] = t[theirs]
+    elif activation == "topk":
+        stored = t.get("threshold")
+        if stored is not None and stored.numel() == 1 and not stored.is_complex():  # unused: recorded when readable
+            info.facts.stored_threshold_ignored = float(stored)
 
 
 def read_dictionary_learning_object(obj) -> Dictionary | None:
