@@ -416,11 +416,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     from saegeo.render.text import render_files
     from saegeo.report import geometry_report
 
+    if saes:  # read once: the splice, the verdict and the pass share each SAE
+        from saegeo.sae.model import SAE
+
+        saes = {name: SAE.load(path) for name, path in saes.items()}
     splice = None
     if args.model and saes:
         from saegeo.sae.evaluate import splice_eval_many
 
         splice = splice_eval_many(ecfg, saes)
+        for sae in saes.values():  # the splice ran them on its device; the verdict reads them beside CPU rows
+            sae.to("cpu")
     flags, notes, d_saes = [], [], []
     if saes:  # the verdict check --acts gives (same flags, same withheld metrics), once per SAE
         from saegeo.report.dictionary_check import sae_verdicts
@@ -484,11 +490,12 @@ def cmd_latents(args: argparse.Namespace) -> int:
     from saegeo.render.common import report_set_bytes
     from saegeo.sae.model import SAE
 
-    d_sae = SAE.load(args.sae).cfg.d_sae  # the table's size, before the pass (the weights are read again by it)
+    sae = SAE.load(args.sae)  # read once: the disk check, the pass and the verdict share it
+    d_sae = sae.cfg.d_sae
     require_disk(args.out, report_set_bytes([d_sae]), f"the latent table of {d_sae:,} latents")
-    doc = latents_report(args.acts, args.sae, opts, name=name)
+    doc = latents_report(args.acts, sae, opts, name=name)
     vopts = CheckOptions(**{**opts.stream(), "progress": False})
-    flags, notes, _ = sae_verdict(args.sae, args.acts, options=vopts, name=name)
+    flags, notes, _ = sae_verdict(sae, args.acts, options=vopts, name=name)
     doc["flags"], doc["notes"] = [f.to_dict() for f in flags], notes  # the verdict check --acts gives
     print(render_latents_terminal(doc), end="")
     print(render_files(write_latents(doc, args.out)))

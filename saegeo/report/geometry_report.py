@@ -420,10 +420,12 @@ def _resolve_sae(obj: Any) -> tuple[Any, dict[str, Any], str | None]:
         ):
             raise
         module = obj
-    if isinstance(obj, (str, os.PathLike)):
-        cfg_file = Path(obj) / CFG_FILENAME
+    # an SAE read from a local directory (the command lines load each SAE once and pass the object) is the path
+    source = obj if isinstance(obj, (str, os.PathLike)) else _local_source(module)
+    if source is not None:
+        cfg_file = Path(source) / CFG_FILENAME
         config: dict[str, Any] = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}  # read by SAE.load
-        return module, config, Path(obj).name
+        return module, config, Path(source).name
     cfg = getattr(obj, "cfg", None)
     if hasattr(cfg, "to_dict"):
         config = dict(cfg.to_dict())
@@ -434,6 +436,12 @@ def _resolve_sae(obj: Any) -> tuple[Any, dict[str, Any], str | None]:
     else:
         config = {}
     return module, config, None
+
+
+def _local_source(module: Any) -> str | None:
+    """The local directory an SAE object was read from (its format_info.source), or None."""
+    source = getattr(getattr(module, "format_info", None), "source", None)
+    return str(source) if isinstance(module, SAE) and source and Path(str(source)).is_dir() else None
 
 
 def _named_saes(sae: Any) -> list[tuple[str, Any]]:

@@ -581,3 +581,30 @@ def test_latents_by_nn_cos_above_the_neighbour_table_max_is_refused_before_the_p
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "--neighbour-table-max 6" in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_latents_and_report_read_each_sae_file_once_and_record_its_cfg_json(planted, tmp_path, monkeypatch):
+    """The command lines read each SAE once (the disk check, the verdict, the splice and the pass share it), and the
+    object they pass on still reports the directory's name and its cfg.json, as a path did."""
+    import json
+
+    import saegeo.sae.model as model_module
+    from saegeo.cli import main
+
+    reads = []
+    real = model_module.read_dictionary
+    monkeypatch.setattr(model_module, "read_dictionary", lambda p: reads.append(str(p)) or real(p))
+    store, sae_dir = str(planted["store"].path), planted["root"] / "sae"
+    args = ["latents", str(sae_dir), "--acts", store, "--latents", "3", "--out", str(tmp_path / "l"), "--no-progress"]
+    assert main(args) == 0
+    assert reads == [str(sae_dir)]
+    doc = json.loads((tmp_path / "l" / "latents.json").read_text())
+    assert doc["saes"][0]["name"] == "sae"
+    reads.clear()
+    out = tmp_path / "r"
+    rc = main(
+        ["report", "--acts", store, "--sae", f"p={sae_dir}", "--out", str(out), "--format", "json", "--no-progress"]
+    )
+    assert rc == 0 and reads == [str(sae_dir)]
+    [s] = json.loads((out / "report.json").read_text())["saes"]
+    assert s["config"] == json.loads((sae_dir / "cfg.json").read_text())
