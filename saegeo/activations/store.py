@@ -664,6 +664,25 @@ class ActivationStore:
                 raise StoreError(f"{self._where(i)}: cannot read its {name} ({err}); re-cache this store") from None
         return torch.cat(parts)
 
+    def token_counts(self, stop_row: int | None = None) -> Int[Tensor, " vocab"] | None:
+        """c_t = #{rows g < stop_row (default: every row) whose token id is t}, int64 of length max id + 1, from the
+        token_ids column read alone shard by shard (``read_column_range``: unhashed, so call it before a pass that
+        verifies these shards); None when the store has no token ids."""
+        if "token_ids" not in self.columns:
+            return None
+        stop = self.n_tokens if stop_row is None else min(int(stop_row), self.n_tokens)
+        counts = torch.zeros(0, dtype=torch.long)
+        for i in range(len(self.shards)):
+            lo = int(self.offsets[i])
+            if lo >= stop:
+                break
+            ids = self.read_column_range("token_ids", lo, min(lo + self.shards[i].rows, stop))
+            if ids.numel():
+                part = torch.bincount(ids, minlength=counts.numel())  # never shorter than the counts so far
+                part[: counts.numel()] += counts
+                counts = part
+        return counts
+
     def read_rows(self, start: int, stop: int, dtype: torch.dtype = torch.float32) -> Float[Tensor, "rows d"]:
         """Rows [start, stop) in store order, reading only the shards they touch."""
         start, stop = max(0, start), min(stop, self.n_tokens)

@@ -276,33 +276,39 @@ class LatentCovariates:
 
     def add(self, codes: Any, covariates: Float[Tensor, "m s"]) -> LatentCovariates:
         """One batch: codes (anything ``coo_codes`` reads) of m rows and their covariates (m, |names|)."""
-        self.add_rows(covariates)
-        return self.add_codes(codes, covariates)
+        centred = self.centre(covariates)  # converted once, for both sums
+        self.add_rows(centred, centred=True)
+        return self.add_codes(codes, centred, centred=True)
 
-    def add_rows(self, covariates: Float[Tensor, "m s"]) -> LatentCovariates:
-        """The covariates' own sums (n, Σs', Σs'²) over a batch of m rows; ``add_codes`` then takes the codes of
-        those rows in groups of any size (the sums do not depend on how the codes were cut)."""
+    def centre(self, covariates: Float[Tensor, "m s"]) -> Float[Tensor, "m s"]:
+        """s' = s − c as float64 (m, |names|); the first rows seen set c (their mean)."""
         s = torch.as_tensor(covariates).detach().to("cpu", torch.float64).reshape(-1, len(self.names))
+        if self.shift is None and s.shape[0]:
+            self.shift = s.mean(dim=0)
+        return s if self.shift is None else s - self.shift
+
+    def add_rows(self, covariates: Float[Tensor, "m s"], *, centred: bool = False) -> LatentCovariates:
+        """The covariates' own sums (n, Σs', Σs'²) over a batch of m rows; ``add_codes`` then takes the codes of
+        those rows in groups of any size (the sums do not depend on how the codes were cut). ``centred``: the
+        covariates are ``centre``'s output already."""
+        s = covariates if centred else self.centre(covariates)
         if s.shape[0] == 0:
             return self
-        if self.shift is None:
-            self.shift = s.mean(dim=0)
-        s = s - self.shift
         self.n += int(s.shape[0])
         self.s_sum += s.sum(dim=0)
         self.s_sq_sum += s.square().sum(dim=0)
         return self
 
-    def add_codes(self, codes: Any, covariates: Float[Tensor, "m s"]) -> LatentCovariates:
+    def add_codes(self, codes: Any, covariates: Float[Tensor, "m s"], *, centred: bool = False) -> LatentCovariates:
         """Σa_i, Σa_i², Σa_i s' over codes of m rows whose covariates ``add_rows`` has counted: each latent's
-        terms are added in row order, so any cut of a batch into row groups gives the same sums."""
+        terms are added in row order, so any cut of a batch into row groups gives the same sums. ``centred``: the
+        covariates are ``centre``'s output already."""
         n_rows, rows, cols, values = coo_codes(codes)
         if n_rows == 0 or not values.numel():
             return self
         if self.shift is None:
             raise BadInputError("LatentCovariates.add_codes before add_rows: the covariates' centre is not set")
-        s = torch.as_tensor(covariates).detach().to("cpu", torch.float64).reshape(n_rows, len(self.names))
-        s = s - self.shift
+        s = (covariates if centred else self.centre(covariates)).reshape(n_rows, len(self.names))
         a = values.detach().to("cpu", torch.float64)
         cols = cols.to("cpu", torch.long)
         if int(cols.max()) >= self.n_latents or int(cols.min()) < 0:

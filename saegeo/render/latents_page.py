@@ -60,6 +60,7 @@ LATENT_COLUMNS: list[tuple[str, str, str]] = [
     ("nn_cos", "cos(nearest)", "num"),
     ("norm_corr", "r(a, ‖x‖)", "num"),
     ("position_corr", "r(a, position)", "num"),
+    ("log_frequency_corr", "r(a, log freq)", "num"),
 ]
 INITIAL_ROWS = 100  # rows rendered at first and per "show more": a 100k-latent table stays usable
 

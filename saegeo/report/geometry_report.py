@@ -504,11 +504,14 @@ class _SAEPass:
         if self.structure is not None:
             self.metrics.row_observers.append(self.structure)
 
-    def add(self, x: Tensor, positions: Tensor | None = None) -> None:
-        if self.latents is not None:  # the norm-detector columns: each latent's activation against ‖x‖ (and position)
+    def add(self, x: Tensor, positions: Tensor | None = None, log_frequency: Tensor | None = None) -> None:
+        """One batch of rows, with their positions and their tokens' log frequencies where the source has them."""
+        if self.latents is not None:  # the norm-detector columns: each latent's activation against ‖x‖, position, log f
             covariates = {"norm": torch.linalg.vector_norm(x.double(), dim=1).cpu()}
             if positions is not None:
                 covariates["position"] = torch.as_tensor(positions).cpu()
+            if log_frequency is not None:
+                covariates["log_frequency"] = log_frequency
             self.latents.begin_batch(covariates)
         self.metrics.add(x)
         if self.heldout is not None and self.row + x.shape[0] > self.heldout_from:
@@ -719,9 +722,10 @@ def geometry_report(
         rows = open_rows(acts, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite)
         if ctx is not None and rows.store is not None:
             distributed.check_same_store(rows.store)
-        # positions ride along where the source has them (a store, a (batch, pos, d) array): the latent table's
-        # position_corr column
+        # token ids and positions ride along where the source has them (a store, a (batch, pos, d) array): the
+        # latent table's position_corr and log_frequency_corr columns
         with_positions = opts.latent_cards and (rows.store is not None or rows.window is not None)
+        log_frequency = token_log_frequency(rows.store, opts.max_tokens) if with_positions else None
         batches, first_row = rows.batches(
             opts.batch_rows,
             *((ctx.rank, ctx.world_size) if ctx else ()),
@@ -766,7 +770,7 @@ def geometry_report(
     t0 = time.perf_counter()
     with distributed.all_ranks_or_none("streaming the activations"):  # a failing rank ends every rank
         for batch in batches:  # screened by the reader; max_tokens is its stop_row
-            batch, positions = (batch[0], batch[2]) if with_positions else (batch, None)
+            batch, ids, positions = batch if with_positions else (batch, None, None)
             x = as_rows(batch).to(device)  # the accumulators follow the batches: float64 sums on the device
             if acc is None:
                 if x.shape[0] == 0:
@@ -779,8 +783,9 @@ def geometry_report(
                         raise BadInputError(f"SAE {p.name!r} has d_in = {p.d_in} but the activations have d = {d}")
             acc.add(x)
             reservoir.add(x)
+            row_log_frequency = None if log_frequency is None or ids is None else log_frequency[ids]
             for p in passes:
-                p.add(x, positions)
+                p.add(x, positions, row_log_frequency)
             if bar is not None:
                 bar.update(x.shape[0])
     if bar is not None:
@@ -865,6 +870,16 @@ def geometry_report(
     return report
 
 
+def token_log_frequency(store: Any, stop_row: int | None = None) -> Tensor | None:
+    """log f_t = log(c_t / n) of every token id t, c_t its count among the n store rows a pass reads (the first
+    ``stop_row``; ``ActivationStore.token_counts``: non-finite rows the pass skips still count); None without a store
+    or token ids. Unseen ids get −inf and are never looked up."""
+    counts = None if store is None else store.token_counts(stop_row)
+    if counts is None or int(counts.sum()) == 0:
+        return None
+    return (counts.double() / float(counts.sum())).log()
+
+
 def _fold_rows(total: int | None) -> int:
     """Contiguous rows per dark-matter fold block: 1,024, or fewer when the pass reads too few rows for every fold
     to get two blocks (a 4,096-row store would leave one fold empty)."""
@@ -891,7 +906,8 @@ def latents_report(acts: Any, sae: Any, options: LatentsOptions | None = None, *
             f"pass --neighbour-table-max {d_sae} and not --no-neighbours (N²·d work), or rank by another column"
         )
     rows = open_rows(acts, verify=opts.verify, skip_nonfinite=opts.skip_nonfinite)
-    with_positions = rows.store is not None or rows.window is not None  # the position_corr column
+    with_positions = rows.store is not None or rows.window is not None  # position_corr, log_frequency_corr
+    log_frequency = token_log_frequency(rows.store, opts.max_tokens) if with_positions else None
     batches, first_row = rows.batches(opts.batch_rows, stop_row=opts.max_tokens, metadata=with_positions)
     skipped_before = rows.n_nonfinite_skipped
     p = _SAEPass(sae_name, module, cfg, opts.device, latent_contexts=opts.contexts, first_row=first_row)
@@ -901,11 +917,11 @@ def latents_report(acts: Any, sae: Any, options: LatentsOptions | None = None, *
         bar = progress_bar(total=total, unit="tok", unit_scale=True, desc="latents", dynamic_ncols=True)
     t0 = time.perf_counter()
     for batch in batches:
-        batch, positions = (batch[0], batch[2]) if with_positions else (batch, None)
+        batch, ids, positions = batch if with_positions else (batch, None, None)
         x = torch.as_tensor(batch).to(opts.device)
         if x.shape[-1] != p.d_in:
             raise BadInputError(f"SAE {sae_name!r} has d_in = {p.d_in} but the activations have d = {x.shape[-1]}")
-        p.add(x, positions)
+        p.add(x, positions, None if log_frequency is None or ids is None else log_frequency[ids])
         if bar is not None:
             bar.update(x.shape[0])
     if bar is not None:

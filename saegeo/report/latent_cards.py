@@ -30,25 +30,17 @@ from saegeo.geometry.dictionary import nearest_decoder_neighbours, row_norms
 from saegeo.geometry.latent_stats import BINS_PER_OCTAVE, LatentCovariates, LatentHistogram, LatentTopK
 from saegeo.io import json_safe
 from saegeo.report.display import notebook_html, short
-from saegeo.report.options import NEIGHBOUR_TABLE_MAX, ByColumn, LatentsOptions  # noqa: F401  (re-exported)
-
-TABLE_COLUMNS = (
-    "id",
-    "rate",
-    "mean_activation",
-    "mean_sq_activation",
-    "cos_mu",
-    "cone_share",
-    "decoder_norm",
-    "dead",
-    "dense",
-    "nn_id",
-    "nn_cos",
-    "norm_corr",
-    "position_corr",
+from saegeo.report.options import (  # noqa: F401  (ByColumn re-exported)
+    LATENT_RELATION_COLUMNS,
+    LATENT_SUMMARY_COLUMNS,
+    NEIGHBOUR_TABLE_MAX,
+    ByColumn,
+    LatentsOptions,
 )
+
+TABLE_COLUMNS = ("id", *LATENT_SUMMARY_COLUMNS, "dead", "dense", "nn_id", *LATENT_RELATION_COLUMNS)
 # the covariates each latent's activation is correlated with in the pass (LatentCovariates), and their columns
-COVARIATE_COLUMNS = {"norm": "norm_corr", "position": "position_corr"}
+COVARIATE_COLUMNS = {"norm": "norm_corr", "position": "position_corr", "log_frequency": "log_frequency_corr"}
 ASKED = "asked"
 N_AFTER = 4  # following tokens shown after the firing one
 N_NEIGHBOURS = 5
@@ -125,8 +117,9 @@ def latent_table(
     """Columns (``TABLE_COLUMNS``) of every latent of an SAE section (SAEGeometry): firing rate, E[a], E[a²],
     cos(W_dec,i, μ), cone share, ‖W_dec,i‖, dead (rate 0), dense (rate > dense_frequency), the nearest latent
     by decoder cosine and that cosine (−1 / None without one), and the Pearson correlation of the latent's
-    activation with the row norm ‖x‖ and with the token's position (``LatentCovariates``: norm detectors; None
-    where not measured, e.g. no positions in the source). A withheld list is a column of None."""
+    activation with the row norm ‖x‖, with the token's position and with its log frequency log(c_t / n) (c_t: the
+    token id's count among the pass's n rows) (``LatentCovariates``: norm detectors, position and frequency
+    latents; None where not measured, e.g. no positions or token ids in the source). A withheld list is a column of None."""
     n = section.d_sae
     rate = list(section.firing_frequency)
     none = [None] * n
@@ -350,8 +343,9 @@ class LatentCollector:
         ``add`` receives next, group after group in row order."""
         if self.covariates is None:
             self.covariates = LatentCovariates(self.topk.n_latents, tuple(covariates))
-        self._batch_covariates = torch.stack([covariates[k].double() for k in self.covariates.names], dim=1)
-        self.covariates.add_rows(self._batch_covariates)  # the whole batch's sums, however its codes are grouped
+        stacked = torch.stack([covariates[k].double() for k in self.covariates.names], dim=1)
+        self._batch_covariates = self.covariates.centre(stacked)  # centred once; each code group takes its slice
+        self.covariates.add_rows(self._batch_covariates, centred=True)  # the whole batch's sums, however grouped
         self._at = 0
 
     def add(self, codes: Any) -> None:
@@ -362,7 +356,7 @@ class LatentCollector:
         self.histogram.add(codes)
         if self._batch_covariates is not None:
             n_rows = int(codes.n_rows) if hasattr(codes, "n_rows") else int(codes.shape[0])
-            self.covariates.add_codes(codes, self._batch_covariates[self._at : self._at + n_rows])
+            self.covariates.add_codes(codes, self._batch_covariates[self._at : self._at + n_rows], centred=True)
             self._at += n_rows
 
     def merge_ranks(self) -> None:

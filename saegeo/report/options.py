@@ -255,9 +255,10 @@ class ReportOptions(BatchedStreamOptions, DeviceOption):
         return asdict(self)
 
 
-ByColumn = Literal[
-    "rate", "mean_activation", "mean_sq_activation", "cos_mu", "cone_share", "decoder_norm", "nn_cos", "norm_corr"
-]
+# the latent table's numeric columns (saegeo.report.latent_cards.TABLE_COLUMNS, in its order), which --by ranks
+LATENT_SUMMARY_COLUMNS = ("rate", "mean_activation", "mean_sq_activation", "cos_mu", "cone_share", "decoder_norm")
+LATENT_RELATION_COLUMNS = ("nn_cos", "norm_corr", "position_corr", "log_frequency_corr")
+ByColumn = Literal[LATENT_SUMMARY_COLUMNS + LATENT_RELATION_COLUMNS]  # type: ignore[valid-type]
 
 
 @dataclass

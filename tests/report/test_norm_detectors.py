@@ -1,6 +1,6 @@
-"""Norm detectors (issue 41 item 2): each latent's activation correlated with ‖x‖ and with position in the report's
-one pass (LatentCovariates), against numpy's corrcoef of the dense codes of every row; latents planted to fire by
-norm, by position and by content are told apart."""
+"""Norm detectors (issue 41 item 2): each latent's activation correlated with ‖x‖, with position and with its token's
+log frequency in the report's one pass (LatentCovariates), against numpy's corrcoef of the dense codes of every row;
+latents planted to fire by norm, by position, by token frequency and by content are told apart."""
 
 from __future__ import annotations
 
@@ -60,9 +60,10 @@ def test_two_parts_merged_with_different_shifts_equal_one_pass():
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
-    """Rows x = r·(e₀ + ε) + content·e₁ + (position/WINDOW)·e₂ with r ~ U(2, 10) per row: an SAE (ReLU, identity
-    encoder, b_enc = −0.5) whose latent 0 reads the norm direction e₀ (a norm detector), latent 1 content, latent 2
-    the position, latent 3 a random sign of noise, latent 4 never fires."""
+    """Rows x = r·(e₀ + ε) + content·e₁ + (position/WINDOW)·e₂ + (log f_t + 6 + noise)·e₃ with r ~ U(2, 10) per row
+    and token ids t drawn from a skewed law (f_t: the id's share of the store's rows): an SAE (ReLU, identity encoder,
+    b_enc = −0.5) whose latent 0 reads the norm direction e₀ (a norm detector), latent 1 content, latent 2 the
+    position, latent 3 the token's log frequency, latent 4 never fires."""
     from saegeo.activations.store import ActivationStore, StoreWriter
     from saegeo.sae.model import SAE, SAEConfig
 
@@ -74,9 +75,10 @@ def planted(tmp_path_factory):
     x[:, 0] += r
     x[:, 1] += 2.0 * torch.randn(N_ROWS, generator=g).abs() * (torch.rand(N_ROWS, generator=g) < 0.3)
     x[:, 2] += 2.0 * positions / WINDOW
-    x[:, 3] += torch.randn(N_ROWS, generator=g)
+    ids = (500 * torch.rand(N_ROWS, generator=g) ** 3).long()  # id 0 about a fifth of the rows, most ids rare
+    log_f = (torch.bincount(ids).double() / N_ROWS).log()[ids]
+    x[:, 3] += (log_f + 6 + 0.3 * torch.randn(N_ROWS, generator=g).double()).float()
     x[:, 4] = -1.0
-    ids = (torch.arange(N_ROWS) * 7) % 500
     with StoreWriter(root / "store", d=D, hook="blocks.0.hook_resid_post", model="toy", shard_rows=900) as w:
         for lo in range(0, N_ROWS, 700):
             w.append(x[lo : lo + 700], token_ids=ids[lo : lo + 700], positions=positions[lo : lo + 700])
@@ -88,7 +90,13 @@ def planted(tmp_path_factory):
         sae.b_dec.zero_()
         sae.W_dec.zero_()
         sae.W_dec[torch.arange(5), torch.arange(5)] = 1.0
-    return {"store": ActivationStore(root / "store"), "sae": sae, "x": x, "pos": positions}
+    return {"store": ActivationStore(root / "store"), "sae": sae, "x": x, "pos": positions, "ids": ids}
+
+
+def _log_frequency(ids: torch.Tensor) -> np.ndarray:
+    """log(c_t / n) of each row's token, counted by numpy over these rows."""
+    ids = ids.numpy()
+    return np.log(np.bincount(ids)[ids] / len(ids))
 
 
 @pytest.mark.parametrize("group_rows", [None, 64])
@@ -103,12 +111,30 @@ def test_the_report_table_finds_the_planted_norm_and_position_latents_as_brute_f
     with torch.no_grad():
         codes = planted["sae"].encode(planted["x"]).double().numpy()
     norms = planted["x"].double().norm(dim=1).numpy()
-    for column, s in (("norm_corr", norms), ("position_corr", planted["pos"].double().numpy())):
+    covariates = {
+        "norm_corr": norms,
+        "position_corr": planted["pos"].double().numpy(),
+        "log_frequency_corr": _log_frequency(planted["ids"]),
+    }
+    for column, s in covariates.items():
         want = _brute_r(codes, s)
         assert table[column][4] is None and want[4] is None  # never fires
         assert table[column][:4] == pytest.approx(want[:4], abs=1e-9), column
     assert table["norm_corr"][0] > 0.95 and abs(table["norm_corr"][1]) < 0.2  # the detector; content (its share of ‖x‖)
     assert table["position_corr"][2] > 0.95 and abs(table["position_corr"][0]) < 0.1
+    assert table["log_frequency_corr"][3] > 0.9 and abs(table["log_frequency_corr"][2]) < 0.1
+
+
+def test_log_frequency_counts_only_the_rows_the_pass_reads(planted):
+    from saegeo.report import ReportOptions, geometry_report
+
+    n = 2500  # inside the third shard: the counts stop there too
+    opts = ReportOptions(progress=False, batch_rows=600, latent_contexts=2, max_tokens=n)
+    table = geometry_report(planted["store"], {"p": planted["sae"]}, options=opts).saes[0].latent_table
+    with torch.no_grad():
+        codes = planted["sae"].encode(planted["x"][:n]).double().numpy()
+    want = _brute_r(codes, _log_frequency(planted["ids"][:n]))
+    assert table["log_frequency_corr"][:4] == pytest.approx(want[:4], abs=1e-9)
 
 
 def test_without_positions_the_position_column_is_empty_and_latents_ranks_by_norm_corr(planted, tmp_path, capsys):
@@ -119,7 +145,8 @@ def test_without_positions_the_position_column_is_empty_and_latents_ranks_by_nor
 
     opts = ReportOptions(progress=False, batch_rows=600, latent_contexts=2)
     table = geometry_report(planted["x"], {"p": planted["sae"]}, options=opts).saes[0].latent_table
-    assert table["position_corr"] == [None] * 5 and table["norm_corr"][0] > 0.95
+    assert table["position_corr"] == [None] * 5 and table["log_frequency_corr"] == [None] * 5
+    assert table["norm_corr"][0] > 0.95
     planted["sae"].save(tmp_path / "sae")
     store = str(planted["store"].path)
     out = tmp_path / "lat"
@@ -127,4 +154,5 @@ def test_without_positions_the_position_column_is_empty_and_latents_ranks_by_nor
                  "--out", str(out), "--no-progress"]) == 0  # fmt: skip
     doc = json.loads((out / "latents.json").read_text())
     assert [c["id"] for c in doc["saes"][0]["latents"]] == [0]
+    assert doc["saes"][0]["latent_table"]["log_frequency_corr"][3] > 0.9  # `latents` measures it too
     capsys.readouterr()

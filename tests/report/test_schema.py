@@ -161,6 +161,7 @@ def test_every_page_and_every_flag_of_a_full_report_reads_only_known_fields(tmp_
         "nn_cos",
         "norm_corr",
         "position_corr",
+        "log_frequency_corr",
     }
     assert report.sae_named("planted").latents  # the planted SAE's flags name latents; the clean one's none
     for s in report.saes:
