@@ -772,7 +772,9 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 def _sae_config(cfg: TrainConfig, d_in: int) -> SAEConfig:
     d_sae = cfg.d_sae or cfg.expansion * d_in
-    return SAEConfig(d_in=d_in, d_sae=d_sae, activation=cfg.arch, **get_architecture(cfg.arch).sae_config_fields(cfg))
+    return SAEConfig(
+        d_in=d_in, d_sae=d_sae, activation=cfg.arch, **get_architecture(cfg.arch).sae_config_fields(cfg, d_sae)
+    )
 
 
 def _rank_batches(source: Any, start_step: int, ctx: Any) -> Iterator[Tensor]:

@@ -63,7 +63,8 @@ def test_every_registered_architecture_round_trips_through_save_and_load(tmp_pat
     """SAE.save then SAE.load: the same codes and reconstructions, and the config it was saved as (BatchTopK is
     saved as the JumpReLU with its threshold broadcast; the loader says what it was trained as)."""
     arch = get_architecture(name)
-    cfg = SAEConfig(24, 96, activation=name, k=8 if arch.uses_k else None)
+    widths = [24, 48, 96] if name == "matryoshka" else None  # the one architecture that needs its nesting
+    cfg = SAEConfig(24, 96, activation=name, k=8 if arch.uses_k else None, matryoshka_widths=widths)
     sae = SAE(cfg)
     g = torch.Generator().manual_seed(5)
     sae.init_weights(g, b_dec=torch.randn(24, generator=g))

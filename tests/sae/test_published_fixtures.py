@@ -24,6 +24,7 @@ EXPECTED_FORMAT = {
     "gemma": "gemma_scope_npz",
     "goodfire": "goodfire",
     "llama": "llama_scope",
+    "saegeo": "saelens",  # saegeo's own save (in SAELens' layout), with SAELens' outputs as the reference
 }
 
 

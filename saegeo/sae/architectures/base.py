@@ -50,6 +50,10 @@ class SAEConfig:
     input_normalization: str = "none"  # "layer_norm": OpenAI's per-row LayerNorm, inverted after decode
     layer_norm_eps: float = 1e-5
     dtype: str = "float32"
+    # Matryoshka: the nested prefixes' widths w_1 < … < w_G = d_sae (latents [0, w_ℓ) form level ℓ); the report
+    # measures each prefix. Encode ignores it; every reader fills it where the files say (SAELens metadata,
+    # dictionary_learning group_sizes)
+    matryoshka_widths: list[int] | None = None
 
     def __post_init__(self) -> None:
         for name in ("d_in", "d_sae", "k"):  # a count: never a bool, a float or a string (one-line error)
@@ -63,6 +67,8 @@ class SAEConfig:
             arch = get_architecture(self.activation)
         except FormatError as err:
             raise FormatError(f"SAEConfig.activation: {err}") from None
+        if self.matryoshka_widths is not None:
+            self.matryoshka_widths = nested_widths(self.matryoshka_widths, self.d_sae)
         arch.check_config(self)
         if self.topk_order not in TOPK_ORDERS:
             raise FormatError(f"SAEConfig.topk_order={self.topk_order!r}; expected one of {TOPK_ORDERS}")
@@ -73,6 +79,20 @@ class SAEConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def nested_widths(widths: Any, d_sae: int) -> list[int]:
+    """`widths` as a list of ints, checked to be nested prefix widths 1 ≤ w_1 < … < w_G = d_sae (FormatError)."""
+    values = list(widths) if isinstance(widths, (list, tuple)) else None
+    if (
+        not values
+        or any(isinstance(w, bool) or not isinstance(w, numbers.Integral) for w in values)
+        or values[0] < 1
+        or any(b <= a for a, b in zip(values, values[1:]))
+        or values[-1] != d_sae
+    ):
+        raise FormatError(f"SAEConfig.matryoshka_widths must rise strictly from >= 1 to d_sae={d_sae}, got {widths!r}")
+    return [int(w) for w in values]
 
 
 class TrainOutput(NamedTuple):
@@ -236,8 +256,8 @@ class Architecture:
         """The training objective on one batch; `options` are those of `step_options` (unknown ones ignored)."""
         raise NotImplementedError(f"architecture {self.name!r} cannot be trained")
 
-    def sae_config_fields(self, tcfg: Any) -> dict[str, Any]:
-        """SAEConfig fields set from the training options (beyond d_in, d_sae, activation)."""
+    def sae_config_fields(self, tcfg: Any, d_sae: int) -> dict[str, Any]:
+        """SAEConfig fields set from the training options (beyond d_in, d_sae, activation), for `d_sae` latents."""
         return {"k": self.options(tcfg).k} if self.uses_k else {}
 
     def unit_decoder(self, tcfg: Any) -> bool:
@@ -289,6 +309,11 @@ class Architecture:
 
     def saelens_fields(self, cfg: SAEConfig) -> dict[str, Any]:
         """Architecture-specific SAELens cfg.json keys (e.g. topk's k)."""
+        return {}
+
+    def saelens_metadata(self, cfg: SAEConfig) -> dict[str, Any]:
+        """Keys of cfg.json's metadata that this (trained) architecture adds, as SAELens records a training
+        architecture saved in another form (matryoshka: training_architecture, training_architecture_details)."""
         return {}
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +53,37 @@ def batch_topk_entries(
     return flat[pool.topk(count, sorted=False).indices]
 
 
+class BatchTopKCodes(NamedTuple):
+    """One training batch's BatchTopK codes as flat entries sorted by row (then latent)."""
+
+    xc: Float[Tensor, "n d_in"]  # the encoder's input (x − b_dec)
+    pre: Float[Tensor, "n d_sae"]  # relu(pre-activations), no gradient (AuxK's candidates)
+    rows: Int[Tensor, " m"]
+    cols: Int[Tensor, " m"]
+    offsets: Int[Tensor, " n"]  # each row's first entry (embedding_bag's bags)
+    values: Float[Tensor, " m"]  # the codes, with their gradient to W_enc, b_enc and xc
+    min_kept: Tensor  # the smallest positive code kept (the inference threshold's update)
+    fire_count: Float[Tensor, " d_sae"]  # rows each latent fired on
+    l0_sum: Tensor  # codes > 0 over the batch
+
+
+def batch_topk_codes(sae, x: Float[Tensor, "n d_in"]) -> BatchTopKCodes:
+    """The k·n largest entries of relu(pre) over the batch: dense pre-activations without autograd, then only the
+    entries kept carry a gradient (GatheredLinear), so the backward never forms an (n, d_sae) matrix."""
+    xc = sae.centre(x)
+    n, d_sae = x.shape[0], sae.cfg.d_sae
+    with torch.no_grad():
+        pre = torch.addmm(sae.b_enc, xc, sae.W_enc)
+        entries = batch_topk_entries(pre.relu_(), min(int(sae.cfg.k) * n, pre.numel()))
+    rows, cols, offsets = row_sorted_entries(entries, n, d_sae)
+    values = F.relu(GatheredLinear.apply(xc, sae.W_enc, sae.b_enc, cols, pre[rows, cols], rows, offsets))
+    with torch.no_grad():
+        active = values > 0
+        min_kept = values[active].min() if bool(active.any()) else values.new_zeros(())
+        fire_count = torch.zeros(d_sae, device=x.device, dtype=torch.float32).index_add_(0, cols, active.float())
+    return BatchTopKCodes(xc, pre, rows, cols, offsets, values, min_kept, fire_count, active.sum())
+
+
 @torch.no_grad()
 def update_threshold(sae, min_kept: Tensor, step: int, rate: float) -> None:
     """θ ← θ + max(rate, 1/(step + 1))·(m − θ), m = the smallest positive code BatchTopK kept in this batch: the
@@ -82,7 +113,7 @@ class BatchTopK(Architecture):
         "threshold_ema": "threshold_ema",
     }
     # SAELens saves its own BatchTopK as a jumprelu (saved_form): no SAELens name of its own
-    saved_names = {"saelens": (), "dictionary_learning": ("BatchTopKSAE", "MatryoshkaBatchTopKSAE")}
+    saved_names = {"saelens": (), "dictionary_learning": ("BatchTopKSAE",)}
     extra_tensors = {"threshold": ExtraTensor(lambda cfg: (1,), in_file=True)}  # the global θ, estimated in training
     uses_k = True
     # lr 4e-3, not the grid's best FVE at 8e-3: that run left most latents dead, 4e-3 few, at a slightly lower FVE
@@ -99,28 +130,17 @@ class BatchTopK(Architecture):
     def forward_train(
         self, sae, x, *, centred_ss, centred_ss_fn, dead_mask, aux_k: int = 0, aux_coefficient: float = 0.0, **_: Any
     ) -> TrainOutput:
-        # dense pre-activations without autograd, then the k·n entries that carry a gradient (flat, sorted by
-        # row) through GatheredLinear and a bagged decode
-        xc = sae.centre(x)
-        n, d_sae = x.shape[0], sae.cfg.d_sae
-        with torch.no_grad():
-            pre = torch.addmm(sae.b_enc, xc, sae.W_enc)
-            entries = batch_topk_entries(pre.relu_(), min(int(sae.cfg.k) * n, pre.numel()))
-        rows, cols, offsets = row_sorted_entries(entries, n, d_sae)
-        gathered = GatheredLinear.apply(xc, sae.W_enc, sae.b_enc, cols, pre[rows, cols], rows, offsets)
-        values = F.relu(gathered)
-        with torch.no_grad():
-            positive = values[values > 0]
-            min_kept = positive.min() if positive.numel() else values.new_zeros(())
-        x_hat = sae.decode_sparse(values, cols, offsets=offsets)
-        err = x - x_hat
+        codes = batch_topk_codes(sae, x)
+        err = x - sae.decode_sparse(codes.values, codes.cols, offsets=codes.offsets)
         sse = err.pow(2).sum()
-        active = values.detach() > 0
-        fire_count = torch.zeros(d_sae, device=x.device, dtype=torch.float32).index_add_(0, cols, active.float())
-        aux = auxk_loss(sae, err, pre, dead_mask, aux_k, aux_coefficient, centred_ss_fn, gathered_pre(xc, sae, pre))
+        pre = codes.pre
+        aux = auxk_loss(
+            sae, err, pre, dead_mask, aux_k, aux_coefficient, centred_ss_fn, gathered_pre(codes.xc, sae, pre)
+        )
         loss = sse / centred_ss + aux_coefficient * aux
-        terms, state = {"auxk_loss": aux.detach()}, {"min_kept": min_kept}
-        return TrainOutput(loss, sse.detach(), centred_ss, active.sum(), fire_count > 0, fire_count, terms, state)
+        terms, state = {"auxk_loss": aux.detach()}, {"min_kept": codes.min_kept}
+        fire_count = codes.fire_count
+        return TrainOutput(loss, sse.detach(), centred_ss, codes.l0_sum, fire_count > 0, fire_count, terms, state)
 
     def step_options(self, tcfg, step: int, d_in: int) -> dict:
         return aux_options(self.options(tcfg), d_in)

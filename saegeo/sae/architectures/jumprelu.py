@@ -179,7 +179,7 @@ class JumpReLU(Architecture):
             loss, sse.detach(), centred_ss, active.sum(), fire_count > 0, fire_count, {"l0_loss": aux.detach()}
         )
 
-    def sae_config_fields(self, tcfg) -> dict:
+    def sae_config_fields(self, tcfg, d_sae) -> dict:
         return {"k": self.options(tcfg).l0_target}
 
     def option_summary(self, tcfg) -> str:

@@ -125,8 +125,8 @@ class TopK(Architecture):
         sae.W_enc.mul_(scale)
         sae.b_enc.mul_(scale)
 
-    def sae_config_fields(self, tcfg) -> dict:
-        return super().sae_config_fields(tcfg) | {"rescale_acts_by_decoder_norm": not self.unit_decoder(tcfg)}
+    def sae_config_fields(self, tcfg, d_sae) -> dict:
+        return super().sae_config_fields(tcfg, d_sae) | {"rescale_acts_by_decoder_norm": not self.unit_decoder(tcfg)}
 
     def init_training(self, sae, tcfg, sample_rows) -> None:
         # Why small rows: Adam moves every entry by about lr a step whatever its size, so small rows (and the tied

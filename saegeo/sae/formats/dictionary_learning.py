@@ -53,7 +53,7 @@ _DL_CLASSES = {
         ("encoder.weight", "encoder.bias", "decoder.weight", "b_dec", "k", "threshold"),
     ),
     "MatryoshkaBatchTopKSAE": (
-        "batchtopk",
+        "matryoshka",
         True,
         ("W_enc", "b_enc", "W_dec", "b_dec", "k", "threshold", "group_sizes"),
     ),
@@ -228,8 +228,10 @@ def dictionary_learning_state_dictionary(
                 f"{pt}: group_sizes must be integers, found {str(t['group_sizes'].dtype).removeprefix('torch.')}"
             )
         sizes = [int(s) for s in t["group_sizes"].reshape(-1)]
-        if sum(sizes) != d_sae:
-            raise FormatError(f"{pt}: group_sizes {sizes} sum to {sum(sizes)}, not dict_size {d_sae}")
+        if sum(sizes) != d_sae or min(sizes, default=0) < 1:
+            raise FormatError(
+                f"{pt}: group_sizes {sizes} must be positive and sum to dict_size {d_sae} (sum {sum(sizes)})"
+            )
         info.facts.group_sizes = sizes
     cfg = SAEConfig(
         d_in=int(d_in),
@@ -239,6 +241,7 @@ def dictionary_learning_state_dictionary(
         topk_order="relu_then_topk",
         apply_b_dec_to_input=subtract_b_dec,
         dtype="float32",
+        matryoshka_widths=_prefix_widths(info.facts.group_sizes),
     )
     if k is not None and activation != "topk":
         info.training_k = k
@@ -252,7 +255,7 @@ def _activation_tensors(
     if activation == "jumprelu":
         expect_shape(pt, "threshold", t["threshold"], (d_sae,), implied)
         tensors["threshold"] = t["threshold"]
-    elif activation == "batchtopk":
+    elif activation in ("batchtopk", "matryoshka"):  # one global scalar threshold
         if t["threshold"].numel() != 1:
             raise FormatError(
                 f"{pt}: {dict_class} threshold must be one scalar, found shape {tuple(t['threshold'].shape)}"
@@ -268,6 +271,11 @@ def _activation_tensors(
         stored = t.get("threshold")
         if stored is not None and stored.numel() == 1 and not stored.is_complex():  # unused: recorded when readable
             info.facts.stored_threshold_ignored = float(stored)
+
+
+def _prefix_widths(group_sizes: list[int] | None) -> list[int] | None:
+    """Matryoshka group sizes s_g -> the nested widths w_ℓ = Σ_{g ≤ ℓ} s_g (None stays None)."""
+    return None if group_sizes is None else [sum(group_sizes[: g + 1]) for g in range(len(group_sizes))]
 
 
 def read_dictionary_learning_object(obj) -> Dictionary | None:

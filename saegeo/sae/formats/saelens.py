@@ -129,6 +129,7 @@ def write_sae_dir(sae, path: str | os.PathLike, provenance: dict | None = None) 
         "written_by": f"saegeo {saegeo.__version__}",
         **_store_metadata(data),
         "dataset_path": (data.get("path") or None),
+        **sae.architecture.saelens_metadata(sae.cfg),  # matryoshka: training_architecture(_details), as SAELens
     }
     saelens_cfg = {
         "architecture": arch.saved_name("saelens"),
@@ -428,17 +429,21 @@ def _saelens_config(raw: dict, where: object, weights: dict, source: str) -> tup
             f"{where}: a topk SAE needs an integer k in [1, d_sae={d_sae}] (cfg key 'k', or "
             f"activation_fn_kwargs.k before SAELens 6); found {k!r}"
         )
-    cfg = SAEConfig(
-        d_in=d_in,
-        d_sae=d_sae,
-        activation=by_saved_name("saelens", arch).name,
-        k=k,
-        topk_order="topk_then_relu",
-        apply_b_dec_to_input=bool(raw.get("apply_b_dec_to_input", True)),
-        rescale_acts_by_decoder_norm=bool(raw.get("rescale_acts_by_decoder_norm", False)),
-        input_normalization=_SAELENS_NORMALIZATIONS[norm],
-        dtype="float32",
-    )
+    try:
+        cfg = SAEConfig(
+            d_in=d_in,
+            d_sae=d_sae,
+            activation=by_saved_name("saelens", arch).name,
+            k=k,
+            topk_order="topk_then_relu",
+            apply_b_dec_to_input=bool(raw.get("apply_b_dec_to_input", True)),
+            rescale_acts_by_decoder_norm=bool(raw.get("rescale_acts_by_decoder_norm", False)),
+            input_normalization=_SAELENS_NORMALIZATIONS[norm],
+            dtype="float32",
+            matryoshka_widths=_matryoshka_widths(meta, d_sae),
+        )
+    except FormatError as err:
+        raise FormatError(f"{where}: {err}") from None
     info = FormatInfo(
         format="saelens",
         source=source,
@@ -450,6 +455,17 @@ def _saelens_config(raw: dict, where: object, weights: dict, source: str) -> tup
         **_saelens_activation_facts(raw, meta),
     )
     return cfg, info
+
+
+def _matryoshka_widths(meta: dict, d_sae: int) -> list | None:
+    """A Matryoshka SAE's nested widths as SAELens records them (metadata.training_architecture_details
+    .matryoshka_widths of its jumprelu inference save), d_sae appended when the last is below it (as SAELens'
+    _validate_matryoshka_config does); None when not recorded. Checked by SAEConfig."""
+    details = meta.get("training_architecture_details")
+    widths = details.get("matryoshka_widths") if isinstance(details, dict) else None
+    if isinstance(widths, list) and widths and isinstance(widths[-1], int) and widths[-1] < d_sae:
+        widths = [*widths, d_sae]
+    return widths
 
 
 def _saelens_activation_facts(raw: dict, meta: dict) -> dict:
