@@ -307,10 +307,22 @@ def test_report_names_a_batchtopk_sae_saved_as_jumprelu(tmp_path):
 
 
 # ---------------------------------------------------------------- sparse steps against the dense objective
-def _dense_objective(sae: SAE, x: torch.Tensor, arch: str, eps: float, l0_target: float, l0_coefficient: float):
+def _dense_objective(
+    sae: SAE,
+    x: torch.Tensor,
+    arch: str,
+    eps: float,
+    l0_target: float,
+    l0_coefficient: float,
+    form: str = "dictionary_learning",
+    tanh_scale: float = 4.0,
+):
     """The BatchTopK / JumpReLU training loss written densely with plain autograd on (n, d_sae) tensors.
     JumpReLU's straight-through estimator as a zero-valued surrogate: (θ − θ.detach())·g has value 0 and
-    gradient g wrt θ, with g = −(θ/ε)·K for the codes and −K/ε for the L0 (K = 1[|pre − θ| < ε/2])."""
+    gradient g wrt θ, with g = −(θ/ε)·K for the codes and −K/ε for the L0 (K = 1[|pre − θ| < ε/2]). The
+    sparsity forms as SAELens' JumpReLUTrainingSAE.calculate_aux_loss and dictionary_learning's JumpReluTrainer
+    write them: step mean_r L0_r; quadratic mean_r (2/t)(L0_r − t)²; tanh mean_r Σ_i tanh(c·codes·‖W_dec[i]‖);
+    dictionary_learning (mean_r L0_r / t − 1)²."""
     n = x.shape[0]
     pre = (x - sae.b_dec) @ sae.W_enc + sae.b_enc
     if arch == "batchtopk":
@@ -322,23 +334,30 @@ def _dense_objective(sae: SAE, x: torch.Tensor, arch: str, eps: float, l0_target
         step = (pre.detach() > theta).to(pre.dtype)
         window = ((pre.detach() - theta.detach()).abs() < eps / 2).to(pre.dtype)
         codes = pre * step + (theta - theta.detach()) * (-(theta.detach() / eps) * window)
-        l0 = (step + (theta - theta.detach()) * (-window / eps)).sum() / n
+        l0_rows = (step + (theta - theta.detach()) * (-window / eps)).sum(1)
     x_hat = codes @ sae.W_dec + sae.b_dec
     loss = ((x - x_hat) ** 2).sum() / ((x - x.mean(0)) ** 2).sum()
     if arch == "jumprelu":
-        loss = loss + l0_coefficient * (l0 / l0_target - 1) ** 2
+        penalty = {
+            "dictionary_learning": lambda: (l0_rows.mean() / l0_target - 1) ** 2,
+            "step": lambda: l0_rows.mean(),
+            "quadratic": lambda: (2 / l0_target * (l0_rows - l0_target) ** 2).mean(),
+            "tanh": lambda: torch.tanh(tanh_scale * codes * sae.W_dec.norm(dim=1)).sum(1).mean(),
+        }[form]()
+        loss = loss + l0_coefficient * penalty
     return loss, codes
 
 
 @pytest.mark.parametrize(
-    "arch, quantile",
-    [("batchtopk", None), ("jumprelu", 0.95), ("jumprelu", 0.5)],
-    ids=["batchtopk", "jumprelu-sparse", "jumprelu-dense"],
+    "arch, quantile, form",
+    [("batchtopk", None, None)]
+    + [("jumprelu", q, f) for f in ("dictionary_learning", "step", "quadratic", "tanh") for q in (0.95, 0.5)],
+    ids=lambda v: {None: "-", 0.95: "sparse", 0.5: "dense"}.get(v, v) if not isinstance(v, str) or v else v,
 )
-def test_sparse_step_equals_the_dense_objective(arch, quantile, monkeypatch):
+def test_sparse_step_equals_the_dense_objective(arch, quantile, form, monkeypatch):
     """forward_train's sparse path (the entries with a gradient only) gives the dense objective's loss, codes
     and the gradient of every parameter, θ included; so does JumpReLU's dense fallback (thresholds at the
-    median: half the entries active)."""
+    median: half the entries active); for each of JumpReLU's sparsity forms."""
     sae = _sae(arch, d_in=16, d_sae=64, k=6, dtype="float64")
     x = torch.randn(300, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3)) * 2 + 1
     eps, target, coefficient = 0.2, 6.0, 0.7
@@ -352,7 +371,8 @@ def test_sparse_step_equals_the_dense_objective(arch, quantile, monkeypatch):
 
         dense = jumprelu.dense_step
         monkeypatch.setattr(jumprelu, "dense_step", lambda *a: dense_calls.append(1) or dense(*a))
-    out = sae.forward_train(x, l0_target=target, l0_coefficient=coefficient, bandwidth=eps)
+    forms = {"sparsity_loss": form, "tanh_scale": 1.5} if form else {}
+    out = sae.forward_train(x, l0_target=target, l0_coefficient=coefficient, bandwidth=eps, **forms)
     assert len(dense_calls) == (quantile == 0.5)
     params = [
         p
@@ -360,7 +380,7 @@ def test_sparse_step_equals_the_dense_objective(arch, quantile, monkeypatch):
         if p is not None and p.requires_grad
     ]
     got = torch.autograd.grad(out.loss, params)
-    loss, codes = _dense_objective(sae, x, arch, eps, target, coefficient)
+    loss, codes = _dense_objective(sae, x, arch, eps, target, coefficient, form or "dictionary_learning", 1.5)
     want = torch.autograd.grad(loss, params)
     torch.testing.assert_close(out.loss, loss, rtol=1e-10, atol=1e-12)
     assert out.l0_sum == int((codes > 0).sum()) and torch.equal(out.fire_count, (codes > 0).sum(0).float())
@@ -388,3 +408,37 @@ def test_batch_topk_selection_equals_the_flat_topk_also_when_rows_overflow():
     sparse[0, :3] = torch.tensor([3.0, 2.0, 1.0])  # fewer positives than count: the rest are ties at 0
     got = batch_topk_entries(sparse, 100)
     assert got.numel() == 100 and {0, 1, 2} <= set(got.tolist())
+
+
+def test_jumprelu_sparsity_forms_against_their_formulas_on_a_small_input():
+    """S of each form on H = [[1, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]] (L0_r = 2, 1, 0; t = 2), by hand:
+    dictionary_learning (1/2 − 1)² = 1/4; step mean L0 = 1; quadratic (2/2)·(0² + 1² + 2²)/3 = 5/3; the same from
+    the flat entries of the sparse path (rows 0, 0, 1)."""
+    from saegeo.sae.architectures.jumprelu import sparsity_penalty
+
+    dense = torch.tensor([[1.0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.float64)
+    flat, rows = torch.ones(3, dtype=torch.float64), torch.tensor([0, 0, 1])
+    for form, want in (("dictionary_learning", 0.25), ("step", 1.0), ("quadratic", 5 / 3), ("tanh", 1.0)):
+        assert float(sparsity_penalty(form, dense, None, 3, 2.0)) == pytest.approx(want, rel=1e-12), form
+        assert float(sparsity_penalty(form, flat, rows, 3, 2.0)) == pytest.approx(want, rel=1e-12), form
+
+
+def test_jumprelu_sparsity_forms_train():
+    """Each form trains (60 steps of 1,000 rows): step and tanh lower L0 as their coefficient grows from 1e-3 to
+    3e-2; quadratic lowers its own penalty. Its L0 settles below the target on these rows (1.7 at t = 8; the rows
+    near each threshold carry L0_r above t, so its gradient raises every θ: benchmarks/README.md)."""
+    x = _synthetic(20_000)
+
+    def run(form: str, coefficient: float):
+        opts = {"l0_target": 8, "sparsity_loss": form, "l0_coefficient": coefficient}
+        cfg = TrainConfig(arch="jumprelu", arch_options={"jumprelu": opts}, d_sae=256, batch_tokens=1000,
+                          total_tokens=60_000, lr=1e-3, log_every=5, progress=False)  # fmt: skip
+        res = train_sae(cfg, x)
+        assert all(h["l0_loss"] > 0 for h in res.history), form
+        return res
+
+    for form in ("step", "tanh"):
+        low, high = run(form, 1e-3).heldout["l0"], run(form, 3e-2).heldout["l0"]
+        assert high < 0.7 * low, (form, low, high)
+    quadratic = run("quadratic", 0.05).history
+    assert quadratic[-1]["l0_loss"] < 0.5 * quadratic[0]["l0_loss"]

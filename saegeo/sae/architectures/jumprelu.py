@@ -1,8 +1,16 @@
 """JumpReLU SAE (Rajamanoharan et al. 2024; SAELens, Gemma Scope): codes = relu(pre)·[pre > θ_i].
 
-Training: codes = pre·H(pre − θ) (`JumpReLUFn`); loss = FVU + l0_coefficient·(L0/l0_target − 1)² with
-L0 = mean_rows Σ_i H(pre − θ_i) (`StepFn`: straight-through for θ, rectangle kernel of width `bandwidth`);
-without l0_target the penalty is l0_coefficient·L0 (the paper's form). The thresholds train at
+Training: codes = pre·H(pre − θ) (`JumpReLUFn`); loss = FVU + l0_coefficient·S, where the sparsity loss S is one
+of four forms (option `sparsity_loss`, named after their source; L0_r = Σ_i H(pre_ri − θ_i) through `StepFn`,
+straight-through for θ with a rectangle kernel of width `bandwidth`; L0 = mean_r L0_r; t = l0_target):
+
+    dictionary_learning  S = (L0/t − 1)²                          dictionary_learning's JumpReluTrainer (default)
+    step                 S = mean_r L0_r                          the JumpReLU paper; SAELens "step"
+    quadratic            S = mean_r (2/t)·(L0_r − t)²             Gemma Scope 2; SAELens "quadratic"
+    tanh                 S = mean_r Σ_i tanh(c·codes_ri·‖W_dec[i]‖) Anthropic; SAELens "tanh" (c = tanh_scale)
+
+FVU is SAELens' mean_r ‖x − x̂‖² divided by the batch's mean_r ‖x − x̄‖², so an l0_coefficient from SAELens is
+divided by that number here. The thresholds train at
 lr · threshold_lr_scale, start where each latent fires on an l0/d_sae share of the rows, and stay ≥ 0.
 Only the entries that are active or inside θ's window carry a gradient: they go through
 `kernels.GatheredLinear` and a bagged decode, unless more than an eighth of the batch does (`dense_step`).
@@ -11,7 +19,7 @@ Only the entries that are active or inside θ's window carry a gradient: they go
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -70,8 +78,34 @@ class StepFn(torch.autograd.Function):
         return None, grad_thr, None
 
 
+SparsityLoss = Literal["dictionary_learning", "step", "tanh", "quadratic"]
+
+
+def sparsity_penalty(
+    mode: str, entries: Tensor, rows: Tensor | None, n: int, l0_target: float | None
+) -> Float[Tensor, ""]:
+    """S of the module docstring from its per-entry terms: `entries` holds H(pre − θ) (or tanh(c·codes·‖W_dec[i]‖)
+    for "tanh") of every entry that can be nonzero, either the dense (n, d_sae) matrix (rows None) or a flat
+    vector whose rows are `rows`; the entries left out are 0.
+        dictionary_learning (L0/t − 1)²;  step, tanh  mean_r Σ_i entries_ri;  quadratic  mean_r (2/t)(L0_r − t)²"""
+    if mode == "quadratic":
+        per_row = entries.sum(1) if rows is None else entries.new_zeros(n).index_add(0, rows, entries)
+        return (2 / l0_target) * (per_row - l0_target).pow(2).mean()
+    mean = entries.sum() / n
+    if mode == "dictionary_learning" and l0_target:
+        return (mean / l0_target - 1).pow(2)
+    return mean  # step, tanh (and dictionary_learning without a target: the paper's L0)
+
+
 def dense_step(
-    sae, x: Tensor, centred_ss: Tensor, l0_target: float | None, l0_coefficient: float, bandwidth: float
+    sae,
+    x: Tensor,
+    centred_ss: Tensor,
+    l0_target: float | None,
+    l0_coefficient: float,
+    bandwidth: float,
+    sparsity: str = "dictionary_learning",
+    tanh_scale: float = 4.0,
 ) -> TrainOutput:
     """JumpReLU's objective on dense (n, d_sae) tensors: cheaper than the sparse path when more than an
     eighth of the entries are active or near θ. (x − b_dec) W_enc + b_enc = x W_enc + (b_enc − b_dec W_enc):
@@ -81,8 +115,11 @@ def dense_step(
     codes = JumpReLUFn.apply(pre, sae.threshold, bandwidth)
     sse = (x - torch.addmm(sae.b_dec, codes, sae.W_dec)).pow(2).sum()
     fire_count = torch.count_nonzero(codes.detach(), dim=0).to(torch.float32)
-    l0 = StepFn.apply(pre, sae.threshold, bandwidth).sum() / x.shape[0]
-    aux = (l0 / l0_target - 1).pow(2) if l0_target else l0
+    if sparsity == "tanh":
+        entries = torch.tanh(tanh_scale * codes * sae.W_dec.norm(dim=1))
+    else:
+        entries = StepFn.apply(pre, sae.threshold, bandwidth)
+    aux = sparsity_penalty(sparsity, entries, None, x.shape[0], l0_target)
     loss = sse / centred_ss + l0_coefficient * aux
     return TrainOutput(
         loss, sse.detach(), centred_ss, fire_count.sum(), fire_count > 0, fire_count, {"l0_loss": aux.detach()}
@@ -109,6 +146,12 @@ class JumpReLUOptions:
         0.05, "width ε of the rectangle kernel of the threshold's straight-through estimator", above=0
     )
     threshold_lr_scale: float = option(10.0, "the thresholds' learning rate is lr times this", low=0)
+    sparsity_loss: SparsityLoss = option(
+        "dictionary_learning",
+        "the sparsity loss, after its source: dictionary_learning (L0/t − 1)², step (SAELens', the paper's L0), "
+        "quadratic (Gemma Scope 2: mean_r (2/t)(L0_r − t)²), tanh (Anthropic: Σ tanh(c·codes·‖W_dec[i]‖))",
+    )
+    tanh_scale: float = option(4.0, "c of the tanh sparsity loss (SAELens' jumprelu_tanh_scale)", above=0)
 
     def __post_init__(self) -> None:
         check(self)
@@ -152,6 +195,8 @@ class JumpReLU(Architecture):
         l0_target: float | None = None,
         l0_coefficient: float = 0.0,
         bandwidth: float = 0.05,
+        sparsity_loss: str = "dictionary_learning",
+        tanh_scale: float = 4.0,
         **_: Any,
     ) -> TrainOutput:
         xc = sae.centre(x)
@@ -162,7 +207,7 @@ class JumpReLU(Architecture):
             near = rectangle_window(pre, sae.threshold, bandwidth) > 0
             entries = ((pre > sae.threshold) | near).view(-1).nonzero()[:, 0]
         if entries.numel() > pre.numel() // 8:  # far from sparse (thresholds too low)
-            return dense_step(sae, x, centred_ss, l0_target, l0_coefficient, bandwidth)
+            return dense_step(sae, x, centred_ss, l0_target, l0_coefficient, bandwidth, sparsity_loss, tanh_scale)
         rows, cols, offsets = row_sorted_entries(entries, n, d_sae)
         gathered = GatheredLinear.apply(xc, sae.W_enc, sae.b_enc, cols, pre[rows, cols], rows, offsets)
         threshold = sae.threshold[cols]  # one θ per entry: its gradient scatters back per latent
@@ -171,9 +216,12 @@ class JumpReLU(Architecture):
         sse = (x - x_hat).pow(2).sum()
         active = values.detach() > 0
         fire_count = torch.zeros(d_sae, device=x.device, dtype=torch.float32).index_add_(0, cols, active.float())
-        # entries outside the set add H = 0 and no gradient: the L0 of the whole batch
-        l0 = StepFn.apply(gathered, threshold, bandwidth).sum() / n
-        aux = (l0 / l0_target - 1).pow(2) if l0_target else l0
+        # entries outside the set add H = 0 (tanh(0) = 0) and no gradient: the sparsity of the whole batch
+        if sparsity_loss == "tanh":
+            entries = torch.tanh(tanh_scale * values * sae.W_dec.norm(dim=1)[cols])
+        else:
+            entries = StepFn.apply(gathered, threshold, bandwidth)
+        aux = sparsity_penalty(sparsity_loss, entries, rows, n, l0_target)
         loss = sse / centred_ss + l0_coefficient * aux
         return TrainOutput(
             loss, sse.detach(), centred_ss, active.sum(), fire_count > 0, fire_count, {"l0_loss": aux.detach()}
@@ -184,7 +232,8 @@ class JumpReLU(Architecture):
 
     def option_summary(self, tcfg) -> str:
         opts = self.options(tcfg)
-        return f"L0 target={opts.l0_target}, l0_coefficient={opts.l0_coefficient:g}"
+        form = "" if opts.sparsity_loss == "dictionary_learning" else f", sparsity_loss={opts.sparsity_loss}"
+        return f"L0 target={opts.l0_target}, l0_coefficient={opts.l0_coefficient:g}{form}"
 
     def param_groups(self, sae, tcfg) -> list[dict]:
         sae.threshold.requires_grad_(True)
@@ -197,7 +246,13 @@ class JumpReLU(Architecture):
 
     def step_options(self, tcfg, step: int, d_in: int) -> dict:
         opts = self.options(tcfg)
-        return {"l0_target": opts.l0_target, "l0_coefficient": opts.l0_coefficient, "bandwidth": opts.bandwidth}
+        return {
+            "l0_target": opts.l0_target,
+            "l0_coefficient": opts.l0_coefficient,
+            "bandwidth": opts.bandwidth,
+            "sparsity_loss": opts.sparsity_loss,
+            "tanh_scale": opts.tanh_scale,
+        }
 
     def after_step(self, sae, out, step, tcfg, mean_across_ranks) -> None:
         sae.threshold.data.clamp_(min=0.0)  # codes pre·H(pre − θ) stay ≥ 0
