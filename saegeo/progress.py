@@ -3,6 +3,7 @@ line on a terminal, nothing elsewhere (a pipe, a log file, a test), where a redr
 
 ``progress_bar(iterable=None, *, enabled=True, **tqdm_options)``   a tqdm bar (disabled where it cannot be seen).
 ``progress_surface() -> "notebook" | "terminal" | None``         where a bar can be seen.
+``quiet_tqdm_auto()``                                             tqdm.auto imported without its ipywidgets warning.
 """
 
 from __future__ import annotations
@@ -35,6 +36,22 @@ def progress_bar(iterable: Any = None, *, enabled: bool = True, **tqdm_options: 
     from tqdm.std import tqdm
 
     return tqdm(iterable, disable=surface is None, **tqdm_options)
+
+
+def quiet_tqdm_auto() -> None:
+    """Import tqdm.auto once with its "IProgress not found" TqdmWarning silenced; call before importing a library
+    that imports it at its own import (transformers, transformer_lens, huggingface_hub). In a Jupyter kernel without
+    ipywidgets (saegeo's bars need none) tqdm.auto prints that warning into the user's cell, then falls back to
+    tqdm.std anyway; once imported it never warns again, and other warnings pass as before."""
+    if "tqdm.auto" in sys.modules:
+        return
+    import warnings
+
+    from tqdm.std import TqdmWarning
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found", category=TqdmWarning)
+        import tqdm.auto  # noqa: F401
 
 
 def notebook_bar() -> type:

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from saegeo.errors import BadInputError
+from saegeo.progress import quiet_tqdm_auto
 
 TEXT_SUFFIXES = (".txt", ".md", ".text")
 TOKEN_SUFFIXES = (".npy", ".safetensors")  # token-id arrays
@@ -253,6 +254,7 @@ def _json_array(path: Path) -> list[Any]:
 @contextlib.contextmanager
 def _offline_datasets() -> Iterator[Any]:
     """The datasets package with the hub switched off for the duration (saegeo never downloads)."""
+    quiet_tqdm_auto()  # datasets and huggingface_hub import tqdm.auto (a warning in a notebook without ipywidgets)
     datasets = _optional("datasets", "a datasets corpus")
     import huggingface_hub.constants as hub_constants
 

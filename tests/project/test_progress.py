@@ -83,3 +83,30 @@ def test_in_a_notebook_a_bar_is_one_output_redrawn_in_place(monkeypatch, capfd):
     assert captured.err == "" and captured.out == ""
     progress_bar(total=3, enabled=False).close()
     assert len(shown) == 1
+
+
+# a kernel as tqdm.autonotebook recognises one (ipykernel.zmqshell and IPython imported), with ipywidgets absent
+_FAKE_KERNEL = """import sys, types, IPython
+sys.modules["ipywidgets"] = None
+sys.modules["ipykernel.zmqshell"] = types.ModuleType("ipykernel.zmqshell")
+"""
+
+
+def _stderr_of(code: str) -> str:
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", _FAKE_KERNEL + code], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+def test_loading_a_model_in_a_notebook_prints_no_tqdm_warning():
+    """The quickstart's cache cell loads the model: transformers imports tqdm.auto, which in a kernel without
+    ipywidgets printed "TqdmWarning: IProgress not found" into the cell. saegeo imports it quietly first."""
+    assert "IProgress not found" in _stderr_of("import tqdm.auto")  # the fake kernel is one tqdm warns in
+    stderr = _stderr_of("import saegeo.activations.models as m; m._quiet_transformers(); import tqdm.auto")
+    assert "TqdmWarning" not in stderr and "IProgress" not in stderr, stderr

@@ -78,3 +78,41 @@ def test_the_input_flag_neither_misfires_nor_misses(rows_and_saes):
         assert [f.evidence.get("folded") for f in _whitening(report.flags, "folded")] == [True]
         inputs = _whitening(report.flags, "activations")
         assert [f.severity for f in inputs] == (["warning"] if whitened else []), [f.summary for f in inputs]
+
+
+def _medians_by_numpy(path: Path) -> tuple[float, float]:
+    """median cos(e_i, w_i) and median cos(e_i, G⁻¹w_i) over every latent, G = WᵀW/N, in float64 numpy from the
+    file SAELens wrote (no saegeo reader, no sampling)."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    weights = load_file(path / "sae_weights.safetensors")
+    e, w = weights["W_enc"].T.astype(np.float64), weights["W_dec"].astype(np.float64)
+    v = np.linalg.solve(w.T @ w / w.shape[0], w.T).T
+
+    def cos(a, b):
+        return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+    return float(np.median(cos(e, w))), float(np.median(cos(e, v)))
+
+
+def test_saelens_own_covariance_whitening_is_read_from_the_weights():
+    """SAELens 6.54.12's own SAETrainer with normalize_activations = "covariance_whitening" on MiniLM blocks.3 rows
+    (make_saelens_trained.py: it trains on z = (x − μ)M and folds M into the weights at the end, leaving
+    normalize_activations "none"): check raises whitening_misuse (folded); the same TopK (same initial weights,
+    same batches) trained on the raw rows raises none."""
+    import json
+
+    opts = CheckOptions(progress=False)
+    whitened, raw = FIXTURES / "saelens_trained_topk_wide_whitened", FIXTURES / "saelens_trained_topk_wide"
+    for path in (whitened, raw):  # nothing in the config says so: only the weights carry the whitening
+        assert json.loads((path / "cfg.json").read_text())["normalize_activations"] == "none"
+    [flag] = _whitening(check_dictionary(whitened, options=opts, name="whitened").flags)
+    assert flag.severity == "warning" and flag.evidence["folded"] is True
+    assert flag.evidence["latents"] == 768  # every latent (2d) sampled
+    raw_cos, white_cos = _medians_by_numpy(whitened)
+    assert flag.evidence["median_cos"] == pytest.approx(raw_cos, abs=1e-3)
+    assert flag.evidence["median_cos_whitened"] == pytest.approx(white_cos, abs=1e-3)
+    assert not _whitening(check_dictionary(raw, options=opts, name="raw").flags)
+    raw_cos, white_cos = _medians_by_numpy(raw)
+    assert raw_cos > 0.5 and raw_cos > white_cos  # the raw twin's encoder follows its decoder rows themselves

@@ -21,6 +21,7 @@ from typing import Any
 
 from saegeo.errors import FormatError
 from saegeo.io import hf_download_command
+from saegeo.progress import quiet_tqdm_auto
 from saegeo.sae.formats.format_reader import expected_layouts, format_readers
 from saegeo.sae.formats.reader_checks import check_config, schema_types
 from saegeo.sae.sae_source import hub_id_parts
@@ -267,6 +268,7 @@ def download_hub_dictionary(hub: HubDictionary) -> Path:
     """The local path of hub.subfolder in hub.repo_id, through huggingface_hub's snapshot_download (only that
     subfolder's files, or the release layout's own files), so a populated cache works offline. HF_HUB_CACHE and
     HF_HUB_OFFLINE are read at call time."""
+    quiet_tqdm_auto()  # huggingface_hub imports tqdm.auto (a warning in a notebook without ipywidgets)
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
