@@ -441,13 +441,15 @@ _PER_LATENT = ("fire_count", "latent_sum", "latent_sq_sum")
 
 @dataclass
 class CodeMomentAccumulator:
-    """Streaming statistics of non-negative codes for the amplification law; mergeable, serialisable.
+    """Streaming statistics of codes for the amplification law; mergeable, serialisable.
 
-    Per code (row) a: L0 = #{a_i > 0}, S = Σ a_i, Q = Σ a_i². Accumulated in float64:
-    n codes, Σ L0, Σ a and Σ a² over nonzero entries, per-latent fire counts, Σ a_i and Σ a_i², and, when
-    ``mean_sq_norm`` (‖ū‖² of the unit dictionary) is given, Σ S/√(S²‖ū‖² + (1−‖ū‖²)Q) for the
-    mean-cosine form (codes with S = 0 contribute 0: their direction is undefined, they add nothing).
-    Codes must already carry the decoder norms (a_i·‖W_dec,i‖) when the rows are not unit.
+    Per code (row) a: L0 = #{a_i ≠ 0}, S = Σ a_i, Q = Σ a_i². Accumulated in float64:
+    n codes, Σ L0, Σ a and Σ a² over nonzero entries, the count of negative entries, per-latent fire counts, Σ a_i
+    and Σ a_i², and, when ``mean_sq_norm`` (‖ū‖² of the unit dictionary) is given, Σ S/√(S²‖ū‖² + (1−‖ū‖²)Q) for the
+    mean-cosine form (codes with Q = 0 contribute 0: their direction is undefined, they add nothing).
+    Codes of both signs (AbsTopK) are accumulated as they are (``signed``); the one-rate forms then need the codes
+    oriented (``oriented_r``, docs/statistics.md §9). Codes must already carry the decoder norms (a_i·‖W_dec,i‖)
+    when the rows are not unit.
     """
 
     n_latents: int
@@ -457,6 +459,7 @@ class CodeMomentAccumulator:
     value_sum: float = 0.0
     value_sq_sum: float = 0.0
     ratio_sum: float = 0.0
+    negative_count: float = 0.0  # nonzero entries below 0: codes of both signs when > 0
     fire_count: Tensor = field(default=None)  # type: ignore[assignment]
     latent_sum: Tensor = field(default=None)  # type: ignore[assignment]
     latent_sq_sum: Tensor = field(default=None)  # type: ignore[assignment]
@@ -470,12 +473,10 @@ class CodeMomentAccumulator:
         """Add a batch of codes: dense (B, N), torch sparse, or SparseCodes (see ``coo_codes``)."""
         n_rows, rows, cols, values = coo_codes(codes)
         rows, cols, values = rows.cpu(), cols.cpu(), values.detach().cpu().to(torch.float64)
-        if values.numel() and (not torch.isfinite(values).all() or (values < 0).any()):
-            bad = int(rows[~(torch.isfinite(values) & (values >= 0))][0])
-            raise BadInputError(
-                f"codes row {bad} of this batch is negative or non-finite; the law needs non-negative codes"
-            )
-        keep = values > 0
+        if values.numel() and not torch.isfinite(values).all():
+            bad = int(rows[~torch.isfinite(values)][0])
+            raise BadInputError(f"codes row {bad} of this batch is not finite")
+        keep = values != 0
         rows, cols, values = rows[keep], cols[keep], values[keep]
         if cols.numel() and int(cols.max()) >= self.n_latents:
             raise BadInputError(
@@ -485,6 +486,7 @@ class CodeMomentAccumulator:
         self.l0_sum += float(values.numel())
         self.value_sum += float(values.sum())
         self.value_sq_sum += float(values.square().sum())
+        self.negative_count += float((values < 0).sum())
         self.fire_count += torch.bincount(cols, minlength=self.n_latents).to(torch.float64)
         self.latent_sum += torch.bincount(cols, weights=values, minlength=self.n_latents)
         self.latent_sq_sum += torch.bincount(cols, weights=values.square(), minlength=self.n_latents)
@@ -492,7 +494,7 @@ class CodeMomentAccumulator:
             s = torch.zeros(n_rows, dtype=torch.float64).index_add_(0, rows, values)
             q = torch.zeros(n_rows, dtype=torch.float64).index_add_(0, rows, values.square())
             denom = (s.square() * self.mean_sq_norm + (1.0 - self.mean_sq_norm) * q).sqrt()
-            self.ratio_sum += float(torch.where(s > 0, s / denom.clamp_min(1e-300), 0.0).sum())
+            self.ratio_sum += float(torch.where(q > 0, s / denom.clamp_min(1e-300), 0.0).sum())
         return self
 
     # ---- measures
@@ -508,10 +510,35 @@ class CodeMomentAccumulator:
 
     @property
     def r(self) -> float:
-        """r = E[a|a>0]²/E[a²|a>0] over all nonzero entries (1/2 Exp, 2/π half-normal, 1 constant)."""
+        """r = E[a|a≠0]²/E[a²|a≠0] over all nonzero entries (1/2 Exp, 2/π half-normal, 1 constant; signed codes:
+        the signed mean, 0 for symmetric signs)."""
         if self.l0_sum == 0:
             return float("nan")
         return (self.value_sum / self.l0_sum) ** 2 / (self.value_sq_sum / self.l0_sum)
+
+    @property
+    def signed(self) -> bool:
+        """Whether any code was negative (AbsTopK and any dictionary whose codes take both signs)."""
+        return self.negative_count > 0
+
+    @property
+    def negative_share(self) -> float:
+        """The share of nonzero codes below 0."""
+        return self.negative_count / self.l0_sum if self.l0_sum else 0.0
+
+    @property
+    def orientation(self) -> Float[Tensor, " N"]:
+        """s_i = sign(Σ a_i) (+1 where it is 0): flipping latent i's code and decoder row by s_i changes no
+        reconstruction and makes each latent's mean code ≥ 0 (the identity for non-negative codes)."""
+        return torch.where(self.latent_sum < 0, -1.0, 1.0).to(torch.float64)
+
+    @property
+    def oriented_r(self) -> float:
+        """r̃ = E[s_i a_i | a_i ≠ 0]²/E[a_i² | a_i ≠ 0] = (Σ_i |Σ a_i| / L0)² / (Σ a² / L0): r of the oriented codes
+        (= r for non-negative codes)."""
+        if self.l0_sum == 0:
+            return float("nan")
+        return (float(self.latent_sum.abs().sum()) / self.l0_sum) ** 2 / (self.value_sq_sum / self.l0_sum)
 
     @property
     def firing_frequency(self) -> Float[Tensor, " N"]:
@@ -564,6 +591,7 @@ class CodeMomentAccumulator:
         self.value_sum += other.value_sum
         self.value_sq_sum += other.value_sq_sum
         self.ratio_sum += other.ratio_sum
+        self.negative_count += other.negative_count
         for name in _PER_LATENT:
             getattr(self, name).add_(getattr(other, name))
         return self
@@ -581,6 +609,7 @@ class CodeMomentAccumulator:
             "value_sum": self.value_sum,
             "value_sq_sum": self.value_sq_sum,
             "ratio_sum": self.ratio_sum,
+            "negative_count": self.negative_count,
             **{name: getattr(self, name).clone() for name in _PER_LATENT},
         }
 

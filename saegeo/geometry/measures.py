@@ -20,6 +20,8 @@ Scalar measures (pure functions, reusable by the report and other modules):
     influence), the finite-d bias of the pooled null, null_z = (A − A_null − bias)/sd; it is
     ``null_test_from_sums(null_test_sums(acc), A, A_null)``, and ``null_test_sums_from_rows(rows)`` gives the same
     sums from a row sample (n × n unit gram; ``entry_marginal_from_bins`` the two-point law of the entry bins).
+``signed_null_test(Σŷ, Σŷŷᵀ, n) -> SignedNullTest``  the cone of rows whose law is sign-symmetric (ŷ and −ŷ alike: codes
+    of both signs, AbsTopK) has E Â = 0 and Var Â = 2 tr C²/(n(n − 1)); z = Â/sd (docs/statistics.md §9).
 Summary:
 ``activation_geometry(acc, *, top_k_eigvecs=10, n_rogue=10, rank_rel_tol=None) -> ActivationGeometry``  every number of
     docs/design.md "The math" (except the amplification law); ``.to_dict()`` is JSON-safe (no NaN/inf: undefined → None),
@@ -572,6 +574,42 @@ def null_test_from_sums(sums: NullTestSums, anisotropy: float, null: float) -> N
         null_sd_rel_error=sd_rel_error,
         null_z_withheld=withheld,
     )
+
+
+@dataclass
+class SignedNullTest:
+    """Â of rows against the signed null (their law unchanged by y → −y), docs/statistics.md §9."""
+
+    anisotropy: float  # Â, the mean pairwise cosine of the n nonzero rows
+    sd: float  # √(2 tr Ĉ²/(n(n − 1))): the exact sd of Â under the null, tr Ĉ² unbiased
+    z: float | None  # Â/sd; None when n < 4 or tr Ĉ² ≤ 0
+    tr_c2: float  # tr C² = E(ŷ·ŷ')², unbiased over distinct rows
+    n: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def signed_null_test(unit_sum: Float[Tensor, " d"], unit_scatter: Float[Tensor, "d d"], n: int) -> SignedNullTest:
+    """Â against the signed null: rows ŷ whose law is symmetric, ŷ ≐ −ŷ (what codes of both signs with no preferred
+    sign make: Σ ±a_i u_i), so that m = E ŷ = 0 whatever the dictionary, the magnitudes or the co-firing.
+
+    Â = (‖S‖² − n)/(n(n − 1)) is then a degenerate U-statistic (ζ₁ = mᵀCm − ‖m‖⁴ = 0) and exactly
+        E Â = 0,   Var Â = 2 tr C²/(n(n − 1)),   C = E ŷŷᵀ,
+    with tr C² estimated without bias over distinct rows, (tr G² − n)/(n(n − 1)), G = Σ ŷŷᵀ (``unit_scatter``).
+    z = Â/sd. For codes iid across latents, exchangeable, on orthonormal rows tr C² = 1/N exactly (the isotropic sd
+    with d → N); in general ≈ ‖Σ_y‖²_F/(tr Σ_y)², Σ_y = E yyᵀ. A skew of the signs makes m ≠ 0 and E Â ≈ A_het
+    (the per-latent law): the alternative this z detects.
+    """
+    total = torch.as_tensor(unit_sum, dtype=torch.float64)
+    scatter = torch.as_tensor(unit_scatter, dtype=torch.float64)
+    if n < 2:
+        return SignedNullTest(float("nan"), float("nan"), None, float("nan"), int(n))
+    anisotropy = (float(total @ total) - n) / (n * (n - 1))
+    tr_c2 = (float(scatter.square().sum()) - n) / (n * (n - 1))
+    sd = math.sqrt(max(2.0 * tr_c2 / (n * (n - 1)), 0.0))
+    z = anisotropy / sd if n >= 4 and sd > 0 else None
+    return SignedNullTest(anisotropy, sd, z, tr_c2, int(n))
 
 
 # ---------------------------------------------------------------------- the summary

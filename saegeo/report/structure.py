@@ -137,7 +137,7 @@ def sae_structure(sae: Any, acts: Any, options: StructureOptions | None = None) 
             codes = sae.encode(x.to(sae.W_enc.dtype))
             x_hat = sae.decode(codes).to(torch.float32)
             acc.add(x, x - x_hat)
-            fire += (codes > 0).sum(0)
+            fire += (codes != 0).sum(0)  # signed codes (AbsTopK) fire below 0 too
     n = acc.rows_seen
     if n < 2:
         raise BadInputError(f"{acts}: needs at least 2 rows, got {n}")

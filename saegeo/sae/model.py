@@ -2,7 +2,7 @@
 
     x' = normalize(x)                      (identity, or OpenAI-style LayerNorm; inverted after decode)
     pre = (x' - b_dec·[apply_b_dec_to_input]) @ W_enc + b_enc   (· ‖W_dec[i]‖ if rescale_acts_by_decoder_norm)
-    codes = architecture.encode(pre) >= 0  (relu | topk | jumprelu | batchtopk | any registered one)
+    codes = architecture.encode(pre)       (relu | topk | jumprelu | batchtopk | gated: ≥ 0; abstopk: both signs)
     x_hat = denormalize(codes @ W_dec + b_dec)
 
 Tensors: W_enc (d_in, d_sae), b_enc (d_sae), W_dec (d_sae, d_in), b_dec (d_in) -- the SAELens layout.
@@ -206,7 +206,7 @@ class SAE(nn.Module):
         return codes / self.W_dec.norm(dim=-1) if self.cfg.rescale_acts_by_decoder_norm else codes
 
     def encode(self, x: Float[Tensor, "n d_in"]) -> Float[Tensor, "n d_sae"]:
-        """codes = activation(pre) ≥ 0, dense (n, d_sae)."""
+        """codes = activation(pre), dense (n, d_sae): ≥ 0, or of both signs for abstopk."""
         self._check_input(x)
         return self.architecture.encode(self, self.pre_activations(x))
 

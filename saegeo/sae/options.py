@@ -68,7 +68,7 @@ class TrainConfig(StreamOptions, DeviceOption):
 
     arch: str = option(
         "topk",
-        "SAE architecture: relu, topk, batchtopk, jumprelu or another registered one (saegeo.sae.architectures); "
+        "SAE architecture: relu, topk, batchtopk, jumprelu, gated, abstopk or another registered one (saegeo.sae.architectures); "
         "its own options are --ARCH.OPTION (see below)",
     )
     d_sae: int | None = option(None, "number of latents (overrides expansion); default expansion · d_in", low=1)

@@ -128,8 +128,18 @@ def test_code_accumulator_merge_state_and_sparse_input_agree():
     assert whole.K == pytest.approx((dense_np > 0).sum(1).mean())
     assert whole.r == pytest.approx(nz.mean() ** 2 / (nz**2).mean(), rel=1e-10)
     assert np.allclose(whole.firing_frequency.numpy(), (dense_np > 0).mean(0))
-    with pytest.raises(BadInputError, match="negative"):
-        CodeMomentAccumulator(3).add(torch.tensor([[0.5, -1.0, 0.0]]))
+    assert not whole.signed and whole.oriented_r == pytest.approx(whole.r, rel=1e-12)
+    with pytest.raises(BadInputError, match="not finite"):
+        CodeMomentAccumulator(3).add(torch.tensor([[0.5, float("nan"), 0.0]]))
+    # codes of both signs (AbsTopK): counted as codes, r with their signs, r̃ with each latent oriented by its mean
+    signed = torch.tensor([[0.5, -1.0, 0.0], [-0.5, -2.0, 3.0], [0.0, 0.0, -1.0]], dtype=torch.float64)
+    acc = CodeMomentAccumulator(3).add(signed)
+    nz = signed[signed != 0]
+    assert acc.signed and acc.K == pytest.approx(6 / 3) and acc.negative_share == pytest.approx(4 / 6)
+    assert acc.r == pytest.approx(float(nz.mean()) ** 2 / float(nz.square().mean()), rel=1e-12)
+    oriented = signed * torch.tensor([1.0, -1.0, 1.0])  # latent 1's mean is < 0: flipped; latents 0 and 2 are ≥ 0
+    assert torch.equal(acc.orientation, torch.tensor([1.0, -1.0, 1.0], dtype=torch.float64))
+    assert acc.oriented_r == pytest.approx(float(oriented[oriented != 0].mean()) ** 2 / float(nz.square().mean()))
     with pytest.raises(BadInputError, match="merge"):
         whole.merge(CodeMomentAccumulator(201, gen.truth.mean_sq_norm))
 

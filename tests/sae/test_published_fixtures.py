@@ -71,6 +71,7 @@ def test_fixture_set_covers_the_issue():
         "saelens_gated",
         "saelens_gated_training",
         "dl_gated",
+        "saelens_abstopk",
     }
     assert required <= set(INDEX)
 
@@ -98,11 +99,6 @@ def test_llama_scope_facts():
     info = _load("llama_scope").format_info
     assert info.expected_input_norm == 40.0 and info.source_dtype == "bfloat16"
     assert info.input_scale_folded == pytest.approx(32**0.5 / 40.0)
-
-
-def test_sparsify_signed_refused_by_name():
-    with pytest.raises(FormatError, match=r"cfg\.json: sparsify signed: true.*negative codes"):
-        _load("sparsify_signed_handbuilt")
 
 
 def test_dictionary_learning_training_backup_refused_by_name(tmp_path):

@@ -184,9 +184,13 @@ def test_a_toy_architecture_module_is_found_trained_saved_read_and_reported(toy,
 
 
 def test_an_unregistered_architecture_is_refused_in_one_line():
-    with pytest.raises(BadInputError, match=r"arch = 'gained': expected one of \['batchtopk', .*'relu', 'topk'\]"):
+    with pytest.raises(
+        BadInputError, match=r"arch = 'gained': expected one of \['abstopk', 'batchtopk', .*'relu', 'topk'\]"
+    ):
         TrainConfig(arch="gained")
-    with pytest.raises(FormatError, match="unknown SAE architecture 'gained'; registered: batchtopk, .*relu, topk"):
+    with pytest.raises(
+        FormatError, match="unknown SAE architecture 'gained'; registered: abstopk, batchtopk, .*relu, topk"
+    ):
         SAEConfig(8, 16, activation="gained")
     with pytest.raises(BadInputError, match=r"arch_options: \['gained'\] name no registered architecture"):
         TrainConfig(arch="topk", arch_options={"gained": {"sparsity": 1.0}})

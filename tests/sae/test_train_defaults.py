@@ -54,7 +54,7 @@ def test_free_rows_start_at_half_unless_the_run_is_too_short_to_grow_them_back()
 
 @pytest.mark.parametrize("arch", ["batchtopk", "jumprelu"])
 def test_free_decoder_norms_are_refused_where_folding_would_change_the_codes(arch):
-    with pytest.raises(BadInputError, match=r"decoder_norm = 'free' is for \['relu', 'topk'\]"):
+    with pytest.raises(BadInputError, match=r"decoder_norm = 'free' is for \['abstopk', 'relu', 'topk'\]"):
         _cfg(arch=arch, decoder_norm="free")
 
 
@@ -155,5 +155,5 @@ def test_the_architecture_names_read_without_torch_are_the_registrys_own(monkeyp
     assert registered_architecture_names() == architecture_names()  # loaded: the registry answers
     monkeypatch.delitem(sys.modules, "saegeo.sae.architectures")  # as before torch is imported
     assert set(registered_architecture_names()) == own and len(own) >= 4
-    with pytest.raises(BadInputError, match=r"arch = 'nope': expected one of \['batchtopk'"):
+    with pytest.raises(BadInputError, match=r"arch = 'nope': expected one of \['abstopk', 'batchtopk'"):
         TrainConfig(arch="nope")

@@ -194,7 +194,8 @@ class Architecture:
 
     # ------------------------------------------------------------------ inference
     def encode(self, sae, pre: Float[Tensor, "n d_sae"]) -> Float[Tensor, "n d_sae"]:
-        """Dense codes ≥ 0 from the pre-activations (a latent-wise architecture: `encode_latents` of them all)."""
+        """Dense codes from the pre-activations, ≥ 0 unless the architecture keeps signs (abstopk); a latent-wise
+        architecture: `encode_latents` of them all."""
         if self.latent_wise:
             return self.encode_latents(sae, pre, slice(0, pre.shape[-1]))
         raise NotImplementedError

@@ -99,9 +99,13 @@ def auxk_loss(
     aux_coefficient: float,
     centred_ss_fn: Callable[[Tensor], Tensor],
     gathered: Callable[[Tensor], Tensor],
+    *,
+    signed: bool = False,
 ) -> Tensor:
     """AuxK: ‖e − ê‖²/‖e − ē‖² · min(n_dead/aux_k, 1), ê from the top-aux_k dead latents of each row (pre is
     detached; `gathered(idx)` gives those entries with their gradient). Zero without dead latents.
+    ``signed`` (AbsTopK): ``pre`` holds the keys |pre| the dead latents are chosen on, and their codes keep their sign
+    (SAELens' calculate_abstopk_aux_acts) instead of relu(pre).
     Unlike sparsify, which divides by the batch's Σ‖x − x̄‖² and adds b_dec to ê, the residual is normalised
     by its own centred sum of squares (Gao et al. 2024)."""
     use_aux = dead_mask is not None and aux_k > 0 and aux_coefficient > 0
@@ -118,7 +122,9 @@ def auxk_loss(
         else:
             dead_pre = torch.where(dead_mask, pre, torch.full_like(pre, -torch.inf))
             aux_idx = dead_pre.topk(k_aux, dim=-1, sorted=False).indices
-    aux_vals = F.relu(gathered(aux_idx)) * dead_mask[aux_idx]  # rows with < k_aux dead latents: mask the rest
+    chosen = gathered(aux_idx)
+    # rows with < k_aux dead latents: mask the rest
+    aux_vals = (chosen if signed else F.relu(chosen)) * dead_mask[aux_idx]
     e = err.detach()
     # the bag's weights in the decoder's dtype (under autocast the gathered pre-activations are bfloat16)
     e_hat = F.embedding_bag(aux_idx, sae.W_dec, per_sample_weights=aux_vals.to(sae.W_dec.dtype), mode="sum")

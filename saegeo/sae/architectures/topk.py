@@ -151,28 +151,41 @@ class TopK(Architecture):
             pre = torch.addmm(sae.b_enc, xc, sae.W_enc)
             if row_norms is not None:
                 pre.mul_(row_norms)  # in place: latents (and AuxK's) chosen on pre_i·‖w_i‖
-            if sae.cfg.topk_order == "relu_then_topk":
-                # in place: the entries used below are relu'd again, and a latent at 0 adds nothing and gets
-                # no gradient either way; saves a (n × d_sae) copy per step
-                pre.relu_()
-            indices = pre.topk(int(sae.cfg.k), dim=-1, sorted=False).indices
+            keys = self.selection_keys(sae, pre)
+            indices = keys.topk(int(sae.cfg.k), dim=-1, sorted=False).indices
 
         gathered = gathered_pre(xc, sae, pre, row_norms)  # the chosen entries of pre itself, with their gradient
-        values = F.relu(gathered(indices))
-        if decoder_norms is not None:  # codes in the rescaled units decode_sparse divides out: x̂ = Σ relu(pre_i)·w_i
+        values = self.code_values(gathered(indices))
+        if decoder_norms is not None:  # codes in the rescaled units decode_sparse divides out: x̂ = Σ code_i·w_i
             values = values * decoder_norms[indices]
         x_hat = sae.decode_sparse(values, indices)
         err = x - x_hat
         sse = err.pow(2).sum()
         loss = sse / centred_ss
-        aux = auxk_loss(sae, err, pre, dead_mask, aux_k, aux_coefficient, centred_ss_fn, gathered)
+        aux = auxk_loss(
+            sae, err, keys, dead_mask, aux_k, aux_coefficient, centred_ss_fn, gathered, signed=self.signed_codes
+        )
         loss = loss + aux_coefficient * aux
-        active = values > 0
+        active = values != 0
         fire_count = torch.zeros(sae.cfg.d_sae, device=x.device, dtype=torch.float32)
         fire_count.index_add_(0, indices.flatten(), active.flatten().float())
         return TrainOutput(
             loss, sse.detach(), centred_ss, active.sum(), fire_count > 0, fire_count, {"auxk_loss": aux.detach()}
         )
+
+    signed_codes = False  # codes are relu(pre): AuxK's too
+
+    def selection_keys(self, sae, pre: Float[Tensor, "n d_sae"]) -> Float[Tensor, "n d_sae"]:
+        """What the k latents (and AuxK's dead ones) are chosen on while training: pre, or relu(pre) per topk_order."""
+        if sae.cfg.topk_order == "relu_then_topk":
+            # in place: the entries used are relu'd again, and a latent at 0 adds nothing and gets no gradient either
+            # way; saves a (n × d_sae) copy per step
+            pre.relu_()
+        return pre
+
+    def code_values(self, chosen: Tensor) -> Tensor:
+        """The codes of the chosen entries of pre (with their gradient)."""
+        return F.relu(chosen)
 
     def step_options(self, tcfg, step: int, d_in: int) -> dict:
         return aux_options(self.options(tcfg), d_in)

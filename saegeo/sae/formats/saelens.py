@@ -423,10 +423,11 @@ def _saelens_config(raw: dict, where: object, weights: dict, source: str) -> tup
         raise FormatError(f"{source}: the weights hold no 2-D W_enc (d_in, d_sae); found {sorted(weights)}")
     d_in = count_field(where, raw, "d_in") if raw.get("d_in") is not None else int(w_enc.shape[0])
     d_sae = count_field(where, raw, "d_sae") if raw.get("d_sae") is not None else int(w_enc.shape[1])
-    k = raw.get("k", fn_kwargs.get("k")) if arch == "topk" else None
-    if arch == "topk" and (isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= d_sae):
+    k_per_row = by_saved_name("saelens", arch).topk_codes  # topk, abstopk: k codes a row
+    k = raw.get("k", fn_kwargs.get("k")) if k_per_row else None
+    if k_per_row and (isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= d_sae):
         raise FormatError(
-            f"{where}: a topk SAE needs an integer k in [1, d_sae={d_sae}] (cfg key 'k', or "
+            f"{where}: a {arch} SAE needs an integer k in [1, d_sae={d_sae}] (cfg key 'k', or "
             f"activation_fn_kwargs.k before SAELens 6); found {k!r}"
         )
     try:

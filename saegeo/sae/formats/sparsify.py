@@ -1,7 +1,8 @@
 """EleutherAI sparsify: cfg.json + sae.safetensors (`SparseCoder.save_to_disk`).
 
 W_dec and encoder.weight are both (d_sae, d_in); b_dec is subtracted before encoding (not by transcoders),
-ReLU then TopK. (SAELens 6.54's sparsify converter transposes W_dec and drops the b_dec subtraction: not
+ReLU then TopK; with ``signed: true`` (an option older sparsify releases had; 1.3.3 no longer has it) the top k of
+|pre| with their signs, read as abstopk (saegeo/sae/architectures/abstopk.py). (SAELens 6.54's sparsify converter transposes W_dec and drops the b_dec subtraction: not
 copied here.)
 """
 
@@ -88,16 +89,10 @@ def sparsify_state_dictionary(
         raise FormatError(f"{cfg_file}: missing d_in (sparsify writes it next to the SparseCoderConfig fields)")
     check_config(cfg_file, raw, sparsify_schema())
     d_in = count_field(cfg_file, raw, "d_in")
-    if by_saved_name("sparsify", raw.get("activation", "topk")) is None:
-        raise FormatError(
-            f"{cfg_file}: sparsify activation {raw.get('activation')!r} is not supported (saegeo reproduces topk)"
-        )
-    if raw.get("signed"):
-        raise FormatError(
-            f"{cfg_file}: sparsify signed: true (the decisive key): this SAE takes the top k of |pre| and keeps "
-            "negative codes, outside saegeo's non-negative code contract (and the amplification law's); it is refused "
-            "rather than loaded as unsigned. Use sparsify's own SparseCoder to encode it."
-        )
+    # signed: true (the top k of |pre|, signs kept) is its own architecture, read under the name "signed topk"
+    activation = ("signed " if raw.get("signed") else "") + str(raw.get("activation", "topk"))
+    if by_saved_name("sparsify", activation) is None:
+        raise FormatError(f"{cfg_file}: sparsify activation {activation!r} is not supported (saegeo reproduces topk)")
     used = [key for key in _SPARSIFY_UNSUPPORTED if raw.get(key)] + (["W_skip"] if "W_skip" in weights else [])
     if used:
         raise FormatError(f"{source}: sparsify options {used} change the encode/decode beyond TopK; not supported")
@@ -116,7 +111,7 @@ def sparsify_state_dictionary(
     cfg = SAEConfig(
         d_in=d_in,
         d_sae=d_sae,
-        activation=by_saved_name("sparsify", raw.get("activation", "topk")).name,
+        activation=by_saved_name("sparsify", activation).name,
         k=k,
         topk_order="relu_then_topk",
         apply_b_dec_to_input=not transcoder,
