@@ -291,7 +291,7 @@ def test_config_from_dict_coerces_by_annotation():
     assert opts.thresholds == FlagThresholds(dead_max_fraction=0.5) and opts.max_tokens == 10**6
     with pytest.raises(
         BadInputError,
-        match=r"x\.toml: arch = 'nope': expected one of \['abstopk', 'batchtopk', 'gated', 'jumprelu', 'relu', 'topk'\]",
+        match=r"x\.toml: arch = 'nope': expected one of \['abstopk', 'batchtopk', 'gated', 'jumprelu', 'matryoshka', 'relu', 'topk'\]",
     ):
         from_dict(TrainConfig, {"arch": "nope"}, where="x.toml")
     with pytest.raises(BadInputError, match="progress = 'no': expected true or false"):
