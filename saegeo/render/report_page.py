@@ -336,11 +336,39 @@ def sae_table(saes: list[SAEGeometry], flags: list[Flag]) -> tuple[list[str], li
         if label in RECORDED_ROWS and not any(RECORDED_ROWS[label](s) for s in saes):
             continue
         if label == "flags":
+            rows += level_rows(saes)
             cells = [flag_counts([f for f in flags if f.subject == s.name]) for s in saes]
         else:
             cells = [fn(s) for s in saes]
         rows.append([label, *cells])
     return header, rows
+
+
+def level_rows(saes: list[SAEGeometry]) -> list[list[str]]:
+    """Two rows per nesting level of the Matryoshka SAEs among `saes` (SAEGeometry.levels), "—" for the others."""
+    rows = []
+    for i in range(max((len(s.levels or []) for s in saes), default=0)):
+        level = [(s.levels or [])[i] if i < len(s.levels or []) else None for s in saes]
+        rows.append(
+            [f"level {i + 1}: width / FVE / L0 / dead"]
+            + [
+                "—"
+                if v is None
+                else f"{v['width']:,} / {fmt_num(v['fve'])} / {fmt_num(v['mean_l0'], 1)} / {fmt_pct(v['dead_share'])}"
+                for v in level
+            ]
+        )
+        rows.append(
+            [f"  A_dict / cone share / K·A_dict law vs A(x̂_{i + 1} − b_dec)"]
+            + [
+                "—"
+                if v is None
+                else f"{fmt_num(v['a_dict'], 4)} / {fmt_num(v['cone_share'])} / "
+                f"{fmt_num(v['law_textbook'])} vs {fmt_num(v['measured_recon_minus_b_dec'])}"
+                for v in level
+            ]
+        )
+    return rows
 
 
 # =========================================================================== terminal

@@ -95,6 +95,7 @@ from saegeo.report.latent_cards import (
     parse_latent_ids,
     top_by,
 )
+from saegeo.report.nesting import PrefixSums, nesting_levels
 from saegeo.report.options import ReportOptions
 from saegeo.report.structure import PassStructure, StructureOptions
 from saegeo.sae.formats import CFG_FILENAME
@@ -163,6 +164,9 @@ class SAEGeometry:
     heldout: dict[str, Any] | None = None
     # (saegeo.report.structure.PassStructure) the error's linearly predictable share, held out, ± sd
     dark_matter: dict[str, Any] | None = None
+    # a Matryoshka SAE: one record per nesting level (saegeo.report.nesting): width, FVE, L0, dead share, A_dict,
+    # cone share, the K·A_dict law and the measured A of the prefix's x̂_ℓ − b_dec
+    levels: list[dict[str, Any]] | None = None
     # the dense latents, their antipodal pairs and the subspace they span against μ and the top PCs
     dense_structure: dict[str, Any] | None = None
 
@@ -485,6 +489,7 @@ class _SAEPass:
         first_row: int = 0,
         heldout_from: int | None = None,
         structure: StructureOptions | None = None,
+        levels: bool = True,
     ):
         self.name, self.module, self.config = name, module, config
         if hasattr(module, "to"):
@@ -503,6 +508,15 @@ class _SAEPass:
         self.structure = None if structure is None else PassStructure(self.d_in, structure)
         if self.structure is not None:
             self.metrics.row_observers.append(self.structure)
+        # a Matryoshka SAE's nesting levels, measured in the same pass (not merged across ranks: `levels` off there;
+        # an input-normalising SAE's prefixes would need its denormalisation: none is Matryoshka)
+        cfg = getattr(module, "cfg", None)
+        widths = getattr(cfg, "matryoshka_widths", None)
+        self.prefixes = None
+        if levels and widths and getattr(cfg, "input_normalization", "none") == "none":
+            self.prefixes = PrefixSums(widths, module.W_dec, module.b_dec, device)
+            self.metrics.code_observers.append(self.prefixes.codes)
+            self.metrics.row_observers.append(self.prefixes.rows)
 
     def add(self, x: Tensor, positions: Tensor | None = None, log_frequency: Tensor | None = None) -> None:
         """One batch of rows, with their positions and their tokens' log frequencies where the source has them."""
@@ -588,8 +602,13 @@ class _SAEPass:
         architecture = getattr(cfg, "activation", None) or self.config.get("architecture")
         info = getattr(self.module, "format_info", None)
         saved_by_saegeo = info if info is not None and info.written_by == "saegeo" else None
-        trained_as = saegeo_block.get("trained_as") or getattr(saved_by_saegeo, "architecture", None)
-        if trained_as not in (None, architecture):  # a BatchTopK SAE saved as jumprelu
+        metadata = self.config.get("metadata") if isinstance(self.config, Mapping) else None
+        trained_as = (
+            saegeo_block.get("trained_as")
+            or getattr(saved_by_saegeo, "architecture", None)
+            or (metadata.get("training_architecture") if isinstance(metadata, Mapping) else None)  # SAELens' own
+        )
+        if trained_as not in (None, architecture):  # a BatchTopK or Matryoshka SAE saved as jumprelu
             architecture = f"{trained_as} (saved as {architecture})"
         structure = {}
         if self.structure is not None:
@@ -639,6 +658,7 @@ class _SAEPass:
             cofiring_pairs=pairs,
             training_curve=training_curve(info.source) if info is not None and info.source else None,
             heldout=self._heldout(),
+            levels=None if self.prefixes is None else nesting_levels(self.prefixes, m.centred_ss, freq, shares, w_dec),
         )
 
     def _heldout(self) -> dict[str, Any] | None:
@@ -759,6 +779,7 @@ def geometry_report(
                 first_row=sample_start,
                 heldout_from=heldout_from,
                 structure=structure,
+                levels=ctx is None,
             )
         )
 
