@@ -117,7 +117,9 @@ class Browser:
 
     # ------------------------------------------------------------------ what the tests use
     def open(self, path: str | os.PathLike) -> None:
-        self._s("POST", "/url", {"url": Path(path).resolve().as_uri()})
+        """A file, or a URL (http://127.0.0.1:… of a local server)."""
+        url = str(path) if str(path).startswith("http://") else Path(path).resolve().as_uri()
+        self._s("POST", "/url", {"url": url})
 
     def js(self, script: str, *args: Any) -> Any:
         return self._s("POST", "/execute/sync", {"script": script, "args": list(args)})
@@ -181,6 +183,67 @@ class Browser:
         shutil.rmtree(self.profile, ignore_errors=True)
 
     def __enter__(self) -> Browser:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class JupyterLab:
+    """A real JupyterLab server on localhost serving ``root`` (its kernels run this Python, with ``env`` added):
+    no token, no browser of its own, the app exposed to page scripts as ``window.jupyterapp``; its settings,
+    workspaces and runtime files in a temporary folder (the user's own are not read), notebooks drawn whole
+    (windowingMode "none": every cell's output is in the DOM), no news or update checks, no extension manager.
+
+    with JupyterLab(root, env) as lab: browser.open(lab.url("quickstart.ipynb"))
+    """
+
+    def __init__(self, root: Path, env: dict[str, str] | None = None, timeout: float = 180.0):
+        self.home = Path(tempfile.mkdtemp(prefix="saegeo-jupyterlab-"))
+        settings = self.home / "settings" / "@jupyterlab"
+        for plugin, values in (
+            ("notebook-extension/tracker", {"windowingMode": "none"}),
+            ("apputils-extension/notification", {"fetchNews": "false", "checkForUpdates": False}),
+        ):
+            path = settings / f"{plugin}.jupyterlab-settings"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(values))
+        self.port = _free_port()
+        folders = {"JUPYTERLAB_SETTINGS_DIR": "settings", "JUPYTERLAB_WORKSPACES_DIR": "workspaces"}
+        folders |= {"JUPYTER_RUNTIME_DIR": "runtime", "JUPYTER_CONFIG_DIR": "config", "JUPYTER_DATA_DIR": "data"}
+        full_env = {**os.environ, **(env or {}), **{k: str(self.home / v) for k, v in folders.items()}}
+        self.log = open(self.home / "server.log", "w")  # noqa: SIM115 (closed in close())
+        self.server = subprocess.Popen(
+            [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={self.port}", "--ServerApp.ip=127.0.0.1",
+             "--IdentityProvider.token=", "--ServerApp.password=", f"--ServerApp.root_dir={root}",
+             "--expose-app-in-browser", "--allow-root", "--LabApp.extension_manager=readonly",
+             "--ServerApp.terminals_enabled=False"],
+            env=full_env, stdout=self.log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while True:  # the server answers /api/status once it listens
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api/status", timeout=5).close()
+                break
+            except (urllib.error.URLError, ConnectionError):
+                if time.monotonic() > deadline or self.server.poll() is not None:
+                    self.close()
+                    raise RuntimeError("JupyterLab did not start") from None
+                time.sleep(0.5)
+
+    def url(self, notebook: str) -> str:
+        return f"http://127.0.0.1:{self.port}/lab/tree/{notebook}"
+
+    def close(self) -> None:
+        self.server.terminate()
+        try:
+            self.server.wait(30)
+        except subprocess.TimeoutExpired:
+            self.server.kill()
+        self.log.close()
+        shutil.rmtree(self.home, ignore_errors=True)
+
+    def __enter__(self) -> JupyterLab:
         return self
 
     def __exit__(self, *exc: object) -> None:
