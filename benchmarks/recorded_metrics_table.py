@@ -1,6 +1,7 @@
-"""The numbers behind THRESHOLD_L0_FACTOR and RECORDED_FVE_TOLERANCE (saegeo.report.dictionary_check): for SAEs whose
-training recorded L0 (SAELens metadata) or held-out FVE (saegeo provenance), the same quantities on row sets of the
-right store, and what the two hazards give (a threshold zeroed, explained variance measured about zero).
+"""The numbers behind the thresholds recorded_l0_factor and recorded_fve_tolerance
+(saegeo.report.flags.recorded_metrics): for SAEs whose training recorded L0 (SAELens metadata) or held-out FVE
+(saegeo provenance), the same quantities on row sets of the right store, and what the two hazards give (a threshold
+zeroed, explained variance measured about zero).
 
     python benchmarks/recorded_metrics_table.py STORE [SAE_DIR ...]
 

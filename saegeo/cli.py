@@ -494,7 +494,7 @@ def cmd_latents(args: argparse.Namespace) -> int:
     d_sae = sae.cfg.d_sae
     require_disk(args.out, report_set_bytes([d_sae]), f"the latent table of {d_sae:,} latents")
     doc = latents_report(args.acts, sae, opts, name=name)
-    vopts = CheckOptions(**{**opts.stream(), "progress": False})
+    vopts = CheckOptions(**{**opts.stream(), "progress": False}, thresholds=opts.thresholds)
     flags, notes, _ = sae_verdict(sae, args.acts, options=vopts, name=name)
     doc["flags"], doc["notes"] = [f.to_dict() for f in flags], notes  # the verdict check --acts gives
     print(render_latents_terminal(doc), end="")

@@ -57,8 +57,9 @@ from saegeo.render.latents_page import (
 )
 from saegeo.render.text import artifact_text, exclusion_lines
 from saegeo.report.dictionary_check import DictionaryCheck
-from saegeo.report.flags import Flag, FlagThresholds
+from saegeo.report.flags import Flag
 from saegeo.report.geometry_report import GeometryReport, SAEGeometry
+from saegeo.report.options import FlagThresholds
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -559,7 +560,7 @@ def latents_figure(report: GeometryReport) -> Figure:
     n_sae = max(1, len(report.saes))
     n_cols = min(n_sae, 3)
     n_rows = -(-n_sae // n_cols)
-    dense_at = FlagThresholds().dense_frequency
+    dense_at = report.thresholds().dense_frequency  # the threshold the report's dense_latents flag used
     fig = new_figure(figsize=(4.2 * n_cols, 3.6 * n_rows))
     axes = fig.subplots(n_rows, n_cols, squeeze=False, sharey=True)
     for ax in axes.flat[n_sae:]:

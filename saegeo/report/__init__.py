@@ -10,7 +10,7 @@ report.py   geometry_report -> GeometryReport (one pass)
 check.py    check_dictionary / check_with_activations -> DictionaryCheck (a dictionary alone, or with activations);
             activations_match_flags: do the SAE and the activations belong together? sae_verdict: the one
             verdict (dictionary-only flags + the match) that check --acts, report --sae and latents take
-flags.py    each flag: name, severity, evidence, advice
+flags/      the flag registry: one module per flag (name, quantities read, thresholds, severity bands)
 geometry.py files_geometry -> FilesGeometry: `saegeo geometry` (one accumulator over files or stores, flags)
 latents.py  latent cards: top contexts, histogram, neighbours of the latents flags name; the per-latent table;
             LatentsOptions of `saegeo latents` (report.latents_report runs its pass)

@@ -28,7 +28,7 @@ from saegeo.geometry.measures import ActivationGeometry, activation_geometry
 from saegeo.geometry.sample import RowReservoir
 from saegeo.io import dump_json, json_safe
 from saegeo.progress import progress_bar
-from saegeo.report.flags import Flag, activation_flags, artifact_flags, flag_inputs, sort_flags
+from saegeo.report.flags import Flag, flag_inputs, run_flags, sort_flags
 from saegeo.report.options import ReportOptions
 
 
@@ -132,5 +132,8 @@ def files_geometry(paths: Sequence[str | os.PathLike], options: GeometryOptions 
     exclusions = {path: ex for path, rows in sources if (ex := store_exclusions(rows.store)) is not None}
     top = torch.tensor(geo.top_eigenvectors[0], dtype=torch.float64) if geo.top_eigenvectors else None
     sampled = json_safe(sample_diagnostics(reservoir.sample(), acc.mean, top))
-    flags = activation_flags(flag_inputs(geo.to_dict(), artifact, sampled)) + artifact_flags(artifact)
+    flags = run_flags(
+        "activations", geo=flag_inputs(geo.to_dict(), artifact, sampled), assumed_null=0.0, feeds_dictionary=False
+    )
+    flags += run_flags("artifact", artifact=artifact, subject="activations")
     return FilesGeometry(files=files, geometry=geo, artifact=artifact, flags=sort_flags(flags), exclusions=exclusions)

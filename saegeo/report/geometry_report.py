@@ -74,14 +74,10 @@ from saegeo.report.flags import (
     WITHHELD_FLAGS,
     WITHHELD_METRICS,
     Flag,
-    FlagThresholds,
     activation_diagnosis,
-    activation_flags,
-    artifact_flags,
-    config_flags,
     config_whitens,
     flag_inputs,
-    sae_flags,
+    run_flags,
     sort_flags,
 )
 from saegeo.report.latent_cards import (
@@ -96,7 +92,7 @@ from saegeo.report.latent_cards import (
     top_by,
 )
 from saegeo.report.nesting import PrefixSums, nesting_levels
-from saegeo.report.options import ReportOptions
+from saegeo.report.options import FlagThresholds, ReportOptions
 from saegeo.report.structure import PassStructure, StructureOptions
 from saegeo.sae.formats import CFG_FILENAME
 from saegeo.sae.metrics import SAEMetrics
@@ -266,6 +262,10 @@ class GeometryReport:
         self.activations = ActivationGeometry.from_dict(self.activations)
         for s in self.saes:  # each section reads its flags from the report (SAEGeometry.flags; not in its JSON)
             s._report = self
+
+    def thresholds(self) -> FlagThresholds:
+        """The thresholds the report was flagged with (its options; the defaults for a key it lacks)."""
+        return from_dict(FlagThresholds, self.options.get("thresholds"))
 
     def __repr__(self) -> str:
         g, src = self.activations, self.source
@@ -950,7 +950,7 @@ def latents_report(acts: Any, sae: Any, options: LatentsOptions | None = None, *
     if p.metrics.n == 0:
         raise BadInputError("saegeo latents: no rows were read (empty store, tensor or iterator?)")
     seconds = time.perf_counter() - t0
-    section = p.finish({}, FlagThresholds(dense_frequency=opts.dense_frequency))
+    section = p.finish({}, opts.thresholds)
     store, text, note = context_source(rows, rows.n_nonfinite_skipped - skipped_before, False)
     if asked:
         why: Any = {i: [ASKED] for i in asked}
@@ -964,7 +964,7 @@ def latents_report(acts: Any, sae: Any, options: LatentsOptions | None = None, *
         store=store,
         text=text,
         context_tokens=opts.context_tokens,
-        dense_frequency=opts.dense_frequency,
+        dense_frequency=opts.thresholds.dense_frequency,
         neighbours=opts.neighbours,
         neighbour_table_max=opts.neighbour_table_max,
         note=note,
@@ -1042,16 +1042,20 @@ def _artifact_test(
 
 
 def compute_flags(report: GeometryReport, thresholds: FlagThresholds | None = None) -> list[Flag]:
-    """All flags of a report, from its numbers alone (so a saved report can be re-flagged), most severe first."""
-    t = thresholds or from_dict(FlagThresholds, report.options.get("thresholds"))
+    """All flags of a report, from its numbers alone (so a saved report can be re-flagged), most severe first: the
+    registry's activations, artifact, sae and config stages (saegeo.report.flags)."""
+    t = thresholds or report.thresholds()
     assumed = float(report.options.get("assumed_null", 0.0))
     geo = flag_inputs(report.activations.to_dict(), report.artifact, report.sample_diagnostics)
-    flags = activation_flags(geo, thresholds=t, assumed_null=assumed, feeds_dictionary=bool(report.saes))
-    flags += artifact_flags(report.artifact, thresholds=t)
+    flags = run_flags("activations", t, geo=geo, assumed_null=assumed, feeds_dictionary=bool(report.saes))
+    flags += run_flags("artifact", t, artifact=report.artifact, subject="activations")
     for s in report.saes:
-        own = sae_flags(FieldDict(s.to_dict(), fields_of(SAEGeometry), "SAEGeometry"), geo, thresholds=t)
+        section = FieldDict(s.to_dict(), fields_of(SAEGeometry), "SAEGeometry")
+        own = run_flags("sae", t, sae=section, geo=geo)
         flags += [f for f in own if not (s.withheld and f.name in WITHHELD_FLAGS)]  # computed from withheld metrics
-        flags += config_flags(s.config, geo, report.whitening_cost, thresholds=t, subject=s.name)
+        flags += run_flags("config", t, config=s.config, geo=geo, whitening_cost=report.whitening_cost, subject=s.name)
     if report.config:
-        flags += config_flags(report.config, geo, report.whitening_cost, thresholds=t, subject="config")
+        flags += run_flags(
+            "config", t, config=report.config, geo=geo, whitening_cost=report.whitening_cost, subject="config"
+        )
     return sort_flags(flags)

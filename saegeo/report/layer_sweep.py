@@ -25,8 +25,8 @@ from saegeo.errors import BadInputError
 from saegeo.io import dump_json, json_safe
 from saegeo.progress import progress_bar
 from saegeo.report.display import flag_counts, flags_frame, notebook_html, pandas, short
-from saegeo.report.flags import Flag, FlagThresholds, artifact_flags, sort_flags
-from saegeo.report.options import SweepOptions
+from saegeo.report.flags import Flag, run_flags, sort_flags
+from saegeo.report.options import FlagThresholds, SweepOptions
 from saegeo.report.store_measures import StoreMeasures, measure_store
 
 SWEEP_SCHEMA_VERSION = 2
@@ -224,7 +224,7 @@ def sweep_stores(
             skip_nonfinite=opts.skip_nonfinite,
         )
         rows.append(layer_row(m))
-        flags += artifact_flags(m.artifact, thresholds=thresholds, subject=store.hook)
+        flags += run_flags("artifact", thresholds or opts.thresholds, artifact=m.artifact, subject=store.hook)
     notes = [f"artifact test: {rows[0]['details']['artifact']['source']}"]
     options = {
         "batch_rows": batch_rows,

@@ -2,7 +2,7 @@
 
 Torch-free on purpose: the command line builds its flags from these dataclasses and checks a value a user gave
 before any model or tensor library is imported (benchmarks/startup_bench.py). The code that uses them lives
-beside: report.py, check.py, latents.py, sweep.py, flags.py (which re-export them).
+beside: geometry_report.py, dictionary_check.py, latent_cards.py, layer_sweep.py; the thresholds come from flags/.
 """
 
 from __future__ import annotations
@@ -19,153 +19,22 @@ from saegeo.config import (
     check,
     option,
 )
-from saegeo.errors import BadInputError
+from saegeo.report.flags import SEVERITIES, thresholds_class  # noqa: F401  (SEVERITIES: its old home)
 
-SEVERITIES = ("info", "warning", "error")
-
-
-@dataclass
-class FlagThresholds:
-    """Thresholds of every flag. Defaults are conservative: a clean space or a healthy SAE raises nothing."""
-
-    # mean-direction features: a latent that fires on ≥ this fraction of tokens ...
-    mean_direction_min_frequency: float = 0.5
-    # ... with |cos(decoder row, activation mean μ)| ≥ this;
-    mean_direction_min_cos: float = 0.5
-    # or, when the cone of the reconstructions minus b_dec is material (their measured A ≥
-    # cone_min_anisotropy: the codes carry an offset; without a cone c_i = x/‖M‖² is noise), the latents
-    # with cone share c_i ≥ mean_direction_min_cone_share and the fewest top-c_i latents that together
-    # carry cone_cover of the cone (an offset smeared over many latents).
-    mean_direction_min_cone_share: float = 0.1
-    cone_min_anisotropy: float = 0.1
-    cone_cover: float = 0.5
-    # offset not absorbed: ‖b_dec − μ‖/‖μ‖ ≥ this (warning; error at offset_error_distance) ...
-    offset_min_distance: float = 0.5
-    offset_error_distance: float = 0.9
-    # ... when the mean matters at all: outlier severity γ = ‖μ‖/√tr Σ ≥ this.
-    offset_min_outlier_severity: float = 0.5
-    # inputs that look whitened (docs/design.md "Flags"; calibrated in tests/report/test_flags.py): in sample, mean share
-    # ‖μ‖²/tr S ≤ whitened_max_mean_share, λ_max ≤ whitened_max_edge_ratio × the MP upper edge and a spectrum
-    # narrower than sampling noise allows (λ_max/λ_min ≤ 1 + narrow_fraction × (the MP edge ratio − 1)): Σ̂ = I
-    # exactly. With a transform fitted on other rows, Σ̂ ≈ I plus that fit's error: mean share ≤
-    # whitened_oos_max_mean_share, λ_max between whitened_max_edge_ratio and whitened_oos_max_edge_ratio × the MP
-    # edge and variance per direction tr Σ/d within whitened_unit_variance_tol of 1 (a fit on m rows leaves
-    # ≈ m/(m − d)). Clean iid N(0, 1) rows (λ_max at the edge, a spread as wide as MP) are neither.
-    whitened_max_mean_share: float = 1e-3
-    whitened_max_edge_ratio: float = 1.1
-    whitened_unit_variance_tol: float = 0.5
-    whitened_narrow_fraction: float = 0.5
-    whitened_oos_max_mean_share: float = 1e-2
-    whitened_oos_max_edge_ratio: float = 10.0
-    # whitening in a config: the noise amplification √(λ_max/λ_min) the summary calls huge
-    whitening_max_amplification: float = 100.0
-    # wrong null: the sign-aware null exceeds the assumed baseline by ≥ this, and A is ≥ wrong_null_min_z
-    # null-sds above the baseline (so reading against the baseline would call it a cone)
-    wrong_null_min_gap: float = 0.05
-    wrong_null_min_z: float = 3.0
-    # amplification inconsistency: the measured A of x̂ − b_dec lies outside the per-latent law's interval
-    # [A_het (moment form, exact E[x·y]/E‖x‖² of independent codes), A_het_mean_cosine (their mean cosine, from the
-    # row sample)] by more than amplification_z · √(sd_measured² + sd_law²) + amplification_model_error · law, law
-    # the nearer end: sampling error (U-statistic sds; tokens of one sequence are not independent, so these are low
-    # bounds) plus the stated model error, the departure from independent latents not called a failure (TopK's
-    # fixed L0 alone makes codes dependent). The interval, not one form: with dependent codes the norm fluctuations
-    # that separate the two forms are themselves unknown (demo b_dec := 0: measured 0.267, forms 0.282 and 0.313);
-    amplification_z: float = 3.0
-    amplification_model_error: float = 0.1
-    # the flag is a warning only where there is a cone to explain: measured A or the law's upper end ≥
-    # cone_min_anisotropy; below it (demo b_dec := mean: measured 0.0065, law 0.0027–0.0038) it is info
-    # the cause named is co-firing when |cofiring_share| (the co-firing part of E‖x̂ − b_dec‖²) ≥ this, else rates
-    amplification_cofiring_share: float = 0.05
-    # dead latents (no fire over the pass): warning above this fraction, error above dead_error_fraction
-    dead_max_fraction: float = 0.01
-    dead_error_fraction: float = 0.2
-    # dense latents: fire on > dense_frequency of tokens; warning above dense_max_fraction of latents
-    dense_frequency: float = 0.5
-    dense_max_fraction: float = 0.0
-    # bad rows: zero-norm or skipped non-finite rows above this fraction of rows
-    bad_rows_max_fraction: float = 0.0
-    # dictionary-only: |cos(u_i, b_dec or ū)| ≥ this
-    dictionary_min_cos: float = 0.9
-    # offset-dominated cone: A is ≥ offset_cone_min_z null-sds (null_z) and ≥ offset_cone_min_excess above the
-    # sign-aware null, the mean explains ≥ offset_cone_min_explained of A (1 − A_centred/A on the row sample; without
-    # a sample (‖μ‖/E‖x‖)²/A), and the mean is material: share ‖μ‖²/tr S ≥ offset_cone_min_mean_share
-    offset_cone_min_z: float = 3.0
-    offset_cone_min_excess: float = 0.05
-    offset_cone_min_explained: float = 0.5
-    offset_cone_min_mean_share: float = 0.05
-    # anisotropy invisible to A: A within its null band (|null_z| < invisible_max_abs_z, or |A − null − bias| <
-    # invisible_max_excess) but the centred spectrum is concentrated: erank/noise erank < invisible_max_erank_ratio,
-    # or top-1 ≥ max(invisible_min_top1_over_uniform/d, invisible_min_top1)
-    invisible_max_abs_z: float = 3.0
-    invisible_max_excess: float = 0.02
-    invisible_max_erank_ratio: float = 0.5
-    invisible_min_top1_over_uniform: float = 10.0
-    invisible_min_top1: float = 0.25
-    # massive activations: rows with ‖x‖ > massive_row_ratio × the median norm carrying ≥ massive_min_share of
-    # Σ‖x‖², or a coordinate whose RMS is > massive_coordinate_ratio × the mean coordinate RMS
-    massive_row_ratio: float = 10.0
-    massive_min_share: float = 0.25
-    massive_coordinate_ratio: float = 20.0
-    # ... or the first position of each window (BOS / attention sinks; measured in the artifact pass over a store)
-    # carrying ≥ massive_first_position_share of tr Σ while it is at most massive_first_position_rows of the rows
-    massive_first_position_share: float = 0.5
-    massive_first_position_rows: float = 0.1
-    # mixed populations (on the row sample): the 2-means split of the PC1 projections explains ≥ mixed_min_split_share
-    # of their variance (Gaussian: 2/π = 0.64, uniform: 0.75) with ≥ mixed_min_cluster_fraction of rows on the
-    # smaller side, or 2-means on the rows (smaller cluster also ≥ mixed_min_cluster_fraction: a few massive rows
-    # are massive_activations) leaves ≥ mixed_min_kmeans_share of the centred sum of squares between
-    # clusters and ≥ mixed_min_kmeans_excess × what one Gaussian with this spectrum gives ((2/π)·top-1)
-    mixed_min_split_share: float = 0.8
-    mixed_min_cluster_fraction: float = 0.05
-    mixed_min_kmeans_share: float = 0.5
-    mixed_min_kmeans_excess: float = 1.3
-    # how many guilty latents a flag lists
-    max_latents: int = 20
-    # artifact direction: a top principal direction with |corr| > this with log token frequency, position or ‖x‖
-    artifact_min_abs_corr: float = 0.5
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def __post_init__(self) -> None:
-        check(self)
+# every threshold of every flag, generated from the flag registry (each flag module declares its own)
+FlagThresholds = thresholds_class()
 
 
 @dataclass
 class MatchOptions:
-    """Thresholds of `activations_match_flags`."""
+    """What `activations_match_flags` reads of the rows (its thresholds are the activations_mismatch flag's)."""
 
     max_rows: int = option(65536, "rows read (from the start) for the scale, offset and special-row measures", low=1)
     fve_rows: int = option(4096, "rows re-encoded to test the alternative scale", low=0)
-    scale_error_ratio: float = option(
-        2.0, "E‖x‖ vs the SAE's recorded norm off by more than this factor: error", above=1
-    )
-    scale_hint_ratio: float = option(
-        3.0, "‖μ‖/‖b_dec‖ (no recorded norm) off by more than this factor: test x/ratio against x", above=1
-    )
-    scale_fve_gain: float = option(
-        0.2, "the FVE of x/ratio above that of x by more than this: a scale error (b_dec alone is no evidence)", low=0
-    )
-    fit_accept_fve: float = option(
-        0.65,
-        "names missing or disagreeing: the SAE's FVE on the sampled rows at or above this accepts the pair, below "
-        "fit_refuse_fve refuses it, between is a warning (docs/design.md 'Do an SAE and a store belong together')",
-        low=-1e9,
-        high=1,
-    )
-    fit_refuse_fve: float = option(0.0, "see fit_accept_fve", low=-1e9, high=1)
-    massive_row_factor: float = option(10.0, "rows with ‖x‖ > this × median ‖x‖ are massive-activation rows", above=1)
-    centred_warn: float = option(
-        0.05, "E|x·1|/(√d E‖x‖) above this where the SAE expects centred writing weights", low=0
-    )
     assume_same_model: bool = option(False, "skip the model comparison (said in the notes)")
 
     def __post_init__(self) -> None:
         check(self)
-        if self.fit_refuse_fve > self.fit_accept_fve:
-            raise BadInputError(
-                f"fit_refuse_fve {self.fit_refuse_fve:g} is above fit_accept_fve {self.fit_accept_fve:g}"
-            )
 
 
 @dataclass
@@ -176,12 +45,6 @@ class CheckOptions(StreamOptions, DeviceOption):
     zero_row_rel_norm: float = option(ZERO_ROW_REL_NORM, "‖w_i‖ ≤ this × median ‖w‖ counts as a zero row", low=0)
     misaligned_cos: float = option(
         0.0, "latents with cos(encoder column, decoder row) below this are misaligned", low=-1, high=1
-    )
-    misaligned_warn_fraction: float = option(
-        0.01, "above this fraction of latents the flag is a warning, else info", low=0, high=1
-    )
-    duplicate_error_fraction: float = option(
-        0.01, "latents in duplicate pairs above this fraction: error", low=0, high=1
     )
     block_rows: int = option(
         DEFAULT_BLOCK_ROWS, "rows per block of the duplicate search (memory ~ block² floats)", low=1
@@ -273,7 +136,9 @@ class LatentsOptions(BatchedStreamOptions, DeviceOption):
     neighbours: bool = option(True, "nearest latents by decoder cosine (N²·d work: --no-neighbours skips it)")
     neighbour_table_max: int = option(NEIGHBOUR_TABLE_MAX, NEIGHBOUR_TABLE_HELP, low=0)
     max_tokens: int | None = option(None, "stop after this many rows (None: all)", low=1)
-    dense_frequency: float = option(0.5, "a latent firing on more than this fraction of tokens is dense", low=0, high=1)
+    thresholds: FlagThresholds = option(
+        factory=FlagThresholds, help="of the flags (the dense column reads dense_frequency)", flatten=True
+    )
 
     def __post_init__(self) -> None:
         check(self)
@@ -302,6 +167,7 @@ class SweepOptions(BatchedStreamOptions):
     out: str | None = option(None, "directory for summary.txt, sweep.json, sweep.md (+ sweep.png), sweep.html")
     json: str | None = option(None, "write the sweep JSON here")
     overwrite: bool = option(False, "replace output files that exist already (refused otherwise)")
+    thresholds: FlagThresholds = option(factory=FlagThresholds, help="of the flags (artifact_direction)", flatten=True)
 
     def __post_init__(self) -> None:
         check(self)

@@ -193,7 +193,7 @@ def test_recorded_metrics_the_rows_contradict(stores, tmp_path):
     assert ev.evidence["measured_about_zero"] is True and "about zero" in ev.summary
     assert ev.evidence["fve_on_rows"] == pytest.approx(about_mean, abs=1e-3)
     # within the spread of FVE over row sets of one store (up to 0.065, benchmarks/recorded_metrics_table.py): no
-    # evidence; beyond RECORDED_FVE_TOLERANCE (0.07): contradicted
+    # evidence; beyond recorded_fve_tolerance (0.07): contradicted
     for recorded, raised in ((about_mean - 0.05, False), (about_mean - 0.1, True)):
         edited = _edited_copy(name, tmp_path / f"ev{recorded:.3f}", metadata={"explained_variance": recorded})
         flags, _, _ = sae_verdict(edited, stores["same"], options=CheckOptions(progress=False), name=name)
