@@ -360,7 +360,7 @@ def cofiring_pairs(
     gram = unit @ unit.T
     m = mean_code[top]
     share = 2.0 * (dense.T @ dense / k - torch.outer(m, m)) * gram / second_moment
-    joint = ((dense > 0).double().T @ (dense > 0).double()) / k
+    joint = ((dense != 0).double().T @ (dense != 0).double()) / k  # codes of both signs fire below 0 too
     iu = torch.triu_indices(len(top), len(top), offset=1)
     pair_share = share[iu[0], iu[1]]
     order = (sign * pair_share).argsort(descending=True)[:n_pairs]

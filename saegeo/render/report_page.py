@@ -204,6 +204,30 @@ def _top_share(s: SAEGeometry) -> str:
     return f"{fmt_num(max(s.cone_shares))} (latent {s.top_latents()[0]})"
 
 
+def _cone_null(s: SAEGeometry) -> str:
+    """Which null A of x̂ − b_dec is read against (docs/statistics.md §9): signed (codes of both signs) or
+    sign-aware (codes ≥ 0)."""
+    a = s.amplification
+    if s.cone_null == "signed":
+        z = a.get("null_z")
+        return (
+            f"signed: 0 ± {fmt_num(a.get('null_sd'), 4)}"
+            + (f", z {z:.1f}" if z is not None else "")
+            + f" ({fmt_pct(a.get('negative_code_share') or 0.0)} of codes < 0)"
+        )
+    if s.cone_null == "sign-aware":
+        return f"sign-aware q·r = {fmt_num(a.get('null_value'))} (codes ≥ 0)"
+    return "—"
+
+
+def _one_rate(s: SAEGeometry, key: str) -> str:
+    """A one-rate form of the law, or why it has no number: codes of both signs (docs/statistics.md §9)."""
+    value = s.amplification.get(key)
+    if value is None and s.cone_null == "signed":
+        return "— (not defined for codes of both signs)"
+    return fmt_num(value)
+
+
 SAE_ROWS: list[tuple[str, Callable[[SAEGeometry], str]]] = [
     ("architecture", lambda s: f"{s.architecture or '?'}" + (f" k={s.k}" if s.k else "") + f", {s.d_sae:,} latents"),
     ("b_dec init", lambda s: s.b_dec_init or "not recorded"),
@@ -223,12 +247,13 @@ SAE_ROWS: list[tuple[str, Callable[[SAEGeometry], str]]] = [
     ("  nonlinear error share 1 − R²", lambda s: fmt_num((s.dark_matter or {}).get("nonlinear_share"))),
     ("dense latents: antipodal pairs", lambda s: _dense_pairs(s)),
     ("A of x̂ − b_dec (measured)", lambda s: _with_sd(s.amplification, "measured_recon_minus_b_dec")),
+    ("  null it is read against", lambda s: _cone_null(s)),
     ("  law: per-latent, mean-cosine", lambda s: _with_sd(s.amplification, "A_het_mean_cosine")),
     ("  law: per-latent A_het", lambda s: fmt_num(s.amplification.get("A_het"))),
     ("  co-firing share of E‖x̂ − b_dec‖²", lambda s: _cofiring(s)),
-    ("  law: one rate, mean-cosine", lambda s: fmt_num(s.amplification.get("mean_cosine"))),
-    ("  law: one rate, exact-moment", lambda s: fmt_num(s.amplification.get("exact_moment"))),
-    ("  law: one rate, textbook", lambda s: fmt_num(s.amplification.get("textbook"))),
+    ("  law: one rate, mean-cosine", lambda s: _one_rate(s, "mean_cosine")),
+    ("  law: one rate, exact-moment", lambda s: _one_rate(s, "exact_moment")),
+    ("  law: one rate, textbook", lambda s: _one_rate(s, "textbook")),
     ("A of x − b_dec", lambda s: fmt_num(s.amplification.get("measured_x_minus_b_dec"))),
     ("CE loss recovered", lambda s: fmt_num(_splice(s, "ce_loss_recovered"), 4)),
     ("KL(clean ‖ spliced)", lambda s: fmt_num(_splice(s, "kl_div_spliced"), 4)),

@@ -54,6 +54,7 @@ from saegeo.geometry.amplification import (
     cofiring_pairs,
     cofiring_share,
     cone_shares,
+    dictionary_anisotropy,
     exact_moment_prediction,
     heterogeneous_moment_prediction,
     independent_codes_anisotropy,
@@ -63,7 +64,7 @@ from saegeo.geometry.amplification import (
 )
 from saegeo.geometry.diagnosis import sample_diagnostics
 from saegeo.geometry.dictionary import dictionary_geometry
-from saegeo.geometry.measures import ActivationGeometry, FieldDict, fields_of
+from saegeo.geometry.measures import ActivationGeometry, FieldDict, fields_of, signed_null_test
 from saegeo.geometry.sample import RowReservoir
 from saegeo.geometry.transforms import Whitening
 from saegeo.io import dump_json, json_safe
@@ -101,6 +102,9 @@ from saegeo.sae.train import read_training_log
 
 SCHEMA_VERSION = 3  # report.json's layout: raised with each change a reader must know of (CHANGELOG.md)
 COFIRING_LATENTS = 256  # co-firing pairs are looked for among the latents with the largest E[a_i²]
+# codes of both signs: the cone shares are read only when Â of x̂ − b_dec is this many sds above the signed null (below
+# it M = Σ E[a_i]u_i is within its noise and c_i = E[a_i](u_i·M)/‖M‖² names no latent)
+SIGNED_CONE_MIN_Z = 3.0
 
 
 # =========================================================================== report dataclasses
@@ -121,7 +125,7 @@ class SAEGeometry:
     # codes (decoder norms folded in)
     mean_l0: float  # K
     q: float  # K/d_sae
-    r: float | None  # E[a|a>0]²/E[a²|a>0]
+    r: float | None  # E[a|a≠0]²/E[a²|a≠0] (signed codes: with their signs)
     n_dead: int  # never fired in the pass
     n_dense: int  # fired on > dense_frequency of tokens
     firing_frequency: list[float]
@@ -138,7 +142,8 @@ class SAEGeometry:
     b_dec_norm: float
     b_dec_distance_to_mean: float | None  # ‖b_dec − μ‖/‖μ‖
     b_dec_cos_mean: float | None
-    # the amplification law beside the measured A's
+    # the amplification law beside the measured A's, with the null A of x̂ − b_dec is read against (null_value,
+    # null_sd, null_z, negative_code_share; its kind is cone_null)
     amplification: dict[str, float | None]
     config: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -165,6 +170,9 @@ class SAEGeometry:
     levels: list[dict[str, Any]] | None = None
     # the dense latents, their antipodal pairs and the subspace they span against μ and the top PCs
     dense_structure: dict[str, Any] | None = None
+    # which null A of x̂ − b_dec is read against (docs/statistics.md §9): "signed" (codes of both signs: 0, with an
+    # sd and z in amplification) or "sign-aware" (codes ≥ 0: q·r); None in reports made before it was recorded
+    cone_null: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe(asdict(self))
@@ -544,11 +552,6 @@ class _SAEPass:
         if dg.n_zero:
             notes.append(f"{dg.n_zero} decoder row(s) are zero: excluded from the dictionary geometry")
         w_dec = self.module.W_dec.detach().cpu()
-        try:
-            shares = cone_shares(mean_code, w_dec).tolist()
-        except BadInputError:
-            shares = None
-            notes.append("no latent fired: cone shares are undefined")
         K, q = codes.K, codes.q
         r = codes.r if codes.l0_sum > 0 else None
         amplification = {
@@ -567,6 +570,19 @@ class _SAEPass:
             "measured_x_minus_b_dec": m.input_unit.anisotropy(),
             "measured_x": geo.get("anisotropy"),
         }
+        amplification.update(self._cone_null(w_dec, notes))
+        shares = None
+        if codes.signed and (amplification.get("null_z") or 0.0) < SIGNED_CONE_MIN_Z:
+            notes.append(
+                f"codes of both signs with no preferred direction: A of x̂ − b_dec is within the signed null "
+                f"(z = {short(amplification['null_z'], 1)} < {SIGNED_CONE_MIN_Z:g}), so Σ E[a_i]·u_i is noise and "
+                "no latent has a cone share"
+            )
+        else:
+            try:
+                shares = cone_shares(mean_code, w_dec).tolist()
+            except BadInputError:
+                notes.append("no latent fired: cone shares are undefined")
         pairs = sampled = None
         if r is not None:  # the per-latent law and the co-firing term (E‖x̂ − b_dec‖² > 0 once a latent fired)
             second = m.recon_second_moment
@@ -644,6 +660,7 @@ class _SAEPass:
             mean_activation=mean_code.tolist(),
             cos_decoder_mean=m.decoder_mean_cosines().tolist(),
             cone_shares=shares,
+            cone_null="signed" if codes.signed else "sign-aware",
             a_dict=dg.a_dict,
             dict_mean_sq_norm=dg.mean_sq_norm,
             decoder_norms={k: dg.norm_stats[k] for k in ("min", "mean", "max", "std")},
@@ -660,6 +677,45 @@ class _SAEPass:
             heldout=self._heldout(),
             levels=None if self.prefixes is None else nesting_levels(self.prefixes, m.centred_ss, freq, shares, w_dec),
         )
+
+    def _cone_null(self, w_dec: Tensor, notes: list[str]) -> dict[str, float | None]:
+        """The null A of x̂ − b_dec is read against (docs/statistics.md §9), and for codes of both signs the law's
+        one-rate forms on the oriented dictionary (each latent's row and codes flipped to a mean code ≥ 0).
+
+        Codes ≥ 0: the sign-aware null q·r, the cone the codes' sign makes with an untilted dictionary (no null_sd or
+        null_z: the law is read against the measured A, not tested). Codes of both signs: the signed null, E Â = 0 and
+        Var Â = 2 tr C²/(n(n − 1)) for rows whose law is unchanged by y → −y, with its z."""
+        codes, m = self.metrics.codes, self.metrics
+        if not codes.signed:
+            r = codes.r if codes.l0_sum > 0 else None
+            return {"null_value": codes.q * r if r is not None else None, "negative_code_share": 0.0}
+        test = signed_null_test(m.recon_unit.unit_sum, m.recon_unit_scatter, m.recon_unit.n)
+        out = {
+            "null_value": 0.0,
+            "null_sd": test.sd,
+            "null_z": test.z,
+            "negative_code_share": codes.negative_share,
+            "textbook": None,
+            "mean_cosine": None,
+        }
+        notes.append(
+            "codes of both signs: a latent's row and its codes may flip together without changing x̂, so the law's "
+            "one-rate forms read the oriented dictionary (a_dict_oriented, r̃); the textbook form (non-negative "
+            "Exp(1) codes) and the one-rate mean-cosine form (streamed before the orientation is known) are not "
+            "defined for them"
+        )
+        try:
+            a_dict, mean_sq = dictionary_anisotropy(w_dec * codes.orientation.to(w_dec.dtype)[:, None])
+        except BadInputError:
+            return out
+        r = codes.oriented_r
+        out.update(
+            a_dict_oriented=a_dict,
+            mean_sq_norm_oriented=mean_sq,
+            r_oriented=r,
+            exact_moment=exact_moment_prediction(codes.K, codes.q, r, mean_sq) if codes.l0_sum > 0 else None,
+        )
+        return out
 
     def _heldout(self) -> dict[str, Any] | None:
         h = self.heldout
