@@ -22,11 +22,12 @@ import torch
 
 from saegeo.activations.store import ActivationStore
 from saegeo.geometry.dictionary import whitening_alignment
-from saegeo.report.dictionary_check import FOLDED_WHITENING_GAIN, FOLDED_WHITENING_MIN_COS
+from saegeo.report.flags.whitening_misuse import FoldedOptions
 from saegeo.sae.model import SAE
 from saegeo.sae.options import TrainConfig
 from saegeo.sae.train import train_sae
 
+RULE = FoldedOptions()  # check's default thresholds for the folded kind of whitening_misuse
 WHITENING_ROWS, EPS = 20 * 1024, 1e-3  # SAELens: n_batches_for_norm_estimate 20 batches of 1,024; eigenvalue eps
 
 
@@ -83,7 +84,7 @@ def rows_for(name: str, sae: SAE) -> list[str]:
             out.append(f"| {name} | {n:,} × {d} | {label} | – | – | – | no (fewer than d latents) |")
             continue
         gap = a["median_cos_whitened"] - a["median_cos"]
-        called = gap > FOLDED_WHITENING_GAIN and a["median_cos_whitened"] >= FOLDED_WHITENING_MIN_COS
+        called = gap > RULE.folded_whitening_gain and a["median_cos_whitened"] >= RULE.folded_whitening_min_cos
         out.append(
             f"| {name} | {n:,} × {d} | {label} ({a['latents']:,}) | {a['median_cos']:.3f} | "
             f"{a['median_cos_whitened']:.3f} | {gap:+.3f} | {'folded' if called else 'no'} |"
