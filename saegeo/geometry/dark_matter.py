@@ -11,7 +11,7 @@ share ("about half of the error vector and > 90 % of its norm" on their SAEs). 1
   R²_norm   = 1 − Σ_rows (‖e‖ − n̂)² / Σ_rows (‖e‖ − mean ‖e‖)²
 
 Streaming: rows go to K folds by contiguous blocks (row g to fold ⌊g / fold_rows⌋ mod K: the tokens of one window
-stay in one fold, so a neighbour's near-copy never scores a fit it trained), and each fold keeps the float64 sums
+stay in one fold, so a neighbour's near-copy never scores a fit it trained), and each fold keeps the float64 sums (of products formed in the rows' dtype, ``add``)
 n, Σx, Σy, XᵀX, XᵀY, Σy² of y = [e, ‖e‖] (d × (d + 1) numbers per fold beside the d × d gram), on rows shifted by
 the first batch's means (no cancellation from a large offset). The fit for fold f uses the other folds' sums:
 B = (C_xx + λI)⁻¹ C_xy with C the centred sums, λ = ridge·tr(C_xx)/d (a relative ridge: at n ≫ d and the
@@ -34,6 +34,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from saegeo.errors import BadInputError
+from saegeo.geometry.accumulate import symmetric_gram
 
 __all__ = ["DarkMatterAccumulator", "DarkMatter", "dark_matter"]
 
@@ -64,31 +65,42 @@ class DarkMatterAccumulator:
 
     def add(self, x: Float[Tensor, "m d"], error: Float[Tensor, "m d"], first_row: int | None = None) -> None:
         """Add rows x and their SAE errors e = x − x̂; ``first_row`` is the global index of x[0] (default: the
-        rows seen so far), which sets each row's fold."""
-        x = torch.as_tensor(x).to("cpu", torch.float64)
-        e = torch.as_tensor(error).to("cpu", torch.float64)
+        rows seen so far), which sets each row's fold.
+
+        The products over a chunk are formed in the inputs' dtype (float32 unless one is float64) on their device,
+        from rows shifted by the first batch's means rounded to that dtype, and summed across chunks in float64:
+        the scheme of GeometryAccumulator's gram (each sum over rows left in float32 is one fold block's, at most
+        ``fold_rows`` rows); XᵀX from its upper triangle (``symmetric_gram``)."""
+        x, e = torch.as_tensor(x), torch.as_tensor(error)
         if x.ndim != 2 or x.shape[1] != self.d or e.shape != x.shape:
             raise BadInputError(
                 f"dark matter needs x and error of shape (m, {self.d}), got {tuple(x.shape)} and {tuple(e.shape)}"
             )
+        dtype = torch.float64 if torch.float64 in (x.dtype, e.dtype) else torch.float32
+        x, e = x.to(dtype), e.to(x.device, dtype)
         start = self.rows_seen if first_row is None else first_row
         self.rows_seen = start + x.shape[0]
         if x.shape[0] == 0:
             return
-        y = torch.cat([e, e.norm(dim=1, keepdim=True)], 1)
-        if self.shift_x is None:
-            self.shift_x, self.shift_y = x.mean(0), y.mean(0)
-        xs, ys = x - self.shift_x, y - self.shift_y
-        fold = (torch.arange(start, start + x.shape[0]) // self.fold_rows) % self.n_folds
-        for f in fold.unique().tolist():
-            sel = fold == f
-            xf, yf = xs[sel], ys[sel]
+        y = torch.cat([e, torch.linalg.vector_norm(e, dim=1, keepdim=True)], 1)
+        if self.shift_x is None:  # the means rounded to the compute dtype: the c the sums are about, held exactly
+            self.shift_x = x.double().mean(0).to(dtype).to("cpu", torch.float64)
+            self.shift_y = y.double().mean(0).to(dtype).to("cpu", torch.float64)
+        xs, ys = x - self.shift_x.to(x.device, dtype), y - self.shift_y.to(x.device, dtype)
+        # folds are contiguous blocks: the chunk is cut at block edges, each piece in one fold
+        at = 0
+        while at < x.shape[0]:
+            row = start + at
+            stop = min(x.shape[0], at + self.fold_rows - row % self.fold_rows)
+            f = (row // self.fold_rows) % self.n_folds
+            xf, yf = xs[at:stop], ys[at:stop]
             self.n[f] += xf.shape[0]
-            self.sum_x[f] += xf.sum(0)
-            self.sum_y[f] += yf.sum(0)
-            self.xx[f] += xf.T @ xf
-            self.xy[f] += xf.T @ yf
-            self.yy[f] += yf.square().sum(0)
+            self.sum_x[f] += xf.sum(0, dtype=torch.float64).cpu()
+            self.sum_y[f] += yf.sum(0, dtype=torch.float64).cpu()
+            self.xx[f] += symmetric_gram(xf).to("cpu", torch.float64)
+            self.xy[f] += (xf.T @ yf).to("cpu", torch.float64)
+            self.yy[f] += yf.square().sum(0, dtype=torch.float64).cpu()
+            at = stop
 
     def _reshift(self, shift_x: Tensor, shift_y: Tensor) -> None:
         """Re-express the sums about another shift: Σ(x − c')(x − c')ᵀ from Σ(x − c)(…)ᵀ, δ = c − c'."""

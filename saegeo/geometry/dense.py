@@ -16,6 +16,8 @@ Definitions used here
 * the pair's axis v = (u_i − u_j)/‖u_i − u_j‖ (u = w/‖w‖): the signed direction the pair reconstructs.
 * the pairs' subspace: the span of their axes, orthonormal basis Q (k columns, directions whose singular value
   is below 1e-6 of the largest dropped).
+* the position direction: the least-squares slope of the rows on their position p, β = Σ(x − x̄)(p − p̄) /
+  Σ(p − p̄)² (``CovariateDirection``), with the share of the rows' variance it explains ‖β‖² Var(p) / tr Σ.
 * alignment of a direction r with it: ‖Qᵀr‖²/‖r‖² ∈ [0, 1], the squared cosine of the angle between r and the
   subspace; a random direction of R^d gives k/d on average (``chance``).
 """
@@ -31,7 +33,15 @@ from torch import Tensor
 
 from saegeo.errors import BadInputError
 
-__all__ = ["DenseCofiring", "AntipodalPair", "dense_latents", "antipodal_pairs", "pair_subspace", "subspace_alignment"]
+__all__ = [
+    "DenseCofiring",
+    "AntipodalPair",
+    "CovariateDirection",
+    "dense_latents",
+    "antipodal_pairs",
+    "pair_subspace",
+    "subspace_alignment",
+]
 
 
 def dense_latents(fire_count: Int[Tensor, " N"], n_rows: int, min_rate: float = 0.1) -> Int[Tensor, " m"]:
@@ -169,3 +179,52 @@ def subspace_alignment(basis: Float[Tensor, "d k"], directions: dict[str, Tensor
         norm_sq = float(r.square().sum())
         out[name] = float((basis.T @ r).square().sum()) / norm_sq if norm_sq > 0 else None
     return out
+
+
+class CovariateDirection:
+    """The regression of rows x ∈ R^d on one per-row covariate p (the token's position), streamed:
+
+        β = Σ(x − x̄)(p − p̄) / Σ(p − p̄)²        (d: how x moves per unit of p; the position direction)
+        explained share = ‖β‖² · Σ(p − p̄)² / Σ‖x − x̄‖²   (the rows' variance a linear term in p accounts for)
+
+    from float64 sums n, Σx', Σ‖x'‖², Σp', Σp'², Σx'p' of x' = x − c, p' = p − c_p (c, c_p: the first batch's
+    means, so a large mean loses no digits). O(m·d) per batch."""
+
+    def __init__(self, d: int) -> None:
+        self.d, self.n = int(d), 0
+        self.shift_x: Tensor | None = None
+        self.shift_p = 0.0
+        self.sum_x = torch.zeros(self.d, dtype=torch.float64)
+        self.sum_xp = torch.zeros(self.d, dtype=torch.float64)
+        self.sum_x_sq = self.sum_p = self.sum_p_sq = 0.0
+
+    def add(self, x: Float[Tensor, "m d"], p: Float[Tensor, " m"]) -> CovariateDirection:
+        x = torch.as_tensor(x).to("cpu", torch.float64)
+        p = torch.as_tensor(p).to("cpu", torch.float64).flatten()
+        if x.ndim != 2 or x.shape[1] != self.d or p.numel() != x.shape[0]:
+            raise BadInputError(
+                f"CovariateDirection needs rows (m, {self.d}) and m covariates, got {tuple(x.shape)}, {p.numel()}"
+            )
+        if x.shape[0] == 0:
+            return self
+        if self.shift_x is None:
+            self.shift_x, self.shift_p = x.mean(0), float(p.mean())
+        xs, ps = x - self.shift_x, p - self.shift_p
+        self.n += x.shape[0]
+        self.sum_x += xs.sum(0)
+        self.sum_xp += xs.T @ ps
+        self.sum_x_sq += float(xs.square().sum())
+        self.sum_p += float(ps.sum())
+        self.sum_p_sq += float(ps.square().sum())
+        return self
+
+    def result(self) -> tuple[Float[Tensor, " d"] | None, dict[str, Any]]:
+        """(β or None when p or x does not vary, {"n", "explained_share", "slope_norm"})."""
+        n = self.n
+        spread_p = self.sum_p_sq - self.sum_p**2 / n if n else 0.0
+        spread_x = self.sum_x_sq - float(self.sum_x.square().sum()) / n if n else 0.0
+        if n < 2 or spread_p <= 0 or spread_x <= 0:
+            return None, {"n": n, "explained_share": None, "slope_norm": None}
+        beta = (self.sum_xp - self.sum_x * (self.sum_p / n)) / spread_p
+        share = float(beta.square().sum()) * spread_p / spread_x
+        return beta, {"n": n, "explained_share": share, "slope_norm": float(beta.norm())}

@@ -318,7 +318,8 @@ def _dark_matter(s: SAEGeometry) -> str:
 
 
 def _dense_pairs(s: SAEGeometry) -> str:
-    """The dense latents, their antipodal pairs, and the squared cosine of μ with the pairs' subspace."""
+    """The dense latents, their antipodal pairs, and the squared cosine of μ and of the position direction with the
+    pairs' subspace."""
     d = s.dense_structure
     if not d:
         return "—"
@@ -326,6 +327,9 @@ def _dense_pairs(s: SAEGeometry) -> str:
     sub = d.get("subspace") or {}
     if sub.get("dim") and sub.get("mean") is not None:
         text += f"; μ in their span {fmt_num(sub['mean'])} (chance {fmt_num(sub['chance'])})"
+    if sub.get("dim") and sub.get("position") is not None:
+        share = (d.get("position_direction") or {}).get("explained_share")
+        text += f"; position direction {fmt_num(sub['position'])} (explains {fmt_num(share)} of tr Σ)"
     return text
 
 

@@ -80,6 +80,7 @@ TABLE_GROUPS: list[tuple[str, list[tuple[str, Callable[[dict], str]]]]] = [
                 ),
             ),
             ("rogue dims", lambda r: str(r["rogue_50"])),
+            ("SAE decoder α", _cell("decoder_power_law_alpha", 2)),
         ],
     ),
     (
@@ -97,16 +98,28 @@ TABLE_GROUPS: list[tuple[str, list[tuple[str, Callable[[dict], str]]]]] = [
 TABLE = KEY_COLUMNS + [column for _, group in TABLE_GROUPS for column in group]
 
 
+# columns shown only when a row has their key (the per-layer SAEs' of `sweep --saes`): header -> row key
+OPTIONAL_COLUMNS = {"SAE decoder α": "decoder_power_law_alpha"}
+DECODER_PANEL = ("SAE decoder spectrum (--saes)", "power-law α", [("decoder_power_law_alpha", "decoder α")])
+
+
+def _shown(columns: list[tuple[str, Callable[[dict], str]]], sweep: LayerSweep) -> list:
+    return [
+        (h, fn) for h, fn in columns if h not in OPTIONAL_COLUMNS or any(OPTIONAL_COLUMNS[h] in r for r in sweep.layers)
+    ]
+
+
 def sweep_table(sweep: LayerSweep) -> tuple[list[str], list[list[str]]]:
     """Every column in one table (header, rows)."""
-    return [h for h, _ in TABLE], [[fn(r) for _, fn in TABLE] for r in sweep.layers]
+    table = _shown(TABLE, sweep)
+    return [h for h, _ in table], [[fn(r) for _, fn in table] for r in sweep.layers]
 
 
 def sweep_tables(sweep: LayerSweep) -> list[tuple[str, list[str], list[list[str]]]]:
     """The columns in TABLE_GROUPS' tables, each led by layer and hook: [(caption, header, rows)]."""
     out = []
     for caption, group in TABLE_GROUPS:
-        columns = KEY_COLUMNS + group
+        columns = _shown(KEY_COLUMNS + group, sweep)
         out.append((caption, [h for h, _ in columns], [[fn(r) for _, fn in columns] for r in sweep.layers]))
     return out
 
@@ -195,10 +208,14 @@ def sweep_plot(sweep: LayerSweep) -> Figure:
     measured named in its panel with the reason (made without pyplot: the caller's backend is left alone)."""
     from matplotlib.ticker import MaxNLocator
 
-    fig = new_figure(figsize=(12, 14), layout="constrained")
-    axes = fig.subplots(4, 3)
+    panels = PANELS + ([DECODER_PANEL] if any("decoder_power_law_alpha" in r for r in sweep.layers) else [])
+    n_rows = -(-len(panels) // 3)
+    fig = new_figure(figsize=(12, 3.5 * n_rows), layout="constrained")
+    axes = fig.subplots(n_rows, 3)
+    for ax in axes.flat[len(panels) :]:
+        ax.set_visible(False)
     depth = [r["layer"] if r["layer"] is not None else i for i, r in enumerate(sweep.layers)]
-    for ax, (title, ylabel, series) in zip(axes.flat, PANELS):
+    for ax, (title, ylabel, series) in zip(axes.flat, panels):
         missing = False
         for key, label in series:
             pts = [(x, r[key]) for x, r in zip(depth, sweep.layers) if r.get(key) is not None]

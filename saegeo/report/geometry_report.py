@@ -62,6 +62,7 @@ from saegeo.geometry.amplification import (
     mean_cosine_prediction,
     textbook_prediction,
 )
+from saegeo.geometry.dense import CovariateDirection
 from saegeo.geometry.diagnosis import sample_diagnostics
 from saegeo.geometry.dictionary import dictionary_geometry
 from saegeo.geometry.measures import ActivationGeometry, FieldDict, fields_of, signed_null_test
@@ -541,10 +542,16 @@ class _SAEPass:
         self.row += x.shape[0]
 
     def finish(
-        self, geo: dict[str, Any], thresholds: FlagThresholds, sample: Tensor | None = None, seed: int = 0
+        self,
+        geo: dict[str, Any],
+        thresholds: FlagThresholds,
+        sample: Tensor | None = None,
+        seed: int = 0,
+        position: CovariateDirection | None = None,
     ) -> SAEGeometry:
         """The SAE section; ``sample`` (the report's uniform row sample) gives the per-latent law's mean-cosine
-        form and the co-firing pairs."""
+        form and the co-firing pairs; ``position`` (the rows regressed on their position) the dense structure's
+        position direction."""
         m, dg = self.metrics, self.dictionary
         codes = m.codes
         freq, mean_code = codes.firing_frequency, codes.mean_code
@@ -635,6 +642,7 @@ class _SAEPass:
                 self.module.W_enc.detach().cpu() if getattr(self.module, "W_enc", None) is not None else None,
                 m.mean,
                 geo.get("top_eigenvectors") or [],
+                position,
             )
         return SAEGeometry(
             dark_matter=structure.get("dark_matter"),
@@ -799,9 +807,9 @@ def geometry_report(
         if ctx is not None and rows.store is not None:
             distributed.check_same_store(rows.store)
         # token ids and positions ride along where the source has them (a store, a (batch, pos, d) array): the
-        # latent table's position_corr and log_frequency_corr columns
-        with_positions = opts.latent_cards and (rows.store is not None or rows.window is not None)
-        log_frequency = token_log_frequency(rows.store, opts.max_tokens) if with_positions else None
+        # latent table's position_corr and log_frequency_corr columns, the dense structure's position direction
+        with_positions = (opts.latent_cards or opts.dark_matter) and (rows.store is not None or rows.window is not None)
+        log_frequency = token_log_frequency(rows.store, opts.max_tokens) if opts.latent_cards else None
         batches, first_row = rows.batches(
             opts.batch_rows,
             *((ctx.rank, ctx.world_size) if ctx else ()),
@@ -841,6 +849,7 @@ def geometry_report(
 
     acc: GeometryAccumulator | None = None
     reservoir: RowReservoir | None = None
+    position: CovariateDirection | None = None  # the rows' regression on position, for the dense structure
     bar = None
     if opts.progress and (ctx is None or ctx.is_main):
         bar = progress_bar(total=total, unit="tok", unit_scale=True, desc="report", dynamic_ncols=True)
@@ -858,7 +867,11 @@ def geometry_report(
                 for p in passes:
                     if p.d_in != d:
                         raise BadInputError(f"SAE {p.name!r} has d_in = {p.d_in} but the activations have d = {d}")
+                if positions is not None and any(p.structure is not None for p in passes):
+                    position = CovariateDirection(d)
             acc.add(x)
+            if position is not None:
+                position.add(x, positions)
             reservoir.add(x)
             row_log_frequency = None if log_frequency is None or ids is None else log_frequency[ids]
             for p in passes:
@@ -880,7 +893,7 @@ def geometry_report(
     # what sums cannot see, from the uniform row sample: the cone of centred rows, population splits
     top = torch.tensor(geo["top_eigenvectors"][0], dtype=torch.float64) if geo["top_eigenvectors"] else None
     sampled = json_safe(sample_diagnostics(reservoir.sample(), acc.mean, top))
-    saes = [p.finish(geo, opts.thresholds, reservoir.sample(), opts.seed) for p in passes]
+    saes = [p.finish(geo, opts.thresholds, reservoir.sample(), opts.seed, position) for p in passes]
     withheld_notes = []
     for s in saes:
         if s.heldout is not None and n_skipped:  # a skipped row shifts every later index: the split is unknown

@@ -64,6 +64,8 @@ ROW_DOC = {
     "intra_window": "mean IntraSim over windows (Ethayarajh: mean cos of each token to its window's mean)",
     "intra_window_adjusted": "… minus A",
     "pc1_abs_corr_log_frequency": "|corr(PC1, log token frequency)|",
+    "decoder_power_law_alpha": "the layer's SAE (--saes): power-law slope α of its decoder rows' spectrum",
+    "decoder_power_law_r2": "R² of that log-log fit",
     "pc1_abs_corr_position": "|corr(PC1, position)|",
     "pc1_abs_corr_norm": "|corr(PC1, ‖x‖)|",
 }
@@ -169,6 +171,39 @@ def layer_row(m: StoreMeasures) -> dict[str, Any]:
     return row
 
 
+def _layer_saes(saes: str | None, stores: list[ActivationStore]) -> dict[str, Any] | None:
+    """hook -> DIR/<hook> for the stores whose hook has an SAE under ``saes`` (None without --saes); refused when
+    the directory is missing or holds an SAE for none of the hooks."""
+    if saes is None:
+        return None
+    from pathlib import Path
+
+    root = Path(saes)
+    if not root.is_dir():
+        raise BadInputError(f"--saes {saes}: not a directory (expected one SAE per hook, DIR/<hook>)")
+    found = {s.hook: root / s.hook for s in stores if (root / s.hook).exists()}
+    if not found:
+        raise BadInputError(
+            f"--saes {saes}: no SAE for any swept hook (looked for {', '.join(s.hook for s in stores)}); name each "
+            "layer's SAE directory by its hook"
+        )
+    return found
+
+
+def decoder_power_law(sae: Any) -> dict[str, Any]:
+    """{decoder_power_law_alpha, decoder_power_law_r2} of an SAE (a path or object): the log-log slope of its decoder
+    rows' spectrum, λ_k ∝ k^(−α) (saegeo.geometry.dictionary.dictionary_geometry; Li, Michaud, Tegmark et al. 2025);
+    None for both without an SAE."""
+    if sae is None:
+        return {"decoder_power_law_alpha": None, "decoder_power_law_r2": None}
+    from saegeo.geometry.dictionary import dictionary_geometry
+    from saegeo.sae.model import SAE
+
+    module = SAE.load(sae) if not hasattr(sae, "W_dec") else sae
+    spectrum = dictionary_geometry(module.W_dec.detach().cpu()).spectrum
+    return {"decoder_power_law_alpha": spectrum["power_law_alpha"], "decoder_power_law_r2": spectrum["power_law_r2"]}
+
+
 def _order(stores: list[ActivationStore]) -> list[ActivationStore]:
     models = sorted({s.model for s in stores})
     if len(models) > 1:
@@ -209,6 +244,7 @@ def sweep_stores(
     if not stores:
         raise BadInputError("the sweep needs at least one activation store")
     opened = _order([s if isinstance(s, ActivationStore) else ActivationStore(s, verify=opts.verify) for s in stores])
+    sae_dirs = _layer_saes(opts.saes, opened)
     t0 = time.perf_counter()
     rows, flags = [], []
     it = opened
@@ -223,7 +259,10 @@ def sweep_stores(
             max_tokens=max_tokens,
             skip_nonfinite=opts.skip_nonfinite,
         )
-        rows.append(layer_row(m))
+        row = layer_row(m)
+        if sae_dirs is not None:
+            row.update(decoder_power_law(sae_dirs.get(store.hook)))
+        rows.append(row)
         flags += run_flags("artifact", thresholds or opts.thresholds, artifact=m.artifact, subject=store.hook)
     notes = [f"artifact test: {rows[0]['details']['artifact']['source']}"]
     options = {
@@ -232,6 +271,7 @@ def sweep_stores(
         "artifact_components": artifact_components,
         "max_tokens": max_tokens,
         **({"skip_nonfinite": True} if opts.skip_nonfinite else {}),
+        **({"saes": opts.saes} if opts.saes is not None else {}),
     }
     return LayerSweep(
         SWEEP_SCHEMA_VERSION,

@@ -104,8 +104,9 @@ class ReportOptions(BatchedStreamOptions, DeviceOption):
     neighbour_table_max: int = option(NEIGHBOUR_TABLE_MAX, NEIGHBOUR_TABLE_HELP, low=0)
     dark_matter: bool = option(
         False,
-        "per SAE: the error's linearly predictable share (5-fold ridge sums: 2·d² float64 multiply-adds a row, "
-        "their cost in benchmarks/README.md) and the dense latents' antipodal pairs",
+        "per SAE: the error's linearly predictable share (5-fold ridge sums: ~1.6·d² float32 multiply-adds a row, "
+        "10·d² float64 numbers held; their cost in benchmarks/README.md), the dense latents' antipodal pairs and "
+        "the position direction",
     )
     thresholds: FlagThresholds = option(
         factory=FlagThresholds, help="of every flag ([report.thresholds])", flatten=True
@@ -163,6 +164,11 @@ class SweepOptions(BatchedStreamOptions):
     max_types: int | None = option(None, "keep the most frequent V token types, pool the rest (default: all)", low=1)
     artifact_components: int = option(
         3, "top principal directions in the artifact test (0: skip it)", low=0, old_flags=("--artifact-k",)
+    )
+    saes: str | None = option(
+        None,
+        "a directory of per-layer SAEs, DIR/<hook> (e.g. DIR/blocks.3.hook_resid_post): each layer's row gains its "
+        "SAE's decoder spectrum power law α",
     )
     out: str | None = option(None, "directory for summary.txt, sweep.json, sweep.md (+ sweep.png), sweep.html")
     json: str | None = option(None, "write the sweep JSON here")

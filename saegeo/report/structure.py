@@ -3,7 +3,8 @@ a library call of its own (``sae_structure``, two passes, the co-firing counted 
 
 ``PassStructure(d, options)``  the report's part: the dark-matter sums fed every chunk's (x, x̂) as an
     ``SAEMetrics.row_observers`` entry; ``finish(...)`` gives {dark_matter, dense} for the SAE's section, the dense
-    latents' co-firing counted on the report's uniform row sample (the pass cannot know the dense latents before
+    latents' co-firing counted on the report's uniform row sample, the position direction (the rows' regression on
+    their position, ``CovariateDirection``, fed by the pass) aligned with the pairs' subspace (the pass cannot know the dense latents before
     its end, and a second pass would encode every row again).
 
 ``sae_structure(sae, acts, options=StructureOptions()) -> dict``
@@ -31,7 +32,14 @@ from saegeo.geometry.dark_matter import (
     DarkMatterAccumulator,
     dark_matter,
 )
-from saegeo.geometry.dense import DenseCofiring, antipodal_pairs, dense_latents, pair_subspace, subspace_alignment
+from saegeo.geometry.dense import (
+    CovariateDirection,
+    DenseCofiring,
+    antipodal_pairs,
+    dense_latents,
+    pair_subspace,
+    subspace_alignment,
+)
 from saegeo.progress import progress_bar
 
 
@@ -65,7 +73,7 @@ class PassStructure:
 
     def add(self, x: torch.Tensor, recon: torch.Tensor) -> None:
         """One chunk of rows in stream order and the SAE's (denormalised) reconstruction of them."""
-        self.dark.add(x, x.double() - recon.double())
+        self.dark.add(x, x - recon.to(x.dtype))  # float32 rows give float32 products (DarkMatterAccumulator.add)
 
     def finish(
         self,
@@ -75,11 +83,13 @@ class PassStructure:
         W_enc: torch.Tensor | None,
         mean: torch.Tensor,
         components: list[list[float]],
+        position: CovariateDirection | None = None,
     ) -> dict[str, Any]:
         """{"dark_matter": R² of the error vector and norm held out, ± sd, and the nonlinear share 1 − R²_vector;
         "dense": the dense latents (rate ≥ dense_rate over the pass), their antipodal pairs (co-firing from the
-        ``sample_codes`` COO), the pairs' subspace and the squared cosine of μ and of the top principal
-        ``components`` (rows of length d) with it}."""
+        ``sample_codes`` COO), the pairs' subspace and the squared cosine of μ, of the top principal
+        ``components`` (rows of length d) and of the ``position`` direction (the rows' regression on their
+        position, with the variance share it explains: "position_direction") with it}."""
         opts = self.options
         out: dict[str, Any] = {}
         if self.dark.rows_seen >= 2 * opts.folds:
@@ -91,6 +101,7 @@ class PassStructure:
         n_rows = max(1, int(self.dark.rows_seen))
         dense = dense_latents((fire_rate.double() * n_rows).round().long(), n_rows, opts.dense_rate)
         section: dict[str, Any] = {"rate": opts.dense_rate, "n_dense": int(dense.numel()), "latents": dense.tolist()}
+        beta, section["position_direction"] = position.result() if position is not None else (None, None)
         dense = dense[: opts.max_dense]
         if dense.numel() < 2 or sample_codes is None or int(sample_codes.n_rows) < 2:
             section.update(pairs=[], subspace={"dim": 0})
@@ -102,6 +113,8 @@ class PassStructure:
         directions = {"mean": mean}
         for k, v in enumerate(components[: opts.top_components]):
             directions[f"pc{k + 1}"] = torch.tensor(v, dtype=torch.float64)
+        if beta is not None:
+            directions["position"] = beta
         section.update(
             n_searched=int(dense.numel()),
             cofiring_rows=int(sample_codes.n_rows),
@@ -136,7 +149,7 @@ def sae_structure(sae: Any, acts: Any, options: StructureOptions | None = None) 
             x = torch.as_tensor(x, dtype=torch.float32)
             codes = sae.encode(x.to(sae.W_enc.dtype))
             x_hat = sae.decode(codes).to(torch.float32)
-            acc.add(x, x - x_hat)
+            acc.add(x.double(), x.double() - x_hat.double())  # float64 products: μ and Σ below come from these sums
             fire += (codes != 0).sum(0)  # signed codes (AbsTopK) fire below 0 too
     n = acc.rows_seen
     if n < 2:

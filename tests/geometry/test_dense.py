@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from saegeo.geometry.dense import (
+    CovariateDirection,
     DenseCofiring,
     antipodal_pairs,
     dense_latents,
@@ -143,3 +144,20 @@ def test_cofiring_counts_from_coo_equal_the_dense_counts():
         coo.add_coo(block.shape[0], rows, cols, block[rows, cols])
     assert coo.n_rows == dense.n_rows == 300
     assert torch.equal(coo.fire, dense.fire) and torch.equal(coo.cofire, dense.cofire)
+
+
+@pytest.mark.parametrize("batch", [37, 1000])
+def test_position_direction_streamed_equals_least_squares_far_from_zero(batch):
+    rng = np.random.default_rng(5)
+    n, d = 1000, 5
+    p = rng.integers(0, 64, size=n).astype(float) + 1e4  # a covariate far from zero
+    slope = rng.normal(size=d)
+    x = 1e3 + np.outer(p, slope) * 0.01 + rng.normal(size=(n, d))
+    acc = CovariateDirection(d)
+    for lo in range(0, n, batch):
+        acc.add(torch.from_numpy(x[lo : lo + batch]), torch.from_numpy(p[lo : lo + batch]))
+    beta, info = acc.result()
+    want = np.linalg.lstsq(np.stack([np.ones(n), p], 1), x, rcond=None)[0][1]
+    assert beta.numpy() == pytest.approx(want, rel=1e-9)
+    assert info["explained_share"] == pytest.approx((want**2).sum() * p.var() / x.var(0).sum(), rel=1e-9)
+    assert CovariateDirection(d).add(torch.from_numpy(x), torch.zeros(n)).result()[0] is None  # p does not vary

@@ -192,3 +192,35 @@ def test_sweep_max_types_reports_the_pooled_other_type(tmp_path, capsys):
     assert tt["other_n_tokens"] == 1700 - sum(1 for i in range(1700) if i % 37 in set(range(5)))
     assert tt["kept_exact_top"]
     capsys.readouterr()
+
+
+def test_sweep_saes_give_each_layer_its_planted_decoder_power_law(tmp_path, capsys):
+    """Issue 41 item 5: three layers' SAEs whose decoder rows are Gaussian with covariance eigenvalues k^(−α) (α 0.5,
+    1.5, 1.0 by depth: steepest in the middle layer) are read from DIR/<hook>; each row's decoder α is the planted
+    one (the fit over the middle ranks: within 0.1 at 2,048 × 64, the unit rows flatten α 1.5 to 1.43), the column and panel appear, and a --saes that
+    is no directory is one line, exit 2."""
+    from saegeo.render.sweep_page import render_sweep_markdown
+    from saegeo.sae.model import SAE, SAEConfig
+
+    d, planted = 64, {0: 0.5, 1: 1.5, 2: 1.0}
+    g = torch.Generator().manual_seed(3)
+    stores = []
+    for layer, alpha in planted.items():
+        hook = f"blocks.{layer}.hook_resid_post"
+        stores.append(_write(tmp_path / f"s{layer}", torch.randn(300, d, generator=g), hook=hook))
+        sae = SAE(SAEConfig(d_in=d, d_sae=2048, activation="relu")).init_weights(torch.Generator().manual_seed(layer))
+        with torch.no_grad():
+            sae.W_dec.copy_(torch.randn(2048, d, generator=g) * torch.arange(1, d + 1).pow(-alpha / 2))
+        sae.save(tmp_path / "saes" / hook)
+    sweep = sweep_stores(stores, SweepOptions(artifact_components=1, progress=False, saes=str(tmp_path / "saes")))
+    for row in sweep.layers:
+        assert row["decoder_power_law_alpha"] == pytest.approx(planted[row["layer"] - 1], abs=0.1)
+        assert row["decoder_power_law_r2"] > 0.99
+    alphas = [r["decoder_power_law_alpha"] for r in sweep.layers]
+    assert alphas[1] > alphas[2] > alphas[0]  # the planted shape: steepest in the middle layer
+    assert "SAE decoder α" in render_sweep_markdown(sweep)
+    plain = sweep_stores(stores[:1], SweepOptions(artifact_components=1, progress=False))
+    assert "decoder_power_law_alpha" not in plain.layers[0] and "SAE decoder α" not in render_sweep_markdown(plain)
+    assert main(["sweep", str(stores[0].path), "--saes", str(tmp_path / "nowhere"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--saes" in err and "not a directory" in err
