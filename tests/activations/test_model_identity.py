@@ -77,7 +77,7 @@ def setup(tmp_path_factory):
         TrainConfig(
             arch="topk",
             d_sae=32,
-            k=4,
+            arch_options={"topk": {"k": 4}},
             batch_tokens=256,
             total_tokens=2048,
             out_dir=str(root / "sae"),

@@ -69,7 +69,7 @@ def test_a_nan_row_is_named_alike_by_every_command(stores, capsys, tmp_path):
         train_sae(
             TrainConfig(
                 d_sae=16,
-                k=2,
+                arch_options={"topk": {"k": 2}},
                 batch_tokens=64,
                 total_tokens=64 * 17,
                 b_dec_init="zeros",
@@ -96,7 +96,7 @@ def test_skip_nonfinite_skips_and_counts_alike_artifact_pass_included(stores, tm
     res = train_sae(
         TrainConfig(
             d_sae=16,
-            k=2,
+            arch_options={"topk": {"k": 2}},
             batch_tokens=64,
             total_tokens=64 * 12,
             b_dec_init_tokens=2000,

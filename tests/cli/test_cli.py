@@ -79,7 +79,7 @@ def test_flag_names_are_the_field_names():
             "o",
             "--arch",
             "relu",
-            "--k",
+            "--topk.k",
             "4",
             "--expansion",
             "2",
@@ -213,22 +213,24 @@ def store(tmp_path):
 
 def test_token_counts_read_the_same_from_run_train_config_flag_and_python(tmp_path, store, captured_train, capsys):
     (tmp_path / "run.toml").write_text(
-        f'out = "{tmp_path / "run"}"\nacts = "{store}"\n[train]\ntotal_tokens = "2M"\nbatch_tokens = 256\nk = 8\n'
+        f'out = "{tmp_path / "run"}"\nacts = "{store}"\n[train]\ntotal_tokens = "2M"\nbatch_tokens = 256\n[train.topk]\nk = 8\n'
     )
     assert main(["run", str(tmp_path / "run.toml")]) == 2  # the fake trainer stops the job
-    (tmp_path / "train.toml").write_text('[train]\ntotal_tokens = "2M"\nbatch_tokens = 256\nk = 8\n')
+    (tmp_path / "train.toml").write_text('[train]\ntotal_tokens = "2M"\nbatch_tokens = 256\n[train.topk]\nk = 8\n')
     assert main(["train", "--acts", store, "--config", str(tmp_path / "train.toml")]) == 2
-    assert main(["train", "--acts", store, "--total-tokens", "2M", "--batch-tokens", "256", "--k", "8"]) == 2
+    assert main(["train", "--acts", store, "--total-tokens", "2M", "--batch-tokens", "256", "--topk.k", "8"]) == 2
     assert "Traceback" not in capsys.readouterr().err
     via_run, via_config, via_flag = captured_train
-    python = from_dict(TrainConfig, {"total_tokens": "2M", "batch_tokens": 256, "k": 8})
+    python = from_dict(TrainConfig, {"total_tokens": "2M", "batch_tokens": 256, "topk": {"k": 8}})
     assert python.total_tokens == 2_000_000
     assert dataclasses.replace(via_run, out_dir=None) == via_config == via_flag == python
 
 
 def test_flags_override_the_config_file_which_overrides_the_defaults(tmp_path, store, captured_train):
-    (tmp_path / "t.toml").write_text(f'acts = "{store}"\n[train]\nk = 8\nbatch_tokens = 256\ntotal_tokens = "5k"\n')
-    assert main(["train", "--config", str(tmp_path / "t.toml"), "--k", "4", "--no-progress"]) == 2
+    (tmp_path / "t.toml").write_text(
+        f'acts = "{store}"\n[train]\nbatch_tokens = 256\ntotal_tokens = "5k"\n[train.topk]\nk = 8\n'
+    )
+    assert main(["train", "--config", str(tmp_path / "t.toml"), "--topk.k", "4", "--no-progress"]) == 2
     (cfg,) = captured_train
     assert (cfg.options.k, cfg.batch_tokens, cfg.total_tokens, cfg.progress) == (4, 256, 5000, False)
     assert (cfg.lr, cfg.arch) == (TrainConfig.lr, TrainConfig.arch)

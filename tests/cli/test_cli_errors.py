@@ -50,7 +50,7 @@ def fx(tmp_path_factory):
 
     cfg = TrainConfig(
         d_sae=16,
-        k=2,
+        arch_options={"topk": {"k": 2}},
         batch_tokens=64,
         total_tokens=64 * 6,
         checkpoint_every=2,
@@ -173,7 +173,7 @@ def _train_resume(tmp, fx, damage) -> list[str]:
         str(run),
         "--d-sae",
         "16",
-        "--k",
+        "--topk.k",
         "2",
         "--batch-tokens",
         "64",
@@ -275,7 +275,7 @@ def test_debug_shows_the_traceback(fx, tmp_path):
 def test_bad_sizes_are_refused(fx, tmp_path, capsys):
     for argv, what in [
         (["train", "--acts", str(fx / "store"), "--d-sae", "0"], "d_sae"),
-        (["train", "--acts", str(fx / "store"), "--k", "0"], "k must"),
+        (["train", "--acts", str(fx / "store"), "--topk.k", "0"], "k must"),
         (["cache", "--batch-windows", "0", "--out", str(tmp_path / "c")], "batch_windows"),
         (["cache", "--shard-rows", "0", "--out", str(tmp_path / "c")], "shard_rows"),
         (["report", "--acts", str(fx / "store"), "--out", str(tmp_path / "r"), "--batch-rows", "0"], "batch_rows"),
@@ -291,7 +291,7 @@ def test_bad_devices_are_refused_before_any_work(fx, tmp_path, capsys):
     missing = "cuda:64" if torch.cuda.is_available() else "cuda"  # more GPUs than any machine has / no CUDA build
     commands = [
         ["cache", "--model", str(fx / "model.json"), "--corpus", str(fx / "docs.txt"), "--out", str(tmp_path / "c")],
-        ["train", "--acts", str(fx / "store"), "--d-sae", "16", "--k", "2", "--out", str(tmp_path / "t")],
+        ["train", "--acts", str(fx / "store"), "--d-sae", "16", "--topk.k", "2", "--out", str(tmp_path / "t")],
         ["report", "--acts", str(fx / "store"), "--out", str(tmp_path / "r")],
         ["eval", "--model", str(fx / "model.json"), "--sae", str(fx / "sae"), "--corpus", str(fx / "docs.txt")],
     ]

@@ -44,7 +44,7 @@ def _train(store, out, *extra):
         str(out),
         "--d-sae",
         "16",
-        "--k",
+        "--topk.k",
         "2",
         "--batch-tokens",
         "64",
@@ -202,10 +202,10 @@ def test_train_config_keys_beside_a_train_table_are_refused_naming_key_and_file(
     store, tmp_path, capsys, captured_train
 ):
     path = tmp_path / "t.toml"
-    path.write_text(f'acts = "{store}"\nd_sae = 64\n[train]\nk = 4\n')
+    path.write_text(f'acts = "{store}"\nd_sae = 64\n[train]\nlr = 1e-3\n')
     err = _one_line_exit_2(["train", "--config", str(path)], capsys, "d_sae")
     assert str(path) in err
-    path.write_text(f'acts = "{store}"\n[train]\nk = 4\nexpansoin = 2\n')  # a typo was accepted
+    path.write_text(f'acts = "{store}"\n[train]\nlr = 1e-3\nexpansoin = 2\n')  # a typo was accepted
     err = _one_line_exit_2(["train", "--config", str(path)], capsys, "expansoin")
     assert str(path) in err and not captured_train
 
@@ -222,15 +222,21 @@ def test_the_overwrite_advice_names_the_config_key_that_run_accepts(store, tmp_p
     """`saegeo run` has no --overwrite flag: the refusal must also name `overwrite = true`."""
     out = tmp_path / "sae"
     small = dict(
-        d_sae=16, k=2, batch_tokens=64, total_tokens=128, b_dec_init_tokens=64, progress=False, out_dir=str(out)
+        d_sae=16,
+        arch_options={"topk": {"k": 2}},
+        batch_tokens=64,
+        total_tokens=128,
+        b_dec_init_tokens=64,
+        progress=False,
+        out_dir=str(out),
     )
     train_sae(TrainConfig(**small), store)
     with pytest.raises(BadInputError, match=r"overwrite = true"):
-        train_sae(TrainConfig(**{**small, "k": 3}), store)
+        train_sae(TrainConfig(**{**small, "arch_options": {"topk": {"k": 3}}}), store)
     run = tmp_path / "run.toml"
     run.write_text(
-        f'out = "{tmp_path / "r"}"\nacts = "{store}"\n[train]\nd_sae = 16\nk = 2\nbatch_tokens = 64\n'
-        "total_tokens = 128\nb_dec_init_tokens = 64\nprogress = false\n"
+        f'out = "{tmp_path / "r"}"\nacts = "{store}"\n[train]\nd_sae = 16\nbatch_tokens = 64\n'
+        "total_tokens = 128\nb_dec_init_tokens = 64\nprogress = false\n[train.topk]\nk = 2\n"
     )
     (tmp_path / "r" / "saes" / "sae").mkdir(parents=True)
     (tmp_path / "r" / "saes" / "sae" / "cfg.json").write_text("{}")  # an SAE from elsewhere

@@ -28,7 +28,7 @@ COUNTS = {
     "train": [
         "--batch-tokens",
         "--total-tokens",
-        "--k",
+        "--topk.k",
         "--expansion",
         "--d-sae",
         "--log-every",

@@ -26,7 +26,6 @@ out = "{acts}"
 
 [train]
 arch = "topk"
-k = 8
 expansion = 2
 batch_tokens = 256
 total_tokens = 2560
@@ -34,6 +33,9 @@ lr = 1e-3
 b_dec_init_tokens = 2048
 heldout_fraction = 0.1
 progress = false
+
+[train.topk]
+k = 8
 
 [saes]
 "b_dec=mean" = {{ b_dec_init = "mean" }}

@@ -39,7 +39,9 @@ def fx(tmp_path_factory):
     sae.init_weights(torch.Generator().manual_seed(0))
     sae.save(root / "sae")
     (root / "docs.txt").write_text("The quick brown fox jumps over the lazy dog. " * 40)
-    (root / "run.toml").write_text(f'out = "{root / "store"}"\nacts = "{root / "store"}"\n[saes.a]\nk = 2\n')
+    (root / "run.toml").write_text(
+        f'out = "{root / "store"}"\nacts = "{root / "store"}"\n[saes.a]\ntopk = {{ k = 2 }}\n'
+    )
     from safetensors.torch import save_file
 
     save_file({"activations": torch.randn(64, D, generator=g)}, str(root / "in.safetensors"))
@@ -83,9 +85,9 @@ def _cases(fx: Path) -> dict[str, tuple[list[str], str, str]]:
             "sae_weights",
             sae,
         ),
-        "train --out is the store": (["train", "--acts", store, "--k", "2", "--out", store], store, store),
+        "train --out is the store": (["train", "--acts", store, "--topk.k", "2", "--out", store], store, store),
         "train --out contains the store": (
-            ["train", "--acts", store, "--k", "2", "--out", str(fx)],
+            ["train", "--acts", store, "--topk.k", "2", "--out", str(fx)],
             str(fx),
             store,
         ),
@@ -292,7 +294,7 @@ def test_an_unwritable_output_is_refused_before_the_pass(fx, tmp_path, capsys, m
         ["geometry", str(fx / "store"), "--json", str(tmp_path / "a_file" / "g.json")],
         ["report", "--acts", str(fx / "store"), "--out", str(tmp_path / "a_file" / "r")],
         ["sweep", str(fx / "store"), "--out", str(tmp_path / "a_file" / "s")],
-        ["train", "--acts", str(fx / "store"), "--k", "2", "--out", str(tmp_path / "a_file" / "t")],
+        ["train", "--acts", str(fx / "store"), "--topk.k", "2", "--out", str(tmp_path / "a_file" / "t")],
     ):
         assert main([*argv, "--no-progress"]) == 2, argv
         err = capsys.readouterr().err
@@ -318,7 +320,15 @@ def _train_holding(out: str, store: str, started, release) -> None:
             started.set()
             release.wait(60)
 
-    cfg = TrainConfig(d_sae=16, k=2, batch_tokens=32, total_tokens=32 * 3, progress=False, out_dir=out, num_threads=1)
+    cfg = TrainConfig(
+        d_sae=16,
+        arch_options={"topk": {"k": 2}},
+        batch_tokens=32,
+        total_tokens=32 * 3,
+        progress=False,
+        out_dir=out,
+        num_threads=1,
+    )
     train_sae(cfg, store, on_step=hold)
 
 
@@ -331,7 +341,7 @@ def test_a_second_training_into_one_out_dir_is_refused_with_the_first_ones_pid(f
     try:
         assert started.wait(120)
         capsys.readouterr()
-        rc = main(["train", "--acts", str(fx / "store"), "--k", "2", "--d-sae", "16", "--out", str(out)])
+        rc = main(["train", "--acts", str(fx / "store"), "--topk.k", "2", "--d-sae", "16", "--out", str(out)])
         err = capsys.readouterr().err
         assert rc == 2 and f"another process (pid {p.pid})" in err and len(err.strip().splitlines()) == 1, err
     finally:
@@ -355,14 +365,14 @@ def test_untrainable_data_is_refused_up_front_with_the_reason(tmp_path, capsys, 
     from safetensors.torch import save_file
 
     save_file({"activations": rows}, str(tmp_path / "x.safetensors"))
-    argv = ["train", "--acts", str(tmp_path / "x.safetensors"), "--k", "2", "--d-sae", "16"]
+    argv = ["train", "--acts", str(tmp_path / "x.safetensors"), "--topk.k", "2", "--d-sae", "16"]
     rc = main([*argv, "--batch-tokens", "32", "--total-tokens", "320", "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and reason in err and "learning rate" not in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_train_on_the_meta_device_is_one_line(fx, tmp_path, capsys):
-    argv = ["train", "--acts", str(fx / "store"), "--k", "2", "--out", str(tmp_path / "t"), "--device", "meta"]
+    argv = ["train", "--acts", str(fx / "store"), "--topk.k", "2", "--out", str(tmp_path / "t"), "--device", "meta"]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "'meta' holds no data" in err and len(err.strip().splitlines()) == 1, err
@@ -410,7 +420,7 @@ def test_train_refuses_an_sae_the_disk_cannot_hold_before_the_first_step(
     free = 2000 if checkpoints else 1000
     monkeypatch.setattr(io.shutil, "disk_usage", lambda path: usage(10**6, 10**6 - free, free))
     out = tmp_path / "t"
-    argv = ["train", "--acts", str(fx / "store"), "--k", "2", "--d-sae", "16", "--out", str(out)]
+    argv = ["train", "--acts", str(fx / "store"), "--topk.k", "2", "--d-sae", "16", "--out", str(out)]
     argv += ["--batch-tokens", "32", "--total-tokens", "96", "--no-progress"]
     rc = main([*argv, *(["--checkpoint-every", "1"] if checkpoints else [])])
     err = capsys.readouterr().err

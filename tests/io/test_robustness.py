@@ -30,7 +30,7 @@ def _rows(n: int, seed: int = 0, offset: float = 0.0) -> torch.Tensor:
 def _cfg(out=None, **kw) -> TrainConfig:
     base = dict(
         d_sae=16,
-        k=2,
+        arch_options={"topk": {"k": 2}},
         batch_tokens=32,
         total_tokens=32 * 12,
         b_dec_init_tokens=64,
@@ -40,7 +40,8 @@ def _cfg(out=None, **kw) -> TrainConfig:
         shuffle_buffer=64,
         out_dir=None if out is None else str(out),
     )
-    return TrainConfig(**{**base, **kw})
+    arch_options = {**base.pop("arch_options"), **kw.pop("arch_options", {})}  # a caller's table joins the defaults
+    return TrainConfig(**{**base, **kw}, arch_options=arch_options)
 
 
 def _train_until(cfg: TrainConfig, data, step: int) -> None:
@@ -94,7 +95,7 @@ def test_a_flipped_bit_in_any_shard_is_refused_by_every_reader(store, tmp_path, 
             str(store.path),
             "--d-sae",
             "16",
-            "--k",
+            "--topk.k",
             "2",
             "--batch-tokens",
             "32",
@@ -231,7 +232,7 @@ def test_a_finished_sae_is_never_overwritten_without_overwrite(tmp_path, store, 
         str(tmp_path / "sae"),
         "--d-sae",
         "16",
-        "--k",
+        "--topk.k",
         "2",
         "--batch-tokens",
         "32",

@@ -46,7 +46,7 @@ class _Stop(Exception):
 def _train_cfg(out: Path) -> TrainConfig:
     return TrainConfig(
         d_sae=16,
-        k=2,
+        arch_options={"topk": {"k": 2}},
         batch_tokens=64,
         total_tokens=64 * 40,
         checkpoint_every=10,
@@ -109,7 +109,10 @@ def test_edited_n_tokens_is_refused_by_geometry_train_and_report(tmp_path, capsy
     _edit_manifest(store.path, lambda m: m.update(n_tokens=1500))
     assert "n_tokens" in _geometry_error(store.path, capsys)
     with pytest.raises(StoreError, match="n_tokens is 1500 but the shards list 2048 rows"):
-        train_sae(TrainConfig(d_sae=16, k=2, batch_tokens=64, total_tokens=128, progress=False), store.path)
+        train_sae(
+            TrainConfig(d_sae=16, arch_options={"topk": {"k": 2}}, batch_tokens=64, total_tokens=128, progress=False),
+            store.path,
+        )
     from saegeo.report.geometry_report import geometry_report
 
     with pytest.raises(StoreError, match="n_tokens"):
@@ -172,7 +175,7 @@ def _interrupted(tmp_path: Path, step: int, **kw) -> tuple[TrainConfig, Activati
     store = write_store(tmp_path / "s", _rows(2048), shard_rows=256)
     cfg = TrainConfig(
         d_sae=16,
-        k=2,
+        arch_options={"topk": {"k": 2}},
         batch_tokens=64,
         total_tokens=64 * 20,
         checkpoint_every=5,
@@ -229,7 +232,7 @@ def test_nonfinite_loss_names_the_steps_since_the_last_check(tmp_path, monkeypat
     monkeypatch.setattr("saegeo.activations.sources.magnitude_range", lambda dtype: (0.0, float("inf")))
     cfg = TrainConfig(
         d_sae=16,
-        k=2,
+        arch_options={"topk": {"k": 2}},
         batch_tokens=64,
         total_tokens=64 * 4,
         log_every=10,

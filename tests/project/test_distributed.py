@@ -200,7 +200,7 @@ def _train_cfg(**kw) -> dict:
     base = dict(
         arch="topk",
         d_sae=48,
-        k=4,
+        arch_options={"topk": {"k": 4}},
         lr=2e-3,
         batch_tokens=64,
         total_tokens=64 * 10,

@@ -50,7 +50,7 @@ def test_example_b_checks_and_evaluates_my_sae(quickstart):
 
     acts = cwd / "q" / "acts" / "blocks.3.hook_resid_post"
     cfg = TrainConfig(
-        expansion=2, k=8, batch_tokens=256, total_tokens=2048, b_dec_init_tokens=512, progress=False,
+        expansion=2, arch_options={"topk": {"k": 8}}, batch_tokens=256, total_tokens=2048, b_dec_init_tokens=512, progress=False,
         out_dir=str(cwd / "my_sae"),
     )  # fmt: skip
     train_sae(cfg, acts)  # "my SAE": any directory saegeo reads (SAELens, sparsify, ...) would do

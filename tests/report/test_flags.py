@@ -40,7 +40,7 @@ def offset_case():
     for init, name in (("zeros", "b_dec=0"), ("mean", "b_dec=mean")):
         cfg = TrainConfig(
             arch="topk",
-            k=4,
+            arch_options={"topk": {"k": 4}},
             d_sae=128,
             total_tokens=40_960,
             batch_tokens=512,

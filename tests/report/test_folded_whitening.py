@@ -35,7 +35,15 @@ def rows_and_saes():
     eigenvalues, vectors = torch.linalg.eigh(torch.cov((x.double() - mu).T))
     whiten = vectors @ torch.diag(eigenvalues**-0.5)
     z = ((x.double() - mu) @ whiten).float()
-    cfg = dict(arch="topk", k=8, d_sae=256, total_tokens=30_000, batch_tokens=512, lr=3e-3, progress=False)
+    cfg = dict(
+        arch="topk",
+        arch_options={"topk": {"k": 8}},
+        d_sae=256,
+        total_tokens=30_000,
+        batch_tokens=512,
+        lr=3e-3,
+        progress=False,
+    )
     cfg.update(heldout_fraction=0.0, dead_window_tokens=4096, seed=1)
     raw = train_sae(TrainConfig(**cfg), x).sae
     folded = train_sae(TrainConfig(**cfg), z).sae

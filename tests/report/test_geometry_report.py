@@ -29,7 +29,7 @@ def data_and_sae():
     x = torch.cat(list(gen.activations(6000, 4096)))
     cfg = TrainConfig(
         arch="topk",
-        k=4,
+        arch_options={"topk": {"k": 4}},
         d_sae=96,
         total_tokens=20_480,
         batch_tokens=512,
@@ -406,7 +406,7 @@ def test_held_out_figures_over_the_rows_training_held_out(data_and_sae, tmp_path
     store = write_store(tmp_path / "store", x, shard_rows=2500)
     cfg = TrainConfig(
         arch="topk",
-        k=4,
+        arch_options={"topk": {"k": 4}},
         d_sae=96,
         total_tokens=10_240,
         batch_tokens=512,

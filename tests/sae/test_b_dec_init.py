@@ -20,7 +20,7 @@ def _cfg(**kw) -> TrainConfig:
     base = dict(
         arch="topk",
         d_sae=64,
-        k=4,
+        arch_options={"topk": {"k": 4}},
         lr=1e-3,
         batch_tokens=128,
         total_tokens=128,

@@ -36,7 +36,7 @@ def trained(tmp_path_factory):
             TrainConfig(
                 arch="topk",
                 d_sae=64,
-                k=4,
+                arch_options={"topk": {"k": 4}},
                 batch_tokens=128,
                 total_tokens=512,
                 progress=False,

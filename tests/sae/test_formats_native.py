@@ -146,7 +146,7 @@ def test_cli_train_writes_a_loadable_sae_and_a_summary(tmp_path, capsys):
             str(tmp_path / "acts"),
             "--config",
             str(tmp_path / "t.toml"),
-            "--k",
+            "--topk.k",
             "4",
             "--expansion",
             "4",

@@ -519,7 +519,7 @@ def test_saegeo_sae_saved_in_saelens_layout_loads_through_detection(tmp_path):
     data = torch.randn(3000, D_IN, generator=torch.Generator().manual_seed(0)) + 3.0
     cfg = TrainConfig(
         arch="topk",
-        k=5,
+        arch_options={"topk": {"k": 5}},
         d_sae=D_SAE,
         batch_tokens=256,
         total_tokens=2048,

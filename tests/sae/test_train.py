@@ -53,7 +53,7 @@ def test_topk_recovers_ground_truth_features(one_thread, monkeypatch):
     cfg = TrainConfig(
         arch="topk",
         d_sae=512,
-        k=5,
+        arch_options={"topk": {"k": 5}},
         lr=1e-2,
         batch_tokens=512,
         total_tokens=200 * 512,
@@ -83,7 +83,7 @@ def test_b_dec_mean_absorbs_a_large_offset_and_zero_init_does_worse(one_thread):
         cfg = TrainConfig(
             arch="topk",
             d_sae=512,
-            k=10,
+            arch_options={"topk": {"k": 10}},
             lr=1e-2,
             batch_tokens=512,
             total_tokens=40 * 512,
@@ -113,7 +113,7 @@ def _small_cfg(tmp_path=None, **kw) -> TrainConfig:
     base = dict(
         arch="topk",
         d_sae=64,
-        k=4,
+        arch_options={"topk": {"k": 4}},
         lr=3e-3,
         batch_tokens=128,
         total_tokens=128 * 20,
@@ -123,6 +123,7 @@ def _small_cfg(tmp_path=None, **kw) -> TrainConfig:
         progress=False,
         log_every=5,
     )
+    base["arch_options"] = {**base["arch_options"], **kw.pop("arch_options", {})}  # a caller's table joins
     base.update(kw)
     if tmp_path is not None:
         base["out_dir"] = str(tmp_path)
@@ -151,7 +152,9 @@ def test_decoder_rows_stay_unit_norm_after_every_step(arch):
 
     train_mod.SAE = Spy
     try:
-        train_sae(_small_cfg(arch=arch, l1_coefficient=0.1, decoder_norm="unit"), x, on_step=check)
+        train_sae(
+            _small_cfg(arch=arch, arch_options={"relu": {"l1_coefficient": 0.1}}, decoder_norm="unit"), x, on_step=check
+        )
     finally:
         train_mod.SAE = orig
     assert len(seen) == 20
@@ -187,7 +190,7 @@ def test_resume_refuses_a_checkpoint_of_a_different_model(tmp_path):
     x, _ = _synthetic(2048)
     train_sae(_small_cfg(tmp_path, checkpoint_every=2, total_tokens=128 * 2), x)
     with pytest.raises(BadInputError, match=r"topk.k=4; it cannot be resumed with topk.k=5"):
-        train_sae(_small_cfg(tmp_path, checkpoint_every=2, total_tokens=128 * 2, k=5), x)
+        train_sae(_small_cfg(tmp_path, checkpoint_every=2, total_tokens=128 * 2, arch_options={"topk": {"k": 5}}), x)
     with pytest.raises(BadInputError, match=r"d_sae=64; it cannot be resumed with d_sae=128"):
         train_sae(_small_cfg(tmp_path, checkpoint_every=2, total_tokens=128 * 2, d_sae=128), x)
     # another budget changes the lr schedule: refused too, and --overwrite starts a new run

@@ -63,7 +63,7 @@ def test_batchtopk_saved_as_saelens_jumprelu_round_trips_with_identical_codes(tm
     cfg = TrainConfig(
         arch="batchtopk",
         d_sae=128,
-        k=8,
+        arch_options={"batchtopk": {"k": 8}},
         batch_tokens=500,
         total_tokens=20_000,
         lr=1e-3,
@@ -159,7 +159,7 @@ def test_relu_free_decoder_norms_end_folded_to_unit_rows():
             batch_tokens=500,
             total_tokens=20_000,
             decoder_norm="free",
-            l1_warmup_fraction=0.5,
+            arch_options={"relu": {"l1_warmup_fraction": 0.5}},
             progress=False,
         ),
         x,
@@ -228,7 +228,7 @@ def test_resume_from_a_store_checkpoint_equals_uninterrupted(tmp_path):
         return TrainConfig(
             arch="topk",
             d_sae=64,
-            k=4,
+            arch_options={"topk": {"k": 4}},
             batch_tokens=256,
             total_tokens=256 * 16,
             shuffle_buffer=1_500,
@@ -264,11 +264,15 @@ def test_batchtopk_and_jumprelu_resume_refuses_another_k(tmp_path):
         progress=False,
     )
     with pytest.raises(KeyboardInterrupt):  # stopped after the checkpoint at step 2: a run to resume
-        train_sae(TrainConfig(k=4, **base), x, on_step=lambda step, _: _interrupt_at(step, 3))
+        train_sae(
+            TrainConfig(arch_options={"jumprelu": {"l0_target": 4}}, **base),
+            x,
+            on_step=lambda step, _: _interrupt_at(step, 3),
+        )
     with pytest.raises(
         BadInputError, match="with jumprelu.l0_target=4; it cannot be resumed with jumprelu.l0_target=6"
     ):
-        train_sae(TrainConfig(k=6, **base), x)
+        train_sae(TrainConfig(arch_options={"jumprelu": {"l0_target": 6}}, **base), x)
 
 
 def test_save_sae_broadcasts_a_batchtopk_threshold(tmp_path):
@@ -291,7 +295,7 @@ def test_report_names_a_batchtopk_sae_saved_as_jumprelu(tmp_path):
         TrainConfig(
             arch="batchtopk",
             d_sae=128,
-            k=6,
+            arch_options={"batchtopk": {"k": 6}},
             batch_tokens=500,
             total_tokens=5_000,
             progress=False,

@@ -25,7 +25,7 @@ def _rows(n=1200, seed=0):
 def _cfg(out=None, **kw):
     base = dict(
         d_sae=32,
-        k=3,
+        arch_options={"topk": {"k": 3}},
         batch_tokens=64,
         total_tokens=64 * 10,
         log_every=3,
@@ -34,7 +34,8 @@ def _cfg(out=None, **kw):
         num_threads=1,
         out_dir=str(out) if out else None,
     )
-    return TrainConfig(**{**base, **kw})
+    arch_options = {**base.pop("arch_options"), **kw.pop("arch_options", {})}  # a caller's table joins the defaults
+    return TrainConfig(**{**base, **kw}, arch_options=arch_options)
 
 
 class _Stop(Exception):
@@ -52,7 +53,9 @@ def test_the_log_holds_every_logged_step_with_the_architectures_loss_terms(tmp_p
         if step == 7:
             seen_mid_run.extend(r["step"] for r in read_training_log(tmp_path / "sae"))
 
-    res = train_sae(_cfg(tmp_path / "sae", arch=arch, l1_coefficient=0.1), _rows(), on_step=peek)
+    res = train_sae(
+        _cfg(tmp_path / "sae", arch=arch, arch_options={"relu": {"l1_coefficient": 0.1}}), _rows(), on_step=peek
+    )
     log = read_training_log(tmp_path / "sae")
     assert seen_mid_run == [3, 6]
     assert [r["step"] for r in log] == [3, 6, 9, 10]  # every log_every steps, and the last one
@@ -66,7 +69,7 @@ def test_the_log_holds_every_logged_step_with_the_architectures_loss_terms(tmp_p
 
 def test_the_logged_loss_is_the_objective_of_the_interval(tmp_path):
     """ReLU: loss = SSE/n + l1·L1 per step, so with log_every 1 the record's loss = mse·d + l1·l1_loss."""
-    res = train_sae(_cfg(arch="relu", l1_coefficient=0.25, log_every=1), _rows())
+    res = train_sae(_cfg(arch="relu", arch_options={"relu": {"l1_coefficient": 0.25}}, log_every=1), _rows())
     for r in res.history:
         assert r["loss"] == pytest.approx(r["mse"] * D + 0.25 * r["l1_loss"], rel=1e-5)
 
@@ -123,7 +126,10 @@ def _older_checkpoint(tmp_path, x, kw, version: int, edit) -> list[dict]:
 def test_a_version_3_checkpoint_resumes_with_only_its_first_intervals_loss_unknown(tmp_path):
     """A checkpoint written before the loss was accumulated (no acc.loss, acc.steps): the resumed log's first
     record has loss None, its other numbers (the step count recovered as step mod log_every) are the whole run's."""
-    x, kw = _rows(), dict(arch="relu", l1_coefficient=0.1, checkpoint_every=4)  # relu: its l1_loss is never 0
+    x, kw = (
+        _rows(),
+        dict(arch="relu", arch_options={"relu": {"l1_coefficient": 0.1}}, checkpoint_every=4),
+    )  # relu: its l1_loss is never 0
     whole = _older_checkpoint(
         tmp_path, x, kw, 3, lambda state, tensors: [tensors.pop(k) for k in ("acc.loss", "acc.steps")]
     )
@@ -293,7 +299,13 @@ def test_eval_runs_the_model_in_the_model_dtype(tmp_path):
 @pytest.mark.parametrize("arch", ["topk", "relu", "batchtopk", "jumprelu"])
 def test_bf16_autocast_training_keeps_float32_weights_and_fp32_quality(tmp_path, arch):
     x = _rows(2000)
-    kw = dict(arch=arch, l1_coefficient=0.05, total_tokens=64 * 40, log_every=10, checkpoint_every=40)
+    kw = dict(
+        arch=arch,
+        arch_options={"relu": {"l1_coefficient": 0.05}},
+        total_tokens=64 * 40,
+        log_every=10,
+        checkpoint_every=40,
+    )
     full = train_sae(_cfg(tmp_path / "fp32", **kw), x)
     low = train_sae(_cfg(tmp_path / "bf16", dtype="bf16", **kw), x)
     assert all(p.dtype == torch.float32 for p in low.sae.parameters())
@@ -417,7 +429,15 @@ def test_the_summary_names_each_architectures_own_sparsity_option(arch, shown):
     from saegeo.render.text import render_train
     from saegeo.sae.train import TrainConfig
 
-    cfg = TrainConfig(arch=arch, k=7, l1_coefficient=0.5)
+    cfg = TrainConfig(
+        arch=arch,
+        arch_options={
+            "relu": {"l1_coefficient": 0.5},
+            "topk": {"k": 7},
+            "batchtopk": {"k": 7},
+            "jumprelu": {"l0_target": 7},
+        },
+    )
     result = SimpleNamespace(
         config=cfg, sae=SimpleNamespace(cfg=SimpleNamespace(d_in=4, d_sae=8)), heldout={}, history=[], provenance={}
     )
