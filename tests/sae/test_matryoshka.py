@@ -127,3 +127,21 @@ def test_trained_saved_in_saelens_layout_and_read_back(tmp_path):
         assert torch.equal(loaded.encode(x[-500:]), res.sae.encode(x[-500:]))
     assert 2.5 < res.heldout["l0"] < 10  # the inference threshold keeps about k codes a row
     assert all(f"fvu_prefix_{w}" in r for r in read_training_log(tmp_path / "m") for w in (16, 32, 64))
+
+
+def test_b_dec_starts_at_the_training_rows_mean():
+    """As every architecture: b_dec := the mean of the training rows (lr 0 keeps the start)."""
+    x = torch.randn(3_000, 12, generator=torch.Generator().manual_seed(4)) + 2.0
+    cfg = TrainConfig(
+        arch="matryoshka",
+        arch_options={"matryoshka": {"k": 3, "group_fractions": (0.25, 0.75)}},
+        d_sae=32,
+        lr=0.0,
+        batch_tokens=256,
+        total_tokens=256,
+        heldout_fraction=0.1,
+        progress=False,
+    )
+    res = train_sae(cfg, x)
+    assert res.provenance["b_dec_init"] == "mean"
+    torch.testing.assert_close(res.sae.b_dec.detach().double(), x[:2_700].double().mean(0), atol=1e-6, rtol=0)
