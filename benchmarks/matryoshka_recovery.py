@@ -22,10 +22,26 @@ from saegeo.sae.train import TrainConfig, train_sae
 from saegeo.synthetic import SuperpositionGenerator, SyntheticConfig
 from saegeo.synthetic.recovery import recovery
 
+
+def hierarchical(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Parent/child features (not in `saegeo synth`): 64 parents, each with 3 children, 256 random unit directions in
+    d 64. A parent fires with probability 1/16; a child only with its parent, each with probability 0.3 then (so a
+    child's firing implies its parent's, the absorption case). Magnitudes 0.5 + Exp(1). Returns (rows, dictionary)."""
+    g = torch.Generator().manual_seed(seed)
+    dictionary = torch.randn(256, 64, generator=g)
+    dictionary /= dictionary.norm(dim=1, keepdim=True)
+    parents = torch.rand(n, 64, generator=g) < 1 / 16
+    children = (torch.rand(n, 64, 3, generator=g) < 0.3) & parents[:, :, None]
+    fires = torch.cat([parents, children.reshape(n, 192)], dim=1).float()
+    magnitudes = 0.5 + torch.empty(n, 256).exponential_(generator=g)
+    return (fires * magnitudes) @ dictionary, dictionary
+
+
 REGIMES = {
     "uniform": {},
     "zipf": {"rate_law": "zipf", "zipf_exponent": 1.0},
     "co-firing pairs": {"n_groups": 64, "group_size": 2},
+    "parent/child": None,  # `hierarchical`
 }
 ARCHS = {
     "batchtopk": ("batchtopk", {}),
@@ -49,8 +65,11 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for regime in args.regimes:
         extra = REGIMES[regime]
-        gen = SuperpositionGenerator(SyntheticConfig(d=64, n_features=256, rate=args.k / 256, seed=1, **extra))
-        x, _ = gen.sample(20_000)
+        if extra is None:
+            x, truth = hierarchical(20_000)
+        else:
+            gen = SuperpositionGenerator(SyntheticConfig(d=64, n_features=256, rate=args.k / 256, seed=1, **extra))
+            (x, _), truth = gen.sample(20_000), gen.truth.dictionary
         for label, (arch, options) in ARCHS.items():
             for lr, seed in ((lr, seed) for lr in args.lrs for seed in args.seeds):
                 cfg = TrainConfig(
@@ -69,9 +88,9 @@ def main() -> None:
                 res = train_sae(cfg, x)
                 cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
                 w_dec = res.sae.W_dec.detach()
-                rep = recovery(gen.truth.dictionary, w_dec, threshold=0.9)
+                rep = recovery(truth, w_dec, threshold=0.9)
                 groups = "/".join(
-                    f"{recovery(gen.truth.dictionary, w_dec[lo:hi], match=False).mean_max_cos_learned:.2f}"
+                    f"{recovery(truth, w_dec[lo:hi], match=False).mean_max_cos_learned:.2f}"
                     for lo, hi in zip((0, 32, 64, 128, 256), (32, 64, 128, 256, 512))
                 )
                 print(
