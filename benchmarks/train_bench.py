@@ -33,8 +33,20 @@ already there is skipped, so an interrupted grid resumes and two workers (`--wor
 share one grid, each claiming runs by an atomic mkdir. While the file named by --pause-file exists no new run
 starts (none by default). `--print` re-prints the curves from the saved results without training.
 
+Gated and JumpReLU's sparsity forms (`--arch gated jumprelu-quadratic jumprelu-step jumprelu-tanh`): SAELens'
+GatedTrainingSAE and JumpReLUTrainingSAE (jumprelu_sparsity_loss_mode quadratic, step, tanh) against saegeo's gated
+and jumprelu (--jumprelu.sparsity-loss of the same name). Settings: gated the L1 coefficient (--l1s; both sides'
+loss is mean‖x − x̂‖² + l1·mean Σ relu(gate_pre)·‖w_i‖ + the auxiliary term), quadratic the target L0 (--ks,
+l0_coefficient 1), step and tanh the l0_coefficient (--l0-coefs). JumpReLU coefficients are SAELens' (its loss is
+mean‖x − x̂‖² + c·S); saegeo's loss is an FVU, so it gets c / mean‖x − x̄‖² of the training rows: both minimise the
+same objective. A point's best lr: the lowest held-out value of that objective (computed by one function on both
+SAEs, S with the hard step). Every SAELens SAE of these runs is saved with its own save_inference_model and read by
+saegeo's SAE.load, its codes on 4,096 held-out rows compared with SAELens' own encode; saegeo's default run of each
+is loaded by SAELens (as for the others).
+
 Usage: .venv/bin/python benchmarks/train_bench.py [--arch relu topk batchtopk] [--lrs 1e-3 2e-3 4e-3 8e-3]
-       [--l1s 0.5 1 2] [--ks 16 32 64] [--tokens 737280] [--threads 1] [--acts PATH] [--worker] [--print]
+       [--l1s 0.5 1 2] [--ks 16 32 64] [--l0-coefs 0.5 2] [--tokens 737280] [--batch 4096] [--d-sae 3072]
+       [--threads 1] [--acts PATH] [--worker] [--print]
 Dead-latent windows: saegeo marks a latent dead for AuxK after 200k tokens without firing; SAELens after
 dead_feature_window = 1000 steps (4.1M tokens), so its AuxK never switches on in this budget. Both report
 "dead" the same way here: never fires on the held-out rows.
@@ -67,6 +79,10 @@ SAELENS_PY = ROOT / ".venv-saelens/bin/python"
 D_SAE, BATCH, HELDOUT, D_IN = 3072, 4096, 0.1, 384  # D_IN: MiniLM's width
 LRS = (1e-3, 2e-3, 4e-3, 8e-3)  # the one lr grid both sides search
 SETTINGS = {"relu": (0.5, 1.0, 2.0), "topk": (16, 32, 64), "batchtopk": (16, 32, 64)}  # l1 coefficients; k
+# JumpReLU's sparsity forms as bench architectures: SAELens' jumprelu_sparsity_loss_mode = saegeo's sparsity_loss
+JUMPRELU_FORMS = {"jumprelu-quadratic": "quadratic", "jumprelu-step": "step", "jumprelu-tanh": "tanh"}
+OBJECTIVE_ARCHS = ("relu", "gated", *JUMPRELU_FORMS)  # best lr: the lowest held-out objective (else: highest FVE)
+READ_BACK = ("gated", *JUMPRELU_FORMS)  # SAELens' saved SAE read by saegeo in every run
 SIDES = ("saegeo", "saelens")
 
 SAELENS_SCRIPT = r"""
@@ -103,6 +119,14 @@ if job.get("arch"):
     elif job["arch"] == "jumprelu":  # Gemma Scope 2's quadratic penalty around the same L0 target
         sae = JumpReLUTrainingSAE(JumpReLUTrainingSAEConfig(d_in=d_in, d_sae=job["d_sae"], jumprelu_sparsity_loss_mode="quadratic",
                                                             target_l0=float(job["k"])))
+    elif job["arch"].startswith("jumprelu-"):  # one sparsity form: quadratic (target L0), step, tanh
+        mode = job["arch"].split("-", 1)[1]
+        sae = JumpReLUTrainingSAE(JumpReLUTrainingSAEConfig(
+            d_in=d_in, d_sae=job["d_sae"], jumprelu_sparsity_loss_mode=mode, l0_coefficient=job["l0_coefficient"],
+            target_l0=float(job["k"]) if mode == "quadratic" else None))
+    elif job["arch"] == "gated":
+        from sae_lens import GatedTrainingSAE, GatedTrainingSAEConfig
+        sae = GatedTrainingSAE(GatedTrainingSAEConfig(d_in=d_in, d_sae=job["d_sae"], l1_coefficient=job["l1"]))
     else:
         sae = StandardTrainingSAE(StandardTrainingSAEConfig(d_in=d_in, d_sae=job["d_sae"], l1_coefficient=job["l1"]))
     g = torch.Generator().manual_seed(job["seed"])
@@ -132,6 +156,9 @@ if job.get("arch"):
     save_file(sd, job["weights_out"])
     if job.get("save_dir"):  # the SAE as SAELens itself writes it for inference (cfg.json + sae_weights.safetensors)
         trained.save_inference_model(job["save_dir"])
+    if job.get("codes_out"):  # SAELens' own encode of the first held-out rows, for the read-back check
+        with torch.no_grad():
+            save_file({"codes": trained.encode(held[:4096]).contiguous()}, job["codes_out"])
 print("JSON" + json.dumps(out))
 """
 
@@ -236,6 +263,56 @@ def relu_objective(sae: SAE, held: torch.Tensor, l1: float) -> float:
     return (sse + l1 * penalty) / held.shape[0]
 
 
+def gated_objective(sae: SAE, held: torch.Tensor, l1: float) -> float:
+    """Gated's objective on held-out rows as both libraries train it, less the auxiliary term: mean_rows ‖x − x̂‖²
+    + l1 · mean_rows Σ_i relu(gate_pre_i)·‖W_dec[i]‖, gate_pre = (x − b_dec) W_enc + b_gate."""
+    sse = penalty = 0.0
+    with torch.no_grad():
+        norms = sae.W_dec.norm(dim=1).double()
+        for lo in range(0, held.shape[0], 4096):
+            x = held[lo : lo + 4096]
+            sse += float((x - sae.decode(sae.encode(x))).double().pow(2).sum())
+            penalty += float((sae.pre_activations(x).clamp_min(0).double() @ norms).sum())
+    return (sse + l1 * penalty) / held.shape[0]
+
+
+def jumprelu_objective(sae: SAE, held: torch.Tensor, form: str, coefficient: float, target: float) -> float:
+    """SAELens' JumpReLU objective on held-out rows with the hard step: mean_rows ‖x − x̂‖² + c·S, S = mean_rows
+    L0_r (step), mean_rows (2/t)(L0_r − t)² (quadratic), mean_rows Σ_i tanh(4·a_ri·‖W_dec[i]‖) (tanh)."""
+    sse = penalty = 0.0
+    with torch.no_grad():
+        norms = sae.W_dec.norm(dim=1)
+        for lo in range(0, held.shape[0], 4096):
+            x = held[lo : lo + 4096]
+            codes = sae.encode(x)
+            sse += float((x - sae.decode(codes)).double().pow(2).sum())
+            l0_rows = (codes > 0).double().sum(1)
+            penalty += float(
+                l0_rows.sum()
+                if form == "step"
+                else (2 / target * (l0_rows - target).pow(2)).sum()
+                if form == "quadratic"
+                else torch.tanh(4.0 * codes * norms).double().sum()
+            )
+    return (sse + coefficient * penalty) / held.shape[0]
+
+
+def objective(sae: SAE, held: torch.Tensor, arch: str, setting: float) -> float:
+    """The held-out objective a point's best lr minimises (relu, gated and the JumpReLU forms)."""
+    if arch == "relu":
+        return relu_objective(sae, held, setting)
+    if arch == "gated":
+        return gated_objective(sae, held, setting)
+    form = JUMPRELU_FORMS[arch]
+    return jumprelu_objective(sae, held, form, *form_coefficient_target(arch, setting))
+
+
+def form_coefficient_target(arch: str, setting: float) -> tuple[float, float]:
+    """(SAELens' l0_coefficient, target L0) of a JumpReLU form's grid point: quadratic varies the target at
+    coefficient 1 (SAELens' default), step and tanh the coefficient (the target, 32, only starts saegeo's θ)."""
+    return (1.0, float(setting)) if arch == "jumprelu-quadratic" else (float(setting), 32.0)
+
+
 # =========================================================================== one run
 def job_key(job: dict) -> str:
     if job.get("default"):
@@ -248,7 +325,8 @@ def grid_jobs(args) -> list[dict]:
 
     Order only (the grid is the same): each side's lrs run in the order of --lr-order SIDE=LR,LR,... (where the
     earlier runs put its best lr), so an interrupted grid has each side's likeliest best points first."""
-    settings = {"relu": args.l1s, "topk": args.ks, "batchtopk": args.ks}
+    settings = {"relu": args.l1s, "topk": args.ks, "batchtopk": args.ks, "gated": args.l1s}
+    settings |= {"jumprelu-quadratic": args.ks, "jumprelu-step": args.l0_coefs, "jumprelu-tanh": args.l0_coefs}
     prefer = {side: [float(v) for v in lrs.split(",")] for side, lrs in (o.split("=") for o in args.lr_order)}
 
     def tier(side: str, lr: float) -> int:
@@ -285,7 +363,13 @@ class Data:
 RUN_OPTIONS = dict(progress=False, log_every=20, overwrite=True)  # options that do not change the weights
 
 
-SPARSITY_OPTION = {"relu": "l1_coefficient", "topk": "k", "batchtopk": "k", "jumprelu": "l0_target"}
+SPARSITY_OPTION = {
+    "relu": "l1_coefficient",
+    "topk": "k",
+    "batchtopk": "k",
+    "jumprelu": "l0_target",
+    "gated": "l1_coefficient",
+}
 
 
 def sparsity_setting(cfg: TrainConfig) -> float:
@@ -293,26 +377,46 @@ def sparsity_setting(cfg: TrainConfig) -> float:
     return getattr(cfg.options, SPARSITY_OPTION[cfg.arch])
 
 
-def grid_config(arch: str, setting: float, lr: float, args, out_dir: str | None = None) -> TrainConfig:
-    """saegeo's run at one point of the grid."""
-    value = setting if arch == "relu" else int(setting)
+def saegeo_arch_options(arch: str, setting: float | None, args) -> tuple[str, dict]:
+    """(saegeo architecture, its options) of a bench architecture at a grid point (None: its defaults); a JumpReLU
+    form's SAELens coefficient divided by mean‖x − x̄‖² (saegeo's loss is an FVU)."""
+    if arch in JUMPRELU_FORMS:
+        opts: dict = {"sparsity_loss": JUMPRELU_FORMS[arch]}
+        if setting is not None:
+            coefficient, target = form_coefficient_target(arch, setting)
+            opts |= {"l0_coefficient": coefficient / args.mean_sq, "l0_target": int(target)}
+        return "jumprelu", {"jumprelu": opts}
+    if setting is None:
+        return arch, {}
+    return arch, {arch: {SPARSITY_OPTION[arch]: setting if arch in ("relu", "gated") else int(setting)}}
+
+
+def bench_config(arch: str, setting: float | None, args, out_dir: str | None, **fields) -> TrainConfig:
+    """saegeo's TrainConfig for a bench architecture at a grid point (None: its defaults), at the grid's d_sae,
+    batch and budget; `fields` add the rest (the grid's lr and held-out share)."""
+    name, options = saegeo_arch_options(arch, setting, args)
     return TrainConfig(
-        arch=arch,
-        arch_options={arch: {SPARSITY_OPTION[arch]: value}},
+        arch=name,
+        arch_options=options,
         d_sae=args.d_sae,
-        batch_tokens=BATCH,
-        lr=lr,
+        batch_tokens=args.batch,
         total_tokens=args.tokens,
-        heldout_fraction=HELDOUT,
         out_dir=out_dir,
         num_threads=args.threads,
+        **fields,
         **RUN_OPTIONS,
     )
 
 
+def grid_config(arch: str, setting: float, lr: float, args, out_dir: str | None = None) -> TrainConfig:
+    """saegeo's run at one point of the grid."""
+    return bench_config(arch, setting, args, out_dir, lr=lr, heldout_fraction=HELDOUT)
+
+
 def default_config(arch: str, args, out_dir: str | None = None) -> TrainConfig:
-    """What `saegeo train --arch ARCH --total-tokens N` trains: nothing else given (the architecture's lr, l1)."""
-    return TrainConfig(arch=arch, total_tokens=args.tokens, out_dir=out_dir, num_threads=args.threads, **RUN_OPTIONS)
+    """What `saegeo train --arch ARCH --total-tokens N` trains: nothing else given (the architecture's lr, l1),
+    at the grid's d_sae and batch (the defaults, 3072 = expansion 8 and 4096, unless --d-sae / --batch say else)."""
+    return bench_config(arch, None, args, out_dir)
 
 
 def same_weights(a: TrainConfig, b: TrainConfig, d_in: int) -> bool:
@@ -335,9 +439,12 @@ def run_job(job: dict, data: Data, args, out_dir: Path) -> dict:
     arch, side = job["arch"], job["side"]
     rec = {"key": job_key(job), **job, "tokens": args.tokens, "threads": args.threads, "when": time.time()}
     setting = job.get("setting")
-    k = None if arch == "relu" else int(setting if setting is not None else sparsity_setting(TrainConfig(arch=arch)))
-    floor = floor_seconds(data.train_x[:BATCH].contiguous(), args.d_sae, k) if arch != "relu" else None
-    steps = args.tokens // BATCH
+    if arch in ("relu", "gated", "jumprelu-step", "jumprelu-tanh"):
+        k = None
+    else:
+        k = int(setting if setting is not None else sparsity_setting(default_config(arch, args)))
+    floor = floor_seconds(data.train_x[: args.batch].contiguous(), args.d_sae, k) if k is not None else None
+    steps = args.tokens // args.batch
     if side == "saegeo":
         if job.get("default"):
             cfg = default_config(arch, args, str(out_dir / f"saegeo_{arch}_default"))
@@ -348,12 +455,12 @@ def run_job(job: dict, data: Data, args, out_dir: Path) -> dict:
         rec["wall_seconds"], rec["cpu_seconds"] = time.perf_counter() - t0, time.process_time() - c0
         sae = res.sae
         live = res.history[-1] if res.history else {}
-        rec["step_s"] = BATCH / live["tok_s"] if "tok_s" in live else rec["wall_seconds"] / steps
+        rec["step_s"] = args.batch / live["tok_s"] if "tok_s" in live else rec["wall_seconds"] / steps
         used = res.config
-        rec.update(lr=used.lr, setting=sparsity_setting(used))
+        rec.update(lr=used.lr, setting=setting if arch in READ_BACK and setting is not None else sparsity_setting(used))
         if job.get("default"):
             rec["default_config"] = {f: getattr(used, f) for f in ("lr", "d_sae", "expansion")}
-            rec["default_config"] |= {"l1_coefficient" if arch == "relu" else "k": sparsity_setting(used)}
+            rec["default_config"] |= {"l1_coefficient" if arch in ("relu", "gated") else "k": sparsity_setting(used)}
             rec["saelens_load"] = saelens_load_check(arch, Path(cfg.out_dir), data, args)
     else:
         sl_job = dict(
@@ -361,8 +468,9 @@ def run_job(job: dict, data: Data, args, out_dir: Path) -> dict:
             arch=arch,
             d_sae=args.d_sae,
             k=k,
-            l1=setting if arch == "relu" else 1.0,
-            batch=BATCH,
+            l1=setting if arch in ("relu", "gated") else 1.0,
+            l0_coefficient=form_coefficient_target(arch, setting)[0] if arch in JUMPRELU_FORMS else None,
+            batch=args.batch,
             lr=job["lr"],
             tokens=args.tokens,
             seed=0,
@@ -370,10 +478,26 @@ def run_job(job: dict, data: Data, args, out_dir: Path) -> dict:
             weights_out=str(data.tmp / f"saelens_{os.getpid()}.safetensors"),
             save_dir=str(out_dir / f"saelens_topk_lr{job['lr']:g}") if (arch, k) == ("topk", 32) else None,
         )
+        if arch in READ_BACK:  # SAELens saves it, saegeo reads the folder, codes compared with SAELens' own
+            sl_job["save_dir"] = str(out_dir / f"saelens_{job_key(job)}")
+            sl_job["codes_out"] = str(data.tmp / f"saelens_codes_{os.getpid()}.safetensors")
         sl = run_saelens(sl_job, args.saelens_python)
-        sae = saelens_as_saegeo(
-            load_file(sl_job["weights_out"]), arch, k, sl["apply_b_dec_to_input"], sl["rescale_acts_by_decoder_norm"]
-        )
+        if arch in READ_BACK:
+            sae = SAE.load(sl_job["save_dir"])
+            with torch.no_grad():
+                ours = sae.encode(data.held_x[:4096])
+            theirs = load_file(sl_job["codes_out"])["codes"]
+            rec["read_by_saegeo"] = dict(
+                code_err=float((ours - theirs).abs().max()), support=int(((ours > 0) != (theirs > 0)).sum())
+            )
+        else:
+            sae = saelens_as_saegeo(
+                load_file(sl_job["weights_out"]),
+                arch,
+                k,
+                sl["apply_b_dec_to_input"],
+                sl["rescale_acts_by_decoder_norm"],
+            )
         rec.update(
             wall_seconds=sl["seconds"],
             cpu_seconds=sl["cpu_seconds"],
@@ -384,8 +508,8 @@ def run_job(job: dict, data: Data, args, out_dir: Path) -> dict:
     rec["metrics"] = {k2: float(v) for k2, v in evaluate(sae, [data.held_x], data.mean).items()}
     if side == "saelens" and arch in ("topk", "relu"):  # same semantics (BatchTopK: SAELens trains batch-level)
         assert abs(rec["metrics"]["fve"] - rec["own_fve"]) < 1e-3, (rec["metrics"]["fve"], rec["own_fve"])
-    if arch == "relu":
-        rec["objective"] = relu_objective(sae, data.held_x, rec["setting"])
+    if arch in OBJECTIVE_ARCHS and not (job.get("default") and arch in JUMPRELU_FORMS):  # no SAELens-unit setting
+        rec["objective"] = objective(sae, data.held_x, arch, rec["setting"])
     if floor is not None:
         rec["floor_s"] = floor
     return rec
@@ -424,10 +548,12 @@ def work(args) -> None:
     torch.set_num_threads(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the SAELens subprocess inherits it
     data = Data(args)
+    args.mean_sq = float((data.train_x.double() - data.mean).pow(2).sum(1).mean())  # mean‖x − x̄‖², training rows
     print(
         f"data: {data.source}: {data.x.shape[0]:,} tokens x {data.x.shape[1]}, train {data.train_x.shape[0]:,}, "
         f"held-out {data.held_x.shape[0]:,} (last 10%); |mean| {data.mean.norm():.2f}; budget {args.tokens:,} "
-        f"tokens = {args.tokens // BATCH} steps of {BATCH}; d_sae {args.d_sae}; torch threads {args.threads}",
+        f"tokens = {args.tokens // args.batch} steps of {args.batch}; d_sae {args.d_sae}; torch threads {args.threads}; "
+        f"mean‖x − x̄‖² {args.mean_sq:.1f}",
         flush=True,
     )
     for job in grid_jobs(args):
@@ -446,7 +572,12 @@ def work(args) -> None:
         print(
             f"{key}: FVE {m['fve']:.4f} L0 {m['l0']:.1f} dead {m['dead_fraction']:.1%}  {rec['cpu_seconds']:.1f} CPU s"
             f"  step {rec['step_s'] * 1e3:.0f} ms"
-            + (f" (floor {rec['floor_s'] / rec['step_s']:.0%})" if "floor_s" in rec else ""),
+            + (f" (floor {rec['floor_s'] / rec['step_s']:.0%})" if "floor_s" in rec else "")
+            + (
+                f"  read by saegeo: max |codes diff| {rec['read_by_saegeo']['code_err']:.1e}"
+                if "read_by_saegeo" in rec
+                else ""
+            ),
             flush=True,
         )
 
@@ -468,7 +599,7 @@ def best_curve(recs: list[dict], arch: str, side: str) -> list[dict]:
     for r in recs:
         if r["arch"] == arch and r["side"] == side and not r.get("default"):
             by_setting.setdefault(r["setting"], []).append(r)
-    score = (lambda r: r["objective"]) if arch == "relu" else (lambda r: -r["metrics"]["fve"])
+    score = (lambda r: r["objective"]) if arch in OBJECTIVE_ARCHS else (lambda r: -r["metrics"]["fve"])
     return sorted((min(runs, key=score) for runs in by_setting.values()), key=lambda r: r["metrics"]["l0"])
 
 
@@ -479,22 +610,25 @@ def report(args) -> None:
         runs = [r for r in recs if r["arch"] == arch]
         if not runs:
             continue
-        name = "l1" if arch == "relu" else "k"
+        name = {"relu": "l1", "gated": "l1", "jumprelu-step": "c", "jumprelu-tanh": "c"}.get(arch, "k")
+        has_objective = arch in OBJECTIVE_ARCHS
         print(f"\n=== {arch}: every run (held-out rows, the same metric code for both sides) ===")
         print(
             f"{'side':8s} {name:>4s} {'lr':>7s} {'FVE':>7s} {'L0':>7s} {'dead':>6s}"
-            + (f" {'objective':>9s}" if arch == "relu" else "")
-            + f" {'CPU s':>7s} {'step ms':>8s}"
+            + (f" {'objective':>9s}" if has_objective else "")
+            + f" {'CPU s':>7s} {'wall s':>7s} {'step ms':>8s}"
             + (" floor/step" if arch != "relu" else "")
+            + ("  read back" if arch in READ_BACK else "")
         )
         for r in sorted(runs, key=lambda r: (r["side"], r.get("default", False), r["setting"], r["lr"])):
             m = r["metrics"]
             print(
                 f"{r['side'] + ('*' if r.get('default') else ''):8s} {r['setting']:4g} {r['lr']:7.0e} {m['fve']:7.4f} "
                 f"{m['l0']:7.1f} {m['dead_fraction']:6.1%}"
-                + (f" {r['objective']:9.3f}" if arch == "relu" else "")
-                + f" {r['cpu_seconds']:7.1f} {r['step_s'] * 1e3:8.0f}"
+                + ((f" {r['objective']:9.3f}" if "objective" in r else f" {'-':>9s}") if has_objective else "")
+                + f" {r['cpu_seconds']:7.1f} {r['wall_seconds']:7.1f} {r['step_s'] * 1e3:8.0f}"
                 + (f" {r['floor_s'] / r['step_s']:10.0%}" if "floor_s" in r else "")
+                + (f"  {r['read_by_saegeo']['code_err']:.1e}" if "read_by_saegeo" in r else "")
             )
         print("(* the default run: TrainConfig(arch) with only the budget given)")
         curves = {side: best_curve(recs, arch, side) for side in SIDES}
@@ -547,15 +681,19 @@ def report(args) -> None:
                 entry.update(cpu_ratio_median=med, cpu_ratio_min=ratios[0], cpu_ratio_max=ratios[-1])
         dflt = default_config(arch, args).resolved()
         setting = sparsity_setting(dflt)
-        twin = [
-            r
-            for r in runs
-            if r["side"] == "saegeo"
-            and not r.get("default")
-            and r["setting"] == setting
-            and r["lr"] == dflt.lr
-            and same_weights(dflt, grid_config(arch, setting, dflt.lr, args), D_IN)
-        ]
+        twin = (
+            []
+            if arch in JUMPRELU_FORMS
+            else [
+                r
+                for r in runs
+                if r["side"] == "saegeo"
+                and not r.get("default")
+                and r["setting"] == setting
+                and r["lr"] == dflt.lr
+                and same_weights(dflt, grid_config(arch, setting, dflt.lr, args), D_IN)
+            ]
+        )
         if twin:  # the defaults are a grid point: the same config on the same rows trains the same weights
             m = twin[0]["metrics"]
             best = next((p for p in ours if p["setting"] == setting), None)
@@ -583,7 +721,13 @@ def report(args) -> None:
             their = interpolate(theirs, m["l0"]) if theirs else None
             if their is not None:
                 where += f"; SAELens' curve there {their:.4f} ({m['fve'] - their:+.4f})"
-            cfg_text = f"lr {dc['lr']:g}" + (f", l1 {dc['l1_coefficient']:g}" if arch == "relu" else f", k {dc['k']}")
+            cfg_text = f"lr {dc['lr']:g}" + (
+                f", l1 {dc['l1_coefficient']:g}"
+                if arch in ("relu", "gated")
+                else f", l0_target {dc['k']}, l0_coefficient 1 on the FVU"
+                if arch in JUMPRELU_FORMS
+                else f", k {dc['k']}"
+            )
             print(f"[{arch}] defaults ({cfg_text}): FVE {m['fve']:.4f} at L0 {m['l0']:.1f}; {where}")
             entry["defaults"] = dict(config=dc, fve=m["fve"], l0=m["l0"], curve_fve=on, saelens_curve_fve=their)
             chk = d.get("saelens_load")
@@ -674,7 +818,11 @@ def main() -> None:
     ap.add_argument("--lrs", nargs="+", type=float, default=list(LRS), help="the lr grid both sides search")
     ap.add_argument("--l1s", nargs="+", type=float, default=list(SETTINGS["relu"]), help="ReLU's L1 coefficients")
     ap.add_argument("--ks", nargs="+", type=int, default=list(SETTINGS["topk"]), help="TopK / BatchTopK k")
+    ap.add_argument(
+        "--l0-coefs", nargs="+", type=float, default=[0.5, 2.0], help="JumpReLU step/tanh: SAELens' l0_coefficient"
+    )
     ap.add_argument("--tokens", type=int, default=737_280)
+    ap.add_argument("--batch", type=int, default=BATCH, help="rows per step, both sides")
     ap.add_argument("--d-sae", type=int, default=D_SAE)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (and OMP_NUM_THREADS) for both sides")
     ap.add_argument("--acts", help="store directory or .safetensors with an `activations` tensor")
