@@ -70,7 +70,7 @@ class DarkMatterAccumulator:
         The products over a chunk are formed in the inputs' dtype (float32 unless one is float64) on their device,
         from rows shifted by the first batch's means rounded to that dtype, and summed across chunks in float64:
         the scheme of GeometryAccumulator's gram (each sum over rows left in float32 is one fold block's, at most
-        ``fold_rows`` rows); XᵀX from its upper triangle (``symmetric_gram``)."""
+        ``fold_rows`` rows; the row sums Σx, Σy, Σy² too); XᵀX from its upper triangle (``symmetric_gram``)."""
         x, e = torch.as_tensor(x), torch.as_tensor(error)
         if x.ndim != 2 or x.shape[1] != self.d or e.shape != x.shape:
             raise BadInputError(
@@ -95,11 +95,12 @@ class DarkMatterAccumulator:
             f = (row // self.fold_rows) % self.n_folds
             xf, yf = xs[at:stop], ys[at:stop]
             self.n[f] += xf.shape[0]
-            self.sum_x[f] += xf.sum(0, dtype=torch.float64).cpu()
-            self.sum_y[f] += yf.sum(0, dtype=torch.float64).cpu()
+            # every sum over a block's rows in the compute dtype, like the products (a widening sum cost 8× more)
+            self.sum_x[f] += xf.sum(0).to("cpu", torch.float64)
+            self.sum_y[f] += yf.sum(0).to("cpu", torch.float64)
             self.xx[f] += symmetric_gram(xf).to("cpu", torch.float64)
             self.xy[f] += (xf.T @ yf).to("cpu", torch.float64)
-            self.yy[f] += yf.square().sum(0, dtype=torch.float64).cpu()
+            self.yy[f] += (yf * yf).sum(0).to("cpu", torch.float64)
             at = stop
 
     def _reshift(self, shift_x: Tensor, shift_y: Tensor) -> None:
