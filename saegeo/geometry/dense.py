@@ -188,7 +188,7 @@ class CovariateDirection:
         explained share = ‖β‖² · Σ(p − p̄)² / Σ‖x − x̄‖²   (the rows' variance a linear term in p accounts for)
 
     from float64 sums n, Σx', Σ‖x'‖², Σp', Σp'², Σx'p' of x' = x − c, p' = p − c_p (c, c_p: the first batch's
-    means, so a large mean loses no digits). O(m·d) per batch."""
+    means, so a large mean loses no digits). O(m·d) per batch, in x's dtype (``add``)."""
 
     def __init__(self, d: int) -> None:
         self.d, self.n = int(d), 0
@@ -199,21 +199,27 @@ class CovariateDirection:
         self.sum_x_sq = self.sum_p = self.sum_p_sq = 0.0
 
     def add(self, x: Float[Tensor, "m d"], p: Float[Tensor, " m"]) -> CovariateDirection:
-        x = torch.as_tensor(x).to("cpu", torch.float64)
-        p = torch.as_tensor(p).to("cpu", torch.float64).flatten()
+        """One batch of rows and their covariate. The O(m·d) sums are formed in x's dtype (float32 rows: float32,
+        on their device; a float64 copy of every batch cost 3× the rest) from rows shifted by the first batch's
+        mean rounded to that dtype, and added in float64."""
+        x = torch.as_tensor(x)
+        x = x if x.dtype in (torch.float32, torch.float64) else x.float()
+        p = torch.as_tensor(p).to(x.device, torch.float64).flatten()
         if x.ndim != 2 or x.shape[1] != self.d or p.numel() != x.shape[0]:
             raise BadInputError(
                 f"CovariateDirection needs rows (m, {self.d}) and m covariates, got {tuple(x.shape)}, {p.numel()}"
             )
         if x.shape[0] == 0:
             return self
-        if self.shift_x is None:
-            self.shift_x, self.shift_p = x.mean(0), float(p.mean())
-        xs, ps = x - self.shift_x, p - self.shift_p
+        if self.shift_x is None:  # the mean rounded to x's dtype, held exactly: the c the sums are about
+            self.shift_x = x.double().mean(0).to(x.dtype).to("cpu", torch.float64)
+            self.shift_p = float(p.mean())
+        xs = x - self.shift_x.to(x.device, x.dtype)
+        ps = p - self.shift_p
         self.n += x.shape[0]
-        self.sum_x += xs.sum(0)
-        self.sum_xp += xs.T @ ps
-        self.sum_x_sq += float(xs.square().sum())
+        self.sum_x += xs.sum(0).to("cpu", torch.float64)
+        self.sum_xp += (xs.T @ ps.to(x.dtype)).to("cpu", torch.float64)
+        self.sum_x_sq += float((xs * xs).sum())
         self.sum_p += float(ps.sum())
         self.sum_p_sq += float(ps.square().sum())
         return self

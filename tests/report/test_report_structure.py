@@ -90,9 +90,10 @@ def test_position_direction_equals_least_squares_and_lies_in_the_planted_pairs_s
     beta = coef[1]
     want_share = (beta**2).sum() * p.var() / xd.var(0).sum()
     got = dense["position_direction"]
-    assert got["n"] == 6000 and got["slope_norm"] == pytest.approx(np.linalg.norm(beta), rel=1e-9)
-    assert got["explained_share"] == pytest.approx(want_share, rel=1e-9)
-    assert dense["subspace"]["position"] == pytest.approx((beta[:3] ** 2).sum() / (beta**2).sum(), rel=1e-9)
+    # float32 rows: the slope's sums are float32 per batch (CovariateDirection.add), numpy's lstsq float64
+    assert got["n"] == 6000 and got["slope_norm"] == pytest.approx(np.linalg.norm(beta), rel=1e-5)
+    assert got["explained_share"] == pytest.approx(want_share, rel=1e-5)
+    assert dense["subspace"]["position"] == pytest.approx((beta[:3] ** 2).sum() / (beta**2).sum(), rel=1e-5)
     assert dense["subspace"]["position"] == pytest.approx(0.05**2 / (0.05**2 + 0.02**2), abs=0.05)  # as planted
     assert sorted(min(q["i"], q["j"]) for q in dense["pairs"]) == [0, 1, 2]
     flat = geometry_report(x, {"p": sae}, options=opts).saes[0].dense_structure
