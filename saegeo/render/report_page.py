@@ -209,10 +209,11 @@ def _cone_null(s: SAEGeometry) -> str:
     sign-aware (codes ≥ 0)."""
     a = s.amplification
     if s.cone_null == "signed":
-        z = a.get("null_z")
+        z, p = a.get("null_z"), a.get("null_p")
         return (
             f"signed: 0 ± {fmt_num(a.get('null_sd'), 4)}"
             + (f", z {z:.1f}" if z is not None else "")
+            + (f", p {p:.2g}" if p is not None else "")
             + f" ({fmt_pct(a.get('negative_code_share') or 0.0)} of codes < 0)"
         )
     if s.cone_null == "sign-aware":

@@ -103,9 +103,10 @@ from saegeo.sae.train import read_training_log
 
 SCHEMA_VERSION = 3  # report.json's layout: raised with each change a reader must know of (CHANGELOG.md)
 COFIRING_LATENTS = 256  # co-firing pairs are looked for among the latents with the largest E[a_i²]
-# codes of both signs: the cone shares are read only when Â of x̂ − b_dec is this many sds above the signed null (below
-# it M = Σ E[a_i]u_i is within its noise and c_i = E[a_i](u_i·M)/‖M‖² names no latent)
-SIGNED_CONE_MIN_Z = 3.0
+# codes of both signs: the cone shares are read only when Â of x̂ − b_dec is outside the signed null at the one-sided
+# tail of 3 normal sds (above it M = Σ E[a_i]u_i is within its noise and c_i = E[a_i](u_i·M)/‖M‖² names no latent);
+# the tail is the χ²-mixture's, not z's: z ≥ 3 happens 1–2 % of the time under the null (docs/statistics.md §9)
+SIGNED_CONE_MAX_P = 0.00135
 
 
 # =========================================================================== report dataclasses
@@ -144,7 +145,7 @@ class SAEGeometry:
     b_dec_distance_to_mean: float | None  # ‖b_dec − μ‖/‖μ‖
     b_dec_cos_mean: float | None
     # the amplification law beside the measured A's, with the null A of x̂ − b_dec is read against (null_value,
-    # null_sd, null_z, negative_code_share; its kind is cone_null)
+    # null_sd, null_z, null_p, negative_code_share; its kind is cone_null)
     amplification: dict[str, float | None]
     config: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -579,11 +580,12 @@ class _SAEPass:
         }
         amplification.update(self._cone_null(w_dec, notes))
         shares = None
-        if codes.signed and (amplification.get("null_z") or 0.0) < SIGNED_CONE_MIN_Z:
+        p_value = amplification.get("null_p")
+        if codes.signed and (p_value is None or p_value > SIGNED_CONE_MAX_P):
             notes.append(
                 f"codes of both signs with no preferred direction: A of x̂ − b_dec is within the signed null "
-                f"(z = {short(amplification['null_z'], 1)} < {SIGNED_CONE_MIN_Z:g}), so Σ E[a_i]·u_i is noise and "
-                "no latent has a cone share"
+                f"(z = {short(amplification['null_z'], 1)}, p = {short(p_value)} > {SIGNED_CONE_MAX_P:g}), so "
+                "Σ E[a_i]·u_i is noise and no latent has a cone share"
             )
         else:
             try:
@@ -702,6 +704,7 @@ class _SAEPass:
             "null_value": 0.0,
             "null_sd": test.sd,
             "null_z": test.z,
+            "null_p": test.p_value,
             "negative_code_share": codes.negative_share,
             "textbook": None,
             "mean_cosine": None,
