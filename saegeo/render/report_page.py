@@ -221,6 +221,13 @@ def _cone_null(s: SAEGeometry) -> str:
     return "—"
 
 
+def _a_dict(s: SAEGeometry) -> str:
+    """A_dict / ‖ū‖² of the rows, and for codes of both signs of the oriented rows too (docs/statistics.md §9)."""
+    text = f"{fmt_num(s.a_dict, 4)} / {fmt_num(s.dict_mean_sq_norm, 4)}"
+    oriented = s.amplification.get("a_dict_oriented")
+    return text + (f" (oriented {fmt_num(oriented, 4)})" if oriented is not None else "")
+
+
 def _one_rate(s: SAEGeometry, key: str) -> str:
     """A one-rate form of the law, or why it has no number: codes of both signs (docs/statistics.md §9)."""
     value = s.amplification.get(key)
@@ -241,7 +248,7 @@ SAE_ROWS: list[tuple[str, Callable[[SAEGeometry], str]]] = [
     ("cos(b_dec, μ)", lambda s: fmt_num(s.b_dec_cos_mean)),
     ("max |cos(u_i, μ)|", lambda s: fmt_num(_max_abs_cos(s))),
     ("top cone share c_i", lambda s: _top_share(s)),
-    ("A_dict / ‖ū‖²", lambda s: f"{fmt_num(s.a_dict, 4)} / {fmt_num(s.dict_mean_sq_norm, 4)}"),
+    ("A_dict / ‖ū‖²", lambda s: _a_dict(s)),
     ("dictionary erank", lambda s: fmt_num(s.dictionary_spectrum.get("effective_rank"), 1)),
     ("decoder spectrum power law α", lambda s: _power_law(s)),
     ("dark matter: R² of e / ‖e‖ (5-fold CV)", lambda s: _dark_matter(s)),

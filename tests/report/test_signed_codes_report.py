@@ -58,7 +58,7 @@ def test_codes_of_a_fair_sign_read_against_the_signed_null_and_have_no_cone(tmp_
     text, html = render_terminal(report), render_html(report)
     for page in (text, html):
         assert "null it is read against" in page and "signed: 0 ±" in page and ", p " in page
-        assert "not defined for codes of both signs" in page
+        assert "not defined for codes of both signs" in page and "(oriented " in page
 
 
 def test_a_skewed_sign_makes_a_cone_the_signed_null_finds_and_the_law_reads():
