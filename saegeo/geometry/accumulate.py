@@ -42,13 +42,14 @@ near 1, does not depend on the chunking or the split across ranks (the sample is
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from saegeo.errors import BadInputError
@@ -303,6 +304,27 @@ def anisotropy_from_unit_mean(unit_mean: Float[Tensor, " d"], n: int) -> float:
         raise BadInputError(f"the mean pairwise cosine needs at least 2 nonzero rows, got {n}")
     sq = float(torch.as_tensor(unit_mean, dtype=torch.float64).square().sum())
     return (n * sq - 1.0) / (n - 1)
+
+
+def blocked_jackknife_anisotropy_sd(
+    block_unit_sums: Float[Tensor, "G d"], block_counts: Int[Tensor, " G"] | np.ndarray
+) -> float:
+    """The sd of A over a stream whose rows are not independent (tokens of one window), by the delete-a-block
+    jackknife over G contiguous blocks of the stream (their unit sums s_g = Σ_{i∈g} x̂_i and counts n_g):
+    A_(g) = (‖U − s_g‖² − (n − n_g)) / ((n − n_g)(n − n_g − 1)), U = Σ_g s_g, n = Σ_g n_g, and
+    sd² = (G − 1)/G · Σ_g (A_(g) − mean_g A_(g))². Blocks longer than the correlation (a window) make it valid where
+    the iid A_sd is not (docs/statistics.md, "Dependent rows"); needs G ≥ 2 and every n − n_g ≥ 2."""
+    sums = torch.as_tensor(block_unit_sums, dtype=torch.float64)
+    counts = torch.as_tensor(np.asarray(block_counts), dtype=torch.float64)
+    if sums.shape[0] < 2:
+        raise BadInputError(f"the blocked jackknife needs at least 2 blocks, got {sums.shape[0]}")
+    total, n = sums.sum(0), float(counts.sum())
+    rest = n - counts
+    if bool((rest < 2).any()):
+        raise BadInputError("the blocked jackknife needs at least 2 rows outside every block")
+    leave_out = ((total - sums).square().sum(1) - rest) / (rest * (rest - 1))
+    g = sums.shape[0]
+    return math.sqrt((g - 1) / g * float((leave_out - leave_out.mean()).square().sum()))
 
 
 class UnitMean:
