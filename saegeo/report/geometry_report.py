@@ -939,9 +939,7 @@ def geometry_report(
         sample_diagnostics=sampled,
         exclusions=store_exclusions(rows.store),
     )
-    own = compute_flags(report, opts.thresholds)
-    have = {(f.name, f.subject) for f in own}
-    report.flags = sort_flags(own + [f for f in flags if (f.name, f.subject) not in have])
+    report.flags = _report_flags(report, flags, opts.thresholds)
     report.diagnosis = activation_diagnosis(flag_inputs(geo, artifact, sampled), report.flags, opts.thresholds)
     if opts.latent_cards and passes:  # after the flags: the cards are of the latents they name
         store, text, note = context_source(rows, n_skipped, ctx is not None and source["kind"] == "iterator")
@@ -960,6 +958,8 @@ def geometry_report(
             )
             if withheld:  # which neighbour search ran is said where the user reads the report
                 report.notes.append(f"SAE {s.name!r}: {withheld}")
+        # again with the per-latent tables just filled (the latents stage), in the order a saved report re-flags
+        report.flags = _report_flags(report, flags, opts.thresholds)
     return report
 
 
@@ -1113,9 +1113,23 @@ def _artifact_test(
     return artifact_result(dist.merge_across_ranks(part)), None
 
 
+def _report_flags(report: GeometryReport, given: Sequence[Flag], t: FlagThresholds) -> list[Flag]:
+    """The report's own flags (compute_flags), then those ``given`` from elsewhere (the verdict) it did not raise."""
+    own = compute_flags(report, t)
+    have = {(f.name, f.subject) for f in own}
+    return sort_flags(own + [f for f in given if (f.name, f.subject) not in have])
+
+
+def _latent_flags(s: SAEGeometry, t: FlagThresholds) -> list[Flag]:
+    """The registry's latents stage on one SAE's per-latent table (none before the report fills it)."""
+    if s.latent_table is None:
+        return []
+    return run_flags("latents", t, sae=FieldDict(s.to_dict(), fields_of(SAEGeometry), "SAEGeometry"))
+
+
 def compute_flags(report: GeometryReport, thresholds: FlagThresholds | None = None) -> list[Flag]:
     """All flags of a report, from its numbers alone (so a saved report can be re-flagged), most severe first: the
-    registry's activations, artifact, sae and config stages (saegeo.report.flags)."""
+    registry's activations, artifact, sae, latents and config stages (saegeo.report.flags)."""
     t = thresholds or report.thresholds()
     assumed = float(report.options.get("assumed_null", 0.0))
     geo = flag_inputs(report.activations.to_dict(), report.artifact, report.sample_diagnostics)
@@ -1125,6 +1139,7 @@ def compute_flags(report: GeometryReport, thresholds: FlagThresholds | None = No
         section = FieldDict(s.to_dict(), fields_of(SAEGeometry), "SAEGeometry")
         own = run_flags("sae", t, sae=section, geo=geo)
         flags += [f for f in own if not (s.withheld and f.name in WITHHELD_FLAGS)]  # computed from withheld metrics
+        flags += _latent_flags(s, t)
         flags += run_flags("config", t, config=s.config, geo=geo, whitening_cost=report.whitening_cost, subject=s.name)
     if report.config:
         flags += run_flags(

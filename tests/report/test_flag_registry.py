@@ -129,6 +129,11 @@ def _recorded(l0, expected, thresholded, ev=None, fve=None, about_zero=0.5, reco
     }
 
 
+def _pairs(mean, pc1):
+    pair = {"i": 0, "j": 1, "decoder_cos": -0.99, "cofire_share": 0.0, "union_rate": 1.0, "encoder_cos": None}
+    return {"pairs": [pair], "subspace": {"dim": 1, "chance": 0.1, "mean": mean, "pc1": pc1}}
+
+
 def _folded(raw, white, normalize="none"):
     alignment = {"median_cos": raw, "median_cos_whitened": white, "latents": 64}
     return dict(whitening_alignment=alignment, sae=_dictionary_sae(normalize_activations=normalize), subject="s")
@@ -181,6 +186,12 @@ BANDS = {
     ("dead_latents", "sae", "error"): dict(sae=_sae([0.0] * 50 + [0.1] * 50)),
     ("dead_latents", "sae", "warning"): dict(sae=_sae([0.0] * 5 + [0.1] * 95)),
     ("dense_latents", "sae", "warning"): dict(sae=_sae([0.9] + [0.1] * 9)),
+    ("dense_latent_pairs", "sae", "warning"): dict(sae=_sae([0.6, 0.6], dense_structure=_pairs(mean=0.9, pc1=0.2))),
+    ("dense_latent_pairs", "sae", "info"): dict(sae=_sae([0.6, 0.6], dense_structure=_pairs(mean=0.1, pc1=0.8))),
+    ("norm_detectors", "latents", "warning"): dict(
+        sae=_sae([0.1] * 100, latent_table={"norm_corr": [0.9] + [0.1] * 99})
+    ),
+    ("norm_detectors", "latents", "info"): dict(sae=_sae([0.1] * 200, latent_table={"norm_corr": [0.9] + [0.1] * 199})),
     ("zero_decoder_rows", "dictionary", "warning"): dict(
         check=_check(n_zero_decoder_rows=2, zero_rows=[3, 4]), subject="s"
     ),
@@ -306,9 +317,9 @@ def test_check_and_report_raise_the_same_flags_and_take_the_same_thresholds(tmp_
     evidence, latents, in the same order); a threshold given to both (--duplicate-error-fraction) moves both alike."""
     sae = _dictionary(tmp_path)
     acts = str(tmp_path / "acts.npy")
-    common = ["--no-progress", "--format", "json", "--no-latent-cards"]
+    common = ["--no-progress", "--format", "json"]  # both make the latent table (norm_detectors reads it)
     for extra, tag in (([], "default"), (["--duplicate-error-fraction", "0.5"], "loose")):
-        assert main(["check", str(sae), "--acts", acts, "--out", str(tmp_path / f"c-{tag}"), *common[:3], *extra]) == 0
+        assert main(["check", str(sae), "--acts", acts, "--out", str(tmp_path / f"c-{tag}"), *common, *extra]) == 0
         assert (
             main(["report", "--acts", acts, "--sae", str(sae), "--out", str(tmp_path / f"r-{tag}"), *common, *extra])
             == 0

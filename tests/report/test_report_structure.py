@@ -64,9 +64,13 @@ def test_without_dark_matter_the_fields_are_none_and_every_other_number_is_the_s
     on = geometry_report(x, {"p": sae}, options=ReportOptions(progress=False, dark_matter=True)).saes[0].to_dict()
     off = geometry_report(x, {"p": sae}, options=ReportOptions(progress=False)).saes[0].to_dict()  # the default
     assert off["dark_matter"] is None and off["dense_structure"] is None
-    assert {k: v for k, v in on.items() if k not in ("dark_matter", "dense_structure")} == {
-        k: v for k, v in off.items() if k not in ("dark_matter", "dense_structure")
-    }
+    new = ("dark_matter", "dense_structure", "latents")  # latents: the cards, which the dense_latent_pairs flag adds to
+    assert {k: v for k, v in on.items() if k not in new} == {k: v for k, v in off.items() if k not in new}
+    on_cards = {c["id"]: c for c in on["latents"]}
+    for card in off["latents"]:  # each card made without dark matter is made alike with it (the flags naming it aside)
+        assert {k: v for k, v in card.items() if k != "why"} == {
+            k: v for k, v in on_cards[card["id"]].items() if k != "why"
+        }
 
 
 def test_position_direction_equals_least_squares_and_lies_in_the_planted_pairs_span():

@@ -8,6 +8,7 @@ severity bands. The commands raise flags only through ``run_flags(stage, thresho
   activations   ``ActivationGeometry.to_dict()`` (+ the row sample's diagnostics and the first position)  report, geometry
   artifact      ``ArtifactAccumulator.correlations()``                                       report, sweep, geometry
   sae           one SAE section of a report (``SAEGeometry.to_dict()``) against the activations     report, check --acts
+  latents       one SAE section's per-latent table (``latent_table``), once the report has filled it  report, check --acts
   config        a run or SAE config that may whiten before the SAE                                report, check
   dictionary    what ``check_dictionary`` measured on the weights alone                check, check --acts, report --sae, latents
   match         what ``check --acts`` measured of the SAE on the rows (do they belong together?)      the same
@@ -48,7 +49,7 @@ from saegeo.config import check, option
 
 SEVERITIES = ("info", "warning", "error")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
-STAGES = ("activations", "artifact", "sae", "config", "dictionary", "match", "recorded")
+STAGES = ("activations", "artifact", "sae", "latents", "config", "dictionary", "match", "recorded")
 
 # Flag names (stable identifiers: tests, JSON and the renderers use them). A new flag may keep its name in its module.
 MEAN_DIRECTION = "mean_direction_features"
