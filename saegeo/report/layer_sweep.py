@@ -264,7 +264,8 @@ def sweep_stores(
             row.update(decoder_power_law(sae_dirs.get(store.hook)))
         rows.append(row)
         flags += run_flags("artifact", thresholds or opts.thresholds, artifact=m.artifact, subject=store.hook)
-    notes = [f"artifact test: {rows[0]['details']['artifact']['source']}"]
+    artifact = rows[0]["details"]["artifact"]
+    notes = [f"artifact test: {artifact['source']}" if artifact else "artifact test skipped (--artifact-components 0)"]
     options = {
         "batch_rows": batch_rows,
         "max_types": max_types,

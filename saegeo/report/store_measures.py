@@ -51,7 +51,7 @@ class StoreMeasures:
     token_types: TokenTypeGeometry | None  # None: the store has no token ids
     intra_window: float | None  # mean IntraSim over windows (None: no positions)
     n_windows: int
-    artifact: dict[str, Any]
+    artifact: dict[str, Any] | None  # None: the artifact test was skipped (artifact_components 0)
     seconds: float
     memory_bytes: dict[str, int] = field(default_factory=dict)  # accumulator state sizes
     notes: list[str] = field(default_factory=list)
@@ -166,7 +166,11 @@ def measure_store(
     intra = windows.finish().intra_similarity() if has_pos else None
     if not has_pos:
         notes.append(f"{store.path}: no positions in the store: no intra-window similarity")
-    artifact = artifact_pass(rows, geo, k=artifact_components, batch_rows=batch_rows, max_tokens=max_tokens)
+    artifact = (  # 0 components: the test is skipped, as the option's help says
+        artifact_pass(rows, geo, k=artifact_components, batch_rows=batch_rows, max_tokens=max_tokens)
+        if artifact_components >= 1
+        else None
+    )
     memory = {"geometry_accumulator": _state_bytes(acc.state_dict()), "token_types": _state_bytes(types.state_dict())}
     return StoreMeasures(
         path=str(store.path),

@@ -224,3 +224,18 @@ def test_sweep_saes_give_each_layer_its_planted_decoder_power_law(tmp_path, caps
     assert main(["sweep", str(stores[0].path), "--saes", str(tmp_path / "nowhere"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--saes" in err and "not a directory" in err
+
+
+def test_sweep_with_artifact_components_0_skips_the_artifact_test(tmp_path, capsys):
+    """`--artifact-components 0` says "0: skip it": the sweep runs, its rows carry no artifact correlations, and the
+    positional store that flags at the default raises no artifact flag."""
+    import json
+
+    store = _positional_store(tmp_path)
+    out = tmp_path / "s.json"
+    assert main(["sweep", str(store.path), "--artifact-components", "0", "--json", str(out), "--no-progress"]) == 0
+    doc = json.loads(out.read_text())
+    assert not any(f["name"] == "artifact_direction" for f in doc["flags"])
+    assert all(row["pc1_abs_corr_position"] is None for row in doc["layers"])
+    assert main(["sweep", str(store.path), "--json", str(tmp_path / "d.json"), "--no-progress"]) == 0
+    assert any(f["name"] == "artifact_direction" for f in json.loads((tmp_path / "d.json").read_text())["flags"])
