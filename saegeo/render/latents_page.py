@@ -262,13 +262,20 @@ def _context_html(ctx: Mapping[str, Any]) -> str:
     )
 
 
+def _firing_rate(rate: float | None) -> str:
+    """A rate as a percentage; below 0.1 % with two significant digits, so a latent that fired is never "0.0%"."""
+    if rate is None:
+        return "—"
+    return f"{100 * rate:.2g}%" if 0 < rate < 1e-3 else fmt_pct(rate)
+
+
 def latent_card_html(card: Mapping[str, Any], name: str = "") -> str:
     """One latent's card: why it is shown, its stats, histogram, nearest latents, and its top contexts
     (highest activation first) with the activating token marked."""
     e = html.escape
     lid = card["id"]
     stats = [
-        ("firing rate", fmt_pct(card.get("firing_rate")) if card.get("firing_rate") is not None else "—"),
+        ("firing rate", _firing_rate(card.get("firing_rate"))),
         ("E[a]", fmt_num(card.get("mean_activation"))),
         ("E[a²]", fmt_num(card.get("mean_sq_activation"))),
         ("cos(u_i, μ)", fmt_num(card.get("cos_mu"))),

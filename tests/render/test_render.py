@@ -283,3 +283,12 @@ def test_the_sweep_figure_marks_whole_layers_only(monkeypatch):
     for ax in plotted:
         ticks = [t for t in ax.get_xticks() if 1 <= t <= 4]
         assert ticks and all(float(t).is_integer() for t in ticks), (ax.get_title(), ticks)
+
+
+@pytest.mark.parametrize("rate, shown", [(1 / 4096, "0.024%"), (0.0, "0.0%"), (0.5, "50.0%"), (None, "—")])
+def test_a_card_never_shows_a_latent_that_fired_as_zero_percent(rate, shown):
+    """One firing in 4,096 tokens read "0.0%" on the card; below 0.1 % the rate keeps two significant digits."""
+    from saegeo.render.latents_page import latent_card_html
+
+    page = latent_card_html({"id": 0, "why": ["asked"], "firing_rate": rate, "top_contexts": []})
+    assert re.search(r"firing rate</t[dh]><td[^>]*>([^<]*)<", page).group(1) == shown
