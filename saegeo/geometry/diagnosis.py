@@ -18,6 +18,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from saegeo.geometry.accumulate import anisotropy_from_unit_mean
 from saegeo.runtime import single_threaded
 
 
@@ -164,10 +165,7 @@ def _anisotropy_of(rows: Tensor) -> float | None:
     norms = rows.norm(dim=1)
     unit = rows[norms > 0] / norms[norms > 0, None]
     n = unit.shape[0]
-    if n < 2:
-        return None
-    s = unit.sum(0)
-    return (float(s @ s) - n) / (n * (n - 1))
+    return anisotropy_from_unit_mean(unit.mean(0), n) if n >= 2 else None
 
 
 def sample_diagnostics(
