@@ -202,7 +202,7 @@ def test_identical_exclusion_groups_read_as_one_line():
 def test_every_rendering_uses_the_reports_symbols(report):
     """‖m̂‖, ‖μ‖², tr Σ, x̂, σ², α — never the ASCII |m^|, |mu|^2, sigma^2 — in terminal, Markdown and HTML."""
     from saegeo.geometry.measures import ActivationGeometry
-    from saegeo.render.sweep_page import TABLE, sweep_tables
+    from saegeo.render.sweep_page import OPTIONAL_COLUMNS, TABLE, sweep_tables
     from saegeo.render.text import geometry_summary
     from saegeo.report.layer_sweep import LayerSweep
 
@@ -219,7 +219,10 @@ def test_every_rendering_uses_the_reports_symbols(report):
     tables = sweep_tables(sweep)
     assert len(tables) == 3 and all(h[:2] == ["layer", "hook"] for _, h, _ in tables)
     assert all(len(h) <= 8 for _, h, _ in tables)
-    assert sum(len(h) - 2 for _, h, _ in tables) == len(TABLE) - 2
+    # a column of `sweep --saes` (OPTIONAL_COLUMNS) only when a row has its key
+    assert sum(len(h) - 2 for _, h, _ in tables) == len(TABLE) - 2 - len(OPTIONAL_COLUMNS)
+    row.update({key: 1.5 for key in OPTIONAL_COLUMNS.values()})
+    assert sum(len(h) - 2 for _, h, _ in sweep_tables(sweep)) == len(TABLE) - 2
 
 
 def test_latent_table_and_cards_embed_escaped_and_complete():
