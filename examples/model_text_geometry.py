@@ -28,9 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from saegeo.activations.cache import CacheConfig, cache_activations
-    from saegeo.config import GeometryOptions
     from saegeo.render.text import render_cache, render_geometry
     from saegeo.report.geometry import files_geometry
+    from saegeo.report.options import GeometryOptions
 
     out = Path(args.out)
     cached = cache_activations(

@@ -66,7 +66,7 @@ def _add_format(p: argparse.ArgumentParser, what: str) -> None:
 
 # --------------------------------------------------------------------------- geometry
 def _add_geometry(p: argparse.ArgumentParser) -> None:
-    from saegeo.config import GeometryOptions
+    from saegeo.report.options import GeometryOptions
 
     p.add_argument("files", nargs="+", help="files (.safetensors, .npy, .pt) or store directories, streamed in order")
     add_options(p, GeometryOptions)
@@ -74,8 +74,8 @@ def _add_geometry(p: argparse.ArgumentParser) -> None:
 
 def cmd_geometry(args: argparse.Namespace) -> int:
     from saegeo.activations.options import rows_path_kind
-    from saegeo.config import GeometryOptions
     from saegeo.io import refuse_overwrite
+    from saegeo.report.options import GeometryOptions
 
     opts = from_dict(GeometryOptions, passed(args, GeometryOptions))
     refuse_overwrite([opts.json], opts.overwrite)

@@ -548,28 +548,6 @@ def _check_device(cfg: Any) -> None:
 
 # =========================================================================== options of commands without a library config
 @dataclass
-class GeometryOptions(BatchedStreamOptions):
-    """`saegeo geometry FILES...`: how the rows are read and what is written."""
-
-    key: str | None = option(
-        None, "tensor name in .safetensors/.pt files (default: 'activations', else the only 2-D or 3-D one)"
-    )
-    json: str | None = option(None, "write the full result (all eigenvalues, top eigenvectors) as JSON here")
-    overwrite: bool = option(False, "replace output files that exist already (refused otherwise)")
-    artifact_components: int = option(
-        3,
-        "top principal directions in the artifact test (stores only; 0: skip it); the JSON keeps max(10, this)",
-        low=0,
-        old_flags=("--top-k",),
-    )
-    float64: bool = option(False, "form the batch grams in float64 (slower; default: float32 on shifted rows)")
-    pool: bool = option(False, "pool stores of different models or hooks into one accumulator (refused without it)")
-
-    def __post_init__(self) -> None:
-        check(self)
-
-
-@dataclass
 class CompareOptions(BatchedStreamOptions):
     """`saegeo compare SAE_A SAE_B [--acts STORE]`: the matching of two dictionaries' latents and what it reports."""
 

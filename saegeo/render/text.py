@@ -100,7 +100,7 @@ def render_geometry(result: Any) -> str:
         lines.append(f"artifact:  {artifact_text(artifact)} ({artifact['source']})")
     else:
         lines.append(
-            "note:      artifact test not run: it needs activation stores (token ids and positions) and --top-k ≥ 1"
+            "note:      artifact test not run: it needs activation stores (token ids and positions) and --artifact-components ≥ 1"
         )
     for path, extra in result.exclusions.items():  # stores cached with exclusions: what the left-out rows carried
         lines += [f"{path}: {line}" for line in exclusion_lines(extra)]

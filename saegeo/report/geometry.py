@@ -20,7 +20,6 @@ import torch
 
 from saegeo.activations.sources import open_rows
 from saegeo.activations.store import store_exclusions
-from saegeo.config import GeometryOptions
 from saegeo.errors import BadInputError
 from saegeo.geometry.accumulate import GeometryAccumulator
 from saegeo.geometry.diagnosis import sample_diagnostics
@@ -29,7 +28,7 @@ from saegeo.geometry.sample import RowReservoir
 from saegeo.io import dump_json, json_safe
 from saegeo.progress import progress_bar
 from saegeo.report.flags import Flag, flag_inputs, run_flags, sort_flags
-from saegeo.report.options import ReportOptions
+from saegeo.report.options import GeometryOptions, ReportOptions
 
 
 @dataclass
@@ -45,7 +44,8 @@ class FilesGeometry:
     exclusions: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> store_exclusions (stores cached so)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"files": list(self.files), **self.geometry.to_dict(), "artifact": self.artifact}
+        flags = [f.to_dict() for f in self.flags]  # the JSON says what the terminal says
+        return {"files": list(self.files), **self.geometry.to_dict(), "artifact": self.artifact, "flags": flags}
 
     def to_json(self, path: str | os.PathLike | None = None) -> str:
         return dump_json(self.to_dict(), path)
@@ -133,7 +133,11 @@ def files_geometry(paths: Sequence[str | os.PathLike], options: GeometryOptions 
     top = torch.tensor(geo.top_eigenvectors[0], dtype=torch.float64) if geo.top_eigenvectors else None
     sampled = json_safe(sample_diagnostics(reservoir.sample(), acc.mean, top))
     flags = run_flags(
-        "activations", geo=flag_inputs(geo.to_dict(), artifact, sampled), assumed_null=0.0, feeds_dictionary=False
+        "activations",
+        opts.thresholds,
+        geo=flag_inputs(geo.to_dict(), artifact, sampled),
+        assumed_null=0.0,
+        feeds_dictionary=False,
     )
-    flags += run_flags("artifact", artifact=artifact, subject="activations")
+    flags += run_flags("artifact", opts.thresholds, artifact=artifact, subject="activations")
     return FilesGeometry(files=files, geometry=geo, artifact=artifact, flags=sort_flags(flags), exclusions=exclusions)

@@ -26,6 +26,29 @@ FlagThresholds = thresholds_class()
 
 
 @dataclass
+class GeometryOptions(BatchedStreamOptions):
+    """`saegeo geometry FILES...`: how the rows are read and what is written."""
+
+    key: str | None = option(
+        None, "tensor name in .safetensors/.pt files (default: 'activations', else the only 2-D or 3-D one)"
+    )
+    json: str | None = option(None, "write the full result (all eigenvalues, top eigenvectors) as JSON here")
+    overwrite: bool = option(False, "replace output files that exist already (refused otherwise)")
+    artifact_components: int = option(
+        3,
+        "top principal directions in the artifact test (stores only; 0: skip it); the JSON keeps max(10, this)",
+        low=0,
+        old_flags=("--top-k",),
+    )
+    float64: bool = option(False, "form the batch grams in float64 (slower; default: float32 on shifted rows)")
+    pool: bool = option(False, "pool stores of different models or hooks into one accumulator (refused without it)")
+    thresholds: FlagThresholds = option(factory=FlagThresholds, help="of the flags", flatten=True)
+
+    def __post_init__(self) -> None:
+        check(self)
+
+
+@dataclass
 class MatchOptions:
     """What `activations_match_flags` reads of the rows (its thresholds are the activations_mismatch flag's)."""
 

@@ -279,9 +279,9 @@ def test_one_default_literal_for_rows_per_batch():
     """BATCH_ROWS is the default of every rows-per-batch option (report, geometry, sweep, the artifact pass)."""
     import inspect
 
-    from saegeo.config import GeometryOptions
     from saegeo.report.geometry_report import ReportOptions
     from saegeo.report.layer_sweep import SweepOptions
+    from saegeo.report.options import GeometryOptions
     from saegeo.report.store_measures import artifact_pass, measure_store
 
     assert ReportOptions().batch_rows == GeometryOptions().batch_rows == SweepOptions().batch_rows == BATCH_ROWS

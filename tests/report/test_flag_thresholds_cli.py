@@ -69,3 +69,15 @@ def test_report_and_check_take_the_same_thresholds(tmp_path, capsys):
     [dup] = [f for f in report if f["name"] == "duplicate_decoder_rows"]
     assert dup["latents"] == [10]
     assert all(len(f["latents"] or []) <= 1 for f in report)
+
+
+def test_geometry_takes_the_thresholds_of_the_flags_it_raises(tmp_path):
+    """`saegeo geometry` raises the activation flags: its thresholds are options too, and one moves a verdict (rows
+    shifted by b: the offset-dominated cone at the defaults, z 77; gone once z must be ≥ 1,000)."""
+    _dictionary(tmp_path)
+    acts = str(tmp_path / "acts.npy")
+    assert main(["geometry", acts, "--json", str(tmp_path / "d.json"), "--no-progress"]) == 0
+    assert "offset_dominated_cone" in _flags(tmp_path / "d.json")
+    argv = ["geometry", acts, "--json", str(tmp_path / "t.json"), "--offset-cone-min-z", "1000", "--no-progress"]
+    assert main(argv) == 0
+    assert "offset_dominated_cone" not in _flags(tmp_path / "t.json")
