@@ -348,11 +348,12 @@ def whitening_alignment(
 ) -> dict[str, float] | None:
     """Whether an SAE's weights carry a folded covariance whitening, from the weights alone: on m evenly spaced
     latents (m = min(N, max(max_latents, 2d))), {"median_cos": median cos(e_i, w_i), "median_cos_whitened": median
-    cos(e_i, G⁻¹w_i), "latents": m}, with G = Σ_i w_i w_iᵀ/m the decoder rows' second moment (ridge 1e-6·tr G/d).
+    cos(e_i, G⁻¹w_i), "latents": m}, with G = Σ_i w_i w_iᵀ/N' the second moment of all N' nonzero decoder rows (ridge
+    1e-6·tr G/d; streamed a block at a time, N·d² work).
     Trained on whitened rows z = (x − μ)M an SAE has e'_i ≈ w'_i, and folded (SAELens' fold_activation_whitening:
     W_enc ← M W_enc, W_dec ← W_dec M⁻¹) e_i = M e'_i, w_i = M⁻ᵀ w'_i; with the w'_i spread evenly G ∝ M⁻ᵀM⁻¹ = Σ, so
     e_i ∝ M Mᵀ w_i = Σ⁻¹w_i ∝ G⁻¹w_i: the second median is the high one. Trained on raw rows, the first is. Latents
-    whose encoder column or decoder row is zero are left out; None when fewer than d remain (G singular).
+    whose encoder column or decoder row is zero are left out of the medians; None when fewer than d remain.
     W_enc is read in its own order, a chunk of its rows at a time (``after_block(r, r')`` after each, as in
     `encoder_decoder_cosines`); the m sampled columns and rows are kept in the weights' dtype, G in float64."""
     n_lat, d = W_dec.shape
@@ -372,11 +373,16 @@ def whitening_alignment(
         w, e = w[alive], e[alive]
     if w.shape[0] < d:
         return None
+    # G from every decoder row, a block at a time: estimated from the m sampled rows alone its noise pulled the
+    # whitened median towards the floor on dictionaries much wider than the sample (benchmarks/README.md)
     gram = torch.zeros((d, d), dtype=torch.float64)
-    for lo in range(0, w.shape[0], block_rows):
-        wb = w[lo : lo + block_rows].to(torch.float64)
+    n_rows = 0
+    for lo in range(0, n_lat, block_rows):
+        wb = W_dec[lo : lo + block_rows].to(torch.float64)
+        wb = wb[wb.norm(dim=1) > 0]
         gram.addmm_(wb.T, wb)
-    gram /= w.shape[0]
+        n_rows += wb.shape[0]
+    gram /= n_rows
     gram.diagonal().add_(1e-6 * float(gram.trace()) / d)
     factor = torch.linalg.cholesky(gram)
     cos_raw, cos_white = [], []

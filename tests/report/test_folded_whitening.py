@@ -124,3 +124,30 @@ def test_saelens_own_covariance_whitening_is_read_from_the_weights():
     assert not _whitening(check_dictionary(raw, options=opts, name="raw").flags)
     raw_cos, white_cos = _medians_by_numpy(raw)
     assert raw_cos > 0.5 and raw_cos > white_cos  # the raw twin's encoder follows its decoder rows themselves
+
+
+def test_the_whitened_median_reads_g_from_every_decoder_row_and_the_cosines_on_the_sample():
+    """N = 3,000 latents, a sample of max(64, 2d) = 64: G is the second moment of all 3,000 decoder rows (from the
+    sample alone it was noisy enough to pull a wide dictionary's whitened median to the floor), the two medians are
+    over the sampled latents. Golden values from numpy in float64."""
+    import numpy as np
+
+    from saegeo.geometry.dictionary import whitening_alignment
+
+    rng = np.random.default_rng(4)
+    n, d = 3000, 16
+    mix = rng.standard_normal((d, d)) * 0.4 + np.eye(d)
+    w = rng.standard_normal((n, d)) @ np.linalg.inv(mix).T  # folded rows w = w'M⁻ᵀ
+    e = rng.standard_normal((n, d)) @ mix.T * 0.3 + w @ np.linalg.inv(w.T @ w / n) * 0.2
+    got = whitening_alignment(torch.tensor(e.T.copy()), torch.tensor(w), max_latents=64, block_rows=256)
+    idx = np.unique(np.round(np.linspace(0, n - 1, 64)).astype(int))
+    g = w.T @ w / n
+    g += 1e-6 * np.trace(g) / d * np.eye(d)
+    v = np.linalg.solve(g, w[idx].T).T
+
+    def cos(a, b):
+        return np.sum(a * b, 1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+    assert got["latents"] == 64
+    assert got["median_cos"] == pytest.approx(float(torch.tensor(cos(e[idx], w[idx])).median()), abs=1e-12)
+    assert got["median_cos_whitened"] == pytest.approx(float(torch.tensor(cos(e[idx], v)).median()), abs=1e-9)
