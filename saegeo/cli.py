@@ -425,8 +425,6 @@ def cmd_report(args: argparse.Namespace) -> int:
         from saegeo.sae.evaluate import splice_eval_many
 
         splice = splice_eval_many(ecfg, saes)
-        for sae in saes.values():  # the splice ran them on its device; the verdict reads them beside CPU rows
-            sae.to("cpu")
     flags, notes, d_saes = [], [], []
     if saes:  # the verdict check --acts gives (same flags, same withheld metrics), once per SAE
         from saegeo.report.dictionary_check import sae_verdicts

@@ -306,9 +306,14 @@ def splice_eval_many(cfg: EvalConfig, saes: Mapping[str, Any], loaded: Any = Non
         resolved[name] = r
         groups.setdefault(json.dumps(r, sort_keys=True), []).append(name)
     loaded.to(device)
+    homes = {name: sae.W_dec.device for name, sae in saes.items()}  # the caller's objects go back where they were
     out = {}
-    for key, names in groups.items():
-        out.update(_evaluate(cfg, loaded, {n: saes[n].eval().to(device) for n in names}, json.loads(key)))
+    try:
+        for key, names in groups.items():
+            out.update(_evaluate(cfg, loaded, {n: saes[n].eval().to(device) for n in names}, json.loads(key)))
+    finally:
+        for name, sae in saes.items():
+            sae.to(homes[name])
     return {name: out[name] for name in saes}
 
 
